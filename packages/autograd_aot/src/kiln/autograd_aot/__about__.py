@@ -1,0 +1,3 @@
+"""Version of kiln-autograd-aot."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,37 @@
+"""kiln.capture: CPython bytecode to torch.fx graphs, with guards recorded as data.
+
+See the package README for the public API; it works with only this package installed.
+"""
+
+from kiln.capture import artifacts, counters
+from kiln.capture.__about__ import __version__
+from kiln.capture.errors import CaptureError, KilnError, Unsupported, UserFrame
+from kiln.capture.guard_data import GlobalState, GuardKind, GuardSpec, TensorMeta
+from kiln.capture.source import (
+    AttrSource,
+    ClosureSource,
+    GlobalSource,
+    ItemSource,
+    LocalSource,
+    Source,
+)
+
+__all__ = [
+    "AttrSource",
+    "CaptureError",
+    "ClosureSource",
+    "GlobalSource",
+    "GlobalState",
+    "GuardKind",
+    "GuardSpec",
+    "ItemSource",
+    "KilnError",
+    "LocalSource",
+    "Source",
+    "TensorMeta",
+    "Unsupported",
+    "UserFrame",
+    "__version__",
+    "artifacts",
+    "counters",
+]

@@ -1,0 +1,32 @@
+"""Process-wide event counters shared by every Kiln package.
+
+Lower layers count (frames captured, graph breaks, kernels, fallbacks); the
+frontend reports them through ``kiln.stats()`` and clears them in
+``kiln.reset()``. Living in the lowest layer lets every package count
+without importing the frontend.
+"""
+
+from __future__ import annotations
+
+import collections
+
+__all__ = ["counters", "bump", "snapshot", "clear"]
+
+counters: collections.defaultdict[str, collections.Counter[str]] = collections.defaultdict(
+    collections.Counter
+)
+
+
+def bump(category: str, key: str, n: int = 1) -> None:
+    """Add ``n`` to ``counters[category][key]``."""
+    counters[category][key] += n
+
+
+def snapshot() -> dict[str, dict[str, int]]:
+    """A plain-dict copy of every counter, safe to keep across ``clear()``."""
+    return {cat: dict(c) for cat, c in counters.items() if c}
+
+
+def clear() -> None:
+    """Forget every count."""
+    counters.clear()

@@ -1,0 +1,108 @@
+"""Guards as data: what capture assumed about the frame, for kiln.guards to check.
+
+Capture records one :class:`GuardSpec` per assumption; kiln.guards turns the
+list into a single check function. Keeping guards as plain data lets tests,
+``explain`` and export tools read them without running anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any
+
+import torch
+
+from kiln.capture.source import Source
+
+__all__ = ["GuardKind", "GuardSpec", "TensorMeta", "GlobalState", "dedupe"]
+
+
+class GuardKind(enum.Enum):
+    """What a guard checks; the comment says what ``GuardSpec.expected`` holds."""
+
+    TENSOR_MATCH = "tensor_match"  # TensorMeta
+    TYPE_MATCH = "type_match"  # the exact type object
+    ID_MATCH = "id_match"  # id() of the object; the object is kept alive by the guard
+    EQUALS = "equals"  # a constant compared with ==, type included
+    IS_NONE = "is_none"  # None
+    NOT_NONE = "not_none"  # None
+    BOOL = "bool"  # True or False: the value's truth
+    DICT_KEYS = "dict_keys"  # tuple of keys, in order
+    SEQUENCE_LENGTH = "sequence_length"  # int
+    MODULE_MATCH = "module_match"  # id() of an nn.Module, plus its training flag via a BOOL guard
+    HOOKS_EMPTY = "hooks_empty"  # None: the module has no forward/pre-hooks, nor do globals
+    HASATTR = "hasattr"  # (attribute name, bool)
+    GLOBAL_STATE = "global_state"  # GlobalState; source is None
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorMeta:
+    """Everything a compiled graph assumes about one input tensor."""
+
+    type: type
+    dtype: torch.dtype
+    device: torch.device
+    requires_grad: bool
+    sizes: tuple[int, ...]
+    strides: tuple[int, ...]
+    dispatch_keys: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> TensorMeta:
+        return cls(
+            type(t),
+            t.dtype,
+            t.device,
+            t.requires_grad,
+            tuple(t.shape),
+            tuple(t.stride()),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class GlobalState:
+    """Process state a graph's meaning depends on."""
+
+    grad_enabled: bool
+    default_dtype: torch.dtype
+    autocast_cpu: bool
+    autocast_cuda: bool
+    deterministic: bool
+    inference_mode: bool
+
+    @classmethod
+    def current(cls) -> GlobalState:
+        return cls(
+            torch.is_grad_enabled(),
+            torch.get_default_dtype(),
+            torch.is_autocast_enabled("cpu"),
+            torch.is_autocast_enabled("cuda"),
+            torch.are_deterministic_algorithms_enabled(),
+            torch.is_inference_mode_enabled(),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class GuardSpec:
+    """One assumption: ``source`` has property ``kind`` with value ``expected``."""
+
+    source: Source | None
+    kind: GuardKind
+    expected: Any = None
+
+    def __str__(self) -> str:
+        where = str(self.source) if self.source is not None else "<global state>"
+        return f"{self.kind.value}({where}, {self.expected!r})"
+
+
+def dedupe(guards: list[GuardSpec]) -> list[GuardSpec]:
+    """Drop repeated guards, keeping first-seen order."""
+    seen: set[tuple[str, GuardKind, str]] = set()
+    out: list[GuardSpec] = []
+    for g in guards:
+        key = (str(g.source), g.kind, repr(g.expected))
+        if key not in seen:
+            seen.add(key)
+            out.append(g)
+    return out

@@ -1,0 +1,133 @@
+"""Sources: where a value captured from the frame can be loaded from again.
+
+A source is a frozen dataclass that prints as an expression over the frame:
+``L['x']`` (a local or argument), ``G['torch']`` (a global of the function's
+module), ``C['scale']`` (a free variable's cell contents),
+``L['self'].layers[0].weight``. Guards are generated from sources, capture
+reloads values from them in emitted bytecode, and error messages print them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+__all__ = [
+    "Source",
+    "LocalSource",
+    "GlobalSource",
+    "ClosureSource",
+    "AttrSource",
+    "ItemSource",
+    "DefaultSource",
+    "root_of",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """Base of every source; subclasses define ``__str__`` and ``resolve``."""
+
+    def resolve(self, f_locals: dict[str, Any], f_globals: dict[str, Any], cells: dict[str, Any]) -> Any:
+        """Evaluate this source against a frame's locals, globals and closure cells."""
+        raise NotImplementedError
+
+    def attr(self, name: str) -> AttrSource:
+        return AttrSource(self, name)
+
+    def item(self, index: Any) -> ItemSource:
+        return ItemSource(self, index)
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalSource(Source):
+    """An argument or local variable of the captured frame."""
+
+    name: str
+
+    def __str__(self) -> str:
+        return f"L[{self.name!r}]"
+
+    def resolve(self, f_locals: dict[str, Any], f_globals: dict[str, Any], cells: dict[str, Any]) -> Any:
+        return f_locals[self.name]
+
+
+@dataclasses.dataclass(frozen=True)
+class GlobalSource(Source):
+    """A global of the captured function's module (``fn.__globals__``)."""
+
+    name: str
+
+    def __str__(self) -> str:
+        return f"G[{self.name!r}]"
+
+    def resolve(self, f_locals: dict[str, Any], f_globals: dict[str, Any], cells: dict[str, Any]) -> Any:
+        if self.name in f_globals:
+            return f_globals[self.name]
+        builtins = f_globals.get("__builtins__", {})
+        return builtins[self.name] if isinstance(builtins, dict) else getattr(builtins, self.name)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClosureSource(Source):
+    """The contents of a free variable's cell of the captured function."""
+
+    name: str
+
+    def __str__(self) -> str:
+        return f"C[{self.name!r}]"
+
+    def resolve(self, f_locals: dict[str, Any], f_globals: dict[str, Any], cells: dict[str, Any]) -> Any:
+        return cells[self.name].cell_contents
+
+
+@dataclasses.dataclass(frozen=True)
+class AttrSource(Source):
+    """``base.name``."""
+
+    base: Source
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.base}.{self.name}"
+
+    def resolve(self, f_locals: dict[str, Any], f_globals: dict[str, Any], cells: dict[str, Any]) -> Any:
+        return getattr(self.base.resolve(f_locals, f_globals, cells), self.name)
+
+
+@dataclasses.dataclass(frozen=True)
+class ItemSource(Source):
+    """``base[index]`` for a constant index (int, str, or other hashable)."""
+
+    base: Source
+    index: Any
+
+    def __str__(self) -> str:
+        return f"{self.base}[{self.index!r}]"
+
+    def resolve(self, f_locals: dict[str, Any], f_globals: dict[str, Any], cells: dict[str, Any]) -> Any:
+        return self.base.resolve(f_locals, f_globals, cells)[self.index]
+
+
+@dataclasses.dataclass(frozen=True)
+class DefaultSource(Source):
+    """A default value of the captured function's parameter ``name``."""
+
+    fn: Source | None
+    name: str
+    kwonly: bool = False
+
+    def __str__(self) -> str:
+        owner = f"{self.fn}." if self.fn is not None else ""
+        attr = "__kwdefaults__" if self.kwonly else "__defaults__"
+        return f"{owner}{attr}[{self.name!r}]"
+
+    def resolve(self, f_locals: dict[str, Any], f_globals: dict[str, Any], cells: dict[str, Any]) -> Any:
+        raise NotImplementedError("defaults are resolved by capture, which holds the function")
+
+
+def root_of(source: Source) -> Source:
+    """The local, global or closure source a chain of attributes and items starts from."""
+    while isinstance(source, (AttrSource, ItemSource)):
+        source = source.base
+    return source

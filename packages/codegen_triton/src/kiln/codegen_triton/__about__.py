@@ -1,0 +1,3 @@
+"""Version of kiln-codegen-triton."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+"""Version of the kiln distribution (the frontend)."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+"""Version of kiln-guards."""
+
+__version__ = "0.1.0"
