@@ -34,6 +34,10 @@ class GuardKind(enum.Enum):
     HOOKS_EMPTY = "hooks_empty"  # None: the module has no forward/pre-hooks, nor do globals
     HASATTR = "hasattr"  # (attribute name, bool)
     GLOBAL_STATE = "global_state"  # GlobalState; source is None
+    # The nn.Module object itself: its whole subtree (submodules, parameters and buffers
+    # by identity and metadata, plain attributes, training flags, hooks) must be as it was
+    # when the check was built. kiln.guards checks it in O(1) while no module changed.
+    MODULE_TREE = "module_tree"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +74,7 @@ class GlobalState:
     autocast_cuda: bool
     deterministic: bool
     inference_mode: bool
+    default_device: torch.device | None = None  # None: not checked
 
     @classmethod
     def current(cls) -> GlobalState:
@@ -80,6 +85,7 @@ class GlobalState:
             torch.is_autocast_enabled("cuda"),
             torch.are_deterministic_algorithms_enabled(),
             torch.is_inference_mode_enabled(),
+            torch.get_default_device(),
         )
 
 
