@@ -1,0 +1,350 @@
+"""Fake tensors: tensors with sizes, strides, dtype and device but no data.
+
+Kiln evaluates user programs and traces ATen graphs without touching real data.
+A :class:`FakeTensor` is a wrapper tensor subclass holding a tensor on the
+``meta`` device, while reporting the device the real tensor would live on.
+Every ATen op on fakes runs on the meta tensors (meta kernels compute output
+metadata only) and the results are wrapped back with the right device.
+
+API
+---
+``FakeTensor``
+    The subclass. ``fake.meta`` is the meta tensor behind it; ``fake.device``,
+    ``dtype``, ``shape``, ``stride()``, ``storage_offset()`` and
+    ``requires_grad`` look like the real tensor's. Autograd works on fakes
+    (``.backward()``, ``torch.autograd.grad``): it runs above the dispatcher,
+    and the backward ops land on fakes again.
+``FakeMode``
+    A ``TorchDispatchMode``. Inside ``with FakeMode() as mode:`` factory
+    functions (``torch.empty``, ``zeros``, ``rand``, ``tensor`` ...) return
+    fakes, and real tensors that meet an op are turned into fakes (memoized by
+    the mode, see :meth:`FakeMode.to_fake`).
+``to_fake(real, mode=None)``
+    The fake of a real tensor. With a mode, the same real tensor always maps to
+    the same fake, and real tensors sharing a storage map to fakes whose meta
+    tensors share a storage too (so views alias). Without a mode, a fresh fake.
+``is_fake(t)``, ``meta_of(t)``, ``storage_key(t)``
+    Type test; the meta tensor behind a fake (a meta tensor for a real one);
+    a hashable key equal for two fakes exactly when their storages are shared.
+``fake_like(meta, device)``
+    Wrap a meta tensor as a fake reporting ``device``.
+``DataDependentOp``, ``NoMetaKernel``
+    Raised for ops whose output depends on data (``item``, ``nonzero``,
+    ``unique``, ``tolist``, ``bool(t)`` ...) or that have no meta kernel. Both
+    derive from :class:`kiln.capture.errors.Unsupported`, so capture can turn
+    them into graph breaks.
+
+Device propagation: an op's result takes the ``device=`` argument when given
+(factories, ``_to_copy``); otherwise the device of its first tensor argument
+that is not a CPU scalar (0-dim); otherwise CPU (or torch's default device for
+factories).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils.weak import WeakIdKeyDictionary
+
+from kiln.capture.errors import Unsupported
+
+__all__ = [
+    "DataDependentOp",
+    "FakeMode",
+    "FakeTensor",
+    "NoMetaKernel",
+    "fake_like",
+    "is_fake",
+    "meta_of",
+    "storage_key",
+    "to_fake",
+]
+
+aten = torch.ops.aten
+
+_CPU = torch.device("cpu")
+
+
+class DataDependentOp(Unsupported):
+    """An op whose result depends on tensor values, which fakes do not have."""
+
+    def __init__(self, op: str) -> None:
+        self.op = op
+        super().__init__(
+            "data-dependent operator",
+            f"{op} needs the values of a tensor, and Kiln traces without data",
+            "move the value-dependent code out of the compiled region, or compute it "
+            "with tensor ops (torch.where instead of `if t:`)",
+        )
+
+
+class NoMetaKernel(Unsupported):
+    """An op that PyTorch cannot run on the meta device."""
+
+    def __init__(self, op: str, reason: str) -> None:
+        self.op = op
+        super().__init__(
+            "operator without meta kernel",
+            f"{op} cannot run on fake tensors: {reason}",
+            "call it outside the compiled region",
+        )
+
+
+def _packets(*names: str) -> frozenset[Any]:
+    return frozenset(getattr(aten, n) for n in names if hasattr(aten, n))
+
+
+_DATA_DEPENDENT = _packets(
+    "_local_scalar_dense",
+    "nonzero",
+    "masked_select",
+    "_unique",
+    "_unique2",
+    "unique_dim",
+    "unique_consecutive",
+    "unique_dim_consecutive",
+    "equal",
+    "is_nonzero",
+    "bincount",
+)
+
+
+def _is_data_dependent(func: Any) -> bool:
+    if func.overloadpacket in _DATA_DEPENDENT:
+        return True
+    # repeat_interleave(Tensor repeats) without output_size has a data-dependent length.
+    return func is aten.repeat_interleave.Tensor
+
+
+class FakeTensor(torch.Tensor):
+    """A tensor with metadata only: a meta tensor reporting a real device."""
+
+    meta: torch.Tensor
+    fake_device: torch.device
+
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
+
+    @staticmethod
+    def __new__(
+        cls, meta: torch.Tensor, device: torch.device, requires_grad: bool = False
+    ) -> FakeTensor:
+        assert meta.device.type == "meta" and type(meta) is torch.Tensor, type(meta)
+        out = torch.Tensor._make_wrapper_subclass(
+            cls,
+            meta.size(),
+            strides=meta.stride(),
+            storage_offset=meta.storage_offset(),
+            dtype=meta.dtype,
+            layout=meta.layout,
+            device=device,
+            requires_grad=requires_grad,
+        )
+        out.meta = meta
+        out.fake_device = device
+        return out  # type: ignore[no-any-return]
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
+        rg = ", requires_grad=True" if self.requires_grad else ""
+        return f"FakeTensor(size={tuple(self.shape)}, dtype={self.dtype}, device={self.fake_device}{rg})"
+
+    def tolist(self) -> Any:
+        raise DataDependentOp("Tensor.tolist()")
+
+    def numpy(self, *, force: bool = False) -> Any:
+        raise DataDependentOp("Tensor.numpy()")
+
+    @classmethod
+    def __torch_dispatch__(  # type: ignore[override]
+        cls,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        return run_fake(func, args, kwargs or {}, _plain_meta)
+
+
+def is_fake(t: object) -> bool:
+    """True for Kiln's fake tensors."""
+    return isinstance(t, FakeTensor)
+
+
+def fake_like(meta: torch.Tensor, device: torch.device | str) -> FakeTensor:
+    """Wrap ``meta`` as a fake that reports ``device``."""
+    return FakeTensor(meta, _normalize(torch.device(device)))
+
+
+def meta_of(t: torch.Tensor) -> torch.Tensor:
+    """The meta tensor behind a fake, or a fresh meta copy of a real tensor's metadata."""
+    if isinstance(t, FakeTensor):
+        return t.meta
+    return _plain_meta(t)
+
+
+def storage_key(t: torch.Tensor) -> int:
+    """A key shared by exactly the tensors (fake or real) that share a storage."""
+    base = t.meta if isinstance(t, FakeTensor) else t
+    return int(base.untyped_storage()._cdata)
+
+
+def _plain_meta(real: torch.Tensor) -> torch.Tensor:
+    with _disable_current_modes():
+        return torch.empty_strided(
+            real.size(), real.stride(), dtype=real.dtype, device="meta"
+        ).as_strided(real.size(), real.stride(), real.storage_offset())
+
+
+def _storage_elems(real: torch.Tensor) -> int:
+    return int(real.untyped_storage().nbytes()) // max(real.element_size(), 1)
+
+
+def _meta_on_storage(base: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """A meta view of ``base`` (a meta byte buffer) laid out like ``real``."""
+    typed = base if real.dtype == torch.uint8 else base.view(real.dtype)
+    return typed.as_strided(real.size(), real.stride(), real.storage_offset())
+
+
+def to_fake(real: torch.Tensor, mode: FakeMode | None = None) -> FakeTensor:
+    """The fake of a real tensor; memoized by ``mode`` when one is given."""
+    if isinstance(real, FakeTensor):
+        return real
+    if mode is not None:
+        return mode.to_fake(real)
+    return FakeTensor(_plain_meta(real), real.device, requires_grad=real.requires_grad)
+
+
+def _result_device(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device:
+    device = kwargs.get("device")
+    if device is not None:
+        return _normalize(torch.device(device))
+    cpu_scalar = None
+    for a in pytree.tree_leaves((args, kwargs)):
+        if not isinstance(a, torch.Tensor):
+            continue
+        dev = a.fake_device if isinstance(a, FakeTensor) else a.device
+        if dev.type == "meta":
+            continue
+        if dev.type == "cpu" and a.dim() == 0:
+            cpu_scalar = dev
+            continue
+        return _normalize(dev)
+    if cpu_scalar is not None:
+        return cpu_scalar
+    return _normalize(torch.get_default_device()) if _is_factory(func) else _CPU
+
+
+def _normalize(device: torch.device) -> torch.device:
+    """``cuda`` means the current device, which real tensors report as ``cuda:0`` and up."""
+    if device.type in ("cpu", "meta") or device.index is not None:
+        return device
+    index = (
+        torch.cuda.current_device() if device.type == "cuda" and torch.cuda.is_available() else 0
+    )
+    return torch.device(device.type, index)
+
+
+def _is_factory(func: Any) -> bool:
+    return any(a.name == "device" and a.kwarg_only for a in func._schema.arguments)
+
+
+def run_fake(
+    func: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    convert_real: Callable[[torch.Tensor], torch.Tensor],
+) -> Any:
+    """Run ``func`` on the meta tensors behind its arguments; wrap the results as fakes.
+
+    ``convert_real`` gives the meta tensor for a real (non-fake) tensor argument.
+    Results that are an argument's meta tensor (in-place and ``out=`` ops)
+    come back as that very argument.
+    """
+    if _is_data_dependent(func):
+        raise DataDependentOp(str(func))
+    device = _result_device(func, args, kwargs)
+    by_meta: dict[int, torch.Tensor] = {}
+
+    def unwrap(a: Any) -> Any:
+        if isinstance(a, FakeTensor):
+            by_meta[id(a.meta)] = a
+            return a.meta
+        if isinstance(a, torch.Tensor):
+            return a if a.device.type == "meta" else convert_real(a)
+        return a
+
+    meta_args, meta_kwargs = pytree.tree_map(unwrap, (args, kwargs))
+    if _is_factory(func) or meta_kwargs.get("device") is not None:
+        meta_kwargs["device"] = torch.device("meta")
+    try:
+        with _disable_current_modes():
+            out = func(*meta_args, **meta_kwargs)
+    except NotImplementedError as e:
+        raise NoMetaKernel(str(func), str(e).splitlines()[0] if str(e) else "") from e
+
+    def wrap(r: Any) -> Any:
+        if isinstance(r, torch.Tensor) and r.device.type == "meta":
+            if device.type == "meta":
+                return r
+            same = by_meta.get(id(r))
+            return same if same is not None else FakeTensor(r, device)
+        return r
+
+    return pytree.tree_map(wrap, out)
+
+
+class FakeMode(TorchDispatchMode):
+    """Inside this mode, factories make fakes and real tensors meeting an op become fakes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._fakes: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        # storage key -> (meta byte buffer, weak refs to the real tensors using it)
+        self._storages: dict[int, tuple[torch.Tensor, list[weakref.ref[torch.Tensor]]]] = {}
+
+    def to_fake(self, real: torch.Tensor) -> FakeTensor:
+        """The fake of ``real``: the same fake every time; views of one storage alias."""
+        if isinstance(real, FakeTensor):
+            return real
+        found = self._fakes.get(real)
+        if found is not None:
+            return found  # type: ignore[no-any-return]
+        with _disable_current_modes():
+            meta = self._meta_for(real)
+        fake = FakeTensor(meta, real.device, requires_grad=real.requires_grad)
+        self._fakes[real] = fake
+        return fake
+
+    def _meta_for(self, real: torch.Tensor) -> torch.Tensor:
+        if real.is_sparse or real.layout != torch.strided:
+            raise NoMetaKernel("to_fake", f"layout {real.layout} is not supported")
+        key = int(real.untyped_storage()._cdata)
+        entry = self._storages.get(key)
+        if entry is not None and any(r() is not None for r in entry[1]):
+            base, refs = entry
+            if base.numel() < real.untyped_storage().nbytes():
+                entry = None
+        else:
+            entry = None
+        if entry is None:
+            nbytes = int(real.untyped_storage().nbytes())
+            base = torch.empty(nbytes, dtype=torch.uint8, device="meta")
+            refs = []
+            self._storages[key] = (base, refs)
+        refs.append(weakref.ref(real))
+        if real.element_size() > 1 and base.numel() % real.element_size():
+            return _plain_meta(real)
+        return _meta_on_storage(base, real)
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        return run_fake(func, args, kwargs or {}, lambda r: self.to_fake(r).meta)
