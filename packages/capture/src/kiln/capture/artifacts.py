@@ -40,9 +40,12 @@ def set_debug_dir(path: str | os.PathLike[str] | None) -> None:
 
 
 @contextlib.contextmanager
-def frame(name: str) -> Iterator[Path | None]:
-    """Collect the artifacts dumped inside the block into a folder for ``name``."""
-    root = debug_dir()
+def frame(name: str, root: Path | None = None) -> Iterator[Path | None]:
+    """Collect the artifacts dumped inside the block into a folder for ``name``.
+
+    ``root`` overrides the debug folder for this frame (``kiln.compile(options={"debug_dir"})``).
+    """
+    root = root if root is not None else debug_dir()
     if root is None:
         yield None
         return

@@ -4,6 +4,10 @@ Lower layers count (frames captured, graph breaks, kernels, fallbacks); the
 frontend reports them through ``kiln.stats()`` and clears them in
 ``kiln.reset()``. Living in the lowest layer lets every package count
 without importing the frontend.
+
+Categories in use: ``stats`` (frames_captured, graphs_compiled, cache_hits, cache_misses,
+recompiles, eager_fallbacks), ``graph_breaks`` (by break kind), ``kernels`` (by code generator,
+e.g. ``cpp``, ``triton``, ``reference``), ``fallback_ops`` (by ATen op name).
 """
 
 from __future__ import annotations

@@ -28,7 +28,9 @@ __all__ = [
 class Source:
     """Base of every source; subclasses define ``__str__`` and ``resolve``."""
 
-    def resolve(self, f_locals: dict[str, Any], f_globals: dict[str, Any], cells: dict[str, Any]) -> Any:
+    def resolve(
+        self, f_locals: dict[str, Any], f_globals: dict[str, Any], cells: dict[str, Any]
+    ) -> Any:
         """Evaluate this source against a frame's locals, globals and closure cells."""
         raise NotImplementedError
 
@@ -48,7 +50,9 @@ class LocalSource(Source):
     def __str__(self) -> str:
         return f"L[{self.name!r}]"
 
-    def resolve(self, f_locals: dict[str, Any], f_globals: dict[str, Any], cells: dict[str, Any]) -> Any:
+    def resolve(
+        self, f_locals: dict[str, Any], f_globals: dict[str, Any], cells: dict[str, Any]
+    ) -> Any:
         return f_locals[self.name]
 
 
@@ -61,7 +65,9 @@ class GlobalSource(Source):
     def __str__(self) -> str:
         return f"G[{self.name!r}]"
 
-    def resolve(self, f_locals: dict[str, Any], f_globals: dict[str, Any], cells: dict[str, Any]) -> Any:
+    def resolve(
+        self, f_locals: dict[str, Any], f_globals: dict[str, Any], cells: dict[str, Any]
+    ) -> Any:
         if self.name in f_globals:
             return f_globals[self.name]
         builtins = f_globals.get("__builtins__", {})
@@ -77,7 +83,9 @@ class ClosureSource(Source):
     def __str__(self) -> str:
         return f"C[{self.name!r}]"
 
-    def resolve(self, f_locals: dict[str, Any], f_globals: dict[str, Any], cells: dict[str, Any]) -> Any:
+    def resolve(
+        self, f_locals: dict[str, Any], f_globals: dict[str, Any], cells: dict[str, Any]
+    ) -> Any:
         return cells[self.name].cell_contents
 
 
@@ -91,7 +99,9 @@ class AttrSource(Source):
     def __str__(self) -> str:
         return f"{self.base}.{self.name}"
 
-    def resolve(self, f_locals: dict[str, Any], f_globals: dict[str, Any], cells: dict[str, Any]) -> Any:
+    def resolve(
+        self, f_locals: dict[str, Any], f_globals: dict[str, Any], cells: dict[str, Any]
+    ) -> Any:
         return getattr(self.base.resolve(f_locals, f_globals, cells), self.name)
 
 
@@ -105,7 +115,9 @@ class ItemSource(Source):
     def __str__(self) -> str:
         return f"{self.base}[{self.index!r}]"
 
-    def resolve(self, f_locals: dict[str, Any], f_globals: dict[str, Any], cells: dict[str, Any]) -> Any:
+    def resolve(
+        self, f_locals: dict[str, Any], f_globals: dict[str, Any], cells: dict[str, Any]
+    ) -> Any:
         return self.base.resolve(f_locals, f_globals, cells)[self.index]
 
 
@@ -122,7 +134,9 @@ class DefaultSource(Source):
         attr = "__kwdefaults__" if self.kwonly else "__defaults__"
         return f"{owner}{attr}[{self.name!r}]"
 
-    def resolve(self, f_locals: dict[str, Any], f_globals: dict[str, Any], cells: dict[str, Any]) -> Any:
+    def resolve(
+        self, f_locals: dict[str, Any], f_globals: dict[str, Any], cells: dict[str, Any]
+    ) -> Any:
         raise NotImplementedError("defaults are resolved by capture, which holds the function")
 
 

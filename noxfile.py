@@ -1,0 +1,196 @@
+"""Kiln's sessions: tests on 3.11 and 3.12, lint, typecheck, per-package isolation, demo, bench.
+
+torch with its CUDA libraries is ~5.7 GB, so no session gets its own copy: one dependency
+environment per Python version (`.nox/_deps-<version>`) holds every third-party package, and each
+session's venv sees it through a `.pth` file. Kiln's own packages are installed editable into the
+session's venv alone, so a session proves exactly which kiln packages it can import.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+nox.options.default_venv_backend = "venv"
+nox.options.reuse_existing_virtualenvs = True
+nox.options.sessions = ["lint", "typecheck", "tests"]
+
+# Layer order; each package may import only those to its left (the codegens not each other).
+PACKAGES = [
+    "capture",
+    "guards",
+    "autograd_aot",
+    "loopir",
+    "codegen_triton",
+    "codegen_cpp",
+    "frontend",
+]
+ALLOWED: dict[str, list[str]] = {
+    "capture": [],
+    "guards": ["capture"],
+    "autograd_aot": ["capture", "guards"],
+    "loopir": ["capture", "guards", "autograd_aot"],
+    "codegen_triton": ["capture", "guards", "autograd_aot", "loopir"],
+    "codegen_cpp": ["capture", "guards", "autograd_aot", "loopir"],
+    "frontend": PACKAGES[:-1],
+}
+PYTEST = ["python", "-m", "pytest", "-q", "--timeout=600"]
+
+
+def _python(version: str) -> str:
+    """An interpreter for `version`: pyenv's if it has one, else whatever PATH offers."""
+    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    for candidate in sorted(pyenv.glob(f"{version}.*"), reverse=True):
+        exe = candidate / "bin" / f"python{version}"
+        if exe.exists():
+            return str(exe)
+    return version
+
+
+PY311, PY312 = _python("3.11"), _python("3.12")
+
+
+def _site_packages(session: nox.Session, python: str) -> str:
+    out = session.run(
+        python,
+        "-c",
+        "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+        silent=True,
+        external=True,
+    )
+    return str(out).strip().splitlines()[-1]
+
+
+def _deps_env(session: nox.Session) -> Path:
+    """The shared third-party environment for this session's Python, (re)built when pins change."""
+    version = session.run(
+        "python", "-c", "import sys; print('%d.%d' % sys.version_info[:2])", silent=True
+    )
+    env = ROOT / ".nox" / f"_deps-{str(version).strip()}"
+    wanted = hashlib.sha256(
+        (ROOT / "constraints.txt").read_bytes() + (ROOT / "requirements-dev.txt").read_bytes()
+    ).hexdigest()
+    stamp = env / "kiln-deps.sha256"
+    if not stamp.exists() or stamp.read_text() != wanted:
+        session.log(f"building the shared dependency environment {env}")
+        session.run("python", "-m", "venv", "--clear", str(env))
+        py = str(env / "bin" / "python")
+        session.run(
+            py,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "-r",
+            str(ROOT / "requirements-dev.txt"),
+            "-c",
+            str(ROOT / "constraints.txt"),
+            "ruff",
+            "mypy",
+            "hatchling",
+            external=True,
+        )
+        stamp.write_text(wanted)
+    return env
+
+
+def _use_deps(session: nox.Session) -> None:
+    """Make the shared dependency environment visible inside this session's venv."""
+    deps_site = _site_packages(session, str(_deps_env(session) / "bin" / "python"))
+    own_site = Path(_site_packages(session, "python"))
+    (own_site / "_kiln_shared_deps.pth").write_text(deps_site + "\n")
+
+
+def _install(session: nox.Session, packages: list[str]) -> None:
+    args = []
+    for name in packages:
+        args += ["-e", str(ROOT / "packages" / name)]
+    session.run("python", "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", *args)
+
+
+def _uninstall_all_but(session: nox.Session, keep: list[str]) -> None:
+    drop = [p for p in PACKAGES if p not in keep]
+    dists = ["kiln" if p == "frontend" else "kiln-" + p.replace("_", "-") for p in drop]
+    session.run("python", "-m", "pip", "uninstall", "-q", "-y", *dists, silent=True)
+
+
+def _staged_tests(session: nox.Session) -> None:
+    """Each package's tests with only it and its left-hand layers installed, then end-to-end tests.
+
+    Running every package in its own minimal install proves the layering (kiln.capture alone,
+    kiln.loopir without codegens) without paying for the suite twice.
+    """
+    _use_deps(session)
+    workers = ["-n", "2"] if (os.cpu_count() or 1) > 1 else []
+    for name in PACKAGES:
+        keep = [*ALLOWED[name], name]
+        _uninstall_all_but(session, keep)
+        _install(session, keep)
+        session.log(f"kiln.{name}: installed alone with {ALLOWED[name] or 'no other kiln package'}")
+        session.run(*PYTEST, *workers, str(ROOT / "packages" / name / "tests"), *session.posargs)
+    session.run(*PYTEST, *workers, str(ROOT / "tests"), *session.posargs)
+
+
+@nox.session(name="tests", python=PY311)
+def tests(session: nox.Session) -> None:
+    """The whole suite on Python 3.11, package by package in minimal installs."""
+    _staged_tests(session)
+
+
+@nox.session(name="tests-3.12", python=PY312)
+def tests_312(session: nox.Session) -> None:
+    """The same suite on Python 3.12 (the GPU machine's Python)."""
+    _staged_tests(session)
+
+
+@nox.session(python=PY311)
+@nox.parametrize("package", PACKAGES)
+def package(session: nox.Session, package: str) -> None:
+    """One package's tests with only it and what it declares installed."""
+    _use_deps(session)
+    _install(session, [*ALLOWED[package], package])
+    session.run(*PYTEST, str(ROOT / "packages" / package / "tests"), *session.posargs)
+
+
+@nox.session(python=PY311)
+def lint(session: nox.Session) -> None:
+    """ruff: lint and formatting."""
+    _use_deps(session)
+    session.run("python", "-m", "ruff", "check", str(ROOT))
+    session.run("python", "-m", "ruff", "format", "--check", str(ROOT))
+
+
+@nox.session(python=PY311)
+def typecheck(session: nox.Session) -> None:
+    """mypy, strict, over every package's source."""
+    _use_deps(session)
+    srcs = [str(ROOT / "packages" / p / "src" / "kiln") for p in PACKAGES]
+    session.run("python", "-m", "mypy", *srcs)
+
+
+def _all_installed(session: nox.Session) -> None:
+    _use_deps(session)
+    _install(session, PACKAGES)
+
+
+@nox.session(python=PY311)
+def demo(session: nox.Session) -> None:
+    """Compile a real model on CPU with the default backend and compare it with eager."""
+    _all_installed(session)
+    session.run("python", str(ROOT / "benchmarks" / "demo.py"), *session.posargs)
+
+
+@nox.session(python=PY311)
+def bench(session: nox.Session) -> None:
+    """Benchmarks: Kiln against eager and torch.compile, side by side in one run."""
+    _all_installed(session)
+    session.run("python", "-m", "benchmarks", *session.posargs, env={"PYTHONPATH": str(ROOT)})
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit("run with: python3 -m nox")

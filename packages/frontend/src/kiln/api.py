@@ -1,0 +1,310 @@
+"""``kiln.compile``: the call path from a user's call to compiled code.
+
+On each call a compiled function looks up the cache of its code object; the first entry whose
+guards pass runs. On a miss it captures the frame (kiln.capture), hands each graph to the backend,
+builds the guard check (kiln.guards) and installs a new entry. Without a PEP 523 hook, the
+wrapper is the only way in: nested compiled functions and resume functions get wrappers too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import itertools
+import logging
+import types
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import fx
+
+from kiln import capture, guards
+from kiln.backends import Backend, lookup_backend
+from kiln.capture import artifacts, counters
+from kiln.config import CompileConfig, make_config
+from kiln.fallback import CompileError, run_eagerly_after_failure
+
+__all__ = ["compile", "CompiledFunction", "OptimizedModule", "disable"]
+
+log = logging.getLogger(__name__)
+graph_break_log = logging.getLogger("kiln.frontend.graph_breaks")
+
+_disabled: contextvars.ContextVar[bool] = contextvars.ContextVar("kiln_disabled", default=False)
+_skipped_codes: set[types.CodeType] = set()
+_trampoline_ids = itertools.count()
+
+
+def compile(
+    model: Any = None,
+    *,
+    fullgraph: bool = False,
+    dynamic: bool | None = None,
+    backend: str | Backend = "kiln",
+    mode: str | None = None,
+    options: dict[str, Any] | None = None,
+    disable: bool = False,
+) -> Any:
+    """Compile a function, bound method or ``nn.Module``; same calling convention as torch.compile.
+
+    Usable as ``kiln.compile(fn)``, ``@kiln.compile`` and ``@kiln.compile(backend="eager")``.
+    Arguments are checked now, so a typo fails here rather than at the first call.
+    """
+    config = make_config(fullgraph=fullgraph, dynamic=dynamic, mode=mode, options=options)
+    chosen = lookup_backend(backend)
+    if not isinstance(disable, bool):
+        msg = f"kiln.compile: disable must be a bool, got {type(disable).__name__}"
+        raise TypeError(msg)
+
+    def wrap(target: Any) -> Any:
+        if not callable(target):
+            msg = (
+                "kiln.compile needs a function, method or torch.nn.Module; "
+                f"got a non-callable {type(target).__name__}"
+            )
+            raise TypeError(msg)
+        if disable:
+            return target
+        if isinstance(target, torch.nn.Module):
+            return OptimizedModule(target, CompiledFunction(_trampoline(target), chosen, config))
+        return CompiledFunction(target, chosen, config)
+
+    return wrap if model is None else wrap(model)
+
+
+def _trampoline(target: Callable[..., Any]) -> types.FunctionType:
+    """A fresh function ``(*args, **kwargs) -> target(*args, **kwargs)`` with its own code object.
+
+    Modules and callables without Python code of their own (builtins, partials, objects with
+    ``__call__``) are compiled through it; capture inlines the call. Its code object is unique
+    (a numbered name), so each compiled object gets its own cache and recompile budget.
+    """
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return target(*args, **kwargs)
+
+    name = f"{type(target).__name__}_call_{next(_trampoline_ids)}"
+    code = call.__code__.replace(co_name=name, co_qualname=name)
+    return types.FunctionType(code, call.__globals__, name, None, call.__closure__)
+
+
+class CompiledFunction:
+    """A compiled callable: the cache lookup, capture on a miss, and eager fallbacks."""
+
+    _kiln_compiled = True  # capture inlines the original function when it meets one of these
+
+    def __init__(self, fn: Callable[..., Any], backend: Backend, config: CompileConfig) -> None:
+        self._orig = fn
+        self._backend = backend
+        self._config = config
+        target: Any = fn
+        self._self: tuple[Any, ...] = ()
+        if isinstance(fn, types.MethodType):
+            self._self, target = (fn.__self__,), fn.__func__
+        if not isinstance(target, types.FunctionType):
+            target = _trampoline(fn)
+        self._target: types.FunctionType = target
+        functools.update_wrapper(self, fn)
+
+    @property
+    def original(self) -> Callable[..., Any]:
+        """The function as the user wrote it."""
+        return self._orig
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        """Decorated methods bind like functions do."""
+        if obj is None:
+            return self
+        return CompiledFunction(types.MethodType(self._orig, obj), self._backend, self._config)
+
+    def __repr__(self) -> str:
+        return f"<kiln compiled {getattr(self._orig, '__qualname__', self._orig)!r}>"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        code = self._target.__code__
+        if _disabled.get() or code in _skipped_codes:
+            return self._orig(*args, **kwargs)
+        full = (*self._self, *args)
+        cache = guards.cache_for(code)
+        entry = cache.lookup(*full, **kwargs)
+        if entry is not None:
+            counters.bump("stats", "cache_hits")
+            return entry.fn(*full, **kwargs)
+        if cache.over_limit(self._config.option("recompile_limit")):
+            return self._over_limit(cache, full, kwargs)
+        counters.bump("stats", "cache_misses")
+        return self._compile_and_run(cache, full, kwargs)
+
+    def _over_limit(self, cache: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if self._config.option("fail_on_recompile_limit", False):
+            cache.raise_limit_error(*args, **kwargs)
+        cache.warn_limit_once(*args, **kwargs)
+        return self._target(*args, **kwargs)
+
+    def _compile_and_run(self, cache: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        root = self._config.option("debug_dir")
+        name = self._target.__code__.co_qualname
+        with artifacts.frame(name, Path(root) if root else None):
+            try:
+                result = capture.capture(
+                    self._target,
+                    args,
+                    kwargs,
+                    compile_graph=self._compile_graph,
+                    wrap_callable=self._wrap_callable,
+                    fullgraph=self._config.fullgraph,
+                )
+            except capture.Unsupported as e:
+                if self._config.fullgraph:
+                    raise
+                graph_break_log.info("running %s eagerly: %s", name, e)
+                counters.bump("graph_breaks", e.kind)
+                _skipped_codes.add(self._target.__code__)
+                return self._target(*args, **kwargs)
+            except Exception as e:
+                if self._config.fullgraph:
+                    raise CompileError(f"kiln failed to compile {name}: {e}") from e
+                return run_eagerly_after_failure(
+                    name, e, self._target, args, kwargs, self._target.__code__, _skipped_codes
+                )
+            counters.bump("stats", "frames_captured")
+            check = guards.build_check(result.guards, self._target)
+            cache.insert(check, result.function)
+        return result.function(*args, **kwargs)
+
+    def _compile_graph(
+        self, gm: fx.GraphModule, example_inputs: Sequence[Any]
+    ) -> Callable[..., Any]:
+        """capture's callback: the backend, with an eager fallback unless fullgraph is set."""
+        counters.bump("stats", "graphs_compiled")
+        try:
+            return self._backend(gm, example_inputs)
+        except Exception as e:
+            if self._config.fullgraph:
+                raise CompileError(f"kiln backend failed on a graph: {e}") from e
+            counters.bump("stats", "eager_fallbacks")
+            log.warning("kiln: the backend failed on a graph (%s); running that graph eagerly", e)
+            return gm.forward
+
+    def _wrap_callable(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """capture's callback for resume functions and callees it could not inline."""
+        return CompiledFunction(fn, self._backend, self._config)
+
+
+class OptimizedModule(torch.nn.Module):
+    """A compiled ``nn.Module`` that shares everything with the original.
+
+    Parameters, buffers, submodules, ``state_dict`` keys, attributes and the train/eval flag are
+    the original's own, so a model and its compiled wrapper never drift apart.
+    """
+
+    _orig_mod: torch.nn.Module
+    _kiln_call: CompiledFunction
+
+    def __init__(self, mod: torch.nn.Module, compiled_call: CompiledFunction) -> None:
+        super().__init__()
+        self._orig_mod = mod
+        object.__setattr__(self, "_kiln_call", compiled_call)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self._kiln_call(*args, **kwargs)
+
+    @property  # type: ignore[override]
+    def training(self) -> bool:
+        mod = self.__dict__.get("_modules", {}).get("_orig_mod")
+        return bool(mod.training) if mod is not None else True
+
+    @training.setter
+    def training(self, value: bool) -> None:
+        mod = self.__dict__.get("_modules", {}).get("_orig_mod")
+        if mod is not None:
+            mod.training = value
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_orig_mod":
+            return super().__getattr__(name)
+        return getattr(self._orig_mod, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in ("_orig_mod", "training") or "_orig_mod" not in self.__dict__.get(
+            "_modules", {}
+        ):
+            super().__setattr__(name, value)
+        else:
+            setattr(self._orig_mod, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        delattr(self._orig_mod, name)
+
+    # Dunder lookups skip __getattr__: forward the container protocol of Sequential and friends.
+    def __getitem__(self, key: Any) -> Any:
+        return self._orig_mod[key]  # type: ignore[index]
+
+    def __len__(self) -> int:
+        return len(self._orig_mod)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._orig_mod)  # type: ignore[call-overload]
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(super().__dir__()) | set(dir(self._orig_mod)))
+
+    def __repr__(self) -> str:
+        return f"OptimizedModule({self._orig_mod!r})"
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        return self._orig_mod.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        return self._orig_mod.load_state_dict(*args, **kwargs)
+
+    def named_parameters(self, *args: Any, **kwargs: Any) -> Iterator[tuple[str, Any]]:
+        return self._orig_mod.named_parameters(*args, **kwargs)
+
+    def named_buffers(self, *args: Any, **kwargs: Any) -> Iterator[tuple[str, Any]]:
+        return self._orig_mod.named_buffers(*args, **kwargs)
+
+    def named_children(self) -> Iterator[tuple[str, torch.nn.Module]]:
+        return self._orig_mod.named_children()
+
+    def named_modules(self, *args: Any, **kwargs: Any) -> Any:
+        return self._orig_mod.named_modules(*args, **kwargs)
+
+
+class _DisableContext(contextlib.ContextDecorator):
+    """``with kiln.disable():`` and ``@kiln.disable()``: run compiled code uncompiled."""
+
+    _kiln_disabled = True
+
+    def __enter__(self) -> None:
+        self._token = _disabled.set(True)
+
+    def __exit__(self, *exc: object) -> None:
+        _disabled.reset(self._token)
+
+
+def disable(fn: Callable[..., Any] | None = None) -> Any:
+    """Run ``fn`` (or the ``with`` block) without Kiln; capture calls such functions as is."""
+    if fn is None:
+        return _DisableContext()
+    if not callable(fn):
+        msg = f"kiln.disable needs a callable, got {type(fn).__name__}"
+        raise TypeError(msg)
+
+    @functools.wraps(fn)
+    def uncompiled(*args: Any, **kwargs: Any) -> Any:
+        token = _disabled.set(True)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _disabled.reset(token)
+
+    uncompiled._kiln_disabled = True  # type: ignore[attr-defined]
+    return uncompiled
+
+
+def reset_frontend() -> None:
+    """Forget which frames were skipped (part of ``kiln.reset()``)."""
+    _skipped_codes.clear()

@@ -1,0 +1,44 @@
+"""``kiln.stats()``: what Kiln did since the last ``kiln.reset()``, as named counts."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from kiln.capture import counters
+
+__all__ = ["Stats", "stats"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Stats:
+    """Counts of compile events; ``kernels`` and ``fallback_ops`` are keyed by backend and op."""
+
+    frames_captured: int
+    graphs_compiled: int
+    graph_breaks: int
+    recompiles: int
+    cache_hits: int
+    cache_misses: int
+    eager_fallbacks: int
+    kernels: dict[str, int]
+    fallback_ops: dict[str, int]
+    graph_break_kinds: dict[str, int]
+
+
+def stats() -> Stats:
+    """A snapshot of Kiln's counters."""
+    snap = counters.snapshot()
+    s = snap.get("stats", {})
+    breaks = snap.get("graph_breaks", {})
+    return Stats(
+        frames_captured=s.get("frames_captured", 0),
+        graphs_compiled=s.get("graphs_compiled", 0),
+        graph_breaks=sum(breaks.values()),
+        recompiles=s.get("recompiles", 0),
+        cache_hits=s.get("cache_hits", 0),
+        cache_misses=s.get("cache_misses", 0),
+        eager_fallbacks=s.get("eager_fallbacks", 0),
+        kernels=dict(snap.get("kernels", {})),
+        fallback_ops=dict(snap.get("fallback_ops", {})),
+        graph_break_kinds=dict(breaks),
+    )

@@ -1,0 +1,134 @@
+"""kiln.compile end to end: capture, guards, backends and the frontend's call path together."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kiln
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    kiln.reset()
+    yield
+    kiln.reset()
+
+
+def toy_body(a, b):
+    x = a / (torch.abs(a) + 1)
+    return x * 2 + b
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "kiln"])
+def test_function_matches_eager_and_caches(backend):
+    f = kiln.compile(toy_body, backend=backend)
+    a, b = torch.randn(10), torch.randn(10)
+    torch.testing.assert_close(f(a, b), toy_body(a, b))
+    a2, b2 = torch.randn(10), torch.randn(10)
+    torch.testing.assert_close(f(a2, b2), toy_body(a2, b2))
+    s = kiln.stats()
+    assert s.frames_captured == 1
+    assert s.graphs_compiled == 1
+    assert s.cache_hits == 1
+    assert s.eager_fallbacks == 0
+
+
+def test_decorator_forms_and_methods():
+    @kiln.compile
+    def f(x):
+        return x.sin() + 1
+
+    @kiln.compile(backend="eager", fullgraph=True)
+    def g(x):
+        return x.cos() * 2
+
+    class Holder:
+        def __init__(self):
+            self.w = torch.randn(5)
+
+        @kiln.compile(backend="eager")
+        def apply(self, x):
+            return x * self.w
+
+    x = torch.randn(5)
+    torch.testing.assert_close(f(x), x.sin() + 1)
+    torch.testing.assert_close(g(x), x.cos() * 2)
+    h = Holder()
+    torch.testing.assert_close(h.apply(x), x * h.w)
+    bound = kiln.compile(h.apply.original.__get__(h), backend="eager")
+    torch.testing.assert_close(bound(x), x * h.w)
+
+
+def test_module_compiles_and_follows_train_eval():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5), torch.nn.ReLU())
+    compiled = kiln.compile(model, backend="eager")
+    x = torch.randn(4, 8)
+    compiled.eval()
+    torch.testing.assert_close(compiled(x), model(x))
+    with torch.no_grad():
+        model[0].weight.add_(1.0)  # in-place update: same entry, new values
+    torch.testing.assert_close(compiled(x), model(x))
+    assert kiln.stats().frames_captured == 1
+
+
+def test_shape_change_recompiles_never_stale():
+    f = kiln.compile(toy_body, backend="eager")
+    for n in (4, 8, 4):
+        a, b = torch.randn(n), torch.randn(n)
+        torch.testing.assert_close(f(a, b), toy_body(a, b))
+    assert kiln.stats().frames_captured == 2
+
+
+def test_disable_runs_uncompiled():
+    f = kiln.compile(toy_body, backend="eager")
+    a, b = torch.randn(3), torch.randn(3)
+    with kiln.disable():
+        torch.testing.assert_close(f(a, b), toy_body(a, b))
+    assert kiln.stats().frames_captured == 0
+
+
+def test_backend_failure_falls_back_with_one_warning():
+    def broken(gm, inputs):
+        raise RuntimeError("backend exploded")
+
+    f = kiln.compile(toy_body, backend=broken)
+    a, b = torch.randn(3), torch.randn(3)
+    with pytest.warns(RuntimeWarning, match="backend exploded"):
+        out = f(a, b)
+    torch.testing.assert_close(out, toy_body(a, b))
+    with pytest.raises(kiln.CompileError, match="backend exploded"):
+        kiln.compile(toy_body, backend=broken, fullgraph=True)(a, b)
+
+
+def test_user_error_surfaces_unchanged():
+    def bad(a, b):
+        return a + b
+
+    f = kiln.compile(bad, backend="eager")
+    with pytest.raises(RuntimeError, match="size of tensor"):
+        f(torch.randn(3), torch.randn(4))
+
+
+def test_custom_backend_receives_graph_and_real_inputs():
+    seen = []
+
+    def spy(gm, example_inputs):
+        seen.append((gm, example_inputs))
+        return gm.forward
+
+    f = kiln.compile(toy_body, backend=spy)
+    a, b = torch.randn(6), torch.randn(6)
+    f(a, b)
+    ((gm, inputs),) = seen
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert torch.abs in targets
+    assert any(isinstance(t, torch.Tensor) and t.shape == (6,) for t in inputs)
+
+
+def test_stats_and_reset():
+    f = kiln.compile(toy_body, backend="eager")
+    f(torch.randn(2), torch.randn(2))
+    assert kiln.stats().frames_captured == 1
+    kiln.reset()
+    assert kiln.stats().frames_captured == 0
