@@ -1,0 +1,31 @@
+"""CPython 3.11/3.12 bytecode as editable data: decode, analyse, assemble.
+
+The leaf layer every bytecode transformation in Kiln stands on::
+
+    body = decode(fn.__code__)        # Bytecode: Instr list + exception table + pools
+    ...edit body.instrs...            # args are values; jumps point at Instr objects
+    code = assemble(body)             # a code object CPython runs and dis prints
+"""
+
+from kiln.capture.bytecode.analysis import live_locals, max_stack_depth, stack_depths, stack_effect
+from kiln.capture.bytecode.assemble import assemble, const_key
+from kiln.capture.bytecode.decode import decode
+from kiln.capture.bytecode.instructions import Bytecode, ExceptionEntry, Instr, Positions
+from kiln.capture.bytecode.optable import PY311, PY312, ArgKind
+
+__all__ = [
+    "PY311",
+    "PY312",
+    "ArgKind",
+    "Bytecode",
+    "ExceptionEntry",
+    "Instr",
+    "Positions",
+    "assemble",
+    "const_key",
+    "decode",
+    "live_locals",
+    "max_stack_depth",
+    "stack_depths",
+    "stack_effect",
+]

@@ -1,0 +1,188 @@
+"""Control flow, stack depth and liveness over an instruction list.
+
+Both analyses work on :class:`Instr` lists before assembly (jump targets are
+references), so the evaluator can ask "how deep is the stack here" and "which
+locals are still read from here on" of decoded code and of code it builds.
+Exception edges count: an instruction covered by an exception-table entry may
+continue at the entry's handler, with the stack cut to the entry's depth.
+"""
+
+from __future__ import annotations
+
+import dis
+from collections.abc import Iterable, Sequence
+
+from kiln.capture.bytecode import optable
+from kiln.capture.bytecode.instructions import ExceptionEntry, Instr, _concrete_name
+from kiln.capture.bytecode.optable import ArgKind
+from kiln.capture.errors import CaptureError
+
+__all__ = [
+    "LOCAL_READS",
+    "LOCAL_WRITES",
+    "covering_entries",
+    "live_locals",
+    "max_stack_depth",
+    "stack_depths",
+    "stack_effect",
+    "successors",
+]
+
+#: Fast-local accesses that read the variable (DELETE_FAST raises if unbound).
+LOCAL_READS = frozenset({"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR", "DELETE_FAST"})
+LOCAL_WRITES = frozenset({"STORE_FAST", "STORE_FAST_MAYBE_NULL", "DELETE_FAST"})
+
+
+def covering_entries(
+    instrs: Sequence[Instr], table: Iterable[ExceptionEntry]
+) -> dict[int, ExceptionEntry]:
+    """Map ``id(instr)`` to the exception-table entry that covers it, if any."""
+    index = {id(ins): i for i, ins in enumerate(instrs)}
+    covered: dict[int, ExceptionEntry] = {}
+    for entry in table:
+        lo, hi = index[id(entry.start)], index[id(entry.end)]
+        for ins in instrs[lo : hi + 1]:
+            covered.setdefault(id(ins), entry)
+    return covered
+
+
+def _stack_oparg(instr: Instr) -> int | None:
+    """The oparg as far as stack effects care (flag bits, counts), or None."""
+    kind = instr.kind
+    if kind == ArgKind.NONE:
+        return None
+    if kind == ArgKind.RAW:
+        return int(instr.arg)
+    if kind == ArgKind.NAME and instr.opname in optable.NAME_FLAG_BITS:
+        return int(instr.arg[0])
+    return 0
+
+
+def stack_effect(instr: Instr, *, jump: bool | None = None) -> int:
+    """Net stack effect of ``instr``; ``jump`` picks the branch of a jump."""
+    if instr.opname == "RETURN_GENERATOR":
+        return 1  # resuming the new generator pushes the value sent in
+    op = optable.opcode_of(_concrete_name(instr.opname))
+    return dis.stack_effect(op, _stack_oparg(instr), jump=jump)
+
+
+def successors(instrs: Sequence[Instr], i: int, index: dict[int, int]) -> list[tuple[int, int]]:
+    """``(index, stack effect on that edge)`` for each normal way out of ``instrs[i]``.
+
+    ``index`` maps ``id(instr)`` to its position. Exception edges are left to
+    the caller (see :func:`covering_entries`): the table fixes their depth.
+    """
+    instr = instrs[i]
+    out: list[tuple[int, int]] = []
+    if instr.is_jump:
+        try:
+            target = index[id(instr.arg)]
+        except KeyError:
+            msg = f"jump target of {instr!r} (instruction {i}) is not in the instruction list"
+            raise CaptureError(msg) from None
+        out.append((target, stack_effect(instr, jump=True)))
+        if optable.is_unconditional_jump(instr.opname):
+            return out
+        out.append((i + 1, stack_effect(instr, jump=False)))
+    elif not optable.is_terminator(instr.opname):
+        out.append((i + 1, stack_effect(instr, jump=False)))
+    return [(j, eff) for j, eff in out if j < len(instrs)]
+
+
+def _positions_of(instrs: Sequence[Instr]) -> dict[int, int]:
+    return {id(ins): i for i, ins in enumerate(instrs)}
+
+
+def stack_depths(
+    instrs: Sequence[Instr], table: Sequence[ExceptionEntry] = (), *, entry_depth: int = 0
+) -> list[int | None]:
+    """Stack depth before each instruction (None where unreachable).
+
+    Raises :class:`CaptureError` where two paths reach an instruction with
+    different depths or the stack would go negative: such code would crash.
+    """
+    index = _positions_of(instrs)
+    covered = covering_entries(instrs, table)
+    depths: list[int | None] = [None] * len(instrs)
+    work: list[int] = []
+
+    def reach(j: int, depth: int, came_from: int) -> None:
+        if depth < 0:
+            msg = f"stack underflow after {instrs[came_from]!r} (instruction {came_from})"
+            raise CaptureError(msg)
+        seen = depths[j]
+        if seen is None:
+            depths[j] = depth
+            work.append(j)
+        elif seen != depth:
+            msg = f"instruction {j} {instrs[j]!r} reached with stack depths {seen} and {depth}"
+            raise CaptureError(msg)
+
+    if instrs:
+        reach(0, entry_depth, 0)
+    while work:
+        i = work.pop()
+        depth = depths[i]
+        assert depth is not None
+        for j, effect in successors(instrs, i, index):
+            reach(j, depth + effect, i)
+        entry = covered.get(id(instrs[i]))
+        if entry is not None:
+            reach(index[id(entry.target)], entry.depth + int(entry.lasti) + 1, i)
+    return depths
+
+
+def max_stack_depth(
+    instrs: Sequence[Instr], table: Sequence[ExceptionEntry] = (), *, entry_depth: int = 0
+) -> int:
+    """The ``co_stacksize`` the code needs: the deepest the stack gets on any edge."""
+    depths = stack_depths(instrs, table, entry_depth=entry_depth)
+    index = _positions_of(instrs)
+    deepest = entry_depth
+    for i, depth in enumerate(depths):
+        if depth is None:
+            continue
+        deepest = max(deepest, depth)
+        for _, effect in successors(instrs, i, index):
+            deepest = max(deepest, depth + effect)
+    return deepest
+
+
+def live_locals(
+    instrs: Sequence[Instr], table: Sequence[ExceptionEntry] = ()
+) -> list[frozenset[str]]:
+    """Fast locals live before each instruction: read later on some path before a write."""
+    index = _positions_of(instrs)
+    covered = covering_entries(instrs, table)
+    n = len(instrs)
+    preds: list[list[int]] = [[] for _ in range(n)]
+    for i in range(n):
+        for j, _ in successors(instrs, i, index):
+            preds[j].append(i)
+        entry = covered.get(id(instrs[i]))
+        if entry is not None:
+            preds[index[id(entry.target)]].append(i)
+    live: list[frozenset[str]] = [frozenset()] * n
+    live_out: list[set[str]] = [set() for _ in range(n)]
+    work = list(range(n))
+    pending = set(work)
+    while work:
+        i = work.pop()
+        pending.discard(i)
+        ins = instrs[i]
+        now = set(live_out[i])
+        if ins.opname in LOCAL_WRITES:
+            now.discard(ins.arg)
+        if ins.opname in LOCAL_READS:
+            now.add(ins.arg)
+        frozen = frozenset(now)
+        if frozen == live[i]:
+            continue
+        live[i] = frozen
+        for p in preds[i]:
+            if not frozen <= live_out[p]:
+                live_out[p] |= frozen
+                if p not in pending:
+                    pending.add(p)
+                    work.append(p)
+    return live

@@ -1,0 +1,125 @@
+"""Building functions and fresh code bodies: what resume functions and emitted code need.
+
+:func:`new_body` starts a :class:`Bytecode` with a new signature and the
+prologue CPython expects (``COPY_FREE_VARS``, ``MAKE_CELL``, generator start,
+``RESUME``); :func:`make_function` turns a code object into a function with
+given globals, closure and defaults.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Sequence
+from typing import Any
+
+from kiln.capture.bytecode.instructions import Bytecode, Instr, Positions
+from kiln.capture.errors import CaptureError
+
+__all__ = ["CO_GENERATOR_LIKE", "make_cell", "make_function", "new_body", "prologue"]
+
+CO_OPTIMIZED = 0x1
+CO_NEWLOCALS = 0x2
+CO_VARARGS = 0x4
+CO_VARKEYWORDS = 0x8
+CO_NESTED = 0x10
+#: Flags that make a code object start with RETURN_GENERATOR.
+CO_GENERATOR_LIKE = 0x20 | 0x100 | 0x200  # generator, coroutine, async generator
+
+
+def prologue(
+    cellvars: Sequence[str], freevars: Sequence[str], flags: int, positions: Positions | None
+) -> list[Instr]:
+    """The instructions that open a function body on 3.11/3.12, RESUME last."""
+    out = []
+    if freevars:
+        out.append(Instr("COPY_FREE_VARS", len(freevars)))
+    out += [Instr("MAKE_CELL", name) for name in cellvars]
+    if flags & CO_GENERATOR_LIKE:
+        out += [Instr("RETURN_GENERATOR"), Instr("POP_TOP")]
+    out.append(Instr("RESUME", 0, positions))
+    if out[0] is not out[-1]:
+        for ins in out[:-1]:
+            ins.positions = positions
+    return out
+
+
+def new_body(
+    name: str,
+    args: Sequence[str],
+    *,
+    qualname: str | None = None,
+    filename: str = "<kiln>",
+    firstlineno: int = 1,
+    kwonly: Sequence[str] = (),
+    varargs: str | None = None,
+    varkw: str | None = None,
+    cellvars: Sequence[str] = (),
+    freevars: Sequence[str] = (),
+    flags: int = 0,
+) -> Bytecode:
+    """An empty function body with this signature, holding only its prologue.
+
+    Append instructions to ``body.instrs``; other locals are added as they are
+    used. ``flags`` adds to the usual optimized/new-locals ones (e.g. generator).
+    """
+    varnames = [*args, *kwonly]
+    flags |= CO_OPTIMIZED | CO_NEWLOCALS | (CO_NESTED if freevars else 0)
+    if varargs is not None:
+        varnames.append(varargs)
+        flags |= CO_VARARGS
+    if varkw is not None:
+        varnames.append(varkw)
+        flags |= CO_VARKEYWORDS
+    if len(set(varnames)) != len(varnames):
+        msg = f"duplicate argument names in {varnames} for {name}"
+        raise CaptureError(msg)
+    where = Positions(firstlineno, firstlineno, 0, 0)
+    return Bytecode(
+        instrs=prologue(cellvars, freevars, flags, where),
+        name=name,
+        qualname=qualname or name,
+        filename=filename,
+        firstlineno=firstlineno,
+        argcount=len(args),
+        kwonlyargcount=len(kwonly),
+        flags=flags,
+        varnames=varnames,
+        cellvars=list(cellvars),
+        freevars=list(freevars),
+        consts=[None],
+    )
+
+
+def make_cell(value: Any) -> types.CellType:
+    """A closure cell holding ``value``."""
+    return types.CellType(value)
+
+
+def make_function(
+    code: types.CodeType,
+    globals: dict[str, Any],
+    *,
+    closure: Sequence[types.CellType] | None = None,
+    defaults: Sequence[Any] | None = None,
+    kwdefaults: dict[str, Any] | None = None,
+    name: str | None = None,
+    qualname: str | None = None,
+) -> types.FunctionType:
+    """A function over ``code`` with these globals, closure cells and defaults."""
+    if len(closure or ()) != len(code.co_freevars):
+        msg = (
+            f"{code.co_qualname} has free variables {code.co_freevars} "
+            f"but {len(closure or ())} closure cells were given"
+        )
+        raise CaptureError(msg)
+    fn = types.FunctionType(
+        code,
+        globals,
+        name or code.co_name,
+        tuple(defaults) if defaults else None,
+        tuple(closure) if closure else None,
+    )
+    if kwdefaults:
+        fn.__kwdefaults__ = dict(kwdefaults)
+    fn.__qualname__ = qualname or code.co_qualname
+    return fn

@@ -1,0 +1,128 @@
+"""Instructions, exception-table entries and whole code bodies as plain data.
+
+An :class:`Instr` holds its argument as a Python-level value, never a raw
+oparg: the constant object for ``LOAD_CONST``, the name for ``LOAD_FAST`` or
+``LOAD_ATTR``, the target :class:`Instr` for a jump. Indices, EXTENDED_ARG
+prefixes, CACHE units and jump offsets are the assembler's business, so code
+can be edited by inserting, removing and re-pointing instructions freely.
+Instructions compare by identity: a jump targets one particular instruction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import dis
+from typing import Any
+
+from kiln.capture.bytecode import optable
+
+__all__ = ["Bytecode", "ExceptionEntry", "Instr", "Positions"]
+
+Positions = dis.Positions
+
+
+@dataclasses.dataclass(eq=False)
+class Instr:
+    """One instruction.
+
+    ``arg`` by kind (see :func:`optable.arg_kind`): the constant (CONST), a
+    name string (NAME, LOCAL, CELL), ``(flag, name)`` for LOAD_GLOBAL (push
+    NULL) and on 3.12 LOAD_ATTR (method load, flag bool) and LOAD_SUPER_ATTR
+    (flag int of two bits), the target ``Instr`` (JUMP), the oparg int (RAW),
+    or None. Jump opnames may be the generic ``JUMP``/``JUMP_NO_INTERRUPT``
+    and, on 3.11, ``POP_JUMP_IF_<cond>``: the assembler picks the direction.
+    ``offset`` is where a decoded instruction sat in its original code (None
+    for new ones); ``positions`` its source location (None: no location).
+    """
+
+    opname: str
+    arg: Any = None
+    positions: Positions | None = None
+    offset: int | None = dataclasses.field(default=None, compare=False)
+
+    @property
+    def lineno(self) -> int | None:
+        return self.positions.lineno if self.positions is not None else None
+
+    @property
+    def kind(self) -> str:
+        return optable.arg_kind(_concrete_name(self.opname))
+
+    @property
+    def is_jump(self) -> bool:
+        return self.kind == optable.ArgKind.JUMP
+
+    def at(self, other: Instr | Positions | None) -> Instr:
+        """Give this instruction ``other``'s source location; returns self."""
+        self.positions = other.positions if isinstance(other, Instr) else other
+        return self
+
+    def __repr__(self) -> str:
+        if isinstance(self.arg, Instr):
+            target = self.arg
+            arg = f"-> {target.opname}@{target.offset}" if target.offset is not None else "-> ?"
+            return f"Instr({self.opname} {arg})"
+        if self.arg is None and self.kind in (optable.ArgKind.NONE,):
+            return f"Instr({self.opname})"
+        return f"Instr({self.opname} {self.arg!r})"
+
+
+def _concrete_name(opname: str) -> str:
+    """Map generic jump names onto a real opcode of this Python (for its kind)."""
+    if opname in ("JUMP", "JUMP_NO_INTERRUPT"):
+        return "JUMP_FORWARD"
+    if optable.PY311 and opname.startswith("POP_JUMP_IF_"):
+        return "POP_JUMP_FORWARD_IF_" + opname[len("POP_JUMP_IF_") :]
+    return opname
+
+
+@dataclasses.dataclass(eq=False)
+class ExceptionEntry:
+    """One row of the exception table, over instructions rather than offsets.
+
+    It covers ``start`` through ``end`` inclusive, in list order; when any of
+    them raises, the stack is cut to ``depth`` items, the offset of the raising
+    instruction is pushed if ``lasti``, then the exception, and control goes to
+    ``target``.
+    """
+
+    start: Instr
+    end: Instr
+    target: Instr
+    depth: int
+    lasti: bool
+
+
+@dataclasses.dataclass
+class Bytecode:
+    """A code body as editable data, plus what a code object needs besides.
+
+    ``consts`` and ``names`` are the pools the assembler starts from (kept in
+    order, so a decoded body keeps its docstring in ``consts[0]``); values the
+    instructions use that are missing get appended. ``varnames`` grows the
+    same way; cell and free variables must be declared.
+    """
+
+    instrs: list[Instr]
+    exception_table: list[ExceptionEntry] = dataclasses.field(default_factory=list)
+    name: str = "<kiln>"
+    qualname: str = "<kiln>"
+    filename: str = "<kiln>"
+    firstlineno: int = 1
+    argcount: int = 0
+    posonlyargcount: int = 0
+    kwonlyargcount: int = 0
+    flags: int = 0
+    varnames: list[str] = dataclasses.field(default_factory=list)
+    cellvars: list[str] = dataclasses.field(default_factory=list)
+    freevars: list[str] = dataclasses.field(default_factory=list)
+    consts: list[Any] = dataclasses.field(default_factory=list)
+    names: list[str] = dataclasses.field(default_factory=list)
+
+    def index(self, offset: int) -> int:
+        """Position in ``instrs`` of the decoded instruction at ``offset``."""
+        for i, instr in enumerate(self.instrs):
+            if instr.offset == offset:
+                return i
+        msg = f"no instruction at offset {offset} in {self.qualname}"
+        raise KeyError(msg)

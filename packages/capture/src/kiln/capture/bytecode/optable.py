@@ -1,0 +1,134 @@
+"""What each opcode's argument means on the running CPython (3.11 or 3.12).
+
+Decoding and assembling both ask the same questions of an opcode: does its
+oparg index the constants, the names, the fast locals or the cells; is it a
+jump, and which way may it jump; how many inline CACHE units follow it. The
+answers differ between 3.11 and 3.12, so they live here, computed once from
+the interpreter's own ``opcode`` tables.
+"""
+
+from __future__ import annotations
+
+import dis
+import opcode
+import sys
+
+__all__ = [
+    "CONDITIONAL_JUMPS",
+    "NAME_FLAG_BITS",
+    "PY311",
+    "PY312",
+    "TERMINATORS",
+    "UNCONDITIONAL_JUMPS",
+    "ArgKind",
+    "arg_kind",
+    "cache_entries",
+    "has_arg",
+    "is_backward_only",
+    "is_jump",
+    "is_terminator",
+    "is_unconditional_jump",
+    "opcode_of",
+]
+
+PY311 = sys.version_info[:2] == (3, 11)
+PY312 = sys.version_info[:2] == (3, 12)
+
+
+class ArgKind:
+    """How an instruction's argument is represented in :class:`~.Instr`."""
+
+    NONE = "none"  # no argument
+    RAW = "raw"  # the oparg itself (BINARY_OP, CALL, COMPARE_OP, ...)
+    CONST = "const"  # the constant object
+    NAME = "name"  # a name string, or (flag, name) for NAME_FLAG_BITS ops
+    LOCAL = "local"  # a fast-local name
+    CELL = "cell"  # a cell or free variable name
+    JUMP = "jump"  # the target Instr
+
+
+def _real(names: list[int]) -> frozenset[str]:
+    return frozenset(opcode.opname[i] for i in names if not opcode.opname[i].startswith("<"))
+
+
+_CONST = _real(dis.hasconst)
+_NAME = _real(dis.hasname)
+_LOCAL = _real(dis.haslocal)
+_CELL = _real(dis.hasfree)
+_JUMP = _real(dis.hasjrel) | _real(dis.hasjabs)
+
+#: Name ops whose low oparg bits carry a flag; their arg is ``(flag, name)``.
+#: LOAD_GLOBAL: push NULL first; 3.12 LOAD_ATTR: method load;
+#: 3.12 LOAD_SUPER_ATTR: two bits (method load, two-argument super).
+NAME_FLAG_BITS: dict[str, int] = {"LOAD_GLOBAL": 1}
+if PY312:
+    NAME_FLAG_BITS.update({"LOAD_ATTR": 1, "LOAD_SUPER_ATTR": 2})
+
+UNCONDITIONAL_JUMPS = frozenset(
+    {"JUMP_FORWARD", "JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT", "JUMP", "JUMP_NO_INTERRUPT"}
+)
+CONDITIONAL_JUMPS = _JUMP - UNCONDITIONAL_JUMPS
+TERMINATORS = frozenset({"RETURN_VALUE", "RETURN_CONST", "RAISE_VARARGS", "RERAISE"})
+
+#: Jumps that encode a backward offset; every other jump goes forward.
+_BACKWARD = frozenset(
+    {
+        "JUMP_BACKWARD",
+        "JUMP_BACKWARD_NO_INTERRUPT",
+        "POP_JUMP_BACKWARD_IF_FALSE",
+        "POP_JUMP_BACKWARD_IF_TRUE",
+        "POP_JUMP_BACKWARD_IF_NONE",
+        "POP_JUMP_BACKWARD_IF_NOT_NONE",
+    }
+)
+
+
+def opcode_of(opname: str) -> int:
+    """The opcode number of a real (not pseudo) instruction on this Python."""
+    op = opcode.opmap.get(opname)
+    if op is None or op >= 256:
+        msg = f"{opname!r} is not a CPython {sys.version_info[0]}.{sys.version_info[1]} opcode"
+        raise ValueError(msg)
+    return op
+
+
+def has_arg(opname: str) -> bool:
+    """Whether the instruction takes an oparg."""
+    return opcode_of(opname) >= opcode.HAVE_ARGUMENT
+
+
+def arg_kind(opname: str) -> str:
+    """The :class:`ArgKind` of ``opname``'s argument."""
+    if opname in _JUMP or opname in UNCONDITIONAL_JUMPS:
+        return ArgKind.JUMP
+    if opname in _CONST:
+        return ArgKind.CONST
+    if opname in _NAME:
+        return ArgKind.NAME
+    if opname in _LOCAL:
+        return ArgKind.LOCAL
+    if opname in _CELL:
+        return ArgKind.CELL
+    return ArgKind.RAW if has_arg(opname) else ArgKind.NONE
+
+
+def cache_entries(opname: str) -> int:
+    """How many inline CACHE code units follow the instruction."""
+    return int(opcode._inline_cache_entries[opcode_of(opname)])  # type: ignore[attr-defined]
+
+
+def is_jump(opname: str) -> bool:
+    return arg_kind(opname) == ArgKind.JUMP
+
+
+def is_unconditional_jump(opname: str) -> bool:
+    return opname in UNCONDITIONAL_JUMPS
+
+
+def is_terminator(opname: str) -> bool:
+    """Instructions after which control never falls through."""
+    return opname in TERMINATORS or opname in UNCONDITIONAL_JUMPS
+
+
+def is_backward_only(opname: str) -> bool:
+    return opname in _BACKWARD

@@ -1,0 +1,127 @@
+"""Round trip of the corpus: decode → assemble → run, equal to the original."""
+
+import copy
+import dis
+import importlib.util
+import inspect
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from kiln.capture.bytecode import assemble, decode, max_stack_depth
+from kiln.capture.bytecode.build import make_function
+from kiln.capture.bytecode.format import format_code
+
+
+def _load_corpus():
+    name = "kiln_test_bytecode_corpus"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            name, Path(__file__).with_name("bytecode_corpus.py")
+        )
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+corpus = _load_corpus()
+FUNCTIONS = list({id(fn): fn for fn, _, _ in corpus.CASES}.values())
+
+
+def roundtrip_code(code):
+    """Decode and assemble ``code`` and every code object nested in its constants."""
+    body = decode(code)
+    body.consts = [roundtrip_code(c) if isinstance(c, types.CodeType) else c for c in body.consts]
+    for ins in body.instrs:
+        if isinstance(ins.arg, types.CodeType):
+            ins.arg = roundtrip_code(ins.arg)
+    return assemble(body)
+
+
+def roundtrip(fn):
+    return make_function(
+        roundtrip_code(fn.__code__),
+        fn.__globals__,
+        closure=fn.__closure__,
+        defaults=fn.__defaults__,
+        kwdefaults=fn.__kwdefaults__,
+        name=fn.__name__,
+        qualname=fn.__qualname__,
+    )
+
+
+def outcome(fn, args, kwargs):
+    args, kwargs = copy.deepcopy((args, kwargs))
+    try:
+        result = fn(*args, **kwargs)
+        if inspect.isgenerator(result):
+            return ("gen", list(result))
+        return ("ok", result)
+    except Exception as e:  # compared, not swallowed
+        return ("raise", type(e), str(e))
+
+
+def _fields(code):
+    return (
+        code.co_code,
+        tuple("<code>" if isinstance(c, types.CodeType) else c for c in code.co_consts),
+        code.co_linetable,
+        code.co_names,
+        code.co_varnames,
+        code.co_cellvars,
+        code.co_freevars,
+        code.co_exceptiontable,
+        code.co_stacksize,
+        code.co_flags,
+        code.co_nlocals,
+        list(code.co_positions()),
+    )
+
+
+def _walk(code):
+    yield code
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            yield from _walk(c)
+
+
+def test_corpus_is_large():
+    assert len(FUNCTIONS) >= 60
+
+
+@pytest.mark.parametrize(
+    ("fn", "args", "kwargs"), corpus.CASES, ids=lambda v: getattr(v, "__name__", "")
+)
+def test_roundtrip_runs_equal(fn, args, kwargs):
+    assert outcome(roundtrip(fn), args, kwargs) == outcome(fn, args, kwargs)
+
+
+@pytest.mark.parametrize("fn", FUNCTIONS, ids=lambda f: f.__name__)
+def test_roundtrip_is_byte_identical(fn):
+    for original, rebuilt in zip(
+        _walk(fn.__code__), _walk(roundtrip_code(fn.__code__)), strict=True
+    ):
+        assert _fields(rebuilt) == _fields(original), original.co_qualname
+
+
+@pytest.mark.parametrize("fn", FUNCTIONS, ids=lambda f: f.__name__)
+def test_stack_depth_matches_cpython(fn):
+    for code in _walk(fn.__code__):
+        body = decode(code)
+        assert max_stack_depth(body.instrs, body.exception_table) == code.co_stacksize, (
+            code.co_qualname
+        )
+
+
+def test_dis_prints_assembled_code():
+    code = roundtrip_code(corpus.long_jumps.__code__)
+    text = format_code(code)
+    assert "EXTENDED_ARG" in text and "long_jumps" in text
+    assert dis.Bytecode(code).dis() == dis.Bytecode(corpus.long_jumps.__code__).dis()
+
+
+def test_docstring_survives():
+    assert roundtrip(corpus.docstring_only).__doc__ == corpus.docstring_only.__doc__
