@@ -1,5 +1,35 @@
 """kiln.loopir: see the package README for its role and public API."""
 
+from kiln.loopir import backend, sizes
 from kiln.loopir.__about__ import __version__
+from kiln.loopir.backend import Backend, get_backend, register_backend
+from kiln.loopir.errors import BackendError, IRVerificationError, LoopIRError, LoweringError
+from kiln.loopir.kernel import RINDEX, SEEDS, XINDEX, KernelCode, KernelGroup, KernelNode
+from kiln.loopir.ops import OpsHandler, OpsHandlerBase
+from kiln.loopir.reference import ReferenceBackend
+from kiln.loopir.virtualized import V, ops, set_ops_handler
 
-__all__ = ["__version__"]
+__all__ = [
+    "RINDEX",
+    "SEEDS",
+    "XINDEX",
+    "Backend",
+    "BackendError",
+    "IRVerificationError",
+    "KernelCode",
+    "KernelGroup",
+    "KernelNode",
+    "LoopIRError",
+    "LoweringError",
+    "OpsHandler",
+    "OpsHandlerBase",
+    "ReferenceBackend",
+    "V",
+    "__version__",
+    "backend",
+    "get_backend",
+    "ops",
+    "register_backend",
+    "set_ops_handler",
+    "sizes",
+]

@@ -1,0 +1,23 @@
+"""loopir's error hierarchy, rooted in :class:`kiln.capture.errors.KilnError`."""
+
+from __future__ import annotations
+
+from kiln.capture.errors import KilnError
+
+__all__ = ["LoopIRError", "LoweringError", "BackendError", "IRVerificationError"]
+
+
+class LoopIRError(KilnError):
+    """Something went wrong turning an ATen graph into kernels."""
+
+
+class LoweringError(LoopIRError):
+    """An ATen op could not be lowered (and no fallback applies)."""
+
+
+class IRVerificationError(LoopIRError):
+    """An IR object broke an invariant ``verify()`` checks (a loopir bug)."""
+
+
+class BackendError(LoopIRError):
+    """No code generator is available for a device, or one misbehaved."""

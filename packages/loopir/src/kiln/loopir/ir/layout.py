@@ -1,0 +1,99 @@
+"""Layouts: where a buffer's elements live (device, dtype, sizes, strides, offset)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import sympy
+import torch
+
+from kiln.loopir import sizes
+from kiln.loopir.errors import IRVerificationError
+
+__all__ = ["Layout", "contiguous_layout", "layout_of_tensor"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """A strided layout in elements. ``flexible`` means no one has asked for these
+    strides yet, so a pass may still pick others (e.g. to match a consumer)."""
+
+    device: torch.device
+    dtype: torch.dtype
+    size: tuple[sympy.Expr, ...]
+    stride: tuple[sympy.Expr, ...]
+    offset: sympy.Expr = sympy.S.Zero
+    flexible: bool = False
+
+    def index(self, index: Sequence[sympy.Expr]) -> sympy.Expr:
+        """The storage position of a multi-dimensional index."""
+        return sizes.linear_index(index, self.stride, self.offset)
+
+    def numel(self) -> sympy.Expr:
+        return sizes.product(self.size)
+
+    def storage_size(self) -> sympy.Expr:
+        """Elements the storage must hold (0 for an empty tensor)."""
+        if any(s == 0 for s in self.size):
+            return sympy.S.Zero
+        return (
+            self.offset
+            + 1
+            + sympy.Add(*[(n - 1) * s for n, s in zip(self.size, self.stride, strict=True)])
+        )
+
+    def nbytes(self) -> int:
+        """Bytes of storage, for memory accounting (static shapes)."""
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        return sizes.evaluate_int(self.storage_size()) * elem
+
+    def as_fixed(self) -> Layout:
+        return dataclasses.replace(self, flexible=False)
+
+    def is_contiguous(self) -> bool:
+        want = sizes.contiguous_strides(self.size)
+        return all(n == 1 or s == w for n, s, w in zip(self.size, self.stride, want, strict=True))
+
+    def same_storage_shape(self, other: Layout) -> bool:
+        """Interchangeable allocations (what memory reuse needs)."""
+        return (self.device, self.dtype, self.storage_size()) == (
+            other.device,
+            other.dtype,
+            other.storage_size(),
+        )
+
+    def verify(self) -> None:
+        if len(self.size) != len(self.stride):
+            msg = f"layout has {len(self.size)} sizes but {len(self.stride)} strides"
+            raise IRVerificationError(msg)
+
+    def __str__(self) -> str:
+        kind = "Flexible" if self.flexible else "Fixed"
+        size = ", ".join(map(str, self.size))
+        stride = ", ".join(map(str, self.stride))
+        dtype = str(self.dtype).removeprefix("torch.")
+        off = f", offset={self.offset}" if self.offset != 0 else ""
+        return f"{kind}Layout({self.device.type}, {dtype}, size=[{size}], stride=[{stride}]{off})"
+
+
+def contiguous_layout(
+    device: torch.device, dtype: torch.dtype, size: Sequence[sympy.Expr], flexible: bool = True
+) -> Layout:
+    """A row-major layout for a new buffer."""
+    size = tuple(size)
+    return Layout(device, dtype, size, tuple(sizes.contiguous_strides(size)), flexible=flexible)
+
+
+def layout_of_tensor(t: torch.Tensor) -> Layout:
+    """The fixed layout of a real, fake or meta tensor, relative to its data pointer.
+
+    Kernels receive tensors and index from their first element, so the storage
+    offset of an input is not part of its layout.
+    """
+    return Layout(
+        t.device,
+        t.dtype,
+        tuple(sizes.sympify(s) for s in t.shape),
+        tuple(sizes.sympify(s) for s in t.stride()),
+    )

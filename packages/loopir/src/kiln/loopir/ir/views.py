@@ -1,0 +1,158 @@
+"""Views: index remapping with no copies, and the boxes lowerings pass around.
+
+``View`` maps its indices onto another node's (permute, expand, slice, reshape
+are all just ``reindex`` functions). ``ReinterpretView`` is a strided window on a
+realized buffer, what the wrapper can hand to ATen as a tensor. ``StorageBox``
+holds either unrealized ``Loops`` (inlined into consumers) or a buffer;
+``TensorBox`` is what a lowering receives and returns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any, Union
+
+import sympy
+import torch
+
+from kiln.loopir import sizes
+from kiln.loopir.ir.buffers import Buffer, ComputedBuffer
+from kiln.loopir.ir.layout import Layout, contiguous_layout
+from kiln.loopir.ir.loops import Loops, Pointwise
+from kiln.loopir.virtualized import V, ops
+
+__all__ = ["View", "ReinterpretView", "StorageBox", "TensorBox", "IRNode", "Reindex"]
+
+Reindex = Callable[[Sequence[sympy.Expr]], Sequence[sympy.Expr]]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class View:
+    """``data`` seen through ``reindex`` with sizes ``size``."""
+
+    data: IRNode
+    size: tuple[sympy.Expr, ...]
+    reindex: Reindex
+    origin: str
+
+    def get_size(self) -> tuple[sympy.Expr, ...]:
+        return self.size
+
+    def get_dtype(self) -> torch.dtype:
+        return self.data.get_dtype()
+
+    def get_device(self) -> torch.device:
+        return self.data.get_device()
+
+    def make_loader(self) -> Callable[[Sequence[sympy.Expr]], Any]:
+        inner = self.data.make_loader()
+        reindex = self.reindex
+        return lambda index: inner(reindex(index))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ReinterpretView:
+    """A strided window (``layout``) on ``buffer``'s storage."""
+
+    buffer: Buffer
+    layout: Layout
+
+    def get_size(self) -> tuple[sympy.Expr, ...]:
+        return self.layout.size
+
+    def get_dtype(self) -> torch.dtype:
+        return self.layout.dtype
+
+    def get_device(self) -> torch.device:
+        return self.layout.device
+
+    def get_name(self) -> str:
+        return self.buffer.get_name()
+
+    def make_loader(self) -> Callable[[Sequence[sympy.Expr]], Any]:
+        name, layout = self.buffer.get_name(), self.layout
+        return lambda index: ops.load(name, layout.index(index))
+
+
+@dataclasses.dataclass(eq=False)
+class StorageBox:
+    """Unrealized ``Loops`` until someone needs memory, then a ``ComputedBuffer``."""
+
+    data: Loops | Buffer
+
+    def get_size(self) -> tuple[sympy.Expr, ...]:
+        return tuple(self.data.get_size())
+
+    def get_dtype(self) -> torch.dtype:
+        return self.data.get_dtype()
+
+    def get_device(self) -> torch.device:
+        return self.data.get_device()
+
+    def make_loader(self) -> Callable[[Sequence[sympy.Expr]], Any]:
+        return self.data.make_loader()  # type: ignore[no-any-return]
+
+    def is_realized(self) -> bool:
+        return isinstance(self.data, Buffer)
+
+    def realize(self) -> Buffer:
+        """Store the computation in a buffer (registered with ``V.graph``); idempotent."""
+        if isinstance(self.data, Buffer):
+            return self.data
+        loops = self.data
+        layout = contiguous_layout(loops.get_device(), loops.get_dtype(), loops.get_size())
+        buf = ComputedBuffer(name="", layout=layout, data=loops)
+        V.graph.register_buffer(buf)
+        self.data = buf
+        return buf
+
+
+IRNode = Union[View, ReinterpretView, StorageBox, Buffer, Loops]  # noqa: UP007
+
+
+@dataclasses.dataclass(eq=False)
+class TensorBox:
+    """The value of one FX node during lowering."""
+
+    data: IRNode
+
+    @staticmethod
+    def from_loops(loops: Loops) -> TensorBox:
+        return TensorBox(StorageBox(loops))
+
+    def get_size(self) -> tuple[sympy.Expr, ...]:
+        return tuple(self.data.get_size())
+
+    def get_dtype(self) -> torch.dtype:
+        return self.data.get_dtype()
+
+    def get_device(self) -> torch.device:
+        return self.data.get_device()
+
+    def make_loader(self) -> Callable[[Sequence[sympy.Expr]], Any]:
+        return self.data.make_loader()  # type: ignore[no-any-return]
+
+    def dim(self) -> int:
+        return len(self.get_size())
+
+    def numel(self) -> sympy.Expr:
+        return sizes.product(self.get_size())
+
+    def storage(self) -> StorageBox | None:
+        """The box under any views, when there is one."""
+        node: Any = self.data
+        while isinstance(node, View):
+            node = node.data
+        return node if isinstance(node, StorageBox) else None
+
+    def is_unrealized_pointwise(self) -> bool:
+        box = self.storage()
+        return box is not None and isinstance(box.data, Pointwise)
+
+
+def pointwise_copy(x: TensorBox, origin: str) -> TensorBox:
+    """A fresh ``Pointwise`` with ``x``'s values (what a realized view copy needs)."""
+    return TensorBox.from_loops(
+        Pointwise(x.get_device(), x.get_dtype(), x.get_size(), origin, x.make_loader())
+    )

@@ -1,0 +1,235 @@
+"""Sympy helpers for sizes, strides and index expressions.
+
+Every size, stride and index in loopir is a sympy expression from day one so that
+dynamic shapes only add free symbols. This module holds the integer functions
+index expressions use (``FloorDiv``, ``ModularIndexing``), the constructors of
+index symbols, and the simplifications the IR relies on.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+from collections.abc import Iterable, Sequence
+
+import sympy
+
+__all__ = [
+    "Expr",
+    "FloorDiv",
+    "ModularIndexing",
+    "sympify",
+    "index_symbol",
+    "is_index_symbol",
+    "simplify",
+    "product",
+    "contiguous_strides",
+    "flat_index",
+    "unflatten_index",
+    "static_int",
+    "evaluate_int",
+    "linear_index",
+    "simplify_with_ranges",
+]
+
+Expr = sympy.Expr
+
+
+class FloorDiv(sympy.Function):
+    """``floor(base / divisor)`` on non-negative integers (codegens print ``//``)."""
+
+    nargs = (2,)
+    is_integer = True
+
+    @classmethod
+    def eval(cls, base: sympy.Expr, divisor: sympy.Expr) -> sympy.Expr | None:  # type: ignore[override]
+        if divisor == 1:
+            return base
+        if base == 0:
+            return sympy.Integer(0)
+        if base.is_Integer and divisor.is_Integer:
+            return sympy.Integer(int(base) // int(divisor))
+        if isinstance(base, FloorDiv):
+            return FloorDiv(base.args[0], base.args[1] * divisor)
+        if isinstance(base, sympy.Add):
+            # (a*d + b) // d == a + b // d when every term but b is a multiple of d
+            whole = [t for t in base.args if (t / divisor).is_integer]
+            if whole:
+                rest = sympy.Add(*[t for t in base.args if t not in whole])
+                return sympy.Add(*[t / divisor for t in whole]) + FloorDiv(rest, divisor)
+        if (base / divisor).is_integer:
+            return base / divisor
+        return None
+
+
+class ModularIndexing(sympy.Function):
+    """``(base // divisor) % modulus`` on non-negative integers: one digit of a flat index."""
+
+    nargs = (3,)
+    is_integer = True
+
+    @classmethod
+    def eval(  # type: ignore[override]
+        cls, base: sympy.Expr, divisor: sympy.Expr, modulus: sympy.Expr
+    ) -> sympy.Expr | None:
+        if base == 0 or modulus == 1:
+            return sympy.Integer(0)
+        if base.is_Integer and divisor.is_Integer and modulus.is_Integer:
+            return sympy.Integer((int(base) // int(divisor)) % int(modulus))
+        if isinstance(base, sympy.Add):
+            # drop terms that are multiples of divisor*modulus: they never change the digit
+            span = divisor * modulus
+            kept = [t for t in base.args if not (t / span).is_integer]
+            if len(kept) != len(base.args):
+                return ModularIndexing(sympy.Add(*kept), divisor, modulus)
+        return None
+
+
+def sympify(value: int | sympy.Expr | object) -> sympy.Expr:
+    """An integer-valued sympy expression from an int, SymInt-like or expression."""
+    if isinstance(value, sympy.Expr):
+        return value
+    if isinstance(value, bool):
+        return sympy.Integer(int(value))
+    if isinstance(value, int):
+        return sympy.Integer(value)
+    node = getattr(value, "node", None)
+    expr = getattr(node, "expr", None)
+    if isinstance(expr, sympy.Expr):
+        return expr
+    return sympy.Integer(int(value))  # type: ignore[call-overload, arg-type]
+
+
+@functools.cache
+def index_symbol(prefix: str, n: int) -> sympy.Symbol:
+    """The ``n``-th index variable of a kind (``x0``, ``r1``, ``indirect2``...)."""
+    return sympy.Symbol(f"{prefix}{n}", integer=True, nonnegative=True)
+
+
+def is_index_symbol(sym: sympy.Basic, prefix: str) -> bool:
+    """True when ``sym`` is an index symbol made by :func:`index_symbol` with ``prefix``."""
+    return isinstance(sym, sympy.Symbol) and sym.name.startswith(prefix)
+
+
+def simplify(expr: sympy.Expr) -> sympy.Expr:
+    """Cheap canonicalisation (expand products); full ``sympy.simplify`` is too slow."""
+    return sympy.expand(expr)
+
+
+def product(values: Iterable[sympy.Expr | int]) -> sympy.Expr:
+    """The product of sizes (1 for none)."""
+    return sympy.Integer(1) * functools.reduce(operator.mul, values, sympy.Integer(1))
+
+
+def contiguous_strides(sizes: Sequence[sympy.Expr]) -> list[sympy.Expr]:
+    """Row-major strides of ``sizes`` (size-1 dims get the stride they would have)."""
+    strides: list[sympy.Expr] = []
+    acc: sympy.Expr = sympy.Integer(1)
+    for size in reversed(sizes):
+        strides.append(acc)
+        acc = acc * sympy.Max(size, 1) if not size.is_Integer else acc * max(int(size), 1)
+    return list(reversed(strides))
+
+
+def linear_index(
+    index: Sequence[sympy.Expr], strides: Sequence[sympy.Expr], offset: sympy.Expr = sympy.S.Zero
+) -> sympy.Expr:
+    """``offset + sum(index[i] * strides[i])``: the storage position of an element."""
+    return offset + sympy.Add(*[i * s for i, s in zip(index, strides, strict=True)])
+
+
+def flat_index(index: Sequence[sympy.Expr], sizes: Sequence[sympy.Expr]) -> sympy.Expr:
+    """The row-major flat position of a multi-dimensional index."""
+    return linear_index(index, contiguous_strides(sizes))
+
+
+def unflatten_index(flat: sympy.Expr, sizes: Sequence[sympy.Expr]) -> list[sympy.Expr]:
+    """Split a row-major flat index into one index per dimension."""
+    out: list[sympy.Expr] = []
+    divisor: sympy.Expr = sympy.Integer(1)
+    for i in reversed(range(len(sizes))):
+        size = sizes[i]
+        if size == 1:
+            out.append(sympy.Integer(0))
+            continue
+        if i == 0:
+            out.append(FloorDiv(flat, divisor))
+        else:
+            out.append(ModularIndexing(flat, divisor, size))
+        divisor = divisor * size
+    return list(reversed(out))
+
+
+def static_int(expr: sympy.Expr | int) -> int | None:
+    """The value of ``expr`` when it is a known integer, else None."""
+    if isinstance(expr, int):
+        return expr
+    return int(expr) if expr.is_Integer else None
+
+
+def evaluate_int(expr: sympy.Expr | int) -> int:
+    """The integer value of a size with no free symbols (the static-shape path)."""
+    value = static_int(sympy.sympify(expr))
+    if value is None:
+        msg = f"size {expr} is symbolic; dynamic shapes need the wrapper to bind its symbols"
+        raise ValueError(msg)
+    return value
+
+
+def _bounds(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> tuple[int, int] | None:
+    """Integer bounds of an index expression when every symbol has a known range."""
+    if expr.is_Integer:
+        return int(expr), int(expr)
+    if isinstance(expr, sympy.Symbol):
+        size = ranges.get(expr)
+        return (0, size - 1) if size is not None else None
+    if isinstance(expr, sympy.Add):
+        lo = hi = 0
+        for arg in expr.args:
+            b = _bounds(arg, ranges)
+            if b is None:
+                return None
+            lo, hi = lo + b[0], hi + b[1]
+        return lo, hi
+    if isinstance(expr, sympy.Mul):
+        lo = hi = 1
+        for arg in expr.args:
+            b = _bounds(arg, ranges)
+            if b is None:
+                return None
+            cands = (lo * b[0], lo * b[1], hi * b[0], hi * b[1])
+            lo, hi = min(cands), max(cands)
+        return lo, hi
+    if isinstance(expr, FloorDiv) and expr.args[1].is_Integer:
+        b = _bounds(expr.args[0], ranges)
+        d = int(expr.args[1])
+        return (b[0] // d, b[1] // d) if b is not None else None
+    if isinstance(expr, ModularIndexing) and expr.args[2].is_Integer:
+        return 0, int(expr.args[2]) - 1
+    return None
+
+
+def simplify_with_ranges(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sympy.Expr:
+    """Drop ``FloorDiv``/``ModularIndexing`` the symbols' ranges make trivial.
+
+    ``(x*8 + r) // 8`` is ``x`` when ``r < 8``; ``(r // 1) % 8`` is ``r`` then too.
+    These rules are what let index equality decide fusion across flattened loops.
+    """
+    if not expr.args or expr.is_Atom:
+        return expr
+    args = [simplify_with_ranges(a, ranges) for a in expr.args]
+    expr = expr.func(*args)
+    if isinstance(expr, FloorDiv):
+        b = _bounds(expr.args[0], ranges)
+        d = static_int(expr.args[1])
+        if b is not None and d is not None and b[0] >= 0 and b[1] < d:
+            return sympy.S.Zero
+        return expr
+    if isinstance(expr, ModularIndexing):
+        base, div, mod = expr.args
+        b = _bounds(base, ranges)
+        span = static_int(div * mod)
+        if b is not None and span is not None and b[0] >= 0 and b[1] < span:
+            return simplify_with_ranges(FloorDiv(base, div), ranges)
+        return expr
+    return expr
