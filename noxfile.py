@@ -40,6 +40,8 @@ ALLOWED: dict[str, list[str]] = {
     "frontend": PACKAGES[:-1],
 }
 PYTEST = ["python", "-m", "pytest", "-q", "--timeout=600"]
+# Tools beside requirements-dev.txt in the shared environment (editables: hatchling's editable builds).
+TOOLS = ["ruff", "mypy", "hatchling", "editables"]
 
 
 def _python(version: str) -> str:
@@ -73,13 +75,16 @@ def _deps_env(session: nox.Session) -> Path:
     )
     env = ROOT / ".nox" / f"_deps-{str(version).strip()}"
     wanted = hashlib.sha256(
-        (ROOT / "constraints.txt").read_bytes() + (ROOT / "requirements-dev.txt").read_bytes()
+        (ROOT / "constraints.txt").read_bytes()
+        + (ROOT / "requirements-dev.txt").read_bytes()
+        + " ".join(TOOLS).encode()
     ).hexdigest()
     stamp = env / "kiln-deps.sha256"
     if not stamp.exists() or stamp.read_text() != wanted:
         session.log(f"building the shared dependency environment {env}")
-        session.run("python", "-m", "venv", "--clear", str(env))
+        session.run("python", "-m", "venv", str(env))
         py = str(env / "bin" / "python")
+        # pip reinstalls nothing already there, so a changed pin costs only the changed packages.
         session.run(
             py,
             "-m",
@@ -90,9 +95,7 @@ def _deps_env(session: nox.Session) -> Path:
             str(ROOT / "requirements-dev.txt"),
             "-c",
             str(ROOT / "constraints.txt"),
-            "ruff",
-            "mypy",
-            "hatchling",
+            *TOOLS,
             external=True,
         )
         stamp.write_text(wanted)
