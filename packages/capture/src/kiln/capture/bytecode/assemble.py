@@ -161,6 +161,11 @@ def _oparg(ins: Instr, pools: _Pools) -> int:
         return ins.arg
     if kind == ArgKind.CONST:
         return pools.const(ins.arg)
+    if kind == ArgKind.COMPARE:
+        try:
+            return optable.compare_oparg(ins.arg)
+        except ValueError as e:
+            raise CaptureError(str(e)) from None
     if kind == ArgKind.NAME:
         bits = optable.NAME_FLAG_BITS.get(ins.opname)
         if bits is None:
@@ -267,6 +272,7 @@ def assemble(code: Bytecode) -> types.CodeType:
     pools.freeze_cells()
     opargs = [_oparg(ins, pools) for ins in instrs]
     starts = _layout(instrs, opargs)
+    table = encode_exception_table(_exception_rows(instrs, code.exception_table, starts))
     stacksize = max_stack_depth(instrs, code.exception_table)
     return types.CodeType(
         code.argcount,
@@ -284,7 +290,7 @@ def assemble(code: Bytecode) -> types.CodeType:
         code.qualname,
         code.firstlineno,
         _linetable(instrs, starts, code.firstlineno),
-        encode_exception_table(_exception_rows(instrs, code.exception_table, starts)),
+        table,
         tuple(pools.freevars),
         tuple(pools.cellvars),
     )

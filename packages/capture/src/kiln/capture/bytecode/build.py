@@ -8,14 +8,25 @@ given globals, closure and defaults.
 
 from __future__ import annotations
 
+import dis
 import types
 from collections.abc import Sequence
 from typing import Any
 
+from kiln.capture.bytecode import optable
 from kiln.capture.bytecode.instructions import Bytecode, Instr, Positions
 from kiln.capture.errors import CaptureError
 
-__all__ = ["CO_GENERATOR_LIKE", "make_cell", "make_function", "new_body", "prologue"]
+__all__ = [
+    "CO_GENERATOR_LIKE",
+    "binary_op",
+    "call",
+    "load_callable",
+    "make_cell",
+    "make_function",
+    "new_body",
+    "prologue",
+]
 
 CO_OPTIMIZED = 0x1
 CO_NEWLOCALS = 0x2
@@ -123,3 +134,32 @@ def make_function(
         fn.__kwdefaults__ = dict(kwdefaults)
     fn.__qualname__ = qualname or code.co_qualname
     return fn
+
+
+def load_callable(value: Any) -> list[Instr]:
+    """Push NULL then ``value`` as a constant: the stack shape :func:`call` expects."""
+    return [Instr("PUSH_NULL"), Instr("LOAD_CONST", value)]
+
+
+def call(nargs: int, kw_names: Sequence[str] = ()) -> list[Instr]:
+    """Call with ``NULL, callable, *args`` on the stack (the last ``len(kw_names)`` by keyword).
+
+    3.11 needs ``PRECALL`` before ``CALL``; both take ``KW_NAMES`` first.
+    """
+    out = [Instr("KW_NAMES", tuple(kw_names))] if kw_names else []
+    if optable.PY311:
+        out.append(Instr("PRECALL", nargs))
+    out.append(Instr("CALL", nargs))
+    return out
+
+
+_NB_OPS = {symbol: i for i, (_, symbol) in enumerate(dis._nb_ops)}  # type: ignore[attr-defined]
+
+
+def binary_op(symbol: str) -> Instr:
+    """``BINARY_OP`` for an operator symbol such as ``"+"`` or ``"+="``."""
+    try:
+        return Instr("BINARY_OP", _NB_OPS[symbol])
+    except KeyError:
+        msg = f"unknown binary operator {symbol!r}; expected one of {sorted(_NB_OPS)}"
+        raise CaptureError(msg) from None

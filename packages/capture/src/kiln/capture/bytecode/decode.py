@@ -29,6 +29,9 @@ def _arg_value(ins: dis.Instruction, code: CodeType) -> Any:
         return None
     if kind == ArgKind.RAW:
         return ins.arg
+    if kind == ArgKind.COMPARE:
+        assert ins.arg is not None
+        return optable.compare_from_oparg(ins.arg)
     if kind == ArgKind.CONST:
         assert ins.arg is not None
         return code.co_consts[ins.arg]

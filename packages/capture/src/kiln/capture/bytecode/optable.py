@@ -23,6 +23,8 @@ __all__ = [
     "ArgKind",
     "arg_kind",
     "cache_entries",
+    "compare_from_oparg",
+    "compare_oparg",
     "has_arg",
     "is_backward_only",
     "is_jump",
@@ -39,7 +41,8 @@ class ArgKind:
     """How an instruction's argument is represented in :class:`~.Instr`."""
 
     NONE = "none"  # no argument
-    RAW = "raw"  # the oparg itself (BINARY_OP, CALL, COMPARE_OP, ...)
+    RAW = "raw"  # the oparg itself (BINARY_OP, CALL, BUILD_TUPLE, ...)
+    COMPARE = "compare"  # COMPARE_OP: the operator string, "<" ... ">="
     CONST = "const"  # the constant object
     NAME = "name"  # a name string, or (flag, name) for NAME_FLAG_BITS ops
     LOCAL = "local"  # a fast-local name
@@ -83,6 +86,25 @@ _BACKWARD = frozenset(
 )
 
 
+# 3.12 keeps, under the operator, the outcome bits its specialized compares
+# test: unordered 1, less 2, greater 4, equal 8 (CPython's compare_masks).
+_COMPARE_MASKS = {"<": 2, "<=": 2 | 8, "==": 8, "!=": 1 | 2 | 4, ">": 4, ">=": 4 | 8}
+
+
+def compare_oparg(op: str) -> int:
+    """The COMPARE_OP oparg for an operator string on this Python."""
+    if op not in _COMPARE_MASKS:
+        msg = f"unknown comparison {op!r}; expected one of {list(dis.cmp_op)}"
+        raise ValueError(msg)
+    index = dis.cmp_op.index(op)
+    return (index << 4) | _COMPARE_MASKS[op] if PY312 else index
+
+
+def compare_from_oparg(oparg: int) -> str:
+    """The operator string of a COMPARE_OP oparg on this Python."""
+    return dis.cmp_op[oparg >> 4 if PY312 else oparg]
+
+
 def opcode_of(opname: str) -> int:
     """The opcode number of a real (not pseudo) instruction on this Python."""
     op = opcode.opmap.get(opname)
@@ -103,6 +125,8 @@ def arg_kind(opname: str) -> str:
         return ArgKind.JUMP
     if opname in _CONST:
         return ArgKind.CONST
+    if opname == "COMPARE_OP":
+        return ArgKind.COMPARE
     if opname in _NAME:
         return ArgKind.NAME
     if opname in _LOCAL:

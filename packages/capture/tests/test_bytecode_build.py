@@ -1,0 +1,148 @@
+"""Code built from scratch: new signatures, cells and free variables, calls, loops, handlers."""
+
+import dis
+
+import pytest
+
+from kiln.capture.bytecode import ExceptionEntry, Instr, assemble
+from kiln.capture.bytecode.build import (
+    binary_op,
+    call,
+    load_callable,
+    make_cell,
+    make_function,
+    new_body,
+)
+from kiln.capture.errors import CaptureError
+
+
+def test_signature_with_star_args_and_kwonly():
+    body = new_body("f", ["a", "b"], kwonly=["k"], varargs="rest", varkw="kw")
+    body.instrs += [
+        *load_callable(lambda *xs, **kws: (xs, sorted(kws.items()))),
+        Instr("LOAD_FAST", "a"),
+        Instr("LOAD_FAST", "b"),
+        Instr("LOAD_FAST", "rest"),
+        Instr("LOAD_FAST", "k"),
+        *call(4),
+        Instr("LOAD_FAST", "kw"),
+        Instr("BUILD_TUPLE", 2),
+        Instr("RETURN_VALUE"),
+    ]
+    fn = make_function(assemble(body), {}, kwdefaults={"k": 9})
+    assert fn(1, 2, 3, 4, z=5) == (((1, 2, (3, 4), 9), []), {"z": 5})
+    assert fn(1, 2, k=0) == (((1, 2, (), 0), []), {})
+    assert "LOAD_FAST" in dis.Bytecode(fn).dis()
+
+
+def test_keyword_call_and_new_locals():
+    body = new_body("g", ["x"])
+    body.instrs += [
+        Instr("LOAD_FAST", "x"),
+        Instr("STORE_FAST", "tmp"),  # a new local: varnames grows
+        *load_callable(dict),
+        Instr("LOAD_FAST", "tmp"),
+        Instr("LOAD_CONST", 2),
+        *call(2, kw_names=("a", "b")),
+        Instr("RETURN_VALUE"),
+    ]
+    code = assemble(body)
+    assert code.co_varnames == ("x", "tmp") and code.co_nlocals == 2
+    assert make_function(code, {})(7) == {"a": 7, "b": 2}
+
+
+def test_cells_and_free_variables():
+    # resume-style: a free variable read from the closure, a cell for an inner function.
+    body = new_body("h", ["x"], cellvars=["x"], freevars=["scale"])
+    inner = new_body("inner", [], freevars=["x"], qualname="h.<locals>.inner")
+    inner.instrs += [Instr("LOAD_DEREF", "x"), Instr("RETURN_VALUE")]
+    inner_code = assemble(inner)
+    body.instrs += [
+        Instr("LOAD_CLOSURE", "x"),
+        Instr("BUILD_TUPLE", 1),
+        Instr("LOAD_CONST", inner_code),
+        Instr("MAKE_FUNCTION", 0x08),
+        Instr("STORE_FAST", "fn"),
+        Instr("LOAD_DEREF", "x"),
+        Instr("LOAD_DEREF", "scale"),
+        binary_op("*"),
+        Instr("STORE_DEREF", "x"),
+        Instr("PUSH_NULL"),
+        Instr("LOAD_FAST", "fn"),
+        *call(0),
+        Instr("RETURN_VALUE"),
+    ]
+    code = assemble(body)
+    assert code.co_cellvars == ("x",) and code.co_freevars == ("scale",)
+    fn = make_function(code, {}, closure=[make_cell(10)])
+    assert fn(4) == 40
+
+
+def test_backward_conditional_loop():
+    # counts down with a conditional jump backward (3.12 has none: the assembler rewrites it)
+    body = new_body("countdown", ["n"])
+    top = Instr("LOAD_FAST", "n")
+    body.instrs += [
+        Instr("LOAD_CONST", 0),
+        Instr("STORE_FAST", "acc"),
+        top,
+        Instr("LOAD_CONST", 1),
+        binary_op("-"),
+        Instr("STORE_FAST", "n"),
+        Instr("LOAD_FAST", "acc"),
+        Instr("LOAD_FAST", "n"),
+        binary_op("+"),
+        Instr("STORE_FAST", "acc"),
+        Instr("LOAD_FAST", "n"),
+        Instr("POP_JUMP_IF_TRUE", top),
+        Instr("LOAD_FAST", "acc"),
+        Instr("RETURN_VALUE"),
+    ]
+    fn = make_function(assemble(body), {})
+    assert fn(5) == 4 + 3 + 2 + 1
+
+
+def test_generic_jump_and_handler():
+    body = new_body("safe_div", ["a", "b"])
+    handler = Instr("PUSH_EXC_INFO")
+    done = Instr("RETURN_VALUE")
+    div = [Instr("LOAD_FAST", "a"), Instr("LOAD_FAST", "b"), binary_op("/")]
+    cleanup = Instr("COPY", 3)
+    body.instrs += [
+        Instr("NOP"),
+        *div,
+        Instr("JUMP", done),
+        handler,
+        Instr("POP_TOP"),
+        Instr("POP_EXCEPT"),
+        Instr("LOAD_CONST", "div by zero"),
+        Instr("JUMP", done),
+        cleanup,
+        Instr("POP_EXCEPT"),
+        Instr("RERAISE", 1),
+        done,
+    ]
+    body.exception_table = [
+        ExceptionEntry(div[0], div[-1], handler, depth=0, lasti=False),
+        ExceptionEntry(handler, body.instrs[-5], cleanup, depth=1, lasti=True),
+    ]
+    fn = make_function(assemble(body), {})
+    assert fn(6, 3) == 2.0
+    assert fn(1, 0) == "div by zero"
+
+
+def test_errors_are_actionable():
+    body = new_body("f", ["a"])
+    body.instrs += [Instr("LOAD_DEREF", "nope"), Instr("RETURN_VALUE")]
+    with pytest.raises(CaptureError, match="neither a cell nor a free variable"):
+        assemble(body)
+    body = new_body("f", ["a"])
+    body.instrs += [Instr("JUMP", Instr("NOP")), Instr("RETURN_VALUE")]
+    with pytest.raises(CaptureError, match="not in the instruction list"):
+        assemble(body)
+    with pytest.raises(CaptureError, match="duplicate argument"):
+        new_body("f", ["a", "a"])
+    with pytest.raises(CaptureError, match="closure cells"):
+        make_function(assemble(new_body("g", [], freevars=["v"])), {})
+    with pytest.raises(CaptureError, match="unknown binary operator"):
+        binary_op("<>")
