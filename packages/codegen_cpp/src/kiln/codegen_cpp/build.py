@@ -1,0 +1,167 @@
+"""Compile generated C++ into shared libraries with the system compiler.
+
+One compile of a graph yields one or a few sources; each becomes one shared
+library. Libraries missing from the cache are built by parallel compiler
+processes, each writing a temporary file that is renamed into place only when
+the compiler succeeded. The flags and compiler version are recorded in every
+result and folded into its cache key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import logging
+import os
+import shlex
+import shutil
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+from kiln.codegen_cpp import cache
+from kiln.codegen_cpp.__about__ import __version__
+from kiln.codegen_cpp.errors import CompilerNotFound, CppBuildError
+
+__all__ = ["BuiltLibrary", "Toolchain", "build_libraries", "include_dir", "toolchain"]
+
+log = logging.getLogger(__name__)
+build_log = logging.getLogger("kiln.codegen_cpp.build")
+
+BASE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+# Errno-free math lets the compiler inline sqrt; NaN/Inf semantics stay IEEE.
+EXTRA_FLAGS = ("-fno-math-errno", "-fno-plt", "-w")
+
+
+@dataclasses.dataclass(frozen=True)
+class Toolchain:
+    """The compiler and flags every build of this process uses."""
+
+    compiler: str
+    version: str
+    target: str  # what -march=native resolves to: part of the cache key
+    flags: tuple[str, ...]
+
+    def command(self, source: Path, output: Path) -> list[str]:
+        return [self.compiler, *self.flags, str(source), "-o", str(output)]
+
+
+@dataclasses.dataclass(frozen=True)
+class BuiltLibrary:
+    """A shared library in the cache, and how it was made."""
+
+    path: Path
+    source_path: Path
+    key: str
+    flags: tuple[str, ...]
+    cached: bool
+
+
+def include_dir() -> Path:
+    """The folder of Kiln's own C++ headers (``kiln_vec.h`` and friends)."""
+    return Path(__file__).parent / "include"
+
+
+@functools.cache
+def _headers_digest() -> str:
+    digest = hashlib.sha256()
+    for header in sorted(include_dir().glob("*.h")):
+        digest.update(header.name.encode())
+        digest.update(header.read_bytes())
+    return digest.hexdigest()
+
+
+@functools.cache
+def toolchain() -> Toolchain:
+    """Find the compiler (``CXX``, else ``g++``, else ``c++``) and ask its version."""
+    cxx_env = os.environ.get("CXX")
+    candidates = shlex.split(cxx_env)[:1] if cxx_env else ["g++", "c++"]
+    compiler = next((found for c in candidates if (found := shutil.which(c))), None)
+    if compiler is None:
+        msg = (
+            f"no C++ compiler found (looked for {', '.join(candidates)}); install g++ "
+            "or set CXX, or run CPU graphs with another backend"
+        )
+        raise CompilerNotFound(msg)
+    version = _run([compiler, "--version"]).splitlines()[0]
+    target = _native_target(compiler)
+    flags = (*BASE_FLAGS, *EXTRA_FLAGS, f"-I{include_dir()}")
+    build_log.debug("toolchain: %s (%s), target %s", compiler, version, target)
+    return Toolchain(compiler, version, target, flags)
+
+
+def _run(command: list[str]) -> str:
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, check=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as exc:
+        msg = f"could not run the C++ compiler ({' '.join(command)}): {exc}"
+        raise CompilerNotFound(msg) from exc
+    return done.stdout
+
+
+def _native_target(compiler: str) -> str:
+    output = _run([compiler, "-march=native", "-Q", "--help=target"])
+    for line in output.splitlines():
+        fields = line.split()
+        if fields and fields[0] == "-march=" and len(fields) > 1:
+            return fields[1]
+    return hashlib.sha256(output.encode()).hexdigest()[:16]
+
+
+def library_key(source: str, tools: Toolchain) -> str:
+    """The cache key of ``source`` built by ``tools``."""
+    return cache.cache_key(
+        [source, " ".join(tools.flags), tools.version, tools.target, _headers_digest(), __version__]
+    )
+
+
+def build_libraries(sources: Sequence[str], max_jobs: int | None = None) -> list[BuiltLibrary]:
+    """Build (or find in the cache) one shared library per source, in order.
+
+    Misses compile in parallel processes, at most ``max_jobs`` at once (default:
+    the CPU count). Raises :class:`CppBuildError` for the first source that fails,
+    after every started compiler has finished.
+    """
+    tools = toolchain()
+    folder = cache.cache_dir()
+    results: list[BuiltLibrary] = []
+    pending: list[tuple[int, BuiltLibrary]] = []
+    for index, source in enumerate(sources):
+        key = library_key(source, tools)
+        lib = BuiltLibrary(folder / f"{key}.so", folder / f"{key}.cpp", key, tools.flags, True)
+        if not lib.path.exists():
+            lib = dataclasses.replace(lib, cached=False)
+            cache.atomic_write(lib.source_path, source)
+            pending.append((index, lib))
+        else:
+            build_log.debug("cache hit %s", lib.path)
+        results.append(lib)
+    _compile_all([lib for _, lib in pending], tools, max_jobs or os.cpu_count() or 1)
+    return results
+
+
+def _compile_all(libs: list[BuiltLibrary], tools: Toolchain, max_jobs: int) -> None:
+    failures: list[CppBuildError] = []
+    queue = list(libs)
+    running: list[tuple[BuiltLibrary, Path, list[str], subprocess.Popen[str]]] = []
+    while queue or running:
+        while queue and len(running) < max_jobs:
+            lib = queue.pop(0)
+            tmp = cache.temporary_sibling(lib.path)
+            command = tools.command(lib.source_path, tmp)
+            build_log.debug("compiling: %s", " ".join(command))
+            proc = subprocess.Popen(
+                command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+            running.append((lib, tmp, command, proc))
+        lib, tmp, command, proc = running.pop(0)
+        output, _ = proc.communicate()
+        if proc.returncode != 0:
+            tmp.unlink(missing_ok=True)
+            failures.append(CppBuildError(lib.source_path, command, output))
+            continue
+        os.replace(tmp, lib.path)
+        build_log.debug("built %s", lib.path)
+    if failures:
+        raise failures[0]

@@ -1,0 +1,404 @@
+// kiln_vec.h: the SIMD vocabulary of Kiln's generated C++ kernels.
+//
+// Built on GCC/Clang vector extensions, so one source serves AVX-512, AVX2 and
+// SSE: the widest instruction set the build's -march enables picks the lane
+// count (every vector of a kernel has kLanes lanes, whatever its element type;
+// doubles and int64 span two registers). Cheap math (exp, log, tanh, sigmoid)
+// has vector implementations accurate to a few ulp; the rest runs per lane with
+// the C library's scalar function, which is exact but slower.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+#include "kiln_scalar.h"
+
+#if defined(__AVX512F__)
+#define KILN_VEC_BYTES 64
+#elif defined(__AVX__)
+#define KILN_VEC_BYTES 32
+#else
+#define KILN_VEC_BYTES 16
+#endif
+
+namespace kiln {
+
+constexpr int64_t kLanes = KILN_VEC_BYTES / 4;
+
+template <typename T>
+struct Raw {
+  typedef T type __attribute__((vector_size(sizeof(T) * kLanes)));
+};
+
+// The signed integer of T's width: what a comparison of two T vectors yields.
+template <typename T>
+using same_int_t = std::conditional_t<sizeof(T) == 8, int64_t, int32_t>;
+
+template <typename T>
+struct Vec {
+  using raw_t = typename Raw<T>::type;
+  raw_t v;
+
+  Vec() : v{} {}
+  Vec(raw_t r) : v(r) {}
+  Vec(T s) : v(raw_t{} + s) {}
+
+  static Vec loadu(const T* p) {
+    Vec r;
+    std::memcpy(&r.v, p, sizeof(raw_t));
+    return r;
+  }
+  void store(T* p) const { std::memcpy(p, &v, sizeof(raw_t)); }
+  // A vector over p[base + i * stride] for a non-unit stride.
+  static Vec gather(const T* p, int64_t stride) {
+    Vec r;
+    for (int64_t i = 0; i < kLanes; ++i) r.v[i] = p[i * stride];
+    return r;
+  }
+  void scatter(T* p, int64_t stride) const {
+    for (int64_t i = 0; i < kLanes; ++i) p[i * stride] = v[i];
+  }
+  T operator[](int64_t i) const { return v[i]; }
+};
+
+// Lanes of a condition: -1 (true) or 0, 32 bits wide whatever compared them.
+struct Mask {
+  using raw_t = Raw<int32_t>::type;
+  raw_t m;
+  Mask() : m{} {}
+  Mask(raw_t r) : m(r) {}
+  Mask(bool b) : m(raw_t{} + (b ? -1 : 0)) {}
+  static Mask loadu(const bool* p) {
+    Mask r;
+    for (int64_t i = 0; i < kLanes; ++i) r.m[i] = p[i] ? -1 : 0;
+    return r;
+  }
+  void store(bool* p) const {
+    for (int64_t i = 0; i < kLanes; ++i) p[i] = m[i] != 0;
+  }
+  bool any() const {
+    for (int64_t i = 0; i < kLanes; ++i)
+      if (m[i]) return true;
+    return false;
+  }
+};
+
+template <typename T>
+inline Mask to_mask(typename Raw<same_int_t<T>>::type c) {
+  if constexpr (sizeof(T) == 4) {
+    return Mask(c);
+  } else {
+    return Mask(__builtin_convertvector(c, Mask::raw_t));
+  }
+}
+
+// ---- arithmetic and comparisons ------------------------------------------
+#define KILN_BINARY(op)                                                         \
+  template <typename T>                                                         \
+  inline Vec<T> operator op(Vec<T> a, Vec<T> b) { return Vec<T>(a.v op b.v); } \
+  template <typename T>                                                         \
+  inline Vec<T> operator op(Vec<T> a, T b) { return a op Vec<T>(b); }           \
+  template <typename T>                                                         \
+  inline Vec<T> operator op(T a, Vec<T> b) { return Vec<T>(a) op b; }
+KILN_BINARY(+)
+KILN_BINARY(-)
+KILN_BINARY(*)
+KILN_BINARY(/)
+KILN_BINARY(&)
+KILN_BINARY(|)
+KILN_BINARY(^)
+KILN_BINARY(<<)
+KILN_BINARY(>>)
+#undef KILN_BINARY
+
+#define KILN_COMPARE(op)                                 \
+  template <typename T>                                  \
+  inline Mask operator op(Vec<T> a, Vec<T> b) {          \
+    return to_mask<T>(a.v op b.v);                       \
+  }
+KILN_COMPARE(<)
+KILN_COMPARE(<=)
+KILN_COMPARE(>)
+KILN_COMPARE(>=)
+KILN_COMPARE(==)
+KILN_COMPARE(!=)
+#undef KILN_COMPARE
+
+template <typename T>
+inline Vec<T> operator-(Vec<T> a) { return Vec<T>(-a.v); }
+
+inline Mask operator&(Mask a, Mask b) { return Mask(a.m & b.m); }
+inline Mask operator|(Mask a, Mask b) { return Mask(a.m | b.m); }
+inline Mask operator^(Mask a, Mask b) { return Mask(a.m ^ b.m); }
+inline Mask operator!(Mask a) { return Mask(~a.m); }
+
+template <typename T>
+inline Vec<T> where(Mask c, Vec<T> a, Vec<T> b) {
+  using I = typename Raw<same_int_t<T>>::type;
+  I wide;
+  if constexpr (sizeof(T) == 4) {
+    wide = c.m;
+  } else {
+    wide = __builtin_convertvector(c.m, I);
+  }
+  return Vec<T>(wide ? a.v : b.v);
+}
+inline Mask where(Mask c, Mask a, Mask b) { return Mask(c.m ? a.m : b.m); }
+
+template <typename To, typename From>
+inline Vec<To> cast(Vec<From> a) {
+  return Vec<To>(__builtin_convertvector(a.v, typename Raw<To>::type));
+}
+template <typename To>
+inline Vec<To> cast(Mask a) {
+  return where(a, Vec<To>(To(1)), Vec<To>(To(0)));
+}
+template <typename From>
+inline Mask to_bool(Vec<From> a) { return a != Vec<From>(From(0)); }
+
+// Per-lane application of a scalar function: exact, for what has no vector form.
+template <typename T, typename F>
+inline Vec<T> map(Vec<T> a, F f) {
+  Vec<T> r;
+  for (int64_t i = 0; i < kLanes; ++i) r.v[i] = f(a.v[i]);
+  return r;
+}
+template <typename T, typename F>
+inline Vec<T> map2(Vec<T> a, Vec<T> b, F f) {
+  Vec<T> r;
+  for (int64_t i = 0; i < kLanes; ++i) r.v[i] = f(a.v[i], b.v[i]);
+  return r;
+}
+
+// ---- NaN-propagating min/max, abs (torch semantics) -------------------------
+template <typename T>
+inline Vec<T> maximum(Vec<T> a, Vec<T> b) {
+  if constexpr (std::is_floating_point_v<T>) {
+    auto r = where(a > b, a, b);
+    return where(a != a, a, where(b != b, b, r));
+  } else {
+    return where(a > b, a, b);
+  }
+}
+template <typename T>
+inline Vec<T> minimum(Vec<T> a, Vec<T> b) {
+  if constexpr (std::is_floating_point_v<T>) {
+    auto r = where(a < b, a, b);
+    return where(a != a, a, where(b != b, b, r));
+  } else {
+    return where(a < b, a, b);
+  }
+}
+template <typename T>
+inline Vec<T> abs(Vec<T> a) { return where(a < Vec<T>(T(0)), -a, a); }
+
+// ---- float math ------------------------------------------------------------
+// Round to nearest integer (ties to even) for |a| < 2^22 (float) or 2^51 (double):
+// adding and removing 1.5 * 2^mantissa_bits leaves no fraction bits.
+inline Vec<float> round_nearest(Vec<float> a) {
+  Vec<float> magic(12582912.0f);
+  return (a + magic) - magic;
+}
+inline Vec<double> round_nearest(Vec<double> a) {
+  Vec<double> magic(6755399441055744.0);
+  return (a + magic) - magic;
+}
+inline Vec<float> floor(Vec<float> a) { return map(a, [](float x) { return std::floor(x); }); }
+inline Vec<float> sqrt(Vec<float> a) { return map(a, [](float x) { return std::sqrt(x); }); }
+
+// exp: x = n*ln2 + r with |r| <= ln2/2, e^r by its Taylor series to degree 8
+// (truncation error below 1e-9), 2^n by building the exponent bits.
+inline Vec<float> exp(Vec<float> x) {
+  using VF = Vec<float>;
+  using VI = Vec<int32_t>;
+  VF clamped = where(x > VF(88.7f), VF(88.7f), where(x < VF(-103.0f), VF(-103.0f), x));
+  VF n = round_nearest(clamped * VF(1.44269504088896341f));
+  // r = x - n*ln2 in two steps keeps r exact for |n| < 2^8 (ln2 split hi+lo).
+  VF r = clamped - n * VF(0.693145751953125f) - n * VF(1.428606765330187e-06f);
+  VF p(1.0f / 40320.0f);
+  p = p * r + VF(1.0f / 5040.0f);
+  p = p * r + VF(1.0f / 720.0f);
+  p = p * r + VF(1.0f / 120.0f);
+  p = p * r + VF(1.0f / 24.0f);
+  p = p * r + VF(1.0f / 6.0f);
+  p = p * r + VF(0.5f);
+  p = p * r + VF(1.0f);
+  p = p * r + VF(1.0f);
+  // Scale by 2^n in two halves so subnormal results (n < -126) stay right.
+  VI ni = cast<int32_t>(n);
+  VI half = ni >> 1;
+  VI rest = ni - half;
+  VF s1, s2;
+  VI e1 = (half + VI(127)) << 23;
+  VI e2 = (rest + VI(127)) << 23;
+  std::memcpy(&s1.v, &e1.v, sizeof(s1.v));
+  std::memcpy(&s2.v, &e2.v, sizeof(s2.v));
+  VF result = p * s1 * s2;
+  result = where(x > VF(88.72283935546875f), VF(std::numeric_limits<float>::infinity()), result);
+  result = where(x < VF(-103.97f), VF(0.0f), result);
+  return where(x != x, x, result);
+}
+
+// log: x = m * 2^e with m in [sqrt(1/2), sqrt(2)); log(m) = 2*atanh(s), s = (m-1)/(m+1),
+// |s| <= 0.1716, by the odd series of atanh to s^11 (error below 1e-10).
+inline Vec<float> log(Vec<float> x) {
+  using VF = Vec<float>;
+  using VI = Vec<int32_t>;
+  // Bring subnormals into the normal range first.
+  Mask tiny = x < VF(1.17549435e-38f);
+  VF xs = where(tiny, x * VF(8388608.0f), x);
+  VI bits;
+  std::memcpy(&bits.v, &xs.v, sizeof(bits.v));
+  VI e = ((bits >> 23) & VI(0xff)) - VI(127);
+  VI mbits = (bits & VI(0x007fffff)) | VI(0x3f800000);
+  VF m;
+  std::memcpy(&m.v, &mbits.v, sizeof(m.v));
+  Mask big = m > VF(1.41421356237f);
+  m = where(big, m * VF(0.5f), m);
+  e = where(big, e + VI(1), e);
+  VF ef = cast<float>(e) - where(tiny, VF(23.0f), VF(0.0f));
+  VF s = (m - VF(1.0f)) / (m + VF(1.0f));
+  VF s2 = s * s;
+  VF p(2.0f / 11.0f);
+  p = p * s2 + VF(2.0f / 9.0f);
+  p = p * s2 + VF(2.0f / 7.0f);
+  p = p * s2 + VF(2.0f / 5.0f);
+  p = p * s2 + VF(2.0f / 3.0f);
+  p = p * s2 + VF(2.0f);
+  VF result = p * s + ef * VF(0.693147180559945309f);
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  result = where(x == VF(0.0f), VF(-inf), result);
+  result = where(x < VF(0.0f), VF(nan), result);
+  result = where(x == VF(inf), VF(inf), result);
+  return where(x != x, x, result);
+}
+
+inline Vec<float> sigmoid(Vec<float> x) { return Vec<float>(1.0f) / (Vec<float>(1.0f) + exp(-x)); }
+
+// tanh: the odd Taylor series near 0 (to x^9, error < 1e-9 for |x| < 0.2),
+// 1 - 2/(e^{2|x|}+1) elsewhere.
+inline Vec<float> tanh(Vec<float> x) {
+  using VF = Vec<float>;
+  VF ax = abs(x);
+  VF far = VF(1.0f) - VF(2.0f) / (exp(ax * VF(2.0f)) + VF(1.0f));
+  far = where(x < VF(0.0f), -far, far);
+  VF x2 = x * x;
+  VF p(62.0f / 2835.0f);
+  p = p * x2 - VF(17.0f / 315.0f);
+  p = p * x2 + VF(2.0f / 15.0f);
+  p = p * x2 - VF(1.0f / 3.0f);
+  VF near = x + x * x2 * p;
+  return where(ax < VF(0.2f), near, far);
+}
+
+// erf: x * P(x^2) from erf's Taylor series for |x| < 0.9 (11 terms, error < 1e-9);
+// 1 - e^{-x^2} * Q(1/(1 + x/2)) beyond, Q a degree-7 least-squares fit of
+// erfc(x) e^{x^2} on [0.9, 4] (relative error 2e-9); 1 past 4.
+inline Vec<float> erf(Vec<float> x) {
+  using VF = Vec<float>;
+  static constexpr float taylor[] = {1.480719282e-08f,  -1.636584469e-07f, 1.646211437e-06f,
+                                     -1.492565036e-05f, 1.205533298e-04f,  -8.548327023e-04f,
+                                     5.223977625e-03f,  -2.686617065e-02f, 1.128379167e-01f,
+                                     -3.761263890e-01f, 1.128379167e+00f};
+  static constexpr float tail[] = {1.204830981e-01f, -4.752549510e-01f, 5.694141739e-01f,
+                                   -1.087278180e-01f, 3.503286541e-01f, 2.589483485e-01f,
+                                   2.850313016e-01f, -1.622633184e-04f};
+  VF ax = abs(x);
+  VF x2 = x * x;
+  VF p(taylor[0]);
+  for (int i = 1; i < 11; ++i) p = p * x2 + VF(taylor[i]);
+  VF near = x * p;
+  VF u = VF(1.0f) / (VF(1.0f) + VF(0.5f) * ax);
+  VF q(tail[0]);
+  for (int i = 1; i < 8; ++i) q = q * u + VF(tail[i]);
+  VF far = VF(1.0f) - exp(-x2) * q;
+  far = where(ax > VF(4.0f), VF(1.0f), far);
+  far = where(x < VF(0.0f), -far, far);
+  return where(ax < VF(0.9f), near, where(x != x, x, far));
+}
+
+// sin/cos: reduce by multiples of pi/2 in double precision (exact enough for
+// |x| < 2^20), then Taylor polynomials on [-pi/4, pi/4]; larger or non-finite
+// arguments go lane by lane through the C library.
+namespace detail {
+inline void sincos_reduce(Vec<float> x, Vec<float>& r, Vec<int32_t>& q) {
+  Vec<double> xd = cast<double>(x);
+  Vec<double> n = round_nearest(xd * Vec<double>(0.63661977236758134));
+  Vec<double> rd = xd - n * Vec<double>(1.5707963267948966) - n * Vec<double>(6.123233995736766e-17);
+  r = cast<float>(rd);
+  q = cast<int32_t>(cast<float>(n));
+}
+inline Vec<float> sin_poly(Vec<float> r) {
+  using VF = Vec<float>;
+  VF r2 = r * r;
+  VF p(1.0f / 362880.0f);
+  p = p * r2 - VF(1.0f / 5040.0f);
+  p = p * r2 + VF(1.0f / 120.0f);
+  p = p * r2 - VF(1.0f / 6.0f);
+  return r + r * r2 * p;
+}
+inline Vec<float> cos_poly(Vec<float> r) {
+  using VF = Vec<float>;
+  VF r2 = r * r;
+  VF p(-1.0f / 3628800.0f);
+  p = p * r2 + VF(1.0f / 40320.0f);
+  p = p * r2 - VF(1.0f / 720.0f);
+  p = p * r2 + VF(1.0f / 24.0f);
+  p = p * r2 - VF(0.5f);
+  return VF(1.0f) + r2 * p;
+}
+inline bool all_small(Vec<float> x) {
+  Vec<float> a = abs(x);
+  for (int64_t i = 0; i < kLanes; ++i)
+    if (!(a.v[i] < 1048576.0f)) return false;
+  return true;
+}
+}  // namespace detail
+
+inline Vec<float> sin(Vec<float> x) {
+  if (!detail::all_small(x)) return map(x, [](float t) { return std::sin(t); });
+  Vec<float> r;
+  Vec<int32_t> q;
+  detail::sincos_reduce(x, r, q);
+  Vec<int32_t> k = q & Vec<int32_t>(3);
+  Vec<float> s = detail::sin_poly(r), c = detail::cos_poly(r);
+  Vec<float> v = where((k & Vec<int32_t>(1)) != Vec<int32_t>(0), c, s);
+  return where((k & Vec<int32_t>(2)) != Vec<int32_t>(0), -v, v);
+}
+inline Vec<float> cos(Vec<float> x) {
+  if (!detail::all_small(x)) return map(x, [](float t) { return std::cos(t); });
+  Vec<float> r;
+  Vec<int32_t> q;
+  detail::sincos_reduce(x, r, q);
+  Vec<int32_t> k = (q + Vec<int32_t>(1)) & Vec<int32_t>(3);
+  Vec<float> s = detail::sin_poly(r), c = detail::cos_poly(r);
+  Vec<float> v = where((k & Vec<int32_t>(1)) != Vec<int32_t>(0), c, s);
+  return where((k & Vec<int32_t>(2)) != Vec<int32_t>(0), -v, v);
+}
+
+// ---- horizontal reductions --------------------------------------------------
+template <typename T>
+inline T reduce_sum(Vec<T> a) {
+  T s = T(0);
+  for (int64_t i = 0; i < kLanes; ++i) s += a.v[i];
+  return s;
+}
+template <typename T>
+inline T reduce_max(Vec<T> a) {
+  T s = a.v[0];
+  for (int64_t i = 1; i < kLanes; ++i) s = scalar_max(s, a.v[i]);
+  return s;
+}
+template <typename T>
+inline T reduce_min(Vec<T> a) {
+  T s = a.v[0];
+  for (int64_t i = 1; i < kLanes; ++i) s = scalar_min(s, a.v[i]);
+  return s;
+}
+
+}  // namespace kiln

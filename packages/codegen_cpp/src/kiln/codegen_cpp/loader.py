@@ -1,0 +1,53 @@
+"""Load built libraries with ctypes and call their kernels with tensors.
+
+Every kernel has the C signature ``void name(<pointers...>, <int64 sizes...>)``;
+:class:`CppKernel` turns tensors into data pointers and Python numbers into
+``int64``/``double`` arguments, so the Python wrapper calls it like a function.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+__all__ = ["CppKernel", "load_library"]
+
+_ARG_TYPES: dict[str, type] = {
+    "ptr": ctypes.c_void_p,
+    "i64": ctypes.c_int64,
+    "f64": ctypes.c_double,
+}
+
+
+@functools.cache
+def load_library(path: Path) -> ctypes.CDLL:
+    """Open a shared library once per process (later calls reuse the handle)."""
+    return ctypes.CDLL(str(path))
+
+
+class CppKernel:
+    """A callable over one ``extern "C"`` function of a loaded library.
+
+    ``signature`` gives each parameter's kind: ``"ptr"`` (a tensor, passed as its
+    data pointer), ``"i64"`` or ``"f64"`` (a Python number).
+    """
+
+    def __init__(self, library: Path, name: str, signature: Sequence[str]) -> None:
+        self.name = name
+        self.library = library
+        self.signature = tuple(signature)
+        fn = getattr(load_library(library), name)
+        fn.argtypes = [_ARG_TYPES[kind] for kind in self.signature]
+        fn.restype = None
+        self._fn = fn
+
+    def __call__(self, *args: torch.Tensor | int | float) -> None:
+        converted = [arg.data_ptr() if isinstance(arg, torch.Tensor) else arg for arg in args]
+        self._fn(*converted)
+
+    def __repr__(self) -> str:
+        return f"CppKernel({self.name!r} in {self.library.name})"

@@ -1,0 +1,55 @@
+import ctypes
+
+import pytest
+import torch
+
+from kiln.codegen_cpp import build
+from kiln.codegen_cpp.errors import CppBuildError
+from kiln.codegen_cpp.loader import CppKernel
+
+SOURCE = """
+#include "kiln_vec.h"
+extern "C" void twice(const float* in, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = 2.0f * in[i];
+}
+"""
+
+
+def test_build_load_call_and_cache_hit():
+    (lib,) = build.build_libraries([SOURCE])
+    assert lib.path.exists() and not lib.cached
+    assert "-fopenmp" in lib.flags and "-O3" in lib.flags
+    assert lib.source_path.read_text() == SOURCE
+    (again,) = build.build_libraries([SOURCE])
+    assert again.cached and again.path == lib.path
+    kernel = CppKernel(lib.path, "twice", ["ptr", "ptr", "i64"])
+    x = torch.randn(37)
+    out = torch.empty_like(x)
+    kernel(x, out, x.numel())
+    torch.testing.assert_close(out, 2 * x)
+
+
+def test_parallel_builds_and_error_names_the_file():
+    good = SOURCE.replace("2.0f", "3.0f")
+    bad = 'extern "C" void broken() { this is not C++; }'
+    with pytest.raises(CppBuildError) as info:
+        build.build_libraries([good, bad])
+    err = info.value
+    assert str(err.source_path) in str(err)
+    assert "error" in err.compiler_output
+    assert err.source_path.read_text() == bad
+    # The good library was still built and cached; no failed entry exists.
+    (good_lib,) = build.build_libraries([good])
+    assert good_lib.cached
+    assert not err.source_path.with_suffix(".so").exists()
+    assert not [p for p in err.source_path.parent.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_key_depends_on_flags_and_compiler():
+    tools = build.toolchain()
+    key = build.library_key(SOURCE, tools)
+    other = build.Toolchain(tools.compiler, tools.version + "x", tools.target, tools.flags)
+    assert build.library_key(SOURCE, other) != key
+    fewer = build.Toolchain(tools.compiler, tools.version, tools.target, tools.flags[1:])
+    assert build.library_key(SOURCE, fewer) != key
+    assert isinstance(ctypes.sizeof(ctypes.c_int64), int)

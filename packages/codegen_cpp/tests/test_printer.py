@@ -1,0 +1,58 @@
+import sympy
+
+from kiln.codegen_cpp.printer import cpp_float_literal, cpp_index
+from kiln.loopir.sizes import FloorDiv, ModularIndexing
+
+x0 = sympy.Symbol("x0", integer=True, nonnegative=True)
+x1 = sympy.Symbol("x1", integer=True, nonnegative=True)
+i = sympy.Symbol("i", integer=True)
+
+
+def _eval_cpp(text: str, env: dict[str, int]) -> int:
+    """Evaluate printed C++ index arithmetic in Python with C's truncating / and %."""
+    import re
+
+    py = text.replace("kiln::floordiv<int64_t>", "_fd").replace("kiln::pymod<int64_t>", "_pm")
+    py = (
+        py.replace("static_cast<int64_t>", "").replace("std::min", "min").replace("std::max", "max")
+    )
+    py = re.sub(r"INT64_C\((\-?\d+)\)", r"\1", py)
+    py = re.sub(r"(\S+|\([^()]*\)) / (\S+|\([^()]*\))", r"_cdiv(\1, \2)", py)
+    return eval(
+        py,
+        {"_fd": lambda a, b: a // b, "_pm": lambda a, b: a % b, "_cdiv": lambda a, b: int(a / b)},
+        env,
+    )
+
+
+def test_simple_affine():
+    assert cpp_index(x0 + 16 * x1 + 3) == "x0 + 16 * x1 + 3"
+    assert cpp_index(3 - x0 - x1) == "-x0 - x1 + 3"
+    assert cpp_index(2**40 * x0) == "INT64_C(1099511627776) * x0"
+
+
+def test_nonnegative_division_is_plain():
+    assert cpp_index(ModularIndexing(x0, 4, 8)) == "(x0 / 4) % 8"
+    s0 = sympy.Symbol("s0", integer=True, positive=True)
+    assert cpp_index(FloorDiv(x0 + x1 * s0, 7)) == "(x0 + x1 * s0) / 7"
+
+
+def test_signed_operands_use_python_semantics():
+    assert cpp_index(FloorDiv(i, 4)) == "kiln::floordiv<int64_t>(i, 4)"
+    assert cpp_index(sympy.Mod(i, 3)) == "kiln::pymod<int64_t>(i, 3)"
+    for value in (-7, -1, 0, 5, 9):
+        assert _eval_cpp(cpp_index(FloorDiv(i, 4)), {"i": value}) == value // 4
+        assert _eval_cpp(cpp_index(sympy.Mod(i, 3)), {"i": value}) == value % 3
+
+
+def test_min_max_and_powers():
+    assert "std::max" in cpp_index(sympy.Max(x0 - 3, 0))
+    assert cpp_index(x0**2) == "x0 * x0"
+
+
+def test_float_literals():
+    assert cpp_float_literal(float("inf"), "float") == "std::numeric_limits<float>::infinity()"
+    assert cpp_float_literal(-float("inf"), "double") == "-std::numeric_limits<double>::infinity()"
+    assert "quiet_NaN" in cpp_float_literal(float("nan"), "float")
+    assert cpp_float_literal(0.5, "float") == "0.5f"
+    assert cpp_float_literal(1e-40, "double") == "1e-40"
