@@ -1,0 +1,151 @@
+"""Cache entries per code object, newest first, and the recompile limit.
+
+The hot path is :meth:`CodeCache.lookup`: call each entry's generated check with the
+frame's own arguments until one passes. A miss returns None and the caller
+captures and :meth:`~CodeCache.insert`\\ s; each insert after the first is a
+recompile, logged on ``kiln.guards.recompiles`` with the guard that failed. Past
+the limit the caller runs the frame eagerly (:meth:`~CodeCache.over_limit`), warned
+once (:meth:`~CodeCache.warn_limit_once`) or raising
+(:meth:`~CodeCache.raise_limit_error`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import types
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from kiln.capture import counters
+from kiln.guards.check import GuardCheck
+from kiln.guards.config import config
+from kiln.guards.errors import RecompileLimitExceeded
+
+__all__ = ["CacheEntry", "CodeCache", "cache_for", "reset"]
+
+recompiles_log = logging.getLogger("kiln.guards.recompiles")
+
+
+@dataclasses.dataclass(eq=False)
+class CacheEntry:
+    """A compiled artifact and the check that says when it may run."""
+
+    check: GuardCheck
+    fn: Callable[..., Any]
+
+    @property
+    def guard_source(self) -> str:
+        """The generated check, as Python source."""
+        return self.check.source
+
+
+class CodeCache:
+    """The entries of one code object, newest first."""
+
+    def __init__(self, code: types.CodeType) -> None:
+        self.code = code
+        self.entries: list[CacheEntry] = []
+        self._checks: tuple[tuple[Callable[..., bool], CacheEntry], ...] = ()
+        self._pending_reason: str | None = None
+        self._warned = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.code.co_qualname} ({self.code.co_filename}:{self.code.co_firstlineno})"
+
+    def lookup(self, *args: Any, **kwargs: Any) -> CacheEntry | None:
+        """The newest entry whose guards pass for this call, or None (capture, then insert)."""
+        for check, entry in self._checks:
+            if check(*args, **kwargs):
+                return entry
+        if config.skip_guards and self.entries:
+            return self.entries[0]  # unsafe by request: inputs are promised not to change
+        if self._checks:
+            counters.bump("guards", "misses")
+            if recompiles_log.isEnabledFor(logging.INFO):
+                self._pending_reason = self.failure_reason(*args, **kwargs)
+        return None
+
+    def insert(self, check: GuardCheck, fn: Callable[..., Any]) -> CacheEntry:
+        """Add a new newest entry; an insert into a non-empty cache is a recompile."""
+        entry = CacheEntry(check, fn)
+        if self.entries:
+            counters.bump("guards", "recompiles")
+            if self._pending_reason is not None:
+                recompiles_log.info(
+                    "recompiling %s (entry %d): %s",
+                    self.name,
+                    len(self.entries) + 1,
+                    self._pending_reason,
+                )
+        self._pending_reason = None
+        self.entries.insert(0, entry)
+        self._checks = tuple((e.check.fn, e) for e in self.entries)
+        return entry
+
+    def failure_reason(self, *args: Any, **kwargs: Any) -> str | None:
+        """Why no entry matches this call (the first failing guard of each), or None if one does."""
+        if not self.entries:
+            return "no compiled entries yet"
+        reasons = []
+        for i, entry in enumerate(self.entries):
+            reason = entry.check.failure_reason(*args, **kwargs)
+            if reason is None:
+                return None
+            reasons.append(reason if len(self.entries) == 1 else f"entry {i}: {reason}")
+        return "; ".join(reasons)
+
+    def over_limit(self, limit: int | None = None) -> bool:
+        """Whether the cache holds ``limit`` (default ``config.recompile_limit``) entries."""
+        return len(self.entries) >= (config.recompile_limit if limit is None else limit)
+
+    def _limit_message(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        newest = self.entries[0].check.failure_reason(*args, **kwargs) if self.entries else None
+        return newest or "unknown"
+
+    def warn_limit_once(self, *args: Any, **kwargs: Any) -> None:
+        """Warn, the first time only, that this code now runs eagerly, naming the failing guard."""
+        counters.bump("guards", "limit_eager_runs")
+        if self._warned:
+            return
+        self._warned = True
+        reason = self._limit_message(args, kwargs)
+        msg = (
+            f"kiln: {self.name} hit the recompile limit ({len(self.entries)} entries); calls that "
+            f"match no entry now run eagerly. The guard that keeps failing: {reason}. "
+            f"Raise kiln.guards.config.recompile_limit or make that value stable."
+        )
+        recompiles_log.warning("%s", msg)
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
+    def raise_limit_error(self, *args: Any, **kwargs: Any) -> None:
+        """Raise :class:`RecompileLimitExceeded` naming the failing guard."""
+        raise RecompileLimitExceeded(
+            self.name, len(self.entries), self._limit_message(args, kwargs)
+        )
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self._checks = ()
+        self._pending_reason = None
+        self._warned = False
+
+
+_caches: dict[types.CodeType, CodeCache] = {}
+
+
+def cache_for(code: types.CodeType) -> CodeCache:
+    """The cache of ``code`` (created empty on first use)."""
+    cache = _caches.get(code)
+    if cache is None:
+        cache = _caches[code] = CodeCache(code)
+    return cache
+
+
+def reset() -> None:
+    """Drop every cache entry of every code object."""
+    for cache in _caches.values():
+        cache.clear()
+    _caches.clear()

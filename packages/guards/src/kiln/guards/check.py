@@ -1,0 +1,139 @@
+"""``build_check``: guard records in, one compiled check function out (plus its explanation).
+
+:class:`GuardCheck` holds the generated function (``fn``, what caches call), its
+printable source, and the ordered guards it was made from, which
+:meth:`GuardCheck.failure_reason` walks one at a time to say what failed.
+"""
+
+from __future__ import annotations
+
+import builtins
+import inspect
+import logging
+import types
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from kiln.capture import artifacts
+from kiln.capture.guard_data import GuardSpec
+from kiln.capture.source import (
+    AttrSource,
+    ClosureSource,
+    DefaultSource,
+    GlobalSource,
+    ItemSource,
+    LocalSource,
+    Source,
+)
+from kiln.guards import checks, codegen, plan
+from kiln.guards.errors import UnsupportedGuard
+
+__all__ = ["GuardCheck", "build_check", "resolve"]
+
+log = logging.getLogger(__name__)
+guards_log = logging.getLogger("kiln.guards.guards")
+
+
+def _target(fn: Callable[..., Any]) -> types.FunctionType:
+    """The plain function whose signature the check takes (bound methods take ``self`` first)."""
+    target = fn.__func__ if isinstance(fn, types.MethodType) else fn
+    if not isinstance(target, types.FunctionType):
+        msg = f"build_check needs a Python function, got {type(fn).__name__}: {fn!r}"
+        raise UnsupportedGuard(msg)
+    return target
+
+
+def resolve(source: Source, f_locals: dict[str, Any], fn: types.FunctionType) -> Any:
+    """The current value of ``source`` for a call of ``fn`` with arguments ``f_locals``."""
+    if isinstance(source, LocalSource):
+        return f_locals[source.name]
+    if isinstance(source, GlobalSource):
+        if source.name in fn.__globals__:
+            return fn.__globals__[source.name]
+        return getattr(builtins, source.name)
+    if isinstance(source, ClosureSource):
+        cell = (fn.__closure__ or ())[fn.__code__.co_freevars.index(source.name)]
+        return cell.cell_contents
+    if isinstance(source, AttrSource):
+        return getattr(resolve(source.base, f_locals, fn), source.name)
+    if isinstance(source, ItemSource):
+        return resolve(source.base, f_locals, fn)[source.index]
+    if isinstance(source, DefaultSource):
+        owner = fn if source.fn is None else resolve(source.fn, f_locals, fn)
+        return codegen.default_of(owner, source.name, source.kwonly)
+    cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=False))
+    return source.resolve(f_locals, fn.__globals__, cells)
+
+
+class GuardCheck:
+    """One cache entry's guards as a function: ``check(*args, **kwargs) -> bool``."""
+
+    __slots__ = ("fn", "guards", "signature", "source", "target")
+
+    def __init__(
+        self,
+        fn: Callable[..., bool],
+        source: str,
+        guards: list[GuardSpec],
+        target: types.FunctionType,
+    ) -> None:
+        self.fn = fn  # the generated function; caches call it directly
+        self.source = source
+        self.guards = guards  # in evaluation order, after dedup
+        self.target = target
+        self.signature = inspect.signature(target)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> bool:
+        """Whether every guard holds; arguments that cannot bind raise TypeError as ``fn`` would."""
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<GuardCheck of {self.target.__qualname__}: {len(self.guards)} guards>"
+
+    def failure_reason(self, *args: Any, **kwargs: Any) -> str | None:
+        """The first guard that fails for these arguments, in words; None if all hold."""
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as e:
+            return f"the arguments do not fit {self.target.__qualname__}{self.signature}: {e}"
+        bound.apply_defaults()
+        f_locals = dict(bound.arguments)
+        for g in self.guards:
+            value = None
+            if g.source is not None:
+                try:
+                    value = resolve(g.source, f_locals, self.target)
+                except Exception as e:
+                    return f"could not read {checks.describe(g.source)}: {type(e).__name__}: {e}"
+            try:
+                reason = checks.explain(g, value)
+            except Exception as e:
+                reason = f"{g} raised {type(e).__name__}: {e}"
+            if reason is not None:
+                return reason
+        return None
+
+
+def _unsupported(g: GuardSpec) -> None:
+    msg = f"kiln.guards cannot check {g} (kind {g.kind}, source {g.source!r})"
+    raise UnsupportedGuard(msg)
+
+
+def build_check(guards: Sequence[GuardSpec], fn: Callable[..., Any]) -> GuardCheck:
+    """Compile ``guards`` into one check with ``fn``'s own signature.
+
+    ``fn`` is the function whose code object is cached; for a bound method pass it
+    or its ``__func__``: the check takes ``self`` as its first argument either way.
+    """
+    target = _target(fn)
+    ordered = plan.order(list(guards), _unsupported)
+    name, text, namespace = codegen.generate(target, ordered)
+    filename = f"<kiln guards for {target.__qualname__}>"
+    exec(compile(text, filename, "exec"), namespace)
+    check_fn = namespace[name]
+    check_fn.__defaults__ = target.__defaults__
+    check_fn.__kwdefaults__ = target.__kwdefaults__
+    check_fn.__qualname__ = target.__qualname__
+    guards_log.info("%d guards:\n%s", len(ordered), text)
+    artifacts.dump("guards.py", text)
+    return GuardCheck(check_fn, text, ordered, target)

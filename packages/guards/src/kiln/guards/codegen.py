@@ -1,0 +1,321 @@
+"""Guard records become the text of one Python function with the guarded function's signature.
+
+Python binds the arguments itself when the check is called like the function, so
+``L['x']`` is just the parameter ``x``; ``G[...]`` reads the function's globals dict,
+``C[...]`` a closure cell. Every other object the check needs (types, dtypes, module
+snapshots, torch state readers) is bound by name in the check's own namespace, under
+a prefix no parameter uses. Sub-expressions several guards share are computed once
+into locals; every tensor is checked in one boolean expression; any exception while
+reading the frame means "does not match".
+"""
+
+from __future__ import annotations
+
+import builtins
+import collections
+import inspect
+import keyword
+import types
+from typing import Any
+
+import torch
+
+from kiln.capture.guard_data import GlobalState, GuardKind, GuardSpec, TensorMeta
+from kiln.capture.source import (
+    AttrSource,
+    ClosureSource,
+    DefaultSource,
+    GlobalSource,
+    ItemSource,
+    LocalSource,
+    Source,
+)
+from kiln.guards import checks, module_tree, stamps
+from kiln.guards.errors import UnsupportedGuard
+
+__all__ = ["CheckSource", "generate"]
+
+_LITERAL_TYPES = (bool, int, str, bytes, type(None))
+# Guards that read their source more than once: the source goes into a local first.
+_MULTI_READ = frozenset({GuardKind.TENSOR_MATCH, GuardKind.EQUALS, GuardKind.MODULE_TREE})
+
+
+def _is_literal(value: Any) -> bool:
+    """Values whose ``repr`` is valid Python that rebuilds an equal value of the same type."""
+    if isinstance(value, tuple):
+        return all(_is_literal(v) for v in value)
+    return type(value) in _LITERAL_TYPES
+
+
+def _signature_text(fn: types.FunctionType, prefix: str) -> str:
+    """``fn``'s parameter list with placeholder defaults (the real ones are set afterwards)."""
+    parts: list[str] = []
+    kinds = inspect.Parameter
+    seen_star = False
+    params = list(inspect.signature(fn).parameters.values())
+    for i, p in enumerate(params):
+        if p.kind is kinds.VAR_POSITIONAL:
+            parts.append(f"*{p.name}")
+            seen_star = True
+        elif p.kind is kinds.VAR_KEYWORD:
+            parts.append(f"**{p.name}")
+        else:
+            if p.kind is kinds.KEYWORD_ONLY and not seen_star:
+                parts.append("*")
+                seen_star = True
+            parts.append(p.name if p.default is p.empty else f"{p.name}={prefix}default")
+        if p.kind is kinds.POSITIONAL_ONLY and (
+            i + 1 == len(params) or params[i + 1].kind is not kinds.POSITIONAL_ONLY
+        ):
+            parts.append("/")
+    return ", ".join(parts)
+
+
+class CheckSource:
+    """Builds the text and namespace of one check function."""
+
+    def __init__(self, fn: types.FunctionType) -> None:
+        self.fn = fn
+        self.params = set(inspect.signature(fn).parameters)
+        prefix = "___"
+        while any(p.startswith(prefix) for p in self.params):
+            prefix += "_"
+        self.prefix = prefix
+        self.namespace: dict[str, Any] = {f"{prefix}default": None}
+        self._bound: dict[int, str] = {}
+        self._locals: dict[str, str] = {}
+        self._uses: collections.Counter[str] = collections.Counter()
+        self.lines: list[str] = []
+
+    # ---- names and expressions -------------------------------------------------------
+
+    def bind(self, obj: Any, stem: str) -> str:
+        """A namespace name holding ``obj`` (one per object)."""
+        name = self._bound.get(id(obj))
+        if name is None:
+            readable = getattr(obj, "__name__", None) if stem in ("T", "fn") else None
+            if isinstance(obj, torch.dtype):
+                readable = str(obj).rpartition(".")[2]
+            base = f"{self.prefix}{readable if isinstance(readable, str) and readable.isidentifier() else stem}"
+            name, n = base, 1
+            while name in self.namespace:
+                name, n = f"{base}{n}", n + 1
+            self._bound[id(obj)] = name
+            self.namespace[name] = obj
+        return name
+
+    def literal(self, value: Any, stem: str = "k") -> str:
+        return repr(value) if _is_literal(value) else self.bind(value, stem)
+
+    def count_uses(self, guards: list[GuardSpec]) -> None:
+        for g in guards:
+            source = g.source
+            while source is not None:
+                self._uses[str(source)] += 1
+                source = source.base if isinstance(source, (AttrSource, ItemSource)) else None
+
+    def _global(self, name: str) -> str:
+        globs = self.fn.__globals__
+        g = self.bind(globs, "G")
+        if name in globs:
+            return f"{g}[{name!r}]"
+        table = globs.get("__builtins__", builtins)
+        table = table if isinstance(table, dict) else vars(table)
+        return f"{g}.get({name!r}, {self.bind(table, 'B')}[{name!r}])"
+
+    def _closure(self, name: str) -> str:
+        freevars = self.fn.__code__.co_freevars
+        if name not in freevars or self.fn.__closure__ is None:
+            msg = f"guard on closure variable {name!r}, but {self.fn.__qualname__} has no such free variable"
+            raise UnsupportedGuard(msg)
+        cell = self.fn.__closure__[freevars.index(name)]
+        return f"{self.bind(cell, 'cell')}.cell_contents"
+
+    def _default(self, source: DefaultSource) -> str:
+        if source.fn is None:
+            fn = self.bind(self.fn, "fn")
+            if source.kwonly:
+                return f"{fn}.__kwdefaults__[{source.name!r}]"
+            names = list(inspect.signature(self.fn).parameters)
+            positional = self.fn.__code__.co_argcount
+            index = names.index(source.name) - (positional - len(self.fn.__defaults__ or ()))
+            return f"{fn}.__defaults__[{index}]"
+        helper = self.bind(default_of, "default_of")
+        return f"{helper}({self.expr(source.fn)}, {source.name!r}, {source.kwonly!r})"
+
+    def expr(self, source: Source) -> str:
+        """Python text evaluating ``source`` inside the check (shared parts already hoisted)."""
+        key = str(source)
+        if key in self._locals:
+            return self._locals[key]
+        if isinstance(source, LocalSource):
+            if source.name not in self.params:
+                msg = f"guard on {source}, which is not a parameter of {self.fn.__qualname__}"
+                raise UnsupportedGuard(msg)
+            return source.name
+        if isinstance(source, GlobalSource):
+            return self._global(source.name)
+        if isinstance(source, ClosureSource):
+            return self._closure(source.name)
+        if isinstance(source, AttrSource):
+            base = self.expr(source.base)
+            if source.name.isidentifier() and not keyword.iskeyword(source.name):
+                return f"{base}.{source.name}"
+            return f"getattr({base}, {source.name!r})"
+        if isinstance(source, ItemSource):
+            return f"{self.expr(source.base)}[{self.literal(source.index, 'idx')}]"
+        if isinstance(source, DefaultSource):
+            return self._default(source)
+        msg = f"kiln.guards cannot read a {type(source).__name__} ({source})"
+        raise UnsupportedGuard(msg)
+
+    def hoist(self, source: Source | None, *, itself: bool = False) -> None:
+        """Compute into locals every prefix of ``source`` that several guards read
+        (and ``source`` itself when ``itself``: its guard reads it more than once)."""
+        chain: list[Source] = []
+        while source is not None:
+            chain.append(source)
+            source = source.base if isinstance(source, (AttrSource, ItemSource)) else None
+        for i, s in enumerate(reversed(chain)):
+            key = str(s)
+            shared = self._uses[key] > 1 or (itself and i == len(chain) - 1)
+            if shared and key not in self._locals and not isinstance(s, LocalSource):
+                name = f"{self.prefix}v{len(self._locals)}"
+                self.lines.append(f"{name} = {self.expr(s)}")
+                self._locals[key] = name
+
+    # ---- one condition per guard -----------------------------------------------------
+
+    def tensor_condition(self, v: str, meta: TensorMeta) -> str:
+        dev = meta.device
+        if dev.type in ("cpu", "meta") and dev.index is None:
+            device = f"{v}.is_{dev.type}"
+        else:
+            device = f"{v}.device == {self.bind(dev, 'dev')}"
+        parts = [
+            f"type({v}) is {self.bind(meta.type, 'T')}",
+            f"{v}.shape == {tuple(meta.sizes)!r}",
+            f"{v}.stride() == {tuple(meta.strides)!r}",
+            f"{v}.dtype is {self.bind(meta.dtype, 'dtype')}",
+            device,
+            f"{v}.requires_grad is {meta.requires_grad!r}",
+        ]
+        if meta.dispatch_keys:
+            keys = self.bind(meta.dispatch_keys, "keys")
+            parts.append(f"{self.bind(checks.dispatch_key_names, 'dispatch_keys')}({v}) == {keys}")
+        return " and ".join(parts)
+
+    def global_state_condition(self, gs: GlobalState) -> str:
+        fns = {
+            "grad": torch.is_grad_enabled,
+            "dtype": torch.get_default_dtype,
+            "autocast": torch.is_autocast_enabled,
+            "det": torch.are_deterministic_algorithms_enabled,
+            "inference": torch.is_inference_mode_enabled,
+        }
+        f = {k: self.bind(fn, k) for k, fn in fns.items()}
+        parts = [
+            f"{f['grad']}() is {gs.grad_enabled!r}",
+            f"{f['dtype']}() is {self.bind(gs.default_dtype, 'dtype')}",
+        ]
+        any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None)
+        if any_autocast is not None and not (gs.autocast_cpu or gs.autocast_cuda):
+            parts.append(f"not {self.bind(any_autocast, 'any_autocast')}()")
+        else:
+            parts.append(f"{f['autocast']}('cpu') is {gs.autocast_cpu!r}")
+            parts.append(f"{f['autocast']}('cuda') is {gs.autocast_cuda!r}")
+        parts.append(f"{f['det']}() is {gs.deterministic!r}")
+        parts.append(f"{f['inference']}() is {gs.inference_mode!r}")
+        if gs.default_device is not None:
+            device = f"{self.bind(torch.get_default_device, 'default_device')}() == {self.bind(gs.default_device, 'dev')}"
+            stack_len = getattr(torch._C, "_len_torch_function_stack", None)
+            if stack_len is not None and gs.default_device == torch.device("cpu"):
+                # No torch-function mode at all means no device context: the default is cpu.
+                device = f"({self.bind(stack_len, 'mode_stack_len')}() == 0 or {device})"
+            parts.append(device)
+        return " and ".join(parts)
+
+    def condition(self, g: GuardSpec) -> str:
+        kind, expected = g.kind, g.expected
+        if kind is GuardKind.GLOBAL_STATE:
+            return self.global_state_condition(expected)
+        assert g.source is not None
+        v = self.expr(g.source)
+        if kind is GuardKind.TENSOR_MATCH:
+            return self.tensor_condition(v, expected)
+        if kind is GuardKind.TYPE_MATCH:
+            return f"type({v}) is {self.bind(expected, 'T')}"
+        if kind in (GuardKind.ID_MATCH, GuardKind.MODULE_MATCH):
+            return f"id({v}) == {int(expected)}"
+        if kind is GuardKind.EQUALS:
+            return (
+                f"type({v}) is {self.bind(type(expected), 'T')} and {v} == {self.literal(expected)}"
+            )
+        if kind is GuardKind.IS_NONE:
+            return f"{v} is None"
+        if kind is GuardKind.NOT_NONE:
+            return f"{v} is not None"
+        if kind is GuardKind.BOOL:
+            return v if expected else f"not {v}"
+        if kind is GuardKind.DICT_KEYS:
+            return f"tuple({v}) == {self.literal(tuple(expected))}"
+        if kind is GuardKind.SEQUENCE_LENGTH:
+            return f"len({v}) == {int(expected)}"
+        if kind is GuardKind.HASATTR:
+            name, want = expected
+            return f"hasattr({v}, {name!r}) is {bool(want)!r}"
+        if kind is GuardKind.HOOKS_EMPTY:
+            dicts = [f"{v}.{name}" for name in checks.module_hook_names]
+            dicts += [self.bind(d, "global_hooks") for d in checks.global_hook_dicts]
+            return "not (" + " or ".join(dicts) + ")"
+        if kind is GuardKind.MODULE_TREE:
+            tree: module_tree.TreeSnapshot = expected
+            stamp = self.bind(stamps.state, "stamp")
+            seen = self.bind(tree.validated, "seen")
+            walk = self.bind(tree.check, "walk")
+            root = self.bind(tree.root, "module")
+            return f"{v} is {root} and ({stamp}[0] == {seen}[0] or {walk}({v}))"
+        msg = f"kiln.guards has no check for guard kind {kind}"
+        raise UnsupportedGuard(msg)
+
+    def require(self, condition: str) -> None:
+        self.lines.append(f"if not ({condition}):")
+        self.lines.append("    return False")
+
+
+def default_of(fn: Any, name: str, kwonly: bool) -> Any:
+    """The default of parameter ``name`` of ``fn`` (for defaults of functions other than the guarded one)."""
+    if kwonly:
+        return fn.__kwdefaults__[name]
+    return inspect.signature(fn).parameters[name].default
+
+
+def generate(fn: types.FunctionType, ordered: list[GuardSpec]) -> tuple[str, str, dict[str, Any]]:
+    """Name, source text and namespace of the check for ``ordered`` guards (already in order)."""
+    cs = CheckSource(fn)
+    cs.count_uses(ordered)
+    tensors = [g for g in ordered if g.kind is GuardKind.TENSOR_MATCH]
+    tensors_done = False
+    for g in ordered:
+        if g.kind is GuardKind.TENSOR_MATCH:
+            if tensors_done:
+                continue
+            # Every tensor in one expression: hoist the shared prefixes, then one test.
+            for t in tensors:
+                cs.hoist(t.source, itself=True)
+            cs.require(" and ".join(f"({cs.condition(t)})" for t in tensors))
+            tensors_done = True
+            continue
+        cs.hoist(g.source, itself=g.kind in _MULTI_READ)
+        cs.require(cs.condition(g))
+    body = "\n".join(f"        {line}" for line in [*cs.lines, "return True"])
+    # Named like the function, so a call that cannot bind fails with Python's own message.
+    name = fn.__name__ if fn.__name__.isidentifier() else "guard"
+    text = (
+        f"# guards of {fn.__qualname__}\n"
+        f"def {name}({_signature_text(fn, cs.prefix)}):\n"
+        f"    try:\n{body}\n"
+        f"    except Exception:\n"
+        f"        return False\n"
+    )
+    return name, text, cs.namespace

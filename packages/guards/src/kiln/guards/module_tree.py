@@ -1,0 +1,240 @@
+"""One guard for a whole nn.Module subtree: a snapshot, a walk, and its O(1) fast path.
+
+A :class:`TreeSnapshot` records, for every module under a root, what a captured graph
+may have baked in: the module objects, their classes and training flags, parameters
+and buffers (by identity and by tensor metadata, so in-place value updates such as an
+optimizer step pass while replacements, ``.half()`` or ``.to()`` fail), plain
+attributes (constants by value, other objects by identity) and hook registrations.
+:meth:`TreeSnapshot.check` is what generated guards call: one comparison of the
+module stamp while nothing changed, one full walk when the stamp moved.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from kiln.capture.guard_data import TensorMeta
+from kiln.guards import stamps
+from kiln.guards.config import config
+
+__all__ = ["TreeSnapshot", "explain", "snapshot"]
+
+_HOOK_DICTS = frozenset(
+    {
+        "_forward_hooks",
+        "_forward_pre_hooks",
+        "_backward_hooks",
+        "_backward_pre_hooks",
+        "_forward_hooks_with_kwargs",
+        "_forward_hooks_always_called",
+        "_forward_pre_hooks_with_kwargs",
+    }
+)
+_STRUCTURAL = frozenset({"_parameters", "_buffers", "_modules", "training"})
+_CONSTANT_TYPES = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device)
+
+
+class _Compare(enum.Enum):
+    VALUE = "value"  # constants: same type and ==
+    IDENTITY = "identity"  # other objects: the same object
+    KEYS = "keys"  # hook dicts: the same registrations
+
+
+@dataclasses.dataclass(frozen=True)
+class _Attr:
+    name: str
+    how: _Compare
+    expected: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class _Tensor:
+    name: str
+    tensor: torch.Tensor | None
+    meta: TensorMeta | None
+
+
+@dataclasses.dataclass(frozen=True)
+class _ModuleRecord:
+    path: str
+    module: torch.nn.Module
+    cls: type
+    training: bool
+    attrs: tuple[_Attr, ...]
+    params: tuple[_Tensor, ...]
+    buffers: tuple[_Tensor, ...]
+    children: tuple[tuple[str, torch.nn.Module | None], ...]
+
+
+def _is_constant(value: Any) -> bool:
+    if isinstance(value, tuple):
+        return all(_is_constant(v) for v in value)
+    return type(value) in _CONSTANT_TYPES
+
+
+def _record_attr(name: str, value: Any) -> _Attr:
+    if name in _HOOK_DICTS and isinstance(value, dict):
+        return _Attr(name, _Compare.KEYS, tuple(value))
+    if _is_constant(value):
+        return _Attr(name, _Compare.VALUE, value)
+    return _Attr(name, _Compare.IDENTITY, value)
+
+
+def _record_tensors(tensors: Mapping[str, torch.Tensor | None]) -> tuple[_Tensor, ...]:
+    return tuple(
+        _Tensor(name, t, TensorMeta.of(t) if t is not None else None) for name, t in tensors.items()
+    )
+
+
+def _child_path(path: str, name: str) -> str:
+    return f"{path}[{name}]" if name.isdigit() else f"{path}.{name}"
+
+
+def _record(path: str, module: torch.nn.Module) -> _ModuleRecord:
+    state = vars(module)
+    return _ModuleRecord(
+        path,
+        module,
+        type(module),
+        module.training,
+        tuple(_record_attr(k, v) for k, v in state.items() if k not in _STRUCTURAL),
+        _record_tensors(module._parameters),
+        _record_tensors(module._buffers),
+        tuple(module._modules.items()),
+    )
+
+
+def _explain_attr(path: str, module: torch.nn.Module, attr: _Attr) -> str | None:
+    state = vars(module)
+    if attr.name not in state:
+        return f"{path} lost attribute {attr.name!r}"
+    got = state[attr.name]
+    if attr.how is _Compare.KEYS:
+        ok = isinstance(got, dict) and tuple(got) == attr.expected
+        return None if ok else f"{path} {attr.name.strip('_').replace('_', ' ')} changed"
+    if attr.how is _Compare.VALUE:
+        ok = type(got) is type(attr.expected) and got == attr.expected
+        return (
+            None if ok else f"{path}.{attr.name} changed: expected {attr.expected!r}, got {got!r}"
+        )
+    return None if got is attr.expected else f"{path}.{attr.name} was replaced by another object"
+
+
+def _explain_tensors(
+    path: str, kind: str, got: dict[str, Any], want: tuple[_Tensor, ...]
+) -> str | None:
+    if tuple(got) != tuple(t.name for t in want):
+        return f"{path} {kind}s changed: expected {[t.name for t in want]}, got {list(got)}"
+    for t in want:
+        where = _child_path(path, t.name)
+        value = got[t.name]
+        if value is not t.tensor:
+            return f"{kind} {where} was replaced by another object"
+        if t.meta is None or value is None:
+            continue
+        if (
+            value.dtype != t.meta.dtype
+            or value.device != t.meta.device
+            or value.requires_grad != t.meta.requires_grad
+            or tuple(value.shape) != t.meta.sizes
+            or tuple(value.stride()) != t.meta.strides
+        ):
+            return (
+                f"{kind} {where} metadata changed: expected {_meta_text(t.meta)}, "
+                f"got {_meta_text(TensorMeta.of(value))}"
+            )
+    return None
+
+
+def _meta_text(m: TensorMeta) -> str:
+    grad = ", requires_grad" if m.requires_grad else ""
+    return f"{m.dtype} {list(m.sizes)} stride {list(m.strides)} on {m.device}{grad}"
+
+
+def _explain_record(rec: _ModuleRecord) -> str | None:
+    m = rec.module
+    if type(m) is not rec.cls:
+        return (
+            f"{rec.path} class changed: expected {rec.cls.__qualname__}, got {type(m).__qualname__}"
+        )
+    if m.training is not rec.training:
+        return f"{rec.path}.training changed: expected {rec.training}, got {m.training}"
+    state = vars(m)
+    expected_names = {a.name for a in rec.attrs}
+    for name in state:
+        if name not in expected_names and name not in _STRUCTURAL:
+            return f"{rec.path} gained attribute {name!r}"
+    for attr in rec.attrs:
+        reason = _explain_attr(rec.path, m, attr)
+        if reason is not None:
+            return reason
+    reason = _explain_tensors(rec.path, "parameter", m._parameters, rec.params)
+    if reason is None:
+        reason = _explain_tensors(rec.path, "buffer", m._buffers, rec.buffers)
+    if reason is not None:
+        return reason
+    got_children = m._modules
+    if tuple(got_children) != tuple(name for name, _ in rec.children):
+        return f"{rec.path} submodules changed: expected {[n for n, _ in rec.children]}, got {list(got_children)}"
+    for name, child in rec.children:
+        if got_children[name] is not child:
+            return f"module {_child_path(rec.path, name)} was replaced by another object"
+    return None
+
+
+class TreeSnapshot:
+    """What a module subtree looked like when a check was built, and the stamp it was seen at."""
+
+    def __init__(self, root_path: str, root: torch.nn.Module) -> None:
+        stamps.install()
+        self.root = root
+        self.records: list[_ModuleRecord] = []
+        seen: set[int] = set()
+        pending = [(root_path, root)]
+        while pending:
+            path, module = pending.pop()
+            if id(module) in seen:
+                continue
+            seen.add(id(module))
+            rec = _record(path, module)
+            self.records.append(rec)
+            pending.extend(
+                (_child_path(path, n), c) for n, c in reversed(rec.children) if c is not None
+            )
+        # validated[0] is the stamp at which the tree last matched; -1 never equals a stamp.
+        self.validated: list[int] = [stamps.current()]
+
+    def explain(self, value: Any) -> str | None:
+        """The first difference between ``value``'s tree and this snapshot, or None."""
+        if value is not self.root:
+            return f"{self.records[0].path} is a different module object"
+        for rec in self.records:
+            reason = _explain_record(rec)
+            if reason is not None:
+                return reason
+        return None
+
+    def check(self, value: Any) -> bool:
+        """The slow path of generated checks: walk, and remember the stamp if it matched."""
+        stamp = stamps.current()
+        if self.explain(value) is not None:
+            return False
+        self.validated[0] = stamp if config.trust_module_stamps else -1
+        return True
+
+
+def snapshot(root_path: str, root: torch.nn.Module) -> TreeSnapshot:
+    """Snapshot ``root``'s subtree; ``root_path`` names it in messages (``L['self']``)."""
+    return TreeSnapshot(root_path, root)
+
+
+def explain(where: str, value: Any, expected: TreeSnapshot) -> str | None:
+    """Why ``value`` no longer matches the snapshot ``expected`` (``where`` is unused: the
+    snapshot names its modules by the paths it was built with)."""
+    del where
+    return expected.explain(value)
