@@ -146,3 +146,32 @@ def test_errors_are_actionable():
         make_function(assemble(new_body("g", [], freevars=["v"])), {})
     with pytest.raises(CaptureError, match="unknown binary operator"):
         binary_op("<>")
+
+
+def test_format_and_log(caplog, tmp_path):
+    import logging
+
+    from kiln.capture import artifacts
+    from kiln.capture.bytecode.format import format_bytecode, format_code, log_code
+
+    def f(a):
+        try:
+            return [x for x in a]
+        except TypeError:
+            return None
+
+    from kiln.capture.bytecode import decode
+
+    listing = format_bytecode(decode(f.__code__))
+    assert "except #" in listing and "-> #" in listing
+    assert "stacksize=" in format_code(f.__code__)
+    with caplog.at_level(logging.INFO, logger="kiln.capture.bytecode"):
+        log_code("original", f.__code__)
+    assert "original bytecode of" in caplog.text
+    artifacts.set_debug_dir(tmp_path)
+    try:
+        with artifacts.frame("f"):
+            log_code("resume_at_4", f.__code__)
+    finally:
+        artifacts.set_debug_dir(None)
+    assert list(tmp_path.glob("*/bytecode_resume_at_4.txt"))

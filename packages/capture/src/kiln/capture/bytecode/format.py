@@ -7,12 +7,17 @@ so an original and a transformed body print the same way.
 from __future__ import annotations
 
 import dis
+import logging
+import re
 from collections.abc import Sequence
 from types import CodeType
 
+from kiln.capture import artifacts
 from kiln.capture.bytecode.instructions import Bytecode, ExceptionEntry, Instr
 
-__all__ = ["format_bytecode", "format_code"]
+__all__ = ["format_bytecode", "format_code", "log_code"]
+
+bytecode_log = logging.getLogger("kiln.capture.bytecode")
 
 
 def format_code(code: CodeType) -> str:
@@ -51,3 +56,18 @@ def format_bytecode(code: Bytecode | Sequence[Instr], table: Sequence[ExceptionE
         lasti = " lasti" if e.lasti else ""
         lines.append(f"  except #{s}..#{t} -> #{g} depth={e.depth}{lasti}")
     return "\n".join(lines)
+
+
+def log_code(label: str, code: CodeType) -> None:
+    """Show ``code`` on the ``bytecode`` channel and dump it as a debug artifact.
+
+    ``label`` says what it is ("original", "transformed", "resume_at_42"); the
+    text is only built when someone is listening.
+    """
+    dumping = artifacts.current_frame_dir() is not None
+    if not dumping and not bytecode_log.isEnabledFor(logging.INFO):
+        return
+    text = format_code(code)
+    bytecode_log.info("%s bytecode of %s\n%s", label, code.co_qualname, text)
+    if dumping:
+        artifacts.dump(f"bytecode_{re.sub(r'[^A-Za-z0-9_]+', '_', label)}.txt", text)

@@ -1,0 +1,234 @@
+"""Continuation functions for graph breaks: ``resume_at_<offset>``.
+
+When capture stops at an instruction it cannot put in a graph, the rest of the
+user's function must still run. :func:`make_resume` builds that rest as a new
+function whose arguments are the values on the stack at the break and the
+locals still live there. Its code is a copy of the original with a prefix that
+pushes the stack values back (``PUSH_NULL`` where the stack held a NULL) and
+jumps to the break. Because 3.11+ exception handling is table-driven, the copy
+keeps its exception table, so enclosing ``try``/``with`` blocks are re-entered
+just by restoring their stack items (a ``with`` block's ``__exit__``).
+
+Cells: the original's cell and free variables become free variables of the
+resume function; whoever creates it passes the original cells (in
+``ResumeFunction.closure``'s order) so closures already made keep sharing them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import types
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from kiln.capture.bytecode import (
+    PY312,
+    Bytecode,
+    Instr,
+    assemble,
+    decode,
+    live_locals,
+    stack_depths,
+)
+from kiln.capture.bytecode.analysis import successors
+from kiln.capture.bytecode.build import CO_GENERATOR_LIKE, make_function, prologue
+from kiln.capture.bytecode.format import log_code
+from kiln.capture.errors import CaptureError, Unsupported
+
+__all__ = ["STACK_NULL", "STACK_VALUE", "ResumeFunction", "make_resume"]
+
+STACK_VALUE = "value"
+STACK_NULL = "null"
+
+_CO_VARARGS = 0x4
+_CO_VARKEYWORDS = 0x8
+_CO_NESTED = 0x10
+_PROLOGUE_OPS = frozenset({"COPY_FREE_VARS", "MAKE_CELL", "RESUME"})
+#: Instructions before a call that only set interpreter state (KW_NAMES) or,
+#: on 3.11, that the compiler's stack accounting treats as taking the arguments
+#: (PRECALL): a break at the CALL resumes at them so they run again.
+_CALL_SETUP = frozenset({"KW_NAMES", "PRECALL"})
+
+
+@dataclasses.dataclass(frozen=True)
+class ResumeFunction:
+    """A continuation: call it with the stack values, then the live locals.
+
+    ``stack_args`` name the stack values (NULLs are not passed) bottom first;
+    ``locals`` the live locals after them. ``closure`` names the cells to
+    pass when building the function, in order.
+    """
+
+    code: types.CodeType
+    offset: int
+    stack_kinds: tuple[str, ...]
+    stack_args: tuple[str, ...]
+    locals: tuple[str, ...]
+    closure: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return self.code.co_name
+
+    @property
+    def argnames(self) -> tuple[str, ...]:
+        return self.stack_args + self.locals
+
+    def make_function(
+        self, globals: dict[str, Any], cells: Sequence[types.CellType] = ()
+    ) -> types.FunctionType:
+        """The resume function over ``globals`` with ``cells`` for :attr:`closure`."""
+        return make_function(self.code, globals, closure=tuple(cells))
+
+
+def make_resume(
+    code: types.CodeType,
+    offset: int,
+    stack: Sequence[str] | int = 0,
+    live: Iterable[str] | None = None,
+) -> ResumeFunction:
+    """Build ``resume_at_<offset>`` for ``code``.
+
+    ``stack`` lists the kinds of the stack items at ``offset``, bottom first
+    (:data:`STACK_VALUE` or :data:`STACK_NULL`; an int means that many values).
+    ``live`` names the locals to pass (default: those live at ``offset``);
+    locals not passed start unbound. Raises :class:`Unsupported` where the
+    function cannot be resumed (generators, inside an ``except`` body) and
+    :class:`CaptureError` where the request does not fit the code.
+    """
+    kinds = (STACK_VALUE,) * stack if isinstance(stack, int) else tuple(stack)
+    bad = [k for k in kinds if k not in (STACK_VALUE, STACK_NULL)]
+    if bad:
+        msg = f"stack kinds must be {STACK_VALUE!r} or {STACK_NULL!r}, got {bad}"
+        raise CaptureError(msg)
+    return _make_resume(code, offset, kinds, None if live is None else tuple(live))
+
+
+@functools.lru_cache(maxsize=256)
+def _make_resume(
+    code: types.CodeType, offset: int, kinds: tuple[str, ...], live: tuple[str, ...] | None
+) -> ResumeFunction:
+    if code.co_flags & CO_GENERATOR_LIKE:
+        raise Unsupported(
+            "resume_generator",
+            f"cannot resume {code.co_qualname} in the middle: it is a generator or coroutine",
+            "move the tensor code out of the generator into a plain function",
+        )
+    body = decode(code)
+    target = _break_target(body, offset)
+    index = body.instrs.index(target)
+    depths = stack_depths(body.instrs, body.exception_table)
+    if depths[index] != len(kinds):
+        msg = (
+            f"{code.co_qualname} holds {depths[index]} stack items at offset {offset}, "
+            f"but {len(kinds)} stack kinds were given"
+        )
+        raise CaptureError(msg)
+    _check_normally_reachable(body, index)
+    cells = [n for n in body.cellvars if n not in body.freevars]
+    if live is None:
+        live = tuple(sorted(live_locals(body.instrs, body.exception_table)[index] - set(cells)))
+    elif set(live) & {*cells, *body.freevars}:
+        msg = (
+            f"{sorted(set(live) & {*cells, *body.freevars})} are cells: pass them as closure cells"
+        )
+        raise CaptureError(msg)
+    stack_args = tuple(f"___stack{i}" for i, k in enumerate(kinds) if k == STACK_VALUE)
+    resume = _rewrite(body, target, offset, kinds, stack_args, live, cells)
+    resume_code = assemble(resume)
+    log_code(resume_code.co_name, resume_code)
+    closure = tuple(resume.freevars)
+    return ResumeFunction(resume_code, offset, kinds, stack_args, live, closure)
+
+
+def _break_target(body: Bytecode, offset: int) -> Instr:
+    """The instruction at ``offset``, moved back over the call setup before it."""
+    try:
+        i = body.index(offset)
+    except KeyError:
+        msg = f"offset {offset} is not the start of an instruction in {body.qualname}"
+        raise CaptureError(msg) from None
+    while i > 0 and body.instrs[i - 1].opname in _CALL_SETUP and not _is_jump_target(body, i):
+        i -= 1
+    return body.instrs[i]
+
+
+def _is_jump_target(body: Bytecode, i: int) -> bool:
+    target = body.instrs[i]
+    return any(ins.arg is target for ins in body.instrs if ins.is_jump)
+
+
+def _check_normally_reachable(body: Bytecode, index: int) -> None:
+    """Refuse breaks that only an exception reaches (``except``/cleanup code)."""
+    positions = {id(ins): i for i, ins in enumerate(body.instrs)}
+    seen = {0}
+    work = [0]
+    while work:
+        i = work.pop()
+        for j, _ in successors(body.instrs, i, positions):
+            if j not in seen:
+                seen.add(j)
+                work.append(j)
+    if index not in seen:
+        raise Unsupported(
+            "resume_in_handler",
+            f"cannot resume {body.qualname} inside an exception handler (offset "
+            f"{body.instrs[index].offset}): the exception being handled cannot be restored",
+            "move the code that breaks the graph out of the except/finally block",
+        )
+
+
+def _rewrite(
+    body: Bytecode,
+    target: Instr,
+    offset: int,
+    kinds: tuple[str, ...],
+    stack_args: tuple[str, ...],
+    live: tuple[str, ...],
+    cells: list[str],
+) -> Bytecode:
+    """The resume body: new prologue, stack-restoring prefix, then the original code."""
+    start = 0
+    while start < len(body.instrs) and body.instrs[start].opname in _PROLOGUE_OPS:
+        start += 1
+        if body.instrs[start - 1].opname == "RESUME":
+            break
+    rest = body.instrs[start:]
+    dropped = {id(ins) for ins in body.instrs[:start]}
+    for entry in body.exception_table:
+        if {id(entry.start), id(entry.end), id(entry.target)} & dropped:
+            msg = f"an exception-table entry of {body.qualname} covers its prologue"
+            raise CaptureError(msg)
+    freevars = [*body.freevars, *cells]
+    args = [*stack_args, *live]
+    others = [n for n in body.varnames if n not in args and n not in cells]
+    where = target.positions
+    head = prologue([], freevars, 0, where)
+    values = iter(stack_args)
+    for kind in kinds:
+        ins = Instr("PUSH_NULL") if kind == STACK_NULL else Instr("LOAD_FAST", next(values))
+        head.append(ins.at(where))
+    head.append(Instr("JUMP_FORWARD", target, where))
+    if PY312:
+        # LOAD_FAST trusts the compiler's proof that a local is bound; locals that are
+        # not passed in start unbound here, so they need the checked load.
+        for ins in rest:
+            if ins.opname == "LOAD_FAST" and ins.arg not in args:
+                ins.opname = "LOAD_FAST_CHECK"
+    flags = body.flags & ~(_CO_VARARGS | _CO_VARKEYWORDS)
+    flags = flags | _CO_NESTED if freevars else flags
+    name = f"resume_at_{offset}"
+    return dataclasses.replace(
+        body,
+        instrs=head + rest,
+        name=name,
+        qualname=f"{body.qualname}.{name}",
+        argcount=len(args),
+        posonlyargcount=0,
+        kwonlyargcount=0,
+        flags=flags,
+        varnames=args + others,
+        cellvars=[],
+        freevars=freevars,
+    )

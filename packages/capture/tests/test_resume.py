@@ -1,0 +1,288 @@
+"""resume_at_<offset>: continue a function from a break with hand-captured values."""
+
+import copy
+import dis
+import importlib.util
+import inspect
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from kiln.capture.bytecode import PY311, decode, stack_depths
+from kiln.capture.errors import CaptureError, Unsupported
+from kiln.capture.resume import STACK_NULL, STACK_VALUE, make_resume
+
+
+def _load_corpus():
+    name = "kiln_test_bytecode_corpus"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            name, Path(__file__).with_name("bytecode_corpus.py")
+        )
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+corpus = _load_corpus()
+
+
+def offsets_of(fn, opname, arg=None):
+    return [
+        i.offset
+        for i in dis.get_instructions(fn)
+        if i.opname == opname and (arg is None or i.argval == arg)
+    ]
+
+
+class Log:
+    def __init__(self, suppress):
+        self.events = []
+        self.suppress = suppress
+
+    def __enter__(self):
+        self.events.append("enter")
+        return self
+
+    def __exit__(self, kind, value, tb):
+        self.events.append(("exit", kind))
+        return self.suppress
+
+
+def in_with(cm, x):
+    with cm:
+        y = x * 2
+        if y > 10:
+            raise ValueError(y)
+    return y
+
+
+@pytest.mark.parametrize("x", [3, 8])
+def test_with_block_is_reentered(x):
+    off = offsets_of(in_with, "LOAD_FAST", "x")[0]
+    # y is live too: an exception before its store is suppressed, then y is read
+    assert make_resume(in_with.__code__, off, 1).locals == ("x", "y")
+    r = make_resume(in_with.__code__, off, 1, live=("x",))
+    cm = Log(suppress=True)
+    cm.__enter__()
+    fn = r.make_function(in_with.__globals__)
+    assert fn(cm.__exit__, x) == 2 * x
+    expected = Log(suppress=True)
+    assert in_with(expected, x) == 2 * x
+    assert cm.events == expected.events
+
+
+def in_try(a, b):
+    try:
+        q = a / b
+    except ZeroDivisionError:
+        q = "caught"
+    return q
+
+
+def test_try_block_is_reentered():
+    off = offsets_of(in_try, "LOAD_FAST", "a")[0]
+    fn = make_resume(in_try.__code__, off, 0).make_function(in_try.__globals__)
+    assert fn(1, 0) == "caught"
+    assert fn(6, 3) == 2.0
+
+
+def in_for(xs):
+    total = 0
+    for x in xs:
+        total += x
+    return total
+
+
+def test_for_loop_with_iterator_on_stack():
+    off = offsets_of(in_for, "LOAD_FAST", "total")[0]
+    r = make_resume(in_for.__code__, off, 1, live=("total", "x"))
+    it = iter([1, 2, 3, 4])
+    first = next(it)
+    assert r.make_function(in_for.__globals__)(it, 100, first) == 110
+
+
+def keyword_call(a):
+    return sorted([a, 1, 2], reverse=True)
+
+
+def test_break_at_call_with_null_and_keywords():
+    off = offsets_of(keyword_call, "CALL")[0]
+    r = make_resume(keyword_call.__code__, off, [STACK_NULL, STACK_VALUE, STACK_VALUE, STACK_VALUE])
+    assert r.stack_args == ("___stack1", "___stack2", "___stack3")
+    assert r.make_function({})(sorted, [3, 9, 1], False) == [1, 3, 9]
+    if PY311:  # the break moves back to the call setup (KW_NAMES, PRECALL)
+        assert any(i.opname == "PRECALL" for i in dis.get_instructions(r.code))
+
+
+def with_cells(n):
+    count = n
+
+    def bump():
+        nonlocal count
+        count += 1
+
+    bump()
+    return count
+
+
+def test_cells_are_passed_as_closure():
+    off = offsets_of(with_cells, "PUSH_NULL")[0]
+    r = make_resume(with_cells.__code__, off)
+    assert r.locals == ("bump",) and r.closure == ("count",)
+    cell = types.CellType(41)
+    bump_code = next(c for c in with_cells.__code__.co_consts if isinstance(c, types.CodeType))
+    bump = types.FunctionType(bump_code, {}, "bump", None, (cell,))
+    assert r.make_function({}, [cell])(bump) == 42
+    assert cell.cell_contents == 42
+
+
+def test_free_variables_are_passed_as_closure():
+    k = 3
+
+    def uses_free(m):
+        t = m * k
+        return t + k
+
+    off = offsets_of(uses_free, "LOAD_FAST", "t")[0]
+    r = make_resume(uses_free.__code__, off)
+    assert r.closure == ("k",)
+    assert r.make_function({}, uses_free.__closure__)(5) == 8
+
+
+def unbound_read(a):
+    b = a + 1
+    return b
+
+
+def test_locals_not_passed_are_unbound():
+    off = offsets_of(unbound_read, "LOAD_FAST", "b")[0]
+    fn = make_resume(unbound_read.__code__, off, 0, live=()).make_function({})
+    with pytest.raises(UnboundLocalError):
+        fn()
+
+
+def gen(n):
+    for i in range(n):  # noqa: UP028 (the loop variable is the break point)
+        yield i
+
+
+def handler_code(a):
+    try:
+        return 1 / a
+    except ZeroDivisionError:
+        b = a + 1
+        return b
+
+
+def test_refusals_say_why():
+    with pytest.raises(Unsupported, match="generator"):
+        make_resume(gen.__code__, offsets_of(gen, "LOAD_FAST", "i")[0], 2)
+    off = offsets_of(handler_code, "LOAD_FAST", "a")[-1]
+    body = decode(handler_code.__code__)
+    depth = stack_depths(body.instrs, body.exception_table)[body.index(off)]
+    with pytest.raises(Unsupported, match="exception handler") as info:
+        make_resume(handler_code.__code__, off, depth)
+    assert info.value.kind == "resume_in_handler" and info.value.hint
+    with pytest.raises(CaptureError, match="stack items"):
+        make_resume(in_for.__code__, offsets_of(in_for, "LOAD_FAST", "total")[0], 0)
+    with pytest.raises(CaptureError, match="not the start of an instruction"):
+        make_resume(in_for.__code__, 1)
+    with pytest.raises(CaptureError, match="stack kinds"):
+        make_resume(in_for.__code__, 0, ["tensor"])
+    with pytest.raises(CaptureError, match="closure cells"):
+        make_resume(with_cells.__code__, offsets_of(with_cells, "PUSH_NULL")[0], live=("count",))
+
+
+# Every corpus function without cells, resumed at statement starts with an empty stack,
+# from locals captured by tracing the original: the outcome must equal the original's.
+
+
+def _resume_points(fn, limit=5):
+    body = decode(fn.__code__)
+    depths = stack_depths(body.instrs, body.exception_table)
+    points, last_line = [], None
+    for ins, depth in zip(body.instrs, depths):
+        line = ins.lineno
+        if (
+            depth == 0
+            and line is not None
+            and line != last_line
+            and ins.opname not in ("RESUME", "NOP")
+        ):
+            points.append(ins.offset)
+        last_line = line if line is not None else last_line
+    step = max(1, len(points) // limit)
+    return points[::step][:limit]
+
+
+def _capture_locals(fn, args, kwargs, offset):
+    captured = []
+
+    def tracer(frame, event, arg):
+        if frame.f_code is not fn.__code__:
+            return None
+        frame.f_trace_opcodes = True
+        # 3.12 honours f_trace_opcodes only from the next call on; line events suffice
+        # for statement starts.
+        if event in ("line", "opcode") and frame.f_lasti == offset and not captured:
+            captured.append(copy.deepcopy(dict(frame.f_locals)))
+        return tracer
+
+    sys.settrace(tracer)
+    try:
+        fn(*copy.deepcopy(args), **copy.deepcopy(kwargs))
+    except Exception:
+        pass
+    finally:
+        sys.settrace(None)
+    return captured[0] if captured else None
+
+
+def _outcome(thunk):
+    try:
+        return ("ok", thunk())
+    except Exception as e:
+        return ("raise", type(e), str(e))
+
+
+def _corpus_cases():
+    seen = set()
+    for fn, args, kwargs in corpus.CASES:
+        code = fn.__code__
+        if code.co_cellvars or code.co_flags & 0x20 or fn.__name__ in seen:
+            continue
+        seen.add(fn.__name__)
+        yield fn, args, kwargs
+
+
+@pytest.mark.parametrize(
+    ("fn", "args", "kwargs"), list(_corpus_cases()), ids=lambda v: getattr(v, "__name__", "")
+)
+def test_corpus_resumes_at_statement_starts(fn, args, kwargs):
+    expected = _outcome(lambda: fn(*copy.deepcopy(args), **copy.deepcopy(kwargs)))
+    tried = 0
+    for offset in _resume_points(fn):
+        try:
+            values = _capture_locals(fn, args, kwargs, offset)
+        except (TypeError, copy.Error):
+            continue  # a local that cannot be copied
+        if values is None:
+            continue  # not reached with these arguments
+        try:
+            r = make_resume(fn.__code__, offset, 0)
+        except Unsupported as e:
+            assert e.kind == "resume_in_handler"
+            continue
+        passed = tuple(n for n in r.locals if n in values)
+        r = make_resume(fn.__code__, offset, 0, live=passed)
+        resumed = r.make_function(fn.__globals__, fn.__closure__ or ())
+        got = _outcome(lambda: resumed(*(values[n] for n in passed)))
+        if inspect.isgenerator(expected[1]):
+            continue
+        assert got == expected, (fn.__name__, offset)
+        tried += 1
+    assert tried or fn.__name__ in ("empty_body",)
