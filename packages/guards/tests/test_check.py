@@ -276,3 +276,26 @@ def test_hooks_present():
     finally:
         handle.remove()
     assert_passes(check, model, None)
+
+
+def test_nan_constant_and_parameter_defaults():
+    def f(x, scale=float("nan"), sizes=[1, 2], *, mode="a"):  # noqa: B006 - guarded default
+        return x
+
+    from kiln.capture.source import DefaultSource
+
+    check = guards.build_check(
+        [
+            GuardSpec(LocalSource("scale"), GuardKind.EQUALS, float("nan")),
+            GuardSpec(DefaultSource(None, "sizes"), GuardKind.SEQUENCE_LENGTH, 2),
+            GuardSpec(DefaultSource(None, "mode", kwonly=True), GuardKind.EQUALS, "a"),
+        ],
+        f,
+    )
+    assert_passes(check, 1)
+    assert_fails(check, "L['scale'] changed: expected nan, got 1.0", 1, 1.0)
+    f.__defaults__[1].append(3)  # the mutable default grew: guards see it
+    assert_fails(check, "len(__defaults__['sizes']) changed: expected 2, got 3", 1)
+    f.__defaults__[1].pop()
+    f.__kwdefaults__["mode"] = "b"
+    assert_fails(check, "__kwdefaults__['mode'] changed", 1, mode="a")

@@ -57,11 +57,11 @@ class CodeCache:
 
     def lookup(self, *args: Any, **kwargs: Any) -> CacheEntry | None:
         """The newest entry whose guards pass for this call, or None (capture, then insert)."""
+        if config.skip_guards and self.entries:
+            return self.entries[0]  # unsafe by request: inputs are promised not to change
         for check, entry in self._checks:
             if check(*args, **kwargs):
                 return entry
-        if config.skip_guards and self.entries:
-            return self.entries[0]  # unsafe by request: inputs are promised not to change
         if self._checks:
             counters.bump("guards", "misses")
             if recompiles_log.isEnabledFor(logging.INFO):
@@ -117,7 +117,7 @@ class CodeCache:
             f"match no entry now run eagerly. The guard that keeps failing: {reason}. "
             f"Raise kiln.guards.config.recompile_limit or make that value stable."
         )
-        recompiles_log.warning("%s", msg)
+        recompiles_log.info("%s", msg)
         warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
     def raise_limit_error(self, *args: Any, **kwargs: Any) -> None:

@@ -8,6 +8,7 @@ kind here mirrors the expression codegen emits for it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -127,8 +128,10 @@ def explain_global_state(expected: GlobalState) -> str | None:
 
 
 def _explain_equals(where: str, value: Any, expected: Any) -> str | None:
-    if type(value) is type(expected) and value == expected:
-        return None
+    if type(value) is type(expected):
+        nan = isinstance(expected, float) and math.isnan(expected)
+        if math.isnan(value) if nan else (value == expected):
+            return None
     if type(value) is not type(expected):
         return (
             f"{where} changed: expected {expected!r} ({_type_name(expected)}), "

@@ -15,6 +15,7 @@ import builtins
 import collections
 import inspect
 import keyword
+import math
 import types
 from typing import Any
 
@@ -248,9 +249,10 @@ class CheckSource:
         if kind in (GuardKind.ID_MATCH, GuardKind.MODULE_MATCH):
             return f"id({v}) == {int(expected)}"
         if kind is GuardKind.EQUALS:
-            return (
-                f"type({v}) is {self.bind(type(expected), 'T')} and {v} == {self.literal(expected)}"
-            )
+            same_type = f"type({v}) is {self.bind(type(expected), 'T')}"
+            if isinstance(expected, float) and math.isnan(expected):
+                return f"{same_type} and {v} != {v}"  # NaN equals nothing, itself included
+            return f"{same_type} and {v} == {self.literal(expected)}"
         if kind is GuardKind.IS_NONE:
             return f"{v} is None"
         if kind is GuardKind.NOT_NONE:
