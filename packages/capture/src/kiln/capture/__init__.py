@@ -6,6 +6,7 @@ See the package README for the public API; it works with only this package insta
 from kiln.capture import artifacts, counters
 from kiln.capture.__about__ import __version__
 from kiln.capture.errors import CaptureError, KilnError, Unsupported, UserFrame
+from kiln.capture.frame_capture import CaptureResult, GraphBreak, capture
 from kiln.capture.guard_data import GlobalState, GuardKind, GuardSpec, TensorMeta
 from kiln.capture.source import (
     AttrSource,
@@ -19,9 +20,11 @@ from kiln.capture.source import (
 __all__ = [
     "AttrSource",
     "CaptureError",
+    "CaptureResult",
     "ClosureSource",
     "GlobalSource",
     "GlobalState",
+    "GraphBreak",
     "GuardKind",
     "GuardSpec",
     "ItemSource",
@@ -33,5 +36,6 @@ __all__ = [
     "UserFrame",
     "__version__",
     "artifacts",
+    "capture",
     "counters",
 ]

@@ -1,0 +1,400 @@
+"""Attribute and item access on tracked values: ``x.name``, ``x[i]`` and their stores.
+
+Reads of real objects are specialized: the attribute's value is wrapped with
+an :class:`~kiln.capture.source.AttrSource` (so it is guarded), methods become
+bound method values to inline, properties are inlined. ``nn.Module`` reads
+look in ``_parameters``, ``_buffers`` and ``_modules`` first, as Module does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import operator
+import types
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from kiln.capture import calls, torch_calls
+from kiln.capture.break_reasons import unsupported
+from kiln.capture.source import Source
+from kiln.capture.values.base import ConstantValue, Value, is_constant
+from kiln.capture.values.containers import DictValue, ListValue, TupleValue, dict_key
+from kiln.capture.values.functions import (
+    BoundMethodValue,
+    BuiltinMethodValue,
+    PartialValue,
+    UserFunctionValue,
+)
+from kiln.capture.values.objects import NewObjectValue, ObjectValue, SuperValue
+from kiln.capture.values.tensor import TensorMethodValue, TensorValue
+from kiln.capture.wrap import function_value, wrap
+
+if TYPE_CHECKING:
+    from kiln.capture.tracer import Tracer
+
+__all__ = ["delete_item", "get_attr", "get_item", "has_attr", "set_attr", "set_item"]
+
+_MODULE_STORES = ("_parameters", "_buffers", "_modules")
+
+
+def get_attr(tr: Tracer, v: Value, name: str) -> Value:
+    """``v.name``."""
+    if isinstance(v, TensorValue):
+        found = torch_calls.tensor_attribute(tr, v, name)
+        return found if found is not None else TensorMethodValue(v, name)
+    if isinstance(v, ObjectValue):
+        return _object_attr(tr, v, name)
+    if isinstance(v, NewObjectValue):
+        if name in v.attrs:
+            return v.attrs[name]
+        return _class_attr(tr, v, v.cls, name, None)
+    if isinstance(v, ConstantValue):
+        return _constant_attr(v, name)
+    if isinstance(v, DictValue):
+        if v.cls is not dict and name in v.items and dataclasses.is_dataclass(v.cls):
+            return v.items[name][1]
+        if v.cls is not dict and dataclasses.is_dataclass(v.cls):
+            field_names = {f.name for f in dataclasses.fields(v.cls)}
+            if name in field_names:
+                return ConstantValue(None)
+        return _builtin_method(v, name)
+    if isinstance(v, TupleValue):
+        fields = getattr(v.cls, "_fields", None)
+        if fields is not None and name in fields:
+            return v.items[fields.index(name)]
+        if hasattr(v.cls, "n_fields") and isinstance(
+            getattr(v.cls, name, None), types.MemberDescriptorType
+        ):
+            return v.items[list(_structseq_fields(v.cls)).index(name)]
+        return _builtin_method(v, name)
+    if isinstance(v, ListValue):
+        return _builtin_method(v, name)
+    if isinstance(v, (UserFunctionValue, BoundMethodValue)):
+        return _function_attr(tr, v, name)
+    if isinstance(v, SuperValue):
+        return _super_attr(tr, v, name)
+    if isinstance(v, PartialValue) and name in ("func", "args", "keywords"):
+        if name == "func":
+            return v.func
+        return TupleValue(list(v.args)) if name == "args" else _kwargs_dict(v.kwargs)
+    return _builtin_method(v, name)
+
+
+def _kwargs_dict(kwargs: dict[str, Value]) -> DictValue:
+    return DictValue({k: (ConstantValue(k), x) for k, x in kwargs.items()})
+
+
+def _structseq_fields(cls: type) -> list[str]:
+    return [n for n, d in vars(cls).items() if isinstance(d, types.MemberDescriptorType)]
+
+
+def _builtin_method(v: Value, name: str) -> Value:
+    cls = v.python_type()
+    if callable(getattr(cls, name, None)):
+        return BuiltinMethodValue(v, name)
+    raise unsupported("unsupported_attribute", f"{cls.__name__}.{name}")
+
+
+def _constant_attr(v: ConstantValue, name: str) -> Value:
+    try:
+        result = getattr(v.value, name)
+    except AttributeError as e:
+        raise unsupported("user_exception", str(e)) from e
+    if is_constant(result):
+        return ConstantValue(result)
+    return ObjectValue(result)
+
+
+def _function_attr(tr: Tracer, v: UserFunctionValue | BoundMethodValue, name: str) -> Value:
+    if isinstance(v, BoundMethodValue):
+        if name == "__self__":
+            return v.self_value
+        if name == "__func__":
+            return v.func
+        return get_attr(tr, v.func, name)
+    if v.real is not None:
+        src = v.source.attr(name) if v.source is not None else None
+        return wrap(tr.out, getattr(v.real, name), src)
+    if name in ("__name__", "__qualname__"):
+        return ConstantValue(getattr(v.code, f"co_{name.strip('_')}"))
+    raise unsupported("unsupported_attribute", f"function.{name}")
+
+
+def _object_attr(tr: Tracer, v: ObjectValue, name: str) -> Value:
+    obj = v.obj
+    src = v.source.attr(name) if v.source is not None else None
+    if isinstance(obj, torch.nn.Module):
+        for store in _MODULE_STORES:
+            table = obj.__dict__.get(store)
+            if table is not None and name in table:
+                return wrap(tr.out, table[name], src)
+    if isinstance(obj, (types.ModuleType, type)):
+        return _class_or_module_attr(tr, v, name, src)
+    try:
+        static = inspect.getattr_static(obj, name)
+    except AttributeError:
+        return _missing_attr(tr, v, name)
+    in_dict = name in getattr(obj, "__dict__", {})
+    descriptor = inspect.getattr_static(type(obj), name, None)
+    if in_dict and not _is_data_descriptor(descriptor):
+        return wrap(tr.out, obj.__dict__[name], src)
+    return _class_attr(tr, v, type(obj), name, src, static)
+
+
+def _is_data_descriptor(d: Any) -> bool:
+    return d is not None and hasattr(type(d), "__set__")
+
+
+def _missing_attr(tr: Tracer, v: ObjectValue, name: str) -> Value:
+    getattr_fn = inspect.getattr_static(type(v.obj), "__getattr__", None)
+    if isinstance(getattr_fn, types.FunctionType) and not isinstance(v.obj, torch.nn.Module):
+        return calls.call(tr, function_value(getattr_fn, None), [v, ConstantValue(name)], {})
+    raise unsupported("user_exception", f"{type(v.obj).__name__} has no attribute {name!r}")
+
+
+def _class_attr(
+    tr: Tracer,
+    v: Value,
+    cls: type,
+    name: str,
+    src: Source | None,
+    static: Any = None,
+) -> Value:
+    """An attribute found on the class of an instance ``v``: methods bind, properties run."""
+    if static is None:
+        try:
+            static = inspect.getattr_static(cls, name)
+        except AttributeError:
+            if isinstance(v, NewObjectValue):
+                getattr_fn = inspect.getattr_static(cls, "__getattr__", None)
+                if isinstance(getattr_fn, types.FunctionType):
+                    return calls.call(
+                        tr, function_value(getattr_fn, None), [v, ConstantValue(name)], {}
+                    )
+            raise unsupported(
+                "user_exception", f"{cls.__name__} has no attribute {name!r}"
+            ) from None
+    if isinstance(static, types.FunctionType):
+        fn_src = src.attr("__func__") if src is not None else None
+        return BoundMethodValue(function_value(static, fn_src), v)
+    if isinstance(static, property):
+        if not isinstance(static.fget, types.FunctionType):
+            return _real_attr(tr, v, name, src)
+        return calls.call(tr, function_value(static.fget, None), [v], {})
+    if isinstance(static, classmethod):
+        return BoundMethodValue(_callable_value(static.__func__), ObjectValue(cls))
+    if isinstance(static, staticmethod):
+        return _callable_value(static.__func__)
+    if isinstance(v, NewObjectValue) and hasattr(type(static), "__get__"):
+        if isinstance(
+            static,
+            (types.BuiltinFunctionType, types.WrapperDescriptorType, types.MethodDescriptorType),
+        ):
+            return ObjectValue(static)
+        raise unsupported("unsupported_attribute", f"descriptor {cls.__name__}.{name}")
+    return _real_attr(tr, v, name, src)
+
+
+def _real_attr(tr: Tracer, v: Value, name: str, src: Source | None) -> Value:
+    if isinstance(v, ObjectValue):
+        try:
+            return wrap(tr.out, getattr(v.obj, name), src)
+        except AttributeError as e:
+            raise unsupported("user_exception", str(e)) from e
+    cls = v.python_type()
+    return wrap(tr.out, getattr(cls, name), None)
+
+
+def _class_or_module_attr(tr: Tracer, v: ObjectValue, name: str, src: Source | None) -> Value:
+    obj = v.obj
+    if isinstance(obj, type):
+        try:
+            static = inspect.getattr_static(obj, name)
+        except AttributeError:
+            raise unsupported(
+                "user_exception", f"{obj.__name__} has no attribute {name!r}"
+            ) from None
+        if isinstance(static, classmethod) and isinstance(static.__func__, types.FunctionType):
+            return BoundMethodValue(_callable_value(static.__func__), v)
+        if isinstance(static, staticmethod) and isinstance(static.__func__, types.FunctionType):
+            return function_value(static.__func__, src)
+    try:
+        return wrap(tr.out, getattr(obj, name), src)
+    except AttributeError as e:
+        raise unsupported("user_exception", str(e)) from e
+
+
+def _super_attr(tr: Tracer, v: SuperValue, name: str) -> Value:
+    mro = v.obj.python_type().__mro__
+    start = mro.index(v.cls) + 1 if v.cls in mro else len(mro)
+    for klass in mro[start:]:
+        if name in klass.__dict__:
+            static = klass.__dict__[name]
+            if isinstance(static, types.FunctionType):
+                return BoundMethodValue(function_value(static, None), v.obj)
+            if isinstance(static, property) and isinstance(static.fget, types.FunctionType):
+                return calls.call(tr, function_value(static.fget, None), [v.obj], {})
+            if isinstance(static, classmethod):
+                return BoundMethodValue(_callable_value(static.__func__), ObjectValue(klass))
+            if isinstance(static, staticmethod):
+                return _callable_value(static.__func__)
+            if name == "__init__" and klass is object:
+                return ObjectValue(_noop_init)
+            if callable(static):
+                return _SlotWrapper(static, v.obj)
+            return wrap(tr.out, static, None)
+    raise unsupported("user_exception", f"super() has no attribute {name!r}")
+
+
+def _callable_value(fn: Any) -> Value:
+    return function_value(fn, None) if isinstance(fn, types.FunctionType) else ObjectValue(fn)
+
+
+def _noop_init(*args: Any, **kwargs: Any) -> None:
+    """``object.__init__`` reached through ``super()``: nothing to do."""
+
+
+class _SlotWrapper(BoundMethodValue):
+    """A C-level method reached through ``super()`` (``dict.__init__`` and friends)."""
+
+    def __init__(self, method: Any, self_value: Value) -> None:
+        super().__init__(ObjectValue(method), self_value)
+
+
+def has_attr(tr: Tracer, v: Value, name: str) -> bool:
+    """``hasattr(v, name)``, without running user code that is not inlined."""
+    if isinstance(v, TensorValue):
+        return hasattr(v.fake, name)
+    if isinstance(v, NewObjectValue):
+        return name in v.attrs or hasattr(v.cls, name)
+    if isinstance(v, ObjectValue):
+        found = hasattr(v.obj, name)
+        if v.source is not None:
+            from kiln.capture.guard_data import GuardKind
+
+            tr.out.guard(v.source, GuardKind.HASATTR, (name, found))
+        return found
+    if isinstance(v, ConstantValue):
+        return hasattr(v.value, name)
+    if isinstance(v, DictValue) and dataclasses.is_dataclass(v.cls):
+        return name in v.items or hasattr(v.cls, name)
+    return hasattr(v.python_type(), name)
+
+
+def set_attr(tr: Tracer, v: Value, name: str, value: Value) -> None:
+    """``v.name = value``: allowed on objects created during the trace."""
+    if isinstance(v, NewObjectValue):
+        v.attrs[name] = value
+        return
+    if isinstance(v, DictValue) and v.cls is not dict and v.source is None:
+        v.items[name] = (ConstantValue(name), value)
+        return
+    raise unsupported("side_effect", f"setting attribute {name!r} of {v}")
+
+
+# items -----------------------------------------------------------------------
+def get_item(tr: Tracer, v: Value, index: Value) -> Value:
+    """``v[index]``."""
+    if isinstance(v, TensorValue):
+        return torch_calls.call_function(tr, operator.getitem, [v, index], {})
+    if isinstance(v, (ListValue, TupleValue)):
+        key = index.as_constant() if isinstance(index, ConstantValue) else None
+        if isinstance(key, slice):
+            items = v.items[key]
+            return ListValue(items) if isinstance(v, ListValue) else TupleValue(items)
+        if isinstance(key, int):
+            try:
+                return v.items[key]
+            except IndexError as e:
+                raise unsupported("user_exception", f"IndexError: {e}") from e
+        raise unsupported("unsupported_operator", f"indexing a sequence with {index}")
+    if isinstance(v, DictValue):
+        return _dict_item(tr, v, index)
+    if isinstance(v, ConstantValue) and isinstance(index, ConstantValue):
+        try:
+            result = v.value[index.value]
+        except Exception as e:
+            raise unsupported("user_exception", f"{type(e).__name__}: {e}") from e
+        return ConstantValue(result)
+    if isinstance(v, ObjectValue):
+        return _object_item(tr, v, index)
+    if isinstance(v, NewObjectValue):
+        method = _class_attr(tr, v, v.cls, "__getitem__", None)
+        return calls.call(tr, method, [index], {})
+    raise unsupported("unsupported_operator", f"{v}[{index}]")
+
+
+def _dict_item(tr: Tracer, v: DictValue, index: Value) -> Value:
+    positional = isinstance(index, ConstantValue) and isinstance(index.value, (int, slice))
+    if positional and dataclasses.is_dataclass(v.cls) and not isinstance(index.as_constant(), bool):
+        values = [x for _, x in v.items.values()]
+        found = values[index.as_constant()]
+        return TupleValue(found) if isinstance(found, list) else found
+    found_v = v.get(index)
+    if found_v is None:
+        raise unsupported("user_exception", f"KeyError: {dict_key(index)!r}")
+    return found_v
+
+
+def _object_item(tr: Tracer, v: ObjectValue, index: Value) -> Value:
+    obj = v.obj
+    key = index.as_constant()
+    if isinstance(
+        obj,
+        (
+            torch.nn.ModuleList,
+            torch.nn.Sequential,
+            torch.nn.ModuleDict,
+            torch.nn.ParameterList,
+            torch.nn.ParameterDict,
+        ),
+    ):
+        if isinstance(key, slice):
+            return ObjectValue(obj[key])  # type: ignore[index]
+        src = v.source.item(key) if v.source is not None else None
+        return wrap(tr.out, obj[key], src)
+    getitem = inspect.getattr_static(type(obj), "__getitem__", None)
+    if isinstance(getitem, types.FunctionType):
+        return calls.call(tr, function_value(getitem, None), [v, index], {})
+    if isinstance(obj, (dict, list, tuple, str)) or hasattr(obj, "__getitem__"):
+        src = v.source.item(key) if v.source is not None and is_constant(key) else None
+        try:
+            return wrap(tr.out, obj[key], src)
+        except Exception as e:
+            raise unsupported("user_exception", f"{type(e).__name__}: {e}") from e
+    raise unsupported("unsupported_operator", f"{type(obj).__name__}[...]")
+
+
+def set_item(tr: Tracer, v: Value, index: Value, value: Value) -> None:
+    """``v[index] = value``."""
+    if isinstance(v, TensorValue):
+        torch_calls.call_function(tr, operator.setitem, [v, index, value], {})
+        return
+    if isinstance(v, ListValue):
+        v.check_mutable()
+        key = index.as_constant()
+        if isinstance(key, slice):
+            if not isinstance(value, (ListValue, TupleValue)):
+                raise unsupported("unsupported_operator", "slice assignment from a non-sequence")
+            v.items[key] = value.items
+        else:
+            v.items[key] = value
+        return
+    if isinstance(v, DictValue):
+        v.set(index, value)
+        return
+    raise unsupported("side_effect", f"setting an item of {v}")
+
+
+def delete_item(tr: Tracer, v: Value, index: Value) -> None:
+    if isinstance(v, ListValue):
+        v.check_mutable()
+        del v.items[index.as_constant()]
+        return
+    if isinstance(v, DictValue):
+        v.check_mutable()
+        v.items.pop(dict_key(index), None)
+        return
+    raise unsupported("side_effect", f"deleting an item of {v}")

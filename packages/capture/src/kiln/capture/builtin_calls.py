@@ -1,0 +1,620 @@
+"""Python builtins and container methods over tracked values.
+
+``len``, ``isinstance``, ``range``, ``zip``, ``list(...)``, ``dict.items()``
+and friends are evaluated at capture time on tracked values; any tensor that
+flows through them stays a graph value. Iteration (:func:`iterate`) is
+shared with GET_ITER / FOR_ITER.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import logging
+import operator
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from kiln.capture import attributes, calls, operators, torch_calls
+from kiln.capture.break_reasons import unsupported
+from kiln.capture.values.base import ConstantValue, Value, is_constant
+from kiln.capture.values.containers import DictValue, ListValue, SetValue, TupleValue, dict_key
+from kiln.capture.values.functions import PartialValue
+from kiln.capture.values.iterators import (
+    EnumerateIterator,
+    ItemsIterator,
+    IteratorValue,
+    MapIterator,
+    ZipIterator,
+)
+from kiln.capture.values.objects import NewObjectValue, ObjectValue, SuperValue
+from kiln.capture.values.tensor import TensorValue
+from kiln.capture.wrap import wrap
+
+if TYPE_CHECKING:
+    from kiln.capture.tracer import Tracer
+
+__all__ = [
+    "call_builtin_method",
+    "handler_for",
+    "iterate",
+    "is_literal",
+    "literal",
+    "unpack_iterable",
+]
+
+Handler = Callable[["Tracer", list[Value], dict[str, Value]], Value]
+_HANDLERS: dict[Any, Handler] = {}
+
+
+def _handles(*objs: Any) -> Callable[[Handler], Handler]:
+    def register(fn: Handler) -> Handler:
+        for obj in objs:
+            _HANDLERS[obj] = fn
+        return fn
+
+    return register
+
+
+def handler_for(obj: Any) -> Handler | None:
+    try:
+        return _HANDLERS.get(obj)
+    except TypeError:  # unhashable callable
+        return None
+
+
+def literal(v: Value) -> Any:
+    """The plain Python value of a constant or a container of constants."""
+    if isinstance(v, ConstantValue):
+        return v.value
+    if isinstance(v, TupleValue) and v.cls is tuple:
+        return tuple(literal(x) for x in v.items)
+    if isinstance(v, ListValue):
+        return [literal(x) for x in v.items]
+    if isinstance(v, DictValue) and v.cls is dict:
+        return {k: literal(x) for k, (_, x) in v.items.items()}
+    raise unsupported("unsupported_value", f"{v} is not a constant")
+
+
+def is_literal(v: Value) -> bool:
+    try:
+        literal(v)
+    except Exception:
+        return False
+    return True
+
+
+# iteration -------------------------------------------------------------------
+def iterate(tr: Tracer, v: Value) -> IteratorValue:
+    """``iter(v)``: an iterator the loop can unroll."""
+    if isinstance(v, IteratorValue):
+        return v
+    if isinstance(v, (ListValue, TupleValue)):
+        return ItemsIterator(list(v.items))
+    if isinstance(v, DictValue):
+        return ItemsIterator([k for k, _ in v.items.values()])
+    if isinstance(v, SetValue):
+        return ItemsIterator(list(v.items.values()))
+    if isinstance(v, ConstantValue):
+        try:
+            return ItemsIterator([ConstantValue(x) for x in v.value])
+        except TypeError as e:
+            raise unsupported("user_exception", str(e)) from e
+    if isinstance(v, TensorValue):
+        if v.fake.dim() == 0:
+            raise unsupported("user_exception", "iteration over a 0-d tensor")
+        n = v.fake.shape[0]
+        return ItemsIterator([attributes.get_item(tr, v, ConstantValue(i)) for i in range(n)])
+    if isinstance(v, ObjectValue):
+        return _iterate_object(tr, v)
+    if isinstance(v, NewObjectValue):
+        method = attributes.get_attr(tr, v, "__iter__")
+        result = calls.call(tr, method, [], {})
+        return iterate(tr, result)
+    raise unsupported("unsupported_operator", f"iter({v})")
+
+
+def _iterate_object(tr: Tracer, v: ObjectValue) -> IteratorValue:
+    obj = v.obj
+    src = v.source
+    if isinstance(obj, (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ParameterList)):
+        return ItemsIterator(
+            [wrap(tr.out, m, src.item(i) if src else None) for i, m in enumerate(obj)]
+        )
+    if isinstance(obj, (torch.nn.ModuleDict, torch.nn.ParameterDict)):
+        return ItemsIterator([ConstantValue(k) for k in obj])
+    if isinstance(obj, (dict, list, tuple, set, frozenset, range, str)):
+        return iterate(tr, wrap(tr.out, obj, src))
+    method = attributes.get_attr(tr, v, "__iter__")
+    return iterate(tr, calls.call(tr, method, [], {}))
+
+
+def unpack_iterable(tr: Tracer, v: Value) -> list[Value]:
+    """All items of a finite iterable."""
+    it = iterate(tr, v)
+    items: list[Value] = []
+    while True:
+        x = it.next(_caller(tr), _truth(tr))
+        if x is None:
+            return items
+        items.append(x)
+        if len(items) > 100_000:
+            raise unsupported("inline_limit", "an iterable with over 100000 items")
+
+
+def _caller(tr: Tracer) -> Callable[[Value, list[Value]], Value]:
+    return lambda fn, args: calls.call(tr, fn, args, {})
+
+
+def _truth(tr: Tracer) -> Callable[[Value], bool]:
+    return lambda v: operators.truth(tr, v)
+
+
+def length(tr: Tracer, v: Value) -> int:
+    if isinstance(v, (ListValue, TupleValue)):
+        return len(v.items)
+    if isinstance(v, (DictValue, SetValue)):
+        return len(v.items)
+    if isinstance(v, ConstantValue):
+        return len(v.value)
+    if isinstance(v, TensorValue):
+        if v.fake.dim() == 0:
+            raise unsupported("user_exception", "len() of a 0-d tensor")
+        return int(v.fake.shape[0])
+    if isinstance(v, ObjectValue) and isinstance(v.obj, torch.nn.Module):
+        return len(v.obj)  # type: ignore[arg-type]
+    method = attributes.get_attr(tr, v, "__len__")
+    return int(calls.call(tr, method, [], {}).as_constant())
+
+
+# builtins --------------------------------------------------------------------
+def _fold(fn: Callable[..., Any], args: list[Value], kwargs: dict[str, Value]) -> Value:
+    try:
+        result = fn(*(literal(a) for a in args), **{k: literal(v) for k, v in kwargs.items()})
+    except Exception as e:
+        raise unsupported("user_exception", f"{type(e).__name__}: {e}") from e
+    if is_constant(result):
+        return ConstantValue(result)
+    if isinstance(result, list):
+        return ListValue([ConstantValue(x) for x in result])
+    return ObjectValue(result)
+
+
+def _all_literal(args: list[Value], kwargs: dict[str, Value]) -> bool:
+    return all(is_literal(a) for a in [*args, *kwargs.values()])
+
+
+@_handles(len)
+def _len(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    return ConstantValue(length(tr, args[0]))
+
+
+def _types_of(v: Value) -> tuple[type, ...]:
+    if isinstance(v, ObjectValue) and isinstance(v.obj, type):
+        return (v.obj,)
+    if isinstance(v, ObjectValue) and isinstance(v.obj, tuple):
+        return tuple(v.obj)
+    if isinstance(v, TupleValue):
+        return tuple(t for x in v.items for t in _types_of(x))
+    if isinstance(v, ConstantValue) and isinstance(v.value, tuple):
+        return tuple(v.value)
+    if isinstance(v, ObjectValue):  # typing aliases and ABCs
+        return (v.obj,)
+    raise unsupported("unsupported_operator", f"isinstance against {v}")
+
+
+@_handles(isinstance)
+def _isinstance(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    v, types_v = args
+    cls = v.python_type()
+    if isinstance(v, (ObjectValue, ConstantValue)):
+        obj = v.obj if isinstance(v, ObjectValue) else v.value
+        return ConstantValue(isinstance(obj, _types_of(types_v)))
+    return ConstantValue(issubclass(cls, _types_of(types_v)))
+
+
+@_handles(issubclass)
+def _issubclass(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    cls = _types_of(args[0])[0]
+    return ConstantValue(issubclass(cls, _types_of(args[1])))
+
+
+@_handles(type)
+def _type(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    if len(args) != 1:
+        raise unsupported("unsupported_call", "type() with three arguments")
+    return ObjectValue(args[0].python_type())
+
+
+@_handles(getattr)
+def _getattr(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    name = args[1].as_constant()
+    if len(args) == 3 and not attributes.has_attr(tr, args[0], name):
+        return args[2]
+    return attributes.get_attr(tr, args[0], name)
+
+
+@_handles(hasattr)
+def _hasattr(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    return ConstantValue(attributes.has_attr(tr, args[0], args[1].as_constant()))
+
+
+@_handles(setattr)
+def _setattr(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    attributes.set_attr(tr, args[0], args[1].as_constant(), args[2])
+    return ConstantValue(None)
+
+
+@_handles(object.__setattr__)
+def _object_setattr(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    return _setattr(tr, args, kwargs)
+
+
+@_handles(object.__new__)
+def _object_new(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    cls = _types_of(args[0])[0]
+    return NewObjectValue(cls)
+
+
+@_handles(range)
+def _range(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    return _fold(range, args, kwargs)
+
+
+@_handles(slice)
+def _slice(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    return _fold(slice, args, kwargs)
+
+
+@_handles(iter)
+def _iter(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    return iterate(tr, args[0])
+
+
+@_handles(next)
+def _next(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    it = args[0]
+    if not isinstance(it, IteratorValue):
+        raise unsupported("unsupported_operator", f"next({it})")
+    item = it.next(_caller(tr), _truth(tr))
+    if item is None:
+        if len(args) == 2:
+            return args[1]
+        raise unsupported("user_exception", "StopIteration")
+    return item
+
+
+@_handles(enumerate)
+def _enumerate(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    start = args[1] if len(args) > 1 else kwargs.get("start", ConstantValue(0))
+    return EnumerateIterator(iterate(tr, args[0]), int(start.as_constant()))
+
+
+@_handles(zip)
+def _zip(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    return ZipIterator([iterate(tr, a) for a in args])
+
+
+@_handles(map)
+def _map(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    return MapIterator(args[0], [iterate(tr, a) for a in args[1:]])
+
+
+@_handles(filter)
+def _filter(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    fn = None if isinstance(args[0], ConstantValue) and args[0].value is None else args[0]
+    return MapIterator(fn, [iterate(tr, args[1])], keep=True)
+
+
+@_handles(reversed)
+def _reversed(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    return ItemsIterator(list(reversed(unpack_iterable(tr, args[0]))))
+
+
+@_handles(list)
+def _list(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    return ListValue(unpack_iterable(tr, args[0]) if args else [])
+
+
+@_handles(tuple)
+def _tuple(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    return TupleValue(unpack_iterable(tr, args[0]) if args else [])
+
+
+@_handles(set, frozenset)
+def _set(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    items = unpack_iterable(tr, args[0]) if args else []
+    return SetValue({dict_key(x): x for x in items})
+
+
+@_handles(dict, collections.OrderedDict)
+def _dict(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    out = DictValue({})
+    if args:
+        source = args[0]
+        if isinstance(source, DictValue):
+            out.items.update(source.items)
+        else:
+            for pair in unpack_iterable(tr, source):
+                key, value = unpack_iterable(tr, pair)
+                out.set(key, value)
+    for name, kv in kwargs.items():
+        out.set(ConstantValue(name), kv)
+    return out
+
+
+@_handles(sorted)
+def _sorted(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    items = unpack_iterable(tr, args[0])
+    if not kwargs and all(isinstance(x, ConstantValue) for x in items):
+        return ListValue([ConstantValue(x) for x in sorted(x.as_constant() for x in items)])
+    return _fold(sorted, [ListValue(items)], kwargs)
+
+
+def _min_max_handler(fn: Callable[..., Any]) -> Handler:
+    def handler(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        items = args if len(args) > 1 else unpack_iterable(tr, args[0])
+        if any(isinstance(x, TensorValue) for x in items):
+            raise unsupported("data_dependent_value", f"{fn.__name__}() over tensors")
+        return _fold(fn, [ListValue(items)], kwargs)
+
+    return handler
+
+
+_HANDLERS[min] = _min_max_handler(min)
+_HANDLERS[max] = _min_max_handler(max)
+
+
+@_handles(sum)
+def _sum(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    items = unpack_iterable(tr, args[0])
+    total = args[1] if len(args) > 1 else kwargs.get("start", ConstantValue(0))
+    for x in items:
+        total = operators.binary_op(tr, "+", total, x)
+    return total
+
+
+@_handles(any)
+def _any(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    return ConstantValue(any(operators.truth(tr, x) for x in unpack_iterable(tr, args[0])))
+
+
+@_handles(all)
+def _all(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    return ConstantValue(all(operators.truth(tr, x) for x in unpack_iterable(tr, args[0])))
+
+
+@_handles(abs)
+def _abs(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    if isinstance(args[0], TensorValue):
+        return torch_calls.call_function(tr, operator.abs, args, {})
+    return _fold(abs, args, kwargs)
+
+
+@_handles(bool)
+def _bool(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    return ConstantValue(operators.truth(tr, args[0]) if args else False)
+
+
+def _scalar_handler(fn: Callable[..., Any]) -> Handler:
+    def handler(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        if any(isinstance(a, TensorValue) for a in args):
+            raise unsupported("data_dependent_value", f"{fn.__name__}() of a tensor")
+        return _fold(fn, args, kwargs)
+
+    return handler
+
+
+for _fn in (int, float, str, round, divmod, pow, repr, format, chr, ord, complex, bytes, hash):
+    _HANDLERS[_fn] = _scalar_handler(_fn)
+
+
+def _operator_handler(sym: str) -> Handler:
+    def handler(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        if sym in operators.COMPARE:
+            return operators.compare_op(tr, sym, args[0], args[1])
+        return operators.binary_op(tr, sym, args[0], args[1])
+
+    return handler
+
+
+for _sym, _fn in [*operators.BINARY.items(), *operators.COMPARE.items()]:
+    _HANDLERS[_fn] = _operator_handler(_sym)
+
+
+@_handles(operator.getitem)
+def _getitem(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    return attributes.get_item(tr, args[0], args[1])
+
+
+@_handles(operator.setitem)
+def _setitem_op(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    attributes.set_item(tr, args[0], args[1], args[2])
+    return ConstantValue(None)
+
+
+@_handles(operator.neg, operator.pos, operator.invert)
+def _unary(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    raise unsupported("unsupported_call", "unary operator function")
+
+
+@_handles(operator.not_)
+def _not(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    return ConstantValue(not operators.truth(tr, args[0]))
+
+
+@_handles(operator.truth)
+def _truth_op(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    return ConstantValue(operators.truth(tr, args[0]))
+
+
+@_handles(operator.is_, operator.is_not)
+def _is(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    raise unsupported("unsupported_call", "operator.is_")
+
+
+@_handles(operator.contains)
+def _contains(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    return ConstantValue(operators.contains(tr, args[1], args[0]))
+
+
+@_handles(callable)
+def _callable(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    v = args[0]
+    if isinstance(v, (ObjectValue, ConstantValue)):
+        return ConstantValue(callable(v.obj if isinstance(v, ObjectValue) else v.value))
+    return ConstantValue(
+        not isinstance(v, (TensorValue, ListValue, TupleValue, DictValue, SetValue))
+    )
+
+
+@_handles(super)
+def _super(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    if len(args) == 2:
+        return SuperValue(_types_of(args[0])[0], args[1])
+    return tr.zero_arg_super()
+
+
+@_handles(functools.partial)
+def _partial(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    return PartialValue(args[0], list(args[1:]), dict(kwargs))
+
+
+@_handles(print)
+def _print(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    raise unsupported("side_effect", "print()")
+
+
+def _logger_call(tr: Tracer, receiver: Value, name: str) -> Value:
+    """Logging calls are dropped when their logger would not emit them."""
+    logger = receiver.obj if isinstance(receiver, ObjectValue) else None
+    level = {"debug": logging.DEBUG, "info": logging.INFO}.get(name, logging.WARNING)
+    if isinstance(logger, logging.Logger) and not logger.isEnabledFor(level):
+        return ConstantValue(None)
+    raise unsupported("side_effect", f"logging.{name}")
+
+
+# methods of tracked containers -----------------------------------------------
+def call_builtin_method(
+    tr: Tracer, receiver: Value, name: str, args: list[Value], kwargs: dict[str, Value]
+) -> Value:
+    """``receiver.name(*args)`` for a list, tuple, dict, set or logger receiver."""
+    if isinstance(receiver, ListValue):
+        return _list_method(tr, receiver, name, args)
+    if isinstance(receiver, DictValue):
+        return _dict_method(tr, receiver, name, args, kwargs)
+    if isinstance(receiver, TupleValue) and name in ("index", "count"):
+        return _fold(getattr(tuple, name), [TupleValue(receiver.items), *args], {})
+    if isinstance(receiver, SetValue):
+        return _set_method(tr, receiver, name, args)
+    if isinstance(receiver, ObjectValue) and isinstance(receiver.obj, logging.Logger):
+        return _logger_call(tr, receiver, name)
+    raise unsupported("unsupported_call", f"{receiver.python_type().__name__}.{name}")
+
+
+def _list_method(tr: Tracer, lst: ListValue, name: str, args: list[Value]) -> Value:
+    if name in ("index", "count", "copy", "__len__", "__getitem__", "__contains__"):
+        if name == "copy":
+            return ListValue(list(lst.items))
+        if name == "__getitem__":
+            return attributes.get_item(tr, lst, args[0])
+        if name == "__len__":
+            return ConstantValue(len(lst.items))
+        if name == "__contains__":
+            return ConstantValue(operators.contains(tr, args[0], lst))
+        return _fold(getattr(list, name), [ListValue(lst.items), *args], {})
+    lst.check_mutable()
+    if name == "append":
+        lst.items.append(args[0])
+    elif name == "extend":
+        lst.items.extend(unpack_iterable(tr, args[0]))
+    elif name == "insert":
+        lst.items.insert(int(args[0].as_constant()), args[1])
+    elif name == "pop":
+        return lst.items.pop(int(args[0].as_constant()) if args else -1)
+    elif name == "clear":
+        lst.items.clear()
+    elif name == "reverse":
+        lst.items.reverse()
+    elif name == "remove":
+        for i, x in enumerate(lst.items):
+            if operators.truth(tr, operators.compare_op(tr, "==", x, args[0])):
+                del lst.items[i]
+                break
+    elif name == "__setitem__":
+        attributes.set_item(tr, lst, args[0], args[1])
+    else:
+        raise unsupported("unsupported_call", f"list.{name}")
+    return ConstantValue(None)
+
+
+def _dict_method(
+    tr: Tracer, d: DictValue, name: str, args: list[Value], kwargs: dict[str, Value]
+) -> Value:
+    if name == "items":
+        return ListValue([TupleValue([k, v]) for k, v in d.items.values()])
+    if name == "keys":
+        return ListValue([k for k, _ in d.items.values()])
+    if name == "values":
+        return ListValue([v for _, v in d.items.values()])
+    if name in ("get", "__getitem__"):
+        found = d.get(args[0])
+        if found is None:
+            if name == "__getitem__":
+                raise unsupported("user_exception", f"KeyError: {dict_key(args[0])!r}")
+            return args[1] if len(args) > 1 else ConstantValue(None)
+        return found
+    if name == "__contains__":
+        return ConstantValue(dict_key(args[0]) in d.items)
+    if name == "copy":
+        return DictValue(dict(d.items), d.cls if d.cls is not dict else dict)
+    if name == "__len__":
+        return ConstantValue(len(d.items))
+    if name == "to_tuple":
+        return TupleValue([v for _, v in d.items.values()])
+    d.check_mutable()
+    if name in ("__setitem__",):
+        d.set(args[0], args[1])
+    elif name == "pop":
+        popped = d.items.pop(dict_key(args[0]), None)
+        if popped is None:
+            if len(args) > 1:
+                return args[1]
+            raise unsupported("user_exception", f"KeyError: {dict_key(args[0])!r}")
+        return popped[1]
+    elif name == "setdefault":
+        found_v = d.get(args[0])
+        if found_v is not None:
+            return found_v
+        d.set(args[0], args[1] if len(args) > 1 else ConstantValue(None))
+        return args[1] if len(args) > 1 else ConstantValue(None)
+    elif name == "update":
+        if args:
+            other = _dict(tr, [args[0]], {})
+            assert isinstance(other, DictValue)
+            d.items.update(other.items)
+        for k, v in kwargs.items():
+            d.set(ConstantValue(k), v)
+    elif name == "clear":
+        d.items.clear()
+    else:
+        raise unsupported("unsupported_call", f"dict.{name}")
+    return ConstantValue(None)
+
+
+def _set_method(tr: Tracer, s: SetValue, name: str, args: list[Value]) -> Value:
+    if name == "__contains__":
+        return ConstantValue(dict_key(args[0]) in s.items)
+    s.check_mutable()
+    if name == "add":
+        s.items[dict_key(args[0])] = args[0]
+    elif name == "update":
+        for x in unpack_iterable(tr, args[0]):
+            s.items[dict_key(x)] = x
+    elif name in ("discard", "remove"):
+        s.items.pop(dict_key(args[0]), None)
+    else:
+        raise unsupported("unsupported_call", f"set.{name}")
+    return ConstantValue(None)

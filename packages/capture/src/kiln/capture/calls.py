@@ -1,0 +1,317 @@
+"""Calling tracked values: inline Python code, record torch ops, fold pure builtins.
+
+:func:`call` is the one entry for every call the bytecode makes (CALL,
+CALL_FUNCTION_EX, operators' dunder methods, iterator helpers). Python
+functions are inlined by a child tracer; ``nn.Module`` calls inline
+``forward`` (with hooks); classes are constructed symbolically; torch
+callables become nodes; other C callables are folded when every argument is
+constant and the callable is known to be pure.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import inspect
+import types
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from kiln.capture import builtin_calls, contexts, torch_calls
+from kiln.capture.break_reasons import unsupported
+from kiln.capture.guard_data import GuardKind
+from kiln.capture.values.base import ConstantValue, Value, is_constant
+from kiln.capture.values.containers import DictValue, TupleValue
+from kiln.capture.values.functions import (
+    BoundMethodValue,
+    BuiltinMethodValue,
+    PartialValue,
+    UserFunctionValue,
+)
+from kiln.capture.values.objects import NewObjectValue, ObjectValue
+from kiln.capture.values.tensor import TensorMethodValue
+from kiln.capture.wrap import function_value, is_namedtuple
+
+if TYPE_CHECKING:
+    from kiln.capture.tracer import Tracer
+
+__all__ = ["call", "call_module"]
+
+_IMPURE_BUILTINS = frozenset(
+    {
+        "print", "open", "input", "exec", "eval", "compile", "setattr", "delattr",
+        "globals", "locals", "vars", "breakpoint", "__import__", "exit", "quit", "help",
+        "id", "hash", "next", "iter",
+    }
+)  # fmt: skip
+_PURE_MODULES = frozenset({"math", "operator", "_operator", "builtins", "cmath", "string"})
+
+
+def call(tr: Tracer, fn: Value, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    """``fn(*args, **kwargs)`` on tracked values."""
+    if isinstance(fn, UserFunctionValue):
+        return tr.inline(fn, args, kwargs)
+    if isinstance(fn, BoundMethodValue):
+        return call(tr, fn.func, [fn.self_value, *args], kwargs)
+    if isinstance(fn, TensorMethodValue):
+        return torch_calls.call_method(tr, fn.tensor, fn.name, args, kwargs)
+    if isinstance(fn, BuiltinMethodValue):
+        return builtin_calls.call_builtin_method(tr, fn.receiver, fn.name, args, kwargs)
+    if isinstance(fn, PartialValue):
+        return call(tr, fn.func, [*fn.args, *args], {**fn.kwargs, **kwargs})
+    if isinstance(fn, contexts.DecoratedValue):
+        fn.ctx.enter(tr)
+        result = call(tr, fn.fn, args, kwargs)
+        fn.ctx.exit(tr)
+        return result
+    if isinstance(fn, contexts.ExitValue):
+        fn.ctx.exit(tr)
+        return ConstantValue(None)
+    if isinstance(fn, contexts.ContextValue):
+        return contexts.decorate(tr, fn, args, kwargs)
+    if isinstance(fn, ObjectValue):
+        return _call_object(tr, fn, args, kwargs)
+    if isinstance(fn, NewObjectValue):
+        method = _find_python_method(fn.cls, "__call__")
+        if method is not None:
+            return call(tr, function_value(method, None), [fn, *args], kwargs)
+    raise unsupported("unsupported_call", f"calling {fn}")
+
+
+def _find_python_method(cls: type, name: str) -> types.FunctionType | None:
+    found = inspect.getattr_static(cls, name, None)
+    return found if isinstance(found, types.FunctionType) else None
+
+
+def _call_object(tr: Tracer, fv: ObjectValue, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    obj = fv.obj
+    handler = builtin_calls.handler_for(obj)
+    if handler is not None:
+        return handler(tr, args, kwargs)
+    ctx = contexts.make_context(obj, args, kwargs)
+    if ctx is not None:
+        if isinstance(ctx, contexts.ContextValue) and ctx.applied_at_creation:
+            contexts.apply_now(tr, ctx)
+        return ctx
+    if isinstance(obj, torch.nn.Module):
+        return call_module(tr, fv, args, kwargs)
+    if torch_calls.is_special(obj):
+        return torch_calls.call_function(tr, obj, args, kwargs)
+    if isinstance(obj, type):
+        return _construct(tr, fv, args, kwargs)
+    if torch_calls.is_torch_callable(obj):
+        return torch_calls.call_function(tr, obj, args, kwargs)
+    if isinstance(obj, types.FunctionType):
+        return call(tr, function_value(obj, fv.source), args, kwargs)
+    if isinstance(obj, types.MethodType):
+        src = fv.source
+        func = (
+            function_value(obj.__func__, src.attr("__func__") if src else None)
+            if isinstance(obj.__func__, types.FunctionType)
+            else ObjectValue(obj.__func__)
+        )
+        self_v = ObjectValue(obj.__self__, src.attr("__self__") if src else None)
+        return call(tr, func, [self_v, *args], kwargs)
+    if isinstance(obj, functools.partial):
+        part = PartialValue(ObjectValue(obj.func), [], {})
+        return call(tr, part.func, [*(_const(a) for a in obj.args), *args], kwargs)
+    if _foldable(obj) and all(builtin_calls.is_literal(a) for a in [*args, *kwargs.values()]):
+        return _fold_call(obj, args, kwargs)
+    method = _find_python_method(type(obj), "__call__")
+    if method is not None:
+        return call(tr, function_value(method, None), [fv, *args], kwargs)
+    raise unsupported("unsupported_call", getattr(obj, "__qualname__", repr(obj)))
+
+
+def _const(obj: Any) -> Value:
+    if not is_constant(obj):
+        raise unsupported("unsupported_value", f"partial argument {obj!r}")
+    return ConstantValue(obj)
+
+
+def _foldable(obj: Any) -> bool:
+    if not isinstance(
+        obj,
+        (
+            types.BuiltinFunctionType,
+            types.BuiltinMethodType,
+            types.MethodWrapperType,
+            types.MethodDescriptorType,
+        ),
+    ):
+        return False
+    owner = getattr(obj, "__self__", None)
+    if owner is not None and not isinstance(owner, types.ModuleType):
+        return is_constant(owner)
+    module = getattr(obj, "__module__", None) or getattr(owner, "__name__", "")
+    return module in _PURE_MODULES and obj.__name__ not in _IMPURE_BUILTINS
+
+
+def _fold_call(obj: Any, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    try:
+        result = obj(
+            *(builtin_calls.literal(a) for a in args),
+            **{k: builtin_calls.literal(v) for k, v in kwargs.items()},
+        )
+    except Exception as e:
+        raise unsupported("user_exception", f"{type(e).__name__}: {e}") from e
+    return ConstantValue(result) if is_constant(result) else ObjectValue(result)
+
+
+# classes ---------------------------------------------------------------------
+def _construct(tr: Tracer, cv: ObjectValue, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    cls = cv.obj
+    if is_namedtuple(cls):
+        bound = _bind_signature(cls, args, kwargs)
+        return TupleValue(list(bound.values()), cls)
+    if issubclass(cls, torch.nn.Module):
+        raise unsupported("unsupported_call", f"creating the module {cls.__name__} while tracing")
+    if issubclass(cls, collections.OrderedDict) and dataclasses.is_dataclass(cls):
+        return _model_output(cls, args, kwargs)
+    foldable = cls in (torch.Size, torch.device, torch.dtype, torch.finfo, torch.iinfo) or (
+        cls.__module__ == "builtins" and issubclass(cls, BaseException)
+    )
+    if foldable and all(builtin_calls.is_literal(a) for a in [*args, *kwargs.values()]):
+        return _fold_call_type(cls, args, kwargs)
+    if _is_plain_python_class(cls):
+        instance = NewObjectValue(cls)
+        init = _find_python_method(cls, "__init__")
+        if init is not None:
+            call(tr, function_value(init, None), [instance, *args], kwargs)
+        elif args or kwargs:
+            raise unsupported("user_exception", f"{cls.__name__}() takes no arguments")
+        return instance
+    if torch_calls.is_torch_callable(cls) or cls is torch.Tensor:
+        return torch_calls.call_function(tr, cls, args, kwargs)
+    raise unsupported("unsupported_call", f"constructing {cls.__qualname__}")
+
+
+def _fold_call_type(cls: type, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    try:
+        result = cls(
+            *(builtin_calls.literal(a) for a in args),
+            **{k: builtin_calls.literal(v) for k, v in kwargs.items()},
+        )
+    except Exception as e:
+        raise unsupported("user_exception", f"{type(e).__name__}: {e}") from e
+    return ConstantValue(result) if is_constant(result) else ObjectValue(result)
+
+
+def _is_plain_python_class(cls: type) -> bool:
+    if type(cls) is not type and not issubclass(type(cls), type):
+        return False
+    if inspect.getattr_static(type(cls), "__call__") is not type.__call__:
+        return False
+    if any(k.__module__ == "builtins" and k is not object for k in cls.__mro__):
+        return False
+    new: Any = cls.__new__
+    return new is object.__new__
+
+
+def _bind_signature(fn: Any, args: list[Value], kwargs: dict[str, Value]) -> dict[str, Value]:
+    try:
+        bound = inspect.signature(fn).bind(*args, **kwargs)
+    except TypeError as e:
+        raise unsupported("user_exception", f"TypeError: {e}") from e
+    out: dict[str, Value] = {}
+    for name, param in inspect.signature(fn).parameters.items():
+        if name in bound.arguments:
+            out[name] = bound.arguments[name]
+        else:
+            out[name] = _const(param.default)
+    return out
+
+
+def _model_output(cls: Any, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    """A dict-like dataclass (transformers' ModelOutput): items are its non-None fields."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    given = dict(zip(names, args, strict=False))
+    given.update(kwargs)
+    items: dict[Any, tuple[Value, Value]] = {}
+    for name in names:
+        v = given.get(name)
+        if v is None or (isinstance(v, ConstantValue) and v.value is None):
+            continue
+        items[name] = (ConstantValue(name), v)
+    return DictValue(items, cls)
+
+
+# modules ---------------------------------------------------------------------
+def _global_hooks() -> bool:
+    m = torch.nn.modules.module
+    names = (
+        "_global_forward_hooks",
+        "_global_forward_pre_hooks",
+        "_global_backward_hooks",
+        "_global_backward_pre_hooks",
+    )
+    return any(getattr(m, n, None) for n in names)
+
+
+def call_module(tr: Tracer, mv: ObjectValue, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    """``module(*args, **kwargs)``: pre-hooks, ``forward`` and forward hooks, all inlined."""
+    mod = mv.obj
+    custom_call = inspect.getattr_static(type(mod), "__call__")
+    if custom_call is not torch.nn.Module.__call__ and isinstance(custom_call, types.FunctionType):
+        return call(tr, function_value(custom_call, None), [mv, *args], kwargs)
+    if mod._backward_hooks or mod._backward_pre_hooks or _global_hooks():
+        raise unsupported("module_hooks", f"backward or global hooks on {type(mod).__name__}")
+    if mv.source is not None and not _has_hooks(mod):
+        tr.out.guard(mv.source, GuardKind.HOOKS_EMPTY)
+    for hook_id, hook in list(mod._forward_pre_hooks.items()):
+        with_kwargs = mod._forward_pre_hooks_with_kwargs.get(hook_id, False)
+        hv = _hook_value(hook)
+        if with_kwargs:
+            result = call(tr, hv, [mv, TupleValue(args), _kw(kwargs)], {})
+            if not _is_none(result):
+                args, kwargs = _unpack_pair(result)
+        else:
+            result = call(tr, hv, [mv, TupleValue(args)], {})
+            if not _is_none(result):
+                args = list(result.items) if isinstance(result, TupleValue) else [result]
+    forward = mod.__dict__.get("forward")
+    if forward is None:
+        fwd = inspect.getattr_static(type(mod), "forward")
+        src = mv.source.attr("forward").attr("__func__") if mv.source is not None else None
+        out = call(tr, function_value(fwd, src), [mv, *args], kwargs)
+    else:
+        src = mv.source.attr("forward") if mv.source is not None else None
+        out = call(tr, ObjectValue(forward, src), args, kwargs)
+    for hook_id, hook in list(mod._forward_hooks.items()):
+        with_kwargs = mod._forward_hooks_with_kwargs.get(hook_id, False)
+        hook_args = (
+            [mv, TupleValue(args), _kw(kwargs), out] if with_kwargs else [mv, TupleValue(args), out]
+        )
+        result = call(tr, _hook_value(hook), hook_args, {})
+        if not _is_none(result):
+            out = result
+    return out
+
+
+def _has_hooks(mod: torch.nn.Module) -> bool:
+    return bool(mod._forward_hooks or mod._forward_pre_hooks)
+
+
+def _hook_value(hook: Any) -> Value:
+    if isinstance(hook, types.FunctionType):
+        return function_value(hook, None)
+    return ObjectValue(hook)
+
+
+def _kw(kwargs: dict[str, Value]) -> DictValue:
+    return DictValue({k: (ConstantValue(k), v) for k, v in kwargs.items()})
+
+
+def _is_none(v: Value) -> bool:
+    return isinstance(v, ConstantValue) and v.value is None
+
+
+def _unpack_pair(result: Value) -> tuple[list[Value], dict[str, Value]]:
+    if not (isinstance(result, TupleValue) and len(result.items) == 2):
+        raise unsupported("module_hooks", "a kwargs pre-hook must return (args, kwargs)")
+    a, k = result.items
+    if not isinstance(a, TupleValue) or not isinstance(k, DictValue):
+        raise unsupported("module_hooks", "a kwargs pre-hook must return (args, kwargs)")
+    return list(a.items), {str(key): v for key, (_, v) in k.items.items()}

@@ -1,0 +1,214 @@
+"""The output code object: load graph inputs, call the compiled graph, rebuild the result.
+
+The new code has ``fn``'s signature, globals and free variables, so the
+function built from it binds arguments exactly as ``fn`` does. It is
+generated as Python source (portable across 3.11 and 3.12) and compiled;
+objects the code needs (the compiled graph, classes, constants without a
+literal) are string placeholders in the source, swapped for the objects in
+``co_consts``, so they are loaded with LOAD_CONST and nothing is added to the
+user's globals.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import keyword
+import math
+import types
+from typing import Any
+
+from kiln.capture.break_reasons import unsupported
+from kiln.capture.errors import CaptureError
+from kiln.capture.graph import GraphInput
+from kiln.capture.source import (
+    AttrSource,
+    ClosureSource,
+    GlobalSource,
+    ItemSource,
+    LocalSource,
+    Source,
+)
+from kiln.capture.values.base import ConstantValue, Value
+from kiln.capture.values.containers import DictValue, ListValue, SetValue, TupleValue
+from kiln.capture.values.functions import UserFunctionValue
+from kiln.capture.values.objects import NewObjectValue, ObjectValue
+from kiln.capture.values.tensor import TensorValue
+from kiln.capture.wrap import is_namedtuple
+
+__all__ = ["emit_code", "graph_outputs"]
+
+CO_VARARGS = 0x04
+CO_VARKEYWORDS = 0x08
+_LITERAL_TYPES = (int, str, bool, bytes, type(None))
+
+
+def graph_outputs(result: Value) -> list[TensorValue]:
+    """The computed tensors inside ``result`` the graph must return, in order, once each."""
+    found: dict[int, TensorValue] = {}
+
+    def visit(v: Value) -> None:
+        if isinstance(v, TensorValue):
+            if v.node.op != "placeholder":
+                found.setdefault(id(v.node), v)
+        elif isinstance(v, (TupleValue, ListValue)) and v.source is None:
+            for x in v.items:
+                visit(x)
+        elif isinstance(v, DictValue) and v.source is None:
+            for _, x in v.items.values():
+                visit(x)
+        elif isinstance(v, SetValue) and v.source is None:
+            for x in v.items.values():
+                visit(x)
+        elif isinstance(v, NewObjectValue):
+            for x in v.attrs.values():
+                visit(x)
+
+    visit(result)
+    return list(found.values())
+
+
+def _build_object(cls: type, attrs: dict[str, Any]) -> Any:
+    """Recreate an instance made during tracing: its class and attribute values."""
+    obj: Any = object.__new__(cls)
+    for name, value in attrs.items():
+        object.__setattr__(obj, name, value)
+    return obj
+
+
+class _Writer:
+    """Collects placeholder constants and the text of expressions over the new frame."""
+
+    def __init__(self, fn: types.FunctionType, outputs: list[TensorValue]) -> None:
+        self.fn = fn
+        self.consts: list[Any] = []
+        self.output_index = {id(v.node): i for i, v in enumerate(outputs)}
+        code = fn.__code__
+        self.reserved = set(code.co_varnames) | set(code.co_freevars)
+
+    def const(self, obj: Any) -> str:
+        self.consts.append(obj)
+        return f"__kiln_k{len(self.consts) - 1}"
+
+    def source(self, src: Source) -> str:
+        if isinstance(src, (LocalSource, ClosureSource)):
+            return src.name
+        if isinstance(src, GlobalSource):
+            if src.name in self.reserved or not src.name.isidentifier():
+                return f"{self.const(self.fn.__globals__)}[{src.name!r}]"
+            return src.name
+        if isinstance(src, AttrSource):
+            base = self.source(src.base)
+            if src.name.isidentifier() and not keyword.iskeyword(src.name):
+                return f"{base}.{src.name}"
+            return f"{self.const(getattr)}({base}, {src.name!r})"
+        if isinstance(src, ItemSource):
+            base = self.source(src.base)
+            if isinstance(src.index, _LITERAL_TYPES):
+                return f"{base}[{src.index!r}]"
+            return f"{base}[{self.const(src.index)}]"
+        raise unsupported("unsupported_value", f"reloading {src}")
+
+    def value(self, v: Value) -> str:
+        if isinstance(v, TensorValue):
+            if v.node.op == "placeholder" and v.source is not None:
+                return self.source(v.source)
+            return f"__kiln_out[{self.output_index[id(v.node)]}]"
+        if isinstance(v, ConstantValue):
+            return self.constant(v.value)
+        if v.source is not None and isinstance(
+            v, (ListValue, DictValue, TupleValue, ObjectValue, SetValue, UserFunctionValue)
+        ):
+            return self.source(v.source)
+        if isinstance(v, TupleValue):
+            items = ", ".join(self.value(x) for x in v.items)
+            if v.cls is tuple:
+                return f"({items}{',' if len(v.items) == 1 else ''})"
+            if is_namedtuple(v.cls):
+                return f"{self.const(v.cls)}({items})"
+            return f"{self.const(v.cls)}(({items}{',' if len(v.items) == 1 else ''}))"
+        if isinstance(v, ListValue):
+            return f"[{', '.join(self.value(x) for x in v.items)}]"
+        if isinstance(v, SetValue):
+            return (
+                f"{{{', '.join(self.value(x) for x in v.items.values())}}}" if v.items else "set()"
+            )
+        if isinstance(v, DictValue):
+            pairs = ", ".join(f"{self.value(k)}: {self.value(x)}" for k, x in v.items.values())
+            if v.cls is dict:
+                return f"{{{pairs}}}"
+            return (
+                f"{self.const(v.cls)}(**{{{pairs}}})"
+                if _kwargs_ctor(v)
+                else (f"{self.const(v.cls)}({{{pairs}}})")
+            )
+        if isinstance(v, ObjectValue):
+            return self.const(v.obj)
+        if isinstance(v, NewObjectValue):
+            attrs = ", ".join(f"{k!r}: {self.value(x)}" for k, x in v.attrs.items())
+            return f"{self.const(_build_object)}({self.const(v.cls)}, {{{attrs}}})"
+        if isinstance(v, UserFunctionValue) and v.real is not None:
+            return self.const(v.real)
+        raise unsupported("unsupported_value", f"returning {v}")
+
+    def constant(self, obj: Any) -> str:
+        if isinstance(obj, _LITERAL_TYPES) or (isinstance(obj, float) and math.isfinite(obj)):
+            return repr(obj)
+        return self.const(obj)
+
+
+def _kwargs_ctor(v: DictValue) -> bool:
+    return dataclasses.is_dataclass(v.cls) and all(isinstance(k, str) for k in v.items)
+
+
+def _signature(code: types.CodeType) -> str:
+    names = code.co_varnames
+    npos, nkw, nposonly = code.co_argcount, code.co_kwonlyargcount, code.co_posonlyargcount
+    parts = list(names[:nposonly])
+    if nposonly:
+        parts.append("/")
+    parts.extend(names[nposonly:npos])
+    rest = npos + nkw
+    if code.co_flags & CO_VARARGS:
+        parts.append("*" + names[rest])
+        rest += 1
+    elif nkw:
+        parts.append("*")
+    parts.extend(names[npos : npos + nkw])
+    if code.co_flags & CO_VARKEYWORDS:
+        parts.append("**" + names[rest])
+    return ", ".join(parts)
+
+
+def emit_code(
+    fn: types.FunctionType,
+    compiled: Any,
+    inputs: list[GraphInput],
+    outputs: list[TensorValue],
+    result: Value,
+) -> types.CodeType:
+    """The code object that replaces ``fn.__code__`` for calls this capture covers."""
+    code = fn.__code__
+    writer = _Writer(fn, outputs)
+    body: list[str] = []
+    if compiled is not None:
+        args = ", ".join(writer.source(i.source) for i in inputs)
+        body.append(f"__kiln_out = {writer.const(compiled)}({args})")
+    body.append(f"return {writer.value(result)}")
+    lines = [f"def __kiln_outer__({', '.join(code.co_freevars)}):"]
+    lines.append(f"    def __kiln_fn__({_signature(code)}):")
+    if code.co_freevars:
+        lines.append(f"        if 0:\n            ({', '.join(code.co_freevars)},)")
+    for i in range(len(writer.consts)):
+        lines.append(f"        __kiln_k{i} = '__kiln_const_{i}__'")
+    lines.extend("        " + line for line in body)
+    lines.append("    return __kiln_fn__")
+    source = "\n".join(lines)
+    outer = compile(source, f"<kiln {code.co_filename}:{code.co_firstlineno}>", "exec")
+    inner = next(c for c in outer.co_consts[0].co_consts if isinstance(c, types.CodeType))
+    placeholders = {f"__kiln_const_{i}__": obj for i, obj in enumerate(writer.consts)}
+    consts = tuple(placeholders.get(c, c) if isinstance(c, str) else c for c in inner.co_consts)
+    new = inner.replace(co_consts=consts, co_name=code.co_name, co_qualname=code.co_qualname)
+    if new.co_freevars != code.co_freevars:
+        msg = f"emitted free variables {new.co_freevars} differ from {code.co_freevars}"
+        raise CaptureError(msg)
+    return new

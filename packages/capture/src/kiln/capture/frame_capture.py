@@ -1,0 +1,169 @@
+"""``capture()``: one call of a Python function to a graph, guards and new code.
+
+This is the entry the frontend calls on a cache miss. It binds the real
+arguments, traces the function symbolically (inlining what it calls),
+closes the graph, hands it to ``compile_graph`` with the real tensors as
+example inputs, and emits a code object that calls the compiled graph.
+Anything capture cannot model raises :class:`~kiln.capture.errors.Unsupported`;
+until graph breaks exist the whole frame then runs eagerly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import logging
+import time
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import fx
+
+from kiln.capture import counters
+from kiln.capture.break_reasons import unsupported
+from kiln.capture.emit import emit_code, graph_outputs
+from kiln.capture.errors import Unsupported
+from kiln.capture.graph import OutputGraph
+from kiln.capture.guard_data import GlobalState, GuardKind, GuardSpec
+from kiln.capture.source import ClosureSource, LocalSource
+from kiln.capture.tracer import CO_GENERATOR_LIKE, Tracer
+from kiln.capture.values.base import Value
+from kiln.capture.values.containers import CellValue
+from kiln.capture.wrap import wrap
+
+__all__ = ["CaptureResult", "GraphBreak", "capture", "trace_frame"]
+
+log = logging.getLogger(__name__)
+graph_log = logging.getLogger("kiln.capture.graph")
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphBreak:
+    """Where and why a graph was split (empty until graph breaks are implemented)."""
+
+    kind: str
+    explanation: str
+    hint: str
+    frame: Any
+
+
+@dataclasses.dataclass
+class CaptureResult:
+    """What one capture produced; see the package README."""
+
+    code: types.CodeType
+    function: Callable[..., Any]
+    graphs: list[fx.GraphModule]
+    guards: list[GuardSpec]
+    graph_breaks: list[GraphBreak] = dataclasses.field(default_factory=list)
+    side_effects: list[str] = dataclasses.field(default_factory=list)
+    timings: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class TracedFrame:
+    """A finished trace: the graph under construction, its inputs and the returned value."""
+
+    out: OutputGraph
+    result: Value
+    func: types.FunctionType
+
+
+def _split_method(fn: Any, args: tuple[Any, ...]) -> tuple[types.FunctionType, tuple[Any, ...]]:
+    if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
+        return fn.__func__, (fn.__self__, *args)
+    if isinstance(fn, types.FunctionType):
+        return fn, args
+    raise unsupported("unsupported_call", f"capturing {type(fn).__name__} objects")
+
+
+def trace_frame(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> TracedFrame:
+    """Trace one call of ``fn`` symbolically; raise :class:`Unsupported` if it cannot."""
+    func, args = _split_method(fn, args)
+    code = func.__code__
+    if code.co_flags & CO_GENERATOR_LIKE:
+        raise unsupported("unsupported_call", f"generator or coroutine {code.co_qualname}")
+    grad_mode = torch.is_grad_enabled()
+    out = OutputGraph()
+    try:
+        try:
+            bound = inspect.signature(func).bind(*args, **kwargs)
+        except TypeError as e:
+            raise unsupported("user_exception", f"TypeError: {e}") from e
+        bound.apply_defaults()
+        f_locals = {
+            name: wrap(out, value, LocalSource(name)) for name, value in bound.arguments.items()
+        }
+        cells = {
+            name: CellValue(real=cell, source=ClosureSource(name))
+            for name, cell in zip(code.co_freevars, func.__closure__ or (), strict=False)
+        }
+        tracer = Tracer(code, func.__globals__, out, f_locals=f_locals, cells=cells)
+        result = tracer.run()
+    except Unsupported:
+        raise
+    except RecursionError as e:
+        raise unsupported("inline_limit", "Python recursion limit") from e
+    except Exception as e:  # an internal error must not break the user's program
+        log.exception("internal error while capturing %s", code.co_qualname)
+        counters.bump("capture", "internal_error")
+        raise Unsupported(
+            "internal_error", f"Kiln failed on this frame: {type(e).__name__}: {e}"
+        ) from e
+    finally:
+        torch._C._set_grad_enabled(grad_mode)
+    return TracedFrame(out, result, func)
+
+
+def capture(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...] | list[Any],
+    kwargs: dict[str, Any] | None,
+    *,
+    compile_graph: Callable[[fx.GraphModule, list[torch.Tensor]], Callable[..., Any]],
+    wrap_callable: Callable[[Callable[..., Any]], Callable[..., Any]],
+    fullgraph: bool = False,
+) -> CaptureResult:
+    """Capture one call of ``fn`` (a function or bound method); see the package README."""
+    start = time.perf_counter()
+    try:
+        traced = trace_frame(fn, tuple(args), dict(kwargs or {}))
+    except Unsupported as e:
+        counters.bump("graph_break", e.kind)
+        raise
+    traced_at = time.perf_counter()
+    out, func = traced.out, traced.func
+    outputs = graph_outputs(traced.result)
+    graphs: list[fx.GraphModule] = []
+    compiled = None
+    if out.has_ops() or outputs:
+        gm = out.finish(outputs)
+        graph_log.debug("captured graph of %s:\n%s", func.__qualname__, gm.code)
+        graphs.append(gm)
+        compiled = compile_graph(gm, [i.real for i in out.inputs])
+    compiled_at = time.perf_counter()
+    code = emit_code(func, compiled, out.inputs, outputs, traced.result)
+    guards = [*out.guards(), GuardSpec(None, GuardKind.GLOBAL_STATE, GlobalState.current())]
+    new_fn = types.FunctionType(
+        code, func.__globals__, func.__name__, func.__defaults__, func.__closure__
+    )
+    new_fn.__kwdefaults__ = func.__kwdefaults__
+    new_fn.__qualname__ = func.__qualname__
+    function: Callable[..., Any] = new_fn
+    if isinstance(fn, types.MethodType):
+        function = types.MethodType(new_fn, fn.__self__)
+    counters.bump("capture", "frames")
+    counters.bump("capture", "graphs", len(graphs))
+    return CaptureResult(
+        code=code,
+        function=function,
+        graphs=graphs,
+        guards=guards,
+        timings={
+            "trace": traced_at - start,
+            "compile": compiled_at - traced_at,
+            "emit": time.perf_counter() - compiled_at,
+        },
+    )

@@ -1,0 +1,114 @@
+"""The fx graph under construction, its inputs and the guards recorded so far.
+
+One :class:`OutputGraph` is shared by the frame being captured and every
+function inlined into it. Graph inputs are placeholders keyed by the tensor
+they came from (so an aliased tensor is one input); each carries its fake
+value in ``meta["val"]`` and its source in ``meta["source"]``; every other
+node records the user's stack in ``meta["stack_trace"]``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+from torch import fx
+
+from kiln.capture.guard_data import GuardKind, GuardSpec, TensorMeta, dedupe
+from kiln.capture.meta import FakeMode
+from kiln.capture.source import Source
+from kiln.capture.values.tensor import TensorValue
+
+__all__ = ["GraphInput", "OutputGraph"]
+
+
+class GraphInput:
+    """One placeholder: where the real tensor comes from, and the tensor at capture time."""
+
+    def __init__(self, source: Source, real: torch.Tensor, value: TensorValue) -> None:
+        self.source = source
+        self.real = real
+        self.value = value
+
+
+class OutputGraph:
+    """Accumulates the graph, its inputs and guards while one frame is traced."""
+
+    def __init__(self) -> None:
+        self.graph = fx.Graph()
+        self.inputs: list[GraphInput] = []
+        self._by_tensor: dict[int, TensorValue] = {}
+        self._guards: list[GuardSpec] = []
+        self.fake_mode = FakeMode()
+        self.active: list[Any] = []  # the tracers running, innermost last
+        self._names: set[str] = set()
+
+    # guards ----------------------------------------------------------------
+    def guard(self, source: Source | None, kind: GuardKind, expected: Any = None) -> None:
+        self._guards.append(GuardSpec(source, kind, expected))
+
+    def guards(self) -> list[GuardSpec]:
+        return dedupe(self._guards)
+
+    # inputs ----------------------------------------------------------------
+    def add_input(self, source: Source, real: torch.Tensor) -> TensorValue:
+        """The tensor value for ``real`` read from ``source``: a placeholder, made once."""
+        self.guard(source, GuardKind.TENSOR_MATCH, TensorMeta.of(real))
+        known = self._by_tensor.get(id(real))
+        if known is not None:
+            return known
+        node = self.graph.placeholder(self._unique_name(str(source)))
+        fake = self.fake_mode.to_fake(real)
+        node.meta["val"] = fake
+        node.meta["source"] = source
+        value = TensorValue(node, fake, source, type(real))
+        self._by_tensor[id(real)] = value
+        self.inputs.append(GraphInput(source, real, value))
+        self._move_placeholders_first(node)
+        return value
+
+    def _move_placeholders_first(self, node: fx.Node) -> None:
+        """Keep placeholders ahead of ops, in input order (inputs appear mid-trace)."""
+        last_placeholder = None
+        for n in self.graph.nodes:
+            if n.op == "placeholder" and n is not node:
+                last_placeholder = n
+        first = next(iter(self.graph.nodes))
+        if last_placeholder is not None:
+            last_placeholder.append(node)
+        elif first is not node:
+            first.prepend(node)
+
+    def _unique_name(self, text: str) -> str:
+        base = re.sub(r"[^0-9a-zA-Z_]+", "_", text).strip("_").lower() or "input"
+        name, i = base, 1
+        while name in self._names:
+            name, i = f"{base}_{i}", i + 1
+        self._names.add(name)
+        return name
+
+    # ops -------------------------------------------------------------------
+    def create_node(
+        self, op: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], fake: Any
+    ) -> fx.Node:
+        node = self.graph.create_node(op, target, args, kwargs)
+        node.meta["val"] = fake
+        if self.active:
+            node.meta["stack_trace"] = self.active[-1].stack_trace()
+        return node
+
+    def has_ops(self) -> bool:
+        return any(
+            n.op in ("call_function", "call_method", "call_module") for n in self.graph.nodes
+        )
+
+    def finish(self, outputs: list[TensorValue]) -> fx.GraphModule:
+        """Close the graph with a tuple output of ``outputs``.
+
+        Unused ops stay: random ops among them advance the generator as in eager.
+        """
+        self.graph.output(tuple(v.node for v in outputs))
+        gm = fx.GraphModule(torch.nn.Module(), self.graph)
+        gm.graph.lint()
+        return gm

@@ -1,0 +1,21 @@
+"""Opcode handlers by family; :data:`HANDLERS` maps every 3.11/3.12 opname to one.
+
+A handler takes the tracer and the instruction and updates the symbolic
+state. Instructions capture cannot model map to a handler that raises
+:class:`~kiln.capture.errors.Unsupported` (a graph break), never to nothing.
+"""
+
+from __future__ import annotations
+
+import dis
+
+from kiln.capture.opcodes import calls, containers, control, load_store, operators, unsupported
+from kiln.capture.opcodes.common import Handler
+
+__all__ = ["HANDLERS"]
+
+HANDLERS: dict[str, Handler] = {}
+for _family in (load_store, operators, calls, control, containers, unsupported):
+    HANDLERS.update(_family.HANDLERS)
+for _name in dis.opmap:
+    HANDLERS.setdefault(_name, unsupported.refuse)

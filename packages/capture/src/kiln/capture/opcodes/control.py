@@ -1,0 +1,116 @@
+"""Jumps, conditional jumps on values known at capture time, and unrolled iteration."""
+
+from __future__ import annotations
+
+import dis
+from typing import TYPE_CHECKING
+
+from kiln.capture import builtin_calls, calls, operators
+from kiln.capture.opcodes.common import registry
+from kiln.capture.values.base import NULL, ConstantValue, Value
+from kiln.capture.values.iterators import IteratorValue
+
+if TYPE_CHECKING:
+    from kiln.capture.tracer import Tracer
+
+HANDLERS, handles = registry()
+
+
+@handles("NOP", "RESUME", "CACHE", "EXTENDED_ARG")
+def nop(tr: Tracer, ins: dis.Instruction) -> None:
+    """Nothing to model."""
+
+
+@handles("POP_TOP")
+def pop_top(tr: Tracer, ins: dis.Instruction) -> None:
+    tr.pop()
+
+
+@handles("PUSH_NULL")
+def push_null(tr: Tracer, ins: dis.Instruction) -> None:
+    tr.push(NULL)
+
+
+@handles("COPY")
+def copy(tr: Tracer, ins: dis.Instruction) -> None:
+    tr.push(tr.peek(ins.arg or 1))
+
+
+@handles("SWAP")
+def swap(tr: Tracer, ins: dis.Instruction) -> None:
+    n = ins.arg or 1
+    tr.stack[-1], tr.stack[-n] = tr.stack[-n], tr.stack[-1]
+
+
+@handles("JUMP_FORWARD", "JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT", "JUMP", "JUMP_NO_INTERRUPT")
+def jump(tr: Tracer, ins: dis.Instruction) -> None:
+    tr.jump_to(ins.argval)
+
+
+def _is_none(v: Value) -> bool:
+    return isinstance(v, ConstantValue) and v.value is None
+
+
+def _pop_jump(tr: Tracer, ins: dis.Instruction, condition: bool) -> None:
+    if condition:
+        tr.jump_to(ins.argval)
+
+
+@handles("POP_JUMP_IF_TRUE", "POP_JUMP_FORWARD_IF_TRUE", "POP_JUMP_BACKWARD_IF_TRUE")
+def pop_jump_if_true(tr: Tracer, ins: dis.Instruction) -> None:
+    _pop_jump(tr, ins, operators.truth(tr, tr.pop()))
+
+
+@handles("POP_JUMP_IF_FALSE", "POP_JUMP_FORWARD_IF_FALSE", "POP_JUMP_BACKWARD_IF_FALSE")
+def pop_jump_if_false(tr: Tracer, ins: dis.Instruction) -> None:
+    _pop_jump(tr, ins, not operators.truth(tr, tr.pop()))
+
+
+@handles("POP_JUMP_IF_NONE", "POP_JUMP_FORWARD_IF_NONE", "POP_JUMP_BACKWARD_IF_NONE")
+def pop_jump_if_none(tr: Tracer, ins: dis.Instruction) -> None:
+    _pop_jump(tr, ins, _is_none(tr.pop()))
+
+
+@handles("POP_JUMP_IF_NOT_NONE", "POP_JUMP_FORWARD_IF_NOT_NONE", "POP_JUMP_BACKWARD_IF_NOT_NONE")
+def pop_jump_if_not_none(tr: Tracer, ins: dis.Instruction) -> None:
+    _pop_jump(tr, ins, not _is_none(tr.pop()))
+
+
+@handles("JUMP_IF_TRUE_OR_POP")
+def jump_if_true_or_pop(tr: Tracer, ins: dis.Instruction) -> None:
+    if operators.truth(tr, tr.peek()):
+        tr.jump_to(ins.argval)
+    else:
+        tr.pop()
+
+
+@handles("JUMP_IF_FALSE_OR_POP")
+def jump_if_false_or_pop(tr: Tracer, ins: dis.Instruction) -> None:
+    if not operators.truth(tr, tr.peek()):
+        tr.jump_to(ins.argval)
+    else:
+        tr.pop()
+
+
+@handles("GET_ITER")
+def get_iter(tr: Tracer, ins: dis.Instruction) -> None:
+    tr.push(builtin_calls.iterate(tr, tr.pop()))
+
+
+@handles("FOR_ITER")
+def for_iter(tr: Tracer, ins: dis.Instruction) -> None:
+    it = tr.peek()
+    assert isinstance(it, IteratorValue)
+    item = it.next(lambda fn, args: calls.call(tr, fn, args, {}), lambda v: operators.truth(tr, v))
+    if item is not None:
+        tr.push(item)
+        return
+    tr.pop()
+    tr.jump_to(ins.argval)
+    if tr.instructions[tr.ip].opname == "END_FOR":  # 3.12 skips END_FOR on exhaustion
+        tr.ip += 1
+
+
+@handles("END_FOR")
+def end_for(tr: Tracer, ins: dis.Instruction) -> None:
+    tr.popn(2)

@@ -1,0 +1,193 @@
+"""Loads and stores: constants, fast locals, cells, globals, attributes and subscripts."""
+
+from __future__ import annotations
+
+import dis
+from typing import TYPE_CHECKING
+
+from kiln.capture import attributes
+from kiln.capture.break_reasons import unsupported
+from kiln.capture.opcodes.common import registry
+from kiln.capture.values.base import NULL, ConstantValue, NullValue
+from kiln.capture.values.containers import CellValue
+from kiln.capture.values.objects import ObjectValue, SuperValue
+from kiln.capture.wrap import wrap
+
+if TYPE_CHECKING:
+    from kiln.capture.tracer import Tracer
+
+HANDLERS, handles = registry()
+
+
+@handles("LOAD_CONST")
+def load_const(tr: Tracer, ins: dis.Instruction) -> None:
+    tr.push(wrap(tr.out, ins.argval, None))
+
+
+@handles("LOAD_FAST", "LOAD_FAST_CHECK")
+def load_fast(tr: Tracer, ins: dis.Instruction) -> None:
+    name = ins.argval
+    if name not in tr.locals:
+        raise unsupported("user_exception", f"UnboundLocalError: {name!r}")
+    tr.push(tr.locals[name])
+
+
+@handles("LOAD_FAST_AND_CLEAR")
+def load_fast_and_clear(tr: Tracer, ins: dis.Instruction) -> None:
+    tr.push(tr.locals.pop(ins.argval, NULL))
+
+
+@handles("STORE_FAST")
+def store_fast(tr: Tracer, ins: dis.Instruction) -> None:
+    value = tr.pop()
+    if isinstance(value, NullValue):  # restoring an unbound comprehension variable (3.12)
+        tr.locals.pop(ins.argval, None)
+    else:
+        tr.locals[ins.argval] = value
+
+
+@handles("DELETE_FAST")
+def delete_fast(tr: Tracer, ins: dis.Instruction) -> None:
+    tr.locals.pop(ins.argval, None)
+
+
+@handles("LOAD_GLOBAL")
+def load_global(tr: Tracer, ins: dis.Instruction) -> None:
+    if ins.arg is not None and ins.arg & 1:
+        tr.push(NULL)
+    tr.push(tr.load_global(ins.argval))
+
+
+@handles("STORE_GLOBAL", "DELETE_GLOBAL")
+def store_global(tr: Tracer, ins: dis.Instruction) -> None:
+    raise unsupported("side_effect", f"assigning the global {ins.argval!r}")
+
+
+@handles("MAKE_CELL")
+def make_cell(tr: Tracer, ins: dis.Instruction) -> None:
+    tr.cells[ins.argval] = CellValue(contents=tr.locals.pop(ins.argval, None))
+
+
+@handles("COPY_FREE_VARS")
+def copy_free_vars(tr: Tracer, ins: dis.Instruction) -> None:
+    """Free variables' cells were bound when the call was set up."""
+
+
+@handles("LOAD_CLOSURE")
+def load_closure(tr: Tracer, ins: dis.Instruction) -> None:
+    cell = tr.cells.get(ins.argval)
+    if cell is None:
+        cell = tr.cells[ins.argval] = CellValue()
+    tr.push(cell)
+
+
+@handles("LOAD_DEREF")
+def load_deref(tr: Tracer, ins: dis.Instruction) -> None:
+    cell = tr.cells.get(ins.argval)
+    if cell is None:
+        raise unsupported("user_exception", f"NameError: free variable {ins.argval!r}")
+    tr.push(tr.load_cell(cell))
+
+
+@handles("STORE_DEREF")
+def store_deref(tr: Tracer, ins: dis.Instruction) -> None:
+    value = tr.pop()
+    cell = tr.cells.get(ins.argval)
+    if cell is None:
+        cell = tr.cells[ins.argval] = CellValue()
+    if cell.real is not None:
+        raise unsupported("side_effect", f"assigning the closure variable {ins.argval!r}")
+    cell.contents = value
+
+
+@handles("DELETE_DEREF")
+def delete_deref(tr: Tracer, ins: dis.Instruction) -> None:
+    cell = tr.cells.get(ins.argval)
+    if cell is None or cell.real is not None:
+        raise unsupported("side_effect", f"deleting the closure variable {ins.argval!r}")
+    cell.contents = None
+
+
+@handles("LOAD_ATTR", "LOAD_METHOD")
+def load_attr(tr: Tracer, ins: dis.Instruction) -> None:
+    obj = tr.pop()
+    method_form = ins.opname == "LOAD_METHOD" or (
+        ins.opname == "LOAD_ATTR" and tr.py312 and ins.arg is not None and ins.arg & 1
+    )
+    value = attributes.get_attr(tr, obj, ins.argval)
+    if method_form:
+        tr.push(NULL)
+    tr.push(value)
+
+
+@handles("LOAD_SUPER_ATTR")
+def load_super_attr(tr: Tracer, ins: dis.Instruction) -> None:
+    self_v = tr.pop()
+    cls_v = tr.pop()
+    tr.pop()  # the global super
+    if not isinstance(cls_v, ObjectValue) or not isinstance(cls_v.obj, type):
+        raise unsupported("unsupported_call", "super() with an unknown class")
+    value = attributes.get_attr(tr, SuperValue(cls_v.obj, self_v), ins.argval)
+    if ins.arg is not None and ins.arg & 1:
+        tr.push(NULL)
+    tr.push(value)
+
+
+@handles("STORE_ATTR")
+def store_attr(tr: Tracer, ins: dis.Instruction) -> None:
+    obj = tr.pop()
+    value = tr.pop()
+    attributes.set_attr(tr, obj, ins.argval, value)
+
+
+@handles("DELETE_ATTR")
+def delete_attr(tr: Tracer, ins: dis.Instruction) -> None:
+    raise unsupported("side_effect", f"deleting the attribute {ins.argval!r}")
+
+
+@handles("BINARY_SUBSCR")
+def binary_subscr(tr: Tracer, ins: dis.Instruction) -> None:
+    index = tr.pop()
+    container = tr.pop()
+    tr.push(attributes.get_item(tr, container, index))
+
+
+@handles("STORE_SUBSCR")
+def store_subscr(tr: Tracer, ins: dis.Instruction) -> None:
+    index = tr.pop()
+    container = tr.pop()
+    value = tr.pop()
+    attributes.set_item(tr, container, index, value)
+
+
+@handles("DELETE_SUBSCR")
+def delete_subscr(tr: Tracer, ins: dis.Instruction) -> None:
+    index = tr.pop()
+    container = tr.pop()
+    attributes.delete_item(tr, container, index)
+
+
+def _slice(tr: Tracer) -> ConstantValue:
+    end = tr.pop()
+    start = tr.pop()
+    return ConstantValue(slice(start.as_constant(), end.as_constant()))
+
+
+@handles("BINARY_SLICE")
+def binary_slice(tr: Tracer, ins: dis.Instruction) -> None:
+    index = _slice(tr)
+    container = tr.pop()
+    tr.push(attributes.get_item(tr, container, index))
+
+
+@handles("STORE_SLICE")
+def store_slice(tr: Tracer, ins: dis.Instruction) -> None:
+    index = _slice(tr)
+    container = tr.pop()
+    value = tr.pop()
+    attributes.set_item(tr, container, index, value)
+
+
+@handles("LOAD_ASSERTION_ERROR")
+def load_assertion_error(tr: Tracer, ins: dis.Instruction) -> None:
+    tr.push(ObjectValue(AssertionError))

@@ -1,0 +1,290 @@
+"""Python operators on tracked values: binary, in-place, comparison, unary, truth, ``in``.
+
+Constants fold, tensors become graph nodes through the ``operator`` module's
+functions (so graphs read ``operator.add``), containers follow Python's
+rules, and user objects' dunder methods are inlined.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from torch import nn
+
+from kiln.capture import calls, torch_calls
+from kiln.capture.break_reasons import unsupported
+from kiln.capture.values.base import ConstantValue, Value
+from kiln.capture.values.containers import DictValue, ListValue, SetValue, TupleValue, dict_key
+from kiln.capture.values.functions import UserFunctionValue
+from kiln.capture.values.iterators import IteratorValue
+from kiln.capture.values.objects import NewObjectValue, ObjectValue
+from kiln.capture.values.tensor import TensorValue
+from kiln.capture.wrap import function_value
+
+if TYPE_CHECKING:
+    from kiln.capture.tracer import Tracer
+
+__all__ = ["BINARY", "COMPARE", "binary_op", "compare_op", "contains", "is_op", "truth", "unary_op"]
+
+BINARY: dict[str, Callable[[Any, Any], Any]] = {
+    "+": operator.add,
+    "-": operator.sub,
+    "*": operator.mul,
+    "/": operator.truediv,
+    "//": operator.floordiv,
+    "%": operator.mod,
+    "**": operator.pow,
+    "@": operator.matmul,
+    "&": operator.and_,
+    "|": operator.or_,
+    "^": operator.xor,
+    "<<": operator.lshift,
+    ">>": operator.rshift,
+    "+=": operator.iadd,
+    "-=": operator.isub,
+    "*=": operator.imul,
+    "/=": operator.itruediv,
+    "//=": operator.ifloordiv,
+    "%=": operator.imod,
+    "**=": operator.ipow,
+    "@=": operator.imatmul,
+    "&=": operator.iand,
+    "|=": operator.ior,
+    "^=": operator.ixor,
+    "<<=": operator.ilshift,
+    ">>=": operator.irshift,
+}
+COMPARE: dict[str, Callable[[Any, Any], Any]] = {
+    "<": operator.lt,
+    "<=": operator.le,
+    "==": operator.eq,
+    "!=": operator.ne,
+    ">": operator.gt,
+    ">=": operator.ge,
+}
+_DUNDER = {
+    "+": "add", "-": "sub", "*": "mul", "/": "truediv", "//": "floordiv", "%": "mod",
+    "**": "pow", "@": "matmul", "&": "and", "|": "or", "^": "xor", "<<": "lshift",
+    ">>": "rshift", "<": "lt", "<=": "le", "==": "eq", "!=": "ne", ">": "gt", ">=": "ge",
+}  # fmt: skip
+_REFLECTED = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "eq": "eq", "ne": "ne"}
+
+
+def _fold(fn: Callable[[Any, Any], Any], a: Any, b: Any) -> Value:
+    try:
+        return ConstantValue(fn(a, b))
+    except Exception as e:
+        raise unsupported("user_exception", f"{type(e).__name__}: {e}") from e
+
+
+def binary_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value:
+    """``a <sym> b`` for a binary or in-place operator symbol such as ``+`` or ``+=``."""
+    fn = BINARY[sym]
+    if isinstance(a, TensorValue) or isinstance(b, TensorValue):
+        return torch_calls.call_function(tr, fn, [a, b], {})
+    if isinstance(a, ConstantValue) and isinstance(b, ConstantValue):
+        return _fold(fn, a.value, b.value)
+    inplace = sym.endswith("=")
+    base = sym[:-1] if inplace else sym
+    seq = _sequence_op(base, a, b, inplace)
+    if seq is not None:
+        return seq
+    return _dunder(tr, base, a, b, inplace)
+
+
+def _sequence_op(sym: str, a: Value, b: Value, inplace: bool) -> Value | None:
+    if sym == "+" and isinstance(a, ListValue) and isinstance(b, (ListValue, TupleValue)):
+        if inplace:
+            a.check_mutable()
+            a.items.extend(b.items)
+            return a
+        if isinstance(b, ListValue):
+            return ListValue([*a.items, *b.items])
+    if sym == "+" and isinstance(a, TupleValue) and isinstance(b, TupleValue):
+        return TupleValue([*a.items, *b.items])
+    if sym == "+" and isinstance(a, TupleValue) and isinstance(b, ConstantValue):
+        return TupleValue([*a.items, *(ConstantValue(x) for x in b.as_constant())])
+    if sym == "+" and isinstance(a, ConstantValue) and isinstance(b, TupleValue):
+        return TupleValue([*(ConstantValue(x) for x in a.as_constant()), *b.items])
+    if sym == "*" and isinstance(a, (ListValue, TupleValue)) and isinstance(b, ConstantValue):
+        items = a.items * int(b.value)
+        return ListValue(items) if isinstance(a, ListValue) else TupleValue(items)
+    if sym == "|" and isinstance(a, DictValue) and isinstance(b, DictValue):
+        if inplace:
+            a.check_mutable()
+            a.items.update(b.items)
+            return a
+        return DictValue({**a.items, **b.items})
+    return None
+
+
+def _dunder(tr: Tracer, sym: str, a: Value, b: Value, inplace: bool) -> Value:
+    name = _DUNDER.get(sym)
+    if name is not None:
+        names = [f"__i{name}__"] if inplace else []
+        names.append(f"__{name}__")
+        for n in names:
+            method = _user_method(a, n)
+            if method is not None:
+                result = calls.call(tr, method, [a, b], {})
+                if not (isinstance(result, ConstantValue) and result.value is NotImplemented):
+                    return result
+        reflected = _REFLECTED.get(name, f"r{name}")
+        method = _user_method(b, f"__{reflected}__")
+        if method is not None:
+            return calls.call(tr, method, [b, a], {})
+    if sym in ("==", "!="):
+        same = _identity(a, b)
+        if same is not None:
+            return ConstantValue(same == (sym == "=="))
+    raise unsupported(
+        "unsupported_operator", f"{a.python_type().__name__} {sym} {b.python_type().__name__}"
+    )
+
+
+def _user_method(v: Value, name: str) -> Value | None:
+    """A Python-level dunder defined by ``v``'s class, as an unbound function value."""
+    cls = v.python_type()
+    if not isinstance(v, (NewObjectValue, ObjectValue)):
+        return None
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            fn = klass.__dict__[name]
+            return function_value(fn, None) if hasattr(fn, "__code__") else None
+    return None
+
+
+def _identity(a: Value, b: Value) -> bool | None:
+    if a is b:
+        return True
+    oa, ob = getattr(a, "obj", None), getattr(b, "obj", None)
+    if oa is not None and ob is not None:
+        return oa is ob
+    if isinstance(a, ConstantValue) and isinstance(b, ConstantValue):
+        return a.value is b.value
+    tracked = (ListValue, DictValue, SetValue, NewObjectValue, UserFunctionValue, TensorValue)
+    if isinstance(a, tracked) or isinstance(b, tracked):
+        if isinstance(a, TensorValue) and isinstance(b, TensorValue):
+            return a.node is b.node
+        if isinstance(a, ConstantValue) or isinstance(b, ConstantValue):
+            return False
+        return a is b if type(a) is type(b) else False
+    return None
+
+
+def compare_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value:
+    fn = COMPARE[sym]
+    if isinstance(a, TensorValue) or isinstance(b, TensorValue):
+        return torch_calls.call_function(tr, fn, [a, b], {})
+    if isinstance(a, ConstantValue) and isinstance(b, ConstantValue):
+        return _fold(fn, a.value, b.value)
+    if (
+        isinstance(a, (ListValue, TupleValue))
+        and isinstance(b, (ListValue, TupleValue))
+        and sym in ("==", "!=")
+    ):
+        equal = len(a.items) == len(b.items) and all(
+            truth(tr, compare_op(tr, "==", x, y)) for x, y in zip(a.items, b.items, strict=False)
+        )
+        return ConstantValue(equal == (sym == "=="))
+    if isinstance(a, TupleValue) and isinstance(b, ConstantValue) and isinstance(b.value, tuple):
+        return compare_op(tr, sym, a, TupleValue([ConstantValue(x) for x in b.value]))
+    if isinstance(b, TupleValue) and isinstance(a, ConstantValue) and isinstance(a.value, tuple):
+        return compare_op(tr, sym, TupleValue([ConstantValue(x) for x in a.value]), b)
+    if isinstance(a, ObjectValue) and isinstance(b, ObjectValue) and sym in ("==", "!="):
+        eq_type: Any = type(a.obj).__eq__
+        if eq_type is object.__eq__ or isinstance(a.obj, type):
+            return ConstantValue((a.obj is b.obj) == (sym == "=="))
+    return _dunder(tr, sym, a, b, False)
+
+
+def is_op(a: Value, b: Value) -> bool:
+    same = _identity(a, b)
+    if same is None:
+        raise unsupported("unsupported_operator", f"{a} is {b}")
+    return same
+
+
+def contains(tr: Tracer, item: Value, container: Value) -> bool:
+    """``item in container``."""
+    if isinstance(container, ConstantValue) and isinstance(item, ConstantValue):
+        try:
+            return item.value in container.value
+        except TypeError as e:
+            raise unsupported("user_exception", str(e)) from e
+    if isinstance(container, (DictValue, SetValue)):
+        if isinstance(item, TensorValue):
+            raise unsupported("unsupported_operator", "a tensor as a dict key")
+        return dict_key(item) in container.items
+    if isinstance(container, (ListValue, TupleValue)):
+        return any(
+            _identity(item, x) or truth(tr, compare_op(tr, "==", item, x)) for x in container.items
+        )
+    if (
+        isinstance(container, ObjectValue)
+        and isinstance(item, ConstantValue)
+        and isinstance(container.obj, (frozenset, set, dict))
+        and container.source is None
+    ):
+        return item.value in container.obj
+    raise unsupported("unsupported_operator", f"in {container}")
+
+
+def truth(tr: Tracer, v: Value) -> bool:
+    """``bool(v)`` when it is known at capture time; tensors refuse (data-dependent)."""
+    if isinstance(v, ConstantValue):
+        return bool(v.value)
+    if isinstance(v, TensorValue):
+        raise unsupported("data_dependent_branch", "the truth of a tensor")
+    if isinstance(v, (ListValue, TupleValue)):
+        return bool(v.items)
+    if isinstance(v, (DictValue, SetValue)):
+        return bool(v.items)
+    if isinstance(v, (UserFunctionValue, IteratorValue)):
+        return True
+    if isinstance(v, (NewObjectValue, ObjectValue)):
+        cls = v.python_type()
+        for name in ("__bool__", "__len__"):
+            method = _user_method(v, name)
+            if method is not None:
+                result = calls.call(tr, method, [v], {})
+                return truth(tr, result) if name == "__bool__" else bool(result.as_constant())
+        if isinstance(v, ObjectValue) and (
+            getattr(cls, "__bool__", None) is None and getattr(cls, "__len__", None) is None
+        ):
+            return True
+        if isinstance(v, ObjectValue) and isinstance(v.obj, type):
+            return True
+        if isinstance(v, ObjectValue) and isinstance(
+            v.obj, (nn.ModuleList, nn.ModuleDict, nn.Sequential, nn.ParameterList)
+        ):
+            return len(v.obj) > 0
+        if isinstance(v, NewObjectValue):
+            return True
+    return bool(_always_true(v))
+
+
+def _always_true(v: Value) -> bool:
+    if v.python_type() in (type(None),):
+        return False
+    if hasattr(v, "func") or hasattr(v, "cls"):
+        return True
+    raise unsupported("unsupported_operator", f"bool({v})")
+
+
+def unary_op(tr: Tracer, name: str, v: Value) -> Value:
+    """``-v``, ``+v``, ``~v`` (``name`` is ``neg``, ``pos`` or ``invert``)."""
+    fn = getattr(operator, name)
+    if isinstance(v, TensorValue):
+        return torch_calls.call_function(tr, fn, [v], {})
+    if isinstance(v, ConstantValue):
+        try:
+            return ConstantValue(fn(v.value))
+        except Exception as e:
+            raise unsupported("user_exception", str(e)) from e
+    method = _user_method(v, f"__{name}__")
+    if method is not None:
+        return calls.call(tr, method, [v], {})
+    raise unsupported("unsupported_operator", f"{name} {v}")

@@ -1,0 +1,259 @@
+"""Torch functions, Tensor methods and tensor operators: graph nodes computed on fakes.
+
+A call is evaluated once on fake tensors (under the frame's :class:`FakeMode`)
+to learn the result's metadata; if the result holds tensors it becomes a node
+(with ``operator.getitem`` nodes for tuple results), otherwise it is a
+constant (``x.size()``, ``x.dim()``, ``torch.is_grad_enabled()``).
+"""
+
+from __future__ import annotations
+
+import operator
+import types
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import fx
+
+from kiln.capture.break_reasons import unsupported
+from kiln.capture.errors import Unsupported
+from kiln.capture.values.base import ConstantValue, Value, is_constant
+from kiln.capture.values.containers import DictValue, ListValue, TupleValue
+from kiln.capture.values.objects import ObjectValue
+from kiln.capture.values.tensor import TensorValue
+
+if TYPE_CHECKING:
+    from kiln.capture.tracer import Tracer
+
+__all__ = [
+    "call_function",
+    "call_method",
+    "is_special",
+    "is_torch_callable",
+    "tensor_attribute",
+]
+
+# Python-visible results of these depend on tensor data: refuse rather than guess.
+_DATA_METHODS = frozenset(
+    {
+        "item",
+        "tolist",
+        "numpy",
+        "__bool__",
+        "__int__",
+        "__float__",
+        "__index__",
+        "__complex__",
+        "data_ptr",
+        "untyped_storage",
+        "storage",
+        "backward",
+        "register_hook",
+        "retain_grad",
+        "__array__",
+        "__reduce_ex__",
+    }
+)
+_CONSTANT_FOLDED = {
+    torch.is_grad_enabled,
+    torch.get_default_dtype,
+    torch.is_inference_mode_enabled,
+    torch.are_deterministic_algorithms_enabled,
+}
+_REFUSED = {
+    torch.manual_seed,
+    torch.seed,
+    torch.set_rng_state,
+    torch.get_rng_state,
+    torch.set_default_dtype,
+    torch.set_default_device,
+    torch.set_printoptions,
+    torch.use_deterministic_algorithms,
+    torch.set_num_threads,
+    torch.save,
+    torch.load,
+}
+_COMPILING = {torch.compiler.is_compiling, torch.compiler.is_dynamo_compiling}
+_TENSOR_PROPERTIES = frozenset(
+    {
+        "shape",
+        "dtype",
+        "device",
+        "ndim",
+        "requires_grad",
+        "is_cuda",
+        "is_cpu",
+        "is_meta",
+        "is_sparse",
+        "is_quantized",
+        "layout",
+        "is_leaf",
+        "is_nested",
+        "names",
+        "itemsize",
+        "nbytes",
+    }
+)
+
+
+def is_special(obj: Any) -> bool:
+    """Torch functions with a fixed answer while capturing (``torch.compiler.is_compiling``)."""
+    try:
+        return obj in _COMPILING or obj in _REFUSED or obj in _CONSTANT_FOLDED
+    except TypeError:
+        return False
+
+
+def is_torch_callable(obj: Any) -> bool:
+    """Whether calling ``obj`` is a torch op to put in the graph (or fold on fakes)."""
+    if isinstance(obj, type):
+        return False
+    if isinstance(obj, (types.MethodDescriptorType, types.WrapperDescriptorType)):
+        return issubclass(obj.__objclass__, torch._C.TensorBase)
+    module = getattr(obj, "__module__", None) or ""
+    if isinstance(obj, types.BuiltinFunctionType) and module.startswith("torch"):
+        return True
+    if isinstance(obj, torch._ops.OpOverloadPacket | torch._ops.OpOverload):
+        return True
+    return (
+        isinstance(obj, types.FunctionType)
+        and module.startswith(
+            ("torch.nn.functional", "torch.functional", "torch._refs", "torch.nn.init")
+        )
+        and obj.__name__ not in {"_in_projection_packed"}
+    )
+
+
+def _unpack(v: Value) -> tuple[Any, Any]:
+    """(graph argument, fake argument) for a value passed to a torch op."""
+    if isinstance(v, TensorValue):
+        return v.node, v.fake
+    if isinstance(v, ConstantValue):
+        return v.value, v.value
+    if isinstance(v, (ListValue, TupleValue)):
+        pairs = [_unpack(x) for x in v.items]
+        seq: Callable[[Any], Any] = list if isinstance(v, ListValue) else tuple
+        return seq(p[0] for p in pairs), seq(p[1] for p in pairs)
+    if isinstance(v, DictValue) and v.cls is dict:
+        pairs_d = {k: _unpack(x) for k, (_, x) in v.items.items()}
+        return {k: p[0] for k, p in pairs_d.items()}, {k: p[1] for k, p in pairs_d.items()}
+    if isinstance(v, ObjectValue) and isinstance(v.obj, (torch.finfo, torch.iinfo)):
+        return v.obj, v.obj
+    raise unsupported("unsupported_value", f"{v} as an argument of a torch op")
+
+
+def _has_tensor(obj: Any) -> bool:
+    if isinstance(obj, torch.Tensor):
+        return True
+    if isinstance(obj, (list, tuple)):
+        return any(_has_tensor(x) for x in obj)
+    return False
+
+
+def _wrap_result(tr: Tracer, node: fx.Node, result: Any) -> Value:
+    if isinstance(result, torch.Tensor):
+        return TensorValue(node, result)
+    if isinstance(result, (list, tuple)):
+        items: list[Value] = []
+        for i, r in enumerate(result):
+            if _has_tensor(r):
+                child = tr.out.create_node("call_function", operator.getitem, (node, i), {}, r)
+                items.append(_wrap_result(tr, child, r))
+            else:
+                items.append(_constant(r))
+        if isinstance(result, list):
+            return ListValue(items)
+        return TupleValue(items, type(result))
+    return _constant(result)
+
+
+def _constant(result: Any) -> Value:
+    if is_constant(result):
+        return ConstantValue(result)
+    if isinstance(result, (list, tuple)):
+        items = [_constant(r) for r in result]
+        return ListValue(items) if isinstance(result, list) else TupleValue(items, type(result))
+    return ObjectValue(result)
+
+
+def _run(
+    tr: Tracer,
+    op: str,
+    target: Any,
+    fn: Callable[..., Any],
+    args: list[Value],
+    kwargs: dict[str, Value],
+) -> Value:
+    unpacked = [_unpack(a) for a in args]
+    unpacked_kw = {k: _unpack(v) for k, v in kwargs.items()}
+    fake_args = [u[1] for u in unpacked]
+    fake_kwargs = {k: u[1] for k, u in unpacked_kw.items()}
+    try:
+        with tr.out.fake_mode:
+            result = fn(*fake_args, **fake_kwargs)
+    except Unsupported:
+        raise
+    except Exception as e:  # a failure on fakes: eager would fail too, or it needs data
+        name = getattr(target, "__name__", str(target))
+        raise unsupported("tensor_op_failed", f"{name}: {type(e).__name__}: {e}") from e
+    touches_tensor = any(isinstance(u[1], torch.Tensor) for u in unpacked)
+    if not _has_tensor(result) and not (result is None and touches_tensor):
+        return _constant(result)
+    node = tr.out.create_node(
+        op,
+        target,
+        tuple(u[0] for u in unpacked),
+        {k: u[0] for k, u in unpacked_kw.items()},
+        result,
+    )
+    return _wrap_result(tr, node, result)
+
+
+def call_function(tr: Tracer, fn: Any, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    """``fn(*args, **kwargs)`` for a torch function or an operator on tensors."""
+    if fn in _COMPILING:
+        return ConstantValue(True)
+    if fn in _REFUSED:
+        raise unsupported("side_effect", f"torch.{fn.__name__} changes process state")
+    if fn in _CONSTANT_FOLDED:
+        return ConstantValue(fn())
+    if isinstance(fn, (types.MethodDescriptorType, types.WrapperDescriptorType)):
+        if args and isinstance(args[0], TensorValue):
+            return call_method(tr, args[0], fn.__name__, args[1:], kwargs)
+        raise unsupported("unsupported_call", f"Tensor.{fn.__name__} on a non-tensor")
+    return _run(tr, "call_function", fn, fn, args, kwargs)
+
+
+def call_method(
+    tr: Tracer, tensor: TensorValue, name: str, args: list[Value], kwargs: dict[str, Value]
+) -> Value:
+    """``tensor.name(*args, **kwargs)`` as a ``call_method`` node."""
+    if name in _DATA_METHODS:
+        raise unsupported("data_dependent_value", f"Tensor.{name}()")
+    method = getattr(torch.Tensor, name)
+    return _run(tr, "call_method", name, method, [tensor, *args], kwargs)
+
+
+def tensor_attribute(tr: Tracer, tensor: TensorValue, name: str) -> Value | None:
+    """A non-method attribute of a tensor, or None when ``name`` is a method."""
+    fake = tensor.fake
+    if name in _TENSOR_PROPERTIES:
+        return _constant(getattr(fake, name))
+    if name == "T":
+        return call_method(
+            tr, tensor, "permute", [ConstantValue(tuple(reversed(range(fake.dim()))))], {}
+        )
+    if name in ("mT", "mH"):
+        return call_method(tr, tensor, "transpose", [ConstantValue(-2), ConstantValue(-1)], {})
+    if name == "H":
+        return call_method(tr, tensor, "adjoint", [], {})
+    if name in ("real", "imag"):
+        return call_function(tr, getattr(torch, name), [tensor], {})
+    if name == "data":
+        return call_method(tr, tensor, "detach", [], {})
+    if name in ("grad", "grad_fn", "_base", "_version"):
+        raise unsupported("unsupported_attribute", f"Tensor.{name}")
+    if callable(getattr(torch.Tensor, name, None)):
+        return None
+    raise unsupported("unsupported_attribute", f"Tensor.{name}")

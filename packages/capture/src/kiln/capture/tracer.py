@@ -1,0 +1,255 @@
+"""The instruction loop: symbolic evaluation of one code object.
+
+A :class:`Tracer` runs the bytecode of the captured frame, or of a function
+inlined into it, over a symbolic stack and symbolic locals. Opcode handlers
+(``kiln.capture.opcodes``) do the work; the loop fetches, dispatches and
+counts. Tracers of inlined calls share the parent's :class:`OutputGraph`.
+"""
+
+from __future__ import annotations
+
+import builtins
+import dis
+import linecache
+import logging
+import sys
+import types
+from typing import Any
+
+from kiln.capture.binding import bind_arguments
+from kiln.capture.break_reasons import unsupported
+from kiln.capture.errors import Unsupported, UserFrame
+from kiln.capture.graph import OutputGraph
+from kiln.capture.opcodes import HANDLERS
+from kiln.capture.source import GlobalSource, Source
+from kiln.capture.values.base import Value
+from kiln.capture.values.containers import CellValue
+from kiln.capture.values.functions import UserFunctionValue
+from kiln.capture.values.objects import ObjectValue, SuperValue
+from kiln.capture.wrap import wrap
+
+__all__ = ["MAX_INLINE_DEPTH", "MAX_STEPS", "Tracer", "Checkpoint"]
+
+log = logging.getLogger(__name__)
+
+MAX_INLINE_DEPTH = 48
+MAX_STEPS = 2_000_000
+PY312 = sys.version_info >= (3, 12)
+CO_GENERATOR_LIKE = (
+    0x20 | 0x80 | 0x100 | 0x200
+)  # generator, coroutine, iterable coroutine, async gen
+
+
+class Checkpoint:
+    """Enough of a tracer's state to roll back to an instruction boundary."""
+
+    def __init__(self, tracer: Tracer) -> None:
+        self.ip: int = tracer.ip
+        self.stack = list(tracer.stack)
+        self.locals = dict(tracer.locals)
+        self.node_count = len(tracer.out.graph.nodes)
+
+
+class Tracer:
+    """Symbolic evaluation of one code object; ``run()`` returns the returned value."""
+
+    def __init__(
+        self,
+        code: types.CodeType,
+        f_globals: dict[str, Any],
+        out: OutputGraph,
+        *,
+        f_locals: dict[str, Value],
+        cells: dict[str, CellValue],
+        globals_source: Source | None = None,
+        parent: Tracer | None = None,
+    ) -> None:
+        self.code = code
+        self.f_globals = f_globals
+        self.out = out
+        self.locals = f_locals
+        self.cells = cells
+        self.globals_source = globals_source
+        self.parent = parent
+        self.root: Tracer = self if parent is None else parent.root
+        self.depth: int = 0 if parent is None else parent.depth + 1
+        if self.depth > MAX_INLINE_DEPTH:
+            raise unsupported("inline_limit", f"call depth above {MAX_INLINE_DEPTH}")
+        self.instructions = list(dis.get_instructions(code))
+        self.index_of = {ins.offset: i for i, ins in enumerate(self.instructions)}
+        self.ip: int = 0
+        self.stack: list[Value] = []
+        self.kw_names: tuple[str, ...] = ()
+        self.return_value: Value | None = None
+        self.current: dis.Instruction | None = None
+        self.lineno = code.co_firstlineno
+        self.steps = 0
+        self.py312 = PY312
+
+    # the loop ----------------------------------------------------------------
+    def run(self) -> Value:
+        self.out.active.append(self)
+        try:
+            return self._loop()
+        finally:
+            self.out.active.pop()
+
+    def _loop(self) -> Value:
+        while self.return_value is None:
+            ins = self.instructions[self.ip]
+            self.ip += 1
+            self.current = ins
+            if ins.starts_line:
+                self.lineno = _line_of(ins, self.lineno)
+            self.steps += 1
+            if self.steps > MAX_STEPS:
+                raise unsupported("inline_limit", f"more than {MAX_STEPS} instructions")
+            handler = HANDLERS.get(ins.opname)
+            if handler is None:
+                raise unsupported("unsupported_opcode", ins.opname)
+            try:
+                handler(self, ins)
+            except Unsupported as e:
+                if e.frame is not None:
+                    raise
+                raise e.with_frame(self.user_frame()) from e
+        return self.return_value
+
+    def jump_to(self, offset: int) -> None:
+        self.ip = self.index_of[offset]
+
+    # stack -------------------------------------------------------------------
+    def push(self, value: Value) -> None:
+        self.stack.append(value)
+
+    def pop(self) -> Value:
+        return self.stack.pop()
+
+    def popn(self, n: int) -> list[Value]:
+        if n == 0:
+            return []
+        items = self.stack[-n:]
+        del self.stack[-n:]
+        return items
+
+    def peek(self, depth: int = 1) -> Value:
+        return self.stack[-depth]
+
+    def checkpoint(self) -> Checkpoint:
+        return Checkpoint(self)
+
+    def rollback(self, cp: Checkpoint) -> None:
+        """Restore ``cp`` and drop graph nodes made since (they have no users outside)."""
+        self.ip, self.stack, self.locals = cp.ip, list(cp.stack), dict(cp.locals)
+        nodes = list(self.out.graph.nodes)
+        for node in reversed(nodes[cp.node_count :]):
+            if node.op != "placeholder" and not node.users:
+                self.out.graph.erase_node(node)
+
+    # where we are ------------------------------------------------------------
+    def user_frame(self) -> UserFrame:
+        name = self.code.co_name
+        text = linecache.getline(self.code.co_filename, self.lineno)
+        return UserFrame(self.code.co_filename, self.lineno, name, text.strip())
+
+    def stack_trace(self) -> str:
+        frames = []
+        t: Tracer | None = self
+        while t is not None:
+            f = t.user_frame()
+            frames.append(f'  File "{f.filename}", line {f.lineno}, in {f.name}\n    {f.source}')
+            t = t.parent
+        return "\n".join(reversed(frames))
+
+    def code_const(self, index: int) -> Any:
+        return self.code.co_consts[index]
+
+    # names -------------------------------------------------------------------
+    def load_global(self, name: str) -> Value:
+        """A global (or builtin) of the running code, guarded through its source."""
+        if name in self.f_globals:
+            if self.f_globals is self.root.f_globals:
+                src: Source | None = GlobalSource(name)
+            elif self.globals_source is not None:
+                src = self.globals_source.item(name)
+            else:
+                src = None
+            return wrap(self.out, self.f_globals[name], src)
+        builtins_ns = self.f_globals.get("__builtins__", builtins)
+        table = builtins_ns if isinstance(builtins_ns, dict) else vars(builtins_ns)
+        if name not in table:
+            raise unsupported("user_exception", f"NameError: name {name!r} is not defined")
+        return wrap(self.out, table[name], None)
+
+    def load_cell(self, cell: CellValue) -> Value:
+        if cell.contents is not None:
+            return cell.contents
+        if cell.real is None:
+            raise unsupported(
+                "user_exception", "NameError: free variable referenced before assignment"
+            )
+        try:
+            contents = cell.real.cell_contents
+        except ValueError:
+            raise unsupported("user_exception", "NameError: empty closure cell") from None
+        cell.contents = wrap(self.out, contents, cell.source)
+        return cell.contents
+
+    def zero_arg_super(self) -> Value:
+        """``super()`` inside a method: ``__class__`` cell and the first argument."""
+        cell = self.cells.get("__class__")
+        if cell is None or not self.code.co_argcount:
+            raise unsupported("unsupported_call", "super() outside a method")
+        cls = self.load_cell(cell)
+        first = self.code.co_varnames[0]
+        obj = self.locals.get(first)
+        if obj is None and first in self.cells:
+            obj = self.load_cell(self.cells[first])
+        if not isinstance(cls, ObjectValue) or obj is None:
+            raise unsupported("unsupported_call", "super() with an unknown class")
+        return SuperValue(cls.obj, obj)
+
+    # calls -------------------------------------------------------------------
+    def inline(self, fn: UserFunctionValue, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        """Run ``fn`` in a child tracer that shares this graph; return its result."""
+        code = fn.code
+        if code.co_flags & CO_GENERATOR_LIKE:
+            raise unsupported("unsupported_call", f"generator or coroutine {code.co_qualname}")
+        defaults, kwdefaults = fn.defaults, fn.kwdefaults
+        if fn.real is not None:
+            defaults, kwdefaults = self._real_defaults(fn)
+        f_locals = bind_arguments(code, defaults, kwdefaults, args, kwargs)
+        cells = dict(zip(code.co_freevars, fn.closure, strict=False))
+        globals_source = fn.globals_source
+        child = Tracer(
+            code,
+            fn.f_globals,
+            self.out,
+            f_locals=f_locals,
+            cells=cells,
+            globals_source=globals_source,
+            parent=self,
+        )
+        log.debug("inlining %s", code.co_qualname)
+        return child.run()
+
+    def _real_defaults(self, fn: UserFunctionValue) -> tuple[tuple[Value, ...], dict[str, Value]]:
+        real = fn.real
+        assert real is not None
+        src = fn.source
+        defaults = tuple(
+            wrap(self.out, d, src.attr("__defaults__").item(i) if src is not None else None)
+            for i, d in enumerate(real.__defaults__ or ())
+        )
+        kwdefaults = {
+            k: wrap(self.out, d, src.attr("__kwdefaults__").item(k) if src is not None else None)
+            for k, d in (real.__kwdefaults__ or {}).items()
+        }
+        return defaults, kwdefaults
+
+
+def _line_of(ins: dis.Instruction, previous: int) -> int:
+    positions = getattr(ins, "positions", None)
+    if positions is not None and positions.lineno is not None:
+        return int(positions.lineno)
+    return int(ins.starts_line) if isinstance(ins.starts_line, int) else previous

@@ -1,0 +1,98 @@
+"""The root of tracked values, and Python constants.
+
+The symbolic stack and locals hold :class:`Value` objects. A value that came
+from the frame knows its :class:`~kiln.capture.source.Source`, so emitted code
+can reload it and guards can check it; values made during tracing have none.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import torch
+
+from kiln.capture.break_reasons import unsupported
+from kiln.capture.source import Source
+
+__all__ = ["CONSTANT_TYPES", "NULL", "ConstantValue", "NullValue", "Value", "is_constant"]
+
+CONSTANT_TYPES: tuple[type, ...] = (
+    int,
+    float,
+    bool,
+    str,
+    bytes,
+    complex,
+    type(None),
+    type(Ellipsis),
+    type(NotImplemented),
+    torch.dtype,
+    torch.device,
+    torch.layout,
+    torch.memory_format,
+    torch.Size,
+    range,
+    slice,
+    types.CodeType,
+)
+
+
+def is_constant(obj: Any) -> bool:
+    """Whether ``obj`` is an immutable value capture may fold and bake into graphs."""
+    if isinstance(obj, (tuple, frozenset)) and type(obj) in (tuple, frozenset):
+        return all(is_constant(x) for x in obj)
+    if isinstance(obj, slice):
+        return all(is_constant(x) for x in (obj.start, obj.stop, obj.step))
+    return isinstance(obj, CONSTANT_TYPES)
+
+
+class Value:
+    """A value on the symbolic stack: what capture knows of one Python object."""
+
+    source: Source | None = None
+
+    def python_type(self) -> type:
+        """The type the real object has (or will have) at run time."""
+        raise NotImplementedError
+
+    def is_constant(self) -> bool:
+        return False
+
+    def as_constant(self) -> Any:
+        """The Python value, for values that are compile-time constants."""
+        raise unsupported("unsupported_value", f"{type(self).__name__} is not a constant")
+
+    def __repr__(self) -> str:
+        where = f" from {self.source}" if self.source is not None else ""
+        return f"{type(self).__name__}({self.python_type().__name__}{where})"
+
+
+class ConstantValue(Value):
+    """An immutable Python value known at capture time (guarded when it has a source)."""
+
+    def __init__(self, value: Any, source: Source | None = None) -> None:
+        self.value = value
+        self.source = source
+
+    def python_type(self) -> type:
+        return type(self.value)
+
+    def is_constant(self) -> bool:
+        return True
+
+    def as_constant(self) -> Any:
+        return self.value
+
+    def __repr__(self) -> str:
+        return f"ConstantValue({self.value!r})"
+
+
+class NullValue(Value):
+    """The NULL the 3.11/3.12 calling convention pushes below a callable."""
+
+    def python_type(self) -> type:
+        return type(None)
+
+
+NULL = NullValue()

@@ -1,0 +1,114 @@
+"""Lists, tuples, dicts, sets and cells whose items are tracked values.
+
+A container made during tracing may be mutated freely: it exists only in the
+capture. One that came from the frame has a source, and mutating it would be
+a side effect the emitted code does not replay, so mutation refuses it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kiln.capture.break_reasons import unsupported
+from kiln.capture.source import Source
+from kiln.capture.values.base import ConstantValue, Value
+
+__all__ = ["CellValue", "DictValue", "ListValue", "SetValue", "TupleValue", "dict_key"]
+
+
+class _Mutable(Value):
+    def check_mutable(self) -> None:
+        if self.source is not None:
+            raise unsupported("side_effect", f"mutating {self.source}")
+
+
+class TupleValue(Value):
+    """A tuple, or a namedtuple / ``torch.Size``-like tuple subclass given by ``cls``."""
+
+    def __init__(self, items: list[Value], cls: type = tuple, source: Source | None = None):
+        self.items = items
+        self.cls = cls
+        self.source = source
+
+    def python_type(self) -> type:
+        return self.cls
+
+
+class ListValue(_Mutable):
+    """A list."""
+
+    def __init__(self, items: list[Value], source: Source | None = None, cls: type = list):
+        self.items = items
+        self.source = source
+        self.cls = cls
+
+    def python_type(self) -> type:
+        return self.cls
+
+
+def dict_key(key: Value) -> Any:
+    """The hashable Python object that stands for ``key`` inside a tracked dict."""
+    if isinstance(key, ConstantValue):
+        return key.value
+    obj = getattr(key, "obj", None)
+    if obj is not None:
+        try:
+            hash(obj)
+        except TypeError:
+            pass
+        else:
+            return obj
+    raise unsupported("unsupported_value", f"dict key {key}")
+
+
+class DictValue(_Mutable):
+    """A dict or dict subclass (OrderedDict, ModelOutput); ``items`` maps key -> (key, value)."""
+
+    def __init__(
+        self,
+        items: dict[Any, tuple[Value, Value]],
+        cls: type = dict,
+        source: Source | None = None,
+    ):
+        self.items = items
+        self.cls = cls
+        self.source = source
+
+    def python_type(self) -> type:
+        return self.cls
+
+    def get(self, key: Value) -> Value | None:
+        found = self.items.get(dict_key(key))
+        return found[1] if found is not None else None
+
+    def set(self, key: Value, value: Value) -> None:
+        self.check_mutable()
+        self.items[dict_key(key)] = (key, value)
+
+
+class SetValue(_Mutable):
+    """A set; ``items`` maps the hashable key to its tracked value."""
+
+    def __init__(self, items: dict[Any, Value], source: Source | None = None):
+        self.items = items
+        self.source = source
+
+    def python_type(self) -> type:
+        return set
+
+
+class CellValue(Value):
+    """A closure cell: tracked contents, or a real cell of the frame read through ``source``."""
+
+    def __init__(
+        self,
+        contents: Value | None = None,
+        real: Any = None,
+        source: Source | None = None,
+    ) -> None:
+        self.contents = contents
+        self.real = real
+        self.source = source
+
+    def python_type(self) -> type:
+        return type(self.real) if self.real is not None else object

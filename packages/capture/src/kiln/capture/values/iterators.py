@@ -1,0 +1,92 @@
+"""Iterators unrolled at capture time: over items, and lazy zip/enumerate/map/filter."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from kiln.capture.values.base import ConstantValue, Value
+from kiln.capture.values.containers import TupleValue
+
+__all__ = ["IteratorValue", "ItemsIterator", "ZipIterator", "EnumerateIterator", "MapIterator"]
+
+CallFn = Callable[[Value, list[Value]], Value]
+TruthFn = Callable[[Value], bool]
+
+
+class IteratorValue(Value):
+    """An iterator; :meth:`next` gives the next value or None when exhausted."""
+
+    def python_type(self) -> type:
+        return type(iter(()))
+
+    def next(self, call: CallFn, truth: TruthFn) -> Value | None:
+        raise NotImplementedError
+
+
+class ItemsIterator(IteratorValue):
+    """Iteration over a known list of values."""
+
+    def __init__(self, items: list[Value]) -> None:
+        self.items = items
+        self.pos = 0
+
+    def next(self, call: CallFn, truth: TruthFn) -> Value | None:
+        if self.pos >= len(self.items):
+            return None
+        self.pos += 1
+        return self.items[self.pos - 1]
+
+
+class ZipIterator(IteratorValue):
+    """``zip(*iterators)`` (stops at the shortest)."""
+
+    def __init__(self, parts: list[IteratorValue]) -> None:
+        self.parts = parts
+
+    def next(self, call: CallFn, truth: TruthFn) -> Value | None:
+        out = []
+        for part in self.parts:
+            v = part.next(call, truth)
+            if v is None:
+                return None
+            out.append(v)
+        return TupleValue(out)
+
+
+class EnumerateIterator(IteratorValue):
+    """``enumerate(iterator, start)``."""
+
+    def __init__(self, inner: IteratorValue, start: int) -> None:
+        self.inner = inner
+        self.count = start
+
+    def next(self, call: CallFn, truth: TruthFn) -> Value | None:
+        v = self.inner.next(call, truth)
+        if v is None:
+            return None
+        self.count += 1
+        return TupleValue([ConstantValue(self.count - 1), v])
+
+
+class MapIterator(IteratorValue):
+    """``map(fn, *iterators)`` or, with ``keep`` set, ``filter(fn, iterator)``."""
+
+    def __init__(self, fn: Value | None, parts: list[IteratorValue], keep: bool = False) -> None:
+        self.fn = fn
+        self.parts = parts
+        self.keep = keep
+
+    def next(self, call: CallFn, truth: TruthFn) -> Value | None:
+        while True:
+            args = []
+            for part in self.parts:
+                v = part.next(call, truth)
+                if v is None:
+                    return None
+                args.append(v)
+            if not self.keep:
+                assert self.fn is not None
+                return call(self.fn, args)
+            keep = truth(args[0] if self.fn is None else call(self.fn, args))
+            if keep:
+                return args[0]

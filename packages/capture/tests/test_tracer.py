@@ -1,0 +1,701 @@
+"""A corpus of small programs: Python features x tensor ops, each captured and run.
+
+Every program is captured with a trivial backend, compared with eager on
+fresh random inputs, and checked for the number of graphs and, where given,
+the exact ops in the graph.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import operator
+from typing import Any, NamedTuple
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kiln.capture import capture
+
+
+def _op_names(gm: torch.fx.GraphModule) -> list[str]:
+    names = []
+    for n in gm.graph.nodes:
+        if n.op == "call_function":
+            names.append(getattr(n.target, "__name__", str(n.target)))
+        elif n.op == "call_method":
+            names.append(str(n.target))
+    return names
+
+
+def _clone(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.clone()
+    if isinstance(x, (list, tuple)) and type(x) in (list, tuple):
+        return type(x)(_clone(v) for v in x)
+    if isinstance(x, dict):
+        return {k: _clone(v) for k, v in x.items()}
+    return x
+
+
+def run(fn, args, kwargs=None, graphs=1, ops=None):
+    kwargs = kwargs or {}
+    seen: list[list[torch.Tensor]] = []
+
+    def backend(gm, example_inputs):
+        seen.append(example_inputs)
+        return gm.forward
+
+    result = capture(
+        fn, _clone(args), _clone(kwargs), compile_graph=backend, wrap_callable=lambda f: f
+    )
+    assert len(result.graphs) == graphs, [g.code for g in result.graphs]
+    if ops is not None:
+        assert (_op_names(result.graphs[0]) if result.graphs else []) == ops
+    for gm in result.graphs:
+        for node in gm.graph.nodes:
+            if node.op == "placeholder":
+                assert isinstance(node.meta["val"], torch.Tensor)
+    eager_args, eager_kwargs = _clone(args), _clone(kwargs)
+    torch.manual_seed(0)
+    expected = fn(*eager_args, **eager_kwargs)
+    compiled_args, compiled_kwargs = _clone(args), _clone(kwargs)
+    torch.manual_seed(0)
+    actual = result.function(*compiled_args, **compiled_kwargs)
+    assert_same(actual, expected)
+    assert_same(compiled_args, eager_args)
+    return result
+
+
+def assert_same(actual, expected):
+    if isinstance(expected, torch.Tensor):
+        torch.testing.assert_close(actual, expected)
+        assert actual.requires_grad == expected.requires_grad
+    elif isinstance(expected, (list, tuple)):
+        assert type(actual) is type(expected) and len(actual) == len(expected)
+        for a, e in zip(actual, expected):
+            assert_same(a, e)
+    elif isinstance(expected, dict):
+        assert type(actual) is type(expected) and list(actual) == list(expected)
+        for k in expected:
+            assert_same(actual[k], expected[k])
+    elif dataclasses.is_dataclass(expected):
+        assert type(actual) is type(expected)
+        for f in dataclasses.fields(expected):
+            assert_same(getattr(actual, f.name), getattr(expected, f.name))
+    elif type(expected).__module__ == "builtins" or isinstance(expected, (torch.dtype, torch.Size)):
+        assert actual == expected
+    else:
+        assert type(actual) is type(expected)
+
+
+def t(*shape):
+    return torch.randn(*shape)
+
+
+# --- programs ----------------------------------------------------------------
+def toy_example(a, b):
+    x = a / (torch.abs(a) + 1)
+    return x, b.sum() < 0
+
+
+def test_toy_example_first_graph():
+    run(toy_example, (t(10), t(10)), ops=["abs", "add", "truediv", "sum", "lt"])
+
+
+GLOBAL_SCALE = 3.0
+
+
+def _helper(x, k=2):
+    return x * k
+
+
+class Point(NamedTuple):
+    x: torch.Tensor
+    y: torch.Tensor
+
+
+@dataclasses.dataclass
+class Pair:
+    a: torch.Tensor
+    b: torch.Tensor
+
+    def total(self):
+        return self.a + self.b
+
+
+class Counter:
+    def __init__(self, start):
+        self.value = start
+
+    def step(self, x):
+        return x + self.value
+
+    @property
+    def double(self):
+        return self.value * 2
+
+
+class Base:
+    def f(self, x):
+        return x + 1
+
+
+class Derived(Base):
+    def f(self, x):
+        return super().f(x) * 2
+
+
+class Vec:
+    def __init__(self, t):
+        self.t = t
+
+    def __add__(self, other):
+        return Vec(self.t + other.t)
+
+    def __len__(self):
+        return 3
+
+
+def _closure_maker(scale):
+    def inner(x):
+        return x * scale
+
+    return inner
+
+
+_scaled = _closure_maker(4.0)
+
+
+def f_closure_nonlocal(x):
+    total = x
+
+    def add(y):
+        return total + y
+
+    return add(x)
+
+
+def f_recursive(x, n=3):
+    if n == 0:
+        return x
+    return f_recursive(x * 2, n - 1)
+
+
+def f_kwargs(x, *args, scale=1.0, **kw):
+    out = x * scale
+    for a in args:
+        out = out + a
+    for k in sorted(kw):
+        out = out - kw[k]
+    return out
+
+
+PROGRAMS: list[tuple[str, Any, Any, int, list[str] | None]] = [
+    ("add", lambda x, y: x + y, lambda: (t(3), t(3)), 1, ["add"]),
+    ("sub_mul", lambda x, y: (x - y) * 2, lambda: (t(3), t(3)), 1, ["sub", "mul"]),
+    ("matmul", lambda x, y: x @ y, lambda: (t(3, 4), t(4, 5)), 1, ["matmul"]),
+    ("pow_neg", lambda x: -(x**2), lambda: (t(3),), 1, ["pow", "neg"]),
+    ("floordiv_mod", lambda x: (x // 2) + (x % 3), lambda: (t(4),), 1, None),
+    (
+        "compare_ops",
+        lambda x, y: (x < y, x <= y, x > y, x >= y, x == y, x != y),
+        lambda: (t(4), t(4)),
+        1,
+        None,
+    ),
+    (
+        "bitwise",
+        lambda x, y: (x & y) | (x ^ y),
+        lambda: (torch.randint(0, 8, (4,)), torch.randint(0, 8, (4,))),
+        1,
+        None,
+    ),
+    ("invert", lambda x: ~x, lambda: (torch.rand(4) > 0.5,), 1, ["invert"]),
+    (
+        "torch_fns",
+        lambda x: torch.relu(torch.sin(x)).exp(),
+        lambda: (t(5),),
+        1,
+        ["sin", "relu", "exp"],
+    ),
+    (
+        "functional",
+        lambda x: F.gelu(F.softmax(x, dim=-1)),
+        lambda: (t(2, 5),),
+        1,
+        ["softmax", "gelu"],
+    ),
+    (
+        "methods",
+        lambda x: x.view(2, 3).transpose(0, 1).contiguous().sum(0),
+        lambda: (t(6),),
+        1,
+        ["view", "transpose", "contiguous", "sum"],
+    ),
+    (
+        "shape_arith",
+        lambda x: x.reshape(x.shape[0] * x.shape[1], -1),
+        lambda: (t(2, 3, 4),),
+        1,
+        ["reshape"],
+    ),
+    (
+        "size_method",
+        lambda x: x.new_zeros(x.size(0), x.size(-1)),
+        lambda: (t(2, 3),),
+        1,
+        ["new_zeros"],
+    ),
+    ("dim_ndim", lambda x: x.sum(x.dim() - 1) + x.ndim, lambda: (t(2, 3),), 1, ["sum", "add"]),
+    (
+        "dtype_device",
+        lambda x: x.to(x.dtype) + torch.ones(3, device=x.device, dtype=x.dtype),
+        lambda: (t(3),),
+        1,
+        None,
+    ),
+    (
+        "factory",
+        lambda x: x + torch.arange(4) * torch.zeros(4).fill_(2.0),
+        lambda: (t(4),),
+        1,
+        None,
+    ),
+    (
+        "random_ops",
+        lambda x: x + torch.rand(3) + torch.randn_like(x),
+        lambda: (t(3),),
+        1,
+        ["rand", "add", "randn_like", "add"],
+    ),
+    ("getitem_int", lambda x: x[0] + x[-1], lambda: (t(3, 2),), 1, None),
+    ("getitem_slice", lambda x: x[1:, ::2], lambda: (t(4, 6),), 1, ["getitem"]),
+    ("getitem_none_ellipsis", lambda x: x[None, ..., 0], lambda: (t(2, 3),), 1, ["getitem"]),
+    (
+        "getitem_tensor",
+        lambda x, i: x[i],
+        lambda: (t(5, 2), torch.tensor([0, 2, 4])),
+        1,
+        ["getitem"],
+    ),
+    (
+        "getitem_mask",
+        lambda x: x[x > 0].sum() if False else x.clamp(min=0),
+        lambda: (t(5),),
+        1,
+        ["clamp"],
+    ),
+    ("setitem", lambda x: x.__setitem__(0, 1.0) or x, lambda: (t(3),), 1, None),
+    ("inplace_add", lambda x: x.add_(1), lambda: (t(3),), 1, ["add_"]),
+    ("iadd_local", lambda x: _iadd(x), lambda: (t(3),), 1, None),
+    ("constant_fold", lambda x: x * (2**3 + math.sqrt(4)), lambda: (t(3),), 1, ["mul"]),
+    ("global_constant", lambda x: x * GLOBAL_SCALE, lambda: (t(3),), 1, ["mul"]),
+    (
+        "helper_fn",
+        lambda x: _helper(x) + _helper(x, k=3),
+        lambda: (t(3),),
+        1,
+        ["mul", "mul", "add"],
+    ),
+    ("closure_global", lambda x: _scaled(x), lambda: (t(3),), 1, ["mul"]),
+    ("closure_nonlocal", f_closure_nonlocal, lambda: (t(3),), 1, ["add"]),
+    (
+        "lambda_inner",
+        lambda x: (lambda y: y * 2)(x),  # noqa: PLC3002
+        lambda: (t(3),),
+        1,
+        ["mul"],
+    ),
+    ("recursion", f_recursive, lambda: (t(3),), 1, ["mul", "mul", "mul"]),
+    (
+        "varargs_kwargs",
+        lambda x, y: f_kwargs(x, y, y, scale=2.0, b=y, a=x),
+        lambda: (t(3), t(3)),
+        1,
+        None,
+    ),
+    ("partial", lambda x: functools.partial(_helper, k=5)(x), lambda: (t(3),), 1, ["mul"]),
+    ("if_const_true", lambda x: x + 1 if GLOBAL_SCALE > 1 else x - 1, lambda: (t(3),), 1, ["add"]),
+    ("if_shape", lambda x: x.sum() if x.shape[0] > 2 else x.mean(), lambda: (t(3),), 1, ["sum"]),
+    ("if_none", lambda x, y=None: x if y is None else x + y, lambda: (t(3),), 0, []),
+    ("if_not_none", lambda x, y: x if y is None else x + y, lambda: (t(3), t(3)), 1, ["add"]),
+    ("for_range", lambda x: _loop_range(x), lambda: (t(3),), 1, ["add", "add", "add"]),
+    (
+        "for_list",
+        lambda xs: _loop_list(xs),
+        lambda: ([t(3), t(3), t(3)],),
+        1,
+        ["add", "add", "add"],
+    ),
+    ("while_loop", lambda x: _while(x), lambda: (t(3),), 1, ["mul", "mul", "mul", "mul"]),
+    (
+        "enumerate_zip",
+        lambda xs, ys: _enum_zip(xs, ys),
+        lambda: ([t(2), t(2)], [t(2), t(2)]),
+        1,
+        None,
+    ),
+    (
+        "list_comp",
+        lambda xs: torch.stack([x * 2 for x in xs]),
+        lambda: ([t(2), t(2)],),
+        1,
+        ["mul", "mul", "stack"],
+    ),
+    (
+        "dict_comp",
+        lambda x: {k: x * v for k, v in {"a": 1, "b": 2}.items()},
+        lambda: (t(2),),
+        1,
+        ["mul", "mul"],
+    ),
+    ("set_ops", lambda x: x * len({1, 2, 2, 3}), lambda: (t(2),), 1, ["mul"]),
+    ("tuple_unpack", lambda x: _unpack(x), lambda: (t(2, 3),), 1, None),
+    ("star_unpack", lambda x: _star(x), lambda: (t(4, 2),), 1, None),
+    (
+        "return_dict",
+        lambda x: {"a": x + 1, "b": [x * 2, 3], "c": None},
+        lambda: (t(2),),
+        1,
+        ["add", "mul"],
+    ),
+    ("return_nested", lambda x: ((x,), [x + 1, (x - 1, "s")]), lambda: (t(2),), 1, ["add", "sub"]),
+    ("return_input", lambda x, y: (x, y + 1), lambda: (t(2), t(2)), 1, ["add"]),
+    ("return_constant_only", lambda x: 3, lambda: (t(2),), 0, []),
+    ("namedtuple_in", lambda p: p.x + p.y, lambda: (Point(t(2), t(2)),), 1, ["add"]),
+    ("namedtuple_out", lambda x: Point(x, x * 2), lambda: (t(2),), 1, ["mul"]),
+    ("dataclass_new", lambda x: Pair(x, x * 2).total(), lambda: (t(2),), 1, ["mul", "add"]),
+    ("dataclass_in", lambda p: p.total(), lambda: (Pair(t(2), t(2)),), 1, ["add"]),
+    (
+        "user_object",
+        lambda x, c: c.step(x) * c.double,
+        lambda: (t(2), Counter(3)),
+        1,
+        ["add", "mul"],
+    ),
+    ("user_object_new", lambda x: Counter(2).step(x), lambda: (t(2),), 1, ["add"]),
+    ("super_call", lambda x: Derived().f(x), lambda: (t(2),), 1, ["add", "mul"]),
+    ("dunder_add", lambda x, y: (Vec(x) + Vec(y)).t, lambda: (t(2), t(2)), 1, ["add"]),
+    ("dunder_len", lambda x: x * len(Vec(x)), lambda: (t(2),), 1, ["mul"]),
+    (
+        "isinstance",
+        lambda x: x + 1 if isinstance(x, torch.Tensor) else x,
+        lambda: (t(2),),
+        1,
+        ["add"],
+    ),
+    (
+        "isinstance_tuple",
+        lambda x, n: x * n if isinstance(n, (int, float)) else x,
+        lambda: (t(2), 3),
+        1,
+        ["mul"],
+    ),
+    ("type_builtin", lambda x, n: x * 2 if type(n) is int else x, lambda: (t(2), 3), 1, ["mul"]),
+    (
+        "getattr_hasattr",
+        lambda x: getattr(x, "shape")[0] * x if hasattr(x, "shape") else x,
+        lambda: (t(2),),
+        1,
+        ["mul"],
+    ),
+    ("min_max_const", lambda x: x * max(2, 3) - min([1, 4]), lambda: (t(2),), 1, ["mul", "sub"]),
+    ("sum_tensors", lambda xs: sum(xs), lambda: ([t(2), t(2), t(2)],), 1, ["add", "add", "add"]),
+    ("abs_round", lambda x: x * abs(-2) * round(2.6), lambda: (t(2),), 1, ["mul", "mul"]),
+    (
+        "any_all",
+        lambda x: x + 1 if all([True, 1]) and not any([0, False]) else x,
+        lambda: (t(2),),
+        1,
+        ["add"],
+    ),
+    (
+        "str_format",
+        lambda x: {f"k{i}": x * i for i in range(2)},
+        lambda: (t(2),),
+        1,
+        ["mul", "mul"],
+    ),
+    ("int_float_bool", lambda x: x * int(2.7) * float("1.5") * bool(3), lambda: (t(2),), 1, None),
+    (
+        "operator_module",
+        lambda x, y: operator.mul(operator.add(x, y), 2),
+        lambda: (t(2), t(2)),
+        1,
+        ["add", "mul"],
+    ),
+    (
+        "reversed_sorted",
+        lambda xs: [x * i for i, x in enumerate(reversed(xs))],
+        lambda: ([t(2), t(2)],),
+        1,
+        None,
+    ),
+    (
+        "map_filter",
+        lambda xs: list(map(lambda v: v + 1, filter(lambda v: v is not None, xs))),
+        lambda: ([t(2), None, t(2)],),
+        1,
+        ["add", "add"],
+    ),
+    (
+        "zip_dict",
+        lambda a, b: dict(zip(["x", "y"], [a, b]))["y"] * 2,
+        lambda: (t(2), t(2)),
+        1,
+        ["mul"],
+    ),
+    ("list_methods", lambda x: _list_methods(x), lambda: (t(2),), 1, None),
+    ("dict_methods", lambda x: _dict_methods(x), lambda: (t(2),), 1, None),
+    ("dict_input", lambda d: d["a"] + d["b"], lambda: ({"a": t(2), "b": t(2)},), 1, ["add"]),
+    ("kwargs_only", lambda *, x, y=2: x * y, lambda: (), 1, ["mul"]),
+    ("no_grad_block", lambda x: _no_grad(x), lambda: (t(2).requires_grad_(),), 1, None),
+    ("set_grad_enabled", lambda x: _set_grad(x), lambda: (t(2).requires_grad_(),), 1, None),
+    ("cat_split", lambda x: torch.cat(torch.split(x, 2), dim=0), lambda: (t(4, 2),), 1, None),
+    ("chunk_unpack", lambda x: _chunk(x), lambda: (t(4, 2),), 1, None),
+    ("max_dim", lambda x: torch.max(x, dim=1).values + x.max(1)[1], lambda: (t(3, 4),), 1, None),
+    ("where", lambda x: torch.where(x > 0, x, torch.zeros_like(x)), lambda: (t(5),), 1, None),
+    (
+        "einsum",
+        lambda a, b: torch.einsum("ij,jk->ik", a, b),
+        lambda: (t(2, 3), t(3, 4)),
+        1,
+        ["einsum"],
+    ),
+    ("tensor_iter", lambda x: [r * 2 for r in x], lambda: (t(2, 3),), 1, None),
+    ("tensor_T", lambda x: x.T @ x.mT, lambda: (t(3, 3),), 1, None),
+    ("f_string", lambda x: (x, f"{x.shape[0]:>3}|{GLOBAL_SCALE!r}"), lambda: (t(2),), 0, []),
+    (
+        "bool_ops",
+        lambda x, a, b: x + 1 if (a and not b) or (a is None) else x,
+        lambda: (t(2), True, False),
+        1,
+        ["add"],
+    ),
+    ("contains", lambda x, k: x * 2 if k in ("a", "b") else x, lambda: (t(2), "a"), 1, ["mul"]),
+    ("chained_compare", lambda x, n: x * 2 if 0 < n < 5 else x, lambda: (t(2), 3), 1, ["mul"]),
+    ("int_arg", lambda x, n: x.repeat(n, 1), lambda: (t(2), 3), 1, ["repeat"]),
+    ("float_arg", lambda x, s: x * s, lambda: (t(2), 0.5), 1, ["mul"]),
+    (
+        "str_arg",
+        lambda x, mode: x.sum() if mode == "sum" else x.mean(),
+        lambda: (t(2), "sum"),
+        1,
+        ["sum"],
+    ),
+    ("slice_list", lambda xs: torch.stack(xs[1:]), lambda: ([t(2), t(2), t(2)],), 1, ["stack"]),
+    ("inplace_input_mutation", lambda x: x.mul_(2).add_(1), lambda: (t(3),), 1, ["mul_", "add_"]),
+    ("setitem_slice", lambda x: _setitem(x), lambda: (t(4, 4),), 1, None),
+    ("aliasing", lambda x: _alias(x), lambda: (t(3),), 1, None),
+    ("assert_const", lambda x: _assert(x), lambda: (t(3),), 1, ["add"]),
+    ("try_finally", lambda x: _try_finally(x), lambda: (t(3),), 1, None),
+    ("with_user_ctx", lambda x: _user_ctx(x), lambda: (t(3),), 1, None),
+    ("tuple_compare", lambda x: x * 2 if x.shape == (3,) else x, lambda: (t(3),), 1, ["mul"]),
+    ("size_unpack", lambda x: _size_unpack(x), lambda: (t(2, 3),), 1, None),
+    ("torch_size_ctor", lambda x: x.new_ones(torch.Size([2, 2])), lambda: (t(2),), 1, ["new_ones"]),
+    ("numel", lambda x: x / x.numel(), lambda: (t(2, 3),), 1, ["truediv"]),
+    ("to_dtype", lambda x: x.to(torch.float64).half().float(), lambda: (t(3),), 1, None),
+    ("finfo", lambda x: x.clamp(min=torch.finfo(x.dtype).min), lambda: (t(3),), 1, ["clamp"]),
+    (
+        "linear_fn",
+        lambda x, w, b: F.linear(x, w, b),
+        lambda: (t(2, 3), t(4, 3), t(4)),
+        1,
+        ["linear"],
+    ),
+    (
+        "conv_fn",
+        lambda x, w: F.conv2d(x, w, padding=1),
+        lambda: (t(1, 2, 5, 5), t(3, 2, 3, 3)),
+        1,
+        ["conv2d"],
+    ),
+    ("layer_norm_fn", lambda x: F.layer_norm(x, (4,)), lambda: (t(2, 4),), 1, ["layer_norm"]),
+    (
+        "dropout_eval",
+        lambda x: F.dropout(x, p=0.5, training=False),
+        lambda: (t(4),),
+        1,
+        ["dropout"],
+    ),
+    ("nested_fn_def", lambda x: _nested_def(x), lambda: (t(2),), 1, None),
+    ("default_mutable_read", lambda x, opts={"k": 2}: x * opts["k"], lambda: (t(2),), 1, ["mul"]),
+    ("classmethod_static", lambda x: _Util.scale(x) + _Util.shift(x), lambda: (t(2),), 1, None),
+    (
+        "sum_generator_like",
+        lambda xs: (
+            torch.stack(list(x + 1 for x in xs)) if False else torch.stack([x + 1 for x in xs])
+        ),
+        lambda: ([t(2), t(2)],),
+        1,
+        None,
+    ),
+]
+
+
+class _Util:
+    factor = 3
+
+    @classmethod
+    def scale(cls, x):
+        return x * cls.factor
+
+    @staticmethod
+    def shift(x):
+        return x + 1
+
+
+def _nested_def(x):
+    def g(y, z=2):
+        return y * z
+
+    h = lambda y: g(y) + 1  # noqa: E731
+    return h(x)
+
+
+def _size_unpack(x):
+    a, b = x.shape
+    return x.view(b, a)
+
+
+def _try_finally(x):
+    try:
+        y = x + 1
+    finally:
+        z = 2
+    return y * z
+
+
+class _Ctx:
+    def __enter__(self):
+        return 2
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _user_ctx(x):
+    with _Ctx() as k:
+        y = x * k
+    return y
+
+
+def _assert(x):
+    assert x.dim() == 1, "needs 1-d"
+    return x + 1
+
+
+def _alias(x):
+    y = x
+    y += 1
+    return x * 2, y
+
+
+def _setitem(x):
+    x[1:3, :] = 0.0
+    x[0] = x[0] * 2
+    return x
+
+
+def _iadd(x):
+    y = x * 1
+    y += 2
+    return y
+
+
+def _loop_range(x):
+    for i in range(3):
+        x = x + i
+    return x
+
+
+def _loop_list(xs):
+    out = xs[0]
+    for x in xs:
+        out = out + x
+    return out
+
+
+def _while(x):
+    i = 0
+    while i < 4:
+        x = x * 1.5
+        i += 1
+    return x
+
+
+def _enum_zip(xs, ys):
+    out = []
+    for i, (a, b) in enumerate(zip(xs, ys)):
+        out.append(a * i + b)
+    return out
+
+
+def _unpack(x):
+    a, b = x
+    (c, d), e = (a, b), x
+    return c + d + e[0]
+
+
+def _star(x):
+    first, *rest = x
+    return first + sum(rest)
+
+
+def _list_methods(x):
+    out = [x]
+    out.append(x + 1)
+    out.extend([x * 2, x * 3])
+    out.insert(0, x - 1)
+    last = out.pop()
+    out.reverse()
+    return out, last, len(out)
+
+
+def _dict_methods(x):
+    d = {"a": x}
+    d["b"] = x + 1
+    d.update(c=x * 2)
+    v = d.get("zz", x) + d.pop("a")
+    d.setdefault("e", 3)
+    return d, v, list(d.keys()), "b" in d
+
+
+def _no_grad(x):
+    with torch.no_grad():
+        y = x * 2
+    z = x * 3
+    return y, z, y.requires_grad, z.requires_grad
+
+
+def _set_grad(x):
+    with torch.set_grad_enabled(False):
+        y = x * 2
+    return y, y.requires_grad
+
+
+def _chunk(x):
+    a, b = x.chunk(2)
+    return a - b
+
+
+@pytest.mark.parametrize(
+    "fn,make_args,graphs,ops", [p[1:] for p in PROGRAMS], ids=[p[0] for p in PROGRAMS]
+)
+def test_program(fn, make_args, graphs, ops):
+    args = make_args()
+    if fn.__code__.co_kwonlyargcount and not args:
+        run(fn, (), {"x": t(2)}, graphs=graphs, ops=ops)
+    else:
+        run(fn, args, graphs=graphs, ops=ops)
+
+
+def test_is_compiling_is_true_while_capturing():
+    def fn(x):
+        return x + 1 if torch.compiler.is_compiling() else x - 1
+
+    r = capture(fn, (t(2),), {}, compile_graph=lambda gm, ex: gm.forward, wrap_callable=lambda f: f)
+    assert _op_names(r.graphs[0]) == ["add"]
