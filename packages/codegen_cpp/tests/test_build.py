@@ -5,7 +5,7 @@ import torch
 
 from kiln.codegen_cpp import build
 from kiln.codegen_cpp.errors import CppBuildError
-from kiln.codegen_cpp.loader import CppKernel
+from kiln.codegen_cpp.loader import KernelFunction
 
 SOURCE = """
 #include "kiln_vec.h"
@@ -22,7 +22,7 @@ def test_build_load_call_and_cache_hit():
     assert lib.source_path.read_text() == SOURCE
     (again,) = build.build_libraries([SOURCE])
     assert again.cached and again.path == lib.path
-    kernel = CppKernel(lib.path, "twice", ["ptr", "ptr", "i64"])
+    kernel = KernelFunction(lib.path, "twice", ["ptr", "ptr", "i64"])
     x = torch.randn(37)
     out = torch.empty_like(x)
     kernel(x, out, x.numel())

@@ -42,6 +42,12 @@ class Toolchain:
     version: str
     target: str  # what -march=native resolves to: part of the cache key
     flags: tuple[str, ...]
+    vector_bytes: int = 16  # the SIMD width -march=native enables (kiln_vec.h's choice)
+
+    @property
+    def lanes(self) -> int:
+        """Lanes of every ``kiln::Vec`` (``kiln::kLanes``): 32-bit elements per register."""
+        return self.vector_bytes // 4
 
     def command(self, source: Path, output: Path) -> list[str]:
         return [self.compiler, *self.flags, str(source), "-o", str(output)]
@@ -87,8 +93,11 @@ def toolchain() -> Toolchain:
     version = _run([compiler, "--version"]).splitlines()[0]
     target = _native_target(compiler)
     flags = (*BASE_FLAGS, *EXTRA_FLAGS, f"-I{include_dir()}")
-    build_log.debug("toolchain: %s (%s), target %s", compiler, version, target)
-    return Toolchain(compiler, version, target, flags)
+    vector_bytes = _vector_bytes(compiler)
+    build_log.debug(
+        "toolchain: %s (%s), target %s, %d-byte vectors", compiler, version, target, vector_bytes
+    )
+    return Toolchain(compiler, version, target, flags, vector_bytes)
 
 
 def _run(command: list[str]) -> str:
@@ -107,6 +116,15 @@ def _native_target(compiler: str) -> str:
         if fields and fields[0] == "-march=" and len(fields) > 1:
             return fields[1]
     return hashlib.sha256(output.encode()).hexdigest()[:16]
+
+
+def _vector_bytes(compiler: str) -> int:
+    """The register width kiln_vec.h will pick, from the compiler's predefined macros."""
+    macros = _run([compiler, "-march=native", "-dM", "-E", "-x", "c++", os.devnull])
+    defined = {line.split()[1] for line in macros.splitlines() if line.startswith("#define ")}
+    if "__AVX512F__" in defined:
+        return 64
+    return 32 if "__AVX__" in defined else 16
 
 
 def library_key(source: str, tools: Toolchain) -> str:

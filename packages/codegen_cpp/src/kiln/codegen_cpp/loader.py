@@ -1,7 +1,7 @@
 """Load built libraries with ctypes and call their kernels with tensors.
 
 Every kernel has the C signature ``void name(<pointers...>, <int64 sizes...>)``;
-:class:`CppKernel` turns tensors into data pointers and Python numbers into
+:class:`KernelFunction` turns tensors into data pointers and Python numbers into
 ``int64``/``double`` arguments, so the Python wrapper calls it like a function.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["CppKernel", "load_library"]
+__all__ = ["KernelFunction", "load_library"]
 
 _ARG_TYPES: dict[str, type] = {
     "ptr": ctypes.c_void_p,
@@ -29,7 +29,7 @@ def load_library(path: Path) -> ctypes.CDLL:
     return ctypes.CDLL(str(path))
 
 
-class CppKernel:
+class KernelFunction:
     """A callable over one ``extern "C"`` function of a loaded library.
 
     ``signature`` gives each parameter's kind: ``"ptr"`` (a tensor, passed as its
@@ -50,4 +50,4 @@ class CppKernel:
         self._fn(*converted)
 
     def __repr__(self) -> str:
-        return f"CppKernel({self.name!r} in {self.library.name})"
+        return f"KernelFunction({self.name!r} in {self.library.name})"

@@ -2,8 +2,8 @@
 //
 // Python's integer semantics (floor division, modulo with the divisor's sign),
 // torch's NaN-propagating min/max, bfloat16/float16 storage computed in float,
-// and a counter-based random number generator (Philox-4x32-10) so a random
-// kernel's values depend on (seed, offset) only, never on the thread count.
+// and loopir's counter-based random hash, so a random kernel's values depend on
+// (seed, offset) only, never on the thread count or the device.
 #pragma once
 
 #include <cmath>
@@ -53,6 +53,67 @@ inline T scalar_min(T a, T b) {
   return a < b ? a : b;
 }
 
+// ---- math the C library lacks ------------------------------------------------
+template <typename T>
+inline T sigmoid(T x) { return T(1) / (T(1) + std::exp(-x)); }
+template <typename T>
+inline T sign(T x) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (x != x) return x;
+  }
+  return static_cast<T>((T(0) < x) - (x < T(0)));
+}
+template <typename T>
+inline T relu(T x) { return x < T(0) ? T(0) : x; }
+// Integer power by squaring; negative exponents follow torch (0 unless |base| == 1).
+template <typename T>
+inline T ipow(T base, T exp) {
+  if (exp < 0) {
+    if (base == 1) return 1;
+    if (base == -1) return (exp % 2 == 0) ? 1 : -1;
+    return 0;
+  }
+  T result = 1;
+  while (exp) {
+    if (exp & 1) result *= base;
+    base *= base;
+    exp >>= 1;
+  }
+  return result;
+}
+// erfinv: Winitzki's closed form as a start, then Newton steps on erf in double.
+inline double erfinv(double y) {
+  if (y != y || y < -1.0 || y > 1.0) return std::numeric_limits<double>::quiet_NaN();
+  if (y == 1.0) return std::numeric_limits<double>::infinity();
+  if (y == -1.0) return -std::numeric_limits<double>::infinity();
+  const double a = 0.147, two_over_pi_a = 2.0 / (3.141592653589793 * a);
+  double l = std::log((1.0 - y) * (1.0 + y));
+  double t = two_over_pi_a + 0.5 * l;
+  double x = std::copysign(std::sqrt(std::sqrt(t * t - l / a) - t), y);
+  for (int i = 0; i < 3; ++i) {
+    double err = std::erf(x) - y;
+    x -= err / (1.1283791670955126 * std::exp(-x * x));
+  }
+  return x;
+}
+// digamma: reflection below 0, recurrence up to 6, then the asymptotic series.
+inline double digamma(double x) {
+  const double pi = 3.141592653589793;
+  if (x == 0.0) return std::copysign(std::numeric_limits<double>::infinity(), -x);
+  if (x < 0.0) {
+    if (x == std::floor(x)) return std::numeric_limits<double>::quiet_NaN();
+    return digamma(1.0 - x) - pi / std::tan(pi * x);
+  }
+  double acc = 0.0;
+  while (x < 6.0) {
+    acc -= 1.0 / x;
+    x += 1.0;
+  }
+  double r = 1.0 / (x * x);
+  double series = r * (1.0 / 12 - r * (1.0 / 120 - r * (1.0 / 252 - r * (1.0 / 240 - r * (1.0 / 132)))));
+  return acc + std::log(x) - 0.5 / x - series;
+}
+
 // ---- reduced-precision floats: stored 16-bit, computed in float ------------
 using bf16_t = uint16_t;
 using half_t = _Float16;
@@ -73,49 +134,35 @@ inline bf16_t float_to_bf16(float f) {
 }
 inline float half_to_float(half_t h) { return static_cast<float>(h); }
 inline half_t float_to_half(float f) { return static_cast<half_t>(f); }
+// A float rounded to the nearest value the 16-bit type can hold (a to_dtype).
+inline float round_to_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
+inline float round_to_half(float f) { return half_to_float(float_to_half(f)); }
 
-// ---- Philox-4x32-10 (Salmon et al., SC'11) -----------------------------------
-struct Philox4 {
-  uint32_t x[4];
-};
-
-inline Philox4 philox(uint64_t seed, uint64_t counter) {
-  uint32_t c0 = static_cast<uint32_t>(counter), c1 = static_cast<uint32_t>(counter >> 32);
-  uint32_t c2 = 0, c3 = 0;
-  uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
-  for (int round = 0; round < 10; ++round) {
-    uint64_t p0 = static_cast<uint64_t>(0xD2511F53u) * c0;
-    uint64_t p1 = static_cast<uint64_t>(0xCD9E8D57u) * c2;
-    uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1 ^ k0;
-    uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3 ^ k1;
-    c1 = static_cast<uint32_t>(p1);
-    c3 = static_cast<uint32_t>(p0);
-    c0 = n0;
-    c2 = n2;
-    k0 += 0x9E3779B9u;
-    k1 += 0xBB67AE85u;
-  }
-  return Philox4{{c0, c1, c2, c3}};
+// ---- counter-based random numbers ----------------------------------------------
+// The hash of kiln.loopir.random_bits, so CPU kernels draw the same numbers as
+// every other backend for a (seed, offset): MurmurHash3's finaliser, twice.
+inline uint32_t fmix32(uint32_t h) {
+  h ^= h >> 16;
+  h *= 0x85EBCA6Bu;
+  h ^= h >> 13;
+  h *= 0xC2B2AE35u;
+  h ^= h >> 16;
+  return h;
 }
-
-// Uniform in [0, 1) from the top 24 bits of one Philox word.
-inline float uniform_from_bits(uint32_t bits) {
-  return static_cast<float>(bits >> 8) * (1.0f / 16777216.0f);
+inline uint32_t hash32(int64_t seed, int64_t offset, uint32_t stream) {
+  uint64_t s = static_cast<uint64_t>(seed);
+  uint32_t key = fmix32(static_cast<uint32_t>(s) ^ static_cast<uint32_t>(s >> 32));
+  uint32_t lo = static_cast<uint32_t>(static_cast<uint64_t>(offset));
+  return fmix32(key + 2u * lo + stream);
 }
 inline float rand(int64_t seed, int64_t offset) {
-  return uniform_from_bits(philox(static_cast<uint64_t>(seed), static_cast<uint64_t>(offset)).x[0]);
+  return static_cast<float>(hash32(seed, offset, 0) >> 8) * (1.0f / 16777216.0f);
 }
-// Standard normal by Box-Muller over two words of the same counter.
+// Standard normal by Box-Muller over two streams of the same counter.
 inline float randn(int64_t seed, int64_t offset) {
-  Philox4 r = philox(static_cast<uint64_t>(seed), static_cast<uint64_t>(offset));
-  float u1 = (static_cast<float>(r.x[0] >> 8) + 1.0f) * (1.0f / 16777216.0f);  // (0, 1]
-  float u2 = uniform_from_bits(r.x[1]);
-  return std::sqrt(-2.0f * std::log(u1)) * std::cos(6.283185307179586f * u2);
-}
-inline int64_t randint64(int64_t seed, int64_t offset, int64_t low, int64_t high) {
-  Philox4 r = philox(static_cast<uint64_t>(seed), static_cast<uint64_t>(offset));
-  uint64_t bits = (static_cast<uint64_t>(r.x[0]) << 32) | r.x[1];
-  return low + static_cast<int64_t>(bits % static_cast<uint64_t>(high - low));
+  float u1 = static_cast<float>((hash32(seed, offset, 0) >> 8) + 1) * (1.0f / 16777216.0f);
+  float u2 = static_cast<float>(hash32(seed, offset, 1) >> 8) * (1.0f / 16777216.0f);
+  return std::sqrt(-2.0f * std::log(u1)) * std::cos(static_cast<float>(6.283185307179586) * u2);
 }
 
 }  // namespace kiln

@@ -381,6 +381,71 @@ inline Vec<float> cos(Vec<float> x) {
   return where((k & Vec<int32_t>(2)) != Vec<int32_t>(0), -v, v);
 }
 
+// ---- lane-wise construction, masked access, 16-bit floats -------------------
+// A vector whose lane i is f(i): gathers with any index arithmetic.
+template <typename T, typename F>
+inline Vec<T> from_lanes(F f) {
+  Vec<T> r;
+  for (int64_t i = 0; i < kLanes; ++i) r.v[i] = f(i);
+  return r;
+}
+template <typename F>
+inline Mask mask_from_lanes(F f) {
+  Mask r;
+  for (int64_t i = 0; i < kLanes; ++i) r.m[i] = f(i) ? -1 : 0;
+  return r;
+}
+// Lanes where `m` holds read f(i); the others are 0 and touch no memory.
+template <typename T, typename F>
+inline Vec<T> masked_lanes(Mask m, F f) {
+  Vec<T> r;
+  for (int64_t i = 0; i < kLanes; ++i) r.v[i] = m.m[i] ? f(i) : T(0);
+  return r;
+}
+template <typename T>
+inline Vec<T> iota(T start, T step) {
+  return from_lanes<T>([&](int64_t i) { return static_cast<T>(start + step * static_cast<T>(i)); });
+}
+
+inline Vec<float> load_bf16(const bf16_t* p) {
+  Raw<uint16_t>::type h;
+  std::memcpy(&h, p, sizeof(h));
+  Raw<uint32_t>::type bits = __builtin_convertvector(h, Raw<uint32_t>::type) << 16;
+  Vec<float> r;
+  std::memcpy(&r.v, &bits, sizeof(bits));
+  return r;
+}
+inline Raw<uint16_t>::type to_bf16_bits(Vec<float> f) {
+  Raw<uint32_t>::type bits;
+  std::memcpy(&bits, &f.v, sizeof(bits));
+  Raw<uint32_t>::type rounded = (bits + (0x7fffu + ((bits >> 16) & 1u))) >> 16;
+  Raw<uint32_t>::type quiet = (bits >> 16) | 0x40u;
+  Raw<uint32_t>::type out = (f.v != f.v) ? quiet : rounded;
+  return __builtin_convertvector(out, Raw<uint16_t>::type);
+}
+inline void store_bf16(bf16_t* p, Vec<float> f) {
+  Raw<uint16_t>::type h = to_bf16_bits(f);
+  std::memcpy(p, &h, sizeof(h));
+}
+inline Vec<float> round_to_bf16(Vec<float> f) {
+  Raw<uint32_t>::type bits = __builtin_convertvector(to_bf16_bits(f), Raw<uint32_t>::type) << 16;
+  Vec<float> r;
+  std::memcpy(&r.v, &bits, sizeof(bits));
+  return r;
+}
+inline Vec<float> load_half(const half_t* p) {
+  Raw<half_t>::type h;
+  std::memcpy(&h, p, sizeof(h));
+  return Vec<float>(__builtin_convertvector(h, Raw<float>::type));
+}
+inline void store_half(half_t* p, Vec<float> f) {
+  Raw<half_t>::type h = __builtin_convertvector(f.v, Raw<half_t>::type);
+  std::memcpy(p, &h, sizeof(h));
+}
+inline Vec<float> round_to_half(Vec<float> f) {
+  return Vec<float>(__builtin_convertvector(__builtin_convertvector(f.v, Raw<half_t>::type), Raw<float>::type));
+}
+
 // ---- horizontal reductions --------------------------------------------------
 template <typename T>
 inline T reduce_sum(Vec<T> a) {
