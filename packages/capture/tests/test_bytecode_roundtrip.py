@@ -1,67 +1,27 @@
 """Round trip of the corpus: decode → assemble → run, equal to the original."""
 
-import copy
 import dis
 import importlib.util
-import inspect
-import sys
 import types
 from pathlib import Path
 
 import pytest
 
-from kiln.capture.bytecode import assemble, decode, max_stack_depth
-from kiln.capture.bytecode.build import make_function
+from kiln.capture.bytecode import decode, max_stack_depth
 from kiln.capture.bytecode.format import format_code
 
 
-def _load_corpus():
-    name = "kiln_test_bytecode_corpus"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, Path(__file__).with_name("bytecode_corpus.py")
-        )
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+def _load(stem):
+    spec = importlib.util.spec_from_file_location(stem, Path(__file__).with_name(f"{stem}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-corpus = _load_corpus()
+tools = _load("bytecode_corpus_tools")
+corpus = tools.load_sibling("bytecode_corpus")
+roundtrip, roundtrip_code, outcome = tools.roundtrip, tools.roundtrip_code, tools.outcome
 FUNCTIONS = list({id(fn): fn for fn, _, _ in corpus.CASES}.values())
-
-
-def roundtrip_code(code):
-    """Decode and assemble ``code`` and every code object nested in its constants."""
-    body = decode(code)
-    body.consts = [roundtrip_code(c) if isinstance(c, types.CodeType) else c for c in body.consts]
-    for ins in body.instrs:
-        if isinstance(ins.arg, types.CodeType):
-            ins.arg = roundtrip_code(ins.arg)
-    return assemble(body)
-
-
-def roundtrip(fn):
-    return make_function(
-        roundtrip_code(fn.__code__),
-        fn.__globals__,
-        closure=fn.__closure__,
-        defaults=fn.__defaults__,
-        kwdefaults=fn.__kwdefaults__,
-        name=fn.__name__,
-        qualname=fn.__qualname__,
-    )
-
-
-def outcome(fn, args, kwargs):
-    args, kwargs = copy.deepcopy((args, kwargs))
-    try:
-        result = fn(*args, **kwargs)
-        if inspect.isgenerator(result):
-            return ("gen", list(result))
-        return ("ok", result)
-    except Exception as e:  # compared, not swallowed
-        return ("raise", type(e), str(e))
 
 
 def _fields(code):

@@ -15,19 +15,14 @@ from kiln.capture.errors import CaptureError, Unsupported
 from kiln.capture.resume import STACK_NULL, STACK_VALUE, make_resume
 
 
-def _load_corpus():
-    name = "kiln_test_bytecode_corpus"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, Path(__file__).with_name("bytecode_corpus.py")
-        )
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+def _load(stem):
+    spec = importlib.util.spec_from_file_location(stem, Path(__file__).with_name(f"{stem}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-corpus = _load_corpus()
+corpus = _load("bytecode_corpus_tools").load_sibling("bytecode_corpus")
 
 
 def offsets_of(fn, opname, arg=None):
@@ -286,3 +281,21 @@ def test_corpus_resumes_at_statement_starts(fn, args, kwargs):
         assert got == expected, (fn.__name__, offset)
         tried += 1
     assert tried or fn.__name__ in ("empty_body",)
+
+
+def raises_later(a):
+    b = a + 1
+    c = [b][b]
+    return c
+
+
+def test_tracebacks_show_the_users_lines():
+    import traceback
+
+    off = offsets_of(raises_later, "LOAD_FAST", "b")[0]
+    fn = make_resume(raises_later.__code__, off, 0).make_function({})
+    with pytest.raises(IndexError) as info:
+        fn(2)
+    frame = traceback.extract_tb(info.tb)[-1]
+    assert frame.lineno == raises_later.__code__.co_firstlineno + 2
+    assert frame.name.startswith("resume_at_")

@@ -22,15 +22,7 @@ import types
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from kiln.capture.bytecode import (
-    PY312,
-    Bytecode,
-    Instr,
-    assemble,
-    decode,
-    live_locals,
-    stack_depths,
-)
+from kiln.capture.bytecode import PY312, Bytecode, CodeInfo, Instr, assemble, code_info
 from kiln.capture.bytecode.analysis import successors
 from kiln.capture.bytecode.build import CO_GENERATOR_LIKE, make_function, prologue
 from kiln.capture.bytecode.format import log_code
@@ -115,20 +107,20 @@ def _make_resume(
             f"cannot resume {code.co_qualname} in the middle: it is a generator or coroutine",
             "move the tensor code out of the generator into a plain function",
         )
-    body = decode(code)
-    target = _break_target(body, offset)
-    index = body.instrs.index(target)
-    depths = stack_depths(body.instrs, body.exception_table)
-    if depths[index] != len(kinds):
+    info = code_info(code)
+    index = _break_index(info, offset)
+    if info.depths[index] != len(kinds):
         msg = (
-            f"{code.co_qualname} holds {depths[index]} stack items at offset {offset}, "
+            f"{code.co_qualname} holds {info.depths[index]} stack items at offset {offset}, "
             f"but {len(kinds)} stack kinds were given"
         )
         raise CaptureError(msg)
+    body = info.body.clone()
+    target = body.instrs[index]
     _check_normally_reachable(body, index)
     cells = [n for n in body.cellvars if n not in body.freevars]
     if live is None:
-        live = tuple(sorted(live_locals(body.instrs, body.exception_table)[index] - set(cells)))
+        live = tuple(sorted(info.live[index] - set(cells)))
     elif set(live) & {*cells, *body.freevars}:
         msg = (
             f"{sorted(set(live) & {*cells, *body.freevars})} are cells: pass them as closure cells"
@@ -142,21 +134,15 @@ def _make_resume(
     return ResumeFunction(resume_code, offset, kinds, stack_args, live, closure)
 
 
-def _break_target(body: Bytecode, offset: int) -> Instr:
-    """The instruction at ``offset``, moved back over the call setup before it."""
-    try:
-        i = body.index(offset)
-    except KeyError:
-        msg = f"offset {offset} is not the start of an instruction in {body.qualname}"
-        raise CaptureError(msg) from None
-    while i > 0 and body.instrs[i - 1].opname in _CALL_SETUP and not _is_jump_target(body, i):
+def _break_index(info: CodeInfo, offset: int) -> int:
+    """Index of the instruction at ``offset``, moved back over the call setup before it."""
+    i = info.index(offset)
+    instrs = info.body.instrs
+    while (
+        i > 0 and instrs[i - 1].opname in _CALL_SETUP and instrs[i].offset not in info.jump_targets
+    ):
         i -= 1
-    return body.instrs[i]
-
-
-def _is_jump_target(body: Bytecode, i: int) -> bool:
-    target = body.instrs[i]
-    return any(ins.arg is target for ins in body.instrs if ins.is_jump)
+    return i
 
 
 def _check_normally_reachable(body: Bytecode, index: int) -> None:

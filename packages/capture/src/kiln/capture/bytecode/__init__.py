@@ -9,7 +9,18 @@ The leaf layer every bytecode transformation in Kiln stands on::
 
 from kiln.capture.bytecode.analysis import live_locals, max_stack_depth, stack_depths, stack_effect
 from kiln.capture.bytecode.assemble import assemble, const_key
+from kiln.capture.bytecode.build import (
+    binary_op,
+    call,
+    load_callable,
+    make_cell,
+    make_function,
+    new_body,
+    prologue,
+)
 from kiln.capture.bytecode.decode import decode
+from kiln.capture.bytecode.format import format_bytecode, format_code, log_code
+from kiln.capture.bytecode.info import CodeInfo, code_info
 from kiln.capture.bytecode.instructions import Bytecode, ExceptionEntry, Instr, Positions
 from kiln.capture.bytecode.optable import PY311, PY312, ArgKind
 
@@ -18,12 +29,24 @@ __all__ = [
     "PY312",
     "ArgKind",
     "Bytecode",
+    "CodeInfo",
     "ExceptionEntry",
     "Instr",
     "Positions",
     "assemble",
+    "binary_op",
+    "call",
+    "code_info",
     "const_key",
     "decode",
+    "format_bytecode",
+    "format_code",
+    "load_callable",
+    "log_code",
+    "make_cell",
+    "make_function",
+    "new_body",
+    "prologue",
     "live_locals",
     "max_stack_depth",
     "stack_depths",

@@ -119,6 +119,31 @@ class Bytecode:
     consts: list[Any] = dataclasses.field(default_factory=list)
     names: list[str] = dataclasses.field(default_factory=list)
 
+    def clone(self) -> Bytecode:
+        """A deep copy of the instructions and table, jumps re-pointed at the copies."""
+        copies = {id(ins): dataclasses.replace(ins) for ins in self.instrs}
+
+        def twin(ins: Instr) -> Instr:
+            return copies.get(id(ins), ins)
+
+        for new in copies.values():
+            if isinstance(new.arg, Instr):
+                new.arg = twin(new.arg)
+        table = [
+            ExceptionEntry(twin(e.start), twin(e.end), twin(e.target), e.depth, e.lasti)
+            for e in self.exception_table
+        ]
+        return dataclasses.replace(
+            self,
+            instrs=[copies[id(ins)] for ins in self.instrs],
+            exception_table=table,
+            varnames=list(self.varnames),
+            cellvars=list(self.cellvars),
+            freevars=list(self.freevars),
+            consts=list(self.consts),
+            names=list(self.names),
+        )
+
     def index(self, offset: int) -> int:
         """Position in ``instrs`` of the decoded instruction at ``offset``."""
         for i, instr in enumerate(self.instrs):
