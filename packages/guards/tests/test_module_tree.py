@@ -180,3 +180,14 @@ def test_stamped_check_does_not_walk_any_module(depth, monkeypatch):
     stamps.bump()
     assert check(model, None)
     assert len(visited) == 1 + 1 + 3 * depth  # Net, ModuleList, each Block with fc and norm
+
+
+def test_global_hooks_fail_the_tree():
+    model = Net()
+    check = tree_check(model)
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(lambda *a: None)
+    try:
+        changed(check, model, "global module hooks changed")
+    finally:
+        handle.remove()
+    assert check(model, None)

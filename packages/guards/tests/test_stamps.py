@@ -34,6 +34,18 @@ def test_module_changes_move_the_stamp():
     assert moves(handle.remove)
 
 
+def test_functional_call_moves_it():
+    m = torch.nn.Linear(2, 2)
+    stamps.install()
+    seen = []
+    m.register_forward_pre_hook(lambda *a: seen.append(stamps.current()))
+    before = stamps.current()
+    params = {"weight": torch.randn(2, 2), "bias": torch.randn(2)}
+    torch.func.functional_call(m, params, (torch.randn(1, 2),))
+    assert seen[0] != before  # moved before forward ran with the swapped-in tensors
+    assert stamps.current() != seen[0]  # and again when the originals came back
+
+
 def test_reads_and_in_place_math_do_not_move_it():
     m = torch.nn.Linear(2, 2)
     x = torch.randn(3, 2)

@@ -13,39 +13,18 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.modules.module as nn_module
 
 from kiln.capture.guard_data import GlobalState, GuardKind, GuardSpec, TensorMeta
 from kiln.capture.source import ClosureSource, GlobalSource, Source, root_of
 from kiln.guards import module_tree
+from kiln.guards.hooks import global_hook_dicts, module_hook_names
 
 __all__ = [
     "dispatch_key_names",
     "explain",
     "explain_global_state",
     "explain_tensor",
-    "global_hook_dicts",
-    "module_hook_names",
 ]
-
-# The forward/backward hook dicts of a module and of torch's globals: a module with
-# hooks runs them around ``forward``, so a graph captured without them is wrong with them.
-module_hook_names = (
-    "_forward_hooks",
-    "_forward_pre_hooks",
-    "_backward_hooks",
-    "_backward_pre_hooks",
-)
-global_hook_dicts: tuple[dict[Any, Any], ...] = tuple(
-    getattr(nn_module, name)
-    for name in (
-        "_global_forward_hooks",
-        "_global_forward_pre_hooks",
-        "_global_backward_hooks",
-        "_global_backward_pre_hooks",
-    )
-    if hasattr(nn_module, name)
-)
 
 
 def describe(source: Source) -> str:

@@ -31,7 +31,7 @@ from kiln.capture.source import (
     LocalSource,
     Source,
 )
-from kiln.guards import checks, module_tree, stamps
+from kiln.guards import checks, hooks, module_tree, stamps
 from kiln.guards.errors import UnsupportedGuard
 
 __all__ = ["CheckSource", "generate"]
@@ -267,8 +267,8 @@ class CheckSource:
             name, want = expected
             return f"hasattr({v}, {name!r}) is {bool(want)!r}"
         if kind is GuardKind.HOOKS_EMPTY:
-            dicts = [f"{v}.{name}" for name in checks.module_hook_names]
-            dicts += [self.bind(d, "global_hooks") for d in checks.global_hook_dicts]
+            dicts = [f"{v}.{name}" for name in hooks.module_hook_names]
+            dicts += [self.bind(d, "global_hooks") for d in hooks.global_hook_dicts]
             return "not (" + " or ".join(dicts) + ")"
         if kind is GuardKind.MODULE_TREE:
             tree: module_tree.TreeSnapshot = expected

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from kiln.capture.guard_data import TensorMeta
-from kiln.guards import stamps
+from kiln.guards import hooks, stamps
 from kiln.guards.config import config
 
 __all__ = ["TreeSnapshot", "explain", "snapshot"]
@@ -304,6 +304,7 @@ class TreeSnapshot:
             pending.extend(
                 (_child_path(path, n), c) for n, c in reversed(rec.children) if c is not None
             )
+        self.global_hooks = hooks.global_hook_keys()
         # validated[0] is the stamp at which the tree last matched; -1 never equals a stamp.
         self.validated: list[int] = [stamps.current()]
 
@@ -311,6 +312,8 @@ class TreeSnapshot:
         """The first difference between ``value``'s tree and this snapshot, or None."""
         if value is not self.root:
             return f"{self.records[0].path} is a different module object"
+        if hooks.global_hook_keys() != self.global_hooks:
+            return "global module hooks changed"
         for rec in self.records:
             reason = _explain_record(rec)
             if reason is not None:
@@ -320,7 +323,7 @@ class TreeSnapshot:
     def check(self, value: Any) -> bool:
         """The slow path of generated checks: walk, and remember the stamp if it matched."""
         stamp = stamps.current()
-        if value is not self.root:
+        if value is not self.root or hooks.global_hook_keys() != self.global_hooks:
             return False
         for rec in self.records:
             m = rec.module

@@ -12,7 +12,8 @@ What bumps the stamp (installed on first use by :func:`install`, narrowly):
   ``register_buffer``, ``add_module`` write their dicts directly),
 - ``nn.Module._apply`` (``.to()``, ``.half()``, ``.cuda()`` change parameters in place)
   and ``nn.Module.requires_grad_``,
-- creating or removing any ``torch.utils.hooks.RemovableHandle`` (every hook registration).
+- creating or removing any ``torch.utils.hooks.RemovableHandle`` (every hook registration),
+- the tensor swaps of ``torch.nn.utils._named_member_accessor`` (``torch.func.functional_call``).
 
 What it cannot see: writes that bypass those paths, e.g. ``param.data = t``,
 ``param.requires_grad = False`` or ``param.requires_grad_()`` on one parameter,
@@ -23,6 +24,7 @@ What it cannot see: writes that bypass those paths, e.g. ``param.data = t``,
 from __future__ import annotations
 
 import functools
+import importlib
 import itertools
 from collections.abc import Callable
 from typing import Any
@@ -74,6 +76,11 @@ def install() -> None:
         setattr(module_cls, name, _bumping(getattr(module_cls, name)))
     for name in ("__init__", "remove"):
         setattr(RemovableHandle, name, _bumping(getattr(RemovableHandle, name)))
+    # torch.func.functional_call and friends swap tensors straight into ``_parameters``.
+    accessor = importlib.import_module("torch.nn.utils._named_member_accessor")
+    for name in ("set_tensor", "swap_tensor", "swap_submodule"):
+        if hasattr(accessor, name):
+            setattr(accessor, name, _bumping(getattr(accessor, name)))
     registration = torch.nn.modules.module
     for name in (
         "register_module_parameter_registration_hook",
