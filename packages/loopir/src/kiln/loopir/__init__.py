@@ -3,9 +3,11 @@
 from kiln.loopir import backend, sizes
 from kiln.loopir.__about__ import __version__
 from kiln.loopir.backend import Backend, get_backend, register_backend
+from kiln.loopir.decompositions import decompositions
 from kiln.loopir.errors import BackendError, IRVerificationError, LoopIRError, LoweringError
 from kiln.loopir.kernel import RINDEX, SEEDS, XINDEX, KernelCode, KernelGroup, KernelNode
 from kiln.loopir.ops import OpsHandler, OpsHandlerBase
+from kiln.loopir.pipeline import CompiledGraph, compile_graph
 from kiln.loopir.reference import ReferenceBackend
 from kiln.loopir.virtualized import V, ops, set_ops_handler
 
@@ -14,6 +16,7 @@ __all__ = [
     "SEEDS",
     "XINDEX",
     "Backend",
+    "CompiledGraph",
     "BackendError",
     "IRVerificationError",
     "KernelCode",
@@ -27,6 +30,8 @@ __all__ = [
     "V",
     "__version__",
     "backend",
+    "compile_graph",
+    "decompositions",
     "get_backend",
     "ops",
     "register_backend",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kiln.capture.errors import KilnError
 
-__all__ = ["LoopIRError", "LoweringError", "BackendError", "IRVerificationError"]
+__all__ = ["LoopIRError", "LoweringError", "Unlowerable", "BackendError", "IRVerificationError"]
 
 
 class LoopIRError(KilnError):
@@ -13,6 +13,10 @@ class LoopIRError(KilnError):
 
 class LoweringError(LoopIRError):
     """An ATen op could not be lowered (and no fallback applies)."""
+
+
+class Unlowerable(LoweringError):
+    """A lowering declines these arguments; the op falls back to an ATen call."""
 
 
 class IRVerificationError(LoopIRError):

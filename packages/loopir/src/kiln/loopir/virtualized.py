@@ -46,10 +46,18 @@ def set_ops_handler(handler: Any) -> Iterator[Any]:
 
 
 class _OpsProxy:
-    """Forwards every attribute to the current handler."""
+    """Forwards every call to the handler current *at call time*, so ``ops.add`` can
+    be passed around (e.g. to a pointwise builder) before any handler is set."""
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(current_ops_handler(), name)
+        if name.startswith("__"):
+            raise AttributeError(name)
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            return getattr(current_ops_handler(), name)(*args, **kwargs)
+
+        forward.__name__ = name
+        return forward
 
     def __repr__(self) -> str:
         return f"ops<{type(_handler.get()).__name__}>"

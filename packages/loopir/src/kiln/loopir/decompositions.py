@@ -1,0 +1,94 @@
+"""The decomposition table loopir wants applied before (or while) it lowers.
+
+Built from ``torch._decomp``: the core ATen decompositions plus composite ops
+loopir prefers to see as their parts (softmax, layer_norm, batch_norm, gelu,
+the activation backwards), minus every op loopir lowers directly.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch._decomp import core_aten_decompositions, get_decompositions
+
+from kiln.loopir.lowering import LOWERINGS
+
+__all__ = ["decompositions"]
+
+aten = torch.ops.aten
+
+_EXTRA = [
+    aten._softmax,
+    aten._log_softmax,
+    aten._softmax_backward_data,
+    aten._log_softmax_backward_data,
+    aten.native_layer_norm,
+    aten.native_layer_norm_backward,
+    aten.native_batch_norm,
+    aten._native_batch_norm_legit,
+    aten._native_batch_norm_legit_functional,
+    aten._native_batch_norm_legit_no_training,
+    aten.native_batch_norm_backward,
+    aten.gelu,
+    aten.gelu_backward,
+    aten.silu,
+    aten.silu_backward,
+    aten.sigmoid_backward,
+    aten.tanh_backward,
+    aten.threshold_backward,
+    aten.hardsigmoid,
+    aten.hardswish,
+    aten.leaky_relu,
+    aten.elu,
+    aten.softplus,
+    aten.mish,
+    aten.logsumexp,
+    aten.native_dropout,
+    aten.native_dropout_backward,
+    aten.rsub,
+    aten.addcmul,
+    aten.addcdiv,
+    aten.split,
+    aten.split_with_sizes,
+    aten.unbind,
+    aten.narrow,
+    aten.stack,
+    aten.repeat,
+    aten.nan_to_num,
+    aten.embedding_dense_backward,
+    aten.mse_loss,
+    aten.nll_loss_forward,
+    aten.nll_loss_backward,
+    aten.select_backward,
+    aten.slice_backward,
+    aten.diagonal,
+    aten.trace,
+    aten.log_sigmoid_forward,
+    aten.xlogy,
+    aten.logit,
+    aten.linalg_vector_norm,
+    aten.std_mean,
+    aten.var_mean,
+    aten.clamp_min,
+    aten.clamp_max,
+    aten.sgn,
+    aten.t,
+    aten.expand_as,
+    aten.matmul,
+    aten.linear,
+]
+
+
+@functools.cache
+def _table() -> dict[Any, Callable[..., Any]]:
+    table: dict[Any, Callable[..., Any]] = dict(core_aten_decompositions())
+    table.update(get_decompositions([op for op in _EXTRA if op is not None]))
+    return {op: fn for op, fn in table.items() if op not in LOWERINGS}
+
+
+def decompositions() -> dict[Any, Callable[..., Any]]:
+    """A fresh copy of the table (callers may extend theirs)."""
+    return dict(_table())

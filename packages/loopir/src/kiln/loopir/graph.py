@@ -1,0 +1,236 @@
+"""FX → IR: walk an ATen graph, lowering each node into buffers and computations.
+
+Ops with a lowering are lowered; ops with a decomposition in loopir's table are
+decomposed on the fly (the decomposition runs on tensors that carry IR, so each
+ATen call inside it is lowered in turn); anything else becomes a fallback kernel
+that calls the ATen op from the wrapper. Pointwise results stay unrealized and
+are inlined into consumers until duplicated work or an output forces a buffer.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import sympy
+import torch
+import torch.fx
+from torch.utils import _pytree as pytree
+
+from kiln.loopir import sizes
+from kiln.loopir.analysis import ReadWriteHandler
+from kiln.loopir.decompose import run_decomposition
+from kiln.loopir.errors import LoweringError, Unlowerable
+from kiln.loopir.ir.buffers import Buffer, InputBuffer
+from kiln.loopir.ir.layout import Layout, layout_of_tensor
+from kiln.loopir.ir.loops import Pointwise
+from kiln.loopir.ir.strided import as_strided_view, realize_as_tensor
+from kiln.loopir.ir.views import StorageBox, TensorBox
+from kiln.loopir.kernel import SEEDS
+from kiln.loopir.lowering.fallback import fallback
+from kiln.loopir.lowering.registry import LOWERINGS
+from kiln.loopir.virtualized import V, set_ops_handler
+
+__all__ = ["GraphLowering", "REALIZE_DUPLICATED_OPS", "REALIZE_MAX_OPS"]
+
+log = logging.getLogger(__name__)
+
+REALIZE_DUPLICATED_OPS = 24
+"""Realize a pointwise value once inlining it would repeat more than this many ops."""
+REALIZE_MAX_OPS = 96
+"""Realize any pointwise value whose inlined body grew beyond this many ops."""
+
+
+class GraphLowering:
+    """Lowers one ATen ``fx.GraphModule``; afterwards holds its buffers and outputs."""
+
+    def __init__(
+        self,
+        gm: torch.fx.GraphModule,
+        example_inputs: Sequence[Any],
+        decompositions: dict[Any, Callable[..., Any]],
+        default_device: torch.device,
+    ) -> None:
+        self.gm = gm
+        self.example_inputs = list(example_inputs)
+        self.decompositions = decompositions
+        self.default_device = default_device
+        self.buffers: list[Buffer] = []
+        self.name_to_buffer: dict[str, Buffer] = {}
+        self.graph_inputs: list[str | None] = []
+        self.input_buffers: dict[str, InputBuffer] = {}
+        self.outputs: list[Any] = []
+        self.output_spec: pytree.TreeSpec | None = None
+        self.seed_count = 0
+        self.current_meta: Any = None
+        self.current_op: Any = None
+        self._ids = itertools.count()
+        self._const_ids = itertools.count()
+
+    # -- naming and registration --------------------------------------------
+    def register_buffer(self, buf: Buffer) -> str:
+        if not buf.name:
+            buf.name = f"buf{next(self._ids)}"
+        self.buffers.append(buf)
+        self.name_to_buffer[buf.name] = buf
+        return buf.name
+
+    def add_constant(self, value: torch.Tensor) -> TensorBox:
+        """A tensor the graph holds (``get_attr`` or made inside a decomposition)."""
+        name = f"const{next(self._const_ids)}"
+        layout = self._fix_device(layout_of_tensor(value))
+        buf = InputBuffer(name, layout, constant=value)
+        self.input_buffers[name] = buf
+        self.name_to_buffer[name] = buf
+        return TensorBox(StorageBox(buf))
+
+    def next_seed(self) -> int:
+        """The index of a fresh seed for one random op."""
+        index = self.seed_count
+        self.seed_count += 1
+        layout = Layout(
+            self.default_device, torch.int64, (sympy.Integer(self.seed_count),), (sympy.S.One,)
+        )
+        seeds = InputBuffer(SEEDS, layout)
+        self.name_to_buffer[SEEDS] = seeds
+        return index
+
+    def _fix_device(self, layout: Layout) -> Layout:
+        if layout.device.type != "meta":
+            return layout
+        return Layout(self.default_device, layout.dtype, layout.size, layout.stride, layout.offset)
+
+    def device_of(self, meta: Any) -> torch.device:
+        device = getattr(meta, "device", None)
+        if device is None or device.type == "meta":
+            return self.default_device
+        return device  # type: ignore[no-any-return]
+
+    # -- running ------------------------------------------------------------
+    def run(self) -> None:
+        env: dict[torch.fx.Node, Any] = {}
+        placeholders = iter(self.example_inputs)
+        with V.set_graph(self):
+            for node in self.gm.graph.nodes:
+                if node.op == "placeholder":
+                    env[node] = self._placeholder(node, next(placeholders, None))
+                elif node.op == "get_attr":
+                    env[node] = self.add_constant(getattr(self.gm, node.target))
+                elif node.op == "call_function":
+                    args, kwargs = torch.fx.map_arg((node.args, node.kwargs), env.__getitem__)
+                    env[node] = self._call(node, args, kwargs)
+                elif node.op == "output":
+                    self._output(torch.fx.map_arg(node.args[0], env.__getitem__), node)
+                else:
+                    msg = f"loopir lowers ATen graphs of call_function nodes, not {node.op}"
+                    raise LoweringError(msg)
+
+    def _placeholder(self, node: torch.fx.Node, example: Any) -> Any:
+        val = node.meta.get("val", example)
+        if not isinstance(val, torch.Tensor):
+            self.graph_inputs.append(None)
+            return val
+        buf = InputBuffer(node.name, self._fix_device(layout_of_tensor(val)))
+        self.graph_inputs.append(node.name)
+        self.input_buffers[node.name] = buf
+        self.name_to_buffer[node.name] = buf
+        return TensorBox(StorageBox(buf))
+
+    def _call(self, node: torch.fx.Node, args: Any, kwargs: Any) -> Any:
+        if node.target is operator.getitem:
+            return args[0][args[1]]
+        meta = node.meta.get("val")
+        if meta is None:
+            meta = self.meta_of(node.target, args, kwargs)
+        result = self.lower(node.target, args, kwargs, meta)
+        self._maybe_realize(result, len(node.users))
+        return result
+
+    def lower(self, op: Any, args: Any, kwargs: Any, meta: Any) -> Any:
+        """Lower one op call: lowering, else decomposition, else ATen fallback."""
+        saved = self.current_meta, self.current_op
+        self.current_meta, self.current_op = meta, op
+        try:
+            if op in LOWERINGS:
+                try:
+                    return LOWERINGS[op](*args, **kwargs)
+                except Unlowerable as exc:
+                    log.debug("lowering of %s declined: %s", op, exc)
+            if op in self.decompositions:
+                return run_decomposition(self, self.decompositions[op], args, kwargs)
+            return fallback(op, args, kwargs)
+        finally:
+            self.current_meta, self.current_op = saved
+
+    def meta_of(self, op: Any, args: Any, kwargs: Any) -> Any:
+        """Run ``op`` on meta tensors shaped like the IR arguments."""
+
+        def to_meta(x: Any) -> Any:
+            if isinstance(x, TensorBox):
+                size = [int(s) for s in x.get_size()]
+                return torch.empty(size, dtype=x.get_dtype(), device="meta")
+            return x
+
+        margs, mkwargs = pytree.tree_map(to_meta, (args, kwargs))
+        return op(*margs, **mkwargs)
+
+    # -- realization ----------------------------------------------------------
+    def _maybe_realize(self, result: Any, users: int) -> None:
+        for value in pytree.tree_leaves(result):
+            if not isinstance(value, TensorBox):
+                continue
+            box = value.storage()
+            if box is None or not isinstance(box.data, Pointwise):
+                continue
+            ops_count = _op_count(box.data)
+            if ops_count * (users - 1) > REALIZE_DUPLICATED_OPS or ops_count > REALIZE_MAX_OPS:
+                box.realize()
+
+    def _output(self, value: Any, node: torch.fx.Node) -> None:
+        leaves, self.output_spec = pytree.tree_flatten(value)
+        metas = node.meta.get("val")
+        meta_leaves = pytree.tree_leaves(metas) if metas is not None else [None] * len(leaves)
+        if len(meta_leaves) != len(leaves):
+            meta_leaves = [None] * len(leaves)
+        for leaf, meta in zip(leaves, meta_leaves, strict=True):
+            self.outputs.append(self._realize_output(leaf, meta))
+
+    def _realize_output(self, value: Any, meta: Any) -> Any:
+        if not isinstance(value, TensorBox):
+            return value
+        box = value.data
+        if isinstance(box, StorageBox) and isinstance(box.data, Pointwise):
+            buf = box.realize()
+            if isinstance(meta, torch.Tensor) and _dense(meta):
+                stride = tuple(buf.layout.stride)
+                stride = tuple(sympy.Integer(n) for n in meta.stride()) if meta.dim() else stride
+                buf.layout = Layout(buf.layout.device, buf.layout.dtype, buf.layout.size, stride)
+            return buf
+        found = as_strided_view(value)
+        if found is not None:
+            return found
+        return realize_as_tensor(value, "output")
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Non-overlapping and dense: some permutation of a contiguous layout."""
+    dims = sorted(range(t.dim()), key=lambda d: (t.stride(d), t.shape[d]))
+    expected = 1
+    for d in dims:
+        if t.shape[d] == 1:
+            continue
+        if t.stride(d) != expected:
+            return False
+        expected *= t.shape[d]
+    return True
+
+
+def _op_count(loops: Pointwise) -> int:
+    handler = ReadWriteHandler()
+    index = [sizes.index_symbol("i", n) for n in range(len(loops.ranges))]
+    with set_ops_handler(handler):
+        loops.inner_fn(index)
+    return handler.compute_ops()

@@ -1,0 +1,89 @@
+"""Turning views into strided windows, for consumers that need real tensors.
+
+Extern kernels, fallbacks and graph outputs need a tensor, not an index
+function. When a view's index into its buffer is affine (permute, slice,
+expand, select...), it becomes a ``ReinterpretView`` with the strides read off
+the expression; otherwise the values are copied into a fresh buffer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sympy
+
+from kiln.loopir import sizes
+from kiln.loopir.ir.buffers import Buffer
+from kiln.loopir.ir.layout import Layout
+from kiln.loopir.ir.views import ReinterpretView, StorageBox, TensorBox, View, pointwise_copy
+
+__all__ = ["as_strided_view", "realize_as_tensor", "affine_layout"]
+
+
+def _base_and_index(node: Any, index: list[sympy.Expr]) -> tuple[Buffer, sympy.Expr] | None:
+    """Walk views down to a buffer, mapping ``index`` into its storage position."""
+    while True:
+        if isinstance(node, View):
+            index = list(node.reindex(index))
+            node = node.data
+        elif isinstance(node, ReinterpretView):
+            return node.buffer, node.layout.index(index)
+        elif isinstance(node, StorageBox):
+            if not isinstance(node.data, Buffer):
+                return None
+            node = node.data
+        elif isinstance(node, Buffer):
+            return node, node.layout.index(index)
+        else:
+            return None
+
+
+def affine_layout(
+    expr: sympy.Expr, symbols: list[sympy.Symbol], template: Layout, size: tuple[sympy.Expr, ...]
+) -> Layout | None:
+    """The strided layout with position ``expr``, or None when ``expr`` is not affine."""
+    expr = sympy.expand(expr)
+    zero = dict.fromkeys(symbols, 0)
+    offset = expr.subs(zero)
+    strides = []
+    for sym in symbols:
+        coeff = expr.coeff(sym)
+        if coeff.free_symbols & set(symbols):
+            return None
+        strides.append(coeff)
+    rebuilt = offset + sympy.Add(*[c * s for c, s in zip(strides, symbols, strict=True)])
+    if sympy.expand(rebuilt - expr) != 0 or offset.free_symbols & set(symbols):
+        return None
+    strides = [sympy.S.Zero if n == 1 else s for n, s in zip(size, strides, strict=True)]
+    return Layout(template.device, template.dtype, size, tuple(strides), offset)
+
+
+def as_strided_view(x: TensorBox) -> Buffer | ReinterpretView | None:
+    """``x`` as a buffer or strided window on one, when its storage is realized."""
+    data = x.data
+    if isinstance(data, StorageBox) and isinstance(data.data, Buffer):
+        return data.data
+    if isinstance(data, (Buffer, ReinterpretView)):
+        return data
+    size = x.get_size()
+    symbols = [sizes.index_symbol("v", i) for i in range(len(size))]
+    found = _base_and_index(data, list(symbols))
+    if found is None:
+        return None
+    buf, expr = found
+    layout = affine_layout(expr, symbols, buf.layout, size)
+    return ReinterpretView(buf, layout) if layout is not None else None
+
+
+def realize_as_tensor(x: TensorBox, origin: str) -> Buffer | ReinterpretView:
+    """``x`` as something the wrapper can pass as a tensor, copying only if needed."""
+    box = x.storage()
+    if box is not None:
+        box.realize()
+    found = as_strided_view(x)
+    if found is not None:
+        return found
+    copy = pointwise_copy(x, origin)
+    storage = copy.storage()
+    assert storage is not None
+    return storage.realize()

@@ -1,0 +1,154 @@
+"""Helpers every lowering family shares: broadcasting, dtype promotion, pointwise builders."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import sympy
+import torch
+
+from kiln.loopir.ir.loops import Pointwise
+from kiln.loopir.ir.views import TensorBox, View
+from kiln.loopir.virtualized import V, ops
+
+__all__ = [
+    "Value",
+    "out_meta",
+    "out_dtype",
+    "is_half",
+    "compute_dtype",
+    "broadcast_sizes",
+    "expand_to",
+    "loader_for",
+    "make_pointwise",
+    "promote",
+    "canonical_dim",
+    "origin",
+]
+
+Value = TensorBox | bool | int | float
+
+
+def out_meta() -> Any:
+    """The meta value of the op being lowered (shape, dtype, strides of its result)."""
+    return V.graph.current_meta
+
+
+def origin() -> str:
+    """A name for the op being lowered, printed in IR dumps and kernels."""
+    return str(V.graph.current_op)
+
+
+def out_dtype(index: int = 0) -> torch.dtype:
+    meta = out_meta()
+    if isinstance(meta, (tuple, list)):
+        meta = meta[index]
+    return meta.dtype  # type: ignore[no-any-return]
+
+
+def is_half(dtype: torch.dtype) -> bool:
+    return dtype in (torch.float16, torch.bfloat16)
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype math runs in: float32 for half types (as eager's kernels do)."""
+    return torch.float32 if is_half(dtype) else dtype
+
+
+def _meta_of(x: Value) -> Any:
+    if isinstance(x, TensorBox):
+        shape = [1] * x.dim()
+        return torch.empty(shape, dtype=x.get_dtype(), device="meta")
+    return x
+
+
+def promote(*args: Value) -> torch.dtype:
+    """torch's type promotion over tensors (0-dim ones weakly) and Python scalars."""
+    metas = [_meta_of(a) for a in args if a is not None]
+    dtype = metas[0].dtype if isinstance(metas[0], torch.Tensor) else None
+    if len(metas) == 1:
+        return dtype if dtype is not None else torch.tensor(metas[0]).dtype
+    result = torch.result_type(metas[0], metas[1])
+    for m in metas[2:]:
+        a = torch.empty([1], dtype=result, device="meta")
+        result = torch.result_type(a, m)
+    return result
+
+
+def broadcast_sizes(*shapes: Sequence[sympy.Expr]) -> tuple[sympy.Expr, ...]:
+    ndim = max((len(s) for s in shapes), default=0)
+    out: list[sympy.Expr] = []
+    for i in range(ndim):
+        size: sympy.Expr = sympy.Integer(1)
+        for s in shapes:
+            j = i - (ndim - len(s))
+            if j >= 0 and s[j] != 1:
+                size = s[j]
+        out.append(size)
+    return tuple(out)
+
+
+def expand_to(x: TensorBox, size: Sequence[sympy.Expr]) -> TensorBox:
+    """``x`` broadcast to ``size`` as a view (no copy)."""
+    size = tuple(size)
+    if x.get_size() == size:
+        return x
+    xs = x.get_size()
+    lead = len(size) - len(xs)
+
+    def reindex(index: Sequence[sympy.Expr]) -> list[sympy.Expr]:
+        inner = index[lead:]
+        return [sympy.S.Zero if s == 1 else i for i, s in zip(inner, xs, strict=True)]
+
+    return TensorBox(View(x.data, size, reindex, "expand"))
+
+
+def loader_for(x: Value, size: Sequence[sympy.Expr], dtype: torch.dtype) -> Callable[..., Any]:
+    """A loader producing ``x`` broadcast to ``size`` and converted to ``dtype``."""
+    if not isinstance(x, TensorBox):
+        value = x
+        return lambda index: ops.constant(value, dtype)
+    inner = expand_to(x, size).make_loader()
+    src = x.get_dtype()
+    if src == dtype:
+        return inner
+    return lambda index: ops.to_dtype(inner(index), dtype, src)
+
+
+def make_pointwise(
+    fn: Callable[..., Any],
+    inputs: Sequence[Value],
+    *,
+    dtype: torch.dtype | None = None,
+    math_dtype: torch.dtype | None = None,
+    fn_dtype: torch.dtype | None = None,
+    name: str | None = None,
+) -> TensorBox:
+    """A ``Pointwise`` applying ``fn`` to the broadcast inputs.
+
+    Inputs are converted to ``math_dtype`` (default: the promoted input dtype, or
+    the result dtype for ops that produce floats from ints), upcast from half to
+    float32; ``fn`` gives ``fn_dtype`` (default: the math dtype; bool for comparisons)
+    and its result is converted to ``dtype`` (default: the op's result dtype).
+    """
+    result = dtype or out_dtype()
+    math = compute_dtype(math_dtype or result)
+    tensors = [x for x in inputs if isinstance(x, TensorBox)]
+    size = broadcast_sizes(*(t.get_size() for t in tensors))
+    loaders = [loader_for(x, size, math) for x in inputs]
+    device = tensors[0].get_device() if tensors else V.graph.default_device
+
+    def inner(index: Sequence[sympy.Expr]) -> Any:
+        value = fn(*[load(index) for load in loaders])
+        produced = fn_dtype or math
+        return ops.to_dtype(value, result, produced) if produced != result else value
+
+    return TensorBox.from_loops(Pointwise(device, result, size, name or origin(), inner))
+
+
+def canonical_dim(dim: int, ndim: int) -> int:
+    """``dim`` made non-negative (a 0-dim tensor accepts 0 and -1)."""
+    if ndim == 0:
+        return 0
+    return dim % ndim

@@ -1,0 +1,222 @@
+"""View lowerings: index remapping with no copies (view, permute, slice, flip, ...)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import sympy
+
+from kiln.loopir import sizes
+from kiln.loopir.errors import Unlowerable
+from kiln.loopir.ir.buffers import Buffer
+from kiln.loopir.ir.layout import Layout
+from kiln.loopir.ir.strided import as_strided_view
+from kiln.loopir.ir.views import ReinterpretView, TensorBox, View
+from kiln.loopir.lowering.common import canonical_dim, expand_to
+from kiln.loopir.lowering.registry import overloads, register_lowering
+
+__all__ = ["view", "permute", "slice_", "unsqueeze", "squeeze_dims", "flat_view"]
+
+S = sympy.Integer
+Index = Sequence[sympy.Expr]
+
+
+def _remap(x: TensorBox, size: Sequence[sympy.Expr], reindex: Any, name: str) -> TensorBox:
+    return TensorBox(View(x.data, tuple(size), reindex, name))
+
+
+def _resolve_size(x: TensorBox, size: Sequence[Any]) -> list[sympy.Expr]:
+    out = [sizes.sympify(s) for s in size]
+    if any(s == -1 for s in out):
+        known = sizes.product([s for s in out if s != -1])
+        out = [sympy.simplify(x.numel() / known) if s == -1 else s for s in out]
+    return out
+
+
+def view(x: TensorBox, size: Sequence[Any]) -> TensorBox:
+    """``x`` with a new shape and the same row-major element order."""
+    new = _resolve_size(x, size)
+    old = x.get_size()
+    if tuple(new) == tuple(old):
+        return x
+    base = as_strided_view(x)
+    if isinstance(base, (Buffer, ReinterpretView)):
+        layout = base.layout
+        if layout.is_contiguous():
+            strides = tuple(sizes.contiguous_strides(new))
+            target = base.buffer if isinstance(base, ReinterpretView) else base
+            lay = Layout(layout.device, layout.dtype, tuple(new), strides, layout.offset)
+            return TensorBox(ReinterpretView(target, lay))
+
+    def reindex(index: Index) -> list[sympy.Expr]:
+        return sizes.unflatten_index(sizes.flat_index(index, new), old)
+
+    return _remap(x, new, reindex, "view")
+
+
+def flat_view(x: TensorBox) -> TensorBox:
+    return view(x, [x.numel()])
+
+
+register_lowering(*overloads("view", "default"), *overloads("_unsafe_view", "default"))(view)
+register_lowering(*overloads("reshape", "default"))(view)
+
+
+@register_lowering(*overloads("alias", "default"), *overloads("lift_fresh", "default"))
+def _alias(x: TensorBox) -> TensorBox:
+    return x
+
+
+@register_lowering(*overloads("expand", "default"))
+def _expand(x: TensorBox, size: Sequence[Any], implicit: bool = False) -> TensorBox:
+    lead = len(size) - x.dim()
+    target = [x.get_size()[i - lead] if s == -1 else sizes.sympify(s) for i, s in enumerate(size)]
+    return expand_to(x, target)
+
+
+@register_lowering(*overloads("permute", "default"))
+def permute(x: TensorBox, dims: Sequence[int]) -> TensorBox:
+    n = x.dim()
+    dims = [canonical_dim(d, n) for d in dims]
+    size = [x.get_size()[d] for d in dims]
+
+    def reindex(index: Index) -> list[sympy.Expr]:
+        out: list[sympy.Expr] = [S(0)] * n
+        for i, d in enumerate(dims):
+            out[d] = index[i]
+        return out
+
+    return _remap(x, size, reindex, "permute")
+
+
+@register_lowering(*overloads("transpose", "int"))
+def _transpose(x: TensorBox, d0: int, d1: int) -> TensorBox:
+    n = x.dim()
+    if n < 2:
+        return x
+    dims = list(range(n))
+    a, b = canonical_dim(d0, n), canonical_dim(d1, n)
+    dims[a], dims[b] = dims[b], dims[a]
+    return permute(x, dims)
+
+
+@register_lowering(*overloads("t", "default"))
+def _t(x: TensorBox) -> TensorBox:
+    return _transpose(x, 0, 1) if x.dim() == 2 else x
+
+
+@register_lowering(*overloads("unsqueeze", "default"))
+def unsqueeze(x: TensorBox, dim: int) -> TensorBox:
+    dim = canonical_dim(dim, x.dim() + 1)
+    size = list(x.get_size())
+    size.insert(dim, S(1))
+    return _remap(x, size, lambda index: [*index[:dim], *index[dim + 1 :]], "unsqueeze")
+
+
+def squeeze_dims(x: TensorBox, dims: Sequence[int]) -> TensorBox:
+    """``x`` without the listed dims of size 1 (others are kept, as torch does)."""
+    n = x.dim()
+    drop = {canonical_dim(d, n) for d in dims if x.get_size()[canonical_dim(d, n)] == 1}
+    if not drop:
+        return x
+    size = [s for i, s in enumerate(x.get_size()) if i not in drop]
+
+    def reindex(index: Index) -> list[sympy.Expr]:
+        it = iter(index)
+        return [S(0) if i in drop else next(it) for i in range(n)]
+
+    return _remap(x, size, reindex, "squeeze")
+
+
+@register_lowering(*overloads("squeeze", "default", "dim", "dims"))
+def _squeeze(x: TensorBox, dim: int | Sequence[int] | None = None) -> TensorBox:
+    if dim is None:
+        return squeeze_dims(x, range(x.dim()))
+    return squeeze_dims(x, [dim] if isinstance(dim, int) else dim)
+
+
+def _clip(v: int, n: int) -> int:
+    if v < 0:
+        v += n
+    return min(max(v, 0), n)
+
+
+@register_lowering(*overloads("slice", "Tensor"))
+def slice_(
+    x: TensorBox, dim: int = 0, start: int | None = None, end: int | None = None, step: int = 1
+) -> TensorBox:
+    dim = canonical_dim(dim, x.dim())
+    n = sizes.evaluate_int(x.get_size()[dim])
+    lo = _clip(start if start is not None else 0, n)
+    hi = _clip(end if end is not None else n, n)
+    length = max(0, (hi - lo + step - 1) // step)
+    if (lo, length, step) == (0, n, 1):
+        return x
+    size = list(x.get_size())
+    size[dim] = S(length)
+
+    def reindex(index: Index) -> list[sympy.Expr]:
+        out = list(index)
+        out[dim] = lo + out[dim] * step
+        return out
+
+    return _remap(x, size, reindex, "slice")
+
+
+@register_lowering(*overloads("select", "int"))
+def _select(x: TensorBox, dim: int, index: int) -> TensorBox:
+    dim = canonical_dim(dim, x.dim())
+    n = sizes.evaluate_int(x.get_size()[dim])
+    pos = index + n if index < 0 else index
+    size = [s for i, s in enumerate(x.get_size()) if i != dim]
+    return _remap(x, size, lambda idx: [*idx[:dim], S(pos), *idx[dim:]], "select")
+
+
+@register_lowering(*overloads("flip", "default"))
+def _flip(x: TensorBox, dims: Sequence[int]) -> TensorBox:
+    flipped = {canonical_dim(d, x.dim()) for d in dims}
+    size = x.get_size()
+
+    def reindex(index: Index) -> list[sympy.Expr]:
+        return [size[i] - 1 - v if i in flipped else v for i, v in enumerate(index)]
+
+    return _remap(x, size, reindex, "flip")
+
+
+@register_lowering(*overloads("roll", "default"))
+def _roll(x: TensorBox, shifts: Sequence[int], dims: Sequence[int] = ()) -> TensorBox:
+    if not dims:
+        flat = flat_view(x)
+        return view(_roll(flat, shifts, [0]), x.get_size())
+    size = x.get_size()
+    amounts = {canonical_dim(d, x.dim()): s for d, s in zip(dims, shifts, strict=True)}
+
+    def reindex(index: Index) -> list[sympy.Expr]:
+        out = list(index)
+        for d, shift in amounts.items():
+            n = sizes.evaluate_int(size[d])
+            if n:
+                out[d] = sizes.ModularIndexing(out[d] + (n - shift % n), 1, n)
+        return out
+
+    return _remap(x, size, reindex, "roll")
+
+
+@register_lowering(*overloads("as_strided", "default"))
+def _as_strided(
+    x: TensorBox, size: Sequence[int], stride: Sequence[int], storage_offset: int | None = None
+) -> TensorBox:
+    box = x.storage()
+    if box is None:
+        raise Unlowerable("as_strided of a computed view")
+    buf = box.realize()
+    offset = S(storage_offset) if storage_offset is not None else buf.layout.offset
+    lay = Layout(
+        buf.layout.device,
+        buf.layout.dtype,
+        tuple(S(s) for s in size),
+        tuple(S(s) for s in stride),
+        offset,
+    )
+    return TensorBox(ReinterpretView(buf, lay))

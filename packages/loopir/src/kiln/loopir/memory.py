@@ -1,0 +1,123 @@
+"""Memory planning: allocate late, free after last use, reuse and work in place.
+
+Over the ordered steps, each buffer a kernel writes is allocated right before
+its first writer and deleted after its last reader. A new allocation takes over
+a dead buffer of identical layout (reuse) and, when its kernel reads a dying
+input at exactly the address it writes, that input's storage (in place). The
+plan reports peak bytes of intermediates (inputs excluded).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+from kiln.loopir.analysis import ReadWriteHandler
+from kiln.loopir.ir.layout import Layout
+from kiln.loopir.kernel import RINDEX, XINDEX, KernelGroup
+from kiln.loopir.scheduler.order import KernelStep, Step
+from kiln.loopir.virtualized import set_ops_handler
+
+__all__ = ["MemoryPlan", "plan_memory"]
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+    """What the wrapper does around each step (by step position)."""
+
+    allocate: dict[int, list[tuple[str, Layout]]]
+    reuse: dict[int, list[tuple[str, str, str]]]  # (new, old, "reuse" | "inplace")
+    free: dict[int, list[str]]
+    peak_bytes: int
+
+
+def _in_place_ok(group: KernelGroup, old: str, new: str) -> bool:
+    """``old`` is read only by the node that writes ``new``, at the address written."""
+    readers = []
+    for node in group.nodes:
+        handler = ReadWriteHandler()
+        with set_ops_handler(handler):
+            node.body(XINDEX, RINDEX if node.mode == "xr" else None)
+        reads = [d for d in handler.reads if d.name == old]
+        if reads:
+            readers.append((node, reads, [d for d in handler.writes if d.name == new]))
+    if len(readers) != 1:
+        return False
+    node, reads, writes = readers[0]
+    if node.kind != "pointwise" or len(writes) != 1:
+        return False
+    return all(r.index == writes[0].index and not r.is_indirect() for r in reads)
+
+
+def _same(a: Layout, b: Layout) -> bool:
+    return a.as_fixed() == b.as_fixed()
+
+
+def plan_memory(
+    steps: Sequence[Step],
+    layout_of: Callable[[str], Layout],
+    external: set[str],
+) -> MemoryPlan:
+    """Plan allocations; ``external`` names inputs, constants and outputs (never freed)."""
+    last_use: dict[str, int] = {}
+    for i, step in enumerate(steps):
+        for name in step.reads | step.writes:
+            last_use[name] = i
+    allocate: dict[int, list[tuple[str, Layout]]] = {}
+    reuse: dict[int, list[tuple[str, str, str]]] = {}
+    free: dict[int, list[str]] = {}
+    pool: list[tuple[str, Layout]] = []
+    produced: set[str] = set()
+    handed_over: set[str] = set()  # storage now owned by an in-place successor
+    live = peak = 0
+    for i, step in enumerate(steps):
+        if isinstance(step, KernelStep):
+            for name in step.group.outputs:
+                if name in produced or (name in external and name in step.reads):
+                    continue
+                produced.add(name)
+                layout = layout_of(name)
+                donor = _donor(step, name, layout, pool, last_use, i, external, layout_of)
+                if donor is not None:
+                    reuse.setdefault(i, []).append(donor)
+                    if donor[2] == "inplace":
+                        handed_over.add(donor[1])
+                        continue
+                else:
+                    allocate.setdefault(i, []).append((name, layout))
+                live += layout.nbytes()
+        else:
+            for name in step.writes - produced:
+                produced.add(name)
+                live += layout_of(name).nbytes()
+        peak = max(peak, live)
+        for name in sorted(step.reads | step.writes):
+            if last_use.get(name) != i or name in external or name not in produced:
+                continue
+            free.setdefault(i, []).append(name)
+            if name not in handed_over:
+                pool.append((name, layout_of(name)))
+                live -= layout_of(name).nbytes()
+    return MemoryPlan(allocate, reuse, free, peak)
+
+
+def _donor(
+    step: KernelStep,
+    name: str,
+    layout: Layout,
+    pool: list[tuple[str, Layout]],
+    last_use: dict[str, int],
+    i: int,
+    external: set[str],
+    layout_of: Callable[[str], Layout],
+) -> tuple[str, str, str] | None:
+    for old in sorted(step.reads):
+        if old in external or last_use.get(old) != i or old in step.writes:
+            continue
+        if _same(layout_of(old), layout) and _in_place_ok(step.group, old, name):
+            return name, old, "inplace"
+    for k, (old, old_layout) in enumerate(pool):
+        if _same(old_layout, layout):
+            del pool[k]
+            return name, old, "reuse"
+    return None

@@ -1,0 +1,178 @@
+"""Fusion: ``can_fuse`` and ``score_fusion``, applied greedily to a fixed point.
+
+Two groups fuse when they run on one device, iterate compatible spaces (the
+same one, or a reduction and pointwise work over its input or output), fusing
+makes no cycle, every buffer passed between them is read at exactly the address
+it was written (no reversed or reindexed reads across the edge), and the
+backend does not veto. Among legal pairs the best score wins: vertical fusions
+with a reduction first, then vertical, then horizontal; more bytes saved, then
+closer in the graph. Every decision is logged on ``kiln.loopir.fusion``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import sympy
+
+from kiln.loopir.backend import Backend
+from kiln.loopir.ir.layout import Layout
+from kiln.loopir.scheduler.groups import FusionGroup, fused_shape, make_kernel_group, node_modes
+from kiln.loopir.scheduler.nodes import SchedNode
+
+__all__ = ["fuse_groups", "can_fuse", "score_fusion"]
+
+fusion_log = logging.getLogger("kiln.loopir.fusion")
+
+Score = tuple[int, int, int]
+
+
+class _Dag:
+    """The group-level dependency graph of the current grouping."""
+
+    def __init__(self, groups: list[FusionGroup]) -> None:
+        self.group_of: dict[SchedNode, FusionGroup] = {n: g for g in groups for n in g.nodes}
+        self.preds: dict[FusionGroup, set[FusionGroup]] = {
+            g: {self.group_of[p] for n in g.nodes for p in n.preds} - {g} for g in groups
+        }
+        self._anc: dict[FusionGroup, set[FusionGroup]] = {}
+
+    def ancestors(self, g: FusionGroup) -> set[FusionGroup]:
+        if g not in self._anc:
+            found: set[FusionGroup] = set()
+            stack = list(self.preds[g])
+            while stack:
+                p = stack.pop()
+                if p not in found:
+                    found.add(p)
+                    stack.extend(self.preds[p])
+            self._anc[g] = found
+        return self._anc[g]
+
+    def makes_cycle(self, a: FusionGroup, b: FusionGroup) -> bool:
+        for first, second in ((a, b), (b, a)):
+            middle = self.ancestors(second) - {first}
+            if any(first in self.ancestors(c) for c in middle):
+                return True
+        return False
+
+
+def _check_addresses(nodes: list[SchedNode], numel: sympy.Expr, rnumel: sympy.Expr) -> str | None:
+    modes = node_modes(nodes, numel, rnumel)
+    for i, (producer, pmode) in enumerate(modes):
+        pw = producer.accesses(pmode, rnumel).writes
+        for consumer, cmode in modes[i + 1 :]:
+            shared = producer.writes & consumer.reads
+            if not shared:
+                continue
+            reads = consumer.accesses(cmode, rnumel).reads
+            for name in shared:
+                written = {d.index for d in pw if d.name == name}
+                for dep in (d for d in reads if d.name == name):
+                    if dep.is_indirect() or len(written) != 1 or dep.index not in written:
+                        return (
+                            f"{consumer.name} reads {name} at {dep.index} but {producer.name} "
+                            f"writes it at {', '.join(map(str, written))}"
+                        )
+    return None
+
+
+def can_fuse(
+    a: FusionGroup,
+    b: FusionGroup,
+    dag: _Dag,
+    veto: Callable[[list[SchedNode], sympy.Expr, sympy.Expr], str | None],
+) -> tuple[sympy.Expr, sympy.Expr] | str:
+    """The fused (numel, rnumel), or the reason the two groups must stay apart."""
+    if a.kind != "kernel" or b.kind != "kernel":
+        return "extern calls and no-ops are not fused"
+    if any(n.is_mutation() for n in a.nodes + b.nodes):
+        return "mutation (scatter) kernels are not fused"
+    if a.nodes[0].device != b.nodes[0].device:
+        return f"different devices {a.nodes[0].device} and {b.nodes[0].device}"
+    shape = fused_shape(a.nodes + b.nodes)
+    if isinstance(shape, str):
+        return shape
+    if dag.makes_cycle(a, b):
+        return "fusing would create a cycle through another kernel"
+    nodes = sorted(a.nodes + b.nodes, key=lambda n: n.index)
+    problem = _check_addresses(nodes, *shape)
+    if problem is not None:
+        return problem
+    refused = veto(nodes, *shape)
+    return refused if refused is not None else shape
+
+
+def score_fusion(a: FusionGroup, b: FusionGroup, nbytes: Callable[[str], int]) -> Score:
+    """(category, bytes saved, -graph distance): larger is better."""
+    vertical = bool(a.writes & b.reads or b.writes & a.reads)
+    reduction = any(n.is_reduction() for n in a.nodes + b.nodes)
+    category = (2 if reduction else 1) if vertical else 0
+    shared = (a.writes & b.reads) | (b.writes & a.reads) | (a.reads & b.reads)
+    saved = sum(nbytes(name) for name in shared)
+    return category, saved, -abs(a.index - b.index)
+
+
+def fuse_groups(
+    nodes: list[SchedNode],
+    backend_for: Callable[[SchedNode], Backend],
+    layout_of: Callable[[str], Layout],
+    nbytes: Callable[[str], int],
+) -> list[FusionGroup]:
+    """Greedy fusion to a fixed point; returns the groups (not yet ordered)."""
+    groups = [_singleton(n) for n in nodes]
+    told: set[tuple[str, str]] = set()
+
+    def veto(members: list[SchedNode], numel: sympy.Expr, rnumel: sympy.Expr) -> str | None:
+        group = make_kernel_group("candidate", members, numel, rnumel, layout_of)
+        refused = backend_for(members[0]).fusion_veto(group)
+        return f"backend refused: {refused}" if refused else None
+
+    while True:
+        dag = _Dag(groups)
+        best: tuple[Score, FusionGroup, FusionGroup, tuple[sympy.Expr, sympy.Expr]] | None = None
+        for a, b in _candidate_pairs(groups):
+            verdict = can_fuse(a, b, dag, veto)
+            if isinstance(verdict, str):
+                key = (a.names(), b.names())
+                if key not in told:
+                    told.add(key)
+                    fusion_log.info("not fusing %s and %s: %s", a.names(), b.names(), verdict)
+                continue
+            score = score_fusion(a, b, nbytes)
+            if best is None or score > best[0]:
+                best = (score, a, b, verdict)
+        if best is None:
+            return groups
+        score, a, b, (numel, rnumel) = best
+        merged = FusionGroup(sorted(a.nodes + b.nodes, key=lambda n: n.index), numel, rnumel)
+        fusion_log.info(
+            "fusing %s and %s into %s (numel=%s, rnumel=%s, score=%s)",
+            a.names(), b.names(), merged.names(), numel, rnumel, score,
+        )  # fmt: skip
+        groups = [g for g in groups if g is not a and g is not b] + [merged]
+
+
+def _singleton(node: SchedNode) -> FusionGroup:
+    if node.kind != "kernel":
+        return FusionGroup([node])
+    numel, rnumel = node.group_key()
+    return FusionGroup([node], numel, rnumel)
+
+
+def _candidate_pairs(groups: list[FusionGroup]) -> list[tuple[FusionGroup, FusionGroup]]:
+    """Pairs of kernel groups that share a buffer (the only fusions that save traffic)."""
+    by_name: dict[str, list[FusionGroup]] = {}
+    for g in groups:
+        if g.kind != "kernel":
+            continue
+        for name in g.reads | g.writes:
+            by_name.setdefault(name, []).append(g)
+    pairs: dict[tuple[int, int], tuple[FusionGroup, FusionGroup]] = {}
+    for members in by_name.values():
+        for i, a in enumerate(members):
+            for b in members[i + 1 :]:
+                first, second = (a, b) if a.index <= b.index else (b, a)
+                pairs[(first.uid, second.uid)] = (first, second)
+    return sorted(pairs.values(), key=lambda p: (p[0].index, p[1].index))

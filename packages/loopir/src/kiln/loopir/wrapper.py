@@ -1,0 +1,155 @@
+"""The wrapper: a generated Python function that runs one compiled graph.
+
+It unpacks the inputs, draws seeds for random ops, allocates buffers with
+``empty_strided``, launches kernels through the backends' callables, calls
+extern ATen ops, frees buffers after their last use, and returns the outputs.
+The source is printed on ``kiln.loopir.output_code`` and dumped as an artifact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import linecache
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from kiln.capture import artifacts
+from kiln.loopir import random_bits, sizes
+from kiln.loopir.ir.buffers import Buffer, ExternBuffer
+from kiln.loopir.ir.layout import Layout
+from kiln.loopir.ir.views import ReinterpretView
+from kiln.loopir.kernel import SEEDS
+from kiln.loopir.memory import MemoryPlan
+from kiln.loopir.scheduler.order import ExternStep, KernelStep, NopStep, Step
+
+__all__ = ["WrapperCode", "generate_wrapper"]
+
+output_log = logging.getLogger("kiln.loopir.output_code")
+_file_ids = itertools.count()
+
+
+def _reinterpret(
+    t: torch.Tensor, size: Sequence[int], stride: Sequence[int], offset: int
+) -> torch.Tensor:
+    return torch.as_strided(t, size, stride, t.storage_offset() + offset)
+
+
+@dataclasses.dataclass
+class WrapperCode:
+    """Generated source plus the globals it runs with."""
+
+    source: str
+    globals: dict[str, Any]
+    fn: Callable[[list[Any]], Any]
+
+
+class _Writer:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.globals: dict[str, Any] = {
+            "torch": torch,
+            "empty_strided": torch.empty_strided,
+            "reinterpret": _reinterpret,
+            "draw_seeds": random_bits.draw_seeds,
+            "device": torch.device,
+            "leaves": pytree.tree_leaves,
+        }
+        self._consts = itertools.count()
+
+    def line(self, text: str) -> None:
+        self.lines.append("    " + text)
+
+    def const(self, value: Any, hint: str = "c") -> str:
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return repr(value)
+        name = f"_{hint}{next(self._consts)}"
+        self.globals[name] = value
+        return name
+
+    def expr(self, value: Any) -> str:
+        """Python source for an argument of an extern call or an output."""
+        if isinstance(value, ReinterpretView):
+            lay = value.layout
+            size = tuple(sizes.evaluate_int(s) for s in lay.size)
+            stride = tuple(sizes.evaluate_int(s) for s in lay.stride)
+            off = sizes.evaluate_int(lay.offset)
+            return f"reinterpret({value.get_name()}, {size}, {stride}, {off})"
+        if isinstance(value, Buffer):
+            return value.get_name()
+        if isinstance(value, (list, tuple)) and any(
+            isinstance(v, (Buffer, ReinterpretView)) for v in pytree.tree_leaves(value)
+        ):
+            inner = ", ".join(self.expr(v) for v in value)
+            return f"[{inner}]" if isinstance(value, list) else f"({inner},)"
+        return self.const(value)
+
+
+def _alloc(layout: Layout) -> str:
+    size = tuple(sizes.evaluate_int(s) for s in layout.size)
+    stride = tuple(sizes.evaluate_int(s) for s in layout.stride)
+    return f"empty_strided({size}, {stride}, device={str(layout.device)!r}, dtype={layout.dtype})"
+
+
+def generate_wrapper(
+    steps: Sequence[Step],
+    plan: MemoryPlan,
+    graph_inputs: Sequence[str | None],
+    outputs: Sequence[Any],
+    output_spec: Any,
+    constants: dict[str, torch.Tensor],
+    seed_count: int,
+    seed_device: torch.device,
+) -> WrapperCode:
+    w = _Writer()
+    params = [name or f"_unused{i}" for i, name in enumerate(graph_inputs)]
+    header = "def call(args):"
+    if params:
+        w.line(f"{', '.join(params)}, = args")
+    w.line("args.clear()")
+    for name, value in constants.items():
+        w.line(f"{name} = {w.const(value, 'const')}")
+    if seed_count:
+        w.line(f"{SEEDS} = draw_seeds({seed_count}, {str(seed_device)!r})")
+    for i, step in enumerate(steps):
+        for name, layout in plan.allocate.get(i, []):
+            w.line(f"{name} = {_alloc(layout)}")
+        for new, old, why in plan.reuse.get(i, []):
+            w.line(f"{new} = {old}  # {why}")
+        _emit_step(w, step)
+        if plan.free.get(i):
+            w.line(f"del {', '.join(plan.free[i])}")
+    outs = ", ".join(w.expr(o) for o in outputs)
+    w.globals["_spec"] = output_spec
+    w.globals["_unflatten"] = pytree.tree_unflatten
+    w.line(f"return _unflatten([{outs}], _spec)")
+    source = "\n".join([header, *w.lines]) + "\n"
+    filename = f"<kiln.loopir wrapper {next(_file_ids)}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    namespace = dict(w.globals)
+    exec(compile(source, filename, "exec"), namespace)
+    output_log.info("wrapper code (peak %d bytes):\n%s", plan.peak_bytes, source)
+    artifacts.dump("output_code.py", source)
+    return WrapperCode(source, w.globals, namespace["call"])
+
+
+def _emit_step(w: _Writer, step: Step) -> None:
+    if isinstance(step, KernelStep):
+        w.globals[step.code.name] = step.code.fn
+        artifacts.dump(f"{step.code.name}.{step.code.language}.txt", step.code.source)
+        w.line(f"# {step.group.describe()}  [{', '.join(step.group.origins())}]")
+        w.line(f"{step.code.name}({', '.join(step.group.args)})")
+    elif isinstance(step, ExternStep):
+        buf: ExternBuffer = step.buffer
+        op = w.const(buf.op, "op")
+        args = [w.expr(a) for a in buf.args]
+        args += [f"{k}={w.expr(v)}" for k, v in buf.kwargs.items()]
+        note = "fallback" if buf.fallback else "extern"
+        w.line(f"{buf.name} = {op}({', '.join(args)})  # {note} {buf.op}")
+    elif isinstance(step, NopStep):
+        (leaf,) = step.buffer.index
+        w.line(f"{step.buffer.name} = leaves({step.buffer.parent.name})[{leaf}]")
