@@ -81,3 +81,37 @@ def test_builtins_and_odd_attribute_names():
     assert check(o)
     setattr(o, "not-an-identifier", 6)
     assert not check(o)
+
+
+def test_unknown_source_kinds_fall_back_to_their_resolve():
+    import dataclasses
+
+    from kiln.capture.source import Source
+
+    @dataclasses.dataclass(frozen=True)
+    class LenSource(Source):  # a kind capture might add later
+        base: Source
+
+        def __str__(self):
+            return f"len({self.base})"
+
+        def resolve(self, f_locals, f_globals, cells):
+            return len(self.base.resolve(f_locals, f_globals, cells))
+
+    def h(xs, n=1):
+        return xs
+
+    check = guards.build_check([GuardSpec(LenSource(LocalSource("xs")), GuardKind.EQUALS, 2)], h)
+    assert "= locals()" in check.source
+    assert check([1, 2]) and not check([1])
+    assert check.failure_reason([1]) == "len(L['xs']) changed: expected 2, got 1"
+
+    @dataclasses.dataclass(frozen=True)
+    class Opaque(Source):
+        def __str__(self):
+            return "?"
+
+    import pytest
+
+    with pytest.raises(guards.UnsupportedGuard, match="no resolve"):
+        guards.build_check([GuardSpec(Opaque(), GuardKind.IS_NONE)], h)

@@ -87,6 +87,7 @@ class CheckSource:
         self._locals: dict[str, str] = {}
         self._uses: collections.Counter[str] = collections.Counter()
         self.lines: list[str] = []
+        self.needs_locals = False  # whether the check starts with ``<prefix>L = locals()``
 
     # ---- names and expressions -------------------------------------------------------
 
@@ -167,8 +168,19 @@ class CheckSource:
             return f"{self.expr(source.base)}[{self.literal(source.index, 'idx')}]"
         if isinstance(source, DefaultSource):
             return self._default(source)
-        msg = f"kiln.guards cannot read a {type(source).__name__} ({source})"
-        raise UnsupportedGuard(msg)
+        return self._resolved(source)
+
+    def _resolved(self, source: Source) -> str:
+        """A source kind codegen does not know: ask the source itself (slower, still correct)."""
+        if type(source).resolve is Source.resolve:
+            msg = (
+                f"kiln.guards cannot read a {type(source).__name__} ({source}): it has no resolve()"
+            )
+            raise UnsupportedGuard(msg)
+        self.needs_locals = True
+        cells = dict(zip(self.fn.__code__.co_freevars, self.fn.__closure__ or (), strict=True))
+        args = f"{self.prefix}L, {self.bind(self.fn.__globals__, 'G')}, {self.bind(cells, 'cells')}"
+        return f"{self.bind(source, 'source')}.resolve({args})"
 
     def hoist(self, source: Source | None, *, itself: bool = False) -> None:
         """Compute into locals every prefix of ``source`` that several guards read
@@ -310,7 +322,8 @@ def generate(fn: types.FunctionType, ordered: list[GuardSpec]) -> tuple[str, str
             continue
         cs.hoist(g.source, itself=g.kind in _MULTI_READ)
         cs.require(cs.condition(g))
-    body = "\n".join(f"        {line}" for line in [*cs.lines, "return True"])
+    first = [f"{cs.prefix}L = locals()"] if cs.needs_locals else []
+    body = "\n".join(f"        {line}" for line in [*first, *cs.lines, "return True"])
     # Named like the function, so a call that cannot bind fails with Python's own message.
     name = fn.__name__ if fn.__name__.isidentifier() else "guard"
     text = (
