@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,3 +21,7 @@ def session_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path
         os.environ.pop("KILN_CACHE_DIR", None)
     else:
         os.environ["KILN_CACHE_DIR"] = old
+
+
+# Helpers shared by test modules live next to them (cpp_corpus.py).
+sys.path.insert(0, str(Path(__file__).parent))
