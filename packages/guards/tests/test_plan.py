@@ -66,3 +66,35 @@ def test_cheap_first_then_state_then_tensors_then_hooks():
 def test_malformed_guards_are_reported():
     with pytest.raises(ValueError):
         plan.order([GuardSpec(x, GuardKind.GLOBAL_STATE, GlobalState.current())], raise_unsupported)
+
+
+def test_guards_inside_a_module_tree_are_dropped_when_it_pins_them():
+    class Cfg:
+        hidden = 4
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+    model.eps = 0.5
+    model.cfg = Cfg()
+    s = LocalSource("self")
+    first = s.item(0)
+    pinned = [
+        GuardSpec(s, GuardKind.MODULE_MATCH, id(model)),
+        GuardSpec(s.attr("training"), GuardKind.BOOL, True),
+        GuardSpec(first, GuardKind.MODULE_MATCH, id(model[0])),
+        GuardSpec(first, GuardKind.HOOKS_EMPTY),
+        GuardSpec(first.attr("weight"), GuardKind.TENSOR_MATCH, TensorMeta.of(model[0].weight)),
+        GuardSpec(first.attr("in_features"), GuardKind.EQUALS, 2),
+        GuardSpec(s.attr("eps"), GuardKind.EQUALS, 0.5),
+        GuardSpec(s.attr("cfg"), GuardKind.TYPE_MATCH, Cfg),
+    ]
+    kept = [
+        GuardSpec(s.attr("cfg").attr("hidden"), GuardKind.EQUALS, 4),  # inside a plain object
+        GuardSpec(first.attr("forward"), GuardKind.ID_MATCH, 123),  # a class attribute
+        GuardSpec(s.attr("eps"), GuardKind.EQUALS, 0.25),  # does not hold now: kept, fails
+        GuardSpec(LocalSource("x"), GuardKind.EQUALS, 1),  # outside the tree
+    ]
+    tree = GuardSpec(s, GuardKind.MODULE_TREE, model)
+    ordered = plan.order([*pinned, tree, *kept], raise_unsupported)
+    assert [str(g) for g in ordered if g.kind is not GuardKind.MODULE_TREE] == [
+        str(g) for g in sorted(kept, key=lambda g: plan.source_depth(g.source))
+    ]

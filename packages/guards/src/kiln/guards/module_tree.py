@@ -23,7 +23,7 @@ from kiln.capture.guard_data import TensorMeta
 from kiln.guards import hooks, stamps
 from kiln.guards.config import config
 
-__all__ = ["TreeSnapshot", "explain", "snapshot"]
+__all__ = ["TreeSnapshot", "explain", "reach", "snapshot"]
 
 _HOOK_DICTS = frozenset(
     {
@@ -331,6 +331,63 @@ class TreeSnapshot:
                 return False
         self.validated[0] = stamp if config.trust_module_stamps else -1
         return True
+
+
+_CONTAINER_GETITEMS = frozenset(
+    {
+        torch.nn.ModuleList.__getitem__,
+        torch.nn.Sequential.__getitem__,
+        torch.nn.ModuleDict.__getitem__,
+    }
+)
+
+
+def _reach_attr(m: torch.nn.Module, name: str) -> tuple[str, Any] | None:
+    if name == "training":
+        return "value", m.training
+    if name in _STRUCTURAL or name in _HOOK_DICTS:
+        return None
+    if any(name in vars(cls) for cls in type(m).__mro__):
+        return None  # a class attribute, property or method: not part of the snapshot
+    state = vars(m)
+    if name in state:
+        value = state[name]
+        return ("value" if _is_constant(value) else "identity"), value
+    for table, how in ((m._parameters, "tensor"), (m._buffers, "tensor"), (m._modules, "module")):
+        if name in table:
+            value = table[name]
+            return (how if value is not None else "value"), value
+    return None
+
+
+def reach(tree: TreeSnapshot, steps: list[tuple[str, Any]]) -> tuple[str, Any] | None:
+    """What the snapshot pins at ``root.<steps>``, if it pins it, as (how, value now).
+
+    ``steps`` are ("attr", name) or ("item", key) from the root. ``how`` is "module"
+    (identity and everything under it), "tensor" (identity and metadata), "value"
+    (type and ==) or "identity" (the same object; its contents are not covered).
+    """
+    how, value = "module", tree.root
+    for kind, key in steps:
+        if how != "module":
+            return None
+        m: torch.nn.Module = value
+        if kind == "attr":
+            found = _reach_attr(m, key)
+            if found is None:
+                return None
+            how, value = found
+            continue
+        getitem = getattr(type(m), "__getitem__", None)
+        if getitem not in _CONTAINER_GETITEMS:
+            return None
+        try:
+            value = getitem(m, key)
+        except Exception:
+            return None
+        if not any(value is child for child in m._modules.values()):
+            return None  # e.g. a slice of a Sequential: a new module
+    return how, value
 
 
 def snapshot(root_path: str, root: torch.nn.Module) -> TreeSnapshot:

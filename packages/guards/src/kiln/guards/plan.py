@@ -16,7 +16,7 @@ import torch
 
 from kiln.capture.guard_data import GuardKind, GuardSpec, TensorMeta, dedupe
 from kiln.capture.source import AttrSource, ItemSource, Source
-from kiln.guards import module_tree
+from kiln.guards import checks, module_tree
 
 __all__ = ["order", "rank", "source_depth"]
 
@@ -74,10 +74,67 @@ def _implied(g: GuardSpec, by_source: dict[str, list[GuardSpec]]) -> bool:
             o.kind in (GuardKind.TENSOR_MATCH, GuardKind.EQUALS) and _known_type(o) is g.expected
             for o in others
         )
-    if g.kind in (GuardKind.MODULE_MATCH, GuardKind.ID_MATCH):
-        return any(
-            o.kind is GuardKind.MODULE_TREE and id(o.expected.root) == g.expected for o in others
-        )
+    return False
+
+
+# What a MODULE_TREE guard pins, by how it pins it (module_tree.reach), and the guard
+# kinds that then cannot fail while the tree guard passes.
+_PINNED = {
+    "module": frozenset(
+        {
+            GuardKind.MODULE_MATCH,
+            GuardKind.ID_MATCH,
+            GuardKind.TYPE_MATCH,
+            GuardKind.NOT_NONE,
+            GuardKind.HOOKS_EMPTY,
+            GuardKind.MODULE_TREE,
+        }
+    ),
+    "tensor": frozenset(
+        {GuardKind.TENSOR_MATCH, GuardKind.ID_MATCH, GuardKind.TYPE_MATCH, GuardKind.NOT_NONE}
+    ),
+    "value": frozenset(
+        {
+            GuardKind.EQUALS,
+            GuardKind.BOOL,
+            GuardKind.IS_NONE,
+            GuardKind.NOT_NONE,
+            GuardKind.TYPE_MATCH,
+        }
+    ),
+    "identity": frozenset(
+        {GuardKind.ID_MATCH, GuardKind.TYPE_MATCH, GuardKind.NOT_NONE, GuardKind.IS_NONE}
+    ),
+}
+
+
+def _steps_below(source: Source | None, root: str) -> list[tuple[str, Any]] | None:
+    """The attribute/item steps from the source printed ``root`` down to ``source``."""
+    steps: list[tuple[str, Any]] = []
+    while source is not None and str(source) != root:
+        if isinstance(source, AttrSource):
+            steps.append(("attr", source.name))
+        elif isinstance(source, ItemSource):
+            steps.append(("item", source.index))
+        else:
+            return None
+        source = source.base
+    return steps[::-1] if source is not None else None
+
+
+def _pinned_by_tree(g: GuardSpec, trees: list[GuardSpec]) -> bool:
+    """Whether a MODULE_TREE guard on an enclosing module already checks ``g``."""
+    for t in trees:
+        if t is g:
+            continue
+        steps = _steps_below(g.source, str(t.source))
+        found = module_tree.reach(t.expected, steps) if steps is not None else None
+        if found is not None and g.kind in _PINNED[found[0]]:
+            try:
+                if checks.explain(g, found[1]) is None:
+                    return True
+            except Exception:
+                continue
     return False
 
 
@@ -99,5 +156,6 @@ def order(guards: list[GuardSpec], unsupported: Callable[[GuardSpec], Any]) -> l
     by_source: dict[str, list[GuardSpec]] = {}
     for g in kept:
         by_source.setdefault(str(g.source), []).append(g)
-    kept = [g for g in kept if not _implied(g, by_source)]
+    trees = [g for g in kept if g.kind is GuardKind.MODULE_TREE]
+    kept = [g for g in kept if not _implied(g, by_source) and not _pinned_by_tree(g, trees)]
     return sorted(kept, key=lambda g: (rank(g.kind), source_depth(g.source)))
