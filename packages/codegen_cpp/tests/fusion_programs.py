@@ -252,6 +252,8 @@ def fusion_cases() -> list[Case]:
             cases.append(reduce_case(rtype, dtype, 5, 45))
         cases.append(reduce_case(rtype, torch.float32, 21, 19, inner=False))
     cases.append(reduce_case("sum", torch.float32, 1, 5000))
+    for rtype in ("sum", "argmin", "welford_reduce", "max"):  # split across threads
+        cases.append(reduce_case(rtype, torch.float32, 2, 40000))
     for rtype in ("sum", "max", "min", "xor_sum", "argmax"):
         cases.append(reduce_case(rtype, torch.int64, 4, 40))
     cases.append(reduce_case("any", torch.bool, 6, 33))

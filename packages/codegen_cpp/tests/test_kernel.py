@@ -72,3 +72,12 @@ def test_large_kernels_get_an_omp_pragma() -> None:
     assert "#pragma omp" not in small
     big = KernelWriter(softmax_case(n=PARALLEL_MIN_WORK // 50, d=53).group, "k", 16).generate()
     assert "#pragma omp parallel for num_threads(nthreads)" in big
+
+
+def test_few_long_rows_split_the_reduction_across_threads() -> None:
+    from fusion_programs import reduce_case
+
+    text = KernelWriter(reduce_case("argmin", torch.float32, 2, 40000).group, "k", 16).generate()
+    assert "for (int64_t chunk = 0; chunk < nchunks; ++chunk)" in text
+    assert "kiln::arg_merge<false>" in text
+    assert text.index("#pragma omp parallel for") > text.index("for (int64_t xindex")

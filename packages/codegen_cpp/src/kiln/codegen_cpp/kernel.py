@@ -30,10 +30,13 @@ from kiln.loopir import sizes
 from kiln.loopir.kernel import RINDEX, XINDEX, KernelGroup, KernelNode
 from kiln.loopir.virtualized import set_ops_handler
 
-__all__ = ["KernelWriter", "PARALLEL_MIN_WORK"]
+__all__ = ["PARALLEL_MIN_WORK", "SPLIT_REDUCTION_MAX_NUMEL", "KernelWriter"]
 
 PARALLEL_MIN_WORK = 32768
 """Below this many element-iterations a kernel runs serially (a fork costs microseconds)."""
+
+SPLIT_REDUCTION_MAX_NUMEL = 16
+"""Reductions with fewer rows than this (and enough work) parallelize over ``rindex``."""
 
 _LANE = sympy.Symbol("lane", integer=True, nonnegative=True)
 
@@ -45,6 +48,7 @@ class _Body:
     lines: list[str]
     cache: dict[str, CppVar]
     stored: dict[tuple[str, str], CppVar]
+    reductions: dict[str, object] = dataclasses.field(default_factory=dict)
 
 
 class KernelOps(CppOps):
@@ -94,7 +98,7 @@ class KernelWriter:
         self.vectorized = False
         self.vec_var: sympy.Symbol = XINDEX
         self.used_vector = False
-        self._names = itertools.count()
+        self._next_name = 0
         self._body = _Body([], {}, {})
         self._masks: list[str] = []
         self._segment: Segment | None = None
@@ -145,16 +149,19 @@ class KernelWriter:
         return lines
 
     def _reduction_loops(self) -> list[str]:
+        work = self.numel * max(self.rnumel, 1)
+        # Few rows of much work: split each row's reduction across threads instead.
+        split_r = work >= PARALLEL_MIN_WORK and self.numel < SPLIT_REDUCTION_MAX_NUMEL
         inner: list[str] = []
         for part in split_segments(self.group.nodes):
             if isinstance(part, Segment):
-                inner += self._segment_block(part)
+                inner += self._segment_block(part, split_r)
             else:
                 inner += self._scalar(functools.partial(self._run_nodes, [part], XINDEX))
-        work = self.numel * max(self.rnumel, 1)
-        return [*self._parallel(work), *_loop("xindex", 0, self.numel, 1, inner)]
+        pragma = [] if split_r else self._parallel(work)
+        return [*pragma, *_loop("xindex", 0, self.numel, 1, inner)]
 
-    def _segment_block(self, segment: Segment) -> list[str]:
+    def _segment_block(self, segment: Segment, split_r: bool) -> list[str]:
         """One reduction loop over ``rindex``: accumulators, loop(s), folds, stores."""
         self._segment = segment
         try:
@@ -165,19 +172,63 @@ class KernelWriter:
             scalar_lines = self._scalar(lambda: self._run_segment(segment))
         finally:
             self._segment = None
-        lines = [line for acc in segment.accumulators for line in acc.declarations()]
-        end = self.rnumel
-        if vec_lines is not None:
-            end = self.rnumel - self.rnumel % self.lanes
-            lines += _loop("rindex", 0, end, self.lanes, vec_lines)
-        if end < self.rnumel or vec_lines is None:
-            lines += _loop(
-                "rindex", end if vec_lines is not None else 0, self.rnumel, 1, scalar_lines
-            )
-        for acc in segment.accumulators:
-            lines += acc.fold_lanes()
+        accs = segment.accumulators
+        if split_r:
+            lines = self._split_reduction(accs, vec_lines, scalar_lines)
+        else:
+            lines = [line for acc in accs for line in acc.declarations()]
+            lines += self._r_loops("0", str(self.rnumel), vec_lines, scalar_lines)
+            lines += [line for acc in accs for line in acc.fold_lanes()]
         lines += segment.final_stores
         return ["{", *("  " + line for line in lines), "}"]
+
+    def _r_loops(
+        self, start: str, end: str, vec_lines: list[str] | None, scalar_lines: list[str]
+    ) -> list[str]:
+        """The vector loop over whole vectors of [start, end), then the scalar rest."""
+        if vec_lines is None:
+            return list(_loop("rindex", start, end, 1, scalar_lines))
+        static = start == "0" and end.isdigit()
+        vec_end = str(int(end) - int(end) % self.lanes) if static else "rvec_end"
+        lines = (
+            []
+            if static
+            else [f"const int64_t rvec_end = {end} - ({end} - {start}) % {self.lanes};"]
+        )
+        lines += _loop("rindex", start, vec_end, self.lanes, vec_lines)
+        if vec_end != end:
+            lines += _loop("rindex", vec_end, end, 1, scalar_lines)
+        return lines
+
+    def _split_reduction(
+        self, accs: list[Accumulator], vec_lines: list[str] | None, scalar_lines: list[str]
+    ) -> list[str]:
+        """Chunks of ``rindex`` reduced by parallel threads, merged in chunk order.
+
+        Chunk starts are multiples of the lane count, which the vector loop's
+        index analysis assumes; merging in order keeps results deterministic.
+        """
+        lines = [line for acc in accs for line in acc.declarations(vector=False)]
+        lines += [
+            f"const int64_t rchunk = (({self.rnumel} + nthreads - 1) / nthreads + "
+            f"{self.lanes - 1}) / {self.lanes} * {self.lanes};",
+            f"const int64_t nchunks = ({self.rnumel} + rchunk - 1) / rchunk;",
+            *(line for acc in accs for line in acc.partial_arrays("nchunks")),
+        ]
+        body = [
+            "const int64_t rstart = chunk * rchunk;",
+            f"const int64_t rend = std::min<int64_t>(rstart + rchunk, {self.rnumel});",
+            *(line for acc in accs for line in acc.declarations()),
+            *self._r_loops("rstart", "rend", vec_lines, scalar_lines),
+            *(line for acc in accs for line in acc.fold_lanes()),
+            *(line for acc in accs for line in acc.save_partial("chunk")),
+        ]
+        lines += ["#pragma omp parallel for num_threads(nthreads) schedule(static)"]
+        lines += _loop("chunk", "0", "nchunks", 1, body)
+        merges = [line for acc in accs for line in acc.merge_partial("chunk")]
+        if merges:
+            lines += _loop("chunk", "0", "nchunks", 1, merges)
+        return lines
 
     def _run_segment(self, segment: Segment) -> None:
         segment.start_pass()
@@ -195,9 +246,11 @@ class KernelWriter:
         if not self._can_vectorize(length):
             return None
         self.vec_var = RINDEX if self._segment is not None else XINDEX
+        first_name = self._next_name
         try:
             lines = self._pass(run, vectorized=True)
         except CannotVectorize:
+            self._next_name = first_name  # the failed pass leaves no code behind
             return None
         self.used_vector = True
         return lines
@@ -214,6 +267,10 @@ class KernelWriter:
         finally:
             self._body, self.vectorized = saved
 
+    def _fresh(self) -> int:
+        self._next_name += 1
+        return self._next_name - 1
+
     # -- CSE ---------------------------------------------------------------------------
     def cse(self, expr: str, dtype: torch.dtype) -> CppVar:
         """A variable holding ``expr`` (reused when the body already computed it)."""
@@ -221,7 +278,7 @@ class KernelWriter:
         found = self._body.cache.get(key)
         if found is not None:
             return found
-        var = CppVar(f"tmp{next(self._names)}", dtype)
+        var = CppVar(f"tmp{self._fresh()}", dtype)
         ctype = "auto" if self.vectorized else f"const {compute_ctype(dtype)}"
         self._body.lines.append(f"{ctype} {var} = {expr};")
         self._body.cache[key] = var
@@ -280,6 +337,10 @@ class KernelWriter:
             if dtype == torch.float16:
                 return f"kiln::load_half({address})"
             return f"{vector_ctype(dtype)}::loadu({address})"
+        plain = dtype not in (torch.bool, torch.bfloat16, torch.float16)
+        if access is not None and plain and access.stride.is_Integer:
+            address = f"{self.pointers[name]} + {cpp_index(access.base)}"
+            return f"{vector_ctype(dtype)}::gather({address}, {cpp_index(access.stride)})"
         if dtype == torch.bool:
             return f"kiln::mask_from_lanes([&](int64_t lane) {{ return {lane_read}; }})"
         ctype = compute_ctype(dtype)
@@ -368,7 +429,7 @@ class KernelWriter:
     def indirect_indexing(self, x: CppVar, size: sympy.Expr) -> sympy.Symbol:
         if self.vectorized:
             raise CannotVectorize("indirect indexing")
-        sym = sympy.Symbol(f"indirect{next(self._names)}", integer=True, nonnegative=True)
+        sym = sympy.Symbol(f"indirect{self._fresh()}", integer=True, nonnegative=True)
         bound = cpp_index(size)
         self._body.lines.append(f"const int64_t {sym} = {x} < 0 ? {x} + {bound} : {x};")
         return sym
@@ -383,7 +444,7 @@ class KernelWriter:
             inner = self._body.lines
         finally:
             self._body = outer
-        fn = f"tmp{next(self._names)}"
+        fn = f"tmp{self._fresh()}"
         outer.lines += [
             f"auto {fn} = [&] {{",
             *("  " + line for line in inner),
@@ -419,13 +480,19 @@ class KernelWriter:
         acc_dtype = dtype
         if isinstance(value, tuple):
             acc_dtype = value[0].dtype
+        # Welford's three outputs arrive as three reductions of one value: fold once.
+        key = f"{reduction_type}:{dtype}:{value}"
+        if key in self._body.reductions:
+            return self._body.reductions[key]
         acc = segment.accumulator(
-            lambda: Accumulator(f"acc{next(self._names)}", reduction_type, acc_dtype)
+            lambda: Accumulator(f"acc{self._fresh()}", reduction_type, acc_dtype)
         )
         if self.vectorized:
             acc.vectorized = True
         self._body.lines.append(acc.update(value, self.vectorized))  # type: ignore[arg-type]
-        return acc.results()
+        result = acc.results()
+        self._body.reductions[key] = result
+        return result
 
     def store_reduction(self, name: str, index: sympy.Expr, value: object) -> None:
         assert self._segment is not None and isinstance(value, CppVar)
@@ -452,7 +519,7 @@ def _pointer_names(group: KernelGroup) -> dict[str, str]:
     return names
 
 
-def _loop(var: str, start: int, end: int, step: int, body: list[str]) -> Iterator[str]:
+def _loop(var: str, start: int | str, end: int | str, step: int, body: list[str]) -> Iterator[str]:
     increment = f"{var} += {step}" if step != 1 else f"++{var}"
     yield f"for (int64_t {var} = {start}; {var} < {end}; {increment}) {{"
     yield from ("  " + line for line in body)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Callable
 from typing import Protocol
 
@@ -108,8 +109,12 @@ _BINARY_CALLS: dict[str, str] = {
 _VEC_FLOAT_FNS = frozenset({"exp", "log", "tanh", "sigmoid", "erf", "sin", "cos"})
 
 
+_LITERAL = re.compile(r"[0-9.]+(e[-+]?[0-9]+)?f?")
+
+
 def _paren(text: str) -> str:
-    return text if text.replace("_", "").isalnum() else f"({text})"
+    atom = text.replace("_", "").isalnum() or _LITERAL.fullmatch(text) is not None
+    return text if atom else f"({text})"
 
 
 class CppOps(OpsHandlerBase[CppVar]):

@@ -82,10 +82,10 @@ class Accumulator:
             dtype = torch.bool
         return vector_ctype(dtype) if vector else compute_ctype(dtype)
 
-    def declarations(self) -> list[str]:
+    def declarations(self, vector: bool = True) -> list[str]:
         """Lines that declare and initialise the scalar (and vector) accumulators."""
         lines = []
-        for vector in (False, True) if self.vectorized else (False,):
+        for vector in (False, True) if self.vectorized and vector else (False,):
             for field in self._fields:
                 init = "0" if field == "idx" else _identity(self.reduction_type, self.dtype)
                 ctype = self._ctype(field, vector)
@@ -129,6 +129,31 @@ class Accumulator:
             args = ", ".join(self._var(f, v) for v in (False, True) for f in self._fields)
             return [f"kiln::welford_lanes({args});"]
         return [_LANE_FOLD[rtype].format(a=self.name, v=f"{self.name}_vec")]
+
+    def partial_arrays(self, count: str) -> list[str]:
+        """Per-chunk result arrays of a reduction split across threads."""
+        return [
+            f"std::vector<{self._ctype(f, False)}> {self._var(f, False)}_part({count});"
+            for f in self._fields
+        ]
+
+    def save_partial(self, chunk: str) -> list[str]:
+        return [
+            f"{self._var(f, False)}_part[{chunk}] = {self._var(f, False)};" for f in self._fields
+        ]
+
+    def merge_partial(self, chunk: str) -> list[str]:
+        """Fold chunk ``chunk``'s result into the accumulator (chunks in order)."""
+        parts = [f"{self._var(f, False)}_part[{chunk}]" for f in self._fields]
+        mine = [self._var(f, False) for f in self._fields]
+        rtype = self.reduction_type
+        if rtype in ("argmax", "argmin"):
+            is_max = "true" if rtype == "argmax" else "false"
+            return [f"kiln::arg_merge<{is_max}>({mine[0]}, {mine[1]}, {parts[0]}, {parts[1]});"]
+        if rtype == "welford_reduce":
+            return [f"kiln::welford_merge({', '.join(mine + parts)});"]
+        scalar, _ = _SIMPLE_UPDATE[rtype]
+        return [scalar.format(a=mine[0], x=parts[0])]
 
     def results(self) -> CppVar | tuple[CppVar, ...]:
         """The finished values, valid after :meth:`fold_lanes`."""

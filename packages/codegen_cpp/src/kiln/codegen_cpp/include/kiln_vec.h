@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <vector>
 #include <type_traits>
 
 #include "kiln_scalar.h"
