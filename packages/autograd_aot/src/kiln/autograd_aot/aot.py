@@ -1,0 +1,172 @@
+"""``aot_compile``: torch-level graph in, a callable running compiled ATen graphs out.
+
+The pipeline, per grad mode the program is called in:
+``trace_program`` (ATen tracer: functionalization pass and decompositions, plus
+the backward when inputs need grad) → ``partition_joint`` (min-cut) →
+``fw_compiler``/``bw_compiler`` → the runtime wrapper. Parameters and buffers of
+the module are lifted into graph inputs, so their gradients and in-place
+updates (BatchNorm's running statistics) go through the same machinery.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import fx
+
+from kiln.autograd_aot.decomp import default_decompositions, describe_table
+from kiln.autograd_aot.errors import AotError
+from kiln.autograd_aot.joint import trace_program
+from kiln.autograd_aot.partition import PartitionStats, partition_joint
+from kiln.autograd_aot.runtime import CompiledProgram, run_inference, run_training
+from kiln.capture import artifacts
+from kiln.capture.meta import FakeMode, storage_key, to_fake
+
+__all__ = ["AotCompiled", "aot_compile"]
+
+log = logging.getLogger("kiln.autograd_aot.aot")
+
+Compiler = Callable[[fx.GraphModule, list[torch.Tensor]], Callable[..., Any]]
+
+
+def _fake_inputs(gm: fx.GraphModule) -> list[torch.Tensor]:
+    return [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def _fakes_of(primals: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Fakes of the inputs; views of one storage alias, a tensor passed twice gets two fakes
+    (so each position gets its own gradient, as autograd sums them)."""
+    mode = FakeMode()
+    seen: set[int] = set()
+    fakes: list[torch.Tensor] = []
+    for p in primals:
+        fakes.append(to_fake(p) if id(p) in seen else mode.to_fake(p))
+        seen.add(id(p))
+    return fakes
+
+
+def _check_aliased_mutations(primals: Sequence[torch.Tensor], mutated: Sequence[int]) -> None:
+    for i in mutated:
+        others = [
+            j for j, p in enumerate(primals) if j != i and storage_key(p) == storage_key(primals[i])
+        ]
+        if others:
+            msg = (
+                f"input {i} is mutated and shares memory with input {others[0]}; Kiln's "
+                "functionalization pass does not track aliasing between graph inputs. Pass "
+                "separate tensors (e.g. .clone() one of them)."
+            )
+            raise AotError(msg)
+
+
+class AotCompiled:
+    """The callable ``aot_compile`` returns; same calling convention as the graph."""
+
+    def __init__(
+        self,
+        gm: torch.nn.Module,
+        example_inputs: Sequence[Any],
+        fw_compiler: Compiler,
+        bw_compiler: Compiler,
+        decompositions: Mapping[Any, Callable[..., Any]],
+        partitioner: str,
+    ) -> None:
+        self.gm = gm
+        self.fw_compiler = fw_compiler
+        self.bw_compiler = bw_compiler
+        self.decompositions = decompositions
+        self.partitioner = partitioner
+        self.state_names = [n for n, _ in gm.named_parameters()] + [
+            n for n, _ in gm.named_buffers()
+        ]
+        self.example_inputs = list(example_inputs)
+        self.tensor_positions = [
+            i for i, a in enumerate(self.example_inputs) if isinstance(a, torch.Tensor)
+        ]
+        self.partition_stats: PartitionStats | None = None
+        self._compiled: dict[bool, CompiledProgram] = {}
+        primals = self._primals(self.example_inputs)
+        self._get(self._needs_grad(primals), primals)
+
+    def _primals(self, args: Sequence[Any]) -> list[torch.Tensor]:
+        state: list[torch.Tensor] = [p for _, p in self.gm.named_parameters()]
+        state += [b for _, b in self.gm.named_buffers()]
+        return state + [args[i] for i in self.tensor_positions]
+
+    @staticmethod
+    def _needs_grad(primals: Sequence[torch.Tensor]) -> bool:
+        return torch.is_grad_enabled() and any(p.requires_grad for p in primals)
+
+    def __call__(self, *args: Any) -> Any:
+        primals = self._primals(args)
+        compiled = self._get(self._needs_grad(primals), primals)
+        if compiled.program.is_joint:
+            return run_training(compiled, primals)
+        return run_inference(compiled, primals)
+
+    def _get(self, needs_grad: bool, primals: Sequence[torch.Tensor]) -> CompiledProgram:
+        found = self._compiled.get(needs_grad)
+        if found is None:
+            found = self._compiled[needs_grad] = self._compile(needs_grad, primals)
+        return found
+
+    def _call_module(self, *fakes: torch.Tensor) -> Any:
+        n = len(self.state_names)
+        state = dict(zip(self.state_names, fakes[:n], strict=True))
+        args = list(self.example_inputs)
+        for pos, fake in zip(self.tensor_positions, fakes[n:], strict=True):
+            args[pos] = fake
+        return torch.func.functional_call(self.gm, state, tuple(args))
+
+    def _compile(self, needs_grad: bool, primals: Sequence[torch.Tensor]) -> CompiledProgram:
+        program = trace_program(
+            self._call_module, _fakes_of(primals), self.decompositions, joint=needs_grad
+        )
+        _check_aliased_mutations(primals, program.mutated_inputs)
+        if not program.is_joint:
+            log.debug("forward-only graph:\n%s", program.gm.code)
+            artifacts.dump("aot_inference.py", program.gm.code)
+            forward = self.fw_compiler(program.gm, _fake_inputs(program.gm))
+            return CompiledProgram(program, forward)
+        log.debug("joint graph:\n%s", program.gm.code)
+        artifacts.dump("aot_joint.py", program.gm.code)
+        fw, bw, stats = partition_joint(
+            program.gm,
+            program.num_primals,
+            program.num_forward_outputs,
+            mincut=self.partitioner == "mincut",
+        )
+        self.partition_stats = stats
+        log.info("partition (%s): %s", self.partitioner, stats)
+        log.debug("forward graph:\n%s\nbackward graph:\n%s", fw.code, bw.code)
+        artifacts.dump("aot_forward.py", fw.code)
+        artifacts.dump("aot_backward.py", bw.code)
+        forward = self.fw_compiler(fw, _fake_inputs(fw))
+        backward = self.bw_compiler(bw, _fake_inputs(bw))
+        return CompiledProgram(program, forward, backward)
+
+
+def aot_compile(
+    gm: torch.nn.Module,
+    example_inputs: Sequence[Any],
+    *,
+    fw_compiler: Compiler,
+    bw_compiler: Compiler | None = None,
+    decompositions: Mapping[Any, Callable[..., Any]] | None = None,
+    partitioner: str = "mincut",
+) -> AotCompiled:
+    """Compile ``gm`` through ATen graphs; call the result like ``gm``.
+
+    ``example_inputs`` are real tensors (non-tensor inputs are baked in).
+    ``decompositions=None`` uses :func:`default_decompositions`. ``partitioner``
+    is ``"mincut"`` or ``"save_all"``.
+    """
+    table = default_decompositions() if decompositions is None else dict(decompositions)
+    log.info("decomposition table: %d entries", len(table))
+    log.debug("%s", describe_table(table))
+    return AotCompiled(
+        gm, example_inputs, fw_compiler, bw_compiler or fw_compiler, table, partitioner
+    )

@@ -1,0 +1,82 @@
+"""The decomposition table: torch's core ATen set plus Kiln's own entries.
+
+The tracer applies the table recursively (a decomposition's own ops are traced
+again) until only ops outside the table remain. Kiln adds decompositions where
+its compiler prefers pointwise ops and reductions to a fused ATen kernel, and
+one for the functional ``copy`` that functionalization emits.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+import torch._decomp
+
+__all__ = ["DecompositionTable", "default_decompositions", "describe_table", "kiln_decompositions"]
+
+log = logging.getLogger("kiln.autograd_aot.aot")
+aten = torch.ops.aten
+
+DecompositionTable = Mapping[Any, Callable[..., Any]]
+
+# Fused kernels the core set keeps, which Kiln's loop compiler would rather see
+# as pointwise ops and reductions (taken from torch's full table).
+_KILN_FROM_TORCH = (
+    aten._softmax.default,
+    aten._log_softmax.default,
+    aten.native_layer_norm.default,
+    aten.native_dropout.default,
+    aten.gelu.default,
+    aten.hardtanh.default,
+    aten.addmm.default,
+    aten._native_batch_norm_legit_functional.default,
+    aten._native_batch_norm_legit_no_training.default,
+)
+
+
+def _functional_copy(
+    self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False
+) -> torch.Tensor:
+    """``copy(self, src)`` as a cast and a broadcast: what a functional ``copy_`` leaves."""
+    out = src
+    if src.dtype != self.dtype or src.device != self.device:
+        out = aten._to_copy.default(src, dtype=self.dtype, device=self.device)
+    if out.shape != self.shape:
+        out = aten.expand.default(out, list(self.shape))
+    return aten.clone.default(out) if out is src else out
+
+
+def kiln_decompositions() -> dict[Any, Callable[..., Any]]:
+    """Kiln's additions to the core set."""
+    table: dict[Any, Callable[..., Any]] = {aten.copy.default: _functional_copy}
+    full = torch._decomp.decomposition_table
+    for op in _KILN_FROM_TORCH:
+        if op in full:
+            table[op] = full[op]
+    return table
+
+
+def _pairs_with_fused_backward(op: Any) -> bool:
+    """Fused attention kernels: their decomposition's auxiliary outputs (logsumexp)
+    do not match what the fused backward kernel expects, so training would be wrong."""
+    return str(op).startswith("aten._scaled_dot_product_")
+
+
+def default_decompositions() -> dict[Any, Callable[..., Any]]:
+    """The core ATen decompositions plus :func:`kiln_decompositions`."""
+    table = {
+        op: fn
+        for op, fn in torch._decomp.core_aten_decompositions().items()
+        if not _pairs_with_fused_backward(op)
+    }
+    table.update(kiln_decompositions())
+    return table
+
+
+def describe_table(table: DecompositionTable) -> str:
+    """A one-line summary of a table, and its ops, for the ``aot`` log."""
+    names = sorted(str(op) for op in table)
+    return f"{len(names)} decompositions: {', '.join(names)}"

@@ -1,0 +1,139 @@
+"""Trace a program into one ATen graph: forward only, or forward and backward together.
+
+The joint graph takes ``(*primals, *tangents)`` and returns the forward's tensor
+outputs, then the new values of mutated inputs, then the gradients of the
+primals that require grad. The backward is traced by running autograd itself on
+the fake outputs under the tracer, with the tangents as fresh graph inputs.
+
+Outputs that are views of inputs are not graph outputs: the runtime rebuilds
+them as views of the real inputs (:class:`OutputSpec` ``kind="alias"``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import fx
+from torch.utils import _pytree as pytree
+
+from kiln.autograd_aot.decomp import DecompositionTable
+from kiln.autograd_aot.trace import AtenTracer
+from kiln.capture.meta import FakeTensor
+
+__all__ = ["OutputSpec", "TracedProgram", "trace_program"]
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputSpec:
+    """Where one (flattened) output of the program comes from at run time."""
+
+    kind: str  # "graph": graph output ``index``; "alias": view of input ``index``; "const"
+    index: int = -1
+    value: Any = None
+    size: tuple[int, ...] = ()
+    stride: tuple[int, ...] = ()
+    offset: int = 0
+    requires_grad: bool = False
+    same_object: bool = False
+
+
+@dataclasses.dataclass
+class TracedProgram:
+    """A traced graph and what the runtime needs to call it like the original."""
+
+    gm: fx.GraphModule
+    num_primals: int
+    outputs: list[OutputSpec]
+    out_spec: pytree.TreeSpec
+    num_user_outputs: int  # graph outputs that are user outputs
+    mutated_inputs: list[int]  # their new values follow the user outputs
+    grad_inputs: list[int]  # primals whose gradients end the joint graph's outputs
+    diff_outputs: list[int]  # user graph outputs that take a tangent, in tangent order
+    non_differentiable: list[int]  # forward outputs that never require grad
+
+    @property
+    def num_forward_outputs(self) -> int:
+        return self.num_user_outputs + len(self.mutated_inputs)
+
+    @property
+    def is_joint(self) -> bool:
+        return bool(self.grad_inputs)
+
+
+def _tangent_like(t: torch.Tensor) -> FakeTensor:
+    meta = torch.empty(t.shape, dtype=t.dtype, device="meta")
+    return FakeTensor(meta, t.device)
+
+
+def trace_program(
+    fn: Callable[..., Any],
+    fakes: Sequence[torch.Tensor],
+    decompositions: DecompositionTable,
+    *,
+    joint: bool,
+) -> TracedProgram:
+    """Trace ``fn(*fakes)``; with ``joint``, trace its backward too."""
+    tracer = AtenTracer(decompositions)
+    for i, f in enumerate(fakes):
+        tracer.placeholder(f, f"primals_{i + 1}")
+    with torch.set_grad_enabled(joint), tracer:
+        out = fn(*fakes)
+    leaves, out_spec = pytree.tree_flatten(out)
+    specs: list[OutputSpec] = []
+    user: list[torch.Tensor] = []
+    for leaf in leaves:
+        if not isinstance(leaf, torch.Tensor):
+            specs.append(OutputSpec("const", value=leaf))
+            continue
+        source = tracer.input_root(leaf)
+        if source is not None:
+            specs.append(_alias_spec(leaf, source, fakes[source]))
+            continue
+        specs.append(OutputSpec("graph", index=len(user), requires_grad=leaf.requires_grad))
+        user.append(leaf)
+    mutated = tracer.mutated_inputs()
+    outputs: list[torch.Tensor | None] = [*user, *(value for _, value in mutated)]
+    diff = [i for i, t in enumerate(user) if t.requires_grad and t.grad_fn is not None]
+    grad_inputs = [i for i, f in enumerate(fakes) if f.requires_grad] if joint and diff else []
+    if grad_inputs:
+        tangents = [_tangent_like(user[i]) for i in diff]
+        for i, t in enumerate(tangents):
+            tracer.placeholder(t, f"tangents_{i + 1}")
+        with tracer:
+            grads = torch.autograd.grad(
+                [user[i] for i in diff],
+                [fakes[i] for i in grad_inputs],
+                tangents,
+                allow_unused=True,
+            )
+        outputs += list(grads)
+    else:
+        diff = []
+    non_diff = [i for i, t in enumerate(user) if not t.requires_grad]
+    non_diff += list(range(len(user), len(user) + len(mutated)))
+    return TracedProgram(
+        gm=tracer.finish(outputs),
+        num_primals=len(fakes),
+        outputs=specs,
+        out_spec=out_spec,
+        num_user_outputs=len(user),
+        mutated_inputs=[i for i, _ in mutated],
+        grad_inputs=grad_inputs,
+        diff_outputs=diff,
+        non_differentiable=non_diff,
+    )
+
+
+def _alias_spec(leaf: torch.Tensor, source: int, base: torch.Tensor) -> OutputSpec:
+    return OutputSpec(
+        "alias",
+        index=source,
+        size=tuple(leaf.shape),
+        stride=tuple(leaf.stride()),
+        offset=int(leaf.storage_offset()),
+        requires_grad=leaf.requires_grad,
+        same_object=leaf is base,
+    )

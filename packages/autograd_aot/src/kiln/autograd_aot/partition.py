@@ -1,0 +1,184 @@
+"""Split a joint graph into a forward and a backward graph: the partitioning policy.
+
+The policy decides what may be recomputed in the backward (pointwise ops, views,
+broadcasts, casts, constant factories: cheap, and fusible by the loop compiler)
+and what must not (matmuls, convolutions, reductions, random ops, whose bits
+must match the forward's); :mod:`kiln.autograd_aot.mincut` then picks the
+cheapest set of values to save. ``save_all`` saves every forward value the
+backward uses, the baseline the statistics compare against.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import operator
+from collections.abc import Iterable
+
+import networkx as nx
+import torch
+from torch import fx
+
+from kiln.autograd_aot.mincut import CutProblem, min_cut
+from kiln.autograd_aot.mutation import is_view
+
+__all__ = ["PartitionStats", "partition_joint", "recomputable", "saved_bytes"]
+
+aten = torch.ops.aten
+
+_CHEAP = frozenset(
+    {
+        aten._to_copy,
+        aten.clone,
+        aten.expand,
+        aten.full,
+        aten.zeros,
+        aten.ones,
+        aten.arange,
+        aten.scalar_tensor,
+        aten.empty,
+        aten.full_like,
+        aten.zeros_like,
+        aten.ones_like,
+        aten.empty_like,
+        aten.where,
+        aten.cat,
+    }
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionStats:
+    """What the forward saves for the backward, against saving every value it uses."""
+
+    saved_bytes: int
+    save_all_bytes: int
+    num_saved: int
+    num_recomputed: int
+
+    def __str__(self) -> str:
+        return (
+            f"saved {self.num_saved} tensors, {self.saved_bytes} bytes "
+            f"(save-all: {self.save_all_bytes} bytes); {self.num_recomputed} ops recomputed"
+        )
+
+
+def saved_bytes(node: fx.Node) -> float:
+    """The bytes a node's value takes, or infinity if it is not one tensor."""
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        return math.inf
+    return float(val.numel() * val.element_size())
+
+
+def recomputable(node: fx.Node) -> bool:
+    """May the backward recompute this node instead of the forward saving it?"""
+    if node.op != "call_function":
+        return node.op == "get_attr"
+    target = node.target
+    if target is operator.getitem:
+        return True
+    tags = getattr(target, "tags", ())
+    if torch.Tag.nondeterministic_seeded in tags:
+        return False
+    if torch.Tag.pointwise in tags or is_view(target):
+        return True
+    return getattr(target, "overloadpacket", None) in _CHEAP
+
+
+def _closure(start: Iterable[fx.Node], step: str) -> set[fx.Node]:
+    seen: set[fx.Node] = set()
+    todo = list(start)
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        todo.extend(n.users if step == "users" else n.all_input_nodes)
+    return seen
+
+
+def _ancestors(outputs: Iterable[fx.Node], stop: set[fx.Node]) -> set[fx.Node]:
+    seen: set[fx.Node] = set()
+    todo = list(outputs)
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n not in stop:
+            todo.extend(n.all_input_nodes)
+    return seen
+
+
+def _extract(
+    gm: fx.GraphModule, inputs: list[fx.Node], outputs: list[fx.Node | None]
+) -> fx.GraphModule:
+    """A new graph computing ``outputs`` from ``inputs`` with ``gm``'s nodes."""
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for n in inputs:
+        env[n] = graph.placeholder(n.name)
+        env[n].meta = dict(n.meta)
+    needed = _ancestors([o for o in outputs if o is not None], set(inputs))
+    for n in gm.graph.nodes:
+        if n in needed and n not in env:
+            if n.op == "placeholder":
+                msg = f"partition bug: {n.name} is needed but not an input"
+                raise AssertionError(msg)
+            env[n] = graph.node_copy(n, env.__getitem__)
+    graph.output(tuple(None if o is None else env[o] for o in outputs))
+    out = fx.GraphModule(gm, graph)
+    out.graph.eliminate_dead_code()
+    out.recompile()
+    return out
+
+
+def partition_joint(
+    gm: fx.GraphModule, num_primals: int, num_forward_outputs: int, *, mincut: bool = True
+) -> tuple[fx.GraphModule, fx.GraphModule, PartitionStats]:
+    """Forward ``(*primals) -> (*outputs, *saved)``; backward ``(*saved, *tangents) -> grads``."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    primals, tangents = placeholders[:num_primals], placeholders[num_primals:]
+    outs = list(next(n for n in gm.graph.nodes if n.op == "output").args[0])
+    fw_outs, grads = outs[:num_forward_outputs], outs[num_forward_outputs:]
+    bw_outs = [g for g in grads if isinstance(g, fx.Node)]
+    tangent_side = _closure(tangents, "users")
+    bw_needed = _ancestors(bw_outs, set())
+    fw_needed = _ancestors(fw_outs, set())
+    relevant = [n for n in gm.graph.nodes if n in bw_needed or n in fw_needed]
+    bw_set = set(bw_outs)
+
+    def used_by_backward(n: fx.Node) -> bool:
+        return n in bw_set or any(u in tangent_side and u in bw_needed for u in n.users)
+
+    save_all = {
+        n for n in relevant if n not in tangent_side and n.op != "get_attr" and used_by_backward(n)
+    }
+    saved = set(save_all)
+    if mincut:
+        problem = CutProblem(
+            nodes=relevant,
+            cost=lambda n: math.inf if n.op == "get_attr" else saved_bytes(n),
+            forward_only={n for n in relevant if n not in tangent_side and not recomputable(n)}
+            | set(primals),
+            backward_only={n for n in relevant if n in tangent_side},
+            backward_outputs=bw_outs,
+        )
+        try:
+            saved = min_cut(problem)
+        except nx.NetworkXUnbounded:
+            saved = set(save_all)
+    saved_list = [n for n in gm.graph.nodes if n in saved]
+    fw = _extract(gm, primals, [*fw_outs, *saved_list])
+    bw = _extract(gm, saved_list + tangents, list(grads))
+    fw_ops = {n.name for n in fw.graph.nodes if n.op == "call_function"}
+    stats = PartitionStats(
+        saved_bytes=int(sum(saved_bytes(n) for n in saved_list)),
+        save_all_bytes=int(sum(saved_bytes(n) for n in save_all)),
+        num_saved=len(saved_list),
+        num_recomputed=sum(
+            1 for n in bw.graph.nodes if n.op == "call_function" and n.name in fw_ops
+        ),
+    )
+    return fw, bw, stats

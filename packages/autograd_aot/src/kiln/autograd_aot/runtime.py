@@ -1,0 +1,90 @@
+"""Run compiled graphs like the original program: autograd, mutations, aliases.
+
+Training runs the compiled forward and backward inside a
+``torch.autograd.Function``. Around it (never inside a compiled graph), the
+wrapper copies new values into mutated inputs and rebuilds outputs that are
+views of inputs, so autograd sees them as eager would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.autograd.function import once_differentiable
+from torch.utils import _pytree as pytree
+
+from kiln.autograd_aot.joint import TracedProgram
+
+__all__ = ["CompiledProgram", "run_inference", "run_training"]
+
+Compiled = Callable[..., Any]
+
+
+@dataclasses.dataclass
+class CompiledProgram:
+    """A traced program's signature with its compiled forward (and backward)."""
+
+    program: TracedProgram
+    forward: Compiled
+    backward: Compiled | None = None
+
+
+class _AotFunction(torch.autograd.Function):
+    """The compiled forward and backward as one autograd node."""
+
+    @staticmethod
+    def forward(ctx: Any, compiled: CompiledProgram, *primals: torch.Tensor) -> Any:  # type: ignore[override]
+        program = compiled.program
+        results = list(compiled.forward(*primals))
+        n = program.num_forward_outputs
+        outputs, saved = results[:n], results[n:]
+        ctx.compiled = compiled
+        ctx.save_for_backward(*saved)
+        ctx.mark_non_differentiable(*(outputs[i] for i in program.non_differentiable))
+        return tuple(outputs)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, *grads: torch.Tensor) -> Any:  # type: ignore[override]
+        compiled: CompiledProgram = ctx.compiled
+        program = compiled.program
+        assert compiled.backward is not None
+        tangents = [grads[i].contiguous() for i in program.diff_outputs]
+        results = compiled.backward(*ctx.saved_tensors, *tangents)
+        out: list[torch.Tensor | None] = [None] * program.num_primals
+        for i, g in zip(program.grad_inputs, results, strict=True):
+            out[i] = g
+        return (None, *out)
+
+
+def run_training(compiled: CompiledProgram, primals: Sequence[torch.Tensor]) -> Any:
+    """Call the compiled program with autograd recording one node for it."""
+    outputs = _AotFunction.apply(compiled, *primals)
+    return _finish(compiled.program, primals, list(outputs))
+
+
+def run_inference(compiled: CompiledProgram, primals: Sequence[torch.Tensor]) -> Any:
+    """Call the compiled forward graph (no autograd involved)."""
+    return _finish(compiled.program, primals, list(compiled.forward(*primals)))
+
+
+def _finish(program: TracedProgram, primals: Sequence[torch.Tensor], outputs: list[Any]) -> Any:
+    n = program.num_user_outputs
+    with torch.no_grad():
+        for i, value in zip(program.mutated_inputs, outputs[n:], strict=True):
+            primals[i].copy_(value)
+    flat: list[Any] = []
+    for spec in program.outputs:
+        if spec.kind == "graph":
+            flat.append(outputs[spec.index])
+        elif spec.kind == "const":
+            flat.append(spec.value)
+        elif spec.same_object:
+            flat.append(primals[spec.index])
+        else:
+            view = primals[spec.index].as_strided(spec.size, spec.stride, spec.offset)
+            flat.append(view if spec.requires_grad else view.detach())
+    return pytree.tree_unflatten(flat, program.out_spec)

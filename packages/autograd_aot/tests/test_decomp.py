@@ -1,0 +1,31 @@
+"""The decomposition table."""
+
+import torch
+
+from kiln.autograd_aot import default_decompositions, kiln_decompositions
+from kiln.autograd_aot.decomp import describe_table
+
+aten = torch.ops.aten
+
+
+def test_default_table_is_core_plus_kiln():
+    table = default_decompositions()
+    assert aten.silu.default in table  # core
+    assert aten._softmax.default in table and aten.copy.default in table  # Kiln's
+    assert set(kiln_decompositions()) <= set(table)
+    assert not any(str(op).startswith("aten._scaled_dot_product_") for op in table)
+
+
+def test_functional_copy_casts_and_broadcasts():
+    copy = kiln_decompositions()[aten.copy.default]
+    dst, src = torch.empty(3, 4, dtype=torch.float64), torch.randn(4)
+    out = copy(dst, src)
+    assert out.dtype == torch.float64 and out.shape == (3, 4)
+    torch.testing.assert_close(out, src.double().expand(3, 4))
+    same = torch.randn(2)
+    assert copy(torch.empty(2), same) is not same
+
+
+def test_describe_table_lists_ops():
+    text = describe_table({aten.silu.default: None})
+    assert text.startswith("1 decompositions") and "aten.silu.default" in text

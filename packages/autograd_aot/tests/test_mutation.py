@@ -1,0 +1,75 @@
+"""The functionalization pass: no mutating op survives; views and inputs come out right."""
+
+import pytest
+import torch
+
+from kiln.autograd_aot import UnsupportedMutation, trace_aten
+from kiln.autograd_aot.mutation import functional_variant, is_mutation, is_view
+
+aten = torch.ops.aten
+
+
+def _no_mutations(gm):
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and hasattr(n.target, "_schema"):
+            assert not is_mutation(n.target), n.format_node()
+
+
+def test_functional_variants():
+    assert functional_variant(aten.add_.Tensor).op is aten.add.Tensor
+    out = functional_variant(aten.add.out)
+    assert out.op is aten.add.Tensor and out.drop == ("out",)
+    bn = functional_variant(aten._native_batch_norm_legit.default)
+    assert bn.op is aten._native_batch_norm_legit_functional.default and bn.appends_values
+    assert is_view(aten.t.default) and not is_view(aten.add_.Tensor)
+
+
+def test_view_mutation_updates_base_and_aliases():
+    def fn(x):
+        z = x * 1
+        v = z.t()
+        row = z[1]
+        v[0].mul_(10)  # writes column 0 of z
+        return z + 0, row * 1
+
+    x = torch.randn(3, 4)
+    gm = trace_aten(fn, [x], {})
+    _no_mutations(gm)
+    for got, want in zip(gm(x), fn(x)):
+        torch.testing.assert_close(got, want)
+
+
+def test_input_mutation_returned_as_extra_output():
+    def fn(x, buf):
+        buf[1:].add_(x[1:])
+        return x * 2
+
+    x, buf = torch.randn(3), torch.randn(3)
+    gm = trace_aten(fn, [x, buf], {})
+    _no_mutations(gm)
+    out, new_buf = gm(x, buf.clone())
+    expect_buf = buf.clone()
+    torch.testing.assert_close(out, fn(x, expect_buf))
+    torch.testing.assert_close(new_buf, expect_buf)
+
+
+def test_batchnorm_running_stats_are_functional():
+    bn = torch.nn.BatchNorm1d(3)
+    x = torch.randn(4, 3)
+    gm = trace_aten(
+        lambda x, m, v: torch.nn.functional.batch_norm(x, m, v, training=True),
+        [x, bn.running_mean, bn.running_var],
+        {},
+    )
+    _no_mutations(gm)
+    assert len(gm(x, bn.running_mean, bn.running_var)) == 3  # output, mean, var
+
+
+def test_metadata_mutation_is_rejected():
+    with pytest.raises(UnsupportedMutation, match="sizes or strides"):
+        trace_aten(lambda x: (x * 1).t_(), [torch.randn(2, 3)], {})
+
+
+def test_mutating_an_expanded_view_is_rejected():
+    with pytest.raises(UnsupportedMutation, match="view op"):
+        trace_aten(lambda x: (x * 1).expand(2, 3).add_(1), [torch.randn(3)], {})

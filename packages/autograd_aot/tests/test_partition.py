@@ -1,0 +1,71 @@
+"""The partitioning policy: what the forward saves, recomputation, statistics."""
+
+import operator
+
+import torch
+from torch import fx
+
+from kiln.autograd_aot import aot_compile, aot_eager, aot_eager_decomp_partition
+from kiln.autograd_aot.partition import recomputable
+
+aten = torch.ops.aten
+
+
+def _chain(x):
+    return x.sin().cos().sin().cos().sin()
+
+
+def _saved_inputs(compiled):
+    fw = compiled._compiled[True].forward
+    out = next(n for n in fw.graph.nodes if n.op == "output").args[0]
+    return out[1:]  # after the one user output
+
+
+def test_sin_cos_chain_saves_only_x(check):
+    x = torch.randn(8, 8, requires_grad=True)
+    compiled = check(_chain, [x], backend=aot_eager_decomp_partition)
+    saved = _saved_inputs(compiled)
+    assert [n.op for n in saved] == ["placeholder"]
+    stats = compiled.partition_stats
+    assert stats.num_saved == 1 and stats.saved_bytes == 8 * 8 * 4
+    assert stats.save_all_bytes == 5 * 8 * 8 * 4
+    bw = compiled._compiled[True].backward
+    assert sum(n.target is aten.sin.default for n in bw.graph.nodes) >= 2  # recomputed
+
+
+def test_save_all_saves_every_used_forward_value(check):
+    x = torch.randn(8, 8, requires_grad=True)
+    compiled = check(_chain, [x], backend=aot_eager)
+    assert compiled.partition_stats.saved_bytes == compiled.partition_stats.save_all_bytes
+
+
+def test_matmul_output_is_saved_not_recomputed(check):
+    def fn(x, w):
+        return (x @ w).relu().sum(1)
+
+    x, w = torch.randn(4, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True)
+    compiled = check(fn, [x, w], backend=aot_eager_decomp_partition)
+    bw = compiled._compiled[True].backward
+    mms = [n for n in bw.graph.nodes if n.target is aten.mm.default]
+    assert len(mms) == 2  # the two gradient matmuls; the forward one is not recomputed
+
+
+def test_random_ops_are_not_recomputed():
+    g = fx.Graph()
+    x = g.placeholder("x")
+    rand = g.call_function(aten.rand_like.default, (x,))
+    add = g.call_function(aten.add.Tensor, (x, rand))
+    item = g.call_function(operator.getitem, (add, 0))
+    view = g.call_function(aten.t.default, (x,))
+    mm = g.call_function(aten.mm.default, (x, x))
+    assert not recomputable(rand)
+    assert recomputable(add) and recomputable(item) and recomputable(view)
+    assert not recomputable(mm)
+
+
+def test_partition_stats_logged(caplog):
+    x = torch.randn(4, requires_grad=True)
+    with caplog.at_level("INFO", logger="kiln.autograd_aot.aot"):
+        aot_compile(fx.symbolic_trace(_chain), [x], fw_compiler=lambda gm, ex: gm)
+    text = caplog.text
+    assert "decomposition table" in text and "save-all" in text

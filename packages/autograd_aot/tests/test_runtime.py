@@ -1,0 +1,113 @@
+"""The runtime wrapper: grad modes, retain_graph, double backward, RNG, module state."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+from kiln.autograd_aot import aot_eager, aot_eager_decomp_partition
+
+
+def _bn_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.ReLU())
+
+
+@pytest.mark.parametrize("context", [torch.no_grad, torch.inference_mode])
+def test_inference_path_under_no_grad(context):
+    model = _bn_model()
+    gm, ref = fx.symbolic_trace(model), _bn_model()
+    x = torch.randn(5, 4)
+    with context():
+        compiled = aot_eager_decomp_partition(gm, [x])
+        out = compiled(x)
+        expect = ref(x)
+    assert not compiled._compiled[False].program.is_joint
+    torch.testing.assert_close(out, expect)
+    torch.testing.assert_close(dict(gm.named_buffers()), dict(ref.named_buffers()))
+    assert not out.requires_grad
+
+
+def test_switching_grad_mode_compiles_both_variants():
+    gm = fx.symbolic_trace(nn.Linear(3, 2))
+    x = torch.randn(4, 3)
+    compiled = aot_eager(gm, [x])
+    with torch.no_grad():
+        compiled(x)
+    compiled(x).sum().backward()
+    assert set(compiled._compiled) == {True, False}
+    assert gm.weight.grad is not None
+
+
+def test_parameter_updates_are_seen():
+    lin = nn.Linear(3, 2)
+    gm = fx.symbolic_trace(lin)
+    x = torch.randn(4, 3)
+    compiled = aot_eager(gm, [x])
+    with torch.no_grad():
+        gm.weight.mul_(2)
+    torch.testing.assert_close(compiled(x), gm(x))
+
+
+def test_retain_graph_and_second_backward():
+    x = torch.randn(5, requires_grad=True)
+    compiled = aot_eager(fx.symbolic_trace(lambda x: (x.sin() * x).sum()), [x])
+    y = compiled(x)
+    y.backward(retain_graph=True)
+    first = x.grad.clone()
+    y.backward()
+    torch.testing.assert_close(x.grad, 2 * first)
+
+
+def test_double_backward_raises_clearly():
+    x = torch.randn(5, requires_grad=True)
+    compiled = aot_eager(fx.symbolic_trace(lambda x: (x**3).sum()), [x])
+    (g,) = torch.autograd.grad(compiled(x), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable|does not require grad"):
+        g.sum().backward()
+
+
+def test_outputs_that_do_not_require_grad():
+    x = torch.randn(3, 4, requires_grad=True)
+    compiled = aot_eager(fx.symbolic_trace(lambda x: (x * 2, x.argmax(), x.detach() + 1)), [x])
+    a, b, c = compiled(x)
+    assert a.requires_grad and not b.requires_grad and not c.requires_grad
+    assert b.dtype == torch.int64
+
+
+def test_alias_output_is_a_view_of_the_input():
+    x = torch.randn(3, 4, requires_grad=True)
+    compiled = aot_eager(fx.symbolic_trace(lambda x: (x.t(), x * 2)), [x])
+    view, _ = compiled(x)
+    assert view._base is x
+    view.sum().backward()
+    torch.testing.assert_close(x.grad, torch.ones(3, 4))
+
+
+def test_mutated_input_sharing_memory_is_rejected():
+    from kiln.autograd_aot import AotError
+
+    base = torch.randn(6)
+
+    def fn(a, b):
+        a.add_(1)
+        return b * 2
+
+    with pytest.raises(AotError, match="shares memory"):
+        aot_eager(fx.symbolic_trace(fn), [base[:3], base[3:]])
+
+
+@pytest.mark.parametrize("backend", [aot_eager, aot_eager_decomp_partition])
+def test_dropout_forward_and_backward_use_the_same_bits(backend):
+    x = (torch.rand(64, 64) + 0.5).requires_grad_()
+    compiled = backend(fx.symbolic_trace(lambda x: F.dropout(x, 0.5, training=True) * 3), [x])
+    out = compiled(x)
+    out.sum().backward()
+    kept = out != 0
+    torch.testing.assert_close(out[kept], (x * 6)[kept])
+    torch.testing.assert_close(x.grad, kept.float() * 6)
+    assert 0.4 < kept.float().mean().item() < 0.6  # eager's distribution
+    torch.manual_seed(1)
+    a = compiled(x)
+    torch.manual_seed(1)
+    assert torch.equal(a, compiled(x))  # seeded by torch's generator
