@@ -208,7 +208,7 @@ class KernelWriter:
         Chunk starts are multiples of the lane count, which the vector loop's
         index analysis assumes; merging in order keeps results deterministic.
         """
-        lines = [line for acc in accs for line in acc.declarations(vector=False)]
+        lines = [line for acc in accs for line in acc.declarations(with_vector=False)]
         lines += [
             f"const int64_t rchunk = (({self.rnumel} + nthreads - 1) / nthreads + "
             f"{self.lanes - 1}) / {self.lanes} * {self.lanes};",

@@ -82,10 +82,10 @@ class Accumulator:
             dtype = torch.bool
         return vector_ctype(dtype) if vector else compute_ctype(dtype)
 
-    def declarations(self, vector: bool = True) -> list[str]:
+    def declarations(self, with_vector: bool = True) -> list[str]:
         """Lines that declare and initialise the scalar (and vector) accumulators."""
         lines = []
-        for vector in (False, True) if self.vectorized and vector else (False,):
+        for vector in (False, True) if self.vectorized and with_vector else (False,):
             for field in self._fields:
                 init = "0" if field == "idx" else _identity(self.reduction_type, self.dtype)
                 ctype = self._ctype(field, vector)
