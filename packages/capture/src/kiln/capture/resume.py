@@ -116,6 +116,7 @@ def _make_resume(
         )
         raise CaptureError(msg)
     body = info.body.clone()
+    index = max(index, _prologue_length(body))  # resuming at the very start
     target = body.instrs[index]
     _check_normally_reachable(body, index)
     cells = [n for n in body.cellvars if n not in body.freevars]
@@ -143,6 +144,16 @@ def _break_index(info: CodeInfo, offset: int) -> int:
     ):
         i -= 1
     return i
+
+
+def _prologue_length(body: Bytecode) -> int:
+    """How many instructions open the body: cell set-up up to the first RESUME."""
+    n = 0
+    while n < len(body.instrs) and body.instrs[n].opname in _PROLOGUE_OPS:
+        n += 1
+        if body.instrs[n - 1].opname == "RESUME":
+            break
+    return n
 
 
 def _check_normally_reachable(body: Bytecode, index: int) -> None:
@@ -175,11 +186,7 @@ def _rewrite(
     cells: list[str],
 ) -> Bytecode:
     """The resume body: new prologue, stack-restoring prefix, then the original code."""
-    start = 0
-    while start < len(body.instrs) and body.instrs[start].opname in _PROLOGUE_OPS:
-        start += 1
-        if body.instrs[start - 1].opname == "RESUME":
-            break
+    start = _prologue_length(body)
     rest = body.instrs[start:]
     dropped = {id(ins) for ins in body.instrs[:start]}
     for entry in body.exception_table:

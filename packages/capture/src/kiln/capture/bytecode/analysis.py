@@ -28,6 +28,9 @@ __all__ = [
     "successors",
 ]
 
+_PRECALL = dis.opmap.get("PRECALL", 0)
+_CALL = dis.opmap["CALL"]
+
 #: Fast-local accesses that read the variable (DELETE_FAST raises if unbound).
 LOCAL_READS = frozenset({"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR", "DELETE_FAST"})
 LOCAL_WRITES = frozenset({"STORE_FAST", "STORE_FAST_MAYBE_NULL", "DELETE_FAST"})
@@ -62,6 +65,13 @@ def stack_effect(instr: Instr, *, jump: bool | None = None) -> int:
     """Net stack effect of ``instr``; ``jump`` picks the branch of a jump."""
     if instr.opname == "RETURN_GENERATOR":
         return 1  # resuming the new generator pushes the value sent in
+    if optable.PY311 and instr.opname in ("PRECALL", "CALL"):
+        # CPython counts a call's arguments as consumed by PRECALL; they stay on the
+        # stack until CALL, so count them there (the maximum depth is the same).
+        if instr.opname == "PRECALL":
+            return 0
+        nargs = int(instr.arg)
+        return dis.stack_effect(_PRECALL, nargs) + dis.stack_effect(_CALL, nargs)
     op = optable.opcode_of(_concrete_name(instr.opname))
     return dis.stack_effect(op, _stack_oparg(instr), jump=jump)
 
