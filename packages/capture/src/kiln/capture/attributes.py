@@ -34,7 +34,15 @@ from kiln.capture.wrap import function_value, wrap
 if TYPE_CHECKING:
     from kiln.capture.tracer import Tracer
 
-__all__ = ["delete_item", "get_attr", "get_item", "has_attr", "set_attr", "set_item"]
+__all__ = [
+    "delete_item",
+    "get_attr",
+    "get_item",
+    "has_attr",
+    "plain_object_attr",
+    "set_attr",
+    "set_item",
+]
 
 _MODULE_STORES = ("_parameters", "_buffers", "_modules")
 
@@ -123,7 +131,18 @@ def _function_attr(tr: Tracer, v: UserFunctionValue | BoundMethodValue, name: st
 
 
 def _object_attr(tr: Tracer, v: ObjectValue, name: str) -> Value:
+    custom = inspect.getattr_static(type(v.obj), "__getattribute__", None)
+    if isinstance(custom, types.FunctionType):
+        return calls.call(tr, function_value(custom, None), [v, ConstantValue(name)], {})
+    return plain_object_attr(tr, v, name)
+
+
+def plain_object_attr(tr: Tracer, v: ObjectValue, name: str) -> Value:
+    """``object.__getattribute__(v, name)``, then ``__getattr__`` when that fails."""
     obj = v.obj
+    pending = tr.out.side_effects.pending_attr(obj, name)
+    if pending is not None:
+        return pending
     src = v.source.attr(name) if v.source is not None else None
     if isinstance(obj, torch.nn.Module):
         for store in _MODULE_STORES:
@@ -270,6 +289,8 @@ def has_attr(tr: Tracer, v: Value, name: str) -> bool:
     if isinstance(v, NewObjectValue):
         return name in v.attrs or hasattr(v.cls, name)
     if isinstance(v, ObjectValue):
+        if tr.out.side_effects.pending_attr(v.obj, name) is not None:
+            return True
         found = hasattr(v.obj, name)
         if v.source is not None:
             from kiln.capture.guard_data import GuardKind
@@ -291,7 +312,24 @@ def set_attr(tr: Tracer, v: Value, name: str, value: Value) -> None:
     if isinstance(v, DictValue) and v.cls is not dict and v.source is None:
         v.items[name] = (ConstantValue(name), value)
         return
+    if isinstance(v, ObjectValue) and v.source is not None and _plain_attribute(v.obj, name):
+        tr.out.side_effects.store_attr(v, v.obj, name, value)
+        return
     raise unsupported("side_effect", f"setting attribute {name!r} of {v}")
+
+
+def _plain_attribute(obj: Any, name: str) -> bool:
+    """Whether ``obj.name = value`` only writes the instance dict (no descriptor, no module slot)."""
+    if isinstance(obj, (type, types.ModuleType)) or not hasattr(obj, "__dict__"):
+        return False
+    if _is_data_descriptor(inspect.getattr_static(type(obj), name, None)):
+        return False
+    if isinstance(obj, torch.nn.Module):
+        if any(name in obj.__dict__.get(store, {}) for store in _MODULE_STORES):
+            return False
+        return type(obj).__setattr__ is torch.nn.Module.__setattr__
+    setter: Any = type(obj).__setattr__
+    return setter is object.__setattr__
 
 
 # items -----------------------------------------------------------------------
@@ -361,9 +399,10 @@ def _object_item(tr: Tracer, v: ObjectValue, index: Value) -> Value:
     if isinstance(obj, (dict, list, tuple, str)) or hasattr(obj, "__getitem__"):
         src = v.source.item(key) if v.source is not None and is_constant(key) else None
         try:
-            return wrap(tr.out, obj[key], src)
+            item = obj[key]
         except Exception as e:
             raise unsupported("user_exception", f"{type(e).__name__}: {e}") from e
+        return wrap(tr.out, item, src)
     raise unsupported("unsupported_operator", f"{type(obj).__name__}[...]")
 
 

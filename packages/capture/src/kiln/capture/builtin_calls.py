@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import collections
 import functools
+import inspect
 import logging
 import operator
+import types
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -19,9 +21,10 @@ import torch
 
 from kiln.capture import attributes, calls, operators, torch_calls
 from kiln.capture.break_reasons import unsupported
+from kiln.capture.guard_data import GuardKind
 from kiln.capture.values.base import ConstantValue, Value, is_constant
 from kiln.capture.values.containers import DictValue, ListValue, SetValue, TupleValue, dict_key
-from kiln.capture.values.functions import PartialValue
+from kiln.capture.values.functions import BoundMethodValue, PartialValue
 from kiln.capture.values.iterators import (
     EnumerateIterator,
     ItemsIterator,
@@ -65,6 +68,9 @@ def handler_for(obj: Any) -> Handler | None:
         return None
 
 
+_IDENTITY_OBJECTS = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType)
+
+
 def literal(v: Value) -> Any:
     """The plain Python value of a constant or a container of constants."""
     if isinstance(v, ConstantValue):
@@ -75,6 +81,8 @@ def literal(v: Value) -> Any:
         return [literal(x) for x in v.items]
     if isinstance(v, DictValue) and v.cls is dict:
         return {k: literal(x) for k, (_, x) in v.items.items()}
+    if isinstance(v, ObjectValue) and isinstance(v.obj, _IDENTITY_OBJECTS):
+        return v.obj
     raise unsupported("unsupported_value", f"{v} is not a constant")
 
 
@@ -163,16 +171,21 @@ def length(tr: Tracer, v: Value) -> int:
         if v.fake.dim() == 0:
             raise unsupported("user_exception", "len() of a 0-d tensor")
         return int(v.fake.shape[0])
-    if isinstance(v, ObjectValue) and isinstance(v.obj, torch.nn.Module):
-        return len(v.obj)  # type: ignore[arg-type]
+    if isinstance(v, ObjectValue) and (
+        isinstance(v.obj, torch.nn.Module) or type(v.obj).__module__ == "builtins"
+    ):
+        return len(v.obj)
     method = attributes.get_attr(tr, v, "__len__")
     return int(calls.call(tr, method, [], {}).as_constant())
 
 
 # builtins --------------------------------------------------------------------
-def _fold(fn: Callable[..., Any], args: list[Value], kwargs: dict[str, Value]) -> Value:
+def fold(fn: Callable[..., Any], args: list[Value], kwargs: dict[str, Value]) -> Value:
+    """Call a pure ``fn`` on the plain values of constant arguments; wrap the result."""
+    plain_args = [literal(a) for a in args]
+    plain_kwargs = {k: literal(v) for k, v in kwargs.items()}
     try:
-        result = fn(*(literal(a) for a in args), **{k: literal(v) for k, v in kwargs.items()})
+        result = fn(*plain_args, **plain_kwargs)
     except Exception as e:
         raise unsupported("user_exception", f"{type(e).__name__}: {e}") from e
     if is_constant(result):
@@ -252,6 +265,14 @@ def _object_setattr(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> 
     return _setattr(tr, args, kwargs)
 
 
+@_handles(object.__getattribute__)
+def _object_getattribute(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    v, name = args[0], args[1].as_constant()
+    if isinstance(v, ObjectValue):
+        return attributes.plain_object_attr(tr, v, name)
+    return attributes.get_attr(tr, v, name)
+
+
 @_handles(object.__new__)
 def _object_new(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
     cls = _types_of(args[0])[0]
@@ -260,12 +281,12 @@ def _object_new(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Valu
 
 @_handles(range)
 def _range(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
-    return _fold(range, args, kwargs)
+    return fold(range, args, kwargs)
 
 
 @_handles(slice)
 def _slice(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
-    return _fold(slice, args, kwargs)
+    return fold(slice, args, kwargs)
 
 
 @_handles(iter)
@@ -350,7 +371,7 @@ def _sorted(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
     items = unpack_iterable(tr, args[0])
     if not kwargs and all(isinstance(x, ConstantValue) for x in items):
         return ListValue([ConstantValue(x) for x in sorted(x.as_constant() for x in items)])
-    return _fold(sorted, [ListValue(items)], kwargs)
+    return fold(sorted, [ListValue(items)], kwargs)
 
 
 def _min_max_handler(fn: Callable[..., Any]) -> Handler:
@@ -358,7 +379,7 @@ def _min_max_handler(fn: Callable[..., Any]) -> Handler:
         items = args if len(args) > 1 else unpack_iterable(tr, args[0])
         if any(isinstance(x, TensorValue) for x in items):
             raise unsupported("data_dependent_value", f"{fn.__name__}() over tensors")
-        return _fold(fn, [ListValue(items)], kwargs)
+        return fold(fn, [ListValue(items)], kwargs)
 
     return handler
 
@@ -390,7 +411,7 @@ def _all(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
 def _abs(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
     if isinstance(args[0], TensorValue):
         return torch_calls.call_function(tr, operator.abs, args, {})
-    return _fold(abs, args, kwargs)
+    return fold(abs, args, kwargs)
 
 
 @_handles(bool)
@@ -402,7 +423,7 @@ def _scalar_handler(fn: Callable[..., Any]) -> Handler:
     def handler(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
         if any(isinstance(a, TensorValue) for a in args):
             raise unsupported("data_dependent_value", f"{fn.__name__}() of a tensor")
-        return _fold(fn, args, kwargs)
+        return fold(fn, args, kwargs)
 
     return handler
 
@@ -460,6 +481,30 @@ def _contains(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
     return ConstantValue(operators.contains(tr, args[1], args[0]))
 
 
+@_handles(id)
+def _id(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    v = args[0]
+    if isinstance(v, ObjectValue):
+        if v.source is not None:
+            tr.out.guard(v.source, GuardKind.ID_MATCH, id(v.obj))
+        return ConstantValue(id(v.obj))
+    raise unsupported("unsupported_call", f"id() of {v}")
+
+
+@_handles(inspect.signature)
+def _signature(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    fn = args[0]
+    bound = isinstance(fn, BoundMethodValue)
+    target = fn.func if isinstance(fn, BoundMethodValue) else fn
+    real = getattr(target, "real", None) or getattr(target, "obj", None)
+    if real is None or kwargs:
+        raise unsupported("unsupported_call", f"inspect.signature of {fn}")
+    sig = inspect.signature(real)
+    if bound:
+        sig = sig.replace(parameters=list(sig.parameters.values())[1:])
+    return ObjectValue(sig)
+
+
 @_handles(callable)
 def _callable(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
     v = args[0]
@@ -506,7 +551,7 @@ def call_builtin_method(
     if isinstance(receiver, DictValue):
         return _dict_method(tr, receiver, name, args, kwargs)
     if isinstance(receiver, TupleValue) and name in ("index", "count"):
-        return _fold(getattr(tuple, name), [TupleValue(receiver.items), *args], {})
+        return fold(getattr(tuple, name), [TupleValue(receiver.items), *args], {})
     if isinstance(receiver, SetValue):
         return _set_method(tr, receiver, name, args)
     if isinstance(receiver, ObjectValue) and isinstance(receiver.obj, logging.Logger):
@@ -524,7 +569,7 @@ def _list_method(tr: Tracer, lst: ListValue, name: str, args: list[Value]) -> Va
             return ConstantValue(len(lst.items))
         if name == "__contains__":
             return ConstantValue(operators.contains(tr, args[0], lst))
-        return _fold(getattr(list, name), [ListValue(lst.items), *args], {})
+        return fold(getattr(list, name), [ListValue(lst.items), *args], {})
     lst.check_mutable()
     if name == "append":
         lst.items.append(args[0])

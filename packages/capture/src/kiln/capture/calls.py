@@ -52,6 +52,9 @@ _PURE_MODULES = frozenset({"math", "operator", "_operator", "builtins", "cmath",
 def call(tr: Tracer, fn: Value, args: list[Value], kwargs: dict[str, Value]) -> Value:
     """``fn(*args, **kwargs)`` on tracked values."""
     if isinstance(fn, UserFunctionValue):
+        handler = builtin_calls.handler_for(fn.real) if fn.real is not None else None
+        if handler is not None:
+            return handler(tr, args, kwargs)
         return tr.inline(fn, args, kwargs)
     if isinstance(fn, BoundMethodValue):
         return call(tr, fn.func, [fn.self_value, *args], kwargs)
@@ -118,7 +121,7 @@ def _call_object(tr: Tracer, fv: ObjectValue, args: list[Value], kwargs: dict[st
         part = PartialValue(ObjectValue(obj.func), [], {})
         return call(tr, part.func, [*(_const(a) for a in obj.args), *args], kwargs)
     if _foldable(obj) and all(builtin_calls.is_literal(a) for a in [*args, *kwargs.values()]):
-        return _fold_call(obj, args, kwargs)
+        return builtin_calls.fold(obj, args, kwargs)
     method = _find_python_method(type(obj), "__call__")
     if method is not None:
         return call(tr, function_value(method, None), [fv, *args], kwargs)
@@ -149,17 +152,6 @@ def _foldable(obj: Any) -> bool:
     return module in _PURE_MODULES and obj.__name__ not in _IMPURE_BUILTINS
 
 
-def _fold_call(obj: Any, args: list[Value], kwargs: dict[str, Value]) -> Value:
-    try:
-        result = obj(
-            *(builtin_calls.literal(a) for a in args),
-            **{k: builtin_calls.literal(v) for k, v in kwargs.items()},
-        )
-    except Exception as e:
-        raise unsupported("user_exception", f"{type(e).__name__}: {e}") from e
-    return ConstantValue(result) if is_constant(result) else ObjectValue(result)
-
-
 # classes ---------------------------------------------------------------------
 def _construct(tr: Tracer, cv: ObjectValue, args: list[Value], kwargs: dict[str, Value]) -> Value:
     cls = cv.obj
@@ -174,7 +166,7 @@ def _construct(tr: Tracer, cv: ObjectValue, args: list[Value], kwargs: dict[str,
         cls.__module__ == "builtins" and issubclass(cls, BaseException)
     )
     if foldable and all(builtin_calls.is_literal(a) for a in [*args, *kwargs.values()]):
-        return _fold_call_type(cls, args, kwargs)
+        return builtin_calls.fold(cls, args, kwargs)
     if _is_plain_python_class(cls):
         instance = NewObjectValue(cls)
         init = _find_python_method(cls, "__init__")
@@ -186,17 +178,6 @@ def _construct(tr: Tracer, cv: ObjectValue, args: list[Value], kwargs: dict[str,
     if torch_calls.is_torch_callable(cls) or cls is torch.Tensor:
         return torch_calls.call_function(tr, cls, args, kwargs)
     raise unsupported("unsupported_call", f"constructing {cls.__qualname__}")
-
-
-def _fold_call_type(cls: type, args: list[Value], kwargs: dict[str, Value]) -> Value:
-    try:
-        result = cls(
-            *(builtin_calls.literal(a) for a in args),
-            **{k: builtin_calls.literal(v) for k, v in kwargs.items()},
-        )
-    except Exception as e:
-        raise unsupported("user_exception", f"{type(e).__name__}: {e}") from e
-    return ConstantValue(result) if is_constant(result) else ObjectValue(result)
 
 
 def _is_plain_python_class(cls: type) -> bool:

@@ -20,6 +20,7 @@ from typing import Any
 from kiln.capture.break_reasons import unsupported
 from kiln.capture.errors import CaptureError
 from kiln.capture.graph import GraphInput
+from kiln.capture.side_effects import SideEffects
 from kiln.capture.source import (
     AttrSource,
     ClosureSource,
@@ -35,15 +36,23 @@ from kiln.capture.values.objects import NewObjectValue, ObjectValue
 from kiln.capture.values.tensor import TensorValue
 from kiln.capture.wrap import is_namedtuple
 
-__all__ = ["emit_code", "graph_outputs"]
+__all__ = ["emit_code", "graph_outputs", "side_effect_values"]
 
 CO_VARARGS = 0x04
 CO_VARKEYWORDS = 0x08
 _LITERAL_TYPES = (int, str, bool, bytes, type(None))
 
 
-def graph_outputs(result: Value) -> list[TensorValue]:
-    """The computed tensors inside ``result`` the graph must return, in order, once each."""
+def side_effect_values(effects: SideEffects) -> list[Value]:
+    """Every value the replayed side effects write."""
+    values: list[Value] = [v for _, stores in effects.attr_stores.values() for v in stores.values()]
+    for c in effects.mutated_containers():
+        values.append(ListValue(c.items) if isinstance(c, ListValue) else DictValue(c.items))
+    return values
+
+
+def graph_outputs(result: Value, effects: SideEffects) -> list[TensorValue]:
+    """The computed tensors the graph must return (for the result and side effects), once each."""
     found: dict[int, TensorValue] = {}
 
     def visit(v: Value) -> None:
@@ -64,6 +73,8 @@ def graph_outputs(result: Value) -> list[TensorValue]:
                 visit(x)
 
     visit(result)
+    for v in side_effect_values(effects):
+        visit(v)
     return list(found.values())
 
 
@@ -156,6 +167,24 @@ class _Writer:
         return self.const(obj)
 
 
+def _replay(writer: _Writer, effects: SideEffects) -> list[str]:
+    lines = []
+    for target, stores in effects.attr_stores.values():
+        assert target.source is not None
+        obj = writer.source(target.source)
+        for name, value in stores.items():
+            lines.append(f"{writer.const(setattr)}({obj}, {name!r}, {writer.value(value)})")
+    for c in effects.mutated_containers():
+        assert c.source is not None
+        where = writer.source(c.source)
+        if isinstance(c, ListValue):
+            lines.append(f"{where}[:] = {writer.value(ListValue(c.items))}")
+        else:
+            lines.append(f"{where}.clear()")
+            lines.append(f"{where}.update({writer.value(DictValue(c.items))})")
+    return lines
+
+
 def _kwargs_ctor(v: DictValue) -> bool:
     return dataclasses.is_dataclass(v.cls) and all(isinstance(k, str) for k in v.items)
 
@@ -185,6 +214,7 @@ def emit_code(
     inputs: list[GraphInput],
     outputs: list[TensorValue],
     result: Value,
+    effects: SideEffects,
 ) -> types.CodeType:
     """The code object that replaces ``fn.__code__`` for calls this capture covers."""
     code = fn.__code__
@@ -193,6 +223,7 @@ def emit_code(
     if compiled is not None:
         args = ", ".join(writer.source(i.source) for i in inputs)
         body.append(f"__kiln_out = {writer.const(compiled)}({args})")
+    body.extend(_replay(writer, effects))
     body.append(f"return {writer.value(result)}")
     lines = [f"def __kiln_outer__({', '.join(code.co_freevars)}):"]
     lines.append(f"    def __kiln_fn__({_signature(code)}):")

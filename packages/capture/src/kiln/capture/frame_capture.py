@@ -79,6 +79,17 @@ def _split_method(fn: Any, args: tuple[Any, ...]) -> tuple[types.FunctionType, t
     raise unsupported("unsupported_call", f"capturing {type(fn).__name__} objects")
 
 
+def _fresh_containers(code: types.CodeType) -> list[str]:
+    rest = code.co_argcount + code.co_kwonlyargcount
+    names = []
+    if code.co_flags & 0x04:
+        names.append(code.co_varnames[rest])
+        rest += 1
+    if code.co_flags & 0x08:
+        names.append(code.co_varnames[rest])
+    return names
+
+
 def trace_frame(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> TracedFrame:
     """Trace one call of ``fn`` symbolically; raise :class:`Unsupported` if it cannot."""
     func, args = _split_method(fn, args)
@@ -89,13 +100,17 @@ def trace_frame(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Trace
     out = OutputGraph()
     try:
         try:
-            bound = inspect.signature(func).bind(*args, **kwargs)
+            bound = inspect.signature(func, follow_wrapped=False).bind(*args, **kwargs)
         except TypeError as e:
             raise unsupported("user_exception", f"TypeError: {e}") from e
         bound.apply_defaults()
         f_locals = {
             name: wrap(out, value, LocalSource(name)) for name, value in bound.arguments.items()
         }
+        for name in _fresh_containers(code):
+            # *args and **kwargs are new objects each call: the trace may mutate them
+            if name in f_locals:
+                f_locals[name].source = None
         cells = {
             name: CellValue(real=cell, source=ClosureSource(name))
             for name, cell in zip(code.co_freevars, func.__closure__ or (), strict=False)
@@ -135,7 +150,8 @@ def capture(
         raise
     traced_at = time.perf_counter()
     out, func = traced.out, traced.func
-    outputs = graph_outputs(traced.result)
+    effects = out.side_effects
+    outputs = graph_outputs(traced.result, effects)
     graphs: list[fx.GraphModule] = []
     compiled = None
     if out.has_ops() or outputs:
@@ -144,7 +160,7 @@ def capture(
         graphs.append(gm)
         compiled = compile_graph(gm, [i.real for i in out.inputs])
     compiled_at = time.perf_counter()
-    code = emit_code(func, compiled, out.inputs, outputs, traced.result)
+    code = emit_code(func, compiled, out.inputs, outputs, traced.result, effects)
     guards = [*out.guards(), GuardSpec(None, GuardKind.GLOBAL_STATE, GlobalState.current())]
     new_fn = types.FunctionType(
         code, func.__globals__, func.__name__, func.__defaults__, func.__closure__
@@ -161,6 +177,7 @@ def capture(
         function=function,
         graphs=graphs,
         guards=guards,
+        side_effects=effects.describe(),
         timings={
             "trace": traced_at - start,
             "compile": compiled_at - traced_at,

@@ -17,6 +17,7 @@ from torch import fx
 
 from kiln.capture.guard_data import GuardKind, GuardSpec, TensorMeta, dedupe
 from kiln.capture.meta import FakeMode
+from kiln.capture.side_effects import SideEffects
 from kiln.capture.source import Source
 from kiln.capture.values.tensor import TensorValue
 
@@ -42,6 +43,7 @@ class OutputGraph:
         self._guards: list[GuardSpec] = []
         self.fake_mode = FakeMode()
         self.active: list[Any] = []  # the tracers running, innermost last
+        self.side_effects = SideEffects()
         self._names: set[str] = set()
 
     # guards ----------------------------------------------------------------

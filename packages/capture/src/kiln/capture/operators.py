@@ -229,6 +229,9 @@ def contains(tr: Tracer, item: Value, container: Value) -> bool:
         and container.source is None
     ):
         return item.value in container.obj
+    method = _user_method(container, "__contains__")
+    if method is not None:
+        return truth(tr, calls.call(tr, method, [container, item], {}))
     raise unsupported("unsupported_operator", f"in {container}")
 
 

@@ -25,6 +25,7 @@ from kiln.capture.source import GlobalSource, Source
 from kiln.capture.values.base import Value
 from kiln.capture.values.containers import CellValue
 from kiln.capture.values.functions import UserFunctionValue
+from kiln.capture.values.iterators import ItemsIterator
 from kiln.capture.values.objects import ObjectValue, SuperValue
 from kiln.capture.wrap import wrap
 
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 MAX_INLINE_DEPTH = 48
 MAX_STEPS = 2_000_000
 PY312 = sys.version_info >= (3, 12)
+CO_GENERATOR = 0x20
 CO_GENERATOR_LIKE = (
     0x20 | 0x80 | 0x100 | 0x200
 )  # generator, coroutine, iterable coroutine, async gen
@@ -85,6 +87,7 @@ class Tracer:
         self.lineno = code.co_firstlineno
         self.steps = 0
         self.py312 = PY312
+        self.yielded: list[Value] | None = None  # items of a generator run eagerly
 
     # the loop ----------------------------------------------------------------
     def run(self) -> Value:
@@ -112,7 +115,9 @@ class Tracer:
             except Unsupported as e:
                 if e.frame is not None:
                     raise
-                raise e.with_frame(self.user_frame()) from e
+                located = e.with_frame(self.user_frame())
+                located.user_stack = self.stack_trace()  # type: ignore[attr-defined]
+                raise located from e
         return self.return_value
 
     def jump_to(self, offset: int) -> None:
@@ -213,8 +218,9 @@ class Tracer:
     def inline(self, fn: UserFunctionValue, args: list[Value], kwargs: dict[str, Value]) -> Value:
         """Run ``fn`` in a child tracer that shares this graph; return its result."""
         code = fn.code
-        if code.co_flags & CO_GENERATOR_LIKE:
-            raise unsupported("unsupported_call", f"generator or coroutine {code.co_qualname}")
+        generator = code.co_flags & CO_GENERATOR_LIKE == CO_GENERATOR
+        if code.co_flags & CO_GENERATOR_LIKE and not generator:
+            raise unsupported("unsupported_call", f"coroutine {code.co_qualname}")
         defaults, kwdefaults = fn.defaults, fn.kwdefaults
         if fn.real is not None:
             defaults, kwdefaults = self._real_defaults(fn)
@@ -231,6 +237,11 @@ class Tracer:
             parent=self,
         )
         log.debug("inlining %s", code.co_qualname)
+        if generator:
+            # run the generator to its end now; its items are then iterated as a list
+            child.yielded = []
+            child.run()
+            return ItemsIterator(child.yielded)
         return child.run()
 
     def _real_defaults(self, fn: UserFunctionValue) -> tuple[tuple[Value, ...], dict[str, Value]]:

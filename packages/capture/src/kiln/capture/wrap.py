@@ -44,7 +44,23 @@ def is_namedtuple(cls: type) -> bool:
 
 
 def wrap(out: OutputGraph, obj: Any, source: Source | None) -> Value:
-    """The tracked value of the real object ``obj`` found at ``source``."""
+    """The tracked value of the real object ``obj`` found at ``source``.
+
+    Mutable objects are wrapped once per capture, so every path to one object
+    sees the same value (and the same pending mutations).
+    """
+    if isinstance(obj, torch.Tensor) or is_constant(obj):
+        return _wrap(out, obj, source)
+    known = out.side_effects.known(obj)
+    if known is not None:
+        return known
+    value = _wrap(out, obj, source)
+    if value.source is not None:
+        out.side_effects.remember(obj, value)
+    return value
+
+
+def _wrap(out: OutputGraph, obj: Any, source: Source | None) -> Value:
     if isinstance(obj, torch.Tensor):
         if source is None:
             # a tensor the trace did not compute and cannot reload: never bake it in

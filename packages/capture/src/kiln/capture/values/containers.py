@@ -1,8 +1,8 @@
 """Lists, tuples, dicts, sets and cells whose items are tracked values.
 
 A container made during tracing may be mutated freely: it exists only in the
-capture. One that came from the frame has a source, and mutating it would be
-a side effect the emitted code does not replay, so mutation refuses it.
+capture. One that came from the frame has a source; mutating it marks it, and
+the emitted code writes its final contents back after the graph runs.
 """
 
 from __future__ import annotations
@@ -17,9 +17,12 @@ __all__ = ["CellValue", "DictValue", "ListValue", "SetValue", "TupleValue", "dic
 
 
 class _Mutable(Value):
+    mutated = False
+
     def check_mutable(self) -> None:
+        """Note a mutation; a container from the frame is written back by the emitted code."""
         if self.source is not None:
-            raise unsupported("side_effect", f"mutating {self.source}")
+            self.mutated = True
 
 
 class TupleValue(Value):

@@ -1,0 +1,56 @@
+"""Mutations of objects that outlive the call, recorded during tracing and replayed after.
+
+Capture does not mutate real objects while tracing. A store to an attribute
+of an object from the frame is kept here (later reads in the trace see it)
+and the emitted code performs it after the graph has run, as eager code
+would have. Containers from the frame that were mutated are written back
+whole (``lst[:] = ...``, ``d.clear(); d.update(...)``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kiln.capture.values.base import Value
+from kiln.capture.values.containers import DictValue, ListValue
+
+__all__ = ["SideEffects"]
+
+
+class SideEffects:
+    """Attribute stores on real objects, and the frame's containers the trace mutated."""
+
+    def __init__(self) -> None:
+        self.attr_stores: dict[int, tuple[Value, dict[str, Value]]] = {}
+        self.containers: list[ListValue | DictValue] = []
+        self._wrapped: dict[int, tuple[Any, Value]] = {}
+
+    def store_attr(self, target: Value, obj: Any, name: str, value: Value) -> None:
+        entry = self.attr_stores.setdefault(id(obj), (target, {}))
+        entry[1][name] = value
+
+    def pending_attr(self, obj: Any, name: str) -> Value | None:
+        entry = self.attr_stores.get(id(obj))
+        return entry[1].get(name) if entry is not None else None
+
+    def known(self, obj: Any) -> Value | None:
+        """The value already standing for the real mutable object ``obj``, if any."""
+        found = self._wrapped.get(id(obj))
+        return found[1] if found is not None and found[0] is obj else None
+
+    def remember(self, obj: Any, value: Value) -> None:
+        self._wrapped[id(obj)] = (obj, value)
+        if isinstance(value, (ListValue, DictValue)):
+            self.containers.append(value)
+
+    def mutated_containers(self) -> list[ListValue | DictValue]:
+        return [c for c in self.containers if c.mutated]
+
+    def describe(self) -> list[str]:
+        out = [
+            f"{target.source}.{name} = ..."
+            for target, stores in self.attr_stores.values()
+            for name in stores
+        ]
+        out.extend(f"{c.source} mutated" for c in self.mutated_containers())
+        return out
