@@ -1,4 +1,9 @@
-"""MODULE_TREE guards: one O(1) check for a whole module tree while nothing changed."""
+"""MODULE_TREE: guards under a module are checked by the module stamp, in O(1) while nothing changed.
+
+The guards here are what capture records when it inlines a module's forward:
+identities of modules and parameters, parameter metadata, training flags, hooks
+and the constant attributes it reads.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ import pytest
 import torch
 
 from kiln import guards
-from kiln.capture.guard_data import GuardKind, GuardSpec
+from kiln.capture.guard_data import GuardKind, GuardSpec, TensorMeta
 from kiln.capture.source import LocalSource
 from kiln.guards import module_tree, stamps
 
@@ -17,10 +22,10 @@ class Block(torch.nn.Module):
         self.fc = torch.nn.Linear(4, 4)
         self.norm = torch.nn.LayerNorm(4)
         self.eps = 1e-5
-        self.act = torch.relu
+        self.sizes = [4, 4]
 
     def forward(self, x):
-        return self.norm(self.act(self.fc(x)) + self.eps)
+        return self.norm(torch.relu(self.fc(x)) + self.eps)
 
 
 class Net(torch.nn.Module):
@@ -35,10 +40,41 @@ class Net(torch.nn.Module):
         return x + self.offset
 
 
-def tree_check(model):
-    return guards.build_check(
-        [GuardSpec(LocalSource("self"), GuardKind.MODULE_TREE, model)], Net.forward
-    )
+def capture_like_guards(source, module, plain_contents=True):
+    """What capture records while inlining ``module``'s forward (modules, tensors, constants)."""
+    out = [
+        GuardSpec(source, GuardKind.MODULE_MATCH, id(module)),
+        GuardSpec(source.attr("training"), GuardKind.BOOL, module.training),
+        GuardSpec(source, GuardKind.HOOKS_EMPTY),
+    ]
+    for name, t in [*module._parameters.items(), *module._buffers.items()]:
+        out.append(GuardSpec(source.attr(name), GuardKind.TENSOR_MATCH, TensorMeta.of(t)))
+        out.append(GuardSpec(source.attr(name), GuardKind.ID_MATCH, id(t)))
+    for name, value in vars(module).items():
+        if isinstance(value, float):
+            out.append(GuardSpec(source.attr(name), GuardKind.EQUALS, value))
+        if plain_contents and isinstance(value, list):  # contents of a plain list: not protected
+            out.append(GuardSpec(source.attr(name), GuardKind.SEQUENCE_LENGTH, len(value)))
+    for name, child in module._modules.items():
+        child_source = source.item(int(name)) if name.isdigit() else source.attr(name)
+        out += capture_like_guards(child_source, child, plain_contents)
+    return out
+
+
+SELF = LocalSource("self")
+
+
+def tree_check(model, with_tree=True, plain_contents=True):
+    specs = capture_like_guards(SELF, model, plain_contents)
+    if with_tree:
+        specs.append(GuardSpec(SELF, GuardKind.MODULE_TREE, model))
+    specs.append(GuardSpec(LocalSource("x"), GuardKind.IS_NONE))
+    return guards.build_check(specs, Net.forward)
+
+
+def passes(check, model):
+    assert check.failure_reason(model, None) is None
+    assert check(model, None)
 
 
 def changed(check, model, part):
@@ -47,27 +83,16 @@ def changed(check, model, part):
     assert reason is not None and part in reason, reason
 
 
-def test_unchanged_tree_is_checked_by_stamp_without_walking(monkeypatch):
+def test_protected_guards_move_into_the_group():
     model = Net()
     check = tree_check(model)
-    assert check(model, None)
-    walks = []
-    tree = check.guards[0].expected
-    monkeypatch.setattr(tree, "check", lambda v: walks.append(v) or True)
-    check = tree_check(model)  # rebuilt: its generated code binds the patched walk
-    assert check(model, None) and check(model, None)
-    assert walks == []
-    stamps.bump()
-    assert check(model, None)
-
-
-def test_walk_revalidates_after_unrelated_change():
-    model, other = Net(), Net()
-    check = tree_check(model)
-    other.eps = 3.0  # bumps the stamp: model must be walked once, then is fast again
-    assert check(model, None)
-    tree = check.guards[0].expected
-    assert tree.validated[0] == stamps.current()
+    text = check.source
+    assert "___stamp[0] != ___seen[0]" in text
+    top = text[: text.index("___stamp[0] != ")]
+    assert "fc" not in top and "training" not in top  # all behind the stamp test
+    # the contents of plain lists are not stamp-protected: checked every call
+    rest = text[text.index("___config.trust_module_stamps") :]
+    assert rest.count("len(") == 3
 
 
 def test_in_place_parameter_update_passes_replacement_fails():
@@ -76,118 +101,118 @@ def test_in_place_parameter_update_passes_replacement_fails():
     with torch.no_grad():
         model.blocks[1].fc.weight.mul_(2.0)
     model.offset.add_(1.0)
-    assert check(model, None)
+    passes(check, model)
     model.blocks[1].fc.weight = torch.nn.Parameter(torch.randn(4, 4))
-    changed(check, model, "parameter L['self'].blocks[1].fc.weight was replaced")
+    changed(check, model, "L['self'].blocks[1].fc.weight is a different object")
 
 
 def test_eval_and_submodule_training():
     model = Net()
     check = tree_check(model)
+    passes(check, model)
     model.eval()
     changed(check, model, "L['self'].training changed: expected True, got False")
     model.train()
-    assert check(model, None)
+    passes(check, model)
     model.blocks[2].norm.eval()
     changed(check, model, "L['self'].blocks[2].norm.training changed: expected True, got False")
 
 
-def test_attribute_changes():
+def test_attributes_and_plain_contents():
     model = Net()
     check = tree_check(model)
     model.blocks[0].eps = 1e-3
     changed(check, model, "L['self'].blocks[0].eps changed: expected 1e-05, got 0.001")
     model.blocks[0].eps = 1e-5
-    assert check(model, None)
-    model.blocks[0].act = torch.sigmoid
-    changed(check, model, "L['self'].blocks[0].act was replaced")
-    model.blocks[0].act = torch.relu
-    model.blocks[0].extra = 1
-    changed(check, model, "gained attribute 'extra'")
-    del model.blocks[0].extra
-    assert check(model, None)
-    del model.blocks[0].eps
-    changed(check, model, "lost attribute 'eps'")
+    passes(check, model)
+    model.blocks[0].sizes.append(4)  # no stamp move: checked outside the group
+    changed(check, model, "len(L['self'].blocks[0].sizes) changed: expected 2, got 3")
+    model.blocks[0].sizes.pop()
+    model.blocks[0].unused = 1  # an attribute no guard reads: still valid
+    passes(check, model)
 
 
-def test_structure_changes():
+def test_structure_dtype_requires_grad_hooks():
     model = Net()
     check = tree_check(model)
     model.blocks[1] = Block()
-    changed(check, model, "module L['self'].blocks[1] was replaced")
+    changed(check, model, "L['self'].blocks[1] is a different module")
     model = Net()
     check = tree_check(model)
-    model.blocks.append(Block())
-    changed(check, model, "submodules changed")
-    model = Net()
-    check = tree_check(model)
-    model.blocks[0].fc.register_buffer("scale", torch.ones(1))
-    changed(check, model, "buffers changed")
-    assert tree_check(Net())(model, None) is False  # another instance of the same class
-    assert "different module object" in tree_check(Net()).failure_reason(model, None)
-
-
-def test_dtype_change_in_place_is_caught():
-    model = Block()
-    check = tree_check(model)
-    model.half()  # parameters keep their identity but change dtype
-    changed(check, model, "parameter L['self'].fc.weight metadata changed: expected torch.float32")
-
-
-def test_requires_grad_and_hooks():
+    model.blocks[0].half()
+    changed(check, model, "tensor L['self'].blocks[0].fc.weight dtype mismatch")
     model = Net()
     check = tree_check(model)
     model.blocks[0].requires_grad_(False)
-    changed(check, model, "metadata changed")
+    changed(check, model, "requires_grad mismatch")
     model.blocks[0].requires_grad_(True)
-    assert check(model, None)
+    passes(check, model)
     handle = model.blocks[1].fc.register_forward_hook(lambda *a: None)
-    changed(check, model, "L['self'].blocks[1].fc forward hooks changed")
+    changed(check, model, "L['self'].blocks[1].fc has forward hooks now")
     handle.remove()
-    assert check(model, None)
+    passes(check, model)
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(lambda *a: None)
+    try:
+        changed(check, model, "global module hooks")
+    finally:
+        handle.remove()
+    passes(check, model)
+    assert not check(Net(), None)  # another instance of the same class
 
 
 def test_direct_param_flag_needs_escape_hatch():
     model = Net()
     check = tree_check(model)
+    passes(check, model)
     model.blocks[0].fc.weight.requires_grad = False  # invisible to stamps (documented)
     assert check(model, None)
     guards.config.trust_module_stamps = False
-    changed(check, model, "metadata changed")
+    changed(check, model, "requires_grad mismatch")
     model.blocks[0].fc.weight.requires_grad = True
-    assert check(model, None)
-    assert check.guards[0].expected.validated[0] == -1  # never trusted while the flag is off
+    passes(check, model)
+    stamps.bump()
+    model.blocks[0].fc.weight.requires_grad = False
+    guards.config.trust_module_stamps = True
+    changed(check, model, "requires_grad mismatch")  # re-trusting re-checks once
 
 
-def test_shared_submodule_walked_once():
-    shared = Block()
-    model = torch.nn.ModuleDict({"a": shared, "b": shared})
-    tree = module_tree.snapshot("L['m']", model)
-    assert len(tree.records) == 4  # the dict, the block, its fc and norm: once each
-    assert tree.explain(model) is None
+def test_reach_follows_module_state_only():
+    model = Net()
+    model.blocks[0].cfg = object()
+    root = model
+
+    def reach(*steps):
+        found = module_tree.reach(root, list(steps))
+        return found and found[0]
+
+    assert reach(("attr", "blocks"), ("item", 0), ("attr", "fc")) == "module"
+    assert reach(("attr", "blocks"), ("item", 0), ("attr", "fc"), ("attr", "weight")) == "tensor"
+    assert reach(("attr", "offset")) == "tensor"
+    assert reach(("attr", "training")) == "value"
+    assert reach(("attr", "blocks"), ("item", 0), ("attr", "eps")) == "value"
+    assert reach(("attr", "blocks"), ("item", 0), ("attr", "cfg")) == "object"
+    assert reach(("attr", "blocks"), ("item", 0), ("attr", "sizes"), ("item", 0)) is None
+    assert reach(("attr", "forward")) is None  # a method: class state
+    assert reach(("attr", "blocks"), ("item", slice(0, 2))) is None  # a new ModuleList
 
 
 @pytest.mark.parametrize("depth", [10, 100])
-def test_stamped_check_does_not_walk_any_module(depth, monkeypatch):
-    """Flat cost: with the stamp unchanged no module record is visited, however deep."""
+def test_unchanged_tree_costs_the_same_at_any_depth(depth, monkeypatch):
+    """Flat cost: with the stamp unchanged the check reads nothing under the root."""
     model = Net(depth)
-    check = tree_check(model)
-    visited = []
-    real = module_tree._Quick.match
-    monkeypatch.setattr(module_tree._Quick, "match", lambda q, m: visited.append(m) or real(q, m))
+    check = tree_check(model, plain_contents=False)
+    passes(check, model)
+    reads = []
+    real = torch.nn.Module.__getattr__
+    monkeypatch.setattr(torch.nn.Module, "__getattr__", lambda m, n: reads.append(n) or real(m, n))
     assert check(model, None)
-    assert visited == []
+    assert reads == []
     stamps.bump()
     assert check(model, None)
-    assert len(visited) == 1 + 1 + 3 * depth  # Net, ModuleList, each Block with fc and norm
-
-
-def test_global_hooks_fail_the_tree():
-    model = Net()
-    check = tree_check(model)
-    handle = torch.nn.modules.module.register_module_forward_pre_hook(lambda *a: None)
-    try:
-        changed(check, model, "global module hooks changed")
-    finally:
-        handle.remove()
+    assert len(reads) > depth  # the group ran once
+    reads.clear()
     assert check(model, None)
+    assert reads == []
+    without = tree_check(model, with_tree=False, plain_contents=False)
+    assert without(model, None)
+    assert len(reads) > depth  # without the tree guard every call walks the tree

@@ -18,28 +18,15 @@ x = LocalSource("x")
 TENSOR = GuardSpec(x, GuardKind.TENSOR_MATCH, TensorMeta.of(torch.randn(2)))
 
 
+def order(guards):
+    return plan.order(guards, raise_unsupported)
+
+
 def test_duplicates_and_implied_guards_go():
-    ordered = plan.order(
-        [
-            TENSOR,
-            TENSOR,
-            GuardSpec(x, GuardKind.NOT_NONE),
-            GuardSpec(x, GuardKind.TYPE_MATCH, torch.Tensor),
-        ],
-        raise_unsupported,
+    ordered = order(
+        [TENSOR, TENSOR, GuardSpec(x, GuardKind.NOT_NONE), GuardSpec(x, GuardKind.TYPE_MATCH, torch.Tensor)]
     )
-    assert ordered == [TENSOR]
-
-
-def test_module_tree_subsumes_identity_and_snapshots():
-    m = torch.nn.Linear(2, 2)
-    s = LocalSource("self")
-    ordered = plan.order(
-        [GuardSpec(s, GuardKind.MODULE_MATCH, id(m)), GuardSpec(s, GuardKind.MODULE_TREE, m)],
-        raise_unsupported,
-    )
-    assert [g.kind for g in ordered] == [GuardKind.MODULE_TREE]
-    assert ordered[0].expected.root is m
+    assert ordered.flat() == [TENSOR]
 
 
 def test_cheap_first_then_state_then_tensors_then_hooks():
@@ -52,7 +39,7 @@ def test_cheap_first_then_state_then_tensors_then_hooks():
         GuardSpec(AttrSource(s, "n"), GuardKind.EQUALS, 1),
         GuardSpec(s, GuardKind.TYPE_MATCH, torch.nn.Linear),
     ]
-    kinds = [g.kind for g in plan.order(guards, raise_unsupported)]
+    kinds = [g.kind for g in order(guards).flat()]
     assert kinds == [
         GuardKind.TYPE_MATCH,  # depth 0 before the attribute's depth 1
         GuardKind.EQUALS,
@@ -65,10 +52,12 @@ def test_cheap_first_then_state_then_tensors_then_hooks():
 
 def test_malformed_guards_are_reported():
     with pytest.raises(ValueError):
-        plan.order([GuardSpec(x, GuardKind.GLOBAL_STATE, GlobalState.current())], raise_unsupported)
+        order([GuardSpec(x, GuardKind.GLOBAL_STATE, GlobalState.current())])
+    with pytest.raises(ValueError):
+        order([GuardSpec(x, GuardKind.MODULE_TREE, 3)])
 
 
-def test_guards_inside_a_module_tree_are_dropped_when_it_pins_them():
+def test_tree_groups_what_its_stamp_protects():
     class Cfg:
         hidden = 4
 
@@ -77,7 +66,7 @@ def test_guards_inside_a_module_tree_are_dropped_when_it_pins_them():
     model.cfg = Cfg()
     s = LocalSource("self")
     first = s.item(0)
-    pinned = [
+    protected = [
         GuardSpec(s, GuardKind.MODULE_MATCH, id(model)),
         GuardSpec(s.attr("training"), GuardKind.BOOL, True),
         GuardSpec(first, GuardKind.MODULE_MATCH, id(model[0])),
@@ -86,15 +75,16 @@ def test_guards_inside_a_module_tree_are_dropped_when_it_pins_them():
         GuardSpec(first.attr("in_features"), GuardKind.EQUALS, 2),
         GuardSpec(s.attr("eps"), GuardKind.EQUALS, 0.5),
         GuardSpec(s.attr("cfg"), GuardKind.TYPE_MATCH, Cfg),
+        GuardSpec(first, GuardKind.MODULE_TREE, model[0]),  # a nested tree joins the outer group
     ]
-    kept = [
+    unprotected = [
         GuardSpec(s.attr("cfg").attr("hidden"), GuardKind.EQUALS, 4),  # inside a plain object
         GuardSpec(first.attr("forward"), GuardKind.ID_MATCH, 123),  # a class attribute
-        GuardSpec(s.attr("eps"), GuardKind.EQUALS, 0.25),  # does not hold now: kept, fails
+        GuardSpec(s.attr("eps"), GuardKind.EQUALS, 0.25),  # does not hold now: fails every call
         GuardSpec(LocalSource("x"), GuardKind.EQUALS, 1),  # outside the tree
     ]
     tree = GuardSpec(s, GuardKind.MODULE_TREE, model)
-    ordered = plan.order([*pinned, tree, *kept], raise_unsupported)
-    assert [str(g) for g in ordered if g.kind is not GuardKind.MODULE_TREE] == [
-        str(g) for g in sorted(kept, key=lambda g: plan.source_depth(g.source))
-    ]
+    p = order([*protected, tree, *unprotected])
+    assert {str(g) for g in p.group(tree)} == {str(g) for g in protected}
+    assert {str(g) for g in p.top} == {str(g) for g in [tree, *unprotected]}
+    assert p.flat().index(tree) + 1 == p.flat().index(p.group(tree)[0])

@@ -10,7 +10,6 @@ from kiln.guards.cache import CacheEntry, CodeCache, cache_for, reset
 from kiln.guards.check import GuardCheck, build_check
 from kiln.guards.config import GuardsConfig, config
 from kiln.guards.errors import GuardsError, RecompileLimitExceeded, UnsupportedGuard
-from kiln.guards.module_tree import TreeSnapshot
 
 __all__ = [
     "CacheEntry",
@@ -19,7 +18,6 @@ __all__ = [
     "GuardsConfig",
     "GuardsError",
     "RecompileLimitExceeded",
-    "TreeSnapshot",
     "UnsupportedGuard",
     "__version__",
     "build_check",

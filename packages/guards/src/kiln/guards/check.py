@@ -126,8 +126,9 @@ def build_check(guards: Sequence[GuardSpec], fn: Callable[..., Any]) -> GuardChe
     or its ``__func__``: the check takes ``self`` as its first argument either way.
     """
     target = _target(fn)
-    ordered = plan.order(list(guards), _unsupported)
-    name, text, namespace = codegen.generate(target, ordered)
+    the_plan = plan.order(list(guards), _unsupported)
+    ordered = the_plan.flat()
+    name, text, namespace = codegen.generate(target, the_plan)
     filename = f"<kiln guards for {target.__qualname__}>"
     exec(compile(text, filename, "exec"), namespace)
     check_fn = namespace[name]

@@ -3,7 +3,7 @@
 Python binds the arguments itself when the check is called like the function, so
 ``L['x']`` is just the parameter ``x``; ``G[...]`` reads the function's globals dict,
 ``C[...]`` a closure cell. Every other object the check needs (types, dtypes, module
-snapshots, torch state readers) is bound by name in the check's own namespace, under
+torch state readers) is bound by name in the check's own namespace, under
 a prefix no parameter uses. Sub-expressions several guards share are computed once
 into locals; every tensor is checked in one boolean expression; any exception while
 reading the frame means "does not match".
@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import builtins
 import collections
+import functools
 import inspect
 import keyword
 import math
 import types
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -31,8 +33,10 @@ from kiln.capture.source import (
     LocalSource,
     Source,
 )
-from kiln.guards import checks, hooks, module_tree, stamps
+from kiln.guards import checks, hooks, stamps
+from kiln.guards.config import config
 from kiln.guards.errors import UnsupportedGuard
+from kiln.guards.plan import Plan
 
 __all__ = ["CheckSource", "generate"]
 
@@ -87,6 +91,8 @@ class CheckSource:
         self._locals: dict[str, str] = {}
         self._uses: collections.Counter[str] = collections.Counter()
         self.lines: list[str] = []
+        self.indent = 0
+        self._n_locals = 0
         self.needs_locals = False  # whether the check starts with ``<prefix>L = locals()``
 
     # ---- names and expressions -------------------------------------------------------
@@ -193,8 +199,9 @@ class CheckSource:
             key = str(s)
             shared = self._uses[key] > 1 or (itself and i == len(chain) - 1)
             if shared and key not in self._locals and not isinstance(s, LocalSource):
-                name = f"{self.prefix}v{len(self._locals)}"
-                self.lines.append(f"{name} = {self.expr(s)}")
+                name = f"{self.prefix}v{self._n_locals}"
+                self._n_locals += 1
+                self.line(f"{name} = {self.expr(s)}")
                 self._locals[key] = name
 
     # ---- one condition per guard -----------------------------------------------------
@@ -283,18 +290,32 @@ class CheckSource:
             dicts += [self.bind(d, "global_hooks") for d in hooks.global_hook_dicts]
             return "not (" + " or ".join(dicts) + ")"
         if kind is GuardKind.MODULE_TREE:
-            tree: module_tree.TreeSnapshot = expected
-            stamp = self.bind(stamps.state, "stamp")
-            seen = self.bind(tree.validated, "seen")
-            walk = self.bind(tree.check, "walk")
-            root = self.bind(tree.root, "module")
-            return f"{v} is {root} and ({stamp}[0] == {seen}[0] or {walk}({v}))"
+            return f"{v} is {self.bind(expected, 'module')}"
         msg = f"kiln.guards has no check for guard kind {kind}"
         raise UnsupportedGuard(msg)
 
+    def line(self, text: str) -> None:
+        self.lines.append("    " * self.indent + text)
+
     def require(self, condition: str) -> None:
-        self.lines.append(f"if not ({condition}):")
-        self.lines.append("    return False")
+        self.line(f"if not ({condition}):")
+        self.line("    return False")
+
+    def tree_group(self, emit_members: Callable[[], None]) -> None:
+        """The guards a tree's stamp protects: run only when the stamp moved since they passed."""
+        stamps.install()
+        stamp = self.bind(stamps.state, "stamp")
+        seen = self.bind([-1], "seen")  # the stamp they last passed at; -1: never
+        now = f"{self.prefix}now{self.indent}"
+        self.line(f"if {stamp}[0] != {seen}[0]:")
+        self.indent += 1
+        outer_locals = dict(self._locals)  # locals hoisted in the block exist only there
+        self.line(f"{now} = {stamp}[0]")
+        emit_members()
+        self.line(f"if {self.bind(config, 'config')}.trust_module_stamps:")
+        self.line(f"    {seen}[0] = {now}")
+        self._locals = outer_locals
+        self.indent -= 1
 
 
 def default_of(fn: Any, name: str, kwonly: bool) -> Any:
@@ -304,24 +325,31 @@ def default_of(fn: Any, name: str, kwonly: bool) -> Any:
     return inspect.signature(fn).parameters[name].default
 
 
-def generate(fn: types.FunctionType, ordered: list[GuardSpec]) -> tuple[str, str, dict[str, Any]]:
-    """Name, source text and namespace of the check for ``ordered`` guards (already in order)."""
-    cs = CheckSource(fn)
-    cs.count_uses(ordered)
-    tensors = [g for g in ordered if g.kind is GuardKind.TENSOR_MATCH]
-    tensors_done = False
-    for g in ordered:
+def _emit(cs: CheckSource, guards: list[GuardSpec], plan: Plan) -> None:
+    """Emit ``guards`` in order: every tensor in one test, each tree followed by its group."""
+    tensors = [g for g in guards if g.kind is GuardKind.TENSOR_MATCH]
+    if tensors:
+        at = guards.index(tensors[0])
+        guards = [g for g in guards if g.kind is not GuardKind.TENSOR_MATCH]
+        guards.insert(at, tensors[0])
+    for g in guards:
         if g.kind is GuardKind.TENSOR_MATCH:
-            if tensors_done:
-                continue
             # Every tensor in one expression: hoist the shared prefixes, then one test.
             for t in tensors:
                 cs.hoist(t.source, itself=True)
             cs.require(" and ".join(f"({cs.condition(t)})" for t in tensors))
-            tensors_done = True
             continue
         cs.hoist(g.source, itself=g.kind in _MULTI_READ)
         cs.require(cs.condition(g))
+        if g.kind is GuardKind.MODULE_TREE and plan.group(g):
+            cs.tree_group(functools.partial(_emit, cs, plan.group(g), plan))
+
+
+def generate(fn: types.FunctionType, plan: Plan) -> tuple[str, str, dict[str, Any]]:
+    """Name, source text and namespace of the check for ``plan``."""
+    cs = CheckSource(fn)
+    cs.count_uses(plan.flat())
+    _emit(cs, plan.top, plan)
     first = [f"{cs.prefix}L = locals()"] if cs.needs_locals else []
     body = "\n".join(f"        {line}" for line in [*first, *cs.lines, "return True"])
     # Named like the function, so a call that cannot bind fails with Python's own message.

@@ -21,7 +21,7 @@ class GuardsConfig:
     ``fail_on_recompile_limit``: raise :class:`RecompileLimitExceeded` instead.
     ``skip_guards``: UNSAFE; run the newest entry without checking (serving loops whose
     inputs never change). ``trust_module_stamps``: check ``MODULE_TREE`` guards by the
-    module stamp; turn off to walk every module tree on every call (when modules are
+    module stamp; turn off to run every tree's guards on every call (when modules are
     changed in ways the stamp cannot see, e.g. ``param.data = ...``).
     """
 

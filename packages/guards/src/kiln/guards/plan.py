@@ -1,7 +1,8 @@
 """Which guards a check evaluates, and in what order.
 
-Duplicates and guards implied by others go; the rest run cheapest and likeliest to
-fail first: single comparisons (constants, identities, types, the module stamp),
+Duplicates and guards implied by others go. Guards a ``MODULE_TREE`` guard's stamp
+protects move into that tree's group (:mod:`kiln.guards.module_tree`). The rest run
+cheapest and likeliest to fail first: single comparisons (constants, identities, types, the module stamp),
 then global torch state, then container shapes, then every tensor in one
 expression, then hook registries. Within a rank, shallower sources go first so a
 container's own guards run before guards on its items.
@@ -9,16 +10,17 @@ container's own guards run before guards on its items.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from kiln.capture.guard_data import GuardKind, GuardSpec, TensorMeta, dedupe
+from kiln.capture.guard_data import GuardKind, GuardSpec, TensorMeta
 from kiln.capture.source import AttrSource, ItemSource, Source
 from kiln.guards import checks, module_tree
 
-__all__ = ["order", "rank", "source_depth"]
+__all__ = ["Plan", "order", "rank", "source_depth"]
 
 _RANK = {
     GuardKind.EQUALS: 0,
@@ -60,7 +62,7 @@ def _known_type(g: GuardSpec) -> type | None:
     if g.kind is GuardKind.EQUALS:
         return type(g.expected)
     if g.kind is GuardKind.MODULE_TREE:
-        return torch.nn.Module
+        return type(g.expected)
     return None
 
 
@@ -77,35 +79,20 @@ def _implied(g: GuardSpec, by_source: dict[str, list[GuardSpec]]) -> bool:
     return False
 
 
-# What a MODULE_TREE guard pins, by how it pins it (module_tree.reach), and the guard
-# kinds that then cannot fail while the tree guard passes.
-_PINNED = {
-    "module": frozenset(
-        {
-            GuardKind.MODULE_MATCH,
-            GuardKind.ID_MATCH,
-            GuardKind.TYPE_MATCH,
-            GuardKind.NOT_NONE,
-            GuardKind.HOOKS_EMPTY,
-            GuardKind.MODULE_TREE,
-        }
-    ),
-    "tensor": frozenset(
-        {GuardKind.TENSOR_MATCH, GuardKind.ID_MATCH, GuardKind.TYPE_MATCH, GuardKind.NOT_NONE}
-    ),
-    "value": frozenset(
-        {
-            GuardKind.EQUALS,
-            GuardKind.BOOL,
-            GuardKind.IS_NONE,
-            GuardKind.NOT_NONE,
-            GuardKind.TYPE_MATCH,
-        }
-    ),
-    "identity": frozenset(
-        {GuardKind.ID_MATCH, GuardKind.TYPE_MATCH, GuardKind.NOT_NONE, GuardKind.IS_NONE}
-    ),
-}
+def _dedupe(guards: list[GuardSpec]) -> list[GuardSpec]:
+    """Drop repeats, first seen wins (modules compared by identity, not by their repr)."""
+    seen: set[tuple[str, GuardKind, Any]] = set()
+    out = []
+    for g in guards:
+        key = (
+            str(g.source),
+            g.kind,
+            id(g.expected) if g.kind is GuardKind.MODULE_TREE else repr(g.expected),
+        )
+        if key not in seen:
+            seen.add(key)
+            out.append(g)
+    return out
 
 
 def _steps_below(source: Source | None, root: str) -> list[tuple[str, Any]] | None:
@@ -122,40 +109,65 @@ def _steps_below(source: Source | None, root: str) -> list[tuple[str, Any]] | No
     return steps[::-1] if source is not None else None
 
 
-def _pinned_by_tree(g: GuardSpec, trees: list[GuardSpec]) -> bool:
-    """Whether a MODULE_TREE guard on an enclosing module already checks ``g``."""
+def _tree_for(g: GuardSpec, trees: list[GuardSpec]) -> GuardSpec | None:
+    """The shallowest tree whose stamp protects ``g`` (g holds now and can only change
+    through module operations), if any."""
     for t in trees:
         if t is g:
             continue
         steps = _steps_below(g.source, str(t.source))
         found = module_tree.reach(t.expected, steps) if steps is not None else None
-        if found is not None and g.kind in _PINNED[found[0]]:
-            try:
-                if checks.explain(g, found[1]) is None:
-                    return True
-            except Exception:
-                continue
-    return False
+        if found is None or g.kind not in module_tree.PROTECTED[found[0]]:
+            continue
+        try:
+            if checks.explain(g, found[1]) is None:
+                return t
+        except Exception:
+            continue
+    return None
 
 
-def _snapshot_trees(guards: list[GuardSpec]) -> list[GuardSpec]:
-    return [
-        GuardSpec(g.source, g.kind, module_tree.snapshot(str(g.source), g.expected))
-        if g.kind is GuardKind.MODULE_TREE and isinstance(g.expected, torch.nn.Module)
-        else g
-        for g in guards
-    ]
+@dataclasses.dataclass
+class Plan:
+    """Guards in evaluation order; each MODULE_TREE guard's group runs only when the stamp moved."""
+
+    top: list[GuardSpec]
+    groups: dict[int, list[GuardSpec]]  # id(tree guard) -> its group, in order
+
+    def group(self, tree: GuardSpec) -> list[GuardSpec]:
+        return self.groups.get(id(tree), [])
+
+    def flat(self) -> list[GuardSpec]:
+        """Every guard, each tree followed by its group: the order explanations use."""
+        return [x for g in self.top for x in (g, *self.group(g))]
 
 
-def order(guards: list[GuardSpec], unsupported: Callable[[GuardSpec], Any]) -> list[GuardSpec]:
-    """The guards a check evaluates, in evaluation order; ``unsupported`` raises for bad ones."""
+def _sort(guards: list[GuardSpec]) -> list[GuardSpec]:
+    return sorted(guards, key=lambda g: (rank(g.kind), source_depth(g.source)))
+
+
+def order(guards: list[GuardSpec], unsupported: Callable[[GuardSpec], Any]) -> Plan:
+    """The plan of a check; ``unsupported`` raises for malformed guards."""
     for g in guards:
         if g.kind not in _RANK or (g.source is None) != (g.kind is GuardKind.GLOBAL_STATE):
             unsupported(g)
-    kept = _snapshot_trees(dedupe(list(guards)))
+        if g.kind is GuardKind.MODULE_TREE and not isinstance(g.expected, torch.nn.Module):
+            unsupported(g)
+    kept = _dedupe(list(guards))
     by_source: dict[str, list[GuardSpec]] = {}
     for g in kept:
         by_source.setdefault(str(g.source), []).append(g)
-    trees = [g for g in kept if g.kind is GuardKind.MODULE_TREE]
-    kept = [g for g in kept if not _implied(g, by_source) and not _pinned_by_tree(g, trees)]
-    return sorted(kept, key=lambda g: (rank(g.kind), source_depth(g.source)))
+    kept = [g for g in kept if not _implied(g, by_source)]
+    trees = sorted(
+        (g for g in kept if g.kind is GuardKind.MODULE_TREE),
+        key=lambda g: source_depth(g.source),
+    )
+    top: list[GuardSpec] = []
+    groups: dict[int, list[GuardSpec]] = {}
+    for g in kept:
+        tree = _tree_for(g, trees)
+        if tree is None:
+            top.append(g)
+        else:
+            groups.setdefault(id(tree), []).append(g)
+    return Plan(_sort(top), {k: _sort(v) for k, v in groups.items()})

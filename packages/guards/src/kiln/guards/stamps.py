@@ -1,9 +1,9 @@
 """The module stamp: one process-wide number that changes whenever any nn.Module might have.
 
-A ``MODULE_TREE`` guard remembers the stamp at which it last saw its module tree
-unchanged; while the stamp stays the same, checking the tree costs one integer
-comparison however deep the tree is. When it moves, the guard walks its tree once
-(:mod:`kiln.guards.module_tree`) and, if the tree still matches, remembers the new stamp.
+A ``MODULE_TREE`` guard's group (:mod:`kiln.guards.module_tree`) remembers the stamp
+at which it last passed; while the stamp stays the same, the group is skipped, so
+checking a module tree costs one integer comparison however deep the tree is. When
+the stamp moves, the group runs once and, if it passes, remembers the new stamp.
 
 What bumps the stamp (installed on first use by :func:`install`, narrowly):
 - ``nn.Module.__setattr__`` / ``__delattr__`` (attributes, submodules, parameters,
@@ -18,7 +18,7 @@ What bumps the stamp (installed on first use by :func:`install`, narrowly):
 What it cannot see: writes that bypass those paths, e.g. ``param.data = t``,
 ``param.requires_grad = False`` or ``param.requires_grad_()`` on one parameter,
 ``module.__dict__[...] = v``. Call :func:`bump` after such changes, or set
-``kiln.guards.config.trust_module_stamps = False`` to walk the trees on every call.
+``kiln.guards.config.trust_module_stamps = False`` to run the groups on every call.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def _bumping(method: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return method(*args, **kwargs)
         finally:
-            bump()  # after the change, so a walk racing with it cannot validate a half state
+            bump()  # after the change, so a check racing with it cannot pass a half-made state
 
     wrapper.__kiln_stamp_original__ = method  # type: ignore[attr-defined]
     return wrapper
