@@ -24,7 +24,12 @@ def order(guards):
 
 def test_duplicates_and_implied_guards_go():
     ordered = order(
-        [TENSOR, TENSOR, GuardSpec(x, GuardKind.NOT_NONE), GuardSpec(x, GuardKind.TYPE_MATCH, torch.Tensor)]
+        [
+            TENSOR,
+            TENSOR,
+            GuardSpec(x, GuardKind.NOT_NONE),
+            GuardSpec(x, GuardKind.TYPE_MATCH, torch.Tensor),
+        ]
     )
     assert ordered.flat() == [TENSOR]
 
