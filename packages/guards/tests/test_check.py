@@ -299,3 +299,45 @@ def test_nan_constant_and_parameter_defaults():
     f.__defaults__[1].pop()
     f.__kwdefaults__["mode"] = "b"
     assert_fails(check, "__kwdefaults__['mode'] changed", 1, mode="a")
+
+
+def test_generated_check_and_failure_reason_always_agree():
+    """Random perturbations of every argument: the fast and the slow path give one answer."""
+    import random
+
+    def f(x, n, flag, xs, d, y=None):
+        return x
+
+    def guards_for(x, n, flag, xs, d, y):
+        L = LocalSource
+        return [
+            tensor_guard("x", x),
+            GuardSpec(L("n"), GuardKind.EQUALS, n),
+            GuardSpec(L("flag"), GuardKind.BOOL, flag),
+            GuardSpec(L("xs"), GuardKind.TYPE_MATCH, type(xs)),
+            GuardSpec(L("xs"), GuardKind.SEQUENCE_LENGTH, len(xs)),
+            GuardSpec(ItemSource(L("xs"), 0), GuardKind.TENSOR_MATCH, TensorMeta.of(xs[0])),
+            GuardSpec(L("d"), GuardKind.DICT_KEYS, tuple(d)),
+            GuardSpec(L("y"), GuardKind.IS_NONE if y is None else GuardKind.NOT_NONE),
+            global_state_guard(),
+        ]
+
+    rng = random.Random(0)
+    base = (torch.randn(4, 3), 3, True, [torch.randn(2)], {"a": 1}, None)
+    check = guards.build_check(guards_for(*base), f)
+    perturb = [
+        lambda v: v.double() if rng.random() < 0.5 else torch.randn(5, 3),
+        lambda v: rng.choice([4, 3.0, "3", True]),
+        lambda v: rng.choice([False, 0, [], 1]),
+        lambda v: rng.choice([[], [torch.randn(3)], (v[0],), [1], [v[0], v[0]]]),
+        lambda v: rng.choice([{}, {"b": 1}, {"a": 2}, {"a": 1, "b": 2}]),
+        lambda v: rng.choice([None, 0, torch.randn(1)]),
+    ]
+    agreed = 0
+    for _ in range(300):
+        args = list(base)
+        for i in rng.sample(range(len(args)), rng.randint(0, 3)):
+            args[i] = perturb[i](args[i])
+        assert check(*args) is (check.failure_reason(*args) is None), args
+        agreed += 1
+    assert agreed == 300

@@ -19,6 +19,7 @@ from kiln.capture.source import ClosureSource, GlobalSource, Source, root_of
 from kiln.guards.hooks import global_hook_dicts, module_hook_names
 
 __all__ = [
+    "describe",
     "dispatch_key_names",
     "explain",
     "explain_global_state",
@@ -53,8 +54,10 @@ def explain_tensor(where: str, value: Any, meta: TensorMeta) -> str | None:
         return (
             f"{where} is not a tensor: expected {meta.type.__qualname__}, got {_type_name(value)}"
         )
+    if type(value) is not meta.type:
+        got = _type_name(value)
+        return f"tensor {where} type mismatch: expected {meta.type.__qualname__}, got {got}"
     checks: list[tuple[str, Any, Any]] = [
-        ("type", meta.type.__qualname__, _type_name(value)),
         ("dtype", meta.dtype, value.dtype),
         ("device", meta.device, value.device),
         ("requires_grad", meta.requires_grad, value.requires_grad),
