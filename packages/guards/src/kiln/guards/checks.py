@@ -55,8 +55,8 @@ def explain_tensor(where: str, value: Any, meta: TensorMeta) -> str | None:
             f"{where} is not a tensor: expected {meta.type.__qualname__}, got {_type_name(value)}"
         )
     if type(value) is not meta.type:
-        got = _type_name(value)
-        return f"tensor {where} type mismatch: expected {meta.type.__qualname__}, got {got}"
+        name = _type_name(value)
+        return f"tensor {where} type mismatch: expected {meta.type.__qualname__}, got {name}"
     checks: list[tuple[str, Any, Any]] = [
         ("dtype", meta.dtype, value.dtype),
         ("device", meta.device, value.device),
