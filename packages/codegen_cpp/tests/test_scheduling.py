@@ -1,0 +1,123 @@
+"""The backend inside loopir's pipeline: registry, batching, errors, logs, eager parity."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.fx
+
+from kiln.capture import artifacts
+from kiln.codegen_cpp import CppBackend, CppBuildError
+from kiln.codegen_cpp.scheduling import LazyKernel
+from kiln.loopir.backend import clear_backend_cache, get_backend
+from kiln.loopir.pipeline import compile_graph
+
+aten = torch.ops.aten
+
+
+def _meta(t):
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+
+
+def _aten_graph(fn, inputs) -> torch.fx.GraphModule:
+    gm = torch.fx.symbolic_trace(fn)
+
+    class Fill(torch.fx.Interpreter):
+        def run_node(self, n):
+            n.meta["val"] = result = super().run_node(n)
+            return result
+
+    Fill(gm).run(*[_meta(t) for t in inputs])
+    return gm
+
+
+def softmax_mul(x, w):
+    return (aten.mul.Tensor(aten._softmax.default(x, 1, False), w),)
+
+
+def column_sum_and_var(x):
+    return (aten.sum.dim_IntList(x, [0]), aten.var.correction(x, [1], correction=1))
+
+
+def transposed_gelu(x):
+    t = aten.permute.default(x, [1, 0])
+    return (aten.gelu.default(aten.add.Tensor(t, 1.0)),)
+
+
+def bf16_layer(x, w):
+    h = aten.mul.Tensor(aten._to_copy.default(x, dtype=torch.float32), w)
+    return (aten._to_copy.default(aten.tanh.default(h), dtype=torch.bfloat16),)
+
+
+def argmax_rows(x):
+    return (aten.argmax.default(x, 1), aten.amin.default(x, [1]))
+
+
+PROGRAMS = [
+    (softmax_mul, lambda: [torch.randn(40, 100), torch.randn(100)], {}),
+    (column_sum_and_var, lambda: [torch.randn(37, 70)], {"atol": 1e-4, "rtol": 1e-4}),
+    (transposed_gelu, lambda: [torch.randn(30, 50)], {}),
+    (bf16_layer, lambda: [torch.randn(9, 33).to(torch.bfloat16), torch.randn(33)], {}),
+    (argmax_rows, lambda: [torch.randn(11, 29)], {}),
+]
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    backend = CppBackend()
+    out = []
+    for fn, make, tol in PROGRAMS:
+        inputs = make()
+        gm = _aten_graph(fn, inputs)
+        out.append((fn, make, tol, compile_graph(gm, [_meta(t) for t in inputs], backend=backend)))
+    backend.finalize()  # one build for every program of this module
+    return out
+
+
+@pytest.mark.parametrize("index", range(len(PROGRAMS)), ids=[p[0].__name__ for p in PROGRAMS])
+def test_pipeline_matches_eager(compiled, index):
+    fn, make, tol, graph = compiled[index]
+    inputs = make()
+    torch.testing.assert_close(graph(*inputs), fn(*inputs), **tol)
+
+
+def test_registry_finds_the_cpu_backend():
+    clear_backend_cache()
+    assert isinstance(get_backend("cpu"), CppBackend)
+
+
+def _tiny_group():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from fusion_programs import softmax_case
+
+    return softmax_case(3, 20).group
+
+
+def test_build_error_surfaces_at_finalize_and_names_the_file():
+    backend = CppBackend()
+    code = backend.codegen_kernel(_tiny_group())
+    assert isinstance(code.fn, LazyKernel) and code.language == "cpp"
+    code.fn.source = code.fn.source.replace("for (", "for ((", 1)  # break the C++
+    with pytest.raises(CppBuildError, match=r"\.cpp") as info:
+        backend.finalize()
+    assert "error" in info.value.compiler_output
+    assert info.value.source_path.exists()
+
+
+def test_generated_code_is_logged_and_dumped(tmp_path, caplog):
+    artifacts.set_debug_dir(tmp_path)
+    try:
+        with caplog.at_level(logging.DEBUG, logger="kiln.codegen_cpp.output_code"):
+            with artifacts.frame("cpp_test"):
+                code = CppBackend().codegen_kernel(_tiny_group())
+    finally:
+        artifacts.set_debug_dir(None)
+    assert any("fuses max, sum, div" in r.getMessage() for r in caplog.records)
+    dumped = list(tmp_path.rglob("*.cpp"))
+    assert dumped and 'extern "C"' in dumped[0].read_text()
+    assert code.source in dumped[0].read_text()
