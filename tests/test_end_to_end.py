@@ -132,3 +132,40 @@ def test_stats_and_reset():
     assert kiln.stats().frames_captured == 1
     kiln.reset()
     assert kiln.stats().frames_captured == 0
+
+
+def test_closures_of_one_def_never_share_entries():
+    def make(k):
+        def scaled(x):
+            return x * k
+
+        return scaled
+
+    x = torch.randn(4)
+    for k in (2.0, 3.0, 2.0):
+        f = kiln.compile(make(k), backend="eager")
+        torch.testing.assert_close(f(x), x * k)
+
+
+def test_backends_never_share_entries():
+    seen = []
+
+    def spy(gm, inputs):
+        seen.append(gm)
+        return gm.forward
+
+    a, b = torch.randn(3), torch.randn(3)
+    kiln.compile(toy_body, backend="eager")(a, b)
+    kiln.compile(toy_body, backend=spy)(a, b)
+    assert len(seen) == 1
+
+
+def test_fullgraph_raises_even_after_a_non_fullgraph_fallback():
+    def broken(gm, inputs):
+        raise RuntimeError("backend exploded")
+
+    a, b = torch.randn(3), torch.randn(3)
+    with pytest.warns(RuntimeWarning):
+        kiln.compile(toy_body, backend=broken)(a, b)
+    with pytest.raises(kiln.CompileError):
+        kiln.compile(toy_body, backend=broken, fullgraph=True)(a, b)

@@ -14,6 +14,7 @@ import functools
 import itertools
 import logging
 import types
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,10 @@ log = logging.getLogger(__name__)
 graph_break_log = logging.getLogger("kiln.frontend.graph_breaks")
 
 _disabled: contextvars.ContextVar[bool] = contextvars.ContextVar("kiln_disabled", default=False)
-_skipped_codes: set[types.CodeType] = set()
+# One cache per code object, closure and compile settings (see CompiledFunction._key), and the
+# keys of frames that run eagerly because capturing them failed.
+_caches: dict[tuple[Any, ...], guards.CodeCache] = {}
+_skipped: set[tuple[Any, ...]] = set()
 _trampoline_ids = itertools.count()
 
 
@@ -106,6 +110,12 @@ class CompiledFunction:
         if not isinstance(target, types.FunctionType):
             target = _trampoline(fn)
         self._target: types.FunctionType = target
+        self._settings = (
+            backend,
+            config.fullgraph,
+            config.mode,
+            tuple(sorted(config.options.items())),
+        )
         functools.update_wrapper(self, fn)
 
     @property
@@ -123,11 +133,13 @@ class CompiledFunction:
         return f"<kiln compiled {getattr(self._orig, '__qualname__', self._orig)!r}>"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        code = self._target.__code__
-        if _disabled.get() or code in _skipped_codes:
+        key = self._key()
+        if _disabled.get() or key in _skipped:
             return self._orig(*args, **kwargs)
         full = (*self._self, *args)
-        cache = guards.cache_for(code)
+        cache = _caches.get(key)
+        if cache is None:
+            cache = _caches[key] = guards.CodeCache(self._target.__code__)
         entry = cache.lookup(*full, **kwargs)
         if entry is not None:
             counters.bump("stats", "cache_hits")
@@ -135,7 +147,19 @@ class CompiledFunction:
         if cache.over_limit(self._config.option("recompile_limit")):
             return self._over_limit(cache, full, kwargs)
         counters.bump("stats", "cache_misses")
-        return self._compile_and_run(cache, full, kwargs)
+        return self._compile_and_run(cache, key, full, kwargs)
+
+    def _key(self) -> tuple[Any, ...]:
+        """Which cache this function's calls look up.
+
+        Entries are per code object as in CPython's own design, but also per closure and per
+        compile settings: closures made by one ``def`` share a code object while their guard
+        checks are bound to their own cells, and two ``kiln.compile`` calls with different
+        backends must never run each other's artifacts. The check holds the cells alive, so
+        their ids stay unique while the cache exists.
+        """
+        cells = tuple(map(id, self._target.__closure__ or ()))
+        return (self._target.__code__, cells, self._settings)
 
     def _over_limit(self, cache: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self._config.option("fail_on_recompile_limit", False):
@@ -143,7 +167,9 @@ class CompiledFunction:
         cache.warn_limit_once(*args, **kwargs)
         return self._target(*args, **kwargs)
 
-    def _compile_and_run(self, cache: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _compile_and_run(
+        self, cache: Any, key: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         root = self._config.option("debug_dir")
         name = self._target.__code__.co_qualname
         with artifacts.frame(name, Path(root) if root else None):
@@ -161,14 +187,12 @@ class CompiledFunction:
                     raise
                 graph_break_log.info("running %s eagerly: %s", name, e)
                 counters.bump("graph_breaks", e.kind)
-                _skipped_codes.add(self._target.__code__)
+                _skipped.add(key)
                 return self._target(*args, **kwargs)
             except Exception as e:
                 if self._config.fullgraph:
                     raise CompileError(f"kiln failed to compile {name}: {e}") from e
-                return run_eagerly_after_failure(
-                    name, e, self._target, args, kwargs, self._target.__code__, _skipped_codes
-                )
+                return run_eagerly_after_failure(name, e, self._target, args, kwargs, key, _skipped)
             counters.bump("stats", "frames_captured")
             check = guards.build_check(result.guards, self._target)
             cache.insert(check, result.function)
@@ -185,7 +209,12 @@ class CompiledFunction:
             if self._config.fullgraph:
                 raise CompileError(f"kiln backend failed on a graph: {e}") from e
             counters.bump("stats", "eager_fallbacks")
-            log.warning("kiln: the backend failed on a graph (%s); running that graph eagerly", e)
+            warnings.warn(
+                f"kiln: the backend failed on a graph ({type(e).__name__}: {e}); that graph "
+                "runs eagerly. Pass fullgraph=True to raise instead.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
             return gm.forward
 
     def _wrap_callable(self, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -306,5 +335,8 @@ def disable(fn: Callable[..., Any] | None = None) -> Any:
 
 
 def reset_frontend() -> None:
-    """Forget which frames were skipped (part of ``kiln.reset()``)."""
-    _skipped_codes.clear()
+    """Forget every cache entry and which frames were skipped (part of ``kiln.reset()``)."""
+    for cache in _caches.values():
+        cache.clear()
+    _caches.clear()
+    _skipped.clear()

@@ -7,7 +7,6 @@ while a Kiln failure warns once and the frame keeps running eagerly.
 
 from __future__ import annotations
 
-import types
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -27,8 +26,8 @@ def run_eagerly_after_failure(
     fn: Callable[..., Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
-    code: types.CodeType,
-    skipped: set[types.CodeType],
+    key: tuple[Any, ...],
+    skipped: set[tuple[Any, ...]],
 ) -> Any:
     """Run ``fn`` eagerly after compiling it failed with ``error``.
 
@@ -37,7 +36,7 @@ def run_eagerly_after_failure(
     """
     result = fn(*args, **kwargs)
     counters.bump("stats", "eager_fallbacks")
-    skipped.add(code)
+    skipped.add(key)
     warnings.warn(
         f"kiln: compiling {name} failed ({type(error).__name__}: {error}); it runs eagerly "
         "from now on. Pass fullgraph=True to raise instead, or KILN_LOGS=+kiln for details.",
