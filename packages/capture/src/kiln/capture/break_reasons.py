@@ -74,6 +74,19 @@ REASONS: dict[str, BreakReason] = {
         "this context manager cannot be entered inside a graph",
         "enter it outside the compiled function",
     ),
+    "internal_error": BreakReason(
+        "Kiln failed on this frame (a bug in Kiln; the frame runs eagerly)",
+        "please report it with the traceback logged under kiln.capture",
+    ),
+    # raised by kiln.capture.meta while evaluating ops on fake tensors
+    "data-dependent operator": BreakReason(
+        "an operator's result depends on tensor data",
+        "use tensor ops instead of reading values (torch.where instead of `if t:`)",
+    ),
+    "operator without meta kernel": BreakReason(
+        "PyTorch cannot run this operator on fake tensors",
+        "call it outside the compiled function",
+    ),
     "module_hooks": BreakReason(
         "the module has hooks Kiln cannot inline",
         "remove the hooks, or make them plain Python functions",

@@ -124,9 +124,7 @@ def trace_frame(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Trace
     except Exception as e:  # an internal error must not break the user's program
         log.exception("internal error while capturing %s", code.co_qualname)
         counters.bump("capture", "internal_error")
-        raise Unsupported(
-            "internal_error", f"Kiln failed on this frame: {type(e).__name__}: {e}"
-        ) from e
+        raise unsupported("internal_error", f"{type(e).__name__}: {e}") from e
     finally:
         torch._C._set_grad_enabled(grad_mode)
     return TracedFrame(out, result, func)

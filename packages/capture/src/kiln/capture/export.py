@@ -1,0 +1,157 @@
+"""``export()``: one whole-program graph with pytree input/output specs and lifted state.
+
+Export traces like :func:`~kiln.capture.capture` but needs no backend and
+emits no code: it returns the fx graph with parameters, buffers and captured
+constant tensors lifted to leading inputs, the user's tensor inputs after
+them in pytree order, and the pytree specs to flatten arguments and rebuild
+results. Anything that would break the graph raises ``Unsupported``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Any
+
+import torch
+from torch import fx
+from torch.utils import _pytree as pytree
+
+from kiln.capture.break_reasons import unsupported
+from kiln.capture.frame_capture import trace_frame
+from kiln.capture.graph import GraphInput
+from kiln.capture.guard_data import GlobalState, GuardKind, GuardSpec
+from kiln.capture.values.base import ConstantValue, Value
+from kiln.capture.values.containers import DictValue, ListValue, TupleValue
+from kiln.capture.values.tensor import TensorValue
+from kiln.capture.wrap import is_namedtuple
+
+__all__ = ["ExportResult", "export"]
+
+
+@dataclasses.dataclass
+class ExportResult:
+    """An exported program: call it like the original (``result(*args, **kwargs)``).
+
+    The graph's inputs are, in order: ``parameters``, ``buffers``, ``constants``
+    (tensors the program read from globals or closures), then the tensor leaves
+    of ``(args, kwargs)`` flattened with ``in_spec``. Its outputs are the leaves
+    of the result, rebuilt with ``out_spec``.
+    """
+
+    graph_module: fx.GraphModule
+    in_spec: pytree.TreeSpec
+    out_spec: pytree.TreeSpec
+    parameters: dict[str, torch.nn.Parameter]
+    buffers: dict[str, torch.Tensor]
+    constants: dict[str, torch.Tensor]
+    guards: list[GuardSpec]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        flat, spec = pytree.tree_flatten((args, kwargs))
+        if spec != self.in_spec:
+            msg = f"exported for inputs shaped {self.in_spec}, called with {spec}"
+            raise TypeError(msg)
+        tensors = [x for x in flat if isinstance(x, torch.Tensor)]
+        lifted = [*self.parameters.values(), *self.buffers.values(), *self.constants.values()]
+        out = self.graph_module(*lifted, *tensors)
+        return pytree.tree_unflatten(list(out), self.out_spec)
+
+
+def _materialize(v: Value) -> Any:
+    """The result as a Python structure whose tensor leaves are graph nodes."""
+    if isinstance(v, TensorValue):
+        return v.node
+    if isinstance(v, ConstantValue):
+        return v.value
+    if isinstance(v, (ListValue, TupleValue)):
+        items = [_materialize(x) for x in v.items]
+        if isinstance(v, ListValue):
+            return items
+        if v.cls is tuple:
+            return tuple(items)
+        return v.cls(*items) if is_namedtuple(v.cls) else v.cls(items)
+    if isinstance(v, DictValue):
+        items_d = {k: _materialize(x) for k, (_, x) in v.items.items()}
+        if v.cls is dict:
+            return items_d
+        return v.cls(**items_d) if dataclasses.is_dataclass(v.cls) else v.cls(items_d)
+    raise unsupported("unsupported_value", f"exporting a result containing {v}")
+
+
+def _classify(
+    inputs: list[GraphInput], module: torch.nn.Module | None, flat_in: list[Any]
+) -> tuple[
+    dict[str, GraphInput], dict[str, GraphInput], dict[str, GraphInput], dict[int, GraphInput]
+]:
+    params: dict[int, str] = {}
+    buffers: dict[int, str] = {}
+    if module is not None:
+        params = {id(p): n for n, p in module.named_parameters(remove_duplicate=False)}
+        buffers = {id(b): n for n, b in module.named_buffers(remove_duplicate=False)}
+    user = {id(x): i for i, x in enumerate(flat_in) if isinstance(x, torch.Tensor)}
+    lifted_p: dict[str, GraphInput] = {}
+    lifted_b: dict[str, GraphInput] = {}
+    consts: dict[str, GraphInput] = {}
+    by_index: dict[int, GraphInput] = {}
+    for inp in inputs:
+        key = id(inp.real)
+        if key in user:
+            by_index[user[key]] = inp
+        elif key in params:
+            lifted_p[params[key]] = inp
+        elif key in buffers:
+            lifted_b[buffers[key]] = inp
+        else:
+            consts[str(inp.source)] = inp
+    return lifted_p, lifted_b, consts, by_index
+
+
+def export(fn_or_module: Any, *args: Any, **kwargs: Any) -> ExportResult:
+    """Export one call of a function or module as a single graph, or raise ``Unsupported``."""
+    module = fn_or_module if isinstance(fn_or_module, torch.nn.Module) else None
+    fn = fn_or_module.forward if module is not None else fn_or_module
+    traced = trace_frame(fn, args, kwargs)
+    out = traced.out
+    if out.side_effects.attr_stores or out.side_effects.mutated_containers():
+        raise unsupported("side_effect", "an exported program cannot mutate Python state")
+    flat_out, out_spec = pytree.tree_flatten(_materialize(traced.result))
+    flat_in, in_spec = pytree.tree_flatten((args, kwargs))
+    params, buffers, consts, by_index = _classify(out.inputs, module, flat_in)
+    graph = out.graph
+    order: list[fx.Node] = [i.value.node for i in (*params.values(), *buffers.values())]
+    order.extend(i.value.node for i in consts.values())
+    for index, leaf in enumerate(flat_in):
+        if not isinstance(leaf, torch.Tensor):
+            continue
+        found = by_index.get(index)
+        if found is not None:
+            order.append(found.value.node)
+        else:
+            node = graph.placeholder(f"unused_input_{index}")
+            node.meta["val"] = out.fake_mode.to_fake(leaf)
+            order.append(node)
+    if order:
+        _order_placeholders(graph, order)
+    graph.output(tuple(flat_out))
+    gm = fx.GraphModule(torch.nn.Module(), graph)
+    gm.graph.lint()
+    guards = [*out.guards(), GuardSpec(None, GuardKind.GLOBAL_STATE, GlobalState.current())]
+    return ExportResult(
+        graph_module=gm,
+        in_spec=in_spec,
+        out_spec=out_spec,
+        parameters={n: i.real for n, i in params.items()},  # type: ignore[misc]
+        buffers={n: i.real for n, i in buffers.items()},
+        constants={n: i.real for n, i in consts.items()},
+        guards=guards,
+    )
+
+
+def _order_placeholders(graph: fx.Graph, order: list[fx.Node]) -> None:
+    """Put ``order``'s placeholders first, in that order."""
+    anchor = next(iter(graph.nodes))
+    if anchor is not order[0]:
+        anchor.prepend(order[0])
+    for prev, node in itertools.pairwise(order):
+        prev.append(node)

@@ -1,0 +1,129 @@
+"""Unsupported constructs: a structured error (kind, explanation, hint, user line), never a crash."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kiln.capture import Unsupported, capture, counters
+from kiln.capture.break_reasons import REASONS
+
+
+def _capture(fn, *args, fullgraph=True):
+    return capture(
+        fn,
+        args,
+        {},
+        compile_graph=lambda gm, ex: gm.forward,
+        wrap_callable=lambda f: f,
+        fullgraph=fullgraph,
+    )
+
+
+def data_branch(x):
+    if x.sum() > 0:
+        return x
+    return -x
+
+
+def item_call(x):
+    return x * x.sum().item()
+
+
+def prints(x):
+    print("hello")
+    return x
+
+
+def global_store(x):
+    global _STATE
+    _STATE = 1
+    return x
+
+
+def generator_fn(x):
+    yield x
+
+
+def raises(x):
+    raise ValueError("nope")
+
+
+def nonzero(x):
+    return torch.nonzero(x)
+
+
+_STATE = 0
+
+CASES = [
+    (data_branch, "data_dependent_branch", "if x.sum() > 0:"),
+    (item_call, "data_dependent_value", "return x * x.sum().item()"),
+    (prints, "side_effect", 'print("hello")'),
+    (global_store, "side_effect", "_STATE = 1"),
+    (raises, "user_exception", 'raise ValueError("nope")'),
+    (nonzero, "data-dependent operator", "return torch.nonzero(x)"),
+]
+
+
+@pytest.mark.parametrize("fn,kind,line", CASES, ids=[c[0].__name__ for c in CASES])
+@pytest.mark.parametrize("fullgraph", [True, False])
+def test_unsupported_is_structured(fn, kind, line, fullgraph):
+    with pytest.raises(Unsupported) as info:
+        _capture(fn, torch.randn(3), fullgraph=fullgraph)
+    err = info.value
+    assert err.kind == kind
+    assert err.explanation and err.hint
+    assert err.frame is not None
+    assert err.frame.filename == __file__
+    assert err.frame.source == line
+    assert f"{__file__}:{err.frame.lineno}" in str(err)
+
+
+def test_generator_root_refused():
+    with pytest.raises(Unsupported) as info:
+        _capture(generator_fn, torch.randn(3))
+    assert info.value.kind == "unsupported_call"
+
+
+def test_inner_frame_is_named():
+    def outer(x):
+        return data_branch(x) + 1
+
+    with pytest.raises(Unsupported) as info:
+        _capture(outer, torch.randn(3))
+    assert info.value.frame.name == "data_branch"
+    assert "outer" in info.value.user_stack
+
+
+def test_every_kind_is_registered():
+    for reason in REASONS.values():
+        assert reason.explanation and reason.hint
+
+
+def test_breaks_are_counted():
+    counters.clear()
+    with pytest.raises(Unsupported):
+        _capture(data_branch, torch.randn(3))
+    assert counters.snapshot()["graph_break"]["data_dependent_branch"] == 1
+
+
+def test_grad_mode_restored_after_failure():
+    def fn(x):
+        with torch.no_grad():
+            y = x * 2
+            if y.sum() > 0:
+                return y
+        return x
+
+    assert torch.is_grad_enabled()
+    with pytest.raises(Unsupported):
+        _capture(fn, torch.randn(3))
+    assert torch.is_grad_enabled()
+
+
+def test_unsupported_opcodes_have_handlers():
+    import dis
+
+    from kiln.capture.opcodes import HANDLERS
+
+    assert set(dis.opmap) <= set(HANDLERS)

@@ -1,0 +1,90 @@
+"""Guards recorded as data: kinds, sources, expected values, deduplication."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from kiln.capture import (
+    AttrSource,
+    GlobalSource,
+    GuardKind,
+    ItemSource,
+    LocalSource,
+    TensorMeta,
+    capture,
+)
+
+SCALE = 2
+
+
+def _guards(fn, *args, **kwargs):
+    r = capture(
+        fn, args, kwargs, compile_graph=lambda gm, ex: gm.forward, wrap_callable=lambda f: f
+    )
+    return r.guards
+
+
+def _by(guards):
+    return {(str(g.source), g.kind): g.expected for g in guards}
+
+
+def test_tensor_match_for_every_tensor_input():
+    x, y = torch.randn(2, 3), torch.randn(3, requires_grad=True)
+    g = _by(_guards(lambda x, y: x + y, x, y))
+    assert g[("L['x']", GuardKind.TENSOR_MATCH)] == TensorMeta.of(x)
+    assert g[("L['y']", GuardKind.TENSOR_MATCH)].requires_grad
+
+
+def test_constants_none_and_globals():
+    def fn(x, n, flag, opt):
+        return x * n * SCALE if flag and opt is None else x
+
+    g = _by(_guards(fn, torch.randn(2), 3, True, None))
+    assert g[("L['n']", GuardKind.EQUALS)] == 3
+    assert g[("L['flag']", GuardKind.EQUALS)] is True
+    assert ("L['opt']", GuardKind.IS_NONE) in g
+    assert g[("G['SCALE']", GuardKind.EQUALS)] == 2
+
+
+def test_containers_guard_type_length_and_keys():
+    def fn(xs, d):
+        return xs[0] + d["a"]
+
+    g = _by(_guards(fn, [torch.randn(2), torch.randn(2)], {"a": torch.randn(2)}))
+    assert g[("L['xs']", GuardKind.SEQUENCE_LENGTH)] == 2
+    assert g[("L['xs']", GuardKind.TYPE_MATCH)] is list
+    assert g[("L['d']", GuardKind.DICT_KEYS)] == ("a",)
+    assert ("L['xs'][1]", GuardKind.TENSOR_MATCH) in g
+
+
+def test_module_identity_and_training():
+    m = nn.Linear(2, 2)
+    guards = _guards(m.forward, torch.randn(1, 2))
+    g = _by(guards)
+    assert g[("L['self']", GuardKind.MODULE_MATCH)] == id(m)
+    assert ("L['self'].weight", GuardKind.TENSOR_MATCH) in g
+
+    class M(nn.Module):
+        def forward(self, x):
+            return x * 2 if self.training else x
+
+    m2 = M().eval()
+    g2 = _by(_guards(m2.forward, torch.randn(2)))
+    assert g2[("L['self'].training", GuardKind.EQUALS)] is False
+
+
+def test_global_state_guard_and_dedupe():
+    def fn(x):
+        return x + x + x.sum()
+
+    guards = _guards(fn, torch.randn(2))
+    assert len(guards) == len({(str(g.source), g.kind, repr(g.expected)) for g in guards})
+    (state,) = [g for g in guards if g.kind == GuardKind.GLOBAL_STATE]
+    assert state.source is None and state.expected.grad_enabled == torch.is_grad_enabled()
+
+
+def test_sources_resolve_against_the_frame():
+    src = ItemSource(AttrSource(LocalSource("self"), "layers"), 0)
+    assert str(src) == "L['self'].layers[0]"
+    assert str(GlobalSource("torch")) == "G['torch']"
