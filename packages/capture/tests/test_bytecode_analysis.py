@@ -2,7 +2,14 @@
 
 import pytest
 
-from kiln.capture.bytecode import Instr, decode, live_locals, max_stack_depth, stack_depths
+from kiln.capture.bytecode import (
+    ExceptionEntry,
+    Instr,
+    decode,
+    live_locals,
+    max_stack_depth,
+    stack_depths,
+)
 from kiln.capture.bytecode.build import new_body
 from kiln.capture.errors import CaptureError
 
@@ -123,3 +130,25 @@ def test_unreachable_code_has_no_depth():
     body = new_body("f", ["a"])
     body.instrs += [Instr("LOAD_FAST", "a"), Instr("RETURN_VALUE"), Instr("NOP")]
     assert stack_depths(body.instrs)[-1] is None
+
+
+def test_reachable_and_prune():
+    from kiln.capture.bytecode.analysis import prune_unreachable, reachable
+
+    body = decode(handler_reads.__code__)
+    everything = reachable(body.instrs, body.exception_table)
+    normal = reachable(body.instrs, body.exception_table, handlers=False)
+    assert len(everything) == len(body.instrs)
+    handler = body.instrs.index(body.exception_table[0].target)
+    assert handler in everything and handler not in normal
+
+    # cut the handler off: the division's entry goes, and so does the handler
+    body = new_body("f", ["a"])
+    dead = Instr("NOP")
+    body.instrs += [Instr("LOAD_FAST", "a"), Instr("RETURN_VALUE"), dead, Instr("RETURN_VALUE")]
+    body.exception_table = [ExceptionEntry(body.instrs[1], dead, dead, 0, False)]
+    instrs, table = prune_unreachable(body.instrs, body.exception_table)
+    assert dead in instrs  # reached through the handler edge of RETURN_VALUE's entry
+    assert [(e.start, e.end) for e in table] == [(body.instrs[1], dead)]
+    instrs, table = prune_unreachable(body.instrs[:4], [])
+    assert dead not in instrs and len(instrs) == 3

@@ -299,3 +299,21 @@ def test_tracebacks_show_the_users_lines():
     frame = traceback.extract_tb(info.tb)[-1]
     assert frame.lineno == raises_later.__code__.co_firstlineno + 2
     assert frame.name.startswith("resume_at_")
+
+
+def after_try(a):
+    try:
+        a = 1 / a
+    except ZeroDivisionError:
+        pass
+    b = a - 1
+    return b
+
+
+def test_dead_code_before_the_break_is_dropped():
+    off = offsets_of(after_try, "LOAD_FAST", "a")[-1]
+    r = make_resume(after_try.__code__, off, 0)
+    ops = [i.opname for i in dis.get_instructions(r.code)]
+    assert "BINARY_OP" in ops and "PUSH_EXC_INFO" not in ops and "JUMP_FORWARD" not in ops
+    assert r.code.co_exceptiontable == b""
+    assert r.make_function({})(5) == 4

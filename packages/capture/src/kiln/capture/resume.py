@@ -5,7 +5,7 @@ user's function must still run. :func:`make_resume` builds that rest as a new
 function whose arguments are the values on the stack at the break and the
 locals still live there. Its code is a copy of the original with a prefix that
 pushes the stack values back (``PUSH_NULL`` where the stack held a NULL) and
-jumps to the break. Because 3.11+ exception handling is table-driven, the copy
+jumps to the break; code no longer reachable from there is dropped. Because 3.11+ exception handling is table-driven, the copy
 keeps its exception table, so enclosing ``try``/``with`` blocks are re-entered
 just by restoring their stack items (a ``with`` block's ``__exit__``).
 
@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from kiln.capture.bytecode import PY312, Bytecode, CodeInfo, Instr, assemble, code_info
-from kiln.capture.bytecode.analysis import successors
+from kiln.capture.bytecode.analysis import prune_unreachable, reachable
 from kiln.capture.bytecode.build import CO_GENERATOR_LIKE, make_function, prologue
 from kiln.capture.bytecode.format import log_code
 from kiln.capture.errors import CaptureError, Unsupported
@@ -158,16 +158,7 @@ def _prologue_length(body: Bytecode) -> int:
 
 def _check_normally_reachable(body: Bytecode, index: int) -> None:
     """Refuse breaks that only an exception reaches (``except``/cleanup code)."""
-    positions = {id(ins): i for i, ins in enumerate(body.instrs)}
-    seen = {0}
-    work = [0]
-    while work:
-        i = work.pop()
-        for j, _ in successors(body.instrs, i, positions):
-            if j not in seen:
-                seen.add(j)
-                work.append(j)
-    if index not in seen:
+    if index not in reachable(body.instrs, body.exception_table, handlers=False):
         raise Unsupported(
             "resume_in_handler",
             f"cannot resume {body.qualname} inside an exception handler (offset "
@@ -202,19 +193,25 @@ def _rewrite(
     for kind in kinds:
         ins = Instr("PUSH_NULL") if kind == STACK_NULL else Instr("LOAD_FAST", next(values))
         head.append(ins.at(where))
-    head.append(Instr("JUMP_FORWARD", target, where))
+    jump = Instr("JUMP_FORWARD", target, where)
+    head.append(jump)
     if PY312:
         # LOAD_FAST trusts the compiler's proof that a local is bound; locals that are
         # not passed in start unbound here, so they need the checked load.
         for ins in rest:
             if ins.opname == "LOAD_FAST" and ins.arg not in args:
                 ins.opname = "LOAD_FAST_CHECK"
+    instrs, table = prune_unreachable(head + rest, body.exception_table)
+    at = instrs.index(jump)
+    if instrs[at + 1] is target:  # everything in between was dead
+        del instrs[at]
     flags = body.flags & ~(_CO_VARARGS | _CO_VARKEYWORDS)
     flags = flags | _CO_NESTED if freevars else flags
     name = f"resume_at_{offset}"
     return dataclasses.replace(
         body,
-        instrs=head + rest,
+        instrs=instrs,
+        exception_table=table,
         name=name,
         qualname=f"{body.qualname}.{name}",
         argcount=len(args),

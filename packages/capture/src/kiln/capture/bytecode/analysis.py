@@ -23,6 +23,8 @@ __all__ = [
     "covering_entries",
     "live_locals",
     "max_stack_depth",
+    "prune_unreachable",
+    "reachable",
     "stack_depths",
     "stack_effect",
     "successors",
@@ -101,6 +103,48 @@ def successors(instrs: Sequence[Instr], i: int, index: dict[int, int]) -> list[t
 
 def _positions_of(instrs: Sequence[Instr]) -> dict[int, int]:
     return {id(ins): i for i, ins in enumerate(instrs)}
+
+
+def reachable(
+    instrs: Sequence[Instr], table: Sequence[ExceptionEntry] = (), *, handlers: bool = True
+) -> set[int]:
+    """Indices of the instructions control can reach from the first one.
+
+    ``handlers=False`` ignores exception edges: what is left is the code that
+    runs without an exception being raised and caught.
+    """
+    index = _positions_of(instrs)
+    covered = covering_entries(instrs, table) if handlers else {}
+    seen = {0} if instrs else set()
+    work = list(seen)
+    while work:
+        i = work.pop()
+        nexts = [j for j, _ in successors(instrs, i, index)]
+        entry = covered.get(id(instrs[i]))
+        if entry is not None:
+            nexts.append(index[id(entry.target)])
+        for j in nexts:
+            if j not in seen:
+                seen.add(j)
+                work.append(j)
+    return seen
+
+
+def prune_unreachable(
+    instrs: Sequence[Instr], table: Sequence[ExceptionEntry] = ()
+) -> tuple[list[Instr], list[ExceptionEntry]]:
+    """Drop code no path reaches; shrink exception entries to what is left of them."""
+    keep = reachable(instrs, table)
+    index = _positions_of(instrs)
+    kept = [ins for i, ins in enumerate(instrs) if i in keep]
+    entries = []
+    for e in table:
+        inside = [i for i in range(index[id(e.start)], index[id(e.end)] + 1) if i in keep]
+        if inside:
+            entries.append(
+                ExceptionEntry(instrs[inside[0]], instrs[inside[-1]], e.target, e.depth, e.lasti)
+            )
+    return kept, entries
 
 
 def stack_depths(
