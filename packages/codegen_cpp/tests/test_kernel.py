@@ -81,3 +81,19 @@ def test_few_long_rows_split_the_reduction_across_threads() -> None:
     assert "for (int64_t chunk = 0; chunk < nchunks; ++chunk)" in text
     assert "kiln::arg_merge<false>" in text
     assert text.index("#pragma omp parallel for") > text.index("for (int64_t xindex")
+
+
+def test_out_of_bounds_indirect_index_raises(built: dict[str, object]) -> None:
+    from kiln.codegen_cpp import KernelIndexError
+
+    case = next(c for c in CASES if c.name == "embedding")
+    table, idx = case.make_inputs()
+    idx[3] = 50
+    (out,) = outputs_for(case.group)
+    with pytest.raises(KernelIndexError, match="index 50 is out of bounds"):
+        built[case.name](table, idx, out)  # type: ignore[operator]
+    idx[3] = -50  # wraps to 0: fine, and the error flag was reset
+    built[case.name](table, idx, out)  # type: ignore[operator]
+    with pytest.raises(IndexError):
+        idx[0] = -51
+        built[case.name](table, idx, out)  # type: ignore[operator]

@@ -2,7 +2,12 @@
 
 from kiln.codegen_cpp.__about__ import __version__
 from kiln.codegen_cpp.build import BuiltLibrary, Toolchain, build_libraries, toolchain
-from kiln.codegen_cpp.errors import CodegenCppError, CompilerNotFound, CppBuildError
+from kiln.codegen_cpp.errors import (
+    CodegenCppError,
+    CompilerNotFound,
+    CppBuildError,
+    KernelIndexError,
+)
 from kiln.codegen_cpp.kernel import KernelWriter
 from kiln.codegen_cpp.scheduling import CppBackend, make_backend
 
@@ -12,6 +17,7 @@ __all__ = [
     "CompilerNotFound",
     "CppBackend",
     "CppBuildError",
+    "KernelIndexError",
     "KernelWriter",
     "Toolchain",
     "__version__",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from kiln.capture.errors import KilnError
 
-__all__ = ["CodegenCppError", "CompilerNotFound", "CppBuildError"]
+__all__ = ["CodegenCppError", "CompilerNotFound", "CppBuildError", "KernelIndexError"]
 
 _MAX_MESSAGE_LINES = 40
 
@@ -47,3 +47,14 @@ class CppBuildError(CodegenCppError):
             ]
         )
         super().__init__(message)
+
+
+class KernelIndexError(CodegenCppError, IndexError):
+    """A compiled kernel met an indirect index outside its dimension (as eager would raise)."""
+
+    def __init__(self, kernel: str, value: int, size: int) -> None:
+        self.value, self.size = value, size
+        super().__init__(
+            f"index {value} is out of bounds for dimension with size {size} "
+            f"(in compiled CPU kernel {kernel}); check the indices passed to indexing ops"
+        )

@@ -76,7 +76,7 @@ class KernelOps(CppOps):
         return self.writer.index_expr(expr, dtype)
 
     def indirect_indexing(self, x: CppVar, size: sympy.Expr, check: bool = True) -> sympy.Symbol:
-        return self.writer.indirect_indexing(x, size)
+        return self.writer.indirect_indexing(x, size, check)
 
     def masked(self, mask: CppVar, body: Callable[[], CppVar], other: bool | float) -> CppVar:
         return self.writer.masked(mask, body, other)
@@ -98,6 +98,7 @@ class KernelWriter:
         self.vectorized = False
         self.vec_var: sympy.Symbol = XINDEX
         self.used_vector = False
+        self.checks_indices = False  # some indirect index is bounds-checked at run time
         self._next_name = 0
         self._body = _Body([], {}, {})
         self._masks: list[str] = []
@@ -426,12 +427,17 @@ class KernelWriter:
         stride = f"static_cast<{ctype}>({cpp_index(access.stride)})"
         return self.cse(f"kiln::iota<{ctype}>({base}, {stride})", dtype)
 
-    def indirect_indexing(self, x: CppVar, size: sympy.Expr) -> sympy.Symbol:
+    def indirect_indexing(self, x: CppVar, size: sympy.Expr, check: bool) -> sympy.Symbol:
         if self.vectorized:
             raise CannotVectorize("indirect indexing")
         sym = sympy.Symbol(f"indirect{self._fresh()}", integer=True, nonnegative=True)
         bound = cpp_index(size)
-        self._body.lines.append(f"const int64_t {sym} = {x} < 0 ? {x} + {bound} : {x};")
+        if check:
+            self.checks_indices = True
+            value = f"kiln::checked_index({x}, {bound})"
+        else:
+            value = f"{x} < 0 ? {x} + {bound} : {x}"
+        self._body.lines.append(f"const int64_t {sym} = {value};")
         return sym
 
     def masked(self, mask: CppVar, body: Callable[[], CppVar], other: bool | float) -> CppVar:

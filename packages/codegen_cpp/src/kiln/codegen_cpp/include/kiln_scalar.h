@@ -14,6 +14,23 @@
 
 namespace kiln {
 
+// ---- out-of-bounds indirect indices --------------------------------------------
+// Each library defines these (see kiln.codegen_cpp.scheduling); a kernel that finds
+// a bad index records it and carries on with index 0, and Python raises after the call.
+extern "C" int64_t kiln_index_error_flag;
+extern "C" int64_t kiln_index_error_value;
+extern "C" int64_t kiln_index_error_size;
+inline int64_t checked_index(int64_t raw, int64_t size) {
+  int64_t idx = raw < 0 ? raw + size : raw;
+  if (__builtin_expect(idx < 0 || idx >= size, 0)) {
+    __atomic_store_n(&kiln_index_error_value, raw, __ATOMIC_RELAXED);
+    __atomic_store_n(&kiln_index_error_size, size, __ATOMIC_RELAXED);
+    __atomic_store_n(&kiln_index_error_flag, int64_t(1), __ATOMIC_RELEASE);
+    return 0;
+  }
+  return idx;
+}
+
 // ---- integer arithmetic with Python semantics -------------------------------
 template <typename T>
 inline T floordiv(T a, T b) {
