@@ -49,18 +49,36 @@ _CHEAP = frozenset(
 
 @dataclasses.dataclass(frozen=True)
 class PartitionStats:
-    """What the forward saves for the backward, against saving every value it uses."""
+    """What the forward saves for the backward, against saving every value it uses.
+
+    ``saved_bytes`` and ``save_all_bytes`` count activations: saved values that
+    are not graph inputs (saving an input or parameter costs no extra memory);
+    ``saved_input_bytes`` counts the inputs saved.
+    """
 
     saved_bytes: int
     save_all_bytes: int
+    saved_input_bytes: int
     num_saved: int
     num_recomputed: int
 
     def __str__(self) -> str:
         return (
-            f"saved {self.num_saved} tensors, {self.saved_bytes} bytes "
-            f"(save-all: {self.save_all_bytes} bytes); {self.num_recomputed} ops recomputed"
+            f"saved {self.num_saved} tensors: {self.saved_bytes} activation bytes "
+            f"(save-all: {self.save_all_bytes}) plus {self.saved_input_bytes} bytes of "
+            f"inputs; {self.num_recomputed} ops recomputed"
         )
+
+
+def _is_input_view(node: fx.Node) -> bool:
+    """A graph input or a view of one: saving it keeps no extra memory alive."""
+    while node.op == "call_function" and hasattr(node.target, "_schema") and is_view(node.target):
+        node = node.all_input_nodes[0]
+    return node.op == "placeholder"
+
+
+def _activation_bytes(nodes: Iterable[fx.Node]) -> int:
+    return int(sum(saved_bytes(n) for n in nodes if not _is_input_view(n)))
 
 
 def saved_bytes(node: fx.Node) -> float:
@@ -174,8 +192,9 @@ def partition_joint(
     bw = _extract(gm, saved_list + tangents, list(grads))
     fw_ops = {n.name for n in fw.graph.nodes if n.op == "call_function"}
     stats = PartitionStats(
-        saved_bytes=int(sum(saved_bytes(n) for n in saved_list)),
-        save_all_bytes=int(sum(saved_bytes(n) for n in save_all)),
+        saved_bytes=_activation_bytes(saved_list),
+        save_all_bytes=_activation_bytes(save_all),
+        saved_input_bytes=int(sum(saved_bytes(n) for n in saved_list if _is_input_view(n))),
         num_saved=len(saved_list),
         num_recomputed=sum(
             1 for n in bw.graph.nodes if n.op == "call_function" and n.name in fw_ops
