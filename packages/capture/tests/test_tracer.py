@@ -699,3 +699,107 @@ def test_is_compiling_is_true_while_capturing():
 
     r = capture(fn, (t(2),), {}, compile_graph=lambda gm, ex: gm.forward, wrap_callable=lambda f: f)
     assert _op_names(r.graphs[0]) == ["add"]
+
+
+class _MyError(Exception):
+    pass
+
+
+def _try_keyerror(x, d):
+    try:
+        return x * d["missing"]
+    except KeyError:
+        return x + 1
+
+
+def _try_raise_custom(x):
+    try:
+        if x.shape[0] == 3:
+            raise _MyError("three")
+        y = x
+    except _MyError as e:
+        y = x * 2 if isinstance(e, _MyError) else x
+    return y
+
+
+def _try_attribute(x, obj):
+    try:
+        scale = obj.missing
+    except AttributeError:
+        scale = 3
+    return x * scale
+
+
+def _try_nested(x):
+    try:
+        try:
+            raise ValueError("inner")
+        except KeyError:
+            return x
+    except ValueError:
+        return x - 1
+
+
+def _try_else_finally(x):
+    out = x
+    try:
+        out = out + 1
+    except Exception:
+        out = out * 0
+    else:
+        out = out * 2
+    finally:
+        out = out - 3
+    return out
+
+
+def _inner_raises(x):
+    raise IndexError("deep")
+
+
+def _catch_from_inlined(x):
+    try:
+        return _inner_raises(x)
+    except IndexError:
+        return x * 5
+
+
+def _with_exception_in_block(x):
+    with torch.no_grad():
+        try:
+            y = x * 2
+            raise RuntimeError
+        except RuntimeError:
+            y = y + 1
+    return y, y.requires_grad
+
+
+def _stop_iteration(xs):
+    it = iter(xs)
+    first = next(it)
+    second = next(it, None)
+    try:
+        next(it)
+        third = 1
+    except StopIteration:
+        third = 0
+    return first * 2, second, third
+
+
+EXCEPTION_PROGRAMS = [
+    ("keyerror", _try_keyerror, lambda: (t(2), {"a": 1}), ["add"]),
+    ("custom_error", _try_raise_custom, lambda: (t(3),), ["mul"]),
+    ("attribute_error", _try_attribute, lambda: (t(2), Counter(1)), ["mul"]),
+    ("nested", _try_nested, lambda: (t(2),), ["sub"]),
+    ("else_finally", _try_else_finally, lambda: (t(2),), ["add", "mul", "sub"]),
+    ("from_inlined", _catch_from_inlined, lambda: (t(2),), ["mul"]),
+    ("in_no_grad", _with_exception_in_block, lambda: (t(2).requires_grad_(),), None),
+    ("stop_iteration", _stop_iteration, lambda: ([t(2)],), ["mul"]),
+]
+
+
+@pytest.mark.parametrize(
+    "fn,make_args,ops", [p[1:] for p in EXCEPTION_PROGRAMS], ids=[p[0] for p in EXCEPTION_PROGRAMS]
+)
+def test_exceptions_caught_in_traced_code(fn, make_args, ops):
+    run(fn, make_args(), ops=ops)

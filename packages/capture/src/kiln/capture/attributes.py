@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kiln.capture import calls, torch_calls
-from kiln.capture.break_reasons import unsupported
+from kiln.capture.break_reasons import raised, unsupported
 from kiln.capture.source import Source
 from kiln.capture.values.base import ConstantValue, Value, is_constant
 from kiln.capture.values.containers import DictValue, ListValue, TupleValue, dict_key
@@ -109,7 +109,7 @@ def _constant_attr(v: ConstantValue, name: str) -> Value:
     try:
         result = getattr(v.value, name)
     except AttributeError as e:
-        raise unsupported("user_exception", str(e)) from e
+        raise raised(e) from e
     if is_constant(result):
         return ConstantValue(result)
     return ObjectValue(result)
@@ -170,7 +170,7 @@ def _missing_attr(tr: Tracer, v: ObjectValue, name: str) -> Value:
     getattr_fn = inspect.getattr_static(type(v.obj), "__getattr__", None)
     if isinstance(getattr_fn, types.FunctionType) and not isinstance(v.obj, torch.nn.Module):
         return calls.call(tr, function_value(getattr_fn, None), [v, ConstantValue(name)], {})
-    raise unsupported("user_exception", f"{type(v.obj).__name__} has no attribute {name!r}")
+    raise raised(AttributeError(f"{type(v.obj).__name__!r} object has no attribute {name!r}"))
 
 
 def _class_attr(
@@ -192,8 +192,8 @@ def _class_attr(
                     return calls.call(
                         tr, function_value(getattr_fn, None), [v, ConstantValue(name)], {}
                     )
-            raise unsupported(
-                "user_exception", f"{cls.__name__} has no attribute {name!r}"
+            raise raised(
+                AttributeError(f"{cls.__name__!r} object has no attribute {name!r}")
             ) from None
     if isinstance(static, types.FunctionType):
         fn_src = src.attr("__func__") if src is not None else None
@@ -221,7 +221,7 @@ def _real_attr(tr: Tracer, v: Value, name: str, src: Source | None) -> Value:
         try:
             return wrap(tr.out, getattr(v.obj, name), src)
         except AttributeError as e:
-            raise unsupported("user_exception", str(e)) from e
+            raise raised(e) from e
     cls = v.python_type()
     return wrap(tr.out, getattr(cls, name), None)
 
@@ -232,9 +232,7 @@ def _class_or_module_attr(tr: Tracer, v: ObjectValue, name: str, src: Source | N
         try:
             static = inspect.getattr_static(obj, name)
         except AttributeError:
-            raise unsupported(
-                "user_exception", f"{obj.__name__} has no attribute {name!r}"
-            ) from None
+            raise raised(AttributeError(f"{obj.__name__} has no attribute {name!r}")) from None
         if isinstance(static, classmethod) and isinstance(static.__func__, types.FunctionType):
             return BoundMethodValue(_callable_value(static.__func__), v)
         if isinstance(static, staticmethod) and isinstance(static.__func__, types.FunctionType):
@@ -242,7 +240,7 @@ def _class_or_module_attr(tr: Tracer, v: ObjectValue, name: str, src: Source | N
     try:
         return wrap(tr.out, getattr(obj, name), src)
     except AttributeError as e:
-        raise unsupported("user_exception", str(e)) from e
+        raise raised(e) from e
 
 
 def _super_attr(tr: Tracer, v: SuperValue, name: str) -> Value:
@@ -264,7 +262,7 @@ def _super_attr(tr: Tracer, v: SuperValue, name: str) -> Value:
             if callable(static):
                 return _SlotWrapper(static, v.obj)
             return wrap(tr.out, static, None)
-    raise unsupported("user_exception", f"super() has no attribute {name!r}")
+    raise raised(AttributeError(f"'super' object has no attribute {name!r}"))
 
 
 def _callable_value(fn: Any) -> Value:
@@ -346,7 +344,7 @@ def get_item(tr: Tracer, v: Value, index: Value) -> Value:
             try:
                 return v.items[key]
             except IndexError as e:
-                raise unsupported("user_exception", f"IndexError: {e}") from e
+                raise raised(e) from e
         raise unsupported("unsupported_operator", f"indexing a sequence with {index}")
     if isinstance(v, DictValue):
         return _dict_item(tr, v, index)
@@ -354,7 +352,7 @@ def get_item(tr: Tracer, v: Value, index: Value) -> Value:
         try:
             result = v.value[index.value]
         except Exception as e:
-            raise unsupported("user_exception", f"{type(e).__name__}: {e}") from e
+            raise raised(e) from e
         return ConstantValue(result)
     if isinstance(v, ObjectValue):
         return _object_item(tr, v, index)
@@ -372,7 +370,7 @@ def _dict_item(tr: Tracer, v: DictValue, index: Value) -> Value:
         return TupleValue(found) if isinstance(found, list) else found
     found_v = v.get(index)
     if found_v is None:
-        raise unsupported("user_exception", f"KeyError: {dict_key(index)!r}")
+        raise raised(KeyError(dict_key(index)))
     return found_v
 
 
@@ -401,7 +399,7 @@ def _object_item(tr: Tracer, v: ObjectValue, index: Value) -> Value:
         try:
             item = obj[key]
         except Exception as e:
-            raise unsupported("user_exception", f"{type(e).__name__}: {e}") from e
+            raise raised(e) from e
         return wrap(tr.out, item, src)
     raise unsupported("unsupported_operator", f"{type(obj).__name__}[...]")
 

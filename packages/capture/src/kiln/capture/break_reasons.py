@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from kiln.capture.errors import Unsupported
+from kiln.capture.errors import Unsupported, UserFrame
 
-__all__ = ["BreakReason", "REASONS", "unsupported"]
+__all__ = ["REASONS", "BreakReason", "UserException", "raised", "unsupported"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,3 +99,27 @@ def unsupported(kind: str, detail: str = "") -> Unsupported:
     reason = REASONS[kind]
     explanation = f"{reason.explanation}: {detail}" if detail else reason.explanation
     return Unsupported(kind, explanation, reason.hint)
+
+
+class UserException(Unsupported):
+    """A Python exception the traced code raises; handlers in the traced code may catch it.
+
+    Uncaught, it is a ``user_exception`` break: the frame runs eagerly and
+    Python raises the exception itself.
+    """
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+        reason = REASONS["user_exception"]
+        super().__init__("user_exception", f"{reason.explanation}: {exc!r}", reason.hint)
+
+    def with_frame(self, frame: UserFrame) -> Unsupported:
+        located = UserException(self.exc)
+        located.frame = frame
+        located.args = (located._message(),)
+        return located
+
+
+def raised(exc: BaseException) -> UserException:
+    """The capture-time form of ``raise exc`` inside the traced program."""
+    return UserException(exc)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kiln.capture import attributes, calls, operators, torch_calls
-from kiln.capture.break_reasons import unsupported
+from kiln.capture.break_reasons import raised, unsupported
 from kiln.capture.guard_data import GuardKind
 from kiln.capture.values.base import ConstantValue, Value, is_constant
 from kiln.capture.values.containers import DictValue, ListValue, SetValue, TupleValue, dict_key
@@ -187,7 +187,7 @@ def fold(fn: Callable[..., Any], args: list[Value], kwargs: dict[str, Value]) ->
     try:
         result = fn(*plain_args, **plain_kwargs)
     except Exception as e:
-        raise unsupported("user_exception", f"{type(e).__name__}: {e}") from e
+        raise raised(e) from e
     if is_constant(result):
         return ConstantValue(result)
     if isinstance(result, list):
@@ -303,7 +303,7 @@ def _next(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
     if item is None:
         if len(args) == 2:
             return args[1]
-        raise unsupported("user_exception", "StopIteration")
+        raise raised(StopIteration())
     return item
 
 
@@ -608,7 +608,7 @@ def _dict_method(
         found = d.get(args[0])
         if found is None:
             if name == "__getitem__":
-                raise unsupported("user_exception", f"KeyError: {dict_key(args[0])!r}")
+                raise raised(KeyError(dict_key(args[0])))
             return args[1] if len(args) > 1 else ConstantValue(None)
         return found
     if name == "__contains__":
@@ -627,7 +627,7 @@ def _dict_method(
         if popped is None:
             if len(args) > 1:
                 return args[1]
-            raise unsupported("user_exception", f"KeyError: {dict_key(args[0])!r}")
+            raise raised(KeyError(dict_key(args[0])))
         return popped[1]
     elif name == "setdefault":
         found_v = d.get(args[0])

@@ -163,7 +163,7 @@ def _construct(tr: Tracer, cv: ObjectValue, args: list[Value], kwargs: dict[str,
     if issubclass(cls, collections.OrderedDict) and dataclasses.is_dataclass(cls):
         return _model_output(cls, args, kwargs)
     foldable = cls in (torch.Size, torch.device, torch.dtype, torch.finfo, torch.iinfo) or (
-        cls.__module__ == "builtins" and issubclass(cls, BaseException)
+        issubclass(cls, BaseException)
     )
     if foldable and all(builtin_calls.is_literal(a) for a in [*args, *kwargs.values()]):
         return builtin_calls.fold(cls, args, kwargs)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from kiln.capture import calls, torch_calls
-from kiln.capture.break_reasons import unsupported
+from kiln.capture.break_reasons import raised, unsupported
 from kiln.capture.values.base import ConstantValue, Value
 from kiln.capture.values.containers import DictValue, ListValue, SetValue, TupleValue, dict_key
 from kiln.capture.values.functions import UserFunctionValue
@@ -76,7 +76,7 @@ def _fold(fn: Callable[[Any, Any], Any], a: Any, b: Any) -> Value:
     try:
         return ConstantValue(fn(a, b))
     except Exception as e:
-        raise unsupported("user_exception", f"{type(e).__name__}: {e}") from e
+        raise raised(e) from e
 
 
 def binary_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value:

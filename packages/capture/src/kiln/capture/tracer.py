@@ -17,12 +17,13 @@ import types
 from typing import Any
 
 from kiln.capture.binding import bind_arguments
-from kiln.capture.break_reasons import unsupported
+from kiln.capture.break_reasons import UserException, unsupported
+from kiln.capture.bytecode.decode import decode
 from kiln.capture.errors import Unsupported, UserFrame
 from kiln.capture.graph import OutputGraph
 from kiln.capture.opcodes import HANDLERS
 from kiln.capture.source import GlobalSource, Source
-from kiln.capture.values.base import Value
+from kiln.capture.values.base import ConstantValue, Value
 from kiln.capture.values.containers import CellValue
 from kiln.capture.values.functions import UserFunctionValue
 from kiln.capture.values.iterators import ItemsIterator
@@ -87,6 +88,8 @@ class Tracer:
         self.lineno = code.co_firstlineno
         self.steps = 0
         self.py312 = PY312
+        self._exception_table: list[tuple[int, int, int, int, bool]] | None = None
+        self.exc_stack: list[Value] = []  # exceptions being handled (PUSH_EXC_INFO)
         self.yielded: list[Value] | None = None  # items of a generator run eagerly
 
     # the loop ----------------------------------------------------------------
@@ -112,13 +115,49 @@ class Tracer:
                 raise unsupported("unsupported_opcode", ins.opname)
             try:
                 handler(self, ins)
+            except UserException as e:
+                if not self._catch(ins, e):
+                    raise self._located(e) from None
             except Unsupported as e:
                 if e.frame is not None:
                     raise
-                located = e.with_frame(self.user_frame())
-                located.user_stack = self.stack_trace()  # type: ignore[attr-defined]
-                raise located from e
+                raise self._located(e) from e
         return self.return_value
+
+    def _located(self, e: Unsupported) -> Unsupported:
+        if e.frame is not None:
+            return e
+        located = e.with_frame(self.user_frame())
+        located.user_stack = self.stack_trace()  # type: ignore[attr-defined]
+        return located
+
+    def _catch(self, ins: dis.Instruction, e: UserException) -> bool:
+        """Jump to the handler covering ``ins`` (per the exception table), if there is one."""
+        entry = self._handler_for(ins.offset)
+        if entry is None:
+            return False
+        _, _, target, depth, lasti = entry
+        del self.stack[depth:]
+        if lasti:
+            self.push(ConstantValue(ins.offset))
+        self.push(ObjectValue(e.exc))
+        self.jump_to(target)
+        return True
+
+    def _handler_for(self, offset: int) -> tuple[int, int, int, int, bool] | None:
+        if self._exception_table is None:
+            table = decode(self.code).exception_table
+            self._exception_table = [
+                (e.start.offset, e.end.offset, e.target.offset, e.depth, e.lasti)
+                for e in table
+                if e.start.offset is not None
+                and e.end.offset is not None
+                and e.target.offset is not None
+            ]
+        for entry in self._exception_table:
+            if entry[0] <= offset <= entry[1]:
+                return entry
+        return None
 
     def jump_to(self, offset: int) -> None:
         self.ip = self.index_of[offset]

@@ -186,8 +186,3 @@ def store_slice(tr: Tracer, ins: dis.Instruction) -> None:
     container = tr.pop()
     value = tr.pop()
     attributes.set_item(tr, container, index, value)
-
-
-@handles("LOAD_ASSERTION_ERROR")
-def load_assertion_error(tr: Tracer, ins: dis.Instruction) -> None:
-    tr.push(ObjectValue(AssertionError))

@@ -1,4 +1,4 @@
-"""Instructions capture does not model: generators, async code, exceptions, class bodies."""
+"""Instructions capture does not model: async code, ``yield from``, class bodies, ``match``."""
 
 from __future__ import annotations
 
@@ -14,11 +14,6 @@ if TYPE_CHECKING:
 HANDLERS, handles = registry()
 
 
-@handles("RAISE_VARARGS", "RERAISE")
-def raise_(tr: Tracer, ins: dis.Instruction) -> None:
-    raise unsupported("user_exception", "raise")
-
-
 def refuse(tr: Tracer, ins: dis.Instruction) -> None:
-    """Every opcode without a model: generators, async, exception handling, class bodies."""
+    """Every opcode without a model: async code, ``yield from``, class bodies, ``match``."""
     raise unsupported("unsupported_opcode", ins.opname)
