@@ -20,14 +20,47 @@ def aten_graph(fn, *inputs) -> torch.fx.GraphModule:
     gm = torch.fx.symbolic_trace(fn)
     metas = [to_meta(t) for t in inputs]
 
+    fill_meta(gm, metas)
+    return gm
+
+
+def fill_meta(gm, metas):
     class Fill(torch.fx.Interpreter):
         def run_node(self, n):
             result = super().run_node(n)
+            if n.op == "get_attr":
+                result = to_meta(result)
             n.meta["val"] = result
             return result
 
     Fill(gm).run(*metas)
-    return gm
+
+
+def graph_of_calls(n_inputs, calls):
+    """A graph calling each ``(op, args, kwargs)`` (``Input(i)`` names a placeholder) and
+    returning every result: for ops that take no tensor, which tracing would fold away."""
+    g = torch.fx.Graph()
+    xs = [g.placeholder(f"x{i}") for i in range(n_inputs)]
+    outs = []
+    for op, args, kwargs in calls:
+        args = [xs[a.i] if isinstance(a, Input) else a for a in args]
+        outs.append(g.call_function(op, tuple(args), kwargs))
+    g.output(tuple(outs))
+    return torch.fx.GraphModule(torch.nn.Module(), g)
+
+
+class Input:
+    def __init__(self, i):
+        self.i = i
+
+
+def check_calls(calls, *inputs, **tol):
+    gm = graph_of_calls(len(inputs), calls)
+    metas = [to_meta(t) for t in inputs]
+    fill_meta(gm, metas)
+    compiled = compile_graph(gm, metas, backend=ReferenceBackend())
+    torch.testing.assert_close(compiled(*inputs), gm(*inputs), **tol)
+    return compiled
 
 
 def compile_fn(fn, *inputs) -> CompiledGraph:

@@ -1,7 +1,12 @@
-"""End-to-end structure tests: how many kernels common programs become."""
+"""End-to-end structure tests: how many kernels programs become, and why."""
+
+import logging
 
 import torch
 from loopir_testing import check
+
+from kiln.capture import counters
+from kiln.loopir.pipeline import KernelStep
 
 aten = torch.ops.aten
 
@@ -22,3 +27,104 @@ def test_add_sum_is_one_kernel():
 def test_softmax_last_dim_is_one_kernel():
     c = check(lambda x: (aten._softmax.default(x, -1, False),), torch.randn(4, 8))
     assert c.kernel_count == 1
+
+
+def test_layer_norm_is_one_kernel():
+    def fn(x, w, b):
+        return aten.native_layer_norm.default(x, [8], w, b, 1e-5)
+
+    c = check(fn, torch.randn(4, 8), torch.randn(8), torch.randn(8), atol=1e-5, rtol=1e-5)
+    assert c.kernel_count == 1
+
+
+def test_sum0_and_sum1_give_a_logged_reason(caplog):
+    def fn(x):
+        return (aten.sum.dim_IntList(x, [0]), aten.sum.dim_IntList(x, [1]))
+
+    with caplog.at_level(logging.INFO, logger="kiln.loopir.fusion"):
+        c = check(fn, torch.randn(4, 8))
+    assert c.kernel_count in (1, 2)
+    if c.kernel_count == 2:
+        assert "reductions over different iteration spaces" in caplog.text
+
+
+def test_reversed_read_is_not_fused(caplog):
+    def fn(x):
+        big = x
+        for op in ["sin", "cos", "exp", "tanh", "sigmoid", "abs", "sqrt", "neg", "exp", "cos"]:
+            big = getattr(aten, op).default(big)  # costly enough to realize for 3 users
+        flipped = aten.add.Tensor(aten.flip.default(big, [0]), 1.0)
+        return (big, flipped, aten.mul.Tensor(big, 3.0), aten.sub.Tensor(big, 1.0))
+
+    with caplog.at_level(logging.INFO, logger="kiln.loopir.fusion"):
+        c = check(fn, torch.randn(6, 5))
+    assert c.kernel_count == 2
+    assert "reads buf0 at" in caplog.text
+
+
+def test_reduction_then_broadcast_fuses_but_not_across_a_reindexed_read():
+    def fn(x):
+        s = aten.sum.dim_IntList(x, [0], True)  # reduce over rows, broadcast back
+        return (aten.sub.Tensor(x, s),)
+
+    c = check(fn, torch.randn(6, 5))
+    assert c.kernel_count == 2  # x - s reads s along the reduced dim: not the kernel's order
+
+
+def test_extern_matmul_with_fused_epilogue():
+    x, w, b = torch.randn(4, 6), torch.randn(5, 6), torch.randn(5)
+    bx, by = torch.randn(2, 3, 4), torch.randn(2, 4, 5)
+    img, k = torch.randn(1, 2, 6, 6), torch.randn(3, 2, 3, 3)
+
+    def fn(x, w, b, bx, by, img, k):
+        lin = aten.addmm.default(b, x, aten.t.default(w))
+        mm = aten.mm.default(x, aten.permute.default(w, [1, 0]))
+        conv = aten.convolution.default(img, k, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+        return (
+            aten.relu.default(lin),
+            aten.mul.Tensor(aten.sigmoid.default(mm), 2.0),
+            aten.bmm.default(bx, by),
+            aten.gelu.default(conv),
+        )
+
+    c = check(fn, x, w, b, bx, by, img, k, atol=1e-5, rtol=1e-5)
+    assert "extern" in c.source
+    kernels = [s for s in c.steps if isinstance(s, KernelStep)]
+    assert all(len(s.group.nodes) >= 1 for s in kernels)
+
+
+def test_fallback_is_counted():
+    counters.clear()
+
+    def fn(x):
+        v = aten.cummax.default(x, 1)
+        return (aten.add.Tensor(v[0], 1.0), v[1])
+
+    c = check(fn, torch.randn(3, 5))
+    assert counters.snapshot()["fallback_ops"]["aten.cummax.default"] == 1
+    assert "fallback" in c.source
+
+
+def test_memory_is_freed_and_reused():
+    def fn(x):
+        a = aten.sum.dim_IntList(aten.exp.default(x), [1], True)
+        b = aten.sum.dim_IntList(aten.add.Tensor(x, a), [1], True)
+        c = aten.sum.dim_IntList(aten.mul.Tensor(x, b), [1], True)
+        return (aten.add.Tensor(c, 1.0),)
+
+    c = check(fn, torch.randn(64, 32))
+    assert "del " in c.source
+    assert c.peak_bytes > 0
+
+
+def test_output_keeps_input_strides_for_pointwise():
+    x = torch.randn(5, 4).t()
+    c = check(lambda x: (aten.mul.Tensor(x, 2.0),), x)
+    assert c(x)[0].stride() == (x * 2).stride()
+
+
+def test_graph_with_scalar_and_none_outputs():
+    def fn(x):
+        return (aten.add.Tensor(x, 1.0), None)
+
+    check(fn, torch.randn(3))

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import torch
 from torch.utils import _pytree as pytree
 
+from kiln.loopir.ir.strided import as_strided_view
 from kiln.loopir.ir.views import TensorBox
 
 __all__ = ["IRTensor", "run_decomposition"]
@@ -34,8 +35,19 @@ class IRTensor(torch.Tensor):
     @staticmethod
     def __new__(cls, box: TensorBox, lowerer: _Lowerer) -> IRTensor:
         size = [int(s) for s in box.get_size()]
+        # real strides when the value is a window on a buffer, so decompositions that
+        # read strides (or call as_strided) see the truth; contiguous otherwise
+        found = as_strided_view(box)
+        stride = None
+        if found is not None and all(s.is_Integer for s in found.layout.stride):
+            stride = [int(s) for s in found.layout.stride]
         r = torch.Tensor._make_wrapper_subclass(  # type: ignore[attr-defined]
-            cls, size, dtype=box.get_dtype(), device=box.get_device(), requires_grad=False
+            cls,
+            size,
+            strides=stride,
+            dtype=box.get_dtype(),
+            device=box.get_device(),
+            requires_grad=False,
         )
         r.box = box
         r.lowerer = lowerer

@@ -99,7 +99,7 @@ class KernelNode:
 
 
 def _note_range(known: dict[sympy.Symbol, int], sym: sympy.Expr, size: sympy.Expr) -> None:
-    value = sizes.static_int(sympy.simplify(size))
+    value = sizes.static_int(sympy.sympify(size))
     if isinstance(sym, sympy.Symbol) and value is not None:
         known[sym] = value
 

@@ -58,7 +58,11 @@ def plan_memory(
     layout_of: Callable[[str], Layout],
     external: set[str],
 ) -> MemoryPlan:
-    """Plan allocations; ``external`` names inputs, constants and outputs (never freed)."""
+    """Plan allocations; ``external`` names inputs, constants and outputs (never freed).
+
+    A dead buffer that a later allocation takes over is not deleted when it dies;
+    the wrapper renames it at the reuse (``new = old; del old``).
+    """
     last_use: dict[str, int] = {}
     for i, step in enumerate(steps):
         for name in step.reads | step.writes:
@@ -68,8 +72,7 @@ def plan_memory(
     free: dict[int, list[str]] = {}
     pool: list[tuple[str, Layout]] = []
     produced: set[str] = set()
-    handed_over: set[str] = set()  # storage now owned by an in-place successor
-    live = peak = 0
+    taken: set[str] = set()  # storage handed to another name (reuse or in place)
     for i, step in enumerate(steps):
         if isinstance(step, KernelStep):
             for name in step.group.outputs:
@@ -78,27 +81,40 @@ def plan_memory(
                 produced.add(name)
                 layout = layout_of(name)
                 donor = _donor(step, name, layout, pool, last_use, i, external, layout_of)
-                if donor is not None:
-                    reuse.setdefault(i, []).append(donor)
-                    if donor[2] == "inplace":
-                        handed_over.add(donor[1])
-                        continue
-                else:
+                if donor is None:
                     allocate.setdefault(i, []).append((name, layout))
-                live += layout.nbytes()
+                else:
+                    reuse.setdefault(i, []).append(donor)
+                    if donor[2] == "reuse":
+                        taken.add(donor[1])
         else:
-            for name in step.writes - produced:
-                produced.add(name)
-                live += layout_of(name).nbytes()
-        peak = max(peak, live)
+            produced |= step.writes
         for name in sorted(step.reads | step.writes):
-            if last_use.get(name) != i or name in external or name not in produced:
-                continue
-            free.setdefault(i, []).append(name)
-            if name not in handed_over:
+            if last_use.get(name) == i and name not in external and name in produced:
+                free.setdefault(i, []).append(name)
                 pool.append((name, layout_of(name)))
+    # a name whose storage moved on is deleted at the hand-over, not when it died
+    free = {i: [n for n in names if n not in taken] for i, names in free.items()}
+    plan = MemoryPlan(allocate, reuse, free, 0)
+    return dataclasses.replace(plan, peak_bytes=_peak(steps, plan, layout_of))
+
+
+def _peak(steps: Sequence[Step], plan: MemoryPlan, layout_of: Callable[[str], Layout]) -> int:
+    """Bytes held by intermediates at the busiest point of the program."""
+    live = peak = 0
+    renamed = {new for entries in plan.reuse.values() for new, _, _ in entries}
+    moved = {old for entries in plan.reuse.values() for _, old, how in entries if how == "inplace"}
+    allocated = {name for entries in plan.allocate.values() for name, _ in entries}
+    for i, step in enumerate(steps):
+        live += sum(layout.nbytes() for _, layout in plan.allocate.get(i, []))
+        if not isinstance(step, KernelStep):
+            live += sum(layout_of(n).nbytes() for n in step.writes)
+            allocated |= step.writes
+        peak = max(peak, live)
+        for name in plan.free.get(i, []):
+            if (name in allocated or name in renamed) and name not in moved:
                 live -= layout_of(name).nbytes()
-    return MemoryPlan(allocate, reuse, free, peak)
+    return peak
 
 
 def _donor(
@@ -117,7 +133,7 @@ def _donor(
         if _same(layout_of(old), layout) and _in_place_ok(step.group, old, name):
             return name, old, "inplace"
     for k, (old, old_layout) in enumerate(pool):
-        if _same(old_layout, layout):
+        if _same(old_layout, layout) and last_use.get(old, -1) < i:
             del pool[k]
             return name, old, "reuse"
     return None

@@ -99,9 +99,10 @@ def compile_graph(
         for buf in graph.buffers:
             buf.verify()
             buf.freeze_layout()
-    text = render_buffers(graph.buffers, "lower")
-    ir_log.info("%s", text)
-    artifacts.dump("loopir_ir.txt", text)
+    if ir_log.isEnabledFor(logging.INFO) or artifacts.debug_dir() is not None:
+        text = render_buffers(graph.buffers, "lower")
+        ir_log.info("%s", text)
+        artifacts.dump("loopir_ir.txt", text)
 
     def layout_of(name: str) -> Layout:
         return graph.name_to_buffer[name].layout

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import functools
 import itertools
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import sympy
 import torch
 
+from kiln.capture import artifacts
 from kiln.loopir import random_bits, sizes
 from kiln.loopir.kernel import RINDEX, XINDEX, KernelCode, KernelGroup, KernelNode
 from kiln.loopir.ops import BINARY_OPS, UNARY_OPS, OpsHandlerBase
@@ -235,4 +237,9 @@ class ReferenceBackend:
 
 
 def _describe(group: KernelGroup, args: Sequence[str]) -> str:
-    return f"# reference kernel {group.name}({', '.join(args)})\n" + render_group(group)
+    header = f"# reference kernel {group.name}({', '.join(args)})\n"
+    # printing every body costs sympy printing; only do it when someone will look
+    wanted = logging.getLogger("kiln.loopir.output_code").isEnabledFor(logging.INFO)
+    if wanted or artifacts.debug_dir() is not None:
+        return header + render_group(group)
+    return header + f"# {group.describe()}"

@@ -119,7 +119,9 @@ def generate_wrapper(
         for name, layout in plan.allocate.get(i, []):
             w.line(f"{name} = {_alloc(layout)}")
         for new, old, why in plan.reuse.get(i, []):
-            w.line(f"{new} = {old}  # {why}")
+            # in place: both names stay bound until the kernel ran; old dies after it
+            tail = f"; del {old}" if why == "reuse" else ""
+            w.line(f"{new} = {old}{tail}  # {why}")
         _emit_step(w, step)
         if plan.free.get(i):
             w.line(f"del {', '.join(plan.free[i])}")

@@ -55,6 +55,8 @@ def affine_layout(
     if sympy.expand(rebuilt - expr) != 0 or offset.free_symbols & set(symbols):
         return None
     strides = [sympy.S.Zero if n == 1 else s for n, s in zip(size, strides, strict=True)]
+    if any(s.is_negative for s in strides):
+        return None  # torch has no negative strides (flip is a copy there)
     return Layout(template.device, template.dtype, size, tuple(strides), offset)
 
 

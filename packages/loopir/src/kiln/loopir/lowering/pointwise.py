@@ -188,8 +188,16 @@ def _div(a: Value, b: Value, rounding_mode: str | None = None) -> TensorBox:
         return make_pointwise(ops.truediv, [a, b])
     if rounding_mode == "floor":
         return make_pointwise(ops.floordiv, [a, b])
-    dt = _m(out_dtype())
-    return make_pointwise(lambda x, y: _trunc_div(x, y, dt), [a, b])
+    result = out_dtype()
+    dt = _m(result)
+
+    def fn(x: Any, y: Any) -> Any:
+        if result != dt:  # eager rounds the half-precision quotient before truncating
+            q = ops.to_dtype(ops.to_dtype(ops.truediv(x, y), result, dt), dt, result)
+            return ops.trunc(q)
+        return _trunc_div(x, y, dt)
+
+    return make_pointwise(fn, [a, b])
 
 
 @register_lowering(*overloads("where", "self", "ScalarOther", "ScalarSelf", "Scalar"))

@@ -220,3 +220,58 @@ def _as_strided(
         offset,
     )
     return TensorBox(ReinterpretView(buf, lay))
+
+
+@register_lowering(*overloads("split", "Tensor"))
+def _split(x: TensorBox, split_size: int, dim: int = 0) -> list[TensorBox]:
+    dim = canonical_dim(dim, x.dim())
+    n = sizes.evaluate_int(x.get_size()[dim])
+    if split_size == 0:
+        return [x]
+    return [slice_(x, dim, s, min(s + split_size, n)) for s in range(0, max(n, 1), split_size)]
+
+
+@register_lowering(*overloads("split_with_sizes", "default"))
+def _split_with_sizes(x: TensorBox, split_sizes: Sequence[int], dim: int = 0) -> list[TensorBox]:
+    dim = canonical_dim(dim, x.dim())
+    out, start = [], 0
+    for size in split_sizes:
+        out.append(slice_(x, dim, start, start + size))
+        start += size
+    return out
+
+
+@register_lowering(*overloads("unbind", "int"))
+def _unbind(x: TensorBox, dim: int = 0) -> list[TensorBox]:
+    dim = canonical_dim(dim, x.dim())
+    n = sizes.evaluate_int(x.get_size()[dim])
+    return [_select(x, dim, i) for i in range(n)]
+
+
+@register_lowering(*overloads("narrow", "default"))
+def _narrow(x: TensorBox, dim: int, start: int, length: int) -> TensorBox:
+    dim = canonical_dim(dim, x.dim())
+    if start < 0:
+        start += sizes.evaluate_int(x.get_size()[dim])
+    return slice_(x, dim, start, start + length)
+
+
+@register_lowering(*overloads("diagonal", "default"))
+def _diagonal(x: TensorBox, offset: int = 0, dim1: int = 0, dim2: int = 1) -> TensorBox:
+    n = x.dim()
+    d1, d2 = canonical_dim(dim1, n), canonical_dim(dim2, n)
+    s1, s2 = (sizes.evaluate_int(x.get_size()[d]) for d in (d1, d2))
+    length = max(0, min(s1, s2 - offset) if offset >= 0 else min(s1 + offset, s2))
+    rest = [i for i in range(n) if i not in (d1, d2)]
+    size = [x.get_size()[i] for i in rest] + [S(length)]
+
+    def reindex(index: Index) -> list[sympy.Expr]:
+        out: list[sympy.Expr] = [S(0)] * n
+        for k, d in enumerate(rest):
+            out[d] = index[k]
+        diag = index[-1]
+        out[d1] = diag + (0 if offset >= 0 else -offset)
+        out[d2] = diag + (offset if offset >= 0 else 0)
+        return out
+
+    return _remap(x, size, reindex, "diagonal")

@@ -26,6 +26,8 @@ __all__ = ["fuse_groups", "can_fuse", "score_fusion"]
 fusion_log = logging.getLogger("kiln.loopir.fusion")
 
 Score = tuple[int, int, int]
+_Verdict = tuple[sympy.Expr, sympy.Expr] | str
+MAX_FUSED_NODES = 64
 
 
 class _Dag:
@@ -83,10 +85,34 @@ def can_fuse(
     b: FusionGroup,
     dag: _Dag,
     veto: Callable[[list[SchedNode], sympy.Expr, sympy.Expr], str | None],
+    cache: dict[tuple[int, int], _Verdict] | None = None,
 ) -> tuple[sympy.Expr, sympy.Expr] | str:
-    """The fused (numel, rnumel), or the reason the two groups must stay apart."""
+    """The fused (numel, rnumel), or the reason the two groups must stay apart.
+
+    ``cache`` keeps the verdicts that depend only on the pair (not on the rest of
+    the graph) across greedy rounds.
+    """
+    cache = {} if cache is None else cache
+    key = (a.uid, b.uid)
+    if key not in cache:
+        cache[key] = _check_pair(a, b, veto)
+    verdict = cache[key]
+    if isinstance(verdict, str):
+        return verdict
+    if dag.makes_cycle(a, b):
+        return "fusing would create a cycle through another kernel"
+    return verdict
+
+
+def _check_pair(
+    a: FusionGroup,
+    b: FusionGroup,
+    veto: Callable[[list[SchedNode], sympy.Expr, sympy.Expr], str | None],
+) -> _Verdict:
     if a.kind != "kernel" or b.kind != "kernel":
         return "extern calls and no-ops are not fused"
+    if len(a.nodes) + len(b.nodes) > MAX_FUSED_NODES:
+        return f"a kernel holds at most {MAX_FUSED_NODES} nodes"
     if any(n.is_mutation() for n in a.nodes + b.nodes):
         return "mutation (scatter) kernels are not fused"
     if a.nodes[0].device != b.nodes[0].device:
@@ -94,8 +120,6 @@ def can_fuse(
     shape = fused_shape(a.nodes + b.nodes)
     if isinstance(shape, str):
         return shape
-    if dag.makes_cycle(a, b):
-        return "fusing would create a cycle through another kernel"
     nodes = sorted(a.nodes + b.nodes, key=lambda n: n.index)
     problem = _check_addresses(nodes, *shape)
     if problem is not None:
@@ -129,29 +153,48 @@ def fuse_groups(
         refused = backend_for(members[0]).fusion_veto(group)
         return f"backend refused: {refused}" if refused else None
 
-    while True:
+    cache: dict[tuple[int, int], _Verdict] = {}
+    changed = True
+    while changed:
+        # one round: every legal pair, best score first; later pairs re-checked
+        # against the grouping the earlier fusions of the round produced
+        changed = False
         dag = _Dag(groups)
-        best: tuple[Score, FusionGroup, FusionGroup, tuple[sympy.Expr, sympy.Expr]] | None = None
+        scored = []
         for a, b in _candidate_pairs(groups):
-            verdict = can_fuse(a, b, dag, veto)
+            verdict = can_fuse(a, b, dag, veto, cache)
             if isinstance(verdict, str):
-                key = (a.names(), b.names())
-                if key not in told:
-                    told.add(key)
-                    fusion_log.info("not fusing %s and %s: %s", a.names(), b.names(), verdict)
+                _tell(told, a, b, verdict)
                 continue
-            score = score_fusion(a, b, nbytes)
-            if best is None or score > best[0]:
-                best = (score, a, b, verdict)
-        if best is None:
-            return groups
-        score, a, b, (numel, rnumel) = best
-        merged = FusionGroup(sorted(a.nodes + b.nodes, key=lambda n: n.index), numel, rnumel)
-        fusion_log.info(
-            "fusing %s and %s into %s (numel=%s, rnumel=%s, score=%s)",
-            a.names(), b.names(), merged.names(), numel, rnumel, score,
-        )  # fmt: skip
-        groups = [g for g in groups if g is not a and g is not b] + [merged]
+            scored.append((score_fusion(a, b, nbytes), a.uid, b.uid, a, b))
+        scored.sort(key=lambda item: item[:3], reverse=True)
+        alive = set(groups)
+        for score, _, _, a, b in scored:
+            if a not in alive or b not in alive:
+                continue
+            verdict = can_fuse(a, b, dag, veto, cache)
+            if isinstance(verdict, str):
+                _tell(told, a, b, verdict)
+                continue
+            numel, rnumel = verdict
+            merged = FusionGroup(sorted(a.nodes + b.nodes, key=lambda n: n.index), numel, rnumel)
+            fusion_log.info(
+                "fusing %s and %s into %s (numel=%s, rnumel=%s, score=%s)",
+                a.names(), b.names(), merged.names(), numel, rnumel, score,
+            )  # fmt: skip
+            alive -= {a, b}
+            alive.add(merged)
+            groups = [g for g in groups if g is not a and g is not b] + [merged]
+            dag = _Dag(groups)
+            changed = True
+    return groups
+
+
+def _tell(told: set[tuple[str, str]], a: FusionGroup, b: FusionGroup, reason: str) -> None:
+    key = (a.names(), b.names())
+    if key not in told:
+        told.add(key)
+        fusion_log.info("not fusing %s and %s: %s", a.names(), b.names(), reason)
 
 
 def _singleton(node: SchedNode) -> FusionGroup:

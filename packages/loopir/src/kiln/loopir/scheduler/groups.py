@@ -34,13 +34,12 @@ class FusionGroup:
     def index(self) -> int:
         return self.nodes[0].index
 
-    @property
-    def reads(self) -> set[str]:
-        return set().union(*(n.reads for n in self.nodes))
+    reads: frozenset[str] = frozenset()
+    writes: frozenset[str] = frozenset()
 
-    @property
-    def writes(self) -> set[str]:
-        return set().union(*(n.writes for n in self.nodes))
+    def __post_init__(self) -> None:
+        self.reads = frozenset().union(*(n.reads for n in self.nodes))
+        self.writes = frozenset().union(*(n.writes for n in self.nodes))
 
     def names(self) -> str:
         return "+".join(n.name for n in self.nodes)
@@ -50,7 +49,11 @@ class FusionGroup:
 
 
 def _same(a: sympy.Expr, b: sympy.Expr) -> bool:
-    return bool(sympy.simplify(a - b) == 0)
+    if a == b:
+        return True
+    if a.is_Integer and b.is_Integer:
+        return False
+    return bool(sympy.expand(a - b) == 0)
 
 
 def fused_shape(nodes: Iterable[SchedNode]) -> tuple[sympy.Expr, sympy.Expr] | str:

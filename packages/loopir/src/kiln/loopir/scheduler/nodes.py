@@ -49,6 +49,7 @@ class SchedNode:
     writes: frozenset[str]
     preds: set[SchedNode] = dataclasses.field(default_factory=set)
     ancestors: set[SchedNode] = dataclasses.field(default_factory=set)
+    _key: tuple[sympy.Expr, sympy.Expr] | None = None
     _access_cache: dict[tuple[str, sympy.Expr], AccessSet] = dataclasses.field(default_factory=dict)
 
     @property
@@ -61,11 +62,14 @@ class SchedNode:
 
     def group_key(self) -> tuple[sympy.Expr, sympy.Expr]:
         """(numel, rnumel) of this node's own iteration space."""
-        assert isinstance(self.buffer, ComputedBuffer)
-        data = self.buffer.data
-        if isinstance(data, Reduction):
-            return data.numel(), data.reduction_numel()
-        return data.numel(), sympy.S.One
+        if self._key is None:
+            assert isinstance(self.buffer, ComputedBuffer)
+            data = self.buffer.data
+            if isinstance(data, Reduction):
+                self._key = (data.numel(), data.reduction_numel())
+            else:
+                self._key = (data.numel(), sympy.S.One)
+        return self._key
 
     def is_reduction(self) -> bool:
         return isinstance(self.buffer, ComputedBuffer) and self.buffer.is_reduction()

@@ -80,11 +80,15 @@ def schedule(
     """
     nodes = build_nodes(buffers)
 
+    sizes_cache: dict[str, int] = {}
+
     def nbytes(name: str) -> int:
-        try:
-            return layout_of(name).nbytes()
-        except (KeyError, ValueError):
-            return 0
+        if name not in sizes_cache:
+            try:
+                sizes_cache[name] = layout_of(name).nbytes()
+            except (KeyError, ValueError):
+                sizes_cache[name] = 0
+        return sizes_cache[name]
 
     groups = _topological(fuse_groups(nodes, backend_for, layout_of, nbytes))
     steps: list[Step] = []

@@ -1,0 +1,127 @@
+"""Reduction lowerings against eager: dims, keepdim, layouts and dtypes, batched per case."""
+
+import pytest
+import torch
+from loopir_testing import check
+
+aten = torch.ops.aten
+
+DIMS = [[0], [1], [0, 1], [-1]]
+
+
+def _pair(result):
+    return result[0], result[1]
+
+
+def _float_reductions(x):
+    outs = []
+    for dims in DIMS:
+        for keep in (False, True):
+            outs += [
+                aten.sum.dim_IntList(x, dims, keep),
+                aten.mean.dim(x, dims, keep),
+                aten.amax.default(x, dims, keep),
+                aten.amin.default(x, dims, keep),
+                aten.var.correction(x, dims, correction=1, keepdim=keep),
+                aten.std.correction(x, dims, correction=0, keepdim=keep),
+                *_pair(aten.var_mean.correction(x, dims, correction=1, keepdim=keep)),
+                aten.logsumexp.default(x, dims, keep),
+            ]
+    outs += [
+        aten.sum.default(x),
+        aten.mean.default(x),
+        aten.prod.default(x),
+        aten.prod.dim_int(x, 1),
+        aten.max.default(x),
+        aten.min.default(x),
+        aten.argmax.default(x),
+        aten.argmax.default(x, 1),
+        aten.argmin.default(x, 0, True),
+        *_pair(aten.max.dim(x, 1)),
+        *_pair(aten.min.dim(x, 0, True)),
+        aten.cumsum.default(x, 1),
+        aten.cumsum.default(x, 0),
+        aten.any.dim(aten.gt.Scalar(x, 1.0), 1),
+        aten.all.dim(aten.gt.Scalar(x, -1.0), 0),
+        aten.any.default(aten.gt.Scalar(x, 2.0)),
+        aten.all.default(aten.gt.Scalar(x, -3.0)),
+    ]
+    return tuple(outs)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "sliced"])
+def test_float32_reductions(layout):
+    base = {
+        "contiguous": torch.randn(5, 7),
+        "transposed": torch.randn(7, 5).t(),
+        "sliced": torch.randn(5, 14)[:, ::2],
+    }[layout]
+    check(_float_reductions, base, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_reductions(dtype):
+    x = torch.randn(6, 9, dtype=dtype)
+
+    def fn(x):
+        return (
+            aten.sum.dim_IntList(x, [1]),
+            aten.mean.dim(x, [0], True),
+            aten.amax.default(x, [1]),
+            aten.var.correction(x, [1], correction=1),
+            aten.argmax.default(x, 1),
+            aten.cumsum.default(x, 1),
+            aten.sum.dim_IntList(x, [0], dtype=torch.float32),
+        )
+
+    check(fn, x, atol=5e-2, rtol=5e-2)
+
+
+def test_integer_and_bool_reductions():
+    x = torch.randint(-9, 9, (4, 6))
+    b = torch.rand(4, 6) > 0.3
+
+    def fn(x, b):
+        return (
+            aten.sum.dim_IntList(x, [1]),
+            aten.sum.default(b),
+            aten.prod.dim_int(x, 0),
+            aten.amax.default(x, [0]),
+            aten.amin.default(x, [1], True),
+            aten.argmin.default(x, 1),
+            aten.cumsum.default(x, 0),
+            aten.cumsum.default(b, 1),
+            aten.any.dim(b, 1),
+            aten.all.dim(b, 0),
+            aten.any.dims(x, [0, 1]),
+            aten.mean.dim(aten._to_copy.default(x, dtype=torch.float32), [1]),
+        )
+
+    check(fn, x, b)
+
+
+def test_zero_size_and_scalar_reductions():
+    e = torch.randn(0, 4)
+    s = torch.randn(())
+
+    def fn(e, s):
+        return (
+            aten.sum.dim_IntList(e, [0]),
+            aten.sum.dim_IntList(e, [1]),
+            aten.prod.dim_int(e, 0),
+            aten.any.dim(aten.gt.Scalar(e, 0), 0),
+            aten.sum.default(s),
+            aten.amax.default(s, []),
+        )
+
+    check(fn, e, s)
+
+
+def test_broadcast_input_reduction():
+    x = torch.randn(5, 1)
+
+    def fn(x):
+        y = aten.expand.default(x, [5, 6])
+        return (aten.sum.dim_IntList(y, [0]), aten.mean.dim(y, [1]))
+
+    check(fn, x)
