@@ -3,7 +3,8 @@
 The tracer applies the table recursively (a decomposition's own ops are traced
 again) until only ops outside the table remain. Kiln adds decompositions where
 its compiler prefers pointwise ops and reductions to a fused ATen kernel, and
-one for the functional ``copy`` that functionalization emits.
+one for the functional ``copy`` that functionalization emits, and seeded random
+ops (``rng.py``) so a backward can recompute them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import Any
 
 import torch
 import torch._decomp
+
+from kiln.autograd_aot.rng import random_decompositions
 
 __all__ = ["DecompositionTable", "default_decompositions", "describe_table", "kiln_decompositions"]
 
@@ -52,6 +55,7 @@ def _functional_copy(
 def kiln_decompositions() -> dict[Any, Callable[..., Any]]:
     """Kiln's additions to the core set."""
     table: dict[Any, Callable[..., Any]] = {aten.copy.default: _functional_copy}
+    table.update(random_decompositions())
     full = torch._decomp.decomposition_table
     for op in _KILN_FROM_TORCH:
         if op in full:

@@ -19,6 +19,7 @@ import networkx as nx
 import torch
 from torch import fx
 
+from kiln.autograd_aot import rng  # noqa: F401  (defines the kiln_aot ops named below)
 from kiln.autograd_aot.mincut import CutProblem, min_cut
 from kiln.autograd_aot.mutation import is_view
 
@@ -43,6 +44,7 @@ _CHEAP = frozenset(
         aten.empty_like,
         aten.where,
         aten.cat,
+        torch.ops.kiln_aot.seeded_random,
     }
 )
 
