@@ -28,10 +28,11 @@ def load_sibling(stem):
 def roundtrip_code(code):
     """Decode and assemble ``code`` and every code object nested in its constants."""
     body = decode(code)
-    body.consts = [roundtrip_code(c) if isinstance(c, types.CodeType) else c for c in body.consts]
+    new = {id(c): roundtrip_code(c) for c in body.consts if isinstance(c, types.CodeType)}
+    body.consts = [new.get(id(c), c) for c in body.consts]
     for ins in body.instrs:
         if isinstance(ins.arg, types.CodeType):
-            ins.arg = roundtrip_code(ins.arg)
+            ins.arg = new[id(ins.arg)]
     return assemble(body)
 
 

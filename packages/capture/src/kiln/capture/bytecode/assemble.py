@@ -39,8 +39,9 @@ def const_key(value: Any) -> Any:
     """A key under which two constants may share a ``co_consts`` slot.
 
     Like CPython's own: type-aware (``1``, ``1.0`` and ``True`` differ), sign-aware
-    for floats, recursive for tuples; any other object is kept by identity,
-    so tensors and callables placed in constants are never compared.
+    for floats, recursive for tuples; any other object (code objects too, as
+    in CPython) is kept by identity, so tensors and callables placed in
+    constants are never compared.
     """
     if isinstance(value, tuple | frozenset):
         keys = tuple(const_key(v) for v in value)
@@ -51,7 +52,7 @@ def const_key(value: Any) -> Any:
             repr(value),
             math.copysign(1.0, value.real if isinstance(value, complex) else value),
         )
-    if value is None or value is Ellipsis or isinstance(value, int | str | bytes | types.CodeType):
+    if value is None or value is Ellipsis or isinstance(value, int | str | bytes):
         return (type(value), value)
     return ("id", id(value))
 
