@@ -216,3 +216,23 @@ def test_unchanged_tree_costs_the_same_at_any_depth(depth, monkeypatch):
     without = tree_check(model, with_tree=False, plain_contents=False)
     assert without(model, None)
     assert len(reads) > depth  # without the tree guard every call walks the tree
+
+
+def test_modules_under_closures_and_globals_get_trees_automatically():
+    model = Net()
+
+    def call(x):
+        return model(x)
+
+    from kiln.capture.source import ClosureSource
+
+    specs = capture_like_guards(ClosureSource("model"), model, plain_contents=False)
+    check = guards.build_check(specs, call)
+    assert "___stamp[0] != ___seen[0]" in check.source
+    assert check(None)
+    model.eval()
+    assert not check(None)
+    assert (
+        check.failure_reason(None)
+        == "closure C['model'].training changed: expected True, got False"
+    )

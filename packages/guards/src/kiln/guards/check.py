@@ -14,8 +14,10 @@ import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
+
 from kiln.capture import artifacts
-from kiln.capture.guard_data import GuardSpec
+from kiln.capture.guard_data import GuardKind, GuardSpec
 from kiln.capture.source import (
     AttrSource,
     ClosureSource,
@@ -24,6 +26,7 @@ from kiln.capture.source import (
     ItemSource,
     LocalSource,
     Source,
+    root_of,
 )
 from kiln.guards import checks, codegen, plan
 from kiln.guards.errors import UnsupportedGuard
@@ -119,14 +122,36 @@ def _unsupported(g: GuardSpec) -> None:
     raise UnsupportedGuard(msg)
 
 
+def _module_roots(guards: Sequence[GuardSpec], fn: types.FunctionType) -> list[GuardSpec]:
+    """MODULE_TREE guards for modules capture matched by identity under a global or a
+    closure cell: those resolve now, without a frame, so their trees come for free."""
+    trees = {str(g.source) for g in guards if g.kind is GuardKind.MODULE_TREE}
+    out = []
+    for g in guards:
+        if g.kind is not GuardKind.MODULE_MATCH or g.source is None or str(g.source) in trees:
+            continue
+        if not isinstance(root_of(g.source), (GlobalSource, ClosureSource)):
+            continue
+        try:
+            module = resolve(g.source, {}, fn)
+        except Exception:
+            continue
+        if isinstance(module, torch.nn.Module) and id(module) == g.expected:
+            out.append(GuardSpec(g.source, GuardKind.MODULE_TREE, module))
+            trees.add(str(g.source))
+    return out
+
+
 def build_check(guards: Sequence[GuardSpec], fn: Callable[..., Any]) -> GuardCheck:
     """Compile ``guards`` into one check with ``fn``'s own signature.
 
     ``fn`` is the function whose code object is cached; for a bound method pass it
     or its ``__func__``: the check takes ``self`` as its first argument either way.
+    Modules matched by identity under a global or closure cell get a MODULE_TREE guard.
     """
     target = _target(fn)
-    the_plan = plan.order(list(guards), _unsupported)
+    guards = [*guards, *_module_roots(guards, target)]
+    the_plan = plan.order(guards, _unsupported)
     ordered = the_plan.flat()
     name, text, namespace = codegen.generate(target, the_plan)
     filename = f"<kiln guards for {target.__qualname__}>"
