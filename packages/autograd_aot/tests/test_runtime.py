@@ -111,3 +111,26 @@ def test_dropout_forward_and_backward_use_the_same_bits(backend):
     a = compiled(x)
     torch.manual_seed(1)
     assert torch.equal(a, compiled(x))  # seeded by torch's generator
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_training_on_cuda(check):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.GELU(), nn.Linear(16, 4)).cuda()
+    x = torch.randn(4, 8, device="cuda", requires_grad=True)
+    compiled = check(model, [x], backend=aot_eager_decomp_partition)
+    fw = compiled._compiled[True].forward
+    vals = [n.meta["val"] for n in fw.graph.nodes if n.op == "call_function"]
+    assert all(v.device.type == "cuda" for v in vals if isinstance(v, torch.Tensor))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_seeded_dropout_on_cuda():
+    x = (torch.rand(64, 64, device="cuda") + 0.5).requires_grad_()
+    compiled = aot_eager_decomp_partition(fx.symbolic_trace(lambda x: F.dropout(x, 0.5)), [x])
+    out = compiled(x)
+    out.sum().backward()
+    torch.testing.assert_close(x.grad, (out != 0).float() * 2)
+    assert 0.4 < (out != 0).float().mean().item() < 0.6
