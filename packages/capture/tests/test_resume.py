@@ -317,3 +317,30 @@ def test_dead_code_before_the_break_is_dropped():
     assert "BINARY_OP" in ops and "PUSH_EXC_INFO" not in ops and "JUMP_FORWARD" not in ops
     assert r.code.co_exceptiontable == b""
     assert r.make_function({})(5) == 4
+
+
+def late_closure(n):
+    k = n * 2
+    m = 1
+
+    def get():
+        return k + m
+
+    return get() + k
+
+
+def test_cells_by_value_when_no_closure_exists_yet():
+    from kiln.capture.resume import CELLS_AS_VALUES
+
+    off = offsets_of(late_closure, "LOAD_CLOSURE")[0]
+    r = make_resume(late_closure.__code__, off, 0, cells=CELLS_AS_VALUES)
+    assert r.closure == () and set(r.locals) == {"k", "m"}
+    values = {"k": 10, "m": 5}
+    assert r.make_function({})(*(values[n] for n in r.locals)) == 25
+    assert r.code.co_cellvars == late_closure.__code__.co_cellvars
+    # an empty cell is simply left out
+    r = make_resume(late_closure.__code__, off, 0, live=("k",), cells=CELLS_AS_VALUES)
+    with pytest.raises(NameError):
+        r.make_function({})(10)
+    with pytest.raises(CaptureError, match="cells must be"):
+        make_resume(late_closure.__code__, off, 0, cells="copy")

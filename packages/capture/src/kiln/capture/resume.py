@@ -28,10 +28,19 @@ from kiln.capture.bytecode.build import CO_GENERATOR_LIKE, make_function, prolog
 from kiln.capture.bytecode.format import log_code
 from kiln.capture.errors import CaptureError, Unsupported
 
-__all__ = ["STACK_NULL", "STACK_VALUE", "ResumeFunction", "make_resume"]
+__all__ = [
+    "CELLS_AS_CLOSURE",
+    "CELLS_AS_VALUES",
+    "STACK_NULL",
+    "STACK_VALUE",
+    "ResumeFunction",
+    "make_resume",
+]
 
 STACK_VALUE = "value"
 STACK_NULL = "null"
+CELLS_AS_CLOSURE = "closure"
+CELLS_AS_VALUES = "values"
 
 _CO_VARARGS = 0x4
 _CO_VARKEYWORDS = 0x8
@@ -79,27 +88,41 @@ def make_resume(
     offset: int,
     stack: Sequence[str] | int = 0,
     live: Iterable[str] | None = None,
+    *,
+    cells: str = CELLS_AS_CLOSURE,
 ) -> ResumeFunction:
     """Build ``resume_at_<offset>`` for ``code``.
 
     ``stack`` lists the kinds of the stack items at ``offset``, bottom first
     (:data:`STACK_VALUE` or :data:`STACK_NULL`; an int means that many values).
     ``live`` names the locals to pass (default: those live at ``offset``);
-    locals not passed start unbound. Raises :class:`Unsupported` where the
-    function cannot be resumed (generators, inside an ``except`` body) and
+    locals not passed start unbound. ``code``'s own cell variables are shared
+    through the closure (:data:`CELLS_AS_CLOSURE`), or with
+    :data:`CELLS_AS_VALUES` become fresh cells of the resume function whose
+    contents are passed like locals (default: all of them; leave empty ones
+    out of ``live``) — right only when no closure made before the break
+    still uses them. Raises :class:`Unsupported` where the function cannot
+    be resumed (generators, inside an ``except`` body) and
     :class:`CaptureError` where the request does not fit the code.
     """
+    if cells not in (CELLS_AS_CLOSURE, CELLS_AS_VALUES):
+        msg = f"cells must be {CELLS_AS_CLOSURE!r} or {CELLS_AS_VALUES!r}, got {cells!r}"
+        raise CaptureError(msg)
     kinds = (STACK_VALUE,) * stack if isinstance(stack, int) else tuple(stack)
     bad = [k for k in kinds if k not in (STACK_VALUE, STACK_NULL)]
     if bad:
         msg = f"stack kinds must be {STACK_VALUE!r} or {STACK_NULL!r}, got {bad}"
         raise CaptureError(msg)
-    return _make_resume(code, offset, kinds, None if live is None else tuple(live))
+    return _make_resume(code, offset, kinds, None if live is None else tuple(live), cells)
 
 
 @functools.lru_cache(maxsize=256)
 def _make_resume(
-    code: types.CodeType, offset: int, kinds: tuple[str, ...], live: tuple[str, ...] | None
+    code: types.CodeType,
+    offset: int,
+    kinds: tuple[str, ...],
+    live: tuple[str, ...] | None,
+    cells: str,
 ) -> ResumeFunction:
     if code.co_flags & CO_GENERATOR_LIKE:
         raise Unsupported(
@@ -119,16 +142,16 @@ def _make_resume(
     index = max(index, _prologue_length(body))  # resuming at the very start
     target = body.instrs[index]
     _check_normally_reachable(body, index)
-    cells = [n for n in body.cellvars if n not in body.freevars]
+    own = [n for n in body.cellvars if n not in body.freevars]
+    by_value = own if cells == CELLS_AS_VALUES else []
+    shared = [*body.freevars, *(n for n in own if n not in by_value)]
     if live is None:
-        live = tuple(sorted(info.live[index] - set(cells)))
-    elif set(live) & {*cells, *body.freevars}:
-        msg = (
-            f"{sorted(set(live) & {*cells, *body.freevars})} are cells: pass them as closure cells"
-        )
+        live = tuple(sorted(info.live[index] - set(own))) + tuple(by_value)
+    elif set(live) & set(shared):
+        msg = f"{sorted(set(live) & set(shared))} are cells: pass them as closure cells"
         raise CaptureError(msg)
     stack_args = tuple(f"___stack{i}" for i, k in enumerate(kinds) if k == STACK_VALUE)
-    resume = _rewrite(body, target, offset, kinds, stack_args, live, cells)
+    resume = _rewrite(body, target, offset, kinds, stack_args, live, shared, by_value)
     resume_code = assemble(resume)
     log_code(resume_code.co_name, resume_code)
     closure = tuple(resume.freevars)
@@ -174,7 +197,8 @@ def _rewrite(
     kinds: tuple[str, ...],
     stack_args: tuple[str, ...],
     live: tuple[str, ...],
-    cells: list[str],
+    shared: list[str],
+    by_value: list[str],
 ) -> Bytecode:
     """The resume body: new prologue, stack-restoring prefix, then the original code."""
     start = _prologue_length(body)
@@ -184,11 +208,10 @@ def _rewrite(
         if {id(entry.start), id(entry.end), id(entry.target)} & dropped:
             msg = f"an exception-table entry of {body.qualname} covers its prologue"
             raise CaptureError(msg)
-    freevars = [*body.freevars, *cells]
     args = [*stack_args, *live]
-    others = [n for n in body.varnames if n not in args and n not in cells]
+    others = [n for n in body.varnames if n not in args and n not in shared]
     where = target.positions
-    head = prologue([], freevars, 0, where)
+    head = prologue(by_value, shared, 0, where)
     values = iter(stack_args)
     for kind in kinds:
         ins = Instr("PUSH_NULL") if kind == STACK_NULL else Instr("LOAD_FAST", next(values))
@@ -206,7 +229,7 @@ def _rewrite(
     if instrs[at + 1] is target:  # everything in between was dead
         del instrs[at]
     flags = body.flags & ~(_CO_VARARGS | _CO_VARKEYWORDS)
-    flags = flags | _CO_NESTED if freevars else flags
+    flags = flags | _CO_NESTED if shared else flags
     name = f"resume_at_{offset}"
     return dataclasses.replace(
         body,
@@ -219,6 +242,6 @@ def _rewrite(
         kwonlyargcount=0,
         flags=flags,
         varnames=args + others,
-        cellvars=[],
-        freevars=freevars,
+        cellvars=by_value,
+        freevars=shared,
     )
