@@ -115,3 +115,21 @@ def test_unknown_source_kinds_fall_back_to_their_resolve():
 
     with pytest.raises(guards.UnsupportedGuard, match="no resolve"):
         guards.build_check([GuardSpec(Opaque(), GuardKind.IS_NONE)], h)
+
+
+def test_binding_facts_are_not_rechecked():
+    def g(*args, **kwargs):
+        return args
+
+    check = guards.build_check(
+        [
+            GuardSpec(LocalSource("args"), GuardKind.TYPE_MATCH, tuple),
+            GuardSpec(LocalSource("kwargs"), GuardKind.TYPE_MATCH, dict),
+            GuardSpec(LocalSource("kwargs"), GuardKind.DICT_KEYS, ()),
+            GuardSpec(LocalSource("args"), GuardKind.SEQUENCE_LENGTH, 1),
+        ],
+        g,
+    )
+    assert "type(" not in check.source and "not kwargs" in check.source
+    assert check(1) and not check(1, 2) and not check(1, k=2)
+    assert check.failure_reason(1, k=2) == "L['kwargs'] keys changed: expected (), got ('k',)"

@@ -122,6 +122,21 @@ def _unsupported(g: GuardSpec) -> None:
     raise UnsupportedGuard(msg)
 
 
+def _always_true(g: GuardSpec, fn: types.FunctionType) -> bool:
+    """Guards Python's own argument binding makes true: ``*args`` is a tuple, ``**kw`` a dict."""
+    if g.kind is not GuardKind.TYPE_MATCH or not isinstance(g.source, LocalSource):
+        return False
+    code = fn.__code__
+    n = code.co_argcount + code.co_kwonlyargcount
+    names = code.co_varnames
+    if code.co_flags & inspect.CO_VARARGS and names[n] == g.source.name:
+        return g.expected is tuple
+    n += bool(code.co_flags & inspect.CO_VARARGS)
+    if code.co_flags & inspect.CO_VARKEYWORDS and names[n] == g.source.name:
+        return g.expected is dict
+    return False
+
+
 def _module_roots(guards: Sequence[GuardSpec], fn: types.FunctionType) -> list[GuardSpec]:
     """MODULE_TREE guards for modules capture matched by identity under a global or a
     closure cell: those resolve now, without a frame, so their trees come for free."""
@@ -150,6 +165,7 @@ def build_check(guards: Sequence[GuardSpec], fn: Callable[..., Any]) -> GuardChe
     Modules matched by identity under a global or closure cell get a MODULE_TREE guard.
     """
     target = _target(fn)
+    guards = [g for g in guards if not _always_true(g, target)]
     guards = [*guards, *_module_roots(guards, target)]
     the_plan = plan.order(guards, _unsupported)
     ordered = the_plan.flat()

@@ -81,7 +81,9 @@ class CheckSource:
 
     def __init__(self, fn: types.FunctionType) -> None:
         self.fn = fn
-        self.params = set(inspect.signature(fn).parameters)
+        params = inspect.signature(fn).parameters
+        self.params = set(params)
+        self.varkw = {n for n, p in params.items() if p.kind is p.VAR_KEYWORD}
         prefix = "___"
         while any(p.startswith(prefix) for p in self.params):
             prefix += "_"
@@ -279,6 +281,8 @@ class CheckSource:
         if kind is GuardKind.BOOL:
             return v if expected else f"not {v}"
         if kind is GuardKind.DICT_KEYS:
+            if not expected and v in self.varkw:
+                return f"not {v}"  # ``**kwargs`` is always a fresh dict
             return f"tuple({v}) == {self.literal(tuple(expected))}"
         if kind is GuardKind.SEQUENCE_LENGTH:
             return f"len({v}) == {int(expected)}"
