@@ -30,7 +30,7 @@ import torch
 from kiln.loopir import sizes
 from kiln.loopir.ir.buffers import ComputedBuffer
 from kiln.loopir.ir.layout import Layout
-from kiln.loopir.ir.loops import Reduction, Scatter
+from kiln.loopir.ir.loops import Pointwise, Reduction, Scatter
 
 __all__ = ["XINDEX", "RINDEX", "SEEDS", "KernelNode", "KernelGroup", "KernelCode", "NodeMode"]
 
@@ -95,7 +95,30 @@ class KernelNode:
         else:
             flat = xindex
             _note_range(known, xindex, data.numel())
-        data.store_output(self.name, indexer, _split(flat, data.ranges, known))  # type: ignore[attr-defined]
+        order = self.loop_order()
+        parts = _split(flat, tuple(data.ranges[d] for d in order), known)
+        index: list[sympy.Expr] = [sympy.S.Zero] * len(order)
+        for d, part in zip(order, parts, strict=True):
+            index[d] = part
+        data.store_output(self.name, indexer, index)  # type: ignore[attr-defined]
+
+    def loop_order(self) -> tuple[int, ...]:
+        """Dims from outermost to innermost loop: the output's memory order.
+
+        A pointwise kernel writing a non-contiguous layout (say, an output that
+        keeps its input's channels-last strides) walks memory in order instead
+        of striding; inside reduction kernels the order must stay row-major so
+        the flat index lines up with the reduction's.
+        """
+        ndim = len(self.buffer.data.ranges)
+        identity = tuple(range(ndim))
+        if self.rnumel != 1 or not isinstance(self.buffer.data, Pointwise):
+            return identity
+        layout = self.buffer.layout
+        strides = [sizes.static_int(s) for s in layout.stride]
+        if layout.is_contiguous() or any(s is None for s in strides):
+            return identity
+        return tuple(sorted(identity, key=lambda d: (-(strides[d] or 0), d)))
 
 
 def _note_range(known: dict[sympy.Symbol, int], sym: sympy.Expr, size: sympy.Expr) -> None:

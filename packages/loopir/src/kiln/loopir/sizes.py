@@ -30,6 +30,7 @@ __all__ = [
     "evaluate_int",
     "linear_index",
     "simplify_with_ranges",
+    "bounds",
 ]
 
 Expr = sympy.Expr
@@ -176,7 +177,7 @@ def evaluate_int(expr: sympy.Expr | int) -> int:
     return value
 
 
-def _bounds(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> tuple[int, int] | None:
+def bounds(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> tuple[int, int] | None:
     """Integer bounds of an index expression when every symbol has a known range."""
     if expr.is_Integer:
         return int(expr), int(expr)
@@ -186,7 +187,7 @@ def _bounds(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> tuple[int, int
     if isinstance(expr, sympy.Add):
         lo = hi = 0
         for arg in expr.args:
-            b = _bounds(arg, ranges)
+            b = bounds(arg, ranges)
             if b is None:
                 return None
             lo, hi = lo + b[0], hi + b[1]
@@ -194,19 +195,22 @@ def _bounds(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> tuple[int, int
     if isinstance(expr, sympy.Mul):
         lo = hi = 1
         for arg in expr.args:
-            b = _bounds(arg, ranges)
+            b = bounds(arg, ranges)
             if b is None:
                 return None
             cands = (lo * b[0], lo * b[1], hi * b[0], hi * b[1])
             lo, hi = min(cands), max(cands)
         return lo, hi
     if isinstance(expr, FloorDiv) and expr.args[1].is_Integer:
-        b = _bounds(expr.args[0], ranges)
+        b = bounds(expr.args[0], ranges)
         d = int(expr.args[1])
         return (b[0] // d, b[1] // d) if b is not None else None
     if isinstance(expr, ModularIndexing) and expr.args[2].is_Integer:
         return 0, int(expr.args[2]) - 1
     return None
+
+
+_bounds = bounds  # the name codegen_triton first used
 
 
 def simplify_with_ranges(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sympy.Expr:
@@ -220,14 +224,14 @@ def simplify_with_ranges(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> s
     args = [simplify_with_ranges(a, ranges) for a in expr.args]
     expr = expr.func(*args)
     if isinstance(expr, FloorDiv):
-        b = _bounds(expr.args[0], ranges)
+        b = bounds(expr.args[0], ranges)
         d = static_int(expr.args[1])
         if b is not None and d is not None and b[0] >= 0 and b[1] < d:
             return sympy.S.Zero
         return expr
     if isinstance(expr, ModularIndexing):
         base, div, mod = expr.args
-        b = _bounds(base, ranges)
+        b = bounds(base, ranges)
         span = static_int(div * mod)
         if b is not None and span is not None and b[0] >= 0 and b[1] < span:
             return simplify_with_ranges(FloorDiv(base, div), ranges)

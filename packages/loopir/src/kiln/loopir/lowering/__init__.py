@@ -1,11 +1,13 @@
 """ATen → IR lowerings, one module per op family; importing this fills ``LOWERINGS``."""
 
 from kiln.loopir.lowering import (  # noqa: F401  (registration by import)
+    activations,
     creation,
     fallback,
     indexing,
     pointwise,
     reductions,
+    scatter_views,
     views,
 )
 from kiln.loopir.lowering.registry import LOWERINGS, lowered_ops, register_lowering

@@ -136,7 +136,7 @@ def _squeeze(x: TensorBox, dim: int | Sequence[int] | None = None) -> TensorBox:
     return squeeze_dims(x, [dim] if isinstance(dim, int) else dim)
 
 
-def _clip(v: int, n: int) -> int:
+def clip_index(v: int, n: int) -> int:
     if v < 0:
         v += n
     return min(max(v, 0), n)
@@ -148,8 +148,8 @@ def slice_(
 ) -> TensorBox:
     dim = canonical_dim(dim, x.dim())
     n = sizes.evaluate_int(x.get_size()[dim])
-    lo = _clip(start if start is not None else 0, n)
-    hi = _clip(end if end is not None else n, n)
+    lo = clip_index(start if start is not None else 0, n)
+    hi = clip_index(end if end is not None else n, n)
     length = max(0, (hi - lo + step - 1) // step)
     if (lo, length, step) == (0, n, 1):
         return x

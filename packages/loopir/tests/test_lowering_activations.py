@@ -1,0 +1,95 @@
+"""Directly lowered activations, their backwards and composite elementwise ops vs eager."""
+
+import pytest
+import torch
+from loopir_testing import check
+
+aten = torch.ops.aten
+
+
+def _activations(x, g, u):
+    return (
+        aten.gelu.default(x),
+        aten.gelu.default(x, approximate="tanh"),
+        aten.gelu_backward.default(g, x),
+        aten.gelu_backward.default(g, x, approximate="tanh"),
+        aten.silu.default(x),
+        aten.silu_backward.default(g, x),
+        aten.sigmoid_backward.default(g, aten.sigmoid.default(x)),
+        aten.tanh_backward.default(g, aten.tanh.default(x)),
+        aten.threshold.default(x, 0.5, -1.0),
+        aten.threshold_backward.default(g, x, 0.0),
+        aten.leaky_relu.default(x, 0.2),
+        aten.leaky_relu_backward.default(g, x, 0.2, False),
+        aten.hardsigmoid.default(x),
+        aten.hardswish.default(x),
+        aten.elu.default(x, 1.5, 1.0, 1.0),
+        aten.softplus.default(x, 2.0, 5.0),
+        aten.mish.default(x),
+        aten.logit.default(u),
+        aten.logit.default(u, 0.2),
+        aten.fmax.default(x, g),
+        aten.fmin.default(x, g),
+        aten.logaddexp.default(x, g),
+        aten.logaddexp2.default(x, g),
+        aten.heaviside.default(aten.round.default(x), g),
+        aten.xlogy.Tensor(u, u),
+        aten.deg2rad.default(x),
+        aten.rad2deg.default(x),
+        aten.positive.default(x),
+        aten.sgn.default(x),
+        aten.sinc.default(x),
+        aten.addcmul.default(x, g, u, value=0.5),
+        aten.addcdiv.default(x, g, u, value=2),
+        aten.rsub.Tensor(x, g, alpha=2),
+        aten.rsub.Scalar(x, 3),
+        aten.nan_to_num.default(aten.log.default(x)),
+        aten.nan_to_num.default(aten.div.Tensor(x, aten.round.default(g)), 1.0, 2.0, -2.0),
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_activations(dtype, layout):
+    def make(scale=3.0):
+        t = torch.randn(6, 5) * scale if layout == "contiguous" else (torch.randn(5, 6) * scale).t()
+        return t.to(dtype)
+
+    u = (torch.rand(6, 5) * 0.8 + 0.1).to(dtype)
+    tol = {"atol": 1e-5, "rtol": 1e-4} if dtype == torch.float32 else {"atol": 3e-2, "rtol": 3e-2}
+    check(_activations, make(), make(1.0), u, **tol)
+
+
+def test_scatter_views_and_copies():
+    x, s = torch.randn(5, 6), torch.randn(5, 2)
+    r = torch.randn(6)
+
+    def fn(x, s, r):
+        return (
+            aten.slice_scatter.default(x, s, 1, 1, 5, 2),
+            aten.slice_scatter.default(x, s, 1, 4),
+            aten.slice_scatter.default(x, aten.slice.Tensor(x, 0, 0, 2), 0, 3),
+            aten.select_scatter.default(x, r, 0, -1),
+            aten.select_scatter.default(x, aten.select.int(x, 1, 0), 1, 2),
+            aten.fill.Scalar(x, 2.5),
+            aten.fill.Tensor(x, aten.select.int(r, 0, 1)),
+            aten.zero.default(x),
+            aten.tril.default(x),
+            aten.triu.default(x, 1),
+            aten.tril.default(x, -2),
+            aten.detach.default(x),
+            aten.view_copy.default(x, [30]),
+            aten.permute_copy.default(x, [1, 0]),
+            aten.expand_copy.default(r, [2, 6]),
+            aten.unsqueeze_copy.default(x, 0),
+            aten.squeeze_copy.dim(aten.unsqueeze.default(x, 0), 0),
+            aten.transpose_copy.int(x, 0, 1),
+            aten.t_copy.default(x),
+            aten.slice_copy.Tensor(x, 1, 2, 4),
+            aten.select_copy.int(x, 0, 3),
+            aten.alias_copy.default(x),
+            aten.diagonal_copy.default(x, 1),
+            aten.diagonal.default(x, -1),
+        )
+
+    check(fn, x, s, r)
