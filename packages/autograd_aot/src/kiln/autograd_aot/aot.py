@@ -18,7 +18,7 @@ import torch
 from torch import fx
 
 from kiln.autograd_aot.decomp import default_decompositions, describe_table
-from kiln.autograd_aot.errors import AotError
+from kiln.autograd_aot.errors import AotError, UnsupportedMutation
 from kiln.autograd_aot.joint import trace_program
 from kiln.autograd_aot.partition import PartitionStats, partition_joint
 from kiln.autograd_aot.runtime import CompiledProgram, run_inference, run_training
@@ -101,11 +101,25 @@ class AotCompiled:
         return torch.is_grad_enabled() and any(p.requires_grad for p in primals)
 
     def __call__(self, *args: Any) -> Any:
+        self._check_constants(args)
         primals = self._primals(args)
         compiled = self._get(self._needs_grad(primals), primals)
         if compiled.program.is_joint:
             return run_training(compiled, primals)
         return run_inference(compiled, primals)
+
+    def _check_constants(self, args: Sequence[Any]) -> None:
+        """Non-tensor inputs were baked into the graphs: they must not change."""
+        if len(args) != len(self.example_inputs):
+            msg = f"compiled for {len(self.example_inputs)} inputs, called with {len(args)}"
+            raise AotError(msg)
+        for i, (arg, example) in enumerate(zip(args, self.example_inputs, strict=True)):
+            if not isinstance(example, torch.Tensor) and arg != example:
+                msg = (
+                    f"input {i} was {example!r} when compiled and is {arg!r} now; non-tensor "
+                    "inputs are constants of the compiled graphs (the caller must guard them)"
+                )
+                raise AotError(msg)
 
     def _get(self, needs_grad: bool, primals: Sequence[torch.Tensor]) -> CompiledProgram:
         found = self._compiled.get(needs_grad)
@@ -122,9 +136,18 @@ class AotCompiled:
         return torch.func.functional_call(self.gm, state, tuple(args))
 
     def _compile(self, needs_grad: bool, primals: Sequence[torch.Tensor]) -> CompiledProgram:
-        program = trace_program(
-            self._call_module, _fakes_of(primals), self.decompositions, joint=needs_grad
-        )
+        try:
+            program = trace_program(
+                self._call_module, _fakes_of(primals), self.decompositions, joint=needs_grad
+            )
+        except RuntimeError as e:
+            if "in-place" in str(e) and any(p.requires_grad and not p.is_leaf for p in primals):
+                msg = (
+                    "the program mutates an input that requires grad; Kiln compiles mutations "
+                    "of inputs that do not require grad only. Clone the input first."
+                )
+                raise UnsupportedMutation(msg) from e
+            raise
         _check_aliased_mutations(primals, program.mutated_inputs)
         if not program.is_joint:
             log.debug("forward-only graph:\n%s", program.gm.code)
