@@ -1,0 +1,44 @@
+"""Options of the Triton backend, read from the environment once and settable in code.
+
+``KILN_MAX_AUTOTUNE=1`` widens the autotuning candidate sets and enables the
+matmul templates; ``KILN_TRITON_CACHE`` moves the on-disk cache (default
+``~/.cache/kiln/triton``); ``KILN_TRITON_PARALLEL_COMPILE=0`` compiles kernels in
+the calling process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+__all__ = ["TritonOptions", "options"]
+
+
+def _flag(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    return default if value is None else value not in ("0", "", "false", "False")
+
+
+@dataclasses.dataclass
+class TritonOptions:
+    """What the backend reads when it generates, tunes and launches kernels."""
+
+    max_autotune: bool = dataclasses.field(
+        default_factory=lambda: _flag("KILN_MAX_AUTOTUNE", False)
+    )
+    persistent_reduction_limit: int = 1024
+    """Reductions up to this many elements per row fit one block (no r-loop)."""
+    cache_dir: Path = dataclasses.field(
+        default_factory=lambda: Path(
+            os.environ.get("KILN_TRITON_CACHE", Path.home() / ".cache" / "kiln" / "triton")
+        )
+    )
+    parallel_compile: bool = dataclasses.field(
+        default_factory=lambda: _flag("KILN_TRITON_PARALLEL_COMPILE", True)
+    )
+    compile_workers: int = dataclasses.field(default_factory=lambda: min(8, os.cpu_count() or 1))
+
+
+options = TritonOptions()
+"""The process-wide options (tests replace fields and restore them)."""

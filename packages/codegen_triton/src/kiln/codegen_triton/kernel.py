@@ -1,0 +1,330 @@
+"""The Triton kernel writer: one ``KernelGroup`` becomes one ``@triton.jit`` function.
+
+Pointwise kernels tile ``xindex`` in blocks of ``XBLOCK``. Reduction kernels
+work on ``[XBLOCK, RBLOCK]`` tiles: *persistent* when the whole reduction fits in
+one block (every node straight-line, each reduction a ``tl.sum``-style call),
+*looped* otherwise, with ``for roffset in range(0, rnumel, RBLOCK)`` loops whose
+accumulators live per lane and are folded after the loop. A looped kernel opens
+a new loop when a node reads a reduction the current loop is still computing
+(softmax: max, then sum of exp, then the output).
+
+Values go through a scoped CSE table; a store records its value so later reads
+of the same element are forwarded, and stores of ``internal`` buffers nobody
+reads from memory are dropped when the source is rendered.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import sympy
+import torch
+
+from kiln.codegen_triton.ops import CSEVar, TritonOps, triton_type
+from kiln.codegen_triton.printer import print_index, simplify_index
+from kiln.codegen_triton.reductions import Reductions
+from kiln.loopir import sizes
+from kiln.loopir.analysis import ReadWriteHandler
+from kiln.loopir.kernel import RINDEX, XINDEX, KernelGroup, KernelNode
+from kiln.loopir.virtualized import set_ops_handler
+
+__all__ = ["TritonKernel", "KernelSource", "INT32_LIMIT"]
+
+INT32_LIMIT = 2**31 - 1
+
+
+@dataclasses.dataclass
+class _Store:
+    """A store line, dropped at render time if its buffer turns out unneeded."""
+
+    name: str
+    text: str
+
+
+@dataclasses.dataclass
+class _Loop:
+    """One ``for roffset`` loop: accumulator setup, body, and the folds after it."""
+
+    pre: list[str] = dataclasses.field(default_factory=list)
+    body: list[str | _Store] = dataclasses.field(default_factory=list)
+    post: list[str | _Store] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelSource:
+    """A rendered kernel and what its launcher needs to know."""
+
+    name: str
+    source: str
+    reduction: bool
+    persistent: bool
+    numel: int
+    rnumel: int
+    int64: bool
+
+
+class TritonKernel:
+    """Writes the body of one kernel; ``TritonOps`` calls back into it."""
+
+    def __init__(self, group: KernelGroup, *, persistent_limit: int = 1024) -> None:
+        self.group = group
+        self.numel = sizes.evaluate_int(group.numel)
+        self.rnumel = sizes.evaluate_int(group.rnumel)
+        self.is_reduction = group.is_reduction
+        self.persistent = self.is_reduction and self.rnumel <= persistent_limit
+        self.int64 = _needs_int64(group, self.numel * self.rnumel)
+        self.params = _param_names(group)
+        self.ranges = {XINDEX: self.numel, RINDEX: self.rnumel}
+        self.top: list[str | _Store | _Loop] = []
+        self.loop: _Loop | None = None
+        self.scopes: list[dict[Any, Any]] = [{}]
+        self.mode = "x"
+        self.masks: list[str] = []
+        self.loaded_from_memory: set[str] = set()
+        self.reductions = Reductions(self)
+        self._names = itertools.count()
+        self._indirect = itertools.count()
+
+    # -- emission and CSE --
+    def emit(self, line: str | _Store) -> None:
+        (self.loop.body if self.loop is not None else self.top).append(line)
+
+    def new_name(self, prefix: str = "tmp") -> str:
+        return f"{prefix}{next(self._names)}"
+
+    def lookup(self, key: Any) -> Any:
+        for scope in reversed(self.scopes):
+            if key in scope:
+                return scope[key]
+        return None
+
+    def cse(self, expr: str, dtype: torch.dtype) -> CSEVar:
+        found = self.lookup(expr)
+        if found is not None:
+            return found  # type: ignore[no-any-return]
+        var = CSEVar(self.new_name(), dtype)
+        self.emit(f"{var} = {expr}")
+        self.scopes[-1][expr] = var
+        return var
+
+    # -- shapes and masks --
+    @property
+    def shape(self) -> str:
+        if not self.is_reduction:
+            return "[XBLOCK]"
+        return "[XBLOCK, RBLOCK]" if self.mode == "xr" else "[XBLOCK, 1]"
+
+    def full_mask(self) -> str:
+        parts = ["xmask", "rmask"] if self.mode == "xr" else ["xmask"]
+        return " & ".join(parts + self.masks)
+
+    def _index(self, index: sympy.Expr) -> tuple[sympy.Expr, str]:
+        expr = simplify_index(index, self.ranges)
+        return expr, print_index(expr)
+
+    def _load_mask(self, expr: sympy.Expr) -> str | None:
+        syms = expr.free_symbols
+        indirect = any(sizes.is_index_symbol(s, "indirect") for s in syms)
+        parts = []
+        if indirect or XINDEX in syms:
+            parts.append("xmask")
+        if self.mode == "xr" and (indirect or RINDEX in syms):
+            parts.append("rmask")
+        parts += self.masks
+        return " & ".join(parts) if parts else None
+
+    def _pointer(self, name: str, expr: sympy.Expr, text: str) -> str:
+        """A pointer block of the full tile shape (stores need it)."""
+        syms = expr.free_symbols
+        wanted = {XINDEX, RINDEX} if self.mode == "xr" else {XINDEX}
+        if wanted <= syms and not any(sizes.is_index_symbol(s, "indirect") for s in syms):
+            return f"{self.params[name]} + ({text})"
+        return f"{self.params[name]} + tl.broadcast_to({text}, {self.shape})"
+
+    # -- memory --
+    def load(self, name: str, index: sympy.Expr) -> CSEVar:
+        expr, text = self._index(index)
+        forwarded = self.lookup(("stored", name, text))
+        if forwarded is not None:
+            return forwarded  # type: ignore[no-any-return]
+        self.loaded_from_memory.add(name)
+        dtype = self.group.buffers[name].dtype
+        mask = self._load_mask(expr)
+        args = f"{self.params[name]} + ({text})" + (f", {mask}, other=0" if mask else "")
+        return self.cse(f"tl.load({args})", dtype)
+
+    def store(self, name: str, index: sympy.Expr, value: CSEVar, mode: str | None) -> None:
+        expr, text = self._index(index)
+        value = self._as_buffer_dtype(name, value)
+        ptr = self._pointer(name, expr, text)
+        if mode == "atomic_add":
+            self.loaded_from_memory.add(name)
+            self.emit(f"tl.atomic_add({ptr}, {value}, {self.full_mask()}, sem='relaxed')")
+            return
+        self.emit(_Store(name, f"tl.store({ptr}, {value}, {self.full_mask()})"))
+        self.scopes[-1][("stored", name, text)] = value
+
+    def store_reduction(self, name: str, index: sympy.Expr, value: CSEVar) -> None:
+        saved, self.mode = self.mode, "x"
+        try:
+            expr, text = self._index(index)
+            value = self._as_buffer_dtype(name, value, after_loop=True)
+            line = _Store(name, f"tl.store({self._pointer(name, expr, text)}, {value}, xmask)")
+            (self.loop.post if self.loop is not None else self.top).append(line)
+            self.scopes[0][("stored", name, text)] = value
+        finally:
+            self.mode = saved
+
+    def _as_buffer_dtype(self, name: str, value: CSEVar, after_loop: bool = False) -> CSEVar:
+        dtype = self.group.buffers[name].dtype
+        if value.dtype == dtype:
+            return value
+        if not after_loop or self.loop is None:
+            return TritonOps(self).to_dtype(value, dtype)
+        var = CSEVar(self.new_name(), dtype)
+        conv = f"{value} != 0" if dtype == torch.bool else f"{value}.to({triton_type(dtype)})"
+        self.loop.post.append(f"{var} = {conv}")
+        return var
+
+    def index_expr(self, index: sympy.Expr, dtype: torch.dtype) -> CSEVar:
+        expr, text = self._index(index)
+        if not expr.free_symbols:
+            return TritonOps(self).constant(int(expr), dtype)
+        return self.cse(f"({text}).to({triton_type(dtype)})", dtype)
+
+    def indirect_indexing(self, x: CSEVar, size: sympy.Expr) -> sympy.Symbol:
+        key = ("indirect", x.name, str(size))
+        found = self.lookup(key)
+        if found is not None:
+            return found  # type: ignore[no-any-return]
+        sym = sizes.index_symbol("indirect", next(self._indirect))
+        bound = print_index(size)
+        self.emit(f"{sym.name} = tl.where({x} < 0, {x} + {bound}, {x})")
+        self.scopes[-1][key] = sym
+        return sym
+
+    def masked_body(self, mask: CSEVar, body: Callable[[], Any]) -> CSEVar:
+        self.masks.append(f"{mask}")
+        try:
+            result = body()
+        finally:
+            self.masks.pop()
+        return result  # type: ignore[no-any-return]
+
+    def load_seed(self, name: str, offset: int) -> CSEVar:
+        self.loaded_from_memory.add(name)
+        return self.cse(f"tl.load({self.params[name]} + {offset})", torch.int64)
+
+    # -- driving --
+    def generate(self) -> KernelSource:
+        handler = TritonOps(self)
+        pending: set[str] = set()  # reductions the open loop computes
+        for node in self.group.nodes:
+            if node.mode == "x" or self.persistent:
+                self._close_loop()
+            elif self.loop is None or pending & _reads(node):
+                self._close_loop()
+                self._open_loop()
+                pending = set()
+            self.mode = node.mode if self.is_reduction else "x"
+            with set_ops_handler(handler):
+                node.body(XINDEX, RINDEX if node.mode == "xr" else None)
+            if node.kind == "reduction":
+                pending.add(node.name)
+        self._close_loop()
+        return KernelSource(
+            self.group.name, self.render(), self.is_reduction, self.persistent,
+            self.numel, self.rnumel, self.int64,
+        )  # fmt: skip
+
+    def _open_loop(self) -> None:
+        self.loop = _Loop()
+        self.top.append(self.loop)
+        self.scopes.append({})
+
+    def _close_loop(self) -> None:
+        if self.loop is not None:
+            self.scopes.pop()
+            self.loop = None
+
+    # -- rendering --
+    def render(self) -> str:
+        params = [self.params[n] for n in dict.fromkeys(self.group.args)]
+        params.append("xnumel")
+        if self.is_reduction:
+            params.append("rnumel")
+        params.append("XBLOCK: tl.constexpr")
+        if self.is_reduction:
+            params.append("RBLOCK: tl.constexpr")
+        lines = [
+            "@triton.jit",
+            f"def {self.group.name}({', '.join(params)}):",
+            f"    # {', '.join(self.group.origins())}",
+            *("    " + line for line in self._preamble()),
+        ]
+        for item in self.top:
+            lines.extend(self._render_item(item))
+        return "\n".join(lines) + "\n"
+
+    def _preamble(self) -> list[str]:
+        pid = "tl.program_id(0).to(tl.int64)" if self.int64 else "tl.program_id(0)"
+        lines = [f"xoffset = {pid} * XBLOCK"]
+        if not self.is_reduction:
+            return [*lines, "xindex = xoffset + tl.arange(0, XBLOCK)", "xmask = xindex < xnumel"]
+        rbase = "tl.arange(0, RBLOCK)[None, :]" + (".to(tl.int64)" if self.int64 else "")
+        lines += [
+            "xindex = xoffset + tl.arange(0, XBLOCK)[:, None]",
+            "xmask = xindex < xnumel",
+            f"rbase = {rbase}",
+        ]
+        if self.persistent:
+            lines += ["rindex = rbase", "rmask = rindex < rnumel"]
+        return lines
+
+    def _keep(self, item: str | _Store) -> str | None:
+        if isinstance(item, str):
+            return item
+        if item.name in self.group.internal and item.name not in self.loaded_from_memory:
+            return None
+        return item.text
+
+    def _render_item(self, item: str | _Store | _Loop) -> list[str]:
+        if not isinstance(item, _Loop):
+            kept = self._keep(item)
+            return [] if kept is None else ["    " + kept]
+        lines = ["    " + line for line in item.pre]
+        lines += [
+            "    for roffset in range(0, rnumel, RBLOCK):",
+            "        rindex = roffset + rbase",
+            "        rmask = rindex < rnumel",
+        ]
+        lines += ["        " + k for k in map(self._keep, item.body) if k is not None]
+        lines += ["    " + k for k in map(self._keep, item.post) if k is not None]
+        return lines
+
+
+def _reads(node: KernelNode) -> set[str]:
+    handler = ReadWriteHandler()
+    with set_ops_handler(handler):
+        node.body(XINDEX, RINDEX if node.mode == "xr" else None)
+    return handler.read_names()
+
+
+def _param_names(group: KernelGroup) -> dict[str, str]:
+    params: dict[str, str] = {}
+    for i, name in enumerate(dict.fromkeys(group.inputs)):
+        params[name] = f"in_ptr{i}"
+    outputs = [n for n in dict.fromkeys(group.outputs) if n not in params]
+    for i, name in enumerate(outputs):
+        params[name] = f"out_ptr{i}"
+    return params
+
+
+def _needs_int64(group: KernelGroup, iterations: int) -> bool:
+    biggest = max(
+        [iterations, *(sizes.evaluate_int(lay.storage_size()) for lay in group.buffers.values())]
+    )
+    return biggest > INT32_LIMIT

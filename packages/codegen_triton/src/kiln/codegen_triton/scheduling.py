@@ -1,0 +1,82 @@
+"""The backend object loopir calls for CUDA kernels (``kiln.backends`` entry point ``cuda``).
+
+``codegen_kernel`` writes the kernel (``kernel.py``), stores it in the on-disk
+cache, starts compiling it in a worker process when a GPU is present, and
+returns a :class:`~kiln.codegen_triton.runtime.TritonLauncher` as the callable
+the wrapper launches. ``fusion_veto`` refuses what the kernel writer cannot
+express.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from kiln.capture import counters
+from kiln.codegen_triton.autotune import candidate_configs
+from kiln.codegen_triton.config import TritonOptions, options
+from kiln.codegen_triton.errors import TritonUnavailable
+from kiln.codegen_triton.kernel import KernelSource, TritonKernel
+from kiln.codegen_triton.mathlib import INTERPRET
+from kiln.codegen_triton.ops import _TL_TYPES
+from kiln.codegen_triton.runtime import MODULE_HEADER, TritonLauncher, write_module
+from kiln.loopir import sizes
+from kiln.loopir.kernel import KernelCode, KernelGroup
+
+__all__ = ["TritonBackend", "make_backend"]
+
+log = logging.getLogger(__name__)
+output_log = logging.getLogger("kiln.codegen_triton.output_code")
+
+
+class TritonBackend:
+    """loopir's :class:`~kiln.loopir.backend.Backend` for Triton."""
+
+    name = "triton"
+
+    def __init__(self, opts: TritonOptions | None = None) -> None:
+        self.options = opts if opts is not None else options
+
+    def fusion_veto(self, group: KernelGroup) -> str | None:
+        for name, layout in group.buffers.items():
+            if layout.dtype not in _TL_TYPES:
+                return f"buffer {name} has dtype {layout.dtype}, which Triton kernels do not load"
+            if sizes.static_int(layout.storage_size()) is None:
+                return f"buffer {name} has a symbolic size (dynamic shapes are not supported yet)"
+        return None
+
+    def generate(self, group: KernelGroup) -> tuple[TritonKernel, KernelSource, str]:
+        """The kernel writer after generation, its kernel, and the full module text."""
+        writer = TritonKernel(group, persistent_limit=self.options.persistent_reduction_limit)
+        ks = writer.generate()
+        return writer, ks, MODULE_HEADER + "\n" + ks.source
+
+    def codegen_kernel(self, group: KernelGroup) -> KernelCode:
+        writer, ks, text = self.generate(group)
+        output_log.info("triton kernel %s:\n%s", group.name, text)
+        path = write_module(self.options.cache_dir, text, group.name)
+        configs = candidate_configs(ks, max_autotune=self.options.max_autotune)
+        written = [
+            n for n in group.outputs if n not in group.internal or n in writer.loaded_from_memory
+        ]
+        launcher = TritonLauncher(ks, path, group.args, written, configs, self.options.cache_dir)
+        if self._compile_ahead():
+            dtypes = [group.buffers[n].dtype for n in dict.fromkeys(group.args)]
+            launcher.start_parallel_compile(dtypes, self.options.compile_workers)
+        counters.bump("codegen_triton", "kernels")
+        return KernelCode(group.name, text, launcher, "triton")
+
+    def _compile_ahead(self) -> bool:
+        return self.options.parallel_compile and not INTERPRET and torch.cuda.is_available()
+
+
+def make_backend(device_type: str = "cuda") -> TritonBackend:
+    """Entry point: the backend, or :class:`TritonUnavailable` when it cannot run here."""
+    if not INTERPRET and not torch.cuda.is_available():
+        msg = "Triton kernels need a CUDA device (or TRITON_INTERPRET=1 for the interpreter)"
+        raise TritonUnavailable(msg)
+    if device_type != "cuda" and not (INTERPRET and device_type == "cpu"):
+        msg = f"the Triton backend generates code for CUDA devices, not {device_type!r}"
+        raise TritonUnavailable(msg)
+    return TritonBackend()

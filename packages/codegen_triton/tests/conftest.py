@@ -1,0 +1,38 @@
+"""Kernels run under Triton's interpreter on CPU tensors (no GPU needed).
+
+``TRITON_INTERPRET`` must be set before triton is imported anywhere; the Triton
+backend is registered for device ``cpu`` so loopir's pipeline sends CPU kernels
+to it. GPU tests (``-m gpu``) run with the real compiler instead.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+_GPU_RUN = "gpu" in " ".join(sys.argv) and "not gpu" not in " ".join(sys.argv)
+if not _GPU_RUN:
+    os.environ["TRITON_INTERPRET"] = "1"
+sys.path.insert(0, str(Path(__file__).parent))
+
+import torch  # noqa: E402
+
+from kiln.codegen_triton import config  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _triton_cache(tmp_path_factory, monkeypatch):
+    """A per-session cache directory so tests never read a developer's cache."""
+    root = tmp_path_factory.getbasetemp() / "kiln-triton-cache"
+    monkeypatch.setattr(config.options, "cache_dir", root)
+    yield
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available() and _GPU_RUN:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run with -m gpu on a GPU machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
