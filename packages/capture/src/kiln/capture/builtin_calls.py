@@ -350,9 +350,15 @@ def _set(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
     return SetValue({dict_key(x): x for x in items})
 
 
-@_handles(dict, collections.OrderedDict)
-def _dict(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
-    out = DictValue({})
+def _dict_handler(cls: type) -> Handler:
+    def handler(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        return _dict(tr, args, kwargs, cls)
+
+    return handler
+
+
+def _dict(tr: Tracer, args: list[Value], kwargs: dict[str, Value], cls: type = dict) -> Value:
+    out = DictValue({}, cls)
     if args:
         source = args[0]
         if isinstance(source, DictValue):
@@ -364,6 +370,10 @@ def _dict(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
     for name, kv in kwargs.items():
         out.set(ConstantValue(name), kv)
     return out
+
+
+_HANDLERS[dict] = _dict_handler(dict)
+_HANDLERS[collections.OrderedDict] = _dict_handler(collections.OrderedDict)
 
 
 @_handles(sorted)
@@ -456,9 +466,15 @@ def _setitem_op(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Valu
     return ConstantValue(None)
 
 
-@_handles(operator.neg, operator.pos, operator.invert)
-def _unary(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
-    raise unsupported("unsupported_call", "unary operator function")
+def _unary_handler(name: str) -> Handler:
+    def handler(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        return operators.unary_op(tr, name, args[0])
+
+    return handler
+
+
+for _name in ("neg", "pos", "invert"):
+    _HANDLERS[getattr(operator, _name)] = _unary_handler(_name)
 
 
 @_handles(operator.not_)
@@ -471,9 +487,14 @@ def _truth_op(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
     return ConstantValue(operators.truth(tr, args[0]))
 
 
-@_handles(operator.is_, operator.is_not)
+@_handles(operator.is_)
 def _is(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
-    raise unsupported("unsupported_call", "operator.is_")
+    return ConstantValue(operators.is_op(args[0], args[1]))
+
+
+@_handles(operator.is_not)
+def _is_not(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    return ConstantValue(not operators.is_op(args[0], args[1]))
 
 
 @_handles(operator.contains)

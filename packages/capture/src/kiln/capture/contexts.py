@@ -1,9 +1,13 @@
-"""Grad-mode context managers inside a captured function.
+"""Grad-mode and autocast context managers inside a captured function.
 
-``torch.no_grad()``, ``torch.enable_grad()`` and ``torch.set_grad_enabled(b)``
-change the grad mode both while tracing (so fake results get the right
-``requires_grad``) and in the graph, as ``torch._C._set_grad_enabled``
-nodes, so the compiled graph switches modes where eager code would.
+``torch.no_grad()``, ``torch.enable_grad()``, ``torch.set_grad_enabled(b)``
+and ``torch.inference_mode()`` change the grad mode both while tracing (so
+fake results get the right ``requires_grad``) and in the graph, as
+``torch._C._set_grad_enabled`` nodes, so the compiled graph switches modes
+where eager code would. (Inside ``inference_mode`` the graph disables grad;
+its results are ordinary tensors, not inference tensors.) ``torch.autocast``
+is entered while tracing and recorded as ``_enter_autocast``/``_exit_autocast``
+nodes around the ops it covers.
 """
 
 from __future__ import annotations
@@ -13,13 +17,21 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from kiln.capture import builtin_calls
 from kiln.capture.break_reasons import unsupported
-from kiln.capture.values.base import Value
+from kiln.capture.values.base import ConstantValue, Value
 
 if TYPE_CHECKING:
     from kiln.capture.tracer import Tracer
 
-__all__ = ["ContextValue", "ExitValue", "DecoratedValue", "decorate", "make_context"]
+__all__ = [
+    "AutocastValue",
+    "ContextValue",
+    "DecoratedValue",
+    "ExitValue",
+    "decorate",
+    "make_context",
+]
 
 
 class ContextValue(Value):
@@ -43,6 +55,34 @@ class ContextValue(Value):
         if not self.previous:
             return
         set_grad_mode(tr, self.previous.pop())
+
+
+class AutocastValue(ContextValue):
+    """``torch.autocast(...)``: the real object is entered while tracing, nodes mark the block."""
+
+    def __init__(self, real: torch.autocast) -> None:
+        super().__init__(torch.is_grad_enabled())
+        self.real = real
+        self.nodes: list[Any] = []
+
+    def python_type(self) -> type:
+        return type(self.real)
+
+    def enter(self, tr: Tracer) -> None:
+        r = self.real
+        vals = (r.device, r.fast_dtype, r._enabled, r._cache_enabled)
+        self.real.__enter__()
+        tr.out.entered.append(self.real)
+        enter = torch.amp.autocast_mode._enter_autocast
+        self.nodes.append(tr.out.create_node("call_function", enter, vals, {}, None))
+
+    def exit(self, tr: Tracer) -> None:
+        if not self.nodes:
+            return
+        self.real.__exit__(None, None, None)
+        tr.out.entered.remove(self.real)
+        exit_fn = torch.amp.autocast_mode._exit_autocast
+        tr.out.create_node("call_function", exit_fn, (self.nodes.pop(),), {}, None)
 
 
 class ExitValue(Value):
@@ -83,8 +123,16 @@ def make_context(obj: Any, args: list[Value], kwargs: dict[str, Value]) -> Value
     if obj is torch.set_grad_enabled:
         mode = (args[0] if args else kwargs["mode"]).as_constant()
         return _applied(bool(mode))
-    if obj in (torch.inference_mode, torch.autocast, torch.amp.autocast):
-        raise unsupported("unsupported_context", getattr(obj, "__name__", repr(obj)))
+    if obj is torch.inference_mode:
+        mode = (args[0] if args else kwargs.get("mode", ConstantValue(True))).as_constant()
+        return ContextValue(not mode) if mode else ContextValue(torch.is_grad_enabled())
+    if isinstance(obj, type) and issubclass(obj, torch.amp.autocast):
+        plain = [builtin_calls.literal(a) for a in args]
+        plain_kw = {k: builtin_calls.literal(v) for k, v in kwargs.items()}
+        try:
+            return AutocastValue(obj(*plain, **plain_kw))
+        except Exception as e:
+            raise unsupported("unsupported_context", f"autocast: {e}") from e
     return None
 
 

@@ -126,6 +126,8 @@ def trace_frame(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Trace
         counters.bump("capture", "internal_error")
         raise unsupported("internal_error", f"{type(e).__name__}: {e}") from e
     finally:
+        for ctx in reversed(out.entered):
+            ctx.__exit__(None, None, None)
         torch._C._set_grad_enabled(grad_mode)
     return TracedFrame(out, result, func)
 

@@ -44,6 +44,7 @@ class OutputGraph:
         self.fake_mode = FakeMode()
         self.active: list[Any] = []  # the tracers running, innermost last
         self.side_effects = SideEffects()
+        self.entered: list[Any] = []  # real context managers entered while tracing
         self._names: set[str] = set()
 
     # guards ----------------------------------------------------------------
