@@ -1,0 +1,134 @@
+"""The columns of a benchmark run: plain eager, Kiln's backends, and torch.compile's.
+
+Names: ``eager`` (PyTorch eager, the baseline), ``kiln`` (Kiln's default backend), any other
+name Kiln registers (``aot_eager``, ``loopir_reference``, ...) or ``kiln:<name>`` for Kiln's
+backend ``<name>`` (``kiln:eager``), and ``torch_compile`` (torch.compile with Inductor) or
+``torch_compile:<backend>``. torch.compile is only ever used here, as the reference Kiln is
+measured against. Each compiled column wraps its backend to count graphs and their operators.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import fx
+
+__all__ = ["Column", "CaptureLog", "make_column"]
+
+GraphBackend = Callable[[fx.GraphModule, Sequence[Any]], Callable[..., Any]]
+_OP_KINDS = ("call_function", "call_method", "call_module")
+
+
+@dataclasses.dataclass
+class CaptureLog:
+    """Operators per graph handed to a backend, as the compiler captured them."""
+
+    ops_per_graph: list[int] = dataclasses.field(default_factory=list)
+
+    def wrap(self, inner: GraphBackend) -> GraphBackend:
+        def counting(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+            self.ops_per_graph.append(sum(n.op in _OP_KINDS for n in gm.graph.nodes))
+            return inner(gm, example_inputs)
+
+        counting.__name__ = getattr(inner, "__name__", "counting")
+        return counting
+
+
+@dataclasses.dataclass
+class Column:
+    """One backend: how to compile a model, reset between models, and what it reports."""
+
+    name: str
+    compile: Callable[[torch.nn.Module], Callable[..., Any]]
+    reset: Callable[[], None]
+    stats: Callable[[], dict[str, Any]]
+    log: CaptureLog
+
+
+def _eager(name: str) -> Column:
+    return Column(name, lambda m: m, lambda: None, dict, CaptureLog())
+
+
+def _kiln(name: str, backend: str) -> Column:
+    import kiln
+
+    log = CaptureLog()
+    lookup = getattr(getattr(kiln, "backends", None), "lookup_backend", None)
+    chosen: Any = log.wrap(lookup(backend)) if lookup else backend
+
+    def stats() -> dict[str, Any]:
+        s = kiln.stats()
+
+        def get(field: str, default: Any = None) -> Any:
+            return getattr(s, field, default)
+
+        return {
+            "graphs": get("graphs_compiled"),
+            "graph_breaks": get("graph_breaks"),
+            "recompiles": get("recompiles"),
+            "eager_fallbacks": get("eager_fallbacks"),
+            "kernels": sum((get("kernels") or {}).values()),
+            "fallback_ops": dict(get("fallback_ops") or {}),
+            "break_kinds": dict(get("graph_break_kinds") or {}),
+        }
+
+    return Column(name, lambda m: kiln.compile(m, backend=chosen), kiln.reset, stats, log)
+
+
+def _torch_compile(name: str, backend: str) -> Column:
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    log = CaptureLog()
+    inner: Any = torch._dynamo.lookup_backend(backend)
+    chosen = log.wrap(inner)
+
+    def kernels() -> int | None:
+        try:
+            from torch._inductor import metrics
+        except ImportError:
+            return None
+        return int(metrics.generated_kernel_count)
+
+    def stats() -> dict[str, Any]:
+        breaks = {str(k): int(v) for k, v in counters["graph_break"].items()}
+        return {
+            "graphs": len(log.ops_per_graph),
+            "graph_breaks": sum(breaks.values()),
+            "recompiles": None,
+            "eager_fallbacks": None,
+            "kernels": kernels() if backend == "inductor" else 0,
+            "fallback_ops": {},
+            "break_kinds": breaks,
+        }
+
+    def reset() -> None:
+        torch._dynamo.reset()
+        counters.clear()
+        try:
+            from torch._inductor import metrics
+
+            metrics.reset()
+        except ImportError:
+            pass
+
+    return Column(name, lambda m: torch.compile(m, backend=chosen), reset, stats, log)
+
+
+def make_column(name: str) -> Column:
+    """The column for a backend name (see the module docstring); ValueError if unknown."""
+    if name == "eager":
+        return _eager(name)
+    if name == "torch_compile" or name.startswith("torch_compile:"):
+        return _torch_compile(name, name.partition(":")[2] or "inductor")
+    backend = name.removeprefix("kiln:") if name.startswith("kiln:") else name
+    import kiln
+
+    if backend not in kiln.list_backends():
+        valid = ", ".join(["eager", "torch_compile", *kiln.list_backends()])
+        msg = f"unknown backend {name!r}; valid: {valid} (or kiln:<name>, torch_compile:<name>)"
+        raise ValueError(msg)
+    return _kiln(name, backend)

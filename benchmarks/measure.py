@@ -1,0 +1,148 @@
+"""Measuring one step: median time (CUDA events on GPU), peak memory, and closeness to eager.
+
+Closeness is the relative error ``|a - b| / |b|`` in the 2-norm per output tensor: robust for
+large models where elementwise tolerances trip on a few tiny entries, and readable across dtypes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+__all__ = [
+    "TOLERANCES",
+    "MemoryMeter",
+    "flat_tensors",
+    "median_step_s",
+    "relative_error",
+    "timed_call",
+]
+
+# Largest relative error (2-norm) accepted against eager, per --dtype.
+TOLERANCES = {"float32": 1e-3, "amp": 3e-2, "bfloat16": 5e-2}
+
+
+def flat_tensors(value: Any) -> list[torch.Tensor]:
+    """Every tensor in a nested output (tuples, dicts, HF ModelOutput), in a fixed order."""
+    leaves = pytree.tree_leaves(value)
+    tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+    if not tensors:
+        for leaf in leaves:
+            tensors += [v for v in vars(leaf).values() if isinstance(v, torch.Tensor)]
+    return [t.detach() for t in tensors]
+
+
+def relative_error(actual: list[torch.Tensor], expected: list[torch.Tensor]) -> float:
+    """The worst relative error over paired tensors; inf when structure, shape or dtype differ."""
+    if len(actual) != len(expected):
+        return float("inf")
+    worst = 0.0
+    for a, e in zip(actual, expected, strict=True):
+        if a.shape != e.shape or a.dtype != e.dtype:
+            return float("inf")
+        if not e.is_floating_point():
+            worst = max(worst, 0.0 if torch.equal(a, e) else float("inf"))
+            continue
+        a64, e64 = a.double(), e.double()
+        if not torch.equal(a64.isnan(), e64.isnan()):
+            return float("inf")
+        a64, e64 = a64.nan_to_num(), e64.nan_to_num()
+        scale = max(float(e64.norm()), 1e-12)
+        worst = max(worst, float((a64 - e64).norm()) / scale)
+    return worst
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed_call(fn: Callable[[], Any], device: str) -> tuple[Any, float]:
+    """Run ``fn`` once and return its result and wall time in seconds (device work included)."""
+    _sync(device)
+    start = time.perf_counter()
+    out = fn()
+    _sync(device)
+    return out, time.perf_counter() - start
+
+
+def median_step_s(
+    fn: Callable[[], Any], device: str, warmup: int, iters: int, budget_s: float
+) -> float:
+    """Median step time after ``warmup`` calls; stops early (after 3 steps) past ``budget_s``."""
+    for _ in range(warmup):
+        fn()
+    times: list[float] = []
+    began = time.perf_counter()
+    for _ in range(iters):
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            times.append(timed_call(fn, device)[1])
+        if len(times) >= 3 and time.perf_counter() - began > budget_s:
+            break
+    return statistics.median(times)
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class MemoryMeter:
+    """Peak memory above the starting point while active, in MiB.
+
+    CUDA: the allocator's peak. CPU: resident set size sampled every few milliseconds by a
+    background thread (the process-wide high-water mark would include earlier backends).
+    """
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self.peak_mb = 0.0
+
+    @contextlib.contextmanager
+    def measure(self) -> Iterator[None]:
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            try:
+                yield
+            finally:
+                torch.cuda.synchronize()
+                self.peak_mb = (torch.cuda.max_memory_allocated() - base) / 2**20
+            return
+        base = _rss_bytes()
+        peak = [base]
+        stop = threading.Event()
+
+        def sample() -> None:
+            while not stop.wait(0.005):
+                peak[0] = max(peak[0], _rss_bytes())
+
+        thread = threading.Thread(target=sample, daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+            peak[0] = max(peak[0], _rss_bytes())
+            self.peak_mb = (peak[0] - base) / 2**20

@@ -1,0 +1,245 @@
+"""Reports of a run: results.csv, summary.md (geomeans, the paper's Table 1 statistics,
+per-model tables, correctness failures apart from crashes) and speedups.png.
+
+``python -m benchmarks.report DIR [DIR ...] --out DIR`` merges shards of a run (each with its
+results.csv and meta.json) into one set of reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks.results import Result, read_csv, write_csv
+
+__all__ = ["geomean", "main", "summary_markdown", "write_chart", "write_reports"]
+
+
+def geomean(values: Sequence[float]) -> float | None:
+    values = [v for v in values if v > 0]
+    if not values:
+        return None
+    return math.exp(sum(map(math.log, values)) / len(values))
+
+
+def _fmt(value: float | None, spec: str = ".2f", suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def _mean(values: Sequence[float | int | None]) -> float | None:
+    got = [float(v) for v in values if v is not None]
+    return sum(got) / len(got) if got else None
+
+
+def _backends(rows: list[Result]) -> list[str]:
+    return list(dict.fromkeys(r.backend for r in rows))
+
+
+def _speed_table(rows: list[Result], backends: list[str]) -> list[str]:
+    out = [
+        "| backend | models working | incorrect | failed | geomean speedup | "
+        "mean compile s | mean warm compile s | mean peak MiB |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for b in backends:
+        mine = [r for r in rows if r.backend == b and r.status != "skipped"]
+        ok = [r for r in mine if r.works]
+        bad = sum(r.status == "incorrect" for r in mine)
+        failed = len(mine) - len(ok) - bad
+        speed = geomean([r.speedup for r in ok if r.speedup])
+        out.append(
+            f"| {b} | {len(ok)}/{len(mine)} | {bad} | {failed} | {_fmt(speed, '.2f', 'x')} | "
+            f"{_fmt(_mean([r.compile_s for r in ok]))} | "
+            f"{_fmt(_mean([r.warm_compile_s for r in ok]))} | "
+            f"{_fmt(_mean([r.peak_mem_mb for r in ok]), '.0f')} |"
+        )
+    return out
+
+
+def _pct(n: int, total: int) -> str:
+    return f"{n} ({100 * n / total:.0f}%)" if total else "0"
+
+
+def _capture_table(rows: list[Result], backends: list[str]) -> list[str]:
+    """The paper's Table 1 per compiled backend, over the models that work with it."""
+    out = [
+        "| backend | models working | operators captured | mean ops per graph | "
+        "mean graphs per model | 0 breaks | 1-9 breaks | 10+ breaks |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for b in backends:
+        if b == "eager":
+            continue
+        mine = [r for r in rows if r.backend == b and r.status != "skipped"]
+        ok = [r for r in mine if r.works]
+        breaks = [r.graph_breaks or 0 for r in ok]
+        ops = sum(r.ops_total or 0 for r in ok)
+        graphs = sum(r.graphs or 0 for r in ok)
+        out.append(
+            f"| {b} | {_pct(len(ok), len(mine))} | {ops} | "
+            f"{_fmt(ops / graphs if graphs else None, '.1f')} | "
+            f"{_fmt(_mean([r.graphs for r in ok]), '.1f')} | "
+            f"{_pct(sum(n == 0 for n in breaks), len(ok))} | "
+            f"{_pct(sum(0 < n < 10 for n in breaks), len(ok))} | "
+            f"{_pct(sum(n >= 10 for n in breaks), len(ok))} |"
+        )
+    return out
+
+
+def _cell(r: Result | None) -> str:
+    if r is None:
+        return "-"
+    if r.works:
+        return f"{_fmt(r.speedup, '.2f', 'x')} ({_fmt(r.compile_s, '.1f', ' s')})"
+    return r.status
+
+
+def _model_table(rows: list[Result], backends: list[str]) -> list[str]:
+    others = [b for b in backends if b != "eager"]
+    out = [
+        "| model | suite | eager ms | " + " | ".join(others) + " |",
+        "|---|---|---|" + "---|" * len(others),
+    ]
+    models = list(dict.fromkeys(r.model for r in rows))
+    by_key = {(r.model, r.backend): r for r in rows}
+    for m in models:
+        eager = by_key.get((m, "eager"))
+        suite = eager.suite if eager else ""
+        eager_ms = (
+            _fmt(eager.ms, ".2f") if eager and eager.works else (eager.status if eager else "-")
+        )
+        cells = " | ".join(_cell(by_key.get((m, b))) for b in others)
+        out.append(f"| {m} | {suite} | {eager_ms} | {cells} |")
+    return out
+
+
+def _detail_table(rows: list[Result]) -> list[str]:
+    out = [
+        "| model | backend | graphs | breaks | ops/graph | kernels | fallback ops | eager fallbacks |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if r.backend == "eager" or not r.works:
+            continue
+        fallbacks = ", ".join(f"{k}x{v}" for k, v in sorted(r.fallback_ops.items())) or "-"
+        out.append(
+            f"| {r.model} | {r.backend} | {_fmt(r.graphs, 'd')} | {_fmt(r.graph_breaks, 'd')} | "
+            f"{_fmt(r.ops_per_graph, '.1f')} | {_fmt(r.kernels, 'd')} | {fallbacks} | "
+            f"{_fmt(r.eager_fallbacks, 'd')} |"
+        )
+    return out
+
+
+def _failures(rows: list[Result], statuses: tuple[str, ...]) -> list[str]:
+    bad = [r for r in rows if r.status in statuses]
+    if not bad:
+        return ["None."]
+    return [
+        f"- `{r.model}` / `{r.backend}`: {r.status}"
+        + (f" (relative error {r.rel_error:.3g})" if r.rel_error is not None else "")
+        + (f" — {r.reason.replace('|', '/')}" if r.reason else "")
+        for r in bad
+    ]
+
+
+def summary_markdown(rows: list[Result], meta: dict[str, Any]) -> str:
+    backends = _backends(rows)
+    setting = ", ".join(f"{k} {v}" for k, v in meta.items())
+    lines = [
+        "# Kiln benchmark results",
+        "",
+        f"Setting: {setting}.",
+        "",
+        "## Speedup over eager (geomean over models that work and match eager)",
+        "",
+        *_speed_table(rows, backends),
+        "",
+        "## Capture statistics (the paper's Table 1)",
+        "",
+        "Operators captured: FX operator nodes handed to the backend, summed over working models.",
+        "",
+        *_capture_table(rows, backends),
+        "",
+        "## Per model: speedup over eager (cold compile time), or status",
+        "",
+        *_model_table(rows, backends),
+        "",
+        "## Capture detail of working compiled columns",
+        "",
+        *_detail_table(rows),
+        "",
+        "## Correctness failures (ran, but differ from eager)",
+        "",
+        *_failures(rows, ("incorrect",)),
+        "",
+        "## Failures (raised, crashed, timed out or skipped)",
+        "",
+        *_failures(rows, ("failed", "crashed", "timeout", "skipped")),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_chart(path: Path, rows: list[Result]) -> None:
+    """Per-model speedup over eager, one bar per compiled backend; failures drawn as empty."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    backends = [b for b in _backends(rows) if b != "eager"]
+    models = list(dict.fromkeys(r.model for r in rows))
+    by_key = {(r.model, r.backend): r for r in rows}
+    height = 0.8 / max(1, len(backends))
+    fig, ax = plt.subplots(figsize=(9, 1.0 + 0.32 * len(models) * max(1, len(backends)) ** 0.5))
+    for i, b in enumerate(backends):
+        ys = [m_i + i * height for m_i in range(len(models))]
+        vals = []
+        for m in models:
+            r = by_key.get((m, b))
+            vals.append(r.speedup if r is not None and r.works and r.speedup else 0.0)
+        ax.barh(ys, vals, height=height, label=b)
+        for y, v in zip(ys, vals, strict=True):
+            if v == 0.0:
+                ax.text(0.02, y, "fails", va="center", fontsize=6, color="gray")
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_yticks([m_i + 0.4 - height / 2 for m_i in range(len(models))], models, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("speedup over eager (higher is better)")
+    if backends:
+        ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_reports(out: Path, rows: list[Result], meta: dict[str, Any]) -> None:
+    """results.csv, summary.md, speedups.png and meta.json under ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(out / "results.csv", rows)
+    (out / "meta.json").write_text(json.dumps(meta, indent=1))
+    (out / "summary.md").write_text(summary_markdown(rows, meta))
+    write_chart(out / "speedups.png", rows)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="merge benchmark shards into one report")
+    parser.add_argument("dirs", nargs="+", type=Path, help="folders with results.csv")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    rows: list[Result] = []
+    meta: dict[str, Any] = {}
+    for d in args.dirs:
+        rows += read_csv(d / "results.csv")
+        if (d / "meta.json").exists():
+            meta = {**json.loads((d / "meta.json").read_text()), **meta}
+    meta.pop("shard", None)
+    write_reports(args.out, rows, meta)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,179 @@
+"""Runs one model under several backends; the runner starts it in a child process per model.
+
+``python -m benchmarks.worker JOB.json`` appends one JSON line per event to the job's events
+file: ``start`` before each backend (the runner's timeout clock) and ``result`` after it. So a
+crash or hang loses only the backend in flight. The eager reference is computed once, before
+anything is compiled; every backend is then checked against it and timed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks import models
+from benchmarks.backends import Column, make_column
+from benchmarks.measure import (
+    TOLERANCES,
+    MemoryMeter,
+    flat_tensors,
+    median_step_s,
+    relative_error,
+    timed_call,
+)
+from benchmarks.models import Built, ModelSpec
+
+__all__ = ["Job", "run_job"]
+
+Emit = Callable[[dict[str, Any]], None]
+
+
+@dataclasses.dataclass
+class Job:
+    """What one child process does: a model, the backends still to run, and the settings."""
+
+    model: str
+    backends: list[str]
+    device: str = "cpu"
+    dtype: str = "float32"
+    mode: str = "inference"
+    preset: str = "cpu"
+    phase: str = "cold"  # "warm": time only the first call, reusing on-disk caches
+    iters: int = 10
+    warmup: int = 2
+    budget_s: float = 5.0
+
+
+def _prepare(spec: ModelSpec, job: Job) -> Built:
+    built = spec.build(job.preset)
+    dtype = torch.bfloat16 if job.dtype == "bfloat16" else torch.float32
+    model = built.model.to(device=job.device, dtype=dtype)
+    model.train(job.mode == "training")
+
+    def move(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            x = x.to(job.device)
+            return x.to(dtype) if x.is_floating_point() else x
+        return x
+
+    return Built(model, tuple(map(move, built.args)), {k: move(v) for k, v in built.kwargs.items()})
+
+
+def _step(spec: ModelSpec, built: Built, fn: Callable[..., Any], job: Job) -> Callable[[], Any]:
+    """One inference or training step of ``fn`` (the model, compiled or not) on the inputs."""
+    params = [p for p in built.model.parameters() if p.requires_grad]
+
+    @contextlib.contextmanager
+    def precision() -> Iterator[None]:
+        if job.dtype == "amp":
+            with torch.autocast(job.device, dtype=torch.bfloat16):
+                yield
+        else:
+            yield
+
+    def infer() -> Any:
+        with torch.no_grad(), precision():
+            return fn(*built.args, **built.kwargs)
+
+    def train() -> Any:
+        for p in params:
+            p.grad = None
+        with precision():
+            loss = spec.loss_of(fn(*built.args, **built.kwargs))
+        loss.backward()
+        return [loss, *(p.grad for p in params if p.grad is not None)]
+
+    return train if job.mode == "training" else infer
+
+
+def _run_column(
+    spec: ModelSpec, built: Built, column: Column, reference: list[torch.Tensor], job: Job
+) -> dict[str, Any]:
+    column.reset()
+    meter = MemoryMeter(job.device)
+    with meter.measure():
+        step = _step(spec, built, column.compile(built.model), job)
+        out, first_call_s = timed_call(step, job.device)
+        err = relative_error(flat_tensors(out), reference)
+        del out
+        if job.phase == "cold":
+            for _ in range(job.warmup):
+                step()
+    row: dict[str, Any] = {"first_call_s": first_call_s, "rel_error": err}
+    if job.phase == "warm":
+        return row
+    row["ms"] = 1e3 * median_step_s(step, job.device, 0, job.iters, job.budget_s)
+    row["peak_mem_mb"] = meter.peak_mb
+    row.update(column.stats())
+    ops = column.log.ops_per_graph
+    if ops:
+        row["ops_total"] = sum(ops)
+        row["ops_per_graph"] = sum(ops) / len(ops)
+    if err > TOLERANCES[job.dtype]:
+        row["status"] = "incorrect"
+        row["reason"] = f"relative error {err:.3g} > {TOLERANCES[job.dtype]:g} against eager"
+    else:
+        row["status"] = "ok"
+    return row
+
+
+def _reason(exc: BaseException) -> str:
+    """One line: the exception and the innermost frame that raised it."""
+    tb = traceback.extract_tb(exc.__traceback__)
+    where = f" at {Path(tb[-1].filename).name}:{tb[-1].lineno}" if tb else ""
+    text = " ".join(str(exc).split())[:300]
+    return f"{type(exc).__name__}: {text}{where}"
+
+
+def run_job(job: Job, emit: Emit) -> None:
+    """Run every backend of the job, emitting start/result events; never raises for a backend."""
+    spec = models.get(job.model)
+    base = {"model": spec.name, "suite": spec.suite, "device": job.device}
+    base |= {"dtype": job.dtype, "mode": job.mode}
+    if spec.fp32_only and job.dtype != "float32":
+        for name in job.backends:
+            emit({"event": "result", **base, "backend": name, "status": "skipped"})
+        return
+    emit({"event": "start", "backend": job.backends[0]})
+    try:
+        torch.manual_seed(0)
+        built = _prepare(spec, job)
+        reference = flat_tensors(_step(spec, built, built.model, job)())
+    except Exception as e:
+        for name in job.backends:
+            emit({"event": "result", **base, "backend": name, "reason": f"eager: {_reason(e)}"})
+        return
+    for i, name in enumerate(job.backends):
+        if i:
+            emit({"event": "start", "backend": name})
+        try:
+            row = _run_column(spec, built, make_column(name), reference, job)
+        except Exception as e:
+            row = {"status": "failed", "reason": _reason(e)}
+        emit({"event": "result", **base, "backend": name, "phase": job.phase, **row})
+
+
+def main(argv: list[str]) -> int:
+    job_file = Path(argv[0])
+    spec = json.loads(job_file.read_text())
+    events = Path(spec.pop("events"))
+    torch.set_num_threads(int(spec.pop("threads", 0)) or torch.get_num_threads())
+
+    def emit(event: dict[str, Any]) -> None:
+        with events.open("a") as f:
+            f.write(json.dumps(event, default=str) + "\n")
+
+    run_job(Job(**spec), emit)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,81 @@
+"""The benchmark harness: suite registry, runner (in process and in a child), report writers."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import models  # noqa: E402
+from benchmarks.measure import relative_error  # noqa: E402
+from benchmarks.report import geomean, write_reports  # noqa: E402
+from benchmarks.results import read_csv  # noqa: E402
+from benchmarks.runner import RunConfig, run_suite  # noqa: E402
+
+
+def test_suite_has_the_promised_models():
+    suites = [s.suite for s in models.select(None)]
+    assert suites.count("timm") >= 12
+    assert suites.count("huggingface") >= 10
+    assert suites.count("handwritten") >= 6
+    assert "debug" not in suites
+    assert [s.name for s in models.select(["handwritten", "debug_tiny"])][-1] == "debug_tiny"
+    with pytest.raises(KeyError, match="unknown model"):
+        models.get("no_such_model")
+
+
+@pytest.mark.parametrize("spec", models.select(["handwritten"]), ids=lambda s: s.name)
+def test_handwritten_models_run_and_train(spec):
+    built = spec.build("cpu")
+    out = built.model(*built.args, **built.kwargs)
+    spec.loss_of(out).backward()
+    assert all(p.grad is not None for p in built.model.parameters())
+
+
+def test_relative_error_and_geomean():
+    a = torch.randn(100)
+    assert relative_error([a], [a.clone()]) == 0.0
+    assert 0 < relative_error([a * 1.01], [a]) < 0.02
+    assert relative_error([a], [a[:50]]) == math.inf
+    assert relative_error([a, a], [a]) == math.inf
+    assert geomean([2.0, 8.0]) == pytest.approx(4.0)
+    assert geomean([]) is None
+
+
+def test_runner_records_failures_and_goes_on(tmp_path):
+    cfg = RunConfig(["eager"], tmp_path, warm=False, iters=3, isolate=False)
+    specs = [models.get("debug_fail"), models.get("debug_tiny")]
+    rows = run_suite(specs, cfg)
+    by_model = {r.model: r for r in rows}
+    assert by_model["debug_fail"].status == "failed"
+    assert "on purpose" in by_model["debug_fail"].reason
+    tiny = by_model["debug_tiny"]
+    assert tiny.status == "ok" and tiny.rel_error == 0.0
+    assert tiny.ms > 0 and tiny.speedup == pytest.approx(1.0)
+    write_reports(tmp_path, rows, {"device": "cpu"})
+    for name in ("results.csv", "summary.md", "speedups.png", "meta.json"):
+        assert (tmp_path / name).stat().st_size > 0
+    again = read_csv(tmp_path / "results.csv")
+    assert [(r.model, r.status, r.ms) for r in again] == [(r.model, r.status, r.ms) for r in rows]
+    summary = (tmp_path / "summary.md").read_text()
+    assert "debug_fail" in summary.split("## Failures")[1]
+
+
+def test_training_mode_checks_gradients(tmp_path):
+    cfg = RunConfig(["eager"], tmp_path, mode="training", warm=False, iters=3, isolate=False)
+    (row,) = run_suite([models.get("debug_tiny")], cfg)
+    assert row.status == "ok" and row.rel_error == 0.0
+
+
+@pytest.mark.slow
+def test_crash_in_child_is_recorded(tmp_path):
+    cfg = RunConfig(["eager"], tmp_path, warm=False, timeout_s=120)
+    (row,) = run_suite([models.get("debug_crash")], cfg)
+    assert row.status == "crashed"
+    assert "code 3" in row.reason
