@@ -10,7 +10,7 @@ from typing import Any
 
 import torch.nn.modules.module as nn_module
 
-__all__ = ["global_hook_dicts", "global_hook_keys", "module_hook_names"]
+__all__ = ["global_hook_dicts", "module_hook_names"]
 
 module_hook_names = (
     "_forward_hooks",
@@ -28,8 +28,3 @@ global_hook_dicts: tuple[dict[Any, Any], ...] = tuple(
     )
     if hasattr(nn_module, name)
 )
-
-
-def global_hook_keys() -> tuple[tuple[Any, ...], ...]:
-    """The handles registered in every global hook dict now."""
-    return tuple(tuple(d) for d in global_hook_dicts)
