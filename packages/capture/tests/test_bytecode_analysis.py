@@ -152,3 +152,10 @@ def test_reachable_and_prune():
     assert [(e.start, e.end) for e in table] == [(body.instrs[1], dead)]
     instrs, table = prune_unreachable(body.instrs[:4], [])
     assert dead not in instrs and len(instrs) == 3
+
+
+def test_falling_off_the_end_is_refused():
+    body = new_body("f", ["a"])
+    body.instrs += [Instr("LOAD_FAST", "a"), Instr("POP_TOP")]
+    with pytest.raises(CaptureError, match="falls off the end"):
+        max_stack_depth(body.instrs)

@@ -142,8 +142,10 @@ def test_errors_are_actionable():
         assemble(body)
     with pytest.raises(CaptureError, match="duplicate argument"):
         new_body("f", ["a", "a"])
+    body = new_body("g", [], freevars=["v"])
+    body.instrs += [Instr("LOAD_DEREF", "v"), Instr("RETURN_VALUE")]
     with pytest.raises(CaptureError, match="closure cells"):
-        make_function(assemble(new_body("g", [], freevars=["v"])), {})
+        make_function(assemble(body), {})
     with pytest.raises(CaptureError, match="unknown binary operator"):
         binary_op("<>")
 

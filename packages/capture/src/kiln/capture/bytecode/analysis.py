@@ -13,7 +13,7 @@ import dis
 from collections.abc import Iterable, Sequence
 
 from kiln.capture.bytecode import optable
-from kiln.capture.bytecode.instructions import ExceptionEntry, Instr, _concrete_name
+from kiln.capture.bytecode.instructions import ExceptionEntry, Instr, concrete_opname
 from kiln.capture.bytecode.optable import ArgKind
 from kiln.capture.errors import CaptureError
 
@@ -45,6 +45,9 @@ def covering_entries(
     index = {id(ins): i for i, ins in enumerate(instrs)}
     covered: dict[int, ExceptionEntry] = {}
     for entry in table:
+        if not all(id(x) in index for x in (entry.start, entry.end, entry.target)):
+            msg = f"an exception-table entry names an instruction not in the list: {entry}"
+            raise CaptureError(msg)
         lo, hi = index[id(entry.start)], index[id(entry.end)]
         for ins in instrs[lo : hi + 1]:
             covered.setdefault(id(ins), entry)
@@ -74,7 +77,7 @@ def stack_effect(instr: Instr, *, jump: bool | None = None) -> int:
             return 0
         nargs = int(instr.arg)
         return dis.stack_effect(_PRECALL, nargs) + dis.stack_effect(_CALL, nargs)
-    op = optable.opcode_of(_concrete_name(instr.opname))
+    op = optable.opcode_of(concrete_opname(instr.opname))
     return dis.stack_effect(op, _stack_oparg(instr), jump=jump)
 
 
@@ -98,7 +101,10 @@ def successors(instrs: Sequence[Instr], i: int, index: dict[int, int]) -> list[t
         out.append((i + 1, stack_effect(instr, jump=False)))
     elif not optable.is_terminator(instr.opname):
         out.append((i + 1, stack_effect(instr, jump=False)))
-    return [(j, eff) for j, eff in out if j < len(instrs)]
+    if out and out[-1][0] >= len(instrs):
+        msg = f"control falls off the end of the code after {instr!r}; end it with a return"
+        raise CaptureError(msg)
+    return out
 
 
 def _positions_of(instrs: Sequence[Instr]) -> dict[int, int]:

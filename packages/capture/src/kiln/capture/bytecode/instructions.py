@@ -16,7 +16,7 @@ from typing import Any
 
 from kiln.capture.bytecode import optable
 
-__all__ = ["Bytecode", "ExceptionEntry", "Instr", "Positions"]
+__all__ = ["Bytecode", "ExceptionEntry", "Instr", "Positions", "concrete_opname"]
 
 Positions = dis.Positions
 
@@ -46,7 +46,7 @@ class Instr:
 
     @property
     def kind(self) -> str:
-        return optable.arg_kind(_concrete_name(self.opname))
+        return optable.arg_kind(concrete_opname(self.opname))
 
     @property
     def is_jump(self) -> bool:
@@ -67,8 +67,11 @@ class Instr:
         return f"Instr({self.opname} {self.arg!r})"
 
 
-def _concrete_name(opname: str) -> str:
-    """Map generic jump names onto a real opcode of this Python (for its kind)."""
+def concrete_opname(opname: str) -> str:
+    """A real opcode name of this Python with the same argument kind and stack effect.
+
+    Generic jump names (``JUMP``, 3.11's ``POP_JUMP_IF_*``) map to their forward form.
+    """
     if opname in ("JUMP", "JUMP_NO_INTERRUPT"):
         return "JUMP_FORWARD"
     if optable.PY311 and opname.startswith("POP_JUMP_IF_"):

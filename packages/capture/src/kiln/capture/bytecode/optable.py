@@ -14,7 +14,6 @@ import opcode
 import sys
 
 __all__ = [
-    "CONDITIONAL_JUMPS",
     "NAME_FLAG_BITS",
     "PY311",
     "PY312",
@@ -27,7 +26,6 @@ __all__ = [
     "compare_oparg",
     "has_arg",
     "is_backward_only",
-    "is_jump",
     "is_terminator",
     "is_unconditional_jump",
     "opcode_of",
@@ -70,7 +68,6 @@ if PY312:
 UNCONDITIONAL_JUMPS = frozenset(
     {"JUMP_FORWARD", "JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT", "JUMP", "JUMP_NO_INTERRUPT"}
 )
-CONDITIONAL_JUMPS = _JUMP - UNCONDITIONAL_JUMPS
 TERMINATORS = frozenset({"RETURN_VALUE", "RETURN_CONST", "RAISE_VARARGS", "RERAISE"})
 
 #: Jumps that encode a backward offset; every other jump goes forward.
@@ -139,10 +136,6 @@ def arg_kind(opname: str) -> str:
 def cache_entries(opname: str) -> int:
     """How many inline CACHE code units follow the instruction."""
     return int(opcode._inline_cache_entries[opcode_of(opname)])  # type: ignore[attr-defined]
-
-
-def is_jump(opname: str) -> bool:
-    return arg_kind(opname) == ArgKind.JUMP
 
 
 def is_unconditional_jump(opname: str) -> bool:
