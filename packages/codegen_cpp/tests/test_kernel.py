@@ -66,7 +66,7 @@ def test_structure_of_generated_code() -> None:
 
 
 def test_large_kernels_get_an_omp_pragma() -> None:
-    from kiln.codegen_cpp.kernel import PARALLEL_MIN_WORK
+    from kiln.codegen_cpp.loops import PARALLEL_MIN_WORK
 
     small = KernelWriter(softmax_case().group, "k", 16).generate()
     assert "#pragma omp" not in small

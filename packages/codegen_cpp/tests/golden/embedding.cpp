@@ -6,6 +6,6 @@ extern "C" void embedding(const float* __restrict__ in_ptr0, const int64_t* __re
     const int64_t indirect1 = kiln::checked_index(tmp0, 50);
     const float tmp2 = in_ptr0[24 * indirect1 + xindex % 24];
     const float tmp3 = tmp2 * 2.0f;
-    out_ptr0[24 * (xindex / 24) + xindex % 24] = tmp3;
+    out_ptr0[xindex] = tmp3;
   }
 }

@@ -12,7 +12,7 @@ extern "C" void pad(const float* __restrict__ in_ptr0, float* out_ptr0, int64_t 
     auto tmp7 = kiln::exp(tmp6);
     auto tmp8 = kiln::Vec<float>(-1.5f);
     auto tmp9 = kiln::where(tmp5, tmp7, tmp8);
-    for (int64_t lane = 0; lane < kiln::kLanes; ++lane) out_ptr0[35 * ((lane + xindex) / 35) + (lane + xindex) % 35] = tmp9[lane];
+    tmp9.store(out_ptr0 + xindex);
   }
   for (int64_t xindex = 336; xindex < 350; ++xindex) {
     const int64_t tmp10 = static_cast<int64_t>(xindex % 35);
@@ -25,6 +25,6 @@ extern "C" void pad(const float* __restrict__ in_ptr0, float* out_ptr0, int64_t 
       return tmp15;
     };
     const float tmp17 = tmp13 ? tmp16() : -1.5f;
-    out_ptr0[35 * (xindex / 35) + xindex % 35] = tmp17;
+    out_ptr0[xindex] = tmp17;
   }
 }

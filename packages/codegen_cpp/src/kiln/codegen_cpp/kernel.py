@@ -12,9 +12,8 @@ Memory and control ops live here; elementwise math is :mod:`.ops`.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 import sympy
 import torch
@@ -22,21 +21,16 @@ import torch
 from kiln.codegen_cpp import lanes as lane_analysis
 from kiln.codegen_cpp.dtypes import VECTOR_DTYPES, compute_ctype, storage_ctype, vector_ctype
 from kiln.codegen_cpp.errors import CodegenCppError
+from kiln.codegen_cpp.loops import LoopNests
 from kiln.codegen_cpp.ops import CannotVectorize, CppOps, CppVar
 from kiln.codegen_cpp.printer import cpp_index
 from kiln.codegen_cpp.reductions import Accumulator
-from kiln.codegen_cpp.segments import Segment, split_segments
+from kiln.codegen_cpp.segments import Segment
 from kiln.loopir import sizes
 from kiln.loopir.kernel import RINDEX, XINDEX, KernelGroup, KernelNode
 from kiln.loopir.virtualized import set_ops_handler
 
-__all__ = ["PARALLEL_MIN_WORK", "SPLIT_REDUCTION_MAX_NUMEL", "KernelWriter"]
-
-PARALLEL_MIN_WORK = 32768
-"""Below this many element-iterations a kernel runs serially (a fork costs microseconds)."""
-
-SPLIT_REDUCTION_MAX_NUMEL = 16
-"""Reductions with fewer rows than this (and enough work) parallelize over ``rindex``."""
+__all__ = ["KernelOps", "KernelWriter"]
 
 _LANE = sympy.Symbol("lane", integer=True, nonnegative=True)
 
@@ -102,7 +96,7 @@ class KernelWriter:
         self._next_name = 0
         self._body = _Body([], {}, {})
         self._masks: list[str] = []
-        self._segment: Segment | None = None
+        self.segment: Segment | None = None
 
     # -- the function -----------------------------------------------------------
     def generate(self) -> str:
@@ -115,8 +109,7 @@ class KernelWriter:
             + ", ".join(f"{self.pointers[n]}={n}" for n in self.group.args),
             f'extern "C" void {self.symbol}({", ".join(params)}) {{',
         ]
-        reduction_like = any(node.mode == "xr" for node in self.group.nodes)
-        body = self._reduction_loops() if reduction_like else self._pointwise_loops()
+        body = LoopNests(self).build()
         lines += ["  " + line if line else "" for line in body]
         lines.append("}")
         return "\n".join(lines)
@@ -127,115 +120,16 @@ class KernelWriter:
             return f"{ctype}* {self.pointers[name]}"
         return f"const {ctype}* __restrict__ {self.pointers[name]}"
 
-    def _parallel(self, work: int) -> list[str]:
-        if work < PARALLEL_MIN_WORK:
-            return []
-        return ["#pragma omp parallel for num_threads(nthreads) schedule(static)"]
-
     def _can_vectorize(self, length: int) -> bool:
         return length >= self.lanes and all(
             layout.dtype in VECTOR_DTYPES for layout in self.group.buffers.values()
         )
 
-    def _pointwise_loops(self) -> list[str]:
-        nodes = self.group.nodes
-        vec_lines = self._try_vector(lambda: self._run_nodes(nodes, XINDEX), self.numel)
-        scalar_lines = self._scalar(lambda: self._run_nodes(nodes, XINDEX))
-        if vec_lines is None:
-            return [*self._parallel(self.numel), *_loop("xindex", 0, self.numel, 1, scalar_lines)]
-        end = self.numel - self.numel % self.lanes
-        lines = [*self._parallel(self.numel), *_loop("xindex", 0, end, self.lanes, vec_lines)]
-        if end < self.numel:
-            lines += _loop("xindex", end, self.numel, 1, scalar_lines)
-        return lines
-
-    def _reduction_loops(self) -> list[str]:
-        work = self.numel * max(self.rnumel, 1)
-        # Few rows of much work: split each row's reduction across threads instead.
-        split_r = work >= PARALLEL_MIN_WORK and self.numel < SPLIT_REDUCTION_MAX_NUMEL
-        inner: list[str] = []
-        for part in split_segments(self.group.nodes):
-            if isinstance(part, Segment):
-                inner += self._segment_block(part, split_r)
-            else:
-                inner += self._scalar(functools.partial(self._run_nodes, [part], XINDEX))
-        pragma = [] if split_r else self._parallel(work)
-        return [*pragma, *_loop("xindex", 0, self.numel, 1, inner)]
-
-    def _segment_block(self, segment: Segment, split_r: bool) -> list[str]:
-        """One reduction loop over ``rindex``: accumulators, loop(s), folds, stores."""
-        self._segment = segment
-        try:
-            vec_lines = self._try_vector(lambda: self._run_segment(segment), self.rnumel)
-            segment.vectorized = vec_lines is not None
-            if vec_lines is None:
-                segment.reset()  # forget the failed vector pass's accumulators
-            scalar_lines = self._scalar(lambda: self._run_segment(segment))
-        finally:
-            self._segment = None
-        accs = segment.accumulators
-        if split_r:
-            lines = self._split_reduction(accs, vec_lines, scalar_lines)
-        else:
-            lines = [line for acc in accs for line in acc.declarations()]
-            lines += self._r_loops("0", str(self.rnumel), vec_lines, scalar_lines)
-            lines += [line for acc in accs for line in acc.fold_lanes()]
-        lines += segment.final_stores
-        return ["{", *("  " + line for line in lines), "}"]
-
-    def _r_loops(
-        self, start: str, end: str, vec_lines: list[str] | None, scalar_lines: list[str]
-    ) -> list[str]:
-        """The vector loop over whole vectors of [start, end), then the scalar rest."""
-        if vec_lines is None:
-            return list(_loop("rindex", start, end, 1, scalar_lines))
-        static = start == "0" and end.isdigit()
-        vec_end = str(int(end) - int(end) % self.lanes) if static else "rvec_end"
-        lines = (
-            []
-            if static
-            else [f"const int64_t rvec_end = {end} - ({end} - {start}) % {self.lanes};"]
-        )
-        lines += _loop("rindex", start, vec_end, self.lanes, vec_lines)
-        if vec_end != end:
-            lines += _loop("rindex", vec_end, end, 1, scalar_lines)
-        return lines
-
-    def _split_reduction(
-        self, accs: list[Accumulator], vec_lines: list[str] | None, scalar_lines: list[str]
-    ) -> list[str]:
-        """Chunks of ``rindex`` reduced by parallel threads, merged in chunk order.
-
-        Chunk starts are multiples of the lane count, which the vector loop's
-        index analysis assumes; merging in order keeps results deterministic.
-        """
-        lines = [line for acc in accs for line in acc.declarations(with_vector=False)]
-        lines += [
-            f"const int64_t rchunk = (({self.rnumel} + nthreads - 1) / nthreads + "
-            f"{self.lanes - 1}) / {self.lanes} * {self.lanes};",
-            f"const int64_t nchunks = ({self.rnumel} + rchunk - 1) / rchunk;",
-            *(line for acc in accs for line in acc.partial_arrays("nchunks")),
-        ]
-        body = [
-            "const int64_t rstart = chunk * rchunk;",
-            f"const int64_t rend = std::min<int64_t>(rstart + rchunk, {self.rnumel});",
-            *(line for acc in accs for line in acc.declarations()),
-            *self._r_loops("rstart", "rend", vec_lines, scalar_lines),
-            *(line for acc in accs for line in acc.fold_lanes()),
-            *(line for acc in accs for line in acc.save_partial("chunk")),
-        ]
-        lines += ["#pragma omp parallel for num_threads(nthreads) schedule(static)"]
-        lines += _loop("chunk", "0", "nchunks", 1, body)
-        merges = [line for acc in accs for line in acc.merge_partial("chunk")]
-        if merges:
-            lines += _loop("chunk", "0", "nchunks", 1, merges)
-        return lines
-
-    def _run_segment(self, segment: Segment) -> None:
+    def run_segment(self, segment: Segment) -> None:
         segment.start_pass()
-        self._run_nodes(segment.nodes, XINDEX, RINDEX)
+        self.run_nodes(segment.nodes, XINDEX, RINDEX)
 
-    def _run_nodes(
+    def run_nodes(
         self, nodes: Sequence[KernelNode], xindex: sympy.Expr, rindex: sympy.Expr | None = None
     ) -> None:
         with set_ops_handler(KernelOps(self)):
@@ -243,10 +137,13 @@ class KernelWriter:
                 node.body(xindex, rindex if node.mode == "xr" else None)
 
     # -- passes -----------------------------------------------------------------------
-    def _try_vector(self, run: Callable[[], None], length: int) -> list[str] | None:
+    def vector_pass(
+        self, run: Callable[[], None], length: int, var: sympy.Symbol
+    ) -> list[str] | None:
+        """Lines of ``run`` vectorized along ``var``; None when something cannot be."""
         if not self._can_vectorize(length):
             return None
-        self.vec_var = RINDEX if self._segment is not None else XINDEX
+        self.vec_var = var
         first_name = self._next_name
         try:
             lines = self._pass(run, vectorized=True)
@@ -256,7 +153,21 @@ class KernelWriter:
         self.used_vector = True
         return lines
 
-    def _scalar(self, run: Callable[[], None]) -> list[str]:
+    def nested_lines(self, run: Callable[[], None]) -> list[str]:
+        """Lines of ``run`` in the current pass, for a nested loop body: it sees the
+        values computed so far, and what it computes stays inside it."""
+        outer = self._body
+        self._body = _Body([], dict(outer.cache), {})
+        try:
+            run()
+            return self._body.lines
+        finally:
+            self._body = outer
+
+    def emit_lines(self, lines: list[str]) -> None:
+        self._body.lines += lines
+
+    def scalar_pass(self, run: Callable[[], None]) -> list[str]:
         return self._pass(run, vectorized=False)
 
     def _pass(self, run: Callable[[], None], vectorized: bool) -> list[str]:
@@ -303,6 +214,7 @@ class KernelWriter:
         return cpp_index(index.subs(self.vec_var, self.vec_var + _LANE))
 
     def load(self, name: str, index: sympy.Expr) -> CppVar:
+        index = lane_analysis.merge_digits(index)
         dtype = self.group.buffers[name].dtype
         key = (name, str(index))
         if key in self._body.stored and self._mask is None:
@@ -357,6 +269,7 @@ class KernelWriter:
         return value
 
     def store(self, name: str, index: sympy.Expr, value: CppVar, mode: str | None = None) -> None:
+        index = lane_analysis.merge_digits(index)
         dtype = self.group.buffers[name].dtype
         ptr = self.pointers[name]
         lines = self._body.lines
@@ -378,30 +291,32 @@ class KernelWriter:
         if mode is not None:
             raise CannotVectorize("accumulating store")
         self._require_lane_safe(index)
-        self._vector_store(name, index, value, dtype, ptr)
+        self._body.lines += self._vector_store_lines(name, index, value, dtype)
         self._body.stored[(name, str(index))] = value
 
-    def _vector_store(
-        self, name: str, index: sympy.Expr, value: CppVar, dtype: torch.dtype, ptr: str
-    ) -> None:
+    def _vector_store_lines(
+        self, name: str, index: sympy.Expr, value: CppVar, dtype: torch.dtype
+    ) -> list[str]:
+        ptr = self.pointers[name]
+        vec = value.name
         if value.dtype != dtype and compute_ctype(value.dtype) != compute_ctype(dtype):
-            value = self.cse(f"kiln::cast<{compute_ctype(dtype)}>({value})", dtype)
+            vec = f"kiln::cast<{compute_ctype(dtype)}>({value})"
         access = lane_analysis.lane_access(index, self.vec_var, self.lanes)
         if access is not None and access.stride == 1:
             address = f"{ptr} + {cpp_index(access.base)}"
             if dtype == torch.bfloat16:
-                self._body.lines.append(f"kiln::store_bf16({address}, {value});")
-            elif dtype == torch.float16:
-                self._body.lines.append(f"kiln::store_half({address}, {value});")
-            else:
-                self._body.lines.append(f"{value}.store({address});")
-            return
-        lane_value = f"{value}.m[lane] != 0" if dtype == torch.bool else f"{value}[lane]"
+                return [f"kiln::store_bf16({address}, {vec});"]
+            if dtype == torch.float16:
+                return [f"kiln::store_half({address}, {vec});"]
+            return [
+                f"{vec}.store({address});" if vec == value.name else f"({vec}).store({address});"
+            ]
+        lane_value = f"{value}.m[lane] != 0" if value.dtype == torch.bool else f"{value}[lane]"
         converted = self._to_storage(lane_value, value.dtype, dtype)
-        self._body.lines.append(
+        return [
             f"for (int64_t lane = 0; lane < kiln::kLanes; ++lane) "
             f"{ptr}[{self._lane_index(index)}] = {converted};"
-        )
+        ]
 
     def load_seed(self, name: str, offset: int) -> CppVar:
         read = f"{self.pointers[name]}[{offset}]"
@@ -411,6 +326,7 @@ class KernelWriter:
 
     # -- indices ---------------------------------------------------------------------
     def index_expr(self, expr: sympy.Expr, dtype: torch.dtype) -> CppVar:
+        expr = lane_analysis.merge_digits(expr)
         ctype = compute_ctype(dtype)
         if not self.vectorized:
             return self.cse(f"static_cast<{ctype}>({cpp_index(expr)})", dtype)
@@ -479,7 +395,7 @@ class KernelWriter:
 
     # -- reductions --------------------------------------------------------------------
     def reduction(self, dtype: torch.dtype, reduction_type: str, value: object) -> object:
-        segment = self._segment
+        segment = self.segment
         if segment is None:
             msg = f"{self.group.name}: a reduction outside a reduction loop"
             raise CodegenCppError(msg)
@@ -491,7 +407,9 @@ class KernelWriter:
         if key in self._body.reductions:
             return self._body.reductions[key]
         acc = segment.accumulator(
-            lambda: Accumulator(f"acc{self._fresh()}", reduction_type, acc_dtype)
+            lambda: Accumulator(
+                f"acc{self._fresh()}", reduction_type, acc_dtype, row_lanes=segment.row_lanes
+            )
         )
         if self.vectorized:
             acc.vectorized = True
@@ -501,10 +419,15 @@ class KernelWriter:
         return result
 
     def store_reduction(self, name: str, index: sympy.Expr, value: object) -> None:
-        assert self._segment is not None and isinstance(value, CppVar)
+        assert self.segment is not None and isinstance(value, CppVar)
         dtype = self.group.buffers[name].dtype
+        index = lane_analysis.merge_digits(index)
+        if self.vectorized and self.segment.row_lanes:
+            for line in self._vector_store_lines(name, index, value, dtype):
+                self.segment.add_store(line)
+            return
         converted = self._to_storage(value.name, value.dtype, dtype)
-        self._segment.add_store(f"{self.pointers[name]}[{cpp_index(index)}] = {converted};")
+        self.segment.add_store(f"{self.pointers[name]}[{cpp_index(index)}] = {converted};")
 
 
 def _static(expr: sympy.Expr, what: str) -> int:
@@ -523,10 +446,3 @@ def _pointer_names(group: KernelGroup) -> dict[str, str]:
             kind = "out" if name in group.outputs else "in"
             names[name] = f"{kind}_ptr{next(counters[kind])}"
     return names
-
-
-def _loop(var: str, start: int | str, end: int | str, step: int, body: list[str]) -> Iterator[str]:
-    increment = f"{var} += {step}" if step != 1 else f"++{var}"
-    yield f"for (int64_t {var} = {start}; {var} < {end}; {increment}) {{"
-    yield from ("  " + line for line in body)
-    yield "}"

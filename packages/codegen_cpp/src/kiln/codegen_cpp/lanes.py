@@ -11,12 +11,13 @@ answer is None and the kernel computes the index lane by lane.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import sympy
 
 from kiln.loopir.sizes import FloorDiv, ModularIndexing
 
-__all__ = ["LaneAccess", "lane_access"]
+__all__ = ["LaneAccess", "lane_access", "merge_digits"]
 
 _CHUNK = sympy.Symbol("kiln_chunk", integer=True, nonnegative=True)
 
@@ -29,9 +30,49 @@ class LaneAccess:
     stride: sympy.Expr
 
 
+def _digit(term: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr, sympy.Expr, sympy.Expr | None] | None:
+    """``term`` as ``coeff * ((base // div) % mod)`` (mod None for a plain FloorDiv)."""
+    coeff, rest = term.as_coeff_Mul()
+    if isinstance(rest, ModularIndexing):
+        return coeff, rest.args[0], rest.args[1], rest.args[2]
+    if isinstance(rest, FloorDiv):
+        return coeff, rest.args[0], rest.args[1], None
+    return None
+
+
+def merge_digits(expr: sympy.Expr) -> sympy.Expr:
+    """Rejoin the digits a flat index was split into: ``24*(x//24) + x%24`` is ``x``.
+
+    Two terms ``c*m*digit(e, d*m, M) + c*digit(e, d, m)`` make ``c*digit(e, d, m*M)``;
+    loopir emits such pairs whenever a contiguous buffer is indexed by several dims.
+    """
+    expr = sympy.sympify(expr)
+    if not isinstance(expr, sympy.Add):
+        return expr
+    terms = list(expr.args)
+    changed = True
+    while changed:
+        changed = False
+        for i, j in itertools.permutations(range(len(terms)), 2):
+            hi, lo = _digit(terms[i]), _digit(terms[j])
+            if hi is None or lo is None or lo[3] is None or hi[1] != lo[1]:
+                continue
+            c_hi, base, d_hi, m_hi = hi
+            c_lo, _, d_lo, m_lo = lo
+            if d_hi != d_lo * m_lo or c_hi != c_lo * m_lo:
+                continue
+            merged = (
+                FloorDiv(base, d_lo) if m_hi is None else ModularIndexing(base, d_lo, m_lo * m_hi)
+            )
+            terms = [t for k, t in enumerate(terms) if k not in (i, j)] + [c_lo * merged]
+            changed = True
+            break
+    return sympy.Add(*terms)
+
+
 def lane_access(index: sympy.Expr, var: sympy.Symbol, lanes: int) -> LaneAccess | None:
     """The lane-affine form of ``index`` along ``var``, or None when it has none."""
-    split = _split(sympy.sympify(index), var, lanes)
+    split = _split(merge_digits(index), var, lanes)
     if split is None:
         return None
     return LaneAccess(split[0], sympy.sympify(split[1]))

@@ -63,6 +63,7 @@ class Accumulator:
     reduction_type: str
     dtype: torch.dtype  # the accumulator's (result's, for argmax the values')
     vectorized: bool = False
+    row_lanes: bool = False  # each lane its own row: vector accumulators only, never folded
 
     @property
     def _fields(self) -> tuple[str, ...]:
@@ -85,7 +86,8 @@ class Accumulator:
     def declarations(self, with_vector: bool = True) -> list[str]:
         """Lines that declare and initialise the scalar (and vector) accumulators."""
         lines = []
-        for vector in (False, True) if self.vectorized and with_vector else (False,):
+        variants = (False, True) if self.vectorized and with_vector else (False,)
+        for vector in (True,) if self.row_lanes else variants:
             for field in self._fields:
                 init = "0" if field == "idx" else _identity(self.reduction_type, self.dtype)
                 ctype = self._ctype(field, vector)
@@ -116,7 +118,7 @@ class Accumulator:
 
     def fold_lanes(self) -> list[str]:
         """After the loops: fold the vector lanes into the scalar accumulator."""
-        if not self.vectorized:
+        if not self.vectorized or self.row_lanes:
             return []
         rtype = self.reduction_type
         if rtype in ("argmax", "argmin"):
@@ -156,9 +158,11 @@ class Accumulator:
         return [scalar.format(a=mine[0], x=parts[0])]
 
     def results(self) -> CppVar | tuple[CppVar, ...]:
-        """The finished values, valid after :meth:`fold_lanes`."""
+        """The finished values, valid after :meth:`fold_lanes` (vectors for row lanes)."""
+        vec = self.row_lanes
         if self.reduction_type == "welford_reduce":
-            return tuple(CppVar(self._var(f, False), self.dtype) for f in self._fields)
+            return tuple(CppVar(self._var(f, vec), self.dtype) for f in self._fields)
         if self.reduction_type in ("argmax", "argmin"):
-            return CppVar(f"{self.name}_idx", torch.int64)
-        return CppVar(self.name, self.dtype)
+            return CppVar(self._var("idx", vec), torch.int64)
+        dtype = torch.bool if self.reduction_type == "any" else self.dtype
+        return CppVar(self._var("", vec), dtype)

@@ -22,7 +22,7 @@ from kiln.loopir.kernel import RINDEX, XINDEX, KernelNode
 from kiln.loopir.ops import BINARY_OPS, UNARY_OPS
 from kiln.loopir.virtualized import set_ops_handler
 
-__all__ = ["Segment", "reads_of", "split_segments"]
+__all__ = ["Segment", "load_indices", "reads_of", "split_segments"]
 
 
 class Segment:
@@ -34,7 +34,7 @@ class Segment:
 
     def __init__(self, nodes: list[KernelNode]) -> None:
         self.nodes = nodes
-        self.vectorized = False
+        self.row_lanes = False  # lanes are rows (xindex), the rindex loop is scalar
         self.accumulators: list[Accumulator] = []
         self.final_stores: list[str] = []
         self._pass = 0
@@ -64,14 +64,16 @@ class Segment:
 
 
 class _ReadCollector:
-    """An ``ops`` handler that only records which buffers are loaded."""
+    """An ``ops`` handler that only records what is loaded, and where."""
 
     def __init__(self) -> None:
         self.reads: set[str] = set()
+        self.indices: list[sympy.Expr] = []
         self._ids = itertools.count()
 
     def load(self, name: str, index: sympy.Expr) -> None:
         self.reads.add(name)
+        self.indices.append(index)
 
     def reduction(self, dtype: torch.dtype, src: torch.dtype, rtype: str, value: Any) -> Any:
         return (None, None, None) if rtype == "welford_reduce" else None
@@ -90,12 +92,21 @@ class _ReadCollector:
         raise AttributeError(name)
 
 
-def reads_of(node: KernelNode) -> set[str]:
-    """The buffers ``node``'s body loads."""
+def _collect(node: KernelNode) -> _ReadCollector:
     collector = _ReadCollector()
     with set_ops_handler(collector):
         node.body(XINDEX, RINDEX if node.mode == "xr" else None)
-    return collector.reads
+    return collector
+
+
+def reads_of(node: KernelNode) -> set[str]:
+    """The buffers ``node``'s body loads."""
+    return _collect(node).reads
+
+
+def load_indices(node: KernelNode) -> list[sympy.Expr]:
+    """The index of every load in ``node``'s body."""
+    return _collect(node).indices
 
 
 def split_segments(nodes: Sequence[KernelNode]) -> list[Segment | KernelNode]:

@@ -1,0 +1,195 @@
+"""The loop nests of a kernel: which loops, which one is vectorized, which is parallel.
+
+- Pointwise: vectors of ``xindex`` (``parallel for``), then a scalar tail.
+- Reductions over a contiguous dimension: rows of ``xindex`` in parallel, each
+  with ``rindex`` loops vectorized with per-lane accumulators.
+- Reductions over a strided dimension (a column sum): vectors of ``xindex``
+  (each lane its own row) with a scalar ``rindex`` loop inside, so every load
+  stays contiguous and no lanes need folding; scalar rows finish the tail.
+- Few long rows: each row's ``rindex`` range split into chunks across threads.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from kiln.codegen_cpp import lanes as lane_analysis
+from kiln.codegen_cpp.reductions import Accumulator
+from kiln.codegen_cpp.segments import Segment, load_indices, split_segments
+from kiln.loopir.kernel import RINDEX, XINDEX
+
+if TYPE_CHECKING:
+    from kiln.codegen_cpp.kernel import KernelWriter
+
+__all__ = ["PARALLEL_MIN_WORK", "SPLIT_REDUCTION_MAX_NUMEL", "LoopNests", "loop"]
+
+PARALLEL_MIN_WORK = 32768
+"""Below this many element-iterations a kernel runs serially (a fork costs microseconds)."""
+
+SPLIT_REDUCTION_MAX_NUMEL = 16
+"""Reductions with fewer rows than this (and enough work) parallelize over ``rindex``."""
+
+_PARALLEL_FOR = "#pragma omp parallel for num_threads(nthreads) schedule(static)"
+
+
+def loop(var: str, start: int | str, end: int | str, step: int, body: list[str]) -> Iterator[str]:
+    """``for (int64_t var = start; var < end; var += step) { body }``."""
+    increment = f"{var} += {step}" if step != 1 else f"++{var}"
+    yield f"for (int64_t {var} = {start}; {var} < {end}; {increment}) {{"
+    yield from ("  " + line for line in body)
+    yield "}"
+
+
+def _block(lines: list[str]) -> list[str]:
+    return ["{", *("  " + line for line in lines), "}"]
+
+
+class LoopNests:
+    """Builds the body of ``writer``'s function (see the module docstring)."""
+
+    def __init__(self, writer: KernelWriter) -> None:
+        self.w = writer
+
+    def build(self) -> list[str]:
+        if any(node.mode == "xr" for node in self.w.group.nodes):
+            return self._reduction()
+        return self._pointwise()
+
+    def _parallel(self, work: int) -> list[str]:
+        return [_PARALLEL_FOR] if work >= PARALLEL_MIN_WORK else []
+
+    def _pointwise(self) -> list[str]:
+        w = self.w
+        run = functools.partial(w.run_nodes, w.group.nodes, XINDEX)
+        vec_lines = w.vector_pass(run, w.numel, XINDEX)
+        scalar_lines = w.scalar_pass(run)
+        if vec_lines is None:
+            return [*self._parallel(w.numel), *loop("xindex", 0, w.numel, 1, scalar_lines)]
+        end = w.numel - w.numel % w.lanes
+        lines = [*self._parallel(w.numel), *loop("xindex", 0, end, w.lanes, vec_lines)]
+        if end < w.numel:
+            lines += loop("xindex", end, w.numel, 1, scalar_lines)
+        return lines
+
+    # -- reductions -------------------------------------------------------------------
+    def _reduction(self) -> list[str]:
+        w = self.w
+        work = w.numel * max(w.rnumel, 1)
+        split_r = work >= PARALLEL_MIN_WORK and w.numel < SPLIT_REDUCTION_MAX_NUMEL
+        rows_start = 0
+        lines: list[str] = []
+        if not split_r and self._prefers_row_lanes():
+            row_lines = w.vector_pass(self._row_lanes_body, w.numel, XINDEX)
+            if row_lines is not None:
+                rows_start = w.numel - w.numel % w.lanes
+                lines += [*self._parallel(work), *loop("xindex", 0, rows_start, w.lanes, row_lines)]
+        if rows_start == w.numel:
+            return lines
+        inner: list[str] = []
+        for part in split_segments(w.group.nodes):
+            if isinstance(part, Segment):
+                inner += self._segment_block(part, split_r)
+            else:
+                inner += w.scalar_pass(functools.partial(w.run_nodes, [part], XINDEX))
+        pragma = [] if split_r else self._parallel((w.numel - rows_start) * max(w.rnumel, 1))
+        return [*lines, *pragma, *loop("xindex", rows_start, w.numel, 1, inner)]
+
+    def _prefers_row_lanes(self) -> bool:
+        """True when some load strides along ``rindex`` but every load is contiguous in ``xindex``."""
+        w = self.w
+        if w.numel < w.lanes:
+            return False
+        strided_r = False
+        for node in w.group.nodes:
+            for index in load_indices(node):
+                along_x = lane_analysis.lane_access(index, XINDEX, w.lanes)
+                if along_x is None or along_x.stride not in (0, 1):
+                    return False
+                along_r = lane_analysis.lane_access(index, RINDEX, w.lanes)
+                strided_r |= along_r is None or along_r.stride not in (0, 1)
+        return strided_r
+
+    def _row_lanes_body(self) -> None:
+        """One vector of rows: scalar ``rindex`` loops over vector values (in a vector pass)."""
+        w = self.w
+        for part in split_segments(w.group.nodes):
+            if not isinstance(part, Segment):
+                w.run_nodes([part], XINDEX)
+                continue
+            part.row_lanes = True
+            w.segment = part
+            try:
+                body = w.nested_lines(functools.partial(w.run_segment, part))
+            finally:
+                w.segment = None
+            block = [line for acc in part.accumulators for line in acc.declarations()]
+            block += [*loop("rindex", 0, w.rnumel, 1, body), *part.final_stores]
+            w.emit_lines(_block(block))
+
+    def _segment_block(self, segment: Segment, split_r: bool) -> list[str]:
+        """One row's reduction loop over ``rindex``: accumulators, loop(s), folds, stores."""
+        w = self.w
+        w.segment = segment
+        try:
+            run = functools.partial(w.run_segment, segment)
+            vec_lines = w.vector_pass(run, w.rnumel, RINDEX)
+            if vec_lines is None:
+                segment.reset()  # forget the failed vector pass's accumulators
+            scalar_lines = w.scalar_pass(run)
+        finally:
+            w.segment = None
+        accs = segment.accumulators
+        if split_r:
+            lines = self._split_reduction(accs, vec_lines, scalar_lines)
+        else:
+            lines = [line for acc in accs for line in acc.declarations()]
+            lines += self._r_loops("0", str(w.rnumel), vec_lines, scalar_lines)
+            lines += [line for acc in accs for line in acc.fold_lanes()]
+        return _block([*lines, *segment.final_stores])
+
+    def _r_loops(
+        self, start: str, end: str, vec_lines: list[str] | None, scalar_lines: list[str]
+    ) -> list[str]:
+        """The vector loop over whole vectors of [start, end), then the scalar rest."""
+        lanes = self.w.lanes
+        if vec_lines is None:
+            return list(loop("rindex", start, end, 1, scalar_lines))
+        static = start == "0" and end.isdigit()
+        vec_end = str(int(end) - int(end) % lanes) if static else "rvec_end"
+        lines = [] if static else [f"const int64_t rvec_end = {end} - ({end} - {start}) % {lanes};"]
+        lines += loop("rindex", start, vec_end, lanes, vec_lines)
+        if vec_end != end:
+            lines += loop("rindex", vec_end, end, 1, scalar_lines)
+        return lines
+
+    def _split_reduction(
+        self, accs: list[Accumulator], vec_lines: list[str] | None, scalar_lines: list[str]
+    ) -> list[str]:
+        """Chunks of ``rindex`` reduced by parallel threads, merged in chunk order.
+
+        Chunk starts are multiples of the lane count, which the vector loop's
+        index analysis assumes; merging in order keeps results deterministic.
+        """
+        rnumel, lanes = self.w.rnumel, self.w.lanes
+        lines = [line for acc in accs for line in acc.declarations(with_vector=False)]
+        lines += [
+            f"const int64_t rchunk = (({rnumel} + nthreads - 1) / nthreads + "
+            f"{lanes - 1}) / {lanes} * {lanes};",
+            f"const int64_t nchunks = ({rnumel} + rchunk - 1) / rchunk;",
+            *(line for acc in accs for line in acc.partial_arrays("nchunks")),
+        ]
+        body = [
+            "const int64_t rstart = chunk * rchunk;",
+            f"const int64_t rend = std::min<int64_t>(rstart + rchunk, {rnumel});",
+            *(line for acc in accs for line in acc.declarations()),
+            *self._r_loops("rstart", "rend", vec_lines, scalar_lines),
+            *(line for acc in accs for line in acc.fold_lanes()),
+            *(line for acc in accs for line in acc.save_partial("chunk")),
+        ]
+        lines += [_PARALLEL_FOR, *loop("chunk", "0", "nchunks", 1, body)]
+        merges = [line for acc in accs for line in acc.merge_partial("chunk")]
+        if merges:
+            lines += loop("chunk", "0", "nchunks", 1, merges)
+        return lines
