@@ -7,7 +7,6 @@ printable source, and the ordered guards it was made from, which
 
 from __future__ import annotations
 
-import builtins
 import inspect
 import logging
 import types
@@ -19,19 +18,12 @@ import torch
 from kiln.capture import artifacts
 from kiln.capture.guard_data import GuardKind, GuardSpec
 from kiln.capture.source import (
-    AttrSource,
-    ClosureSource,
-    DefaultSource,
-    GlobalSource,
-    ItemSource,
     LocalSource,
-    Source,
-    root_of,
 )
-from kiln.guards import checks, codegen, plan
+from kiln.guards import checks, codegen, frame, plan
 from kiln.guards.errors import UnsupportedGuard
 
-__all__ = ["GuardCheck", "build_check", "resolve"]
+__all__ = ["GuardCheck", "build_check"]
 
 log = logging.getLogger(__name__)
 guards_log = logging.getLogger("kiln.guards.guards")
@@ -44,28 +36,6 @@ def _target(fn: Callable[..., Any]) -> types.FunctionType:
         msg = f"build_check needs a Python function, got {type(fn).__name__}: {fn!r}"
         raise UnsupportedGuard(msg)
     return target
-
-
-def resolve(source: Source, f_locals: dict[str, Any], fn: types.FunctionType) -> Any:
-    """The current value of ``source`` for a call of ``fn`` with arguments ``f_locals``."""
-    if isinstance(source, LocalSource):
-        return f_locals[source.name]
-    if isinstance(source, GlobalSource):
-        if source.name in fn.__globals__:
-            return fn.__globals__[source.name]
-        return getattr(builtins, source.name)
-    if isinstance(source, ClosureSource):
-        cell = (fn.__closure__ or ())[fn.__code__.co_freevars.index(source.name)]
-        return cell.cell_contents
-    if isinstance(source, AttrSource):
-        return getattr(resolve(source.base, f_locals, fn), source.name)
-    if isinstance(source, ItemSource):
-        return resolve(source.base, f_locals, fn)[source.index]
-    if isinstance(source, DefaultSource):
-        owner = fn if source.fn is None else resolve(source.fn, f_locals, fn)
-        return codegen.default_of(owner, source.name, source.kwonly)
-    cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=False))
-    return source.resolve(f_locals, fn.__globals__, cells)
 
 
 class GuardCheck:
@@ -105,7 +75,7 @@ class GuardCheck:
             value = None
             if g.source is not None:
                 try:
-                    value = resolve(g.source, f_locals, self.target)
+                    value = frame.resolve(g.source, f_locals, self.target)
                 except Exception as e:
                     return f"could not read {checks.describe(g.source)}: {type(e).__name__}: {e}"
             try:
@@ -145,10 +115,10 @@ def _module_roots(guards: Sequence[GuardSpec], fn: types.FunctionType) -> list[G
     for g in guards:
         if g.kind is not GuardKind.MODULE_MATCH or g.source is None or str(g.source) in trees:
             continue
-        if not isinstance(root_of(g.source), (GlobalSource, ClosureSource)):
+        if not frame.frame_free(g.source):
             continue
         try:
-            module = resolve(g.source, {}, fn)
+            module = frame.resolve(g.source, {}, fn)
         except Exception:
             continue
         if isinstance(module, torch.nn.Module) and id(module) == g.expected:

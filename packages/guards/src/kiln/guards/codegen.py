@@ -11,7 +11,6 @@ reading the frame means "does not match".
 
 from __future__ import annotations
 
-import builtins
 import collections
 import functools
 import inspect
@@ -33,7 +32,7 @@ from kiln.capture.source import (
     LocalSource,
     Source,
 )
-from kiln.guards import checks, hooks, stamps
+from kiln.guards import checks, frame, hooks, stamps
 from kiln.guards.config import config
 from kiln.guards.errors import UnsupportedGuard
 from kiln.guards.plan import Plan
@@ -103,7 +102,7 @@ class CheckSource:
         """A namespace name holding ``obj`` (one per object)."""
         name = self._bound.get(id(obj))
         if name is None:
-            readable = getattr(obj, "__name__", None) if stem in ("T", "fn") else None
+            readable = getattr(obj, "__name__", None) if stem in ("T", "fn", "obj") else None
             if isinstance(obj, torch.dtype):
                 readable = str(obj).rpartition(".")[2]
             base = f"{self.prefix}{readable if isinstance(readable, str) and readable.isidentifier() else stem}"
@@ -129,9 +128,7 @@ class CheckSource:
         g = self.bind(globs, "G")
         if name in globs:
             return f"{g}[{name!r}]"
-        table = globs.get("__builtins__", builtins)
-        table = table if isinstance(table, dict) else vars(table)
-        return f"{g}.get({name!r}, {self.bind(table, 'B')}[{name!r}])"
+        return f"{g}.get({name!r}, {self.bind(frame.builtins_of(self.fn), 'B')}[{name!r}])"
 
     def _closure(self, name: str) -> str:
         freevars = self.fn.__code__.co_freevars
@@ -150,7 +147,7 @@ class CheckSource:
             positional = self.fn.__code__.co_argcount
             index = names.index(source.name) - (positional - len(self.fn.__defaults__ or ()))
             return f"{fn}.__defaults__[{index}]"
-        helper = self.bind(default_of, "default_of")
+        helper = self.bind(frame.default_of, "default_of")
         return f"{helper}({self.expr(source.fn)}, {source.name!r}, {source.kwonly!r})"
 
     def expr(self, source: Source) -> str:
@@ -268,7 +265,8 @@ class CheckSource:
         if kind is GuardKind.TYPE_MATCH:
             return f"type({v}) is {self.bind(expected, 'T')}"
         if kind in (GuardKind.ID_MATCH, GuardKind.MODULE_MATCH):
-            return f"id({v}) == {int(expected)}"
+            held = self._held(g.source, int(expected))
+            return f"{v} is {held}" if held is not None else f"id({v}) == {int(expected)}"
         if kind is GuardKind.EQUALS:
             same_type = f"type({v}) is {self.bind(type(expected), 'T')}"
             if isinstance(expected, float) and math.isnan(expected):
@@ -298,6 +296,18 @@ class CheckSource:
         msg = f"kiln.guards has no check for guard kind {kind}"
         raise UnsupportedGuard(msg)
 
+    def _held(self, source: Source, expected_id: int) -> str | None:
+        """A name bound to the very object ``source`` held when the check was built, when it
+        can be read without a frame and is the object capture saw: ``is`` beats ``id() ==``,
+        and holding it keeps its id from being reused."""
+        if not frame.frame_free(source):
+            return None
+        try:
+            obj = frame.resolve(source, {}, self.fn)
+        except Exception:
+            return None
+        return self.bind(obj, "obj") if id(obj) == expected_id else None
+
     def line(self, text: str) -> None:
         self.lines.append("    " * self.indent + text)
 
@@ -320,13 +330,6 @@ class CheckSource:
         self.line(f"    {seen}[0] = {now}")
         self._locals = outer_locals
         self.indent -= 1
-
-
-def default_of(fn: Any, name: str, kwonly: bool) -> Any:
-    """The default of parameter ``name`` of ``fn`` (for defaults of functions other than the guarded one)."""
-    if kwonly:
-        return fn.__kwdefaults__[name]
-    return inspect.signature(fn).parameters[name].default
 
 
 def _emit(cs: CheckSource, guards: list[GuardSpec], plan: Plan) -> None:
