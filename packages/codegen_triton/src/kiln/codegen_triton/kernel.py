@@ -142,6 +142,9 @@ class TritonKernel:
         wanted = {XINDEX, RINDEX} if self.mode == "xr" else {XINDEX}
         if wanted <= syms and not any(sizes.is_index_symbol(s, "indirect") for s in syms):
             return f"{self.params[name]} + ({text})"
+        if not syms:
+            itype = "tl.int64" if self.int64 else "tl.int32"
+            return f"{self.params[name]} + tl.full({self.shape}, {text}, {itype})"
         return f"{self.params[name]} + tl.broadcast_to({text}, {self.shape})"
 
     # -- memory --

@@ -76,7 +76,7 @@ def simplify_index(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sympy.E
 
 def index_bounds(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> int | None:
     """The largest value ``expr`` takes when every symbol's range is known, else None."""
-    bound = sizes._bounds(expr, ranges)
+    bound = sizes.bounds(expr, ranges)
     return bound[1] if bound is not None else None
 
 
