@@ -177,3 +177,54 @@ def test_format_and_log(caplog, tmp_path):
     finally:
         artifacts.set_debug_dir(None)
     assert list(tmp_path.glob("*/bytecode_resume_at_4.txt"))
+
+
+def test_assemble_leaves_its_input_alone():
+    body = new_body("countdown", ["n"])
+    top = Instr("LOAD_FAST", "n")
+    done = Instr("LOAD_FAST", "n")
+    body.instrs += [
+        top,
+        Instr("LOAD_CONST", 1),
+        binary_op("-"),
+        Instr("STORE_FAST", "n"),
+        Instr("LOAD_FAST", "n"),
+        Instr("POP_JUMP_IF_TRUE", top),
+        Instr("JUMP", done),
+        done,
+        Instr("RETURN_VALUE"),
+    ]
+    before = [(i.opname, i.arg) for i in body.instrs]
+    first = assemble(body)
+    assert [(i.opname, i.arg) for i in body.instrs] == before
+    assert assemble(body).co_code == first.co_code
+    assert make_function(first, {})(3) == 0
+
+
+def test_backward_conditional_inside_a_handler_range():
+    # the rewritten jump (3.12) must stay covered by the entry that covered it
+    body = new_body("f", ["n"])
+    top = Instr("LOAD_FAST", "n")
+    cond = Instr("POP_JUMP_IF_TRUE", top)
+    handler = Instr("PUSH_EXC_INFO")
+    done = Instr("LOAD_CONST", "done")
+    body.instrs += [
+        top,
+        Instr("LOAD_CONST", 1),
+        binary_op("-"),
+        Instr("STORE_FAST", "n"),
+        Instr("LOAD_FAST", "n"),
+        cond,
+        Instr("JUMP", done),
+        handler,
+        Instr("POP_TOP"),
+        Instr("POP_EXCEPT"),
+        Instr("LOAD_CONST", "caught"),
+        Instr("RETURN_VALUE"),
+        done,
+        Instr("RETURN_VALUE"),
+    ]
+    body.exception_table = [ExceptionEntry(top, cond, handler, 0, False)]
+    fn = make_function(assemble(body), {})
+    assert fn(4) == "done"
+    assert fn("x") == "caught"

@@ -11,7 +11,6 @@ location table, the exception table and the stack size.
 from __future__ import annotations
 
 import itertools
-import math
 import types
 from collections.abc import Sequence
 from typing import Any
@@ -47,11 +46,7 @@ def const_key(value: Any) -> Any:
         keys = tuple(const_key(v) for v in value)
         return (type(value), frozenset(keys) if isinstance(value, frozenset) else keys)
     if isinstance(value, float | complex):
-        return (
-            type(value),
-            repr(value),
-            math.copysign(1.0, value.real if isinstance(value, complex) else value),
-        )
+        return (type(value), repr(value))  # repr tells -0.0 from 0.0
     if value is None or value is Ellipsis or isinstance(value, int | str | bytes):
         return (type(value), value)
     return ("id", id(value))
@@ -72,13 +67,15 @@ def _direction_name(opname: str, backward: bool) -> str:
     return opname
 
 
-def _resolve_jumps(instrs: list[Instr]) -> list[Instr]:
-    """Copy ``instrs`` with every jump named for its direction (list order decides)."""
+def _resolve_jumps(code: Bytecode) -> None:
+    """Name every jump for its direction (list order decides), in place."""
+    instrs = code.instrs
     index = {id(ins): i for i, ins in enumerate(instrs)}
     out: list[Instr] = []
+    moved_ends: dict[int, Instr] = {}
     for i, ins in enumerate(instrs):
+        out.append(ins)
         if not ins.is_jump:
-            out.append(ins)
             continue
         if id(ins.arg) not in index:
             msg = f"jump target of {ins!r} (instruction {i}) is not in the instruction list"
@@ -88,13 +85,14 @@ def _resolve_jumps(instrs: list[Instr]) -> list[Instr]:
             # 3.12 has no backward conditional: branch forward over a JUMP_BACKWARD.
             cond = ins.opname[len("POP_JUMP_IF_") :]
             skip = Instr("NOP", positions=ins.positions)
-            out.append(Instr(f"POP_JUMP_IF_{_NEGATED[cond]}", skip, ins.positions, ins.offset))
-            out.append(Instr("JUMP_BACKWARD", ins.arg, ins.positions))
-            out.append(skip)
+            out += [Instr("JUMP_BACKWARD", ins.arg, ins.positions), skip]
+            ins.opname, ins.arg = f"POP_JUMP_IF_{_NEGATED[cond]}", skip
+            moved_ends[id(ins)] = skip
             continue
         ins.opname = _direction_name(ins.opname, backward)
-        out.append(ins)
-    return out
+    code.instrs = out
+    for entry in code.exception_table:
+        entry.end = moved_ends.get(id(entry.end), entry.end)
 
 
 class _Pools:
@@ -265,7 +263,9 @@ def _exception_rows(
 
 def assemble(code: Bytecode) -> types.CodeType:
     """Build the code object for ``code``; raises :class:`CaptureError` if it is malformed."""
-    instrs = _resolve_jumps(list(code.instrs))
+    code = code.clone()  # jumps are renamed and rewritten in place
+    _resolve_jumps(code)
+    instrs = code.instrs
     pools = _Pools(code)
     for ins in instrs:
         if ins.kind == ArgKind.LOCAL:
