@@ -9,7 +9,7 @@ from kiln.autograd_aot import aot_eager_decomp_partition
 
 
 def r(*shape, grad=True):
-    return torch.randn(*shape).requires_grad_(grad)
+    return torch.randn(shape).requires_grad_(grad)
 
 
 def pos(*shape):
@@ -218,6 +218,17 @@ PROGRAMS = {
     "non_tensor_outputs": (_non_tensor_out, [r(3)]),
     "no_grad_outputs": (_no_grad_outputs, [r(3, 4)]),
     "detach_branch": (_detach_branch, [r(3)]),
+    "same_output_twice": (lambda x: (lambda y: (y, y))(x * 2), [r(3)]),
+    "noncontiguous_input": (lambda x: x.sin() @ x.t(), [r(4, 3).t()]),
+    "zero_size": (lambda x: x.sum(0) + 1, [r(0, 3)]),
+    "zero_dim": (lambda x: x * x + 1, [r()]),
+    "int_output": (lambda x: (x > 0).sum(), [r(5)]),
+    "expanded_input": (lambda x: x * 2, [torch.randn(3, 1).expand(3, 4).requires_grad_()]),
+    "input_view_mutation": (
+        lambda x, b: (b.view(-1).add_(1), x * b.sum())[1],
+        [r(2, 2), torch.randn(2, 2)],
+    ),
+    "output_view_of_mutated_input": (lambda b: b.add_(1).view(-1), [torch.randn(2, 2)]),
     # losses
     "cross_entropy": (lambda x: F.cross_entropy(x, torch.tensor([1, 0, 3])), [r(3, 5)]),
     "cross_entropy_smooth": (

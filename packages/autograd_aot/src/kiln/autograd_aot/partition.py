@@ -148,10 +148,8 @@ def _extract(
                 raise AssertionError(msg)
             env[n] = graph.node_copy(n, env.__getitem__)
     graph.output(tuple(None if o is None else env[o] for o in outputs))
-    out = fx.GraphModule(gm, graph)
-    out.graph.eliminate_dead_code()
-    out.recompile()
-    return out
+    graph.eliminate_dead_code()
+    return fx.GraphModule(gm, graph)
 
 
 def partition_joint(

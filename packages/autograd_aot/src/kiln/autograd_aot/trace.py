@@ -112,9 +112,8 @@ class AtenTracer(TorchDispatchMode):
         """Close the graph with ``outputs`` and drop dead nodes."""
         out = tuple(None if o is None else self.node_of(o) for o in outputs)
         self.graph.output(out)
+        self.graph.eliminate_dead_code()
         gm = fx.GraphModule(self.module, self.graph)
-        gm.graph.eliminate_dead_code()
-        gm.recompile()
         for node in gm.graph.nodes:
             target = node.target
             if node.op == "call_function" and hasattr(target, "_schema") and is_mutation(target):
