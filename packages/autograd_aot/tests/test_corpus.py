@@ -116,6 +116,11 @@ def _detach_branch(x):
     return x.detach() * x
 
 
+def _same_output_twice(x):
+    y = x * 2
+    return y, y
+
+
 def _sdpa(q, k, v):
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
@@ -218,7 +223,7 @@ PROGRAMS = {
     "non_tensor_outputs": (_non_tensor_out, [r(3)]),
     "no_grad_outputs": (_no_grad_outputs, [r(3, 4)]),
     "detach_branch": (_detach_branch, [r(3)]),
-    "same_output_twice": (lambda x: (lambda y: (y, y))(x * 2), [r(3)]),
+    "same_output_twice": (_same_output_twice, [r(3)]),
     "noncontiguous_input": (lambda x: x.sin() @ x.t(), [r(4, 3).t()]),
     "zero_size": (lambda x: x.sum(0) + 1, [r(0, 3)]),
     "zero_dim": (lambda x: x * x + 1, [r()]),
