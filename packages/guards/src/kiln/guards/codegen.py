@@ -229,7 +229,12 @@ class CheckSource:
             "grad": torch.is_grad_enabled,
             "dtype": torch.get_default_dtype,
             "autocast": torch.is_autocast_enabled,
-            "det": torch.are_deterministic_algorithms_enabled,
+            # the C function behind the public Python wrapper, when this torch has it
+            "det": getattr(
+                torch._C,
+                "_get_deterministic_algorithms",
+                torch.are_deterministic_algorithms_enabled,
+            ),
             "inference": torch.is_inference_mode_enabled,
         }
         f = {k: self.bind(fn, k) for k, fn in fns.items()}
