@@ -228,3 +228,14 @@ def test_backward_conditional_inside_a_handler_range():
     fn = make_function(assemble(body), {})
     assert fn(4) == "done"
     assert fn("x") == "caught"
+
+
+def test_bare_global_name_and_bad_args():
+    body = new_body("f", [])
+    body.instrs += [Instr("LOAD_GLOBAL", "len"), Instr("RETURN_VALUE")]
+    assert make_function(assemble(body), {"len": 7})() == 7
+    for bad in (Instr("LOAD_FAST", 3), Instr("LOAD_GLOBAL", (True,)), Instr("BUILD_TUPLE", "x")):
+        body = new_body("f", [])
+        body.instrs += [bad, Instr("RETURN_VALUE")]
+        with pytest.raises(CaptureError, match="needs"):
+            assemble(body)

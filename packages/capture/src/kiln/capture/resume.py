@@ -5,13 +5,16 @@ user's function must still run. :func:`make_resume` builds that rest as a new
 function whose arguments are the values on the stack at the break and the
 locals still live there. Its code is a copy of the original with a prefix that
 pushes the stack values back (``PUSH_NULL`` where the stack held a NULL) and
-jumps to the break; code no longer reachable from there is dropped. Because 3.11+ exception handling is table-driven, the copy
-keeps its exception table, so enclosing ``try``/``with`` blocks are re-entered
-just by restoring their stack items (a ``with`` block's ``__exit__``).
+jumps to the break; code no longer reachable from there is dropped. Because
+3.11+ exception handling is table-driven, the copy keeps its exception table,
+so enclosing ``try``/``with`` blocks are re-entered just by restoring their
+stack items (a ``with`` block's ``__exit__``).
 
 Cells: the original's cell and free variables become free variables of the
 resume function; whoever creates it passes the original cells (in
-``ResumeFunction.closure``'s order) so closures already made keep sharing them.
+``ResumeFunction.closure``'s order) so closures already made keep sharing
+them. Code that cannot reach the cells may pass their contents instead
+(``cells=CELLS_AS_VALUES``).
 """
 
 from __future__ import annotations

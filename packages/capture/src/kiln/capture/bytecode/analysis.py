@@ -13,7 +13,7 @@ import dis
 from collections.abc import Iterable, Sequence
 
 from kiln.capture.bytecode import optable
-from kiln.capture.bytecode.instructions import ExceptionEntry, Instr, concrete_opname
+from kiln.capture.bytecode.instructions import ExceptionEntry, Instr, concrete_opname, name_flag
 from kiln.capture.bytecode.optable import ArgKind
 from kiln.capture.errors import CaptureError
 
@@ -62,7 +62,7 @@ def _stack_oparg(instr: Instr) -> int | None:
     if kind == ArgKind.RAW:
         return int(instr.arg)
     if kind == ArgKind.NAME and instr.opname in optable.NAME_FLAG_BITS:
-        return int(instr.arg[0])
+        return name_flag(instr)[0]
     return 0
 
 

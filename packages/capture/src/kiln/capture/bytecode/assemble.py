@@ -17,7 +17,13 @@ from typing import Any
 
 from kiln.capture.bytecode import optable
 from kiln.capture.bytecode.analysis import max_stack_depth
-from kiln.capture.bytecode.instructions import Bytecode, ExceptionEntry, Instr, Positions
+from kiln.capture.bytecode.instructions import (
+    Bytecode,
+    ExceptionEntry,
+    Instr,
+    Positions,
+    name_flag,
+)
 from kiln.capture.bytecode.optable import ArgKind
 from kiln.capture.bytecode.tables import (
     RawExceptionEntry,
@@ -165,17 +171,19 @@ def _oparg(ins: Instr, pools: _Pools) -> int:
             return optable.compare_oparg(ins.arg)
         except ValueError as e:
             raise CaptureError(str(e)) from None
+    if kind == ArgKind.JUMP:
+        return 0  # filled in by the layout
+    if kind == ArgKind.NAME and ins.opname in optable.NAME_FLAG_BITS:
+        flag, name = name_flag(ins)
+        return (pools.name(name) << optable.NAME_FLAG_BITS[ins.opname]) | flag
+    if not isinstance(ins.arg, str):
+        msg = f"{ins.opname} needs a name (str) argument, got {ins.arg!r}"
+        raise CaptureError(msg)
     if kind == ArgKind.NAME:
-        bits = optable.NAME_FLAG_BITS.get(ins.opname)
-        if bits is None:
-            return pools.name(ins.arg)
-        flag, name = ins.arg
-        return (pools.name(name) << bits) | int(flag)
+        return pools.name(ins.arg)
     if kind == ArgKind.LOCAL:
         return pools.local(ins.arg)
-    if kind == ArgKind.CELL:
-        return pools.cell(ins.arg)
-    return 0  # jumps: filled in by the layout
+    return pools.cell(ins.arg)
 
 
 def _extended(value: int) -> int:

@@ -15,8 +15,9 @@ import dis
 from typing import Any
 
 from kiln.capture.bytecode import optable
+from kiln.capture.errors import CaptureError
 
-__all__ = ["Bytecode", "ExceptionEntry", "Instr", "Positions", "concrete_opname"]
+__all__ = ["Bytecode", "ExceptionEntry", "Instr", "Positions", "concrete_opname", "name_flag"]
 
 Positions = dis.Positions
 
@@ -28,7 +29,7 @@ class Instr:
     ``arg`` by kind (see :func:`optable.arg_kind`): the constant (CONST), a
     name string (NAME, LOCAL, CELL), ``(flag, name)`` for LOAD_GLOBAL (push
     NULL) and on 3.12 LOAD_ATTR (method load, flag bool) and LOAD_SUPER_ATTR
-    (flag int of two bits), the operator string for COMPARE_OP (``"<"``), the
+    (flag int of two bits; a bare name means flag 0), the operator string for COMPARE_OP (``"<"``), the
     target ``Instr`` (JUMP), the oparg int (RAW), or None. Jump opnames may be the generic ``JUMP``/``JUMP_NO_INTERRUPT``
     and, on 3.11, ``POP_JUMP_IF_<cond>``: the assembler picks the direction.
     ``offset`` is where a decoded instruction sat in its original code (None
@@ -77,6 +78,20 @@ def concrete_opname(opname: str) -> str:
     if optable.PY311 and opname.startswith("POP_JUMP_IF_"):
         return "POP_JUMP_FORWARD_IF_" + opname[len("POP_JUMP_IF_") :]
     return opname
+
+
+def name_flag(instr: Instr) -> tuple[int, str]:
+    """``(flag bits, name)`` of a flagged name op; a bare name means flag 0."""
+    if isinstance(instr.arg, str):
+        return 0, instr.arg
+    try:
+        flag, name = instr.arg
+    except (TypeError, ValueError):
+        flag, name = None, None
+    if not isinstance(name, str) or not isinstance(flag, int):
+        msg = f"{instr.opname} needs (flag, name) or a name, got {instr.arg!r}"
+        raise CaptureError(msg)
+    return int(flag), name
 
 
 @dataclasses.dataclass(eq=False)
