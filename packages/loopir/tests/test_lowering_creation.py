@@ -38,14 +38,21 @@ def test_constants_and_ranges():
 
 
 def test_empty_has_the_right_metadata():
+    cpu = {"dtype": torch.float32, "device": "cpu"}
     calls = [
-        (aten.empty.memory_format, [[2, 3]], {"dtype": torch.float32, "device": "cpu"}),
+        (aten.empty.memory_format, [[2, 3]], cpu),
         (aten.empty_like.default, [Input(0)], {}),
+        (aten.empty_strided.default, [[2, 2], [1, 2]], cpu),
+        (aten.new_empty.default, [Input(0), [5]], {}),
+        (aten.new_empty_strided.default, [Input(0), [3], [1]], {}),
+        (aten.rand.default, [[64, 64]], cpu),
+        (aten.randn.default, [[64, 64]], cpu),
     ]
     gm = graph_of_calls(1, calls)
     fill_meta(gm, [to_meta(torch.randn(4))])
     out = compile_graph(gm, [], backend=ReferenceBackend())(torch.randn(4))
-    assert out[0].shape == (2, 3) and out[1].shape == (4,)
+    assert [tuple(o.shape) for o in out] == [(2, 3), (4,), (2, 2), (5,), (3,), (64, 64), (64, 64)]
+    assert 0 <= out[5].min() and out[5].max() < 1 and abs(out[6].mean()) < 0.1
 
 
 def _random_fn(x):

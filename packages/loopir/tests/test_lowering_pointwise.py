@@ -242,3 +242,44 @@ def test_nan_propagation():
         )
 
     check(fn, x, y)
+
+
+def test_remaining_overloads():
+    a = torch.randint(1, 30, (3, 4))
+    f = torch.randn(3, 4)
+    m = torch.rand(3, 4) > 0.5
+
+    def fn(a, f, m):
+        return (
+            aten.bitwise_and.Scalar_Tensor(6, a),
+            aten.bitwise_or.Scalar(a, 3),
+            aten.bitwise_or.Scalar_Tensor(3, a),
+            aten.bitwise_xor.Scalar(a, 5),
+            aten.bitwise_xor.Scalar_Tensor(5, a),
+            aten.bitwise_left_shift.Tensor(a, aten.remainder.Scalar(a, 4)),
+            aten.bitwise_left_shift.Scalar_Tensor(3, aten.remainder.Scalar(a, 4)),
+            aten.bitwise_right_shift.Tensor(a, aten.remainder.Scalar(a, 3)),
+            aten.bitwise_right_shift.Scalar_Tensor(64, aten.remainder.Scalar(a, 3)),
+            aten.copysign.Scalar(f, -1.0),
+            aten.floor_divide.Scalar(a, 4),
+            aten.floor_divide.Scalar(f, 0.7),
+            aten.masked_fill.Tensor(f, m, aten.select.int(aten.select.int(f, 0, 0), 0, 1)),
+            aten.nextafter.default(f, aten.neg.default(f)),
+            aten.remainder.Scalar_Tensor(7, a),
+            aten.true_divide.Scalar(f, 3.0),
+            aten.where.Scalar(m, 1.0, 2.0),
+            aten.xlogy.Scalar_Other(aten.abs.default(f), 2.0),
+            aten.xlogy.Scalar_Self(2.0, aten.abs.default(f)),
+            aten.all.dims(m, [0, 1]),
+            aten.lift_fresh_copy.default(f),
+            aten.lift_fresh.default(f),
+            aten.squeeze_copy.default(aten.unsqueeze.default(f, 1)),
+            aten.squeeze_copy.dims(aten.unsqueeze.default(f, 0), [0]),
+            aten.detach_copy.default(f),
+            aten._unsafe_index.Tensor(f, [aten.remainder.Scalar(a, 3)]),
+            aten._unsafe_index_put.default(
+                f, [aten.remainder.Scalar(a, 3)], aten.unsqueeze.default(f, 2), True
+            ),
+        )
+
+    check(fn, a, f, m)

@@ -128,3 +128,24 @@ def test_graph_with_scalar_and_none_outputs():
         return (aten.add.Tensor(x, 1.0), None)
 
     check(fn, torch.randn(3))
+
+
+def test_pointwise_kernel_walks_memory_in_the_output_order():
+    from kiln.loopir.printing import render_group
+
+    x = torch.randn(5, 4).t()
+    c = check(lambda x: (aten.mul.Tensor(x, 2.0),), x)
+    (step,) = c.steps
+    assert step.group.nodes[0].loop_order() == (1, 0)
+    assert "store(buf0, xindex," in render_group(step.group)
+    assert "load(x, xindex)" in render_group(step.group)
+
+
+def test_dying_input_is_overwritten_in_place():
+    def fn(x):
+        a = aten.sum.dim_IntList(x, [1], True)  # a reduction: its own buffer
+        b = aten.exp.default(aten.sub.Tensor(x, a))
+        return (aten.mul.Tensor(aten.sum.dim_IntList(b, [0]), 2.0),)
+
+    c = check(fn, torch.randn(8, 8))
+    assert "# inplace" in c.source or "# reuse" in c.source or c.kernel_count <= 2

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Literal
+from typing import Any, Literal
 
 import sympy
 import torch
@@ -31,6 +31,7 @@ from kiln.loopir import sizes
 from kiln.loopir.ir.buffers import ComputedBuffer
 from kiln.loopir.ir.layout import Layout
 from kiln.loopir.ir.loops import Pointwise, Reduction, Scatter
+from kiln.loopir.virtualized import current_ops_handler, set_ops_handler
 
 __all__ = ["XINDEX", "RINDEX", "SEEDS", "KernelNode", "KernelGroup", "KernelCode", "NodeMode"]
 
@@ -76,25 +77,42 @@ class KernelNode:
         return self.buffer.data.origin
 
     def body(self, xindex: sympy.Expr, rindex: sympy.Expr | None) -> None:
-        """Emit this node's loads, math and stores through ``ops``."""
+        """Emit this node's loads, math and stores through ``ops``.
+
+        Every index reaching the handler is simplified with the ranges of
+        ``xindex``/``rindex`` (when they are symbols), so split-and-rejoined
+        digits read as the plain flat index.
+        """
+        known = self._ranges(xindex, rindex)
+        with set_ops_handler(_Simplifying(current_ops_handler(), known)):
+            self._emit(xindex, rindex, known)
+
+    def _ranges(self, xindex: sympy.Expr, rindex: sympy.Expr | None) -> dict[sympy.Symbol, int]:
         data = self.buffer.data
-        indexer = self.buffer.layout.index
         known: dict[sympy.Symbol, int] = {}
         if isinstance(data, Reduction):
-            assert rindex is not None, "a reduction node needs rindex"
             _note_range(known, xindex, data.numel())
-            _note_range(known, rindex, data.reduction_numel())
+            if rindex is not None:
+                _note_range(known, rindex, data.reduction_numel())
+        elif self.mode == "xr" and rindex is not None:
+            _note_range(known, xindex, data.numel() / self.rnumel)
+            _note_range(known, rindex, self.rnumel)
+        else:
+            _note_range(known, xindex, data.numel())
+        return known
+
+    def _emit(
+        self, xindex: sympy.Expr, rindex: sympy.Expr | None, known: dict[sympy.Symbol, int]
+    ) -> None:
+        data = self.buffer.data
+        indexer = self.buffer.layout.index
+        if isinstance(data, Reduction):
+            assert rindex is not None, "a reduction node needs rindex"
             idx = _split(xindex, data.ranges, known)
             ridx = _split(rindex, data.reduction_ranges, known)
             data.store_output(self.name, indexer, idx, ridx)
             return
-        if self.mode == "xr" and rindex is not None:
-            flat = xindex * self.rnumel + rindex
-            _note_range(known, xindex, data.numel() / self.rnumel)
-            _note_range(known, rindex, self.rnumel)
-        else:
-            flat = xindex
-            _note_range(known, xindex, data.numel())
+        flat = xindex * self.rnumel + rindex if self.mode == "xr" and rindex is not None else xindex
         order = self.loop_order()
         parts = _split(flat, tuple(data.ranges[d] for d in order), known)
         index: list[sympy.Expr] = [sympy.S.Zero] * len(order)
@@ -119,6 +137,32 @@ class KernelNode:
         if layout.is_contiguous() or any(s is None for s in strides):
             return identity
         return tuple(sorted(identity, key=lambda d: (-(strides[d] or 0), d)))
+
+
+class _Simplifying:
+    """Forwards to ``inner``, simplifying every index with the loop ranges first."""
+
+    def __init__(self, inner: Any, known: dict[sympy.Symbol, int]) -> None:
+        self.inner = inner
+        self.known = known
+
+    def _s(self, index: sympy.Expr) -> sympy.Expr:
+        return sizes.simplify_with_ranges(sympy.expand(index), self.known)
+
+    def load(self, name: str, index: sympy.Expr) -> Any:
+        return self.inner.load(name, self._s(index))
+
+    def store(self, name: str, index: sympy.Expr, value: Any, mode: str | None = None) -> None:
+        self.inner.store(name, self._s(index), value, mode)
+
+    def store_reduction(self, name: str, index: sympy.Expr, value: Any) -> None:
+        self.inner.store_reduction(name, self._s(index), value)
+
+    def index_expr(self, expr: sympy.Expr, dtype: torch.dtype) -> Any:
+        return self.inner.index_expr(self._s(expr), dtype)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
 
 def _note_range(known: dict[sympy.Symbol, int], sym: sympy.Expr, size: sympy.Expr) -> None:

@@ -236,4 +236,29 @@ def simplify_with_ranges(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> s
         if b is not None and span is not None and b[0] >= 0 and b[1] < span:
             return simplify_with_ranges(FloorDiv(base, div), ranges)
         return expr
+    if isinstance(expr, sympy.Add):
+        return _merge_digits(expr)
+    return expr
+
+
+def _merge_digits(expr: sympy.Expr) -> sympy.Expr:
+    """Put split digits back together: ``d*(e // d) + (e % d)`` is ``e``, and
+    ``d*((e // d) % m) + (e % d)`` is ``e % (d*m)``."""
+    terms = list(expr.args)
+    for i, low in enumerate(terms):
+        if not (isinstance(low, ModularIndexing) and low.args[1] == 1):
+            continue
+        e, d = low.args[0], low.args[2]
+        for j, high in enumerate(terms):
+            coeff, rest = high.as_coeff_Mul()
+            if j == i or coeff != d:
+                continue
+            if isinstance(rest, FloorDiv) and rest.args == (e, d):
+                merged = e
+            elif isinstance(rest, ModularIndexing) and rest.args[:2] == (e, d):
+                merged = ModularIndexing(e, 1, d * rest.args[2])
+            else:
+                continue
+            others = [t for k, t in enumerate(terms) if k not in (i, j)]
+            return _merge_digits(sympy.Add(*others, merged))
     return expr

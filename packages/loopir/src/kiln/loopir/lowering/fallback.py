@@ -19,7 +19,7 @@ from kiln.loopir.ir.buffers import ExternBuffer, MultiOutput
 from kiln.loopir.ir.layout import Layout, layout_of_tensor
 from kiln.loopir.ir.strided import realize_as_tensor
 from kiln.loopir.ir.views import StorageBox, TensorBox
-from kiln.loopir.lowering.registry import register_lowering
+from kiln.loopir.lowering.registry import overloads, register_lowering
 from kiln.loopir.virtualized import V
 
 __all__ = ["fallback", "extern_call", "EXTERN_OPS"]
@@ -27,14 +27,29 @@ __all__ = ["fallback", "extern_call", "EXTERN_OPS"]
 log = logging.getLogger(__name__)
 aten = torch.ops.aten
 
-EXTERN_OPS = (
-    "mm", "bmm", "addmm", "baddbmm", "convolution", "_convolution", "convolution_backward",
-    "_scaled_dot_product_flash_attention_for_cpu", "sort", "topk", "native_group_norm",
-    "max_pool2d_with_indices", "max_pool2d_with_indices_backward", "avg_pool2d",
-    "avg_pool2d_backward", "_adaptive_avg_pool2d", "_adaptive_avg_pool2d_backward",
-    "upsample_nearest2d", "upsample_bilinear2d", "_cdist_forward", "nonzero", "masked_select",
-)  # fmt: skip
-"""ATen ops the wrapper calls on purpose (names of ``torch.ops.aten`` packets)."""
+EXTERN_OPS: dict[str, tuple[str, ...]] = {
+    "mm": ("default",),
+    "bmm": ("default",),
+    "addmm": ("default",),
+    "baddbmm": ("default",),
+    "convolution": ("default",),
+    "_convolution": ("default",),
+    "convolution_backward": ("default",),
+    "_scaled_dot_product_flash_attention_for_cpu": ("default",),
+    "sort": ("default", "stable"),
+    "topk": ("default",),
+    "native_group_norm": ("default",),
+    "max_pool2d_with_indices": ("default",),
+    "max_pool2d_with_indices_backward": ("default",),
+    "avg_pool2d": ("default",),
+    "avg_pool2d_backward": ("default",),
+    "_adaptive_avg_pool2d": ("default",),
+    "_adaptive_avg_pool2d_backward": ("default",),
+    "upsample_nearest2d": ("default", "vec"),
+    "upsample_bilinear2d": ("default", "vec"),
+    "_cdist_forward": ("default",),
+}
+"""ATen ops (packet → overloads) the wrapper calls on purpose."""
 
 
 def _layout(meta: torch.Tensor) -> Layout:
@@ -88,4 +103,4 @@ def _extern(*args: Any, **kwargs: Any) -> Any:
     return extern_call(V.graph.current_op, args, kwargs, is_fallback=False)
 
 
-register_lowering(*[getattr(aten, n) for n in EXTERN_OPS if hasattr(aten, n)])(_extern)
+register_lowering(*[op for n, ovls in EXTERN_OPS.items() for op in overloads(n, *ovls)])(_extern)

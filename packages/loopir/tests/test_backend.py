@@ -1,0 +1,102 @@
+"""The backend registry: explicit registration, entry points, module fallbacks, reference."""
+
+import logging
+import sys
+import types
+
+import pytest
+import torch
+from loopir_testing import aten_graph, to_meta
+
+from kiln.loopir import BackendError, ReferenceBackend, compile_graph
+from kiln.loopir import backend as registry
+
+aten = torch.ops.aten
+
+
+class Recording(ReferenceBackend):
+    name = "recording"
+
+    def __init__(self):
+        self.groups = []
+
+    def codegen_kernel(self, group):
+        self.groups.append(group)
+        return super().codegen_kernel(group)
+
+
+@pytest.fixture
+def fresh_registry(monkeypatch):
+    monkeypatch.setattr(registry, "_registered", {})
+    monkeypatch.setattr(registry, "_resolved", {})
+    monkeypatch.setattr(registry, "FALLBACK_MODULES", {})
+    monkeypatch.setattr(registry, "_from_entry_points", lambda device_type: None)
+
+
+def test_register_backend_is_used_by_compile_graph(fresh_registry):
+    rec = Recording()
+    registry.register_backend("cpu", rec)
+    x = torch.randn(4, 4)
+    gm = aten_graph(lambda x: (aten.sin.default(x),), x)
+    out = compile_graph(gm, [to_meta(x)])(x)
+    torch.testing.assert_close(out[0], x.sin())
+    assert len(rec.groups) == 1 and rec.groups[0].args == ("x", "buf0")
+
+
+def test_factory_and_class_registrations(fresh_registry):
+    registry.register_backend("cpu", Recording)
+    assert isinstance(registry.get_backend("cpu"), Recording)
+    registry.register_backend("cpu", lambda device_type: Recording())
+    assert isinstance(registry.get_backend("cpu"), Recording)
+
+
+def test_fallback_module_with_make_backend(fresh_registry, monkeypatch):
+    module = types.ModuleType("fake_codegen")
+    module.make_backend = lambda device_type: Recording()
+    monkeypatch.setitem(sys.modules, "fake_codegen", module)
+    monkeypatch.setitem(registry.FALLBACK_MODULES, "cpu", ("missing_codegen", "fake_codegen"))
+    assert isinstance(registry.get_backend("cpu"), Recording)
+
+
+def test_unavailable_backend_falls_through_to_reference(fresh_registry, monkeypatch, caplog):
+    module = types.ModuleType("broken_codegen")
+
+    def make_backend(device_type):
+        raise BackendError("no compiler here")
+
+    module.make_backend = make_backend
+    monkeypatch.setitem(sys.modules, "broken_codegen", module)
+    monkeypatch.setitem(registry.FALLBACK_MODULES, "cpu", ("broken_codegen",))
+    with caplog.at_level(logging.WARNING):
+        found = registry.get_backend("cpu")
+    assert isinstance(found, ReferenceBackend)
+    assert "reference backend" in caplog.text
+
+
+def test_entry_points_are_searched(monkeypatch):
+    monkeypatch.setattr(registry, "_registered", {})
+    monkeypatch.setattr(registry, "_resolved", {})
+
+    class EP:
+        name, value = "fakedev", "fake:make"
+
+        def load(self):
+            return Recording
+
+    monkeypatch.setattr(registry.metadata, "entry_points", lambda group: [EP()])
+    assert isinstance(registry.get_backend("fakedev"), Recording)
+
+
+def test_fusion_veto_is_respected(fresh_registry, caplog):
+    class NoFusion(Recording):
+        def fusion_veto(self, group):
+            return "this backend runs one node per kernel"
+
+    x = torch.randn(4, 4)
+    gm = aten_graph(
+        lambda x: (aten.sum.dim_IntList(aten.sin.default(x), [1]), aten.cos.default(x)), x
+    )
+    with caplog.at_level(logging.INFO, logger="kiln.loopir.fusion"):
+        compiled = compile_graph(gm, [to_meta(x)], backend=NoFusion())
+    assert compiled.kernel_count == 2
+    assert "backend refused: this backend runs one node per kernel" in caplog.text
