@@ -2,8 +2,8 @@
 
 Python binds the arguments itself when the check is called like the function, so
 ``L['x']`` is just the parameter ``x``; ``G[...]`` reads the function's globals dict,
-``C[...]`` a closure cell. Every other object the check needs (types, dtypes, module
-torch state readers) is bound by name in the check's own namespace, under
+``C[...]`` a closure cell. Every other object the check needs (types, dtypes, torch
+state readers, the module stamp) is bound by name in the check's own namespace, under
 a prefix no parameter uses. Sub-expressions several guards share are computed once
 into locals; every tensor is checked in one boolean expression; any exception while
 reading the frame means "does not match".

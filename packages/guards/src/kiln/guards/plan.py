@@ -2,10 +2,10 @@
 
 Duplicates and guards implied by others go. Guards a ``MODULE_TREE`` guard's stamp
 protects move into that tree's group (:mod:`kiln.guards.module_tree`). The rest run
-cheapest and likeliest to fail first: single comparisons (constants, identities, types, the module stamp),
-then global torch state, then container shapes, then every tensor in one
-expression, then hook registries. Within a rank, shallower sources go first so a
-container's own guards run before guards on its items.
+cheapest and likeliest to fail first: single comparisons (constants, identities,
+types, module roots), then global torch state, then container shapes, then every
+tensor in one expression, then hook registries. Within a rank, shallower sources go
+first so a container's own guards run before guards on its items.
 """
 
 from __future__ import annotations
