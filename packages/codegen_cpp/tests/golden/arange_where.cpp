@@ -1,11 +1,11 @@
 // arange_where: fuses where, isnan
 // numel=168, rnumel=1; in_ptr0=x, out_ptr0=buf0, out_ptr1=buf1
 extern "C" void arange_where(const float* __restrict__ in_ptr0, float* out_ptr0, bool* out_ptr1, int64_t nthreads) {
+  auto tmp3 = kiln::Vec<float>(0.0f);
   for (int64_t xindex = 0; xindex < 160; xindex += 16) {
     auto tmp0 = kiln::iota<int64_t>(static_cast<int64_t>(xindex), static_cast<int64_t>(1));
     auto tmp1 = kiln::cast<float>(tmp0);
     auto tmp2 = kiln::Vec<float>::loadu(in_ptr0 + xindex);
-    auto tmp3 = kiln::Vec<float>(0.0f);
     auto tmp4 = tmp2 > tmp3;
     auto tmp5 = -tmp1;
     auto tmp6 = kiln::where(tmp4, tmp1, tmp5);

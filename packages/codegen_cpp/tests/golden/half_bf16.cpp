@@ -1,10 +1,10 @@
 // half_torch_bfloat16: fuses pw
 // numel=77, rnumel=1; in_ptr0=a, out_ptr0=buf0, out_ptr1=buf1
 extern "C" void half_bf16(const kiln::bf16_t* __restrict__ in_ptr0, kiln::bf16_t* out_ptr0, float* out_ptr1, int64_t nthreads) {
+  auto tmp2 = kiln::Vec<float>(3.0f);
   for (int64_t xindex = 0; xindex < 64; xindex += 16) {
     auto tmp0 = kiln::load_bf16(in_ptr0 + xindex);
     auto tmp1 = tmp0;
-    auto tmp2 = kiln::Vec<float>(3.0f);
     auto tmp3 = tmp1 * tmp2;
     auto tmp4 = kiln::round_to_bf16(tmp3);
     kiln::store_bf16(out_ptr0 + xindex, tmp4);

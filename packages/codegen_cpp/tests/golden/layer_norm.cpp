@@ -22,30 +22,30 @@ extern "C" void layer_norm(const float* __restrict__ in_ptr0, const float* __res
       out_ptr1[xindex] = acc1_m2;
     }
     {
+      auto tmp3 = kiln::Vec<float>(out_ptr1[xindex]);
+      auto tmp4 = kiln::Vec<float>(100.0f);
+      auto tmp5 = tmp3 / tmp4;
+      auto tmp6 = kiln::Vec<float>(1e-05f);
+      auto tmp7 = tmp5 + tmp6;
+      auto tmp8 = kiln::map(tmp7, [](float t) { return static_cast<float>(std::sqrt(t)); });
+      auto tmp9 = kiln::Vec<float>(1) / tmp8;
+      auto tmp11 = kiln::Vec<float>(out_ptr0[xindex]);
       for (int64_t rindex = 0; rindex < 96; rindex += 16) {
-        auto tmp3 = kiln::Vec<float>(out_ptr1[xindex]);
-        auto tmp4 = kiln::Vec<float>(100.0f);
-        auto tmp5 = tmp3 / tmp4;
-        auto tmp6 = kiln::Vec<float>(1e-05f);
-        auto tmp7 = tmp5 + tmp6;
-        auto tmp8 = kiln::map(tmp7, [](float t) { return static_cast<float>(std::sqrt(t)); });
-        auto tmp9 = kiln::Vec<float>(1) / tmp8;
         auto tmp10 = kiln::Vec<float>::loadu(in_ptr0 + rindex + 100 * xindex);
-        auto tmp11 = kiln::Vec<float>(out_ptr0[xindex]);
         auto tmp12 = tmp10 - tmp11;
         auto tmp13 = tmp12 * tmp9;
         auto tmp14 = kiln::Vec<float>::loadu(in_ptr1 + rindex);
         auto tmp15 = tmp13 * tmp14;
         tmp15.store(out_ptr2 + rindex + 100 * xindex);
       }
+      const float tmp16 = out_ptr1[xindex];
+      const float tmp17 = tmp16 / 100.0f;
+      const float tmp18 = tmp17 + 1e-05f;
+      const float tmp19 = std::sqrt(tmp18);
+      const float tmp20 = static_cast<float>(1) / tmp19;
+      const float tmp22 = out_ptr0[xindex];
       for (int64_t rindex = 96; rindex < 100; ++rindex) {
-        const float tmp16 = out_ptr1[xindex];
-        const float tmp17 = tmp16 / 100.0f;
-        const float tmp18 = tmp17 + 1e-05f;
-        const float tmp19 = std::sqrt(tmp18);
-        const float tmp20 = static_cast<float>(1) / tmp19;
         const float tmp21 = in_ptr0[rindex + 100 * xindex];
-        const float tmp22 = out_ptr0[xindex];
         const float tmp23 = tmp21 - tmp22;
         const float tmp24 = tmp23 * tmp20;
         const float tmp25 = in_ptr1[rindex];

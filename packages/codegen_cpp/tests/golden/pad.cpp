@@ -1,16 +1,16 @@
 // pad: fuses constant_pad_nd
 // numel=350, rnumel=1; in_ptr0=x, out_ptr0=buf0
 extern "C" void pad(const float* __restrict__ in_ptr0, float* out_ptr0, int64_t nthreads) {
+  auto tmp1 = kiln::Vec<int64_t>(static_cast<int64_t>(2));
+  auto tmp3 = kiln::Vec<int64_t>(static_cast<int64_t>(32));
+  auto tmp8 = kiln::Vec<float>(-1.5f);
   for (int64_t xindex = 0; xindex < 336; xindex += 16) {
     auto tmp0 = kiln::from_lanes<int64_t>([&](int64_t lane) { return static_cast<int64_t>((lane + xindex) % 35); });
-    auto tmp1 = kiln::Vec<int64_t>(static_cast<int64_t>(2));
     auto tmp2 = tmp0 >= tmp1;
-    auto tmp3 = kiln::Vec<int64_t>(static_cast<int64_t>(32));
     auto tmp4 = tmp0 < tmp3;
     auto tmp5 = tmp2 & tmp4;
     auto tmp6 = kiln::masked_lanes<float>(tmp5, [&](int64_t lane) { return in_ptr0[30 * ((lane + xindex) / 35) + (lane + xindex) % 35 - 2]; });
     auto tmp7 = kiln::exp(tmp6);
-    auto tmp8 = kiln::Vec<float>(-1.5f);
     auto tmp9 = kiln::where(tmp5, tmp7, tmp8);
     tmp9.store(out_ptr0 + xindex);
   }

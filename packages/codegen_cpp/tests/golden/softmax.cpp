@@ -19,16 +19,16 @@ extern "C" void softmax(const float* __restrict__ in_ptr0, float* out_ptr0, floa
     {
       float acc7 = static_cast<float>(0);
       kiln::Vec<float> acc7_vec = kiln::Vec<float>(static_cast<float>(0));
+      auto tmp4 = kiln::Vec<float>(out_ptr0[xindex]);
       for (int64_t rindex = 0; rindex < 48; rindex += 16) {
         auto tmp3 = kiln::Vec<float>::loadu(in_ptr0 + rindex + 53 * xindex);
-        auto tmp4 = kiln::Vec<float>(out_ptr0[xindex]);
         auto tmp5 = tmp3 - tmp4;
         auto tmp6 = kiln::exp(tmp5);
         acc7_vec = acc7_vec + tmp6;
       }
+      const float tmp9 = out_ptr0[xindex];
       for (int64_t rindex = 48; rindex < 53; ++rindex) {
         const float tmp8 = in_ptr0[rindex + 53 * xindex];
-        const float tmp9 = out_ptr0[xindex];
         const float tmp10 = tmp8 - tmp9;
         const float tmp11 = std::exp(tmp10);
         acc7 = acc7 + tmp11;
@@ -37,21 +37,21 @@ extern "C" void softmax(const float* __restrict__ in_ptr0, float* out_ptr0, floa
       out_ptr1[xindex] = acc7;
     }
     {
+      auto tmp13 = kiln::Vec<float>(out_ptr0[xindex]);
+      auto tmp16 = kiln::Vec<float>(out_ptr1[xindex]);
       for (int64_t rindex = 0; rindex < 48; rindex += 16) {
         auto tmp12 = kiln::Vec<float>::loadu(in_ptr0 + rindex + 53 * xindex);
-        auto tmp13 = kiln::Vec<float>(out_ptr0[xindex]);
         auto tmp14 = tmp12 - tmp13;
         auto tmp15 = kiln::exp(tmp14);
-        auto tmp16 = kiln::Vec<float>(out_ptr1[xindex]);
         auto tmp17 = tmp15 / tmp16;
         tmp17.store(out_ptr2 + rindex + 53 * xindex);
       }
+      const float tmp19 = out_ptr0[xindex];
+      const float tmp22 = out_ptr1[xindex];
       for (int64_t rindex = 48; rindex < 53; ++rindex) {
         const float tmp18 = in_ptr0[rindex + 53 * xindex];
-        const float tmp19 = out_ptr0[xindex];
         const float tmp20 = tmp18 - tmp19;
         const float tmp21 = std::exp(tmp20);
-        const float tmp22 = out_ptr1[xindex];
         const float tmp23 = tmp21 / tmp22;
         out_ptr2[rindex + 53 * xindex] = tmp23;
       }

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 from collections.abc import Callable, Sequence
 
 import sympy
@@ -32,17 +33,41 @@ from kiln.loopir.virtualized import set_ops_handler
 
 __all__ = ["KernelOps", "KernelWriter"]
 
+_NAME = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
 _LANE = sympy.Symbol("lane", integer=True, nonnegative=True)
 
 
 @dataclasses.dataclass
+class Code:
+    """A loop body: lines hoisted before the loop (invariant in it), and the body itself."""
+
+    hoisted: list[str]
+    lines: list[str]
+
+
+@dataclasses.dataclass
 class _Body:
-    """Lines of one loop body and the values it already computed (for CSE)."""
+    """Lines of one loop body and the values it already computed (for CSE).
+
+    With ``hoisted`` set, values that depend neither on ``loop_var`` nor on a
+    value computed inside the loop (``variant``) are declared there instead:
+    loop-invariant code motion, which the C++ compiler cannot do itself when
+    it must assume an output pointer may alias an input.
+    """
 
     lines: list[str]
     cache: dict[str, CppVar]
     stored: dict[tuple[str, str], CppVar]
     reductions: dict[str, object] = dataclasses.field(default_factory=dict)
+    hoisted: list[str] | None = None
+    loop_var: str = ""
+    variant: set[str] = dataclasses.field(default_factory=set)
+
+    def invariant(self, expr: str) -> bool:
+        if self.hoisted is None:
+            return False
+        names = set(_NAME.findall(expr))
+        return self.loop_var not in names and not names & self.variant
 
 
 class KernelOps(CppOps):
@@ -137,45 +162,46 @@ class KernelWriter:
                 node.body(xindex, rindex if node.mode == "xr" else None)
 
     # -- passes -----------------------------------------------------------------------
-    def vector_pass(
-        self, run: Callable[[], None], length: int, var: sympy.Symbol
-    ) -> list[str] | None:
+    def vector_pass(self, run: Callable[[], None], length: int, var: sympy.Symbol) -> Code | None:
         """Lines of ``run`` vectorized along ``var``; None when something cannot be."""
         if not self._can_vectorize(length):
             return None
         self.vec_var = var
         first_name = self._next_name
         try:
-            lines = self._pass(run, vectorized=True)
+            lines = self._pass(run, True, var.name)
         except CannotVectorize:
             self._next_name = first_name  # the failed pass leaves no code behind
             return None
         self.used_vector = True
         return lines
 
-    def nested_lines(self, run: Callable[[], None]) -> list[str]:
-        """Lines of ``run`` in the current pass, for a nested loop body: it sees the
-        values computed so far, and what it computes stays inside it."""
+    def nested_lines(self, run: Callable[[], None], loop_var: str) -> Code:
+        """Code of ``run`` in the current pass, for a nested loop over ``loop_var``: it
+        sees the values computed so far, and what it computes stays inside it."""
         outer = self._body
-        self._body = _Body([], dict(outer.cache), {})
+        self._body = _Body([], dict(outer.cache), {}, hoisted=[], loop_var=loop_var)
         try:
             run()
-            return self._body.lines
+            return Code(self._body.hoisted or [], self._body.lines)
         finally:
             self._body = outer
 
     def emit_lines(self, lines: list[str]) -> None:
         self._body.lines += lines
 
-    def scalar_pass(self, run: Callable[[], None]) -> list[str]:
-        return self._pass(run, vectorized=False)
+    def scalar_pass(self, run: Callable[[], None], loop_var: str = "") -> Code:
+        """Scalar code of ``run``; with ``loop_var``, invariants of that loop are hoisted."""
+        return self._pass(run, False, loop_var)
 
-    def _pass(self, run: Callable[[], None], vectorized: bool) -> list[str]:
+    def _pass(self, run: Callable[[], None], vectorized: bool, loop_var: str) -> Code:
         saved = (self._body, self.vectorized)
-        self._body, self.vectorized = _Body([], {}, {}), vectorized
+        hoisted: list[str] | None = [] if loop_var else None
+        self._body = _Body([], {}, {}, hoisted=hoisted, loop_var=loop_var)
+        self.vectorized = vectorized
         try:
             run()
-            return self._body.lines
+            return Code(self._body.hoisted or [], self._body.lines)
         finally:
             self._body, self.vectorized = saved
 
@@ -192,8 +218,14 @@ class KernelWriter:
             return found
         var = CppVar(f"tmp{self._fresh()}", dtype)
         ctype = "auto" if self.vectorized else f"const {compute_ctype(dtype)}"
-        self._body.lines.append(f"{ctype} {var} = {expr};")
-        self._body.cache[key] = var
+        body = self._body
+        if body.invariant(expr):
+            assert body.hoisted is not None
+            body.hoisted.append(f"{ctype} {var} = {expr};")
+        else:
+            body.lines.append(f"{ctype} {var} = {expr};")
+            body.variant.add(var.name)
+        body.cache[key] = var
         return var
 
     @property
@@ -354,6 +386,7 @@ class KernelWriter:
         else:
             value = f"{x} < 0 ? {x} + {bound} : {x}"
         self._body.lines.append(f"const int64_t {sym} = {value};")
+        self._body.variant.add(sym.name)
         return sym
 
     def masked(self, mask: CppVar, body: Callable[[], CppVar], other: bool | float) -> CppVar:
@@ -367,6 +400,7 @@ class KernelWriter:
         finally:
             self._body = outer
         fn = f"tmp{self._fresh()}"
+        outer.variant.add(fn)
         outer.lines += [
             f"auto {fn} = [&] {{",
             *("  " + line for line in inner),
@@ -383,7 +417,7 @@ class KernelWriter:
             mask.name if self._mask is None else self.cse(f"{self._mask} & {mask}", torch.bool).name
         )
         outer = self._body
-        self._body = _Body(outer.lines, dict(outer.cache), {})
+        self._body = _Body(outer.lines, dict(outer.cache), {}, variant=outer.variant)
         self._masks.append(active)
         try:
             result = body()

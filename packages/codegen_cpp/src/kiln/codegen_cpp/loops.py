@@ -21,7 +21,7 @@ from kiln.codegen_cpp.segments import Segment, load_indices, split_segments
 from kiln.loopir.kernel import RINDEX, XINDEX
 
 if TYPE_CHECKING:
-    from kiln.codegen_cpp.kernel import KernelWriter
+    from kiln.codegen_cpp.kernel import Code, KernelWriter
 
 __all__ = ["PARALLEL_MIN_WORK", "SPLIT_REDUCTION_MAX_NUMEL", "LoopNests", "loop"]
 
@@ -63,14 +63,15 @@ class LoopNests:
     def _pointwise(self) -> list[str]:
         w = self.w
         run = functools.partial(w.run_nodes, w.group.nodes, XINDEX)
-        vec_lines = w.vector_pass(run, w.numel, XINDEX)
-        scalar_lines = w.scalar_pass(run)
-        if vec_lines is None:
-            return [*self._parallel(w.numel), *loop("xindex", 0, w.numel, 1, scalar_lines)]
+        vec = w.vector_pass(run, w.numel, XINDEX)
+        scalar = w.scalar_pass(run, "xindex")
+        parallel = self._parallel(w.numel)
+        if vec is None:
+            return [*scalar.hoisted, *parallel, *loop("xindex", 0, w.numel, 1, scalar.lines)]
         end = w.numel - w.numel % w.lanes
-        lines = [*self._parallel(w.numel), *loop("xindex", 0, end, w.lanes, vec_lines)]
+        lines = [*vec.hoisted, *parallel, *loop("xindex", 0, end, w.lanes, vec.lines)]
         if end < w.numel:
-            lines += loop("xindex", end, w.numel, 1, scalar_lines)
+            lines += [*scalar.hoisted, *loop("xindex", end, w.numel, 1, scalar.lines)]
         return lines
 
     # -- reductions -------------------------------------------------------------------
@@ -81,10 +82,11 @@ class LoopNests:
         rows_start = 0
         lines: list[str] = []
         if not split_r and self._prefers_row_lanes():
-            row_lines = w.vector_pass(self._row_lanes_body, w.numel, XINDEX)
-            if row_lines is not None:
+            rows = w.vector_pass(self._row_lanes_body, w.numel, XINDEX)
+            if rows is not None:
                 rows_start = w.numel - w.numel % w.lanes
-                lines += [*self._parallel(work), *loop("xindex", 0, rows_start, w.lanes, row_lines)]
+                lines += [*rows.hoisted, *self._parallel(work)]
+                lines += loop("xindex", 0, rows_start, w.lanes, rows.lines)
         if rows_start == w.numel:
             return lines
         inner: list[str] = []
@@ -92,7 +94,7 @@ class LoopNests:
             if isinstance(part, Segment):
                 inner += self._segment_block(part, split_r)
             else:
-                inner += w.scalar_pass(functools.partial(w.run_nodes, [part], XINDEX))
+                inner += w.scalar_pass(functools.partial(w.run_nodes, [part], XINDEX)).lines
         pragma = [] if split_r else self._parallel((w.numel - rows_start) * max(w.rnumel, 1))
         return [*lines, *pragma, *loop("xindex", rows_start, w.numel, 1, inner)]
 
@@ -121,11 +123,12 @@ class LoopNests:
             part.row_lanes = True
             w.segment = part
             try:
-                body = w.nested_lines(functools.partial(w.run_segment, part))
+                body = w.nested_lines(functools.partial(w.run_segment, part), "rindex")
             finally:
                 w.segment = None
             block = [line for acc in part.accumulators for line in acc.declarations()]
-            block += [*loop("rindex", 0, w.rnumel, 1, body), *part.final_stores]
+            block += [*body.hoisted, *loop("rindex", 0, w.rnumel, 1, body.lines)]
+            block += part.final_stores
             w.emit_lines(_block(block))
 
     def _segment_block(self, segment: Segment, split_r: bool) -> list[str]:
@@ -134,38 +137,39 @@ class LoopNests:
         w.segment = segment
         try:
             run = functools.partial(w.run_segment, segment)
-            vec_lines = w.vector_pass(run, w.rnumel, RINDEX)
-            if vec_lines is None:
+            vec = w.vector_pass(run, w.rnumel, RINDEX)
+            if vec is None:
                 segment.reset()  # forget the failed vector pass's accumulators
-            scalar_lines = w.scalar_pass(run)
+            scalar = w.scalar_pass(run, "rindex")
         finally:
             w.segment = None
         accs = segment.accumulators
         if split_r:
-            lines = self._split_reduction(accs, vec_lines, scalar_lines)
+            lines = self._split_reduction(accs, vec, scalar)
         else:
             lines = [line for acc in accs for line in acc.declarations()]
-            lines += self._r_loops("0", str(w.rnumel), vec_lines, scalar_lines)
+            lines += self._r_loops("0", str(w.rnumel), vec, scalar)
             lines += [line for acc in accs for line in acc.fold_lanes()]
         return _block([*lines, *segment.final_stores])
 
-    def _r_loops(
-        self, start: str, end: str, vec_lines: list[str] | None, scalar_lines: list[str]
-    ) -> list[str]:
-        """The vector loop over whole vectors of [start, end), then the scalar rest."""
+    def _r_loops(self, start: str, end: str, vec: Code | None, scalar: Code) -> list[str]:
+        """Hoisted invariants, the vector loop over whole vectors of [start, end),
+        then the scalar rest."""
         lanes = self.w.lanes
-        if vec_lines is None:
-            return list(loop("rindex", start, end, 1, scalar_lines))
+        if vec is None:
+            return [*scalar.hoisted, *loop("rindex", start, end, 1, scalar.lines)]
         static = start == "0" and end.isdigit()
         vec_end = str(int(end) - int(end) % lanes) if static else "rvec_end"
-        lines = [] if static else [f"const int64_t rvec_end = {end} - ({end} - {start}) % {lanes};"]
-        lines += loop("rindex", start, vec_end, lanes, vec_lines)
+        lines = [*vec.hoisted]
+        if not static:
+            lines.append(f"const int64_t rvec_end = {end} - ({end} - {start}) % {lanes};")
+        lines += loop("rindex", start, vec_end, lanes, vec.lines)
         if vec_end != end:
-            lines += loop("rindex", vec_end, end, 1, scalar_lines)
+            lines += [*scalar.hoisted, *loop("rindex", vec_end, end, 1, scalar.lines)]
         return lines
 
     def _split_reduction(
-        self, accs: list[Accumulator], vec_lines: list[str] | None, scalar_lines: list[str]
+        self, accs: list[Accumulator], vec: Code | None, scalar: Code
     ) -> list[str]:
         """Chunks of ``rindex`` reduced by parallel threads, merged in chunk order.
 
@@ -184,7 +188,7 @@ class LoopNests:
             "const int64_t rstart = chunk * rchunk;",
             f"const int64_t rend = std::min<int64_t>(rstart + rchunk, {rnumel});",
             *(line for acc in accs for line in acc.declarations()),
-            *self._r_loops("rstart", "rend", vec_lines, scalar_lines),
+            *self._r_loops("rstart", "rend", vec, scalar),
             *(line for acc in accs for line in acc.fold_lanes()),
             *(line for acc in accs for line in acc.save_partial("chunk")),
         ]
