@@ -220,9 +220,20 @@ class CheckSource:
             f"{v}.requires_grad is {meta.requires_grad!r}",
         ]
         if meta.dispatch_keys:
-            keys = self.bind(meta.dispatch_keys, "keys")
-            parts.append(f"{self.bind(checks.dispatch_key_names, 'dispatch_keys')}({v}) == {keys}")
+            parts.append(self._dispatch_keys_condition(v, meta.dispatch_keys))
         return " and ".join(parts)
+
+    def _dispatch_keys_condition(self, v: str, names: frozenset[str]) -> str:
+        """Compare key sets as torch's raw integers; by names when a name is not a key here."""
+        try:
+            keyset = torch._C.DispatchKeySet(torch._C.DispatchKey.Undefined)
+            for name in names:
+                keyset = keyset | torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, name))
+            raw = keyset.raw_repr()
+        except (AttributeError, TypeError):
+            keys = self.bind(names, "keys")
+            return f"{self.bind(checks.dispatch_key_names, 'dispatch_keys')}({v}) == {keys}"
+        return f"{self.bind(torch._C._dispatch_keys, 'dispatch_keys')}({v}).raw_repr() == {raw}"
 
     def global_state_condition(self, gs: GlobalState) -> str:
         fns = {
