@@ -67,9 +67,16 @@ inline void arg_lanes(T& best, int64_t& best_idx, Vec<T> lanes, Vec<int64_t> lan
 // ---- Welford: running mean, sum of squared deviations (m2) and count ---------
 template <typename V, typename T>
 inline void welford_update(V& mean, V& m2, V& weight, V x) {
-  weight = weight + T(1);
   V delta = x - mean;
-  mean = mean + delta / weight;
+  if constexpr (std::is_same_v<V, Vec<T>>) {
+    // Every lane has seen as many elements: one scalar division for all of them.
+    T w = weight.v[0] + T(1);
+    weight = V(w);
+    mean = mean + delta * V(T(1) / w);
+  } else {
+    weight = weight + T(1);
+    mean = mean + delta / weight;
+  }
   m2 = m2 + delta * (x - mean);
 }
 // Chan et al.'s parallel merge of (mean_b, m2_b, weight_b) into (mean, m2, weight).
