@@ -43,6 +43,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("bench-results"))
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per model and backend")
     p.add_argument("--budget", type=float, help="seconds for the run; later models are skipped")
+    p.add_argument("--cache-dir", type=Path, help="compile caches (default: OUT/cache)")
     p.add_argument("--shard", type=_shard, help="i/n: run every n-th model starting at i")
     p.add_argument("--iters", type=int, default=10, help="timed steps per backend")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
@@ -106,20 +107,24 @@ def main(argv: list[str] | None = None) -> int:
         preset=args.preset,
         timeout_s=args.timeout,
         budget_s=args.budget,
+        cache_dir=args.cache_dir,
         warm=not args.no_warm,
         iters=args.iters,
         threads=args.threads,
     )
-    from tqdm import tqdm  # type: ignore[import-untyped]
+    try:
+        from tqdm import tqdm  # type: ignore[import-untyped]
+    except ImportError:  # a bare GPU machine: run without the bar
+        rows = run_suite(specs, cfg)
+    else:
+        bar = tqdm(total=len(specs), unit="model", disable=args.no_progress, file=sys.stderr)
 
-    bar = tqdm(total=len(specs), unit="model", disable=args.no_progress, file=sys.stderr)
+        def advance(name: str) -> None:
+            bar.set_postfix_str(name)
+            bar.update()
 
-    def advance(name: str) -> None:
-        bar.set_postfix_str(name)
-        bar.update()
-
-    rows = run_suite(specs, cfg, advance)
-    bar.close()
+        rows = run_suite(specs, cfg, advance)
+        bar.close()
     write_reports(args.out, rows, machine_meta(args))
     print(f"wrote {args.out}/summary.md, results.csv and speedups.png")
     return 0

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from benchmarks.results import Result, read_csv, write_csv
+
+log = logging.getLogger(__name__)
 
 __all__ = ["geomean", "main", "summary_markdown", "write_chart", "write_reports"]
 
@@ -186,7 +189,11 @@ def summary_markdown(rows: list[Result], meta: dict[str, Any]) -> str:
 
 def write_chart(path: Path, rows: list[Result]) -> None:
     """Per-model speedup over eager, one bar per compiled backend; failures drawn as empty."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        log.warning("matplotlib is not installed: no chart written")
+        return
 
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt

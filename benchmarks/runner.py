@@ -2,8 +2,10 @@
 
 A crash or hang is recorded as that backend's failure with its reason, and a fresh child runs
 the backends still to go, so one broken model never stops the run. Compile caches live under
-``OUT/cache/<model>``: emptied before the cold run, reused by the warm run (a fresh process),
-which measures compile time with on-disk caches. Results are rewritten after every model.
+``CACHE/<model>`` (default ``OUT/cache``): emptied before the cold run, reused by the warm run
+(a fresh process), which measures compile time with on-disk caches. ``budget_s`` is a hard cap
+on the whole run: a backend still running when it is spent is stopped and recorded as timed
+out. Results are rewritten after every model.
 """
 
 from __future__ import annotations
@@ -40,10 +42,18 @@ class RunConfig:
     preset: str = "cpu"
     timeout_s: float = 600.0
     budget_s: float | None = None
+    cache_dir: Path | None = None
     warm: bool = True
     iters: int = 10
     threads: int = 0
     isolate: bool = True  # False: run in this process (fast tests; no crash or hang protection)
+    stop_at: float | None = None  # time.monotonic() when the budget is spent (set by run_suite)
+
+    def left_s(self) -> float:
+        """Seconds the next backend may run: its timeout, cut short by the run's budget."""
+        if self.stop_at is None:
+            return self.timeout_s
+        return min(self.timeout_s, self.stop_at - time.monotonic())
 
     def job(self, model: str, backends: list[str], phase: str) -> Job:
         return Job(
@@ -57,6 +67,9 @@ def _child(cfg: RunConfig, job: Job, workdir: Path, env: dict[str, str]) -> list
     todo = list(job.backends)
     attempt = 0
     while todo:
+        if cfg.left_s() <= 0:
+            rows += [_skipped(cfg, b) for b in todo]
+            break
         attempt += 1
         events = workdir / f"{job.model}.{job.phase}.{attempt}.jsonl"
         log = workdir / f"{job.model}.{job.phase}.{attempt}.log"
@@ -74,7 +87,7 @@ def _child(cfg: RunConfig, job: Job, workdir: Path, env: dict[str, str]) -> list
                 cwd=ROOT,
                 start_new_session=True,
             )
-            got, in_flight, timed_out = _watch(proc, events, cfg.timeout_s)
+            got, in_flight, timed_out = _watch(proc, events, cfg)
         rows += got
         done = {r["backend"] for r in got}
         todo = [b for b in todo if b not in done]
@@ -83,6 +96,8 @@ def _child(cfg: RunConfig, job: Job, workdir: Path, env: dict[str, str]) -> list
         current = in_flight if in_flight in todo else todo[0]
         if timed_out:
             status, reason = "timeout", f"no result within {cfg.timeout_s:g} s"
+            if cfg.left_s() <= 0:
+                reason = f"stopped: the run budget of {cfg.budget_s:g} s is spent"
         else:
             tail = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
             status = "crashed"
@@ -90,6 +105,11 @@ def _child(cfg: RunConfig, job: Job, workdir: Path, env: dict[str, str]) -> list
         rows.append({"backend": current, "status": status, "reason": reason[:400]})
         todo.remove(current)
     return rows
+
+
+def _skipped(cfg: RunConfig, backend: str) -> dict[str, Any]:
+    reason = f"not run: the run budget of {cfg.budget_s:g} s is spent"
+    return {"backend": backend, "status": "skipped", "reason": reason}
 
 
 def _read_events(path: Path) -> list[dict[str, Any]]:
@@ -100,10 +120,10 @@ def _read_events(path: Path) -> list[dict[str, Any]]:
 
 
 def _watch(
-    proc: subprocess.Popen[bytes], events: Path, timeout_s: float
+    proc: subprocess.Popen[bytes], events: Path, cfg: RunConfig
 ) -> tuple[list[dict[str, Any]], str | None, bool]:
     """Wait for the child; the clock restarts at each backend's start event."""
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + cfg.left_s()
     seen = 0
     in_flight: str | None = None
     while proc.poll() is None:
@@ -111,7 +131,7 @@ def _watch(
         for ev in evs[seen:]:
             if ev["event"] == "start":
                 in_flight = ev["backend"]
-                deadline = time.monotonic() + timeout_s
+                deadline = time.monotonic() + cfg.left_s()
         seen = len(evs)
         if time.monotonic() > deadline:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -158,7 +178,7 @@ def _model_rows(cfg: RunConfig, spec: ModelSpec) -> list[Result]:
     backends = ["eager", *[b for b in cfg.backends if b != "eager"]]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    cache = cfg.out / "cache" / spec.name
+    cache = (cfg.cache_dir or cfg.out / "cache") / spec.name
     shutil.rmtree(cache, ignore_errors=True)
     for var in _CACHE_VARS:
         env[var] = str(cache / var.lower())
@@ -182,12 +202,16 @@ def run_suite(
     """Every model under every backend; results.csv under ``cfg.out`` is kept current."""
     cfg.out.mkdir(parents=True, exist_ok=True)
     results: list[Result] = []
-    began = time.monotonic()
+    if cfg.budget_s is not None:
+        cfg.stop_at = time.monotonic() + cfg.budget_s
     for spec in specs:
-        if cfg.budget_s is not None and time.monotonic() - began > cfg.budget_s:
-            reason = f"run budget of {cfg.budget_s:g} s spent"
+        if cfg.left_s() <= 0:
             results += [
-                Result(spec.name, spec.suite, b, cfg.device, cfg.dtype, cfg.mode, "skipped", reason)
+                Result.from_dict(
+                    {"model": spec.name, "suite": spec.suite, "device": cfg.device}
+                    | {"dtype": cfg.dtype, "mode": cfg.mode}
+                    | _skipped(cfg, b)
+                )
                 for b in ["eager", *[b for b in cfg.backends if b != "eager"]]
             ]
         else:

@@ -79,3 +79,20 @@ def test_crash_in_child_is_recorded(tmp_path):
     (row,) = run_suite([models.get("debug_crash")], cfg)
     assert row.status == "crashed"
     assert "code 3" in row.reason
+
+
+@pytest.mark.slow
+def test_hang_in_child_times_out(tmp_path):
+    cfg = RunConfig(["eager"], tmp_path, warm=False, timeout_s=3)
+    (row,) = run_suite([models.get("debug_hang")], cfg)
+    assert row.status == "timeout"
+
+
+def test_spent_budget_skips_the_rest(tmp_path):
+    cfg = RunConfig(["eager", "torch_compile"], tmp_path, budget_s=0, isolate=False)
+    rows = run_suite([models.get("debug_tiny")], cfg)
+    assert [(r.backend, r.status) for r in rows] == [
+        ("eager", "skipped"),
+        ("torch_compile", "skipped"),
+    ]
+    assert "budget" in rows[0].reason
