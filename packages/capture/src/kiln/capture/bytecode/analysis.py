@@ -197,14 +197,11 @@ def max_stack_depth(
 ) -> int:
     """The ``co_stacksize`` the code needs: the deepest the stack gets on any edge."""
     depths = stack_depths(instrs, table, entry_depth=entry_depth)
-    index = _positions_of(instrs)
     deepest = entry_depth
     for i, depth in enumerate(depths):
-        if depth is None:
-            continue
-        deepest = max(deepest, depth)
-        for _, effect in successors(instrs, i, index):
-            deepest = max(deepest, depth + effect)
+        if depth is not None:
+            # the deepest point of an instruction is after it pushes, on whichever branch
+            deepest = max(deepest, depth, depth + stack_effect(instrs[i]))
     return deepest
 
 

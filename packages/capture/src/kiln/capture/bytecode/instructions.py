@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import dis
+import functools
 from typing import Any
 
 from kiln.capture.bytecode import optable
@@ -68,6 +69,7 @@ class Instr:
         return f"Instr({self.opname} {self.arg!r})"
 
 
+@functools.cache
 def concrete_opname(opname: str) -> str:
     """A real opcode name of this Python with the same argument kind and stack effect.
 
@@ -139,7 +141,7 @@ class Bytecode:
 
     def clone(self) -> Bytecode:
         """A deep copy of the instructions and table, jumps re-pointed at the copies."""
-        copies = {id(ins): dataclasses.replace(ins) for ins in self.instrs}
+        copies = {id(i): Instr(i.opname, i.arg, i.positions, i.offset) for i in self.instrs}
 
         def twin(ins: Instr) -> Instr:
             return copies.get(id(ins), ins)

@@ -10,6 +10,7 @@ the interpreter's own ``opcode`` tables.
 from __future__ import annotations
 
 import dis
+import functools
 import opcode
 import sys
 
@@ -102,6 +103,7 @@ def compare_from_oparg(oparg: int) -> str:
     return dis.cmp_op[oparg >> 4 if PY312 else oparg]
 
 
+@functools.cache
 def opcode_of(opname: str) -> int:
     """The opcode number of a real (not pseudo) instruction on this Python."""
     op = opcode.opmap.get(opname)
@@ -111,11 +113,13 @@ def opcode_of(opname: str) -> int:
     return op
 
 
+@functools.cache
 def has_arg(opname: str) -> bool:
     """Whether the instruction takes an oparg."""
     return opcode_of(opname) >= opcode.HAVE_ARGUMENT
 
 
+@functools.cache
 def arg_kind(opname: str) -> str:
     """The :class:`ArgKind` of ``opname``'s argument."""
     if opname in _JUMP or opname in UNCONDITIONAL_JUMPS:
@@ -133,6 +137,7 @@ def arg_kind(opname: str) -> str:
     return ArgKind.RAW if has_arg(opname) else ArgKind.NONE
 
 
+@functools.cache
 def cache_entries(opname: str) -> int:
     """How many inline CACHE code units follow the instruction."""
     return int(opcode._inline_cache_entries[opcode_of(opname)])  # type: ignore[attr-defined]
