@@ -34,7 +34,9 @@ def aten_graph(fn, *inputs) -> torch.fx.GraphModule:
 
 def compile_fn(fn, *inputs, backend: TritonBackend | None = None) -> CompiledGraph:
     gm = aten_graph(fn, *inputs)
-    return compile_graph(gm, [to_meta(t) for t in inputs], backend=backend or TritonBackend())
+    # fake inputs carry no device here: real CUDA tensors tell loopir where kernels run
+    examples = [t if getattr(t, "is_cuda", False) else to_meta(t) for t in inputs]
+    return compile_graph(gm, examples, backend=backend or TritonBackend())
 
 
 def check(fn, *inputs, atol=None, rtol=None, backend=None) -> CompiledGraph:

@@ -1,0 +1,140 @@
+"""CUDA graphs for ``mode="reduce-overhead"``: record a compiled graph once, replay it.
+
+Replaying removes the per-kernel launch cost from Python, but only when the
+graph does the same thing every call: static shapes, every tensor on the GPU,
+no host synchronisation, no host-drawn random seeds (they would be frozen into
+the recording), and no writes into the caller's tensors (the recording writes
+into static copies). :func:`unsafe_reason` checks those rules over the compiled
+steps; :func:`cudagraphify` wraps the compiled callable when they hold and logs
+the reason and launches normally otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import sympy
+import torch
+from torch.utils import _pytree as pytree
+
+from kiln.loopir.kernel import SEEDS
+from kiln.loopir.scheduler.order import ExternStep, KernelStep
+
+__all__ = ["SYNCING_OPS", "unsafe_reason", "CudaGraphRunner", "cudagraphify", "wrapper_inputs"]
+
+log = logging.getLogger("kiln.codegen_triton.cudagraphs")
+
+SYNCING_OPS = (
+    "nonzero", "_local_scalar_dense", "item", "masked_select", "unique", "bincount",
+    "repeat_interleave", "histc", "argwhere",
+)  # fmt: skip
+"""ATen ops whose output size or value needs the host: they cannot be recorded."""
+
+
+def wrapper_inputs(source: str) -> list[str]:
+    """The graph input names of a loopir wrapper (its ``a, b, = args`` line)."""
+    match = re.search(r"^\s+(.*), = args$", source, re.MULTILINE)
+    return [n.strip() for n in match.group(1).split(",")] if match else []
+
+
+def _is_cuda(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.device.type == "cuda"
+
+
+def unsafe_reason(
+    steps: Iterable[Any], input_names: Sequence[str], inputs: Sequence[Any]
+) -> str | None:
+    """Why the steps of a compiled graph cannot be recorded as a CUDA graph (None: they can)."""
+    for i, value in enumerate(inputs):
+        if not isinstance(value, torch.Tensor):
+            return f"input {i} is a {type(value).__name__}, not a tensor (it would be frozen)"
+        if not _is_cuda(value):
+            return f"input {i} is on {value.device}, not a CUDA device"
+    graph_inputs = set(input_names)
+    for step in steps:
+        if isinstance(step, KernelStep):
+            reason = _kernel_reason(step, graph_inputs)
+        elif isinstance(step, ExternStep):
+            reason = _extern_reason(step)
+        else:
+            reason = None
+        if reason is not None:
+            return reason
+    return None
+
+
+def _kernel_reason(step: KernelStep, graph_inputs: set[str]) -> str | None:
+    group = step.group
+    if group.device.type != "cuda":
+        return f"kernel {group.name} runs on {group.device}"
+    if not (sympy.sympify(group.numel).is_Integer and sympy.sympify(group.rnumel).is_Integer):
+        return f"kernel {group.name} has dynamic sizes"
+    if SEEDS in group.inputs:
+        return f"kernel {group.name} uses random seeds drawn on the host each call"
+    mutated = graph_inputs.intersection(group.outputs)
+    if mutated:
+        return f"kernel {group.name} writes into graph input(s) {sorted(mutated)}"
+    return None
+
+
+def _extern_reason(step: ExternStep) -> str | None:
+    op = str(step.buffer.op)
+    name = op.split(".")[-2] if "." in op else op
+    if name in SYNCING_OPS or any(name == f"{s}_" for s in SYNCING_OPS):
+        return f"{op} synchronises with the host"
+    for value in pytree.tree_leaves((step.buffer.args, step.buffer.kwargs)):
+        device = getattr(value, "device", None)
+        if isinstance(device, torch.device) and device.type == "cpu":
+            return f"{op} takes a CPU tensor"
+    return None
+
+
+class CudaGraphRunner:
+    """One recording of ``fn`` over static copies of the first inputs, replayed per call."""
+
+    def __init__(self, fn: Callable[..., Any], inputs: Sequence[torch.Tensor]) -> None:
+        self.static_inputs = [t.clone() for t in inputs]
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            fn(*self.static_inputs)  # compiles and autotunes outside the recording
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.static_outputs = fn(*self.static_inputs)
+
+    def __call__(self, *args: torch.Tensor) -> Any:
+        for static, arg in zip(self.static_inputs, args, strict=True):
+            if static.data_ptr() != arg.data_ptr():
+                static.copy_(arg)
+        self.graph.replay()
+        # the next replay overwrites the static outputs: hand out copies
+        return pytree.tree_map_only(torch.Tensor, torch.clone, self.static_outputs)
+
+
+def cudagraphify(compiled: Any, inputs: Sequence[Any] = ()) -> Callable[..., Any]:
+    """``compiled`` (a loopir ``CompiledGraph``) replayed from a CUDA graph when safe.
+
+    The decision is taken on the first call, with real tensors (example inputs
+    may be fake); when unsafe the reason is logged and ``compiled`` runs as is.
+    """
+    steps = getattr(compiled, "steps", ())
+    names = wrapper_inputs(getattr(compiled, "source", ""))
+    runner: list[CudaGraphRunner | None] = []
+
+    def run(*args: Any) -> Any:
+        if not runner:
+            reason = unsafe_reason(steps, names, args)
+            if reason is None and not torch.cuda.is_available():
+                reason = "CUDA is not available"
+            if reason is not None:
+                log.info("not using CUDA graphs: %s", reason)
+            runner.append(None if reason is not None else CudaGraphRunner(compiled, args))
+        active = runner[0]
+        return compiled(*args) if active is None else active(*args)
+
+    run.__wrapped__ = compiled  # type: ignore[attr-defined]
+    return run

@@ -1,0 +1,152 @@
+"""Real-GPU paths: compiled kernels, autotuning with its disk cache, parallel compile,
+CUDA graphs and the matmul template. Skipped without CUDA; run with ``-m gpu``."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from triton_testing import aten, check, compile_fn
+
+from kiln.codegen_triton import TritonBackend, TritonOptions, options
+from kiln.codegen_triton.autotune import Autotuner
+from kiln.codegen_triton.cudagraphs import CudaGraphRunner, cudagraphify
+from kiln.codegen_triton.matmul import Epilogue, TritonMatmul, pick_matmul
+from kiln.codegen_triton.runtime import TritonLauncher
+from kiln.loopir import ReferenceBackend, compile_graph
+from kiln.loopir.scheduler.order import KernelStep
+
+pytestmark = pytest.mark.gpu
+
+
+def _cuda(*shape, dtype=torch.float32):
+    return torch.randn(*shape, dtype=dtype, device="cuda")
+
+
+@pytest.fixture(params=[1024, 64], ids=["persistent", "looped"])
+def backend(request):
+    return TritonBackend(TritonOptions(persistent_reduction_limit=request.param))
+
+
+def test_programs_on_gpu(backend):
+    x, w, b = _cuda(64, 300), _cuda(300), _cuda(300)
+
+    def fn(x, w, b):
+        return (
+            aten._softmax.default(x, -1, False),
+            aten.native_layer_norm.default(x, [300], w, b, 1e-5)[0],
+            aten.argmax.default(x, 1),
+            aten.var.correction(x, [1], correction=1),
+            aten.amax.default(x, [0]),
+            aten.relu.default(aten.add.Tensor(aten.t.default(aten.t.default(x)), b)),
+        )
+
+    check(fn, x, w, b, backend=backend, atol=1e-4, rtol=1e-4)
+
+
+def test_indexing_scatter_half_on_gpu():
+    table, idx = _cuda(50, 64), torch.randint(-50, 50, (70,), device="cuda")
+    target, src = _cuda(50), _cuda(70)
+    h = _cuda(33, 65, dtype=torch.bfloat16)
+
+    def fn(table, idx, target, src, h):
+        return (
+            aten.index.Tensor(table, [idx]),
+            aten.index_put.default(target, [aten.remainder.Scalar(idx, 50)], src, True),
+            aten._softmax.default(h, -1, False),
+            aten.tanh.default(aten.erfinv.default(aten.mul.Tensor(aten.sigmoid.default(h), 0.9))),
+        )
+
+    check(fn, table, idx, target, src, h, atol=2e-2, rtol=2e-2)
+
+
+def test_random_bits_match_reference_on_gpu():
+    x = torch.rand(129, 33, device="cuda")
+
+    def fn(x):
+        return (aten.rand_like.default(x), aten.randn_like.default(x))
+
+    ours = compile_fn(fn, x)
+    from triton_testing import aten_graph  # noqa: PLC0415
+
+    ref = compile_graph(aten_graph(fn, x), [x], backend=ReferenceBackend())
+    torch.manual_seed(1)
+    got = ours(x)
+    torch.manual_seed(1)
+    torch.testing.assert_close(got, ref(x), atol=1e-5, rtol=1e-5)
+
+
+def test_autotune_benchmarks_once_and_caches(tmp_path, monkeypatch):
+    monkeypatch.setattr(options, "cache_dir", tmp_path)
+    backend = TritonBackend(dataclasses.replace(options, max_autotune=True, cache_dir=tmp_path))
+    x = _cuda(4096, 512)
+    compiled = check(
+        lambda t: (aten.sum.dim_IntList(aten.exp.default(t), [1]),),
+        x,
+        backend=backend,
+        atol=1e-3,
+        rtol=1e-4,
+    )
+    launcher = next(s.code.fn for s in compiled.steps if isinstance(s, KernelStep))
+    assert isinstance(launcher, TritonLauncher)
+    assert len(launcher.tuner.configs) > 1 and launcher.tuner.best in launcher.tuner.configs
+    cached = list((tmp_path / "autotune").glob("*.json"))
+    assert len(cached) == 1
+    again = Autotuner(launcher.ks.source, launcher.tuner.configs, tmp_path, [])
+    assert again.load_cached() == launcher.tuner.best
+
+
+def test_parallel_compile_in_worker_processes(tmp_path):
+    backend = TritonBackend(
+        TritonOptions(cache_dir=tmp_path, parallel_compile=True, compile_workers=2)
+    )
+    x = _cuda(100, 37)
+    compiled = compile_fn(
+        lambda t: (aten.cos.default(aten.sin.default(t)), aten.sum.dim_IntList(t, [1])),
+        x,
+        backend=backend,
+    )
+    launchers = [s.code.fn for s in compiled.steps if isinstance(s, KernelStep)]
+    assert all(la.warming is not None for la in launchers)
+    for la in launchers:
+        la.warming.result(timeout=300)  # the worker compiled without error
+    torch.testing.assert_close(compiled(x)[0], torch.cos(torch.sin(x)))
+
+
+def test_cuda_graph_records_and_replays():
+    x, y = _cuda(256, 100), _cuda(256, 100)
+
+    def fn(x, y):
+        return (aten._softmax.default(aten.add.Tensor(x, y), -1, False),)
+
+    compiled = compile_fn(fn, x, y)
+    run = cudagraphify(compiled)
+    for _ in range(3):
+        x, y = _cuda(256, 100), _cuda(256, 100)
+        torch.testing.assert_close(run(x, y), fn(x, y))
+    assert run.__wrapped__ is compiled
+    assert isinstance(CudaGraphRunner(compiled, [x, y]).graph, torch.cuda.CUDAGraph)
+
+
+def test_cuda_graph_refuses_random_graphs(caplog):
+    x = _cuda(8, 8)
+    compiled = compile_fn(lambda t: (aten.rand_like.default(t),), x)
+    with caplog.at_level("INFO", logger="kiln.codegen_triton.cudagraphs"):
+        cudagraphify(compiled)(x)
+    assert "random seeds" in caplog.text
+
+
+def test_matmul_template_with_epilogue_on_gpu():
+    a, b, bias = (
+        _cuda(512, 256, dtype=torch.float16),
+        _cuda(256, 384, dtype=torch.float16),
+        _cuda(384),
+    )
+    mm = TritonMatmul(
+        Epilogue("tl.maximum(acc + e0, 0.0)", ((0, 1),), lambda acc, bb: torch.relu(acc + bb))
+    )
+    want = torch.relu(a.float() @ b.float() + bias)
+    torch.testing.assert_close(mm(a, b, bias), want, atol=5e-2, rtol=1e-2)
+    chosen = pick_matmul(mm, a, b, bias)
+    torch.testing.assert_close(chosen(a, b, bias), want, atol=5e-2, rtol=1e-2)
