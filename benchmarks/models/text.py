@@ -100,6 +100,8 @@ def gpt2(s: Size) -> torch.nn.Module:
         resid_pdrop=0.0,
         embd_pdrop=0.0,
         attn_pdrop=0.0,
+        bos_token_id=s.vocab - 1,
+        eos_token_id=s.vocab - 1,
         use_cache=False,
     )
     return transformers.GPT2LMHeadModel(config)
