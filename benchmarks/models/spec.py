@@ -32,14 +32,12 @@ class ModelSpec:
 
     ``build(preset)`` returns the model on CPU in float32; the worker moves it and its floating
     inputs to the device and dtype. ``loss`` turns the model's output into a scalar for training.
-    ``fp32_only`` marks models whose inputs or ops make no sense in 16-bit floats.
     """
 
     name: str
     suite: str
     build: Callable[[str], Built]
     loss: Callable[[Any], torch.Tensor] | None = None
-    fp32_only: bool = False
 
     def loss_of(self, out: Any) -> torch.Tensor:
         return (self.loss or default_loss)(out)
