@@ -278,3 +278,41 @@ def test_transformers_one_graph(make, mode):
     actual = r.function(ids)
     assert type(actual) is type(expected)
     torch.testing.assert_close(actual.last_hidden_state, expected.last_hidden_state)
+
+
+@pytest.mark.slow
+def test_bert_with_mask_and_classification_loss():
+    transformers = pytest.importorskip("transformers")
+    bert = _small_bert()
+    model = transformers.BertForSequenceClassification(bert.config).eval()
+    ids = torch.randint(0, 100, (2, 8))
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[0, 5:] = 0
+    kwargs = {"attention_mask": mask, "labels": torch.tensor([0, 1])}
+    r = capture(
+        model.forward,
+        (ids,),
+        kwargs,
+        compile_graph=lambda gm, ex: gm.forward,
+        wrap_callable=lambda f: f,
+    )
+    assert len(r.graphs) == 1
+    actual, expected = r.function(ids, **kwargs), model(ids, **kwargs)
+    torch.testing.assert_close(actual.loss, expected.loss)
+    torch.testing.assert_close(actual.logits, expected.logits)
+
+
+@pytest.mark.slow
+def test_gpt2_lm_head_with_labels():
+    transformers = pytest.importorskip("transformers")
+    model = transformers.GPT2LMHeadModel(_small_gpt2().config).eval()
+    ids = torch.randint(0, 100, (2, 8))
+    r = capture(
+        model.forward,
+        (ids,),
+        {"labels": ids},
+        compile_graph=lambda gm, ex: gm.forward,
+        wrap_callable=lambda f: f,
+    )
+    assert len(r.graphs) == 1
+    torch.testing.assert_close(r.function(ids, labels=ids).loss, model(ids, labels=ids).loss)

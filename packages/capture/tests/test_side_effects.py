@@ -107,3 +107,44 @@ def test_fresh_varargs_and_kwargs_may_be_mutated():
     res = _capture(fn, torch.randn(2))
     x = torch.randn(2)
     torch.testing.assert_close(res.function(x), x * 2)
+
+
+def test_logging_and_print_are_replayed_after_the_graph(capsys, caplog):
+    import logging
+    import warnings
+
+    log = logging.getLogger("kiln.tests.capture")
+
+    def fn(x):
+        log.warning("warned %d", 3)
+        print("hello", 1)
+        warnings.warn("careful", UserWarning)
+        return x * 2
+
+    res = _capture(fn, torch.randn(2))
+    assert capsys.readouterr().out == ""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        x = torch.randn(2)
+        torch.testing.assert_close(res.function(x), x * 2)
+    assert capsys.readouterr().out == "hello 1\n"
+    assert "warned 3" in caplog.text
+    assert [str(w.message) for w in caught] == ["careful"]
+
+
+def test_new_loss_module_in_forward():
+    def fn(x, y):
+        return torch.nn.CrossEntropyLoss(reduction="sum")(x, y)
+
+    x, y = torch.randn(4, 3), torch.randint(0, 3, (4,))
+    res = _capture(fn, x, y)
+    torch.testing.assert_close(res.function(x, y), fn(x, y))
+
+
+def test_new_module_with_parameters_refused():
+    import pytest
+
+    from kiln.capture import Unsupported
+
+    with pytest.raises(Unsupported):
+        _capture(lambda x: torch.nn.Linear(2, 2)(x), torch.randn(2))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import logging
 import operator
 import types
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,7 @@ from kiln.capture.values.functions import (
     BoundMethodValue,
     BuiltinMethodValue,
     PartialValue,
+    ReplayedCallValue,
     UserFunctionValue,
 )
 from kiln.capture.values.objects import NewObjectValue, ObjectValue, SuperValue
@@ -137,9 +139,16 @@ def _object_attr(tr: Tracer, v: ObjectValue, name: str) -> Value:
     return plain_object_attr(tr, v, name)
 
 
+_LOGGER_QUERIES = frozenset({"isEnabledFor", "getEffectiveLevel", "hasHandlers", "getChild"})
+
+
 def plain_object_attr(tr: Tracer, v: ObjectValue, name: str) -> Value:
     """``object.__getattribute__(v, name)``, then ``__getattr__`` when that fails."""
     obj = v.obj
+    if isinstance(obj, logging.Logger) and name not in _LOGGER_QUERIES:
+        method = getattr(obj, name, None)
+        if callable(method):
+            return ReplayedCallValue(method)
     pending = tr.out.side_effects.pending_attr(obj, name)
     if pending is not None:
         return pending
@@ -302,21 +311,30 @@ def has_attr(tr: Tracer, v: Value, name: str) -> bool:
     return hasattr(v.python_type(), name)
 
 
-def set_attr(tr: Tracer, v: Value, name: str, value: Value) -> None:
-    """``v.name = value``: allowed on objects created during the trace."""
+def set_attr(tr: Tracer, v: Value, name: str, value: Value, *, plain: bool = False) -> None:
+    """``v.name = value`` (``plain``: ``object.__setattr__``, skipping a class's own hook).
+
+    Objects created during the trace are updated in place; stores to objects
+    from the frame are recorded and replayed after the graph.
+    """
+    if isinstance(v, ObjectValue) and not plain and not isinstance(v.obj, torch.nn.Module):
+        custom = inspect.getattr_static(type(v.obj), "__setattr__", None)
+        if isinstance(custom, types.FunctionType):
+            calls.call(tr, function_value(custom, None), [v, ConstantValue(name), value], {})
+            return
     if isinstance(v, NewObjectValue):
         v.attrs[name] = value
         return
     if isinstance(v, DictValue) and v.cls is not dict and v.source is None:
         v.items[name] = (ConstantValue(name), value)
         return
-    if isinstance(v, ObjectValue) and v.source is not None and _plain_attribute(v.obj, name):
+    if isinstance(v, ObjectValue) and v.source is not None and _plain_attribute(v.obj, name, plain):
         tr.out.side_effects.store_attr(v, v.obj, name, value)
         return
     raise unsupported("side_effect", f"setting attribute {name!r} of {v}")
 
 
-def _plain_attribute(obj: Any, name: str) -> bool:
+def _plain_attribute(obj: Any, name: str, plain: bool) -> bool:
     """Whether ``obj.name = value`` only writes the instance dict (no descriptor, no module slot)."""
     if isinstance(obj, (type, types.ModuleType)) or not hasattr(obj, "__dict__"):
         return False
@@ -327,7 +345,7 @@ def _plain_attribute(obj: Any, name: str) -> bool:
             return False
         return type(obj).__setattr__ is torch.nn.Module.__setattr__
     setter: Any = type(obj).__setattr__
-    return setter is object.__setattr__
+    return plain or setter is object.__setattr__
 
 
 # items -----------------------------------------------------------------------

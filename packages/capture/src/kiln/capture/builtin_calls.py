@@ -11,9 +11,9 @@ from __future__ import annotations
 import collections
 import functools
 import inspect
-import logging
 import operator
 import types
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -262,7 +262,8 @@ def _setattr(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
 
 @_handles(object.__setattr__)
 def _object_setattr(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
-    return _setattr(tr, args, kwargs)
+    attributes.set_attr(tr, args[0], args[1].as_constant(), args[2], plain=True)
+    return ConstantValue(None)
 
 
 @_handles(object.__getattribute__)
@@ -550,23 +551,19 @@ def _partial(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
 
 @_handles(print)
 def _print(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
-    raise unsupported("side_effect", "print()")
+    return calls.replay_call(tr, print, args, kwargs)
 
 
-def _logger_call(tr: Tracer, receiver: Value, name: str) -> Value:
-    """Logging calls are dropped when their logger would not emit them."""
-    logger = receiver.obj if isinstance(receiver, ObjectValue) else None
-    level = {"debug": logging.DEBUG, "info": logging.INFO}.get(name, logging.WARNING)
-    if isinstance(logger, logging.Logger) and not logger.isEnabledFor(level):
-        return ConstantValue(None)
-    raise unsupported("side_effect", f"logging.{name}")
+@_handles(warnings.warn)
+def _warn(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    return calls.replay_call(tr, warnings.warn, args, kwargs)
 
 
 # methods of tracked containers -----------------------------------------------
 def call_builtin_method(
     tr: Tracer, receiver: Value, name: str, args: list[Value], kwargs: dict[str, Value]
 ) -> Value:
-    """``receiver.name(*args)`` for a list, tuple, dict, set or logger receiver."""
+    """``receiver.name(*args)`` for a list, tuple, dict or set receiver."""
     if isinstance(receiver, ListValue):
         return _list_method(tr, receiver, name, args)
     if isinstance(receiver, DictValue):
@@ -575,8 +572,6 @@ def call_builtin_method(
         return fold(getattr(tuple, name), [TupleValue(receiver.items), *args], {})
     if isinstance(receiver, SetValue):
         return _set_method(tr, receiver, name, args)
-    if isinstance(receiver, ObjectValue) and isinstance(receiver.obj, logging.Logger):
-        return _logger_call(tr, receiver, name)
     raise unsupported("unsupported_call", f"{receiver.python_type().__name__}.{name}")
 
 

@@ -28,6 +28,7 @@ from kiln.capture.values.functions import (
     BoundMethodValue,
     BuiltinMethodValue,
     PartialValue,
+    ReplayedCallValue,
     UserFunctionValue,
 )
 from kiln.capture.values.objects import NewObjectValue, ObjectValue
@@ -37,7 +38,7 @@ from kiln.capture.wrap import function_value, is_namedtuple
 if TYPE_CHECKING:
     from kiln.capture.tracer import Tracer
 
-__all__ = ["call", "call_module"]
+__all__ = ["call", "call_module", "replay_call"]
 
 _IMPURE_BUILTINS = frozenset(
     {
@@ -62,6 +63,8 @@ def call(tr: Tracer, fn: Value, args: list[Value], kwargs: dict[str, Value]) -> 
         return torch_calls.call_method(tr, fn.tensor, fn.name, args, kwargs)
     if isinstance(fn, BuiltinMethodValue):
         return builtin_calls.call_builtin_method(tr, fn.receiver, fn.name, args, kwargs)
+    if isinstance(fn, ReplayedCallValue):
+        return replay_call(tr, fn.fn, args, kwargs)
     if isinstance(fn, PartialValue):
         return call(tr, fn.func, [*fn.args, *args], {**fn.kwargs, **kwargs})
     if isinstance(fn, contexts.DecoratedValue):
@@ -81,6 +84,19 @@ def call(tr: Tracer, fn: Value, args: list[Value], kwargs: dict[str, Value]) -> 
         if method is not None:
             return call(tr, function_value(method, None), [fn, *args], kwargs)
     raise unsupported("unsupported_call", f"calling {fn}")
+
+
+def replay_call(tr: Tracer, fn: Any, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    """Record a call with constant arguments, made by the emitted code after the graph."""
+    if not all(builtin_calls.is_literal(a) for a in [*args, *kwargs.values()]):
+        name = getattr(fn, "__qualname__", repr(fn))
+        raise unsupported("side_effect", f"{name} with arguments that are not constants")
+    tr.out.side_effects.record_call(
+        fn,
+        tuple(builtin_calls.literal(a) for a in args),
+        {k: builtin_calls.literal(v) for k, v in kwargs.items()},
+    )
+    return ConstantValue(None)
 
 
 def _find_python_method(cls: type, name: str) -> types.FunctionType | None:
@@ -159,7 +175,7 @@ def _construct(tr: Tracer, cv: ObjectValue, args: list[Value], kwargs: dict[str,
         bound = _bind_signature(cls, args, kwargs)
         return TupleValue(list(bound.values()), cls)
     if issubclass(cls, torch.nn.Module):
-        raise unsupported("unsupported_call", f"creating the module {cls.__name__} while tracing")
+        return _stateless_module(cls, args, kwargs)
     if issubclass(cls, collections.OrderedDict) and dataclasses.is_dataclass(cls):
         return _model_output(cls, args, kwargs)
     foldable = cls in (torch.Size, torch.device, torch.dtype, torch.finfo, torch.iinfo) or (
@@ -178,6 +194,28 @@ def _construct(tr: Tracer, cv: ObjectValue, args: list[Value], kwargs: dict[str,
     if torch_calls.is_torch_callable(cls) or cls is torch.Tensor:
         return torch_calls.call_function(tr, cls, args, kwargs)
     raise unsupported("unsupported_call", f"constructing {cls.__qualname__}")
+
+
+# torch.nn modules without parameters, buffers or random initialization
+_STATELESS_MODULES = frozenset(
+    f"torch.nn.modules.{m}"
+    for m in (
+        "loss", "activation", "dropout", "pooling", "flatten", "padding", "pixelshuffle",
+        "upsampling", "distance", "channelshuffle", "fold",
+    )
+)  # fmt: skip
+
+
+def _stateless_module(cls: type, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    """A parameter-free torch.nn module built in the traced code: built for real, then inlined."""
+    literal_args = all(builtin_calls.is_literal(a) for a in [*args, *kwargs.values()])
+    if cls.__module__ not in _STATELESS_MODULES or not literal_args:
+        raise unsupported("unsupported_call", f"creating the module {cls.__name__} while tracing")
+    module = builtin_calls.fold(cls, args, kwargs)
+    assert isinstance(module, ObjectValue)
+    if any(True for _ in module.obj.parameters()) or any(True for _ in module.obj.buffers()):
+        raise unsupported("unsupported_call", f"creating the module {cls.__name__} while tracing")
+    return module
 
 
 def _is_plain_python_class(cls: type) -> bool:

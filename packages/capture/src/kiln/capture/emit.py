@@ -169,6 +169,10 @@ class _Writer:
 
 def _replay(writer: _Writer, effects: SideEffects) -> list[str]:
     lines = []
+    for fn, args, kwargs in effects.calls:
+        arg_text = [writer.const(a) for a in args]
+        arg_text.extend(f"{k}={writer.const(v)}" for k, v in kwargs.items())
+        lines.append(f"{writer.const(fn)}({', '.join(arg_text)})")
     for target, stores in effects.attr_stores.values():
         assert target.source is not None
         obj = writer.source(target.source)

@@ -113,7 +113,8 @@ def export(fn_or_module: Any, *args: Any, **kwargs: Any) -> ExportResult:
     fn = fn_or_module.forward if module is not None else fn_or_module
     traced = trace_frame(fn, args, kwargs)
     out = traced.out
-    if out.side_effects.attr_stores or out.side_effects.mutated_containers():
+    effects = out.side_effects
+    if effects.attr_stores or effects.mutated_containers() or effects.calls:
         raise unsupported("side_effect", "an exported program cannot mutate Python state")
     flat_out, out_spec = pytree.tree_flatten(_materialize(traced.result))
     flat_in, in_spec = pytree.tree_flatten((args, kwargs))

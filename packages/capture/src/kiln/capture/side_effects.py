@@ -1,10 +1,11 @@
-"""Mutations of objects that outlive the call, recorded during tracing and replayed after.
+"""Effects on the world outside the call, recorded during tracing and replayed after the graph.
 
 Capture does not mutate real objects while tracing. A store to an attribute
 of an object from the frame is kept here (later reads in the trace see it)
 and the emitted code performs it after the graph has run, as eager code
 would have. Containers from the frame that were mutated are written back
-whole (``lst[:] = ...``, ``d.clear(); d.update(...)``).
+whole (``lst[:] = ...``, ``d.clear(); d.update(...)``). Logging, ``warnings.warn``
+and ``print`` calls with constant arguments are made again, in order.
 """
 
 from __future__ import annotations
@@ -21,9 +22,14 @@ class SideEffects:
     """Attribute stores on real objects, and the frame's containers the trace mutated."""
 
     def __init__(self) -> None:
+        self.calls: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
         self.attr_stores: dict[int, tuple[Value, dict[str, Value]]] = {}
         self.containers: list[ListValue | DictValue] = []
         self._wrapped: dict[int, tuple[Any, Value]] = {}
+
+    def record_call(self, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """A call with constant arguments (a log line, a warning) to make after the graph."""
+        self.calls.append((fn, args, kwargs))
 
     def store_attr(self, target: Value, obj: Any, name: str, value: Value) -> None:
         entry = self.attr_stores.setdefault(id(obj), (target, {}))
@@ -53,4 +59,5 @@ class SideEffects:
             for name in stores
         ]
         out.extend(f"{c.source} mutated" for c in self.mutated_containers())
+        out.extend(f"call {getattr(fn, '__qualname__', fn)!s}" for fn, _, _ in self.calls)
         return out

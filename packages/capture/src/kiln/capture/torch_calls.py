@@ -55,26 +55,46 @@ _DATA_METHODS = frozenset(
         "__reduce_ex__",
     }
 )
+
+
+def _unwrapped(obj: Any) -> Any:
+    """The function under torch's own decorators (which torch may apply lazily, at run time)."""
+    for _ in range(8):
+        inner = getattr(obj, "__wrapped__", None)
+        if inner is None:
+            return obj
+        obj = inner
+    return obj
+
+
 _CONSTANT_FOLDED = {
-    torch.is_grad_enabled,
-    torch.get_default_dtype,
-    torch.is_inference_mode_enabled,
-    torch.are_deterministic_algorithms_enabled,
+    _unwrapped(f)
+    for f in (
+        torch.is_grad_enabled,
+        torch.get_default_dtype,
+        torch.is_inference_mode_enabled,
+        torch.are_deterministic_algorithms_enabled,
+    )
 }
 _REFUSED = {
-    torch.manual_seed,
-    torch.seed,
-    torch.set_rng_state,
-    torch.get_rng_state,
-    torch.set_default_dtype,
-    torch.set_default_device,
-    torch.set_printoptions,
-    torch.use_deterministic_algorithms,
-    torch.set_num_threads,
-    torch.save,
-    torch.load,
+    _unwrapped(f)
+    for f in (
+        torch.manual_seed,
+        torch.seed,
+        torch.set_rng_state,
+        torch.get_rng_state,
+        torch.set_default_dtype,
+        torch.set_default_device,
+        torch.set_printoptions,
+        torch.use_deterministic_algorithms,
+        torch.set_num_threads,
+        torch.save,
+        torch.load,
+    )
 }
-_COMPILING = {torch.compiler.is_compiling, torch.compiler.is_dynamo_compiling}
+_COMPILING = {
+    _unwrapped(f) for f in (torch.compiler.is_compiling, torch.compiler.is_dynamo_compiling)
+}
 _TENSOR_PROPERTIES = frozenset(
     {
         "shape",
@@ -100,7 +120,8 @@ _TENSOR_PROPERTIES = frozenset(
 def is_special(obj: Any) -> bool:
     """Torch functions with a fixed answer while capturing (``torch.compiler.is_compiling``)."""
     try:
-        return obj in _COMPILING or obj in _REFUSED or obj in _CONSTANT_FOLDED
+        base = _unwrapped(obj)
+        return base in _COMPILING or base in _REFUSED or base in _CONSTANT_FOLDED
     except TypeError:
         return False
 
@@ -212,11 +233,12 @@ def _run(
 
 def call_function(tr: Tracer, fn: Any, args: list[Value], kwargs: dict[str, Value]) -> Value:
     """``fn(*args, **kwargs)`` for a torch function or an operator on tensors."""
-    if fn in _COMPILING:
+    base = _unwrapped(fn)
+    if base in _COMPILING:
         return ConstantValue(True)
-    if fn in _REFUSED:
+    if base in _REFUSED:
         raise unsupported("side_effect", f"torch.{fn.__name__} changes process state")
-    if fn in _CONSTANT_FOLDED:
+    if base in _CONSTANT_FOLDED:
         return ConstantValue(fn())
     if isinstance(fn, (types.MethodDescriptorType, types.WrapperDescriptorType)):
         if args and isinstance(args[0], TensorValue):

@@ -86,6 +86,9 @@ def _wrap(out: OutputGraph, obj: Any, source: Source | None) -> Value:
             out.guard(source, GuardKind.ID_MATCH, id(obj))
         if torch_calls.is_special(obj) or torch_calls.is_torch_callable(obj):
             return ObjectValue(obj, source)
+        if _is_compile_disable_wrapper(obj):
+            inner_src = source.attr("__wrapped__") if source is not None else None
+            return _wrap(out, obj.__wrapped__, inner_src)  # type: ignore[attr-defined]
         return function_value(obj, source)
     if source is not None:
         if isinstance(obj, _ID_MATCHED) or _is_singleton(obj):
@@ -112,6 +115,14 @@ def function_value(fn: types.FunctionType, source: Source | None) -> UserFunctio
         real=fn,
         source=source,
         globals_source=source.attr("__globals__") if source is not None else None,
+    )
+
+
+def _is_compile_disable_wrapper(fn: types.FunctionType) -> bool:
+    """torch's lazy "not under a compiler" wrapper: capture traces the wrapped function."""
+    wrapped = getattr(fn, "__wrapped__", None)
+    return isinstance(wrapped, types.FunctionType) and fn.__code__.co_filename.endswith(
+        ("torch/_compile.py", "torch\\_compile.py")
     )
 
 

@@ -9,7 +9,13 @@ from kiln.capture.source import Source
 from kiln.capture.values.base import Value
 from kiln.capture.values.containers import CellValue
 
-__all__ = ["BoundMethodValue", "BuiltinMethodValue", "PartialValue", "UserFunctionValue"]
+__all__ = [
+    "BoundMethodValue",
+    "BuiltinMethodValue",
+    "PartialValue",
+    "ReplayedCallValue",
+    "UserFunctionValue",
+]
 
 
 class UserFunctionValue(Value):
@@ -73,6 +79,16 @@ class PartialValue(Value):
         import functools
 
         return functools.partial
+
+
+class ReplayedCallValue(Value):
+    """A real callable whose calls are effects to replay (logging, ``warnings.warn``, ``print``)."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def python_type(self) -> type:
+        return type(self.fn)
 
 
 class BuiltinMethodValue(Value):
