@@ -109,7 +109,9 @@ def test_break_at_call_with_null_and_keywords():
     r = make_resume(keyword_call.__code__, off, [STACK_NULL, STACK_VALUE, STACK_VALUE, STACK_VALUE])
     assert r.stack_args == ("___stack1", "___stack2", "___stack3")
     assert r.make_function({})(sorted, [3, 9, 1], False) == [1, 3, 9]
-    if PY311:  # the break moves back to the call setup (KW_NAMES, PRECALL)
+    # the break moves back to the call setup (KW_NAMES, and PRECALL on 3.11)
+    assert r.entry_offset == offsets_of(keyword_call, "KW_NAMES")[0] < off
+    if PY311:
         assert any(i.opname == "PRECALL" for i in dis.get_instructions(r.code))
 
 
@@ -344,3 +346,29 @@ def test_cells_by_value_when_no_closure_exists_yet():
         r.make_function({})(10)
     with pytest.raises(CaptureError, match="cells must be"):
         make_resume(late_closure.__code__, off, 0, cells="copy")
+
+
+def comprehension(xs, k):
+    return [x * k for x in xs]
+
+
+def test_break_inside_a_comprehension():
+    # 3.12 inlines the comprehension: the stack holds the saved x (NULL: x was unbound),
+    # the list being built and the iterator. 3.11 runs it in its own code object.
+    if PY311:
+        code = next(c for c in comprehension.__code__.co_consts if hasattr(c, "co_code"))
+        kinds, k_cell = [STACK_VALUE, STACK_VALUE], True
+    else:
+        code = comprehension.__code__
+        kinds, k_cell = [STACK_NULL, STACK_VALUE, STACK_VALUE], False
+    off = [
+        i.offset for i in dis.get_instructions(code) if i.opname == "LOAD_FAST" and i.argval == "x"
+    ][-1]
+    r = make_resume(code, off, kinds)
+    assert "x" in r.locals
+    it = iter([1, 2, 3])
+    x = next(it)
+    values = {"x": x, "k": 10}
+    cells = [types.CellType(10)] if k_cell else []
+    fn = r.make_function({}, cells)
+    assert fn([], it, *(values[n] for n in r.locals)) == [10, 20, 30]

@@ -61,11 +61,14 @@ class ResumeFunction:
 
     ``stack_args`` name the stack values (NULLs are not passed) bottom first;
     ``locals`` the live locals after them. ``closure`` names the cells to
-    pass when building the function, in order.
+    pass when building the function, in order. ``entry_offset`` is where in
+    the original the copy starts running (before ``offset`` when a call's
+    KW_NAMES/PRECALL setup must run again).
     """
 
     code: types.CodeType
     offset: int
+    entry_offset: int
     stack_kinds: tuple[str, ...]
     stack_args: tuple[str, ...]
     locals: tuple[str, ...]
@@ -158,7 +161,8 @@ def _make_resume(
     resume_code = assemble(resume)
     log_code(resume_code.co_name, resume_code)
     closure = tuple(resume.freevars)
-    return ResumeFunction(resume_code, offset, kinds, stack_args, live, closure)
+    entry = target.offset if target.offset is not None else offset
+    return ResumeFunction(resume_code, offset, entry, kinds, stack_args, live, closure)
 
 
 def _break_index(info: CodeInfo, offset: int) -> int:
