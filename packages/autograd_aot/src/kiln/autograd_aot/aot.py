@@ -18,7 +18,7 @@ import torch
 from torch import fx
 
 from kiln.autograd_aot.decomp import default_decompositions, describe_table
-from kiln.autograd_aot.errors import AotError, UnsupportedMutation
+from kiln.autograd_aot.errors import AotError
 from kiln.autograd_aot.joint import trace_program
 from kiln.autograd_aot.partition import PartitionStats, partition_joint
 from kiln.autograd_aot.runtime import CompiledProgram, run_inference, run_training
@@ -36,16 +36,29 @@ def _fake_inputs(gm: fx.GraphModule) -> list[torch.Tensor]:
     return [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
 
 
-def _fakes_of(primals: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Fakes of the inputs; views of one storage alias, a tensor passed twice gets two fakes
-    (so each position gets its own gradient, as autograd sums them)."""
+def _fakes_of(
+    primals: Sequence[torch.Tensor], needs_grad: bool
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Fakes of the inputs, and the leaves to differentiate with respect to.
+
+    Views of one storage alias; a tensor passed twice gets two fakes (each position
+    gets its own gradient, which autograd sums). A non-leaf input that requires
+    grad is traced as a clone of a fake leaf, so that it may be mutated.
+    """
     mode = FakeMode()
     seen: set[int] = set()
     fakes: list[torch.Tensor] = []
+    leaves: list[torch.Tensor] = []
     for p in primals:
-        fakes.append(to_fake(p) if id(p) in seen else mode.to_fake(p))
+        leaf = to_fake(p) if id(p) in seen else mode.to_fake(p)
         seen.add(id(p))
-    return fakes
+        leaves.append(leaf)
+        if needs_grad and p.requires_grad and not p.is_leaf:
+            with torch.enable_grad():
+                fakes.append(leaf.clone())
+        else:
+            fakes.append(leaf)
+    return fakes, leaves
 
 
 def _check_aliased_mutations(primals: Sequence[torch.Tensor], mutated: Sequence[int]) -> None:
@@ -136,18 +149,10 @@ class AotCompiled:
         return torch.func.functional_call(self.gm, state, tuple(args))
 
     def _compile(self, needs_grad: bool, primals: Sequence[torch.Tensor]) -> CompiledProgram:
-        try:
-            program = trace_program(
-                self._call_module, _fakes_of(primals), self.decompositions, joint=needs_grad
-            )
-        except RuntimeError as e:
-            if "in-place" in str(e) and any(p.requires_grad and not p.is_leaf for p in primals):
-                msg = (
-                    "the program mutates an input that requires grad; Kiln compiles mutations "
-                    "of inputs that do not require grad only. Clone the input first."
-                )
-                raise UnsupportedMutation(msg) from e
-            raise
+        fakes, leaves = _fakes_of(primals, needs_grad)
+        program = trace_program(
+            self._call_module, fakes, self.decompositions, joint=needs_grad, grad_leaves=leaves
+        )
         _check_aliased_mutations(primals, program.mutated_inputs)
         if not program.is_joint:
             log.debug("forward-only graph:\n%s", program.gm.code)
@@ -161,6 +166,7 @@ class AotCompiled:
             program.num_primals,
             program.num_forward_outputs,
             mincut=self.partitioner == "mincut",
+            mutated_inputs=program.mutated_inputs,
         )
         self.partition_stats = stats
         log.info("partition (%s): %s", self.partitioner, stats)

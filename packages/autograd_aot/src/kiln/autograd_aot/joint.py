@@ -51,7 +51,7 @@ class TracedProgram:
     num_user_outputs: int  # graph outputs that are user outputs
     mutated_inputs: list[int]  # their new values follow the user outputs
     grad_inputs: list[int]  # primals whose gradients end the joint graph's outputs
-    diff_outputs: list[int]  # user graph outputs that take a tangent, in tangent order
+    diff_outputs: list[int]  # forward outputs that take a tangent, in tangent order
     non_differentiable: list[int]  # forward outputs that never require grad
 
     @property
@@ -74,8 +74,14 @@ def trace_program(
     decompositions: DecompositionTable,
     *,
     joint: bool,
+    grad_leaves: Sequence[torch.Tensor] | None = None,
 ) -> TracedProgram:
-    """Trace ``fn(*fakes)``; with ``joint``, trace its backward too."""
+    """Trace ``fn(*fakes)``; with ``joint``, trace its backward too.
+
+    Gradients are taken with respect to ``grad_leaves`` (default: ``fakes``): an
+    input that requires grad and is mutated is traced as a clone of its leaf, so
+    autograd allows the mutation, as it does for the real non-leaf tensor.
+    """
     tracer = AtenTracer(decompositions)
     for i, f in enumerate(fakes):
         tracer.placeholder(f, f"primals_{i + 1}")
@@ -95,25 +101,28 @@ def trace_program(
         specs.append(OutputSpec("graph", index=len(user), requires_grad=leaf.requires_grad))
         user.append(leaf)
     mutated = tracer.mutated_inputs()
-    outputs: list[torch.Tensor | None] = [*user, *(value for _, value in mutated)]
-    diff = [i for i, t in enumerate(user) if t.requires_grad and t.grad_fn is not None]
+    # A mutated input's own fake carries the autograd history of its mutations; the
+    # tracer maps it to the input's new value.
+    values = [*user, *(fakes[i] for i, _ in mutated)]
+    outputs: list[torch.Tensor | None] = list(values)
+    diff = [i for i, t in enumerate(values) if t.requires_grad and t.grad_fn is not None]
     grad_inputs = [i for i, f in enumerate(fakes) if f.requires_grad] if joint and diff else []
     if grad_inputs:
-        tangents = [_tangent_like(user[i]) for i in diff]
+        leaves = list(grad_leaves) if grad_leaves is not None else list(fakes)
+        tangents = [_tangent_like(values[i]) for i in diff]
         for i, t in enumerate(tangents):
             tracer.placeholder(t, f"tangents_{i + 1}")
         with tracer:
             grads = torch.autograd.grad(
-                [user[i] for i in diff],
-                [fakes[i] for i in grad_inputs],
+                [values[i] for i in diff],
+                [leaves[i] for i in grad_inputs],
                 tangents,
                 allow_unused=True,
             )
         outputs += list(grads)
     else:
         diff = []
-    non_diff = [i for i, t in enumerate(user) if not t.requires_grad]
-    non_diff += list(range(len(user), len(user) + len(mutated)))
+    non_diff = [i for i in range(len(values)) if i not in diff]
     return TracedProgram(
         gm=tracer.finish(outputs),
         num_primals=len(fakes),

@@ -153,11 +153,21 @@ def _extract(
 
 
 def partition_joint(
-    gm: fx.GraphModule, num_primals: int, num_forward_outputs: int, *, mincut: bool = True
+    gm: fx.GraphModule,
+    num_primals: int,
+    num_forward_outputs: int,
+    *,
+    mincut: bool = True,
+    mutated_inputs: Iterable[int] = (),
 ) -> tuple[fx.GraphModule, fx.GraphModule, PartitionStats]:
-    """Forward ``(*primals) -> (*outputs, *saved)``; backward ``(*saved, *tangents) -> grads``."""
+    """Forward ``(*primals) -> (*outputs, *saved)``; backward ``(*saved, *tangents) -> grads``.
+
+    Inputs in ``mutated_inputs`` are never saved: the runtime overwrites them after
+    the forward, so the backward must get their old values from a copy.
+    """
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     primals, tangents = placeholders[:num_primals], placeholders[num_primals:]
+    overwritten = {primals[i] for i in mutated_inputs}
     outs = list(next(n for n in gm.graph.nodes if n.op == "output").args[0])
     fw_outs, grads = outs[:num_forward_outputs], outs[num_forward_outputs:]
     bw_outs = [g for g in grads if isinstance(g, fx.Node)]
@@ -177,7 +187,7 @@ def partition_joint(
     if mincut:
         problem = CutProblem(
             nodes=relevant,
-            cost=lambda n: math.inf if n.op == "get_attr" else saved_bytes(n),
+            cost=lambda n: math.inf if n.op == "get_attr" or n in overwritten else saved_bytes(n),
             forward_only={n for n in relevant if n not in tangent_side and not recomputable(n)}
             | set(primals),
             backward_only={n for n in relevant if n in tangent_side},

@@ -73,8 +73,9 @@ def run_inference(compiled: CompiledProgram, primals: Sequence[torch.Tensor]) ->
 
 def _finish(program: TracedProgram, primals: Sequence[torch.Tensor], outputs: list[Any]) -> Any:
     n = program.num_user_outputs
-    with torch.no_grad():
-        for i, value in zip(program.mutated_inputs, outputs[n:], strict=True):
+    for i, value in zip(program.mutated_inputs, outputs[n:], strict=True):
+        # A mutated input that requires grad keeps its history through the copy, as in eager.
+        with torch.set_grad_enabled(value.requires_grad):
             primals[i].copy_(value)
     flat: list[Any] = []
     for spec in program.outputs:
