@@ -7,7 +7,7 @@ from kiln.loopir.decompositions import decompositions
 from kiln.loopir.errors import BackendError, IRVerificationError, LoopIRError, LoweringError
 from kiln.loopir.kernel import RINDEX, SEEDS, XINDEX, KernelCode, KernelGroup, KernelNode
 from kiln.loopir.ops import OpsHandler, OpsHandlerBase
-from kiln.loopir.pipeline import CompiledGraph, compile_graph
+from kiln.loopir.pipeline import CompiledGraph, compile_graph, compile_graph_reference
 from kiln.loopir.reference import ReferenceBackend
 from kiln.loopir.virtualized import V, ops, set_ops_handler
 
@@ -31,6 +31,7 @@ __all__ = [
     "__version__",
     "backend",
     "compile_graph",
+    "compile_graph_reference",
     "decompositions",
     "get_backend",
     "ops",

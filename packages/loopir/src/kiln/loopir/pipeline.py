@@ -28,11 +28,12 @@ from kiln.loopir.ir.views import ReinterpretView
 from kiln.loopir.kernel import SEEDS
 from kiln.loopir.memory import MemoryPlan, plan_memory
 from kiln.loopir.printing import render_buffers
+from kiln.loopir.reference import ReferenceBackend
 from kiln.loopir.scheduler.nodes import SchedNode
 from kiln.loopir.scheduler.order import KernelStep, Step, schedule
 from kiln.loopir.wrapper import WrapperCode, generate_wrapper
 
-__all__ = ["compile_graph", "CompiledGraph"]
+__all__ = ["compile_graph", "compile_graph_reference", "CompiledGraph"]
 
 log = logging.getLogger(__name__)
 ir_log = logging.getLogger("kiln.loopir.ir")
@@ -131,6 +132,13 @@ def compile_graph(
     counters.bump("loopir", "kernels", compiled.kernel_count)
     log.info("compiled %d kernels, peak %d bytes", compiled.kernel_count, plan.peak_bytes)
     return compiled
+
+
+def compile_graph_reference(
+    aten_gm: torch.fx.GraphModule, example_inputs: Sequence[Any]
+) -> CompiledGraph:
+    """``compile_graph`` with the reference backend on every device (no code generation)."""
+    return compile_graph(aten_gm, example_inputs, backend=ReferenceBackend())
 
 
 def _output_names(outputs: Sequence[Any]) -> set[str]:

@@ -17,7 +17,7 @@ from kiln.loopir.lowering.registry import overloads, register_lowering
 from kiln.loopir.lowering.views import flat_view, unsqueeze
 from kiln.loopir.virtualized import ops
 
-__all__ = ["reduce"]
+__all__ = ["reduce", "cast", "welford"]
 
 Index = Sequence[sympy.Expr]
 
@@ -79,7 +79,7 @@ def reduce(
     return out
 
 
-def _cast(x: TensorBox, dtype: torch.dtype) -> TensorBox:
+def cast(x: TensorBox, dtype: torch.dtype) -> TensorBox:
     if x.get_dtype() == dtype:
         return x
     return make_pointwise(lambda v: v, [x], dtype=dtype, math_dtype=x.get_dtype())
@@ -88,13 +88,13 @@ def _cast(x: TensorBox, dtype: torch.dtype) -> TensorBox:
 @register_lowering(*overloads("sum", "default", "dim_IntList"))
 def _sum(x: TensorBox, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> TensorBox:
     result = out_dtype()
-    return _cast(reduce(x, dim, keepdim, "sum", compute_dtype(result)), result)
+    return cast(reduce(x, dim, keepdim, "sum", compute_dtype(result)), result)
 
 
 @register_lowering(*overloads("prod", "default", "dim_int"))
 def _prod(x: TensorBox, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> TensorBox:
     result = out_dtype()
-    return _cast(reduce(x, dim, keepdim, "prod", compute_dtype(result)), result)
+    return cast(reduce(x, dim, keepdim, "prod", compute_dtype(result)), result)
 
 
 @register_lowering(*overloads("mean", "default", "dim"))
@@ -110,7 +110,7 @@ def _mean(x: TensorBox, dim: Any = None, keepdim: bool = False, *, dtype: Any = 
 def _extreme(kind: str) -> Any:
     def lower(x: TensorBox, dim: Any = None, keepdim: bool = False) -> TensorBox:
         result = out_dtype()
-        return _cast(reduce(x, dim, keepdim, kind, compute_dtype(result)), result)
+        return cast(reduce(x, dim, keepdim, kind, compute_dtype(result)), result)
 
     return lower
 
@@ -162,7 +162,7 @@ def _all(x: TensorBox, dim: Any = None, keepdim: bool = False) -> TensorBox:
     return make_pointwise(ops.logical_not, [found], dtype=torch.bool, math_dtype=torch.bool)
 
 
-def _welford(
+def welford(
     x: TensorBox, dim: Any, keepdim: bool, correction: float
 ) -> tuple[TensorBox, TensorBox, torch.dtype]:
     result = out_dtype()
@@ -191,15 +191,15 @@ def _correction(correction: Any, unbiased: Any = None) -> float:
 def _var(
     x: TensorBox, dim: Any = None, *, correction: Any = None, keepdim: bool = False
 ) -> TensorBox:
-    var, _, result = _welford(x, dim, keepdim, _correction(correction))
-    return _cast(var, result)
+    var, _, result = welford(x, dim, keepdim, _correction(correction))
+    return cast(var, result)
 
 
 @register_lowering(*overloads("std", "correction"))
 def _std(
     x: TensorBox, dim: Any = None, *, correction: Any = None, keepdim: bool = False
 ) -> TensorBox:
-    var, _, result = _welford(x, dim, keepdim, _correction(correction))
+    var, _, result = welford(x, dim, keepdim, _correction(correction))
     return make_pointwise(ops.sqrt, [var], dtype=result)
 
 
@@ -207,8 +207,8 @@ def _std(
 def _var_mean(
     x: TensorBox, dim: Any = None, *, correction: Any = None, keepdim: bool = False
 ) -> tuple[TensorBox, TensorBox]:
-    var, mean, result = _welford(x, dim, keepdim, _correction(correction))
-    return _cast(var, result), _cast(mean, result)
+    var, mean, result = welford(x, dim, keepdim, _correction(correction))
+    return cast(var, result), cast(mean, result)
 
 
 @register_lowering(*overloads("cumsum", "default"))
@@ -216,7 +216,7 @@ def _cumsum(x: TensorBox, dim: int, *, dtype: Any = None) -> TensorBox:
     result = out_dtype()
     math = compute_dtype(result)
     if x.dim() == 0:
-        return _cast(x, result)
+        return cast(x, result)
     d = dim % x.dim()
     size = x.get_size()
     load = x.make_loader()
@@ -235,4 +235,4 @@ def _cumsum(x: TensorBox, dim: int, *, dtype: Any = None) -> TensorBox:
     red = Reduction(x.get_device(), math, size, origin(), (size[d],), "sum", src, inner)
     box = StorageBox(red)
     box.realize()
-    return _cast(TensorBox(box), result)
+    return cast(TensorBox(box), result)
