@@ -22,6 +22,7 @@ import torch
 from triton.testing import do_bench
 
 from kiln.codegen_triton.kernel import KernelSource
+from kiln.codegen_triton.tiling import MAX_GRID_Y
 
 __all__ = ["Config", "candidate_configs", "Autotuner", "next_power_of_2"]
 
@@ -37,11 +38,22 @@ class Config:
     XBLOCK: int
     RBLOCK: int = 1
     num_warps: int = 4
+    YBLOCK: int = 1
 
-    def constexprs(self, reduction: bool) -> dict[str, int]:
-        return (
-            {"XBLOCK": self.XBLOCK, "RBLOCK": self.RBLOCK} if reduction else {"XBLOCK": self.XBLOCK}
-        )
+    def constexprs(self, kind: str) -> dict[str, int]:
+        """Block sizes a kernel of ``kind`` (``KernelSource.kind``) takes."""
+        if kind == "reduction":
+            return {"XBLOCK": self.XBLOCK, "RBLOCK": self.RBLOCK}
+        if kind == "tiled":
+            return {"XBLOCK": self.XBLOCK, "YBLOCK": self.YBLOCK}
+        return {"XBLOCK": self.XBLOCK}
+
+    def grid(self, ks: KernelSource) -> tuple[int, ...]:
+        """Programs to launch: one per block of x (and of y for a tiled kernel)."""
+        if ks.kind == "tiled":
+            inner, outer = ks.sizes
+            return (-(-inner // self.XBLOCK), -(-outer // self.YBLOCK))
+        return (-(-ks.numel // self.XBLOCK),)
 
 
 def next_power_of_2(n: int) -> int:
@@ -70,6 +82,17 @@ def _persistent(numel: int, rnumel: int, wide: bool) -> list[Config]:
     return [Config(x, rblock, w or _warps(x * rblock)) for x in xblocks for w in warps]
 
 
+def _tiled(inner: int, outer: int, wide: bool) -> list[Config]:
+    pairs = [(32, 32), (64, 64), (16, 64), (64, 16)] if wide else [(32, 32), (64, 64)]
+    seen: list[Config] = []
+    for px, py in pairs:
+        x, y = min(px, next_power_of_2(inner)), min(py, next_power_of_2(outer))
+        cfg = Config(x, 1, _warps(x * y), y)
+        if cfg not in seen and -(-outer // y) <= MAX_GRID_Y:
+            seen.append(cfg)
+    return seen or [Config(min(32, next_power_of_2(inner)), 1, 4, 1024)]
+
+
 def _looped(numel: int, rnumel: int, wide: bool) -> list[Config]:
     rcap = next_power_of_2(rnumel)
     pairs = [(1, 2048), (8, 512), (1, 512)] + ([(4, 1024), (16, 256), (64, 64)] if wide else [])
@@ -85,6 +108,8 @@ def candidate_configs(
     ks: KernelSource, *, max_autotune: bool = False, rblock: int | None = None
 ) -> list[Config]:
     """Candidates for a kernel, heuristic favourite first."""
+    if ks.kind == "tiled":
+        return _tiled(ks.sizes[0], ks.sizes[1], max_autotune)
     if not ks.reduction:
         return _pointwise(ks.numel, max_autotune)
     if ks.persistent:

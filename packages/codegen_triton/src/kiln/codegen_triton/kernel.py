@@ -26,6 +26,7 @@ import torch
 from kiln.codegen_triton.ops import CSEVar, TritonOps, triton_type
 from kiln.codegen_triton.printer import print_index, simplify_index
 from kiln.codegen_triton.reductions import Reductions
+from kiln.codegen_triton.tiling import YINDEX, choose_tile, split_index
 from kiln.loopir import sizes
 from kiln.loopir.analysis import ReadWriteHandler
 from kiln.loopir.kernel import RINDEX, XINDEX, KernelGroup, KernelNode
@@ -64,12 +65,29 @@ class KernelSource:
     numel: int
     rnumel: int
     int64: bool
+    tile: int = 0
+    """The inner size of a 2-D tiled pointwise kernel (0: not tiled)."""
+
+    @property
+    def kind(self) -> str:
+        if self.reduction:
+            return "reduction"
+        return "tiled" if self.tile else "pointwise"
+
+    @property
+    def sizes(self) -> list[int]:
+        """The size arguments the kernel takes after its pointers."""
+        if self.reduction:
+            return [self.numel, self.rnumel]
+        return [self.tile, self.numel // self.tile] if self.tile else [self.numel]
 
 
 class TritonKernel:
     """Writes the body of one kernel; ``TritonOps`` calls back into it."""
 
-    def __init__(self, group: KernelGroup, *, persistent_limit: int = 1024) -> None:
+    def __init__(
+        self, group: KernelGroup, *, persistent_limit: int = 1024, tiling: bool = True
+    ) -> None:
         self.group = group
         self.numel = sizes.evaluate_int(group.numel)
         self.rnumel = sizes.evaluate_int(group.rnumel)
@@ -77,6 +95,7 @@ class TritonKernel:
         self.persistent = self.is_reduction and self.rnumel <= persistent_limit
         self.int64 = _needs_int64(group, self.numel * self.rnumel)
         self.params = _param_names(group)
+        self.tile = (choose_tile(group) or 0) if tiling else 0
         self.ranges = {XINDEX: self.numel, RINDEX: self.rnumel}
         self.top: list[str | _Store | _Loop] = []
         self.loop: _Loop | None = None
@@ -113,15 +132,22 @@ class TritonKernel:
     # -- shapes and masks --
     @property
     def shape(self) -> str:
+        if self.tile:
+            return "[XBLOCK, YBLOCK]"
         if not self.is_reduction:
             return "[XBLOCK]"
         return "[XBLOCK, RBLOCK]" if self.mode == "xr" else "[XBLOCK, 1]"
 
     def full_mask(self) -> str:
         parts = ["xmask", "rmask"] if self.mode == "xr" else ["xmask"]
+        if self.tile:
+            parts = ["xmask", "ymask"]
         return " & ".join(parts + self.masks)
 
     def _index(self, index: sympy.Expr) -> tuple[sympy.Expr, str]:
+        if self.tile:
+            expr = split_index(index, self.tile, self.numel // self.tile)
+            return expr, print_index(expr)
         expr = simplify_index(index, self.ranges)
         return expr, print_index(expr)
 
@@ -133,6 +159,8 @@ class TritonKernel:
             parts.append("xmask")
         if self.mode == "xr" and (indirect or RINDEX in syms):
             parts.append("rmask")
+        if self.tile and (indirect or YINDEX in syms):
+            parts.append("ymask")
         parts += self.masks
         return " & ".join(parts) if parts else None
 
@@ -140,6 +168,8 @@ class TritonKernel:
         """A pointer block of the full tile shape (stores need it)."""
         syms = expr.free_symbols
         wanted = {XINDEX, RINDEX} if self.mode == "xr" else {XINDEX}
+        if self.tile:
+            wanted = {XINDEX, YINDEX}
         if wanted <= syms and not any(sizes.is_index_symbol(s, "indirect") for s in syms):
             return f"{self.params[name]} + ({text})"
         if not syms:
@@ -240,7 +270,7 @@ class TritonKernel:
         self._close_loop()
         return KernelSource(
             self.group.name, self.render(), self.is_reduction, self.persistent,
-            self.numel, self.rnumel, self.int64,
+            self.numel, self.rnumel, self.int64, self.tile,
         )  # fmt: skip
 
     def _open_loop(self) -> None:
@@ -257,11 +287,11 @@ class TritonKernel:
     def render(self) -> str:
         params = [self.params[n] for n in dict.fromkeys(self.group.args)]
         params.append("xnumel")
-        if self.is_reduction:
-            params.append("rnumel")
+        if self.is_reduction or self.tile:
+            params.append("rnumel" if self.is_reduction else "ynumel")
         params.append("XBLOCK: tl.constexpr")
-        if self.is_reduction:
-            params.append("RBLOCK: tl.constexpr")
+        if self.is_reduction or self.tile:
+            params.append("RBLOCK: tl.constexpr" if self.is_reduction else "YBLOCK: tl.constexpr")
         lines = [
             "@triton.jit",
             f"def {self.group.name}({', '.join(params)}):",
@@ -275,6 +305,16 @@ class TritonKernel:
     def _preamble(self) -> list[str]:
         pid = "tl.program_id(0).to(tl.int64)" if self.int64 else "tl.program_id(0)"
         lines = [f"xoffset = {pid} * XBLOCK"]
+        if self.tile:
+            ypid = "tl.program_id(1).to(tl.int64)" if self.int64 else "tl.program_id(1)"
+            return [
+                *lines,
+                "xindex = xoffset + tl.arange(0, XBLOCK)[:, None]",
+                "xmask = xindex < xnumel",
+                f"yoffset = {ypid} * YBLOCK",
+                "yindex = yoffset + tl.arange(0, YBLOCK)[None, :]",
+                "ymask = yindex < ynumel",
+            ]
         if not self.is_reduction:
             return [*lines, "xindex = xoffset + tl.arange(0, XBLOCK)", "xmask = xindex < xnumel"]
         rbase = "tl.arange(0, RBLOCK)[None, :]" + (".to(tl.int64)" if self.int64 else "")

@@ -61,9 +61,45 @@ def _wider_digit(
     return None
 
 
+def _drop_low_part(
+    base: sympy.Expr, div: sympy.Expr, ranges: dict[sympy.Symbol, int]
+) -> tuple[sympy.Expr, sympy.Expr] | None:
+    """``(k*A + b, k*d)`` as ``(A, d)`` when ``0 <= b < k``: the low part never reaches the digit."""
+    d = sizes.static_int(div)
+    if d is None or not isinstance(base, sympy.Add):
+        return None
+    for k in sorted({int(c) for c, _ in _terms(base) if c.is_Integer and int(c) > 1}, reverse=True):
+        if d % k:
+            continue
+        high = [c * a for c, a in _terms(base) if c.is_Integer and int(c) % k == 0]
+        low = sympy.Add(*[c * a for c, a in _terms(base) if not (c.is_Integer and int(c) % k == 0)])
+        bound = sizes.bounds(low, ranges)
+        if high and bound is not None and bound[0] >= 0 and bound[1] < k:
+            return sympy.expand(sympy.Add(*high) / k), sympy.Integer(d // k)
+    return None
+
+
+def _split_digits(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sympy.Expr:
+    """Apply :func:`_drop_low_part` to every ``FloorDiv``/``ModularIndexing`` in ``expr``."""
+    if not expr.args or expr.is_Atom:
+        return expr
+    expr = expr.func(*[_split_digits(a, ranges) for a in expr.args])
+    if isinstance(expr, (FloorDiv, ModularIndexing)):
+        found = _drop_low_part(expr.args[0], expr.args[1], ranges)
+        if found is not None:
+            base, div = found
+            return (
+                FloorDiv(base, div)
+                if isinstance(expr, FloorDiv)
+                else ModularIndexing(base, div, expr.args[2])
+            )
+    return expr
+
+
 def simplify_index(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sympy.Expr:
     """Fold digit pairs and drop divisions made trivial by ``ranges`` (symbol → size)."""
     expr = sizes.simplify_with_ranges(sympy.expand(expr), ranges)
+    expr = sizes.simplify_with_ranges(_split_digits(expr, ranges), ranges)
     terms = _terms(expr)
     changed = False
     while _merge_once(terms):

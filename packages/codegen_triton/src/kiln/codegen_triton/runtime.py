@@ -137,7 +137,7 @@ class TritonLauncher:
         self.path = path
         unique = list(dict.fromkeys(arg_names))
         self.positions = [list(arg_names).index(n) for n in unique]
-        self.scalars = [ks.numel] + ([ks.rnumel] if ks.reduction else [])
+        self.scalars = ks.sizes
         written_pos = [i for i, n in enumerate(unique) if n in set(written)]
         self.tuner = Autotuner(ks.source, configs, cache_dir, written_pos)
         self.fn: Any = None
@@ -146,7 +146,7 @@ class TritonLauncher:
     def start_parallel_compile(self, dtypes: Sequence[torch.dtype], workers: int) -> None:
         """Begin compiling every candidate in a worker process (GPU only)."""
         names = [str(d).removeprefix("torch.") for d in dtypes]
-        configs = [(c.constexprs(self.ks.reduction), c.num_warps) for c in self.tuner.configs]
+        configs = [(c.constexprs(self.ks.kind), c.num_warps) for c in self.tuner.configs]
         self.warming = compile_pool(workers).submit(
             warm_in_worker, str(self.path), self.ks.name, names, self.scalars, configs
         )
@@ -165,9 +165,8 @@ class TritonLauncher:
         return self.fn
 
     def run(self, cfg: Config, tensors: Sequence[Any]) -> None:
-        grid = (triton.cdiv(self.ks.numel, cfg.XBLOCK),)
-        self._kernel()[grid](
-            *tensors, *self.scalars, num_warps=cfg.num_warps, **cfg.constexprs(self.ks.reduction)
+        self._kernel()[cfg.grid(self.ks)](
+            *tensors, *self.scalars, num_warps=cfg.num_warps, **cfg.constexprs(self.ks.kind)
         )
 
     def __call__(self, *args: torch.Tensor) -> None:
