@@ -9,7 +9,6 @@ ops (``rng.py``) so a backward can recompute them.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -20,7 +19,6 @@ from kiln.autograd_aot.rng import random_decompositions
 
 __all__ = ["DecompositionTable", "default_decompositions", "describe_table", "kiln_decompositions"]
 
-log = logging.getLogger("kiln.autograd_aot.aot")
 aten = torch.ops.aten
 
 DecompositionTable = Mapping[Any, Callable[..., Any]]

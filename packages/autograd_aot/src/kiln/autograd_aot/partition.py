@@ -11,6 +11,7 @@ backward uses, the baseline the statistics compare against.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import operator
 from collections.abc import Iterable
@@ -24,6 +25,8 @@ from kiln.autograd_aot.mincut import CutProblem, min_cut
 from kiln.autograd_aot.mutation import is_view
 
 __all__ = ["PartitionStats", "partition_joint", "recomputable", "saved_bytes"]
+
+log = logging.getLogger(__name__)
 
 aten = torch.ops.aten
 
@@ -152,6 +155,61 @@ def _extract(
     return fx.GraphModule(gm, graph)
 
 
+@dataclasses.dataclass
+class _Joint:
+    """A joint graph's nodes sorted by role."""
+
+    primals: list[fx.Node]
+    tangents: list[fx.Node]
+    forward_outputs: list[fx.Node]
+    grads: list[fx.Node | None]
+    tangent_side: set[fx.Node]  # computed from a tangent: backward only
+    relevant: list[fx.Node]  # needed by some output, in graph order
+
+    @staticmethod
+    def of(gm: fx.GraphModule, num_primals: int, num_forward_outputs: int) -> _Joint:
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        outs = list(next(n for n in gm.graph.nodes if n.op == "output").args[0])
+        needed = _ancestors([o for o in outs if isinstance(o, fx.Node)], set())
+        return _Joint(
+            primals=placeholders[:num_primals],
+            tangents=placeholders[num_primals:],
+            forward_outputs=outs[:num_forward_outputs],
+            grads=outs[num_forward_outputs:],
+            tangent_side=_closure(placeholders[num_primals:], "users"),
+            relevant=[n for n in gm.graph.nodes if n in needed],
+        )
+
+    @property
+    def backward_outputs(self) -> list[fx.Node]:
+        return [g for g in self.grads if g is not None]
+
+    def save_all(self) -> set[fx.Node]:
+        """Every forward value the backward uses."""
+        bw_needed = _ancestors(self.backward_outputs, set())
+        bw_outs = set(self.backward_outputs)
+        return {
+            n
+            for n in self.relevant
+            if n not in self.tangent_side
+            and n.op != "get_attr"
+            and (n in bw_outs or any(u in self.tangent_side and u in bw_needed for u in n.users))
+        }
+
+    def min_cut(self, overwritten: set[fx.Node]) -> set[fx.Node]:
+        """The cheapest values to save, recomputing what the policy allows."""
+        unsavable = overwritten | {n for n in self.relevant if n.op == "get_attr"}
+        forward = {n for n in self.relevant if n not in self.tangent_side and not recomputable(n)}
+        problem = CutProblem(
+            nodes=self.relevant,
+            cost=lambda n: math.inf if n in unsavable else saved_bytes(n),
+            forward_only=forward | set(self.primals),
+            backward_only={n for n in self.relevant if n in self.tangent_side},
+            backward_outputs=self.backward_outputs,
+        )
+        return min_cut(problem)
+
+
 def partition_joint(
     gm: fx.GraphModule,
     num_primals: int,
@@ -165,41 +223,17 @@ def partition_joint(
     Inputs in ``mutated_inputs`` are never saved: the runtime overwrites them after
     the forward, so the backward must get their old values from a copy.
     """
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    primals, tangents = placeholders[:num_primals], placeholders[num_primals:]
-    overwritten = {primals[i] for i in mutated_inputs}
-    outs = list(next(n for n in gm.graph.nodes if n.op == "output").args[0])
-    fw_outs, grads = outs[:num_forward_outputs], outs[num_forward_outputs:]
-    bw_outs = [g for g in grads if isinstance(g, fx.Node)]
-    tangent_side = _closure(tangents, "users")
-    bw_needed = _ancestors(bw_outs, set())
-    fw_needed = _ancestors(fw_outs, set())
-    relevant = [n for n in gm.graph.nodes if n in bw_needed or n in fw_needed]
-    bw_set = set(bw_outs)
-
-    def used_by_backward(n: fx.Node) -> bool:
-        return n in bw_set or any(u in tangent_side and u in bw_needed for u in n.users)
-
-    save_all = {
-        n for n in relevant if n not in tangent_side and n.op != "get_attr" and used_by_backward(n)
-    }
-    saved = set(save_all)
+    joint = _Joint.of(gm, num_primals, num_forward_outputs)
+    save_all = joint.save_all()
+    saved = save_all
     if mincut:
-        problem = CutProblem(
-            nodes=relevant,
-            cost=lambda n: math.inf if n.op == "get_attr" or n in overwritten else saved_bytes(n),
-            forward_only={n for n in relevant if n not in tangent_side and not recomputable(n)}
-            | set(primals),
-            backward_only={n for n in relevant if n in tangent_side},
-            backward_outputs=bw_outs,
-        )
         try:
-            saved = min_cut(problem)
+            saved = joint.min_cut({joint.primals[i] for i in mutated_inputs})
         except nx.NetworkXUnbounded:
-            saved = set(save_all)
+            log.warning("no finite min cut (a needed value cannot be saved); saving all")
     saved_list = [n for n in gm.graph.nodes if n in saved]
-    fw = _extract(gm, primals, [*fw_outs, *saved_list])
-    bw = _extract(gm, saved_list + tangents, list(grads))
+    fw = _extract(gm, joint.primals, [*joint.forward_outputs, *saved_list])
+    bw = _extract(gm, saved_list + joint.tangents, joint.grads)
     fw_ops = {n.name for n in fw.graph.nodes if n.op == "call_function"}
     stats = PartitionStats(
         saved_bytes=_activation_bytes(saved_list),
