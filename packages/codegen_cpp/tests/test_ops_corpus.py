@@ -119,6 +119,9 @@ def _cases() -> list[Case]:
         )
     ]
     cases += [_unary_case("logical_not", torch.bool), _unary_case("logical_not", torch.float32)]
+    for dtype in (torch.int8, torch.uint8, torch.int16):  # scalar kernels, wrapping arithmetic
+        cases += [_binary_case(n, dtype) for n in ("add", "mul", "maximum", "bitwise_and", "lt")]
+        cases += [_unary_case(n, dtype) for n in ("neg", "square")]
     return cases
 
 
