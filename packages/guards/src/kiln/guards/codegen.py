@@ -94,6 +94,7 @@ class CheckSource:
         self.lines: list[str] = []
         self.indent = 0
         self._n_locals = 0
+        self.functions: list[str] = []  # texts of the trees' group functions
         self.needs_locals = False  # whether the check starts with ``<prefix>L = locals()``
 
     # ---- names and expressions -------------------------------------------------------
@@ -331,25 +332,32 @@ class CheckSource:
         self.line(f"if not ({condition}):")
         self.line("    return False")
 
-    def tree_group(self, emit_members: Callable[[], None]) -> None:
-        """The guards a tree's stamp protects: run only when the stamp moved since they passed."""
+    def tree_group(self, tree: GuardSpec, emit_members: Callable[[], None]) -> None:
+        """A tree's group as a function of its own, called only when the stamp moved since
+        the group last passed (its own function: a call of the check then sets up only the
+        few locals of the common path, not the group's hundreds)."""
+        assert tree.source is not None
         stamps.install()
         stamp = self.bind(stamps.state, "stamp")
-        seen = self.bind([-1], "seen")  # the stamp they last passed at; -1: never
-        now = f"{self.prefix}now{self.indent}"
-        self.line(f"if {stamp}[0] != {seen}[0]:")
-        self.indent += 1
-        outer_locals = dict(self._locals)  # locals hoisted in the block exist only there
-        self.line(f"{now} = {stamp}[0]")
+        seen = self.bind([-1], "seen")  # the stamp the group last passed at; -1: never
+        name = f"{self.prefix}group{len(self.functions)}"
+        root = f"{self.prefix}root"
+        outer = (self.lines, self._locals, self.indent)
+        self.lines, self._locals, self.indent = [], {str(tree.source): root}, 0
+        self.line(f"{self.prefix}now = {stamp}[0]")
         emit_members()
         self.line(f"if {self.bind(config, 'config')}.trust_module_stamps:")
-        self.line(f"    {seen}[0] = {now}")
-        self._locals = outer_locals
-        self.indent -= 1
+        self.line(f"    {seen}[0] = {self.prefix}now")
+        self.line("return True")
+        body = "\n".join(f"    {line}" for line in self.lines)
+        self.functions.append(f"def {name}({root}):\n{body}\n")
+        self.lines, self._locals, self.indent = outer
+        self.require(f"{stamp}[0] == {seen}[0] or {name}({self.expr(tree.source)})")
 
 
 def _emit(cs: CheckSource, guards: list[GuardSpec], plan: Plan) -> None:
-    """Emit ``guards`` in order: every tensor in one test, each tree followed by its group."""
+    """Emit ``guards`` in order, every tensor in one test; then the trees' groups, which run
+    rarely and are long: last, so the common path is short and jumps over nothing."""
     tensors = [g for g in guards if g.kind is GuardKind.TENSOR_MATCH]
     if tensors:
         at = guards.index(tensors[0])
@@ -364,8 +372,9 @@ def _emit(cs: CheckSource, guards: list[GuardSpec], plan: Plan) -> None:
             continue
         cs.hoist(g.source, itself=g.kind in _MULTI_READ)
         cs.require(cs.condition(g))
+    for g in guards:
         if g.kind is GuardKind.MODULE_TREE and plan.group(g):
-            cs.tree_group(functools.partial(_emit, cs, plan.group(g), plan))
+            cs.tree_group(g, functools.partial(_emit, cs, plan.group(g), plan))
 
 
 def generate(fn: types.FunctionType, plan: Plan) -> tuple[str, str, dict[str, Any]]:
@@ -384,4 +393,7 @@ def generate(fn: types.FunctionType, plan: Plan) -> tuple[str, str, dict[str, An
         f"    except Exception:\n"
         f"        return False\n"
     )
+    if cs.functions:
+        text += "\n\n# guards protected by the module stamp (see MODULE_TREE)\n"
+        text += "\n\n".join(cs.functions)
     return name, text, cs.namespace

@@ -138,8 +138,8 @@ class Plan:
         return self.groups.get(id(tree), [])
 
     def flat(self) -> list[GuardSpec]:
-        """Every guard, each tree followed by its group: the order explanations use."""
-        return [x for g in self.top for x in (g, *self.group(g))]
+        """Every guard in the order the check runs them: the top level, then the groups."""
+        return [*self.top, *(x for g in self.top for x in self.group(g))]
 
 
 def _sort(guards: list[GuardSpec]) -> list[GuardSpec]:
