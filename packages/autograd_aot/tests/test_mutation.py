@@ -73,3 +73,17 @@ def test_metadata_mutation_is_rejected():
 def test_mutating_an_expanded_view_is_rejected():
     with pytest.raises(UnsupportedMutation, match="view op"):
         trace_aten(lambda x: (x * 1).expand(2, 3).add_(1), [torch.randn(3)], {})
+
+
+def test_tensors_made_from_data_may_be_mutated():
+    def fn(x):
+        z = torch.tensor([1.0, 2.0, 3.0])
+        z.add_(x)
+        w = torch.zeros(3)
+        w[1] = 5.0
+        return z * 2 + w
+
+    x = torch.randn(3)
+    gm = trace_aten(fn, [x], {})
+    _no_mutations(gm)
+    torch.testing.assert_close(gm(x)[0], fn(x))

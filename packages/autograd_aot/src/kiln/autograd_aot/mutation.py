@@ -75,9 +75,14 @@ def unhide_mutation(func: Any, args: tuple[Any, ...]) -> Any:
 
     ``native_batch_norm`` updates its running statistics in training mode, but
     its schema has no write annotations; ``_native_batch_norm_legit`` does.
+    ``lift_fresh`` is a view by schema but makes a fresh tensor.
     """
     if func is aten.native_batch_norm.default and len(args) > 5 and args[5] and args[3] is not None:
         return aten._native_batch_norm_legit.default
+    if func is aten.lift_fresh.default:
+        # torch.tensor(data): the new tensor is the program's own, free to mutate, not an
+        # alias of the constant holding the data.
+        return aten.lift_fresh_copy.default
     return func
 
 
