@@ -251,6 +251,8 @@ def fusion_cases() -> list[Case]:
         for dtype in (torch.float32, torch.float64):
             cases.append(reduce_case(rtype, dtype, 5, 45))
         cases.append(reduce_case(rtype, torch.float32, 21, 19, inner=False))
+    for rtype in ("sum", "argmax", "welford_reduce", "min"):  # 4 vectors of rows + 2 rows
+        cases.append(reduce_case(rtype, torch.float32, 130, 7, inner=False))
     cases.append(reduce_case("sum", torch.float32, 1, 5000))
     for rtype in ("sum", "argmin", "welford_reduce", "max"):  # split across threads
         cases.append(reduce_case(rtype, torch.float32, 2, 40000))

@@ -31,6 +31,9 @@ PARALLEL_MIN_WORK = 32768
 SPLIT_REDUCTION_MAX_NUMEL = 16
 """Reductions with fewer rows than this (and enough work) parallelize over ``rindex``."""
 
+ROW_UNROLL = 4
+"""Vectors of rows side by side in a reduction over a strided dimension."""
+
 _PARALLEL_FOR = "#pragma omp parallel for num_threads(nthreads) schedule(static)"
 
 
@@ -82,11 +85,12 @@ class LoopNests:
         rows_start = 0
         lines: list[str] = []
         if not split_r and self._prefers_row_lanes():
-            rows = w.vector_pass(self._row_lanes_body, w.numel, XINDEX)
+            step = w.lanes * (ROW_UNROLL if w.numel >= 2 * ROW_UNROLL * w.lanes else 1)
+            rows = w.vector_pass(functools.partial(self._row_lanes_body, step), w.numel, XINDEX)
             if rows is not None:
-                rows_start = w.numel - w.numel % w.lanes
+                rows_start = w.numel - w.numel % step
                 lines += [*rows.hoisted, *self._parallel(work)]
-                lines += loop("xindex", 0, rows_start, w.lanes, rows.lines)
+                lines += loop("xindex", 0, rows_start, step, rows.lines)
         if rows_start == w.numel:
             return lines
         inner: list[str] = []
@@ -113,17 +117,29 @@ class LoopNests:
                 strided_r |= along_r is None or along_r.stride not in (0, 1)
         return strided_r
 
-    def _row_lanes_body(self) -> None:
-        """One vector of rows: scalar ``rindex`` loops over vector values (in a vector pass)."""
+    def _row_lanes_body(self, step: int) -> None:
+        """``step`` rows as vectors: scalar ``rindex`` loops over vector values.
+
+        Several vectors side by side give each row's loop independent chains and
+        whole cache lines; node bodies take ``xindex + k*lanes`` for the k-th.
+        """
         w = self.w
+        starts = [XINDEX + k for k in range(0, step, w.lanes)]
         for part in split_segments(w.group.nodes):
             if not isinstance(part, Segment):
-                w.run_nodes([part], XINDEX)
+                for start in starts:
+                    w.run_nodes([part], start)
                 continue
             part.row_lanes = True
             w.segment = part
+
+            def run(part: Segment = part) -> None:
+                part.start_pass()
+                for start in starts:
+                    w.run_nodes(part.nodes, start, RINDEX)
+
             try:
-                body = w.nested_lines(functools.partial(w.run_segment, part), "rindex")
+                body = w.nested_lines(run, "rindex")
             finally:
                 w.segment = None
             block = [line for acc in part.accumulators for line in acc.declarations()]
