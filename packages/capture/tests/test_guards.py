@@ -88,3 +88,13 @@ def test_sources_resolve_against_the_frame():
     src = ItemSource(AttrSource(LocalSource("self"), "layers"), 0)
     assert str(src) == "L['self'].layers[0]"
     assert str(GlobalSource("torch")) == "G['torch']"
+
+
+def test_property_getter_globals_are_guarded():
+    class P:
+        @property
+        def scaled(self):
+            return SCALE * 3
+
+    g = _by(_guards(lambda x, p: x * p.scaled, torch.randn(2), P()))
+    assert g[("G['SCALE']", GuardKind.EQUALS)] == 2

@@ -122,7 +122,74 @@ def f_kwargs(x, *args, scale=1.0, **kw):
     return out
 
 
+def _nonlocal_counter(x):
+    count = 0
+
+    def bump():
+        nonlocal count
+        count += 1
+        return count
+
+    bump()
+    return x * bump()
+
+
+def _sorted_key(xs):
+    order = sorted(range(len(xs)), key=lambda i: -i)
+    return [xs[i] * i for i in order]
+
+
+def _reduce_shape(x):
+    return x.reshape(functools.reduce(operator.mul, x.shape, 1))
+
+
+def _min_max_key(x):
+    names = {"a": 3, "b": 1, "c": 2}
+    lo = min(names, key=lambda k: names[k])
+    hi = max(names.items(), key=lambda kv: kv[1])[0]
+    return x * names[lo] + names[hi]
+
+
+def _itertools(xs):
+    import itertools
+
+    total = xs[0] * 0
+    for a, b in itertools.product(range(2), range(2)):
+        total = total + a * b
+    for x in itertools.chain(xs, [xs[0]]):
+        total = total + x
+    return total
+
+
 PROGRAMS: list[tuple[str, Any, Any, int, list[str] | None]] = [
+    ("nonlocal_counter", _nonlocal_counter, lambda: (t(2),), 1, ["mul"]),
+    ("sorted_key", _sorted_key, lambda: ([t(2), t(2), t(2)],), 1, None),
+    ("reduce_shape", _reduce_shape, lambda: (t(2, 3),), 1, ["reshape"]),
+    ("min_max_key", _min_max_key, lambda: (t(2),), 1, ["mul", "add"]),
+    ("itertools", _itertools, lambda: ([t(2), t(2)],), 1, None),
+    (
+        "str_join",
+        lambda x: (x * 2, "-".join(["a", "b"]), ",".join(str(i) for i in range(3))),
+        lambda: (t(2),),
+        1,
+        None,
+    ),
+    ("class_attr_read", lambda x: x * _Util.factor, lambda: (t(2),), 1, ["mul"]),
+    (
+        "enumerate_start",
+        lambda xs: [x * i for i, x in enumerate(xs, start=1)],
+        lambda: ([t(2), t(2)],),
+        1,
+        None,
+    ),
+    ("dict_iter_order", lambda d: [k for k in d], lambda: ({"b": 1, "a": 2},), 0, []),
+    (
+        "zip_strict_lengths",
+        lambda a, b: [x + y for x, y in zip(a, b)],
+        lambda: ([t(1), t(1)], [t(1)]),
+        1,
+        ["add"],
+    ),
     ("add", lambda x, y: x + y, lambda: (t(3), t(3)), 1, ["add"]),
     ("sub_mul", lambda x, y: (x - y) * 2, lambda: (t(3), t(3)), 1, ["sub", "mul"]),
     ("matmul", lambda x, y: x @ y, lambda: (t(3, 4), t(4, 5)), 1, ["matmul"]),

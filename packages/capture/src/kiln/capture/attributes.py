@@ -210,7 +210,9 @@ def _class_attr(
     if isinstance(static, property):
         if not isinstance(static.fget, types.FunctionType):
             return _real_attr(tr, v, name, src)
-        return calls.call(tr, function_value(static.fget, None), [v], {})
+        # the getter's globals are guarded through the class: L['x'].__class__.name.fget
+        fget_src = v.source.attr("__class__").attr(name).attr("fget") if v.source else None
+        return calls.call(tr, function_value(static.fget, fget_src), [v], {})
     if isinstance(static, classmethod):
         return BoundMethodValue(_callable_value(static.__func__), ObjectValue(cls))
     if isinstance(static, staticmethod):

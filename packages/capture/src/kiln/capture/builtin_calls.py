@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import functools
 import inspect
+import itertools
 import operator
 import types
 import warnings
@@ -40,11 +41,13 @@ if TYPE_CHECKING:
     from kiln.capture.tracer import Tracer
 
 __all__ = [
-    "call_builtin_method",
+    "fold",
     "handler_for",
-    "iterate",
     "is_literal",
+    "iterate",
+    "length",
     "literal",
+    "make_dict",
     "unpack_iterable",
 ]
 
@@ -353,12 +356,12 @@ def _set(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
 
 def _dict_handler(cls: type) -> Handler:
     def handler(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
-        return _dict(tr, args, kwargs, cls)
+        return make_dict(tr, args, kwargs, cls)
 
     return handler
 
 
-def _dict(tr: Tracer, args: list[Value], kwargs: dict[str, Value], cls: type = dict) -> Value:
+def make_dict(tr: Tracer, args: list[Value], kwargs: dict[str, Value], cls: type = dict) -> Value:
     out = DictValue({}, cls)
     if args:
         source = args[0]
@@ -377,12 +380,56 @@ _HANDLERS[dict] = _dict_handler(dict)
 _HANDLERS[collections.OrderedDict] = _dict_handler(collections.OrderedDict)
 
 
+def _sort_keys(tr: Tracer, items: list[Value], key: Value | None) -> list[Any]:
+    """The constant sort key of each item (``key(item)`` inlined when given)."""
+    keys = [item if key is None else calls.call(tr, key, [item], {}) for item in items]
+    if not all(is_literal(k) for k in keys):
+        raise unsupported("unsupported_call", "ordering values that are not constants")
+    return [literal(k) for k in keys]
+
+
+def _ordered(
+    tr: Tracer, items: list[Value], kwargs: dict[str, Value]
+) -> list[tuple[Any, int, Value]]:
+    key = kwargs.get("key")
+    key = None if isinstance(key, ConstantValue) and key.value is None else key
+    keys = _sort_keys(tr, items, key)
+    return [(k, i, item) for i, (k, item) in enumerate(zip(keys, items, strict=True))]
+
+
 @_handles(sorted)
 def _sorted(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
-    items = unpack_iterable(tr, args[0])
-    if not kwargs and all(isinstance(x, ConstantValue) for x in items):
-        return ListValue([ConstantValue(x) for x in sorted(x.as_constant() for x in items)])
-    return fold(sorted, [ListValue(items)], kwargs)
+    ordered = _ordered(tr, unpack_iterable(tr, args[0]), kwargs)
+    reverse = bool(kwargs["reverse"].as_constant()) if "reverse" in kwargs else False
+    try:
+        ordered.sort(key=lambda e: e[0], reverse=reverse)
+    except TypeError as e:
+        raise raised(e) from e
+    return ListValue([item for _, _, item in ordered])
+
+
+@_handles(functools.reduce)
+def _reduce(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    items = unpack_iterable(tr, args[1])
+    if len(args) > 2:
+        items = [args[2], *items]
+    if not items:
+        raise raised(TypeError("reduce() of empty iterable with no initial value"))
+    total = items[0]
+    for item in items[1:]:
+        total = calls.call(tr, args[0], [total, item], {})
+    return total
+
+
+@_handles(itertools.chain)
+def _chain(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    return ItemsIterator([x for a in args for x in unpack_iterable(tr, a)])
+
+
+@_handles(itertools.product)
+def _product(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    pools = [unpack_iterable(tr, a) for a in args]
+    return ItemsIterator([TupleValue(list(p)) for p in itertools.product(*pools)])
 
 
 def _min_max_handler(fn: Callable[..., Any]) -> Handler:
@@ -390,7 +437,12 @@ def _min_max_handler(fn: Callable[..., Any]) -> Handler:
         items = args if len(args) > 1 else unpack_iterable(tr, args[0])
         if any(isinstance(x, TensorValue) for x in items):
             raise unsupported("data_dependent_value", f"{fn.__name__}() over tensors")
-        return fold(fn, [ListValue(items)], kwargs)
+        if not items:
+            if "default" in kwargs:
+                return kwargs["default"]
+            raise raised(ValueError(f"{fn.__name__}() arg is an empty sequence"))
+        ordered = _ordered(tr, items, kwargs)
+        return fn(ordered, key=lambda e: (e[0], e[1] if fn is min else -e[1]))[2]
 
     return handler
 
@@ -557,125 +609,3 @@ def _print(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
 @_handles(warnings.warn)
 def _warn(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
     return calls.replay_call(tr, warnings.warn, args, kwargs)
-
-
-# methods of tracked containers -----------------------------------------------
-def call_builtin_method(
-    tr: Tracer, receiver: Value, name: str, args: list[Value], kwargs: dict[str, Value]
-) -> Value:
-    """``receiver.name(*args)`` for a list, tuple, dict or set receiver."""
-    if isinstance(receiver, ListValue):
-        return _list_method(tr, receiver, name, args)
-    if isinstance(receiver, DictValue):
-        return _dict_method(tr, receiver, name, args, kwargs)
-    if isinstance(receiver, TupleValue) and name in ("index", "count"):
-        return fold(getattr(tuple, name), [TupleValue(receiver.items), *args], {})
-    if isinstance(receiver, SetValue):
-        return _set_method(tr, receiver, name, args)
-    raise unsupported("unsupported_call", f"{receiver.python_type().__name__}.{name}")
-
-
-def _list_method(tr: Tracer, lst: ListValue, name: str, args: list[Value]) -> Value:
-    if name in ("index", "count", "copy", "__len__", "__getitem__", "__contains__"):
-        if name == "copy":
-            return ListValue(list(lst.items))
-        if name == "__getitem__":
-            return attributes.get_item(tr, lst, args[0])
-        if name == "__len__":
-            return ConstantValue(len(lst.items))
-        if name == "__contains__":
-            return ConstantValue(operators.contains(tr, args[0], lst))
-        return fold(getattr(list, name), [ListValue(lst.items), *args], {})
-    lst.check_mutable()
-    if name == "append":
-        lst.items.append(args[0])
-    elif name == "extend":
-        lst.items.extend(unpack_iterable(tr, args[0]))
-    elif name == "insert":
-        lst.items.insert(int(args[0].as_constant()), args[1])
-    elif name == "pop":
-        return lst.items.pop(int(args[0].as_constant()) if args else -1)
-    elif name == "clear":
-        lst.items.clear()
-    elif name == "reverse":
-        lst.items.reverse()
-    elif name == "remove":
-        for i, x in enumerate(lst.items):
-            if operators.truth(tr, operators.compare_op(tr, "==", x, args[0])):
-                del lst.items[i]
-                break
-    elif name == "__setitem__":
-        attributes.set_item(tr, lst, args[0], args[1])
-    else:
-        raise unsupported("unsupported_call", f"list.{name}")
-    return ConstantValue(None)
-
-
-def _dict_method(
-    tr: Tracer, d: DictValue, name: str, args: list[Value], kwargs: dict[str, Value]
-) -> Value:
-    if name == "items":
-        return ListValue([TupleValue([k, v]) for k, v in d.items.values()])
-    if name == "keys":
-        return ListValue([k for k, _ in d.items.values()])
-    if name == "values":
-        return ListValue([v for _, v in d.items.values()])
-    if name in ("get", "__getitem__"):
-        found = d.get(args[0])
-        if found is None:
-            if name == "__getitem__":
-                raise raised(KeyError(dict_key(args[0])))
-            return args[1] if len(args) > 1 else ConstantValue(None)
-        return found
-    if name == "__contains__":
-        return ConstantValue(dict_key(args[0]) in d.items)
-    if name == "copy":
-        return DictValue(dict(d.items), d.cls if d.cls is not dict else dict)
-    if name == "__len__":
-        return ConstantValue(len(d.items))
-    if name == "to_tuple":
-        return TupleValue([v for _, v in d.items.values()])
-    d.check_mutable()
-    if name in ("__setitem__",):
-        d.set(args[0], args[1])
-    elif name == "pop":
-        popped = d.items.pop(dict_key(args[0]), None)
-        if popped is None:
-            if len(args) > 1:
-                return args[1]
-            raise raised(KeyError(dict_key(args[0])))
-        return popped[1]
-    elif name == "setdefault":
-        found_v = d.get(args[0])
-        if found_v is not None:
-            return found_v
-        d.set(args[0], args[1] if len(args) > 1 else ConstantValue(None))
-        return args[1] if len(args) > 1 else ConstantValue(None)
-    elif name == "update":
-        if args:
-            other = _dict(tr, [args[0]], {})
-            assert isinstance(other, DictValue)
-            d.items.update(other.items)
-        for k, v in kwargs.items():
-            d.set(ConstantValue(k), v)
-    elif name == "clear":
-        d.items.clear()
-    else:
-        raise unsupported("unsupported_call", f"dict.{name}")
-    return ConstantValue(None)
-
-
-def _set_method(tr: Tracer, s: SetValue, name: str, args: list[Value]) -> Value:
-    if name == "__contains__":
-        return ConstantValue(dict_key(args[0]) in s.items)
-    s.check_mutable()
-    if name == "add":
-        s.items[dict_key(args[0])] = args[0]
-    elif name == "update":
-        for x in unpack_iterable(tr, args[0]):
-            s.items[dict_key(x)] = x
-    elif name in ("discard", "remove"):
-        s.items.pop(dict_key(args[0]), None)
-    else:
-        raise unsupported("unsupported_call", f"set.{name}")
-    return ConstantValue(None)

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kiln.capture import builtin_calls, contexts, torch_calls
+from kiln.capture import builtin_calls, container_methods, contexts, torch_calls
 from kiln.capture.break_reasons import unsupported
 from kiln.capture.guard_data import GuardKind
 from kiln.capture.values.base import ConstantValue, Value, is_constant
-from kiln.capture.values.containers import DictValue, TupleValue
+from kiln.capture.values.containers import DictValue, ListValue, TupleValue
 from kiln.capture.values.functions import (
     BoundMethodValue,
     BuiltinMethodValue,
@@ -31,6 +31,7 @@ from kiln.capture.values.functions import (
     ReplayedCallValue,
     UserFunctionValue,
 )
+from kiln.capture.values.iterators import IteratorValue
 from kiln.capture.values.objects import NewObjectValue, ObjectValue
 from kiln.capture.values.tensor import TensorMethodValue
 from kiln.capture.wrap import function_value, is_namedtuple
@@ -62,7 +63,7 @@ def call(tr: Tracer, fn: Value, args: list[Value], kwargs: dict[str, Value]) -> 
     if isinstance(fn, TensorMethodValue):
         return torch_calls.call_method(tr, fn.tensor, fn.name, args, kwargs)
     if isinstance(fn, BuiltinMethodValue):
-        return builtin_calls.call_builtin_method(tr, fn.receiver, fn.name, args, kwargs)
+        return container_methods.call_builtin_method(tr, fn.receiver, fn.name, args, kwargs)
     if isinstance(fn, ReplayedCallValue):
         return replay_call(tr, fn.fn, args, kwargs)
     if isinstance(fn, PartialValue):
@@ -136,8 +137,14 @@ def _call_object(tr: Tracer, fv: ObjectValue, args: list[Value], kwargs: dict[st
     if isinstance(obj, functools.partial):
         part = PartialValue(ObjectValue(obj.func), [], {})
         return call(tr, part.func, [*(_const(a) for a in obj.args), *args], kwargs)
-    if _foldable(obj) and all(builtin_calls.is_literal(a) for a in [*args, *kwargs.values()]):
-        return builtin_calls.fold(obj, args, kwargs)
+    if _foldable(obj):
+        # a pure builtin consumes iterators whole: hand it their items
+        args = [
+            ListValue(builtin_calls.unpack_iterable(tr, a)) if isinstance(a, IteratorValue) else a
+            for a in args
+        ]
+        if all(builtin_calls.is_literal(a) for a in [*args, *kwargs.values()]):
+            return builtin_calls.fold(obj, args, kwargs)
     method = _find_python_method(type(obj), "__call__")
     if method is not None:
         return call(tr, function_value(method, None), [fv, *args], kwargs)

@@ -105,7 +105,7 @@ def dict_update(tr: Tracer, ins: dis.Instruction) -> None:
     target = tr.peek(ins.arg or 1)
     assert isinstance(target, DictValue)
     if not isinstance(update, DictValue):
-        update = builtin_calls.handler_for(dict)(tr, [update], {})  # type: ignore[misc]
+        update = builtin_calls.make_dict(tr, [update], {})
     assert isinstance(update, DictValue)
     if ins.opname == "DICT_MERGE" and set(update.items) & set(target.items):
         raise unsupported("user_exception", "TypeError: got multiple values for a keyword argument")

@@ -1,0 +1,140 @@
+"""Methods of tracked lists, tuples, dicts and sets (``lst.append``, ``d.items()``).
+
+Containers made during tracing are updated in place; containers from the
+frame are marked mutated and written back by the emitted code.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kiln.capture import attributes, builtin_calls, operators
+from kiln.capture.break_reasons import raised, unsupported
+from kiln.capture.values.base import ConstantValue, Value
+from kiln.capture.values.containers import DictValue, ListValue, SetValue, TupleValue, dict_key
+
+if TYPE_CHECKING:
+    from kiln.capture.tracer import Tracer
+
+__all__ = ["call_builtin_method"]
+
+
+def call_builtin_method(
+    tr: Tracer, receiver: Value, name: str, args: list[Value], kwargs: dict[str, Value]
+) -> Value:
+    """``receiver.name(*args)`` for a list, tuple, dict or set receiver."""
+    if isinstance(receiver, ListValue):
+        return _list_method(tr, receiver, name, args)
+    if isinstance(receiver, DictValue):
+        return _dict_method(tr, receiver, name, args, kwargs)
+    if isinstance(receiver, TupleValue) and name in ("index", "count"):
+        return builtin_calls.fold(getattr(tuple, name), [TupleValue(receiver.items), *args], {})
+    if isinstance(receiver, SetValue):
+        return _set_method(tr, receiver, name, args)
+    raise unsupported("unsupported_call", f"{receiver.python_type().__name__}.{name}")
+
+
+def _list_method(tr: Tracer, lst: ListValue, name: str, args: list[Value]) -> Value:
+    if name in ("index", "count", "copy", "__len__", "__getitem__", "__contains__"):
+        if name == "copy":
+            return ListValue(list(lst.items))
+        if name == "__getitem__":
+            return attributes.get_item(tr, lst, args[0])
+        if name == "__len__":
+            return ConstantValue(len(lst.items))
+        if name == "__contains__":
+            return ConstantValue(operators.contains(tr, args[0], lst))
+        return builtin_calls.fold(getattr(list, name), [ListValue(lst.items), *args], {})
+    lst.check_mutable()
+    if name == "append":
+        lst.items.append(args[0])
+    elif name == "extend":
+        lst.items.extend(builtin_calls.unpack_iterable(tr, args[0]))
+    elif name == "insert":
+        lst.items.insert(int(args[0].as_constant()), args[1])
+    elif name == "pop":
+        return lst.items.pop(int(args[0].as_constant()) if args else -1)
+    elif name == "clear":
+        lst.items.clear()
+    elif name == "reverse":
+        lst.items.reverse()
+    elif name == "remove":
+        for i, x in enumerate(lst.items):
+            if operators.truth(tr, operators.compare_op(tr, "==", x, args[0])):
+                del lst.items[i]
+                break
+    elif name == "__setitem__":
+        attributes.set_item(tr, lst, args[0], args[1])
+    else:
+        raise unsupported("unsupported_call", f"list.{name}")
+    return ConstantValue(None)
+
+
+def _dict_method(
+    tr: Tracer, d: DictValue, name: str, args: list[Value], kwargs: dict[str, Value]
+) -> Value:
+    if name == "items":
+        return ListValue([TupleValue([k, v]) for k, v in d.items.values()])
+    if name == "keys":
+        return ListValue([k for k, _ in d.items.values()])
+    if name == "values":
+        return ListValue([v for _, v in d.items.values()])
+    if name in ("get", "__getitem__"):
+        found = d.get(args[0])
+        if found is None:
+            if name == "__getitem__":
+                raise raised(KeyError(dict_key(args[0])))
+            return args[1] if len(args) > 1 else ConstantValue(None)
+        return found
+    if name == "__contains__":
+        return ConstantValue(dict_key(args[0]) in d.items)
+    if name == "copy":
+        return DictValue(dict(d.items), d.cls if d.cls is not dict else dict)
+    if name == "__len__":
+        return ConstantValue(len(d.items))
+    if name == "to_tuple":
+        return TupleValue([v for _, v in d.items.values()])
+    d.check_mutable()
+    if name in ("__setitem__",):
+        d.set(args[0], args[1])
+    elif name == "pop":
+        popped = d.items.pop(dict_key(args[0]), None)
+        if popped is None:
+            if len(args) > 1:
+                return args[1]
+            raise raised(KeyError(dict_key(args[0])))
+        return popped[1]
+    elif name == "setdefault":
+        found_v = d.get(args[0])
+        if found_v is not None:
+            return found_v
+        d.set(args[0], args[1] if len(args) > 1 else ConstantValue(None))
+        return args[1] if len(args) > 1 else ConstantValue(None)
+    elif name == "update":
+        if args:
+            other = builtin_calls.make_dict(tr, [args[0]], {})
+            assert isinstance(other, DictValue)
+            d.items.update(other.items)
+        for k, v in kwargs.items():
+            d.set(ConstantValue(k), v)
+    elif name == "clear":
+        d.items.clear()
+    else:
+        raise unsupported("unsupported_call", f"dict.{name}")
+    return ConstantValue(None)
+
+
+def _set_method(tr: Tracer, s: SetValue, name: str, args: list[Value]) -> Value:
+    if name == "__contains__":
+        return ConstantValue(dict_key(args[0]) in s.items)
+    s.check_mutable()
+    if name == "add":
+        s.items[dict_key(args[0])] = args[0]
+    elif name == "update":
+        for x in builtin_calls.unpack_iterable(tr, args[0]):
+            s.items[dict_key(x)] = x
+    elif name in ("discard", "remove"):
+        s.items.pop(dict_key(args[0]), None)
+    else:
+        raise unsupported("unsupported_call", f"set.{name}")
+    return ConstantValue(None)
