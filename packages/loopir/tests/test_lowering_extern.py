@@ -22,7 +22,7 @@ def test_matmuls_and_convolutions():
             aten.addmm.default(bias, a, b, beta=0.5, alpha=2.0),
             aten.bmm.default(ba, bb),
             aten.baddbmm.default(base, ba, bb),
-            aten._convolution.default(img, k, None, *conv_args, False, False, False, True),
+            aten.convolution.default(img, k, None, [2, 2], [0, 0], [1, 1], False, [0, 0], 1),
             grads[0],
             grads[1],
             grads[2],

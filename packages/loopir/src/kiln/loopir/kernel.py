@@ -147,7 +147,7 @@ class _Simplifying:
         self.known = known
 
     def _s(self, index: sympy.Expr) -> sympy.Expr:
-        return sizes.simplify_with_ranges(sympy.expand(index), self.known)
+        return sizes.simplify_with_ranges(index, self.known)
 
     def load(self, name: str, index: sympy.Expr) -> Any:
         return self.inner.load(name, self._s(index))

@@ -146,6 +146,11 @@ def flat_index(index: Sequence[sympy.Expr], sizes: Sequence[sympy.Expr]) -> symp
 
 def unflatten_index(flat: sympy.Expr, sizes: Sequence[sympy.Expr]) -> list[sympy.Expr]:
     """Split a row-major flat index into one index per dimension."""
+    return list(_unflatten(flat, tuple(sizes)))
+
+
+@functools.lru_cache(maxsize=8192)
+def _unflatten(flat: sympy.Expr, sizes: tuple[sympy.Expr, ...]) -> tuple[sympy.Expr, ...]:
     out: list[sympy.Expr] = []
     divisor: sympy.Expr = sympy.Integer(1)
     for i in reversed(range(len(sizes))):
@@ -158,7 +163,7 @@ def unflatten_index(flat: sympy.Expr, sizes: Sequence[sympy.Expr]) -> list[sympy
         else:
             out.append(ModularIndexing(flat, divisor, size))
         divisor = divisor * size
-    return list(reversed(out))
+    return tuple(reversed(out))
 
 
 def static_int(expr: sympy.Expr | int) -> int | None:
@@ -214,6 +219,18 @@ _bounds = bounds  # the name codegen_triton first used
 
 
 def simplify_with_ranges(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sympy.Expr:
+    """Drop ``FloorDiv``/``ModularIndexing`` the symbols' ranges make trivial (cached)."""
+    if not expr.args or expr.is_Atom:
+        return expr
+    return _simplify_cached(expr, tuple(sorted(ranges.items(), key=lambda kv: kv[0].name)))
+
+
+@functools.lru_cache(maxsize=16384)
+def _simplify_cached(expr: sympy.Expr, ranges: tuple[tuple[sympy.Symbol, int], ...]) -> sympy.Expr:
+    return _simplify(sympy.expand(expr), dict(ranges))
+
+
+def _simplify(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sympy.Expr:
     """Drop ``FloorDiv``/``ModularIndexing`` the symbols' ranges make trivial.
 
     ``(x*8 + r) // 8`` is ``x`` when ``r < 8``; ``(r // 1) % 8`` is ``r`` then too.
@@ -221,7 +238,7 @@ def simplify_with_ranges(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> s
     """
     if not expr.args or expr.is_Atom:
         return expr
-    args = [simplify_with_ranges(a, ranges) for a in expr.args]
+    args = [_simplify(a, ranges) for a in expr.args]
     expr = expr.func(*args)
     if isinstance(expr, FloorDiv):
         b = bounds(expr.args[0], ranges)
@@ -234,7 +251,7 @@ def simplify_with_ranges(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> s
         b = bounds(base, ranges)
         span = static_int(div * mod)
         if b is not None and span is not None and b[0] >= 0 and b[1] < span:
-            return simplify_with_ranges(FloorDiv(base, div), ranges)
+            return _simplify(FloorDiv(base, div), ranges)
         return expr
     if isinstance(expr, sympy.Add):
         return _merge_digits(expr)
