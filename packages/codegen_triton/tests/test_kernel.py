@@ -1,0 +1,78 @@
+"""The kernel writer's structure: CSE, store forwarding, dropped stores, 64-bit indexing."""
+
+import torch
+from triton_corpus import Case, group, inp, pointwise, random_tensor, reduction, run_case
+
+from kiln.codegen_triton.kernel import TritonKernel
+from kiln.loopir.kernel import KernelGroup
+from kiln.loopir.virtualized import ops
+
+F32 = torch.float32
+
+
+def _src(g: KernelGroup, **kw) -> str:
+    return TritonKernel(g, **kw).generate().source
+
+
+def test_equal_expressions_are_computed_once():
+    x = inp("x", F32, [64])
+    load = x.make_loader()
+    out = pointwise("buf0", F32, [64], lambda i: ops.add(ops.exp(load(i)), ops.exp(load(i))))
+    src = _src(group("k", [x], [(out, "x")], 64))
+    assert src.count("tl.exp(") == 1 and src.count("tl.load(") == 1
+
+
+def test_internal_buffers_forward_and_skip_their_store():
+    x = inp("x", F32, [64])
+    load = x.make_loader()
+    mid = pointwise("buf0", F32, [64], lambda i: ops.sin(load(i)))
+    lmid = mid.make_loader()
+    out = pointwise("buf1", F32, [64], lambda i: ops.cos(lmid(i)))
+    g = group("k", [x], [(mid, "x"), (out, "x")], 64)
+    g = KernelGroup(
+        g.name,
+        g.device,
+        g.numel,
+        g.rnumel,
+        g.nodes,
+        g.buffers,
+        g.inputs,
+        g.outputs,
+        frozenset({"buf0"}),
+    )
+    src = _src(g)
+    assert "out_ptr0 +" not in src.split("):", 1)[1]  # buf0 is never stored
+    assert src.count("tl.load(") == 1
+    run_case(Case("internal", g, lambda: [random_tensor(F32, [64])]))
+
+
+def test_64_bit_indexing_only_for_huge_buffers():
+    small = inp("x", F32, [64])
+    out = pointwise("buf0", F32, [64], lambda i: ops.neg(small.make_loader()(i)))
+    assert "tl.int64" not in _src(group("k", [small], [(out, "x")], 64))
+    n = 2**31 + 8
+    big = inp("x", F32, [n])
+    out = pointwise("buf0", F32, [n], lambda i: ops.neg(big.make_loader()(i)))
+    assert "tl.program_id(0).to(tl.int64)" in _src(group("k", [big], [(out, "x")], n))
+
+
+def test_looped_welford_and_argmax_match_reference():
+    x = inp("x", F32, [5, 300])
+    load = x.make_loader()
+    mean = reduction(
+        "buf0", F32, [5], [300], "welford_reduce", F32, lambda i, r: load([i[0], r[0]]), 0
+    )
+    m2 = reduction(
+        "buf1", F32, [5], [300], "welford_reduce", F32, lambda i, r: load([i[0], r[0]]), 1
+    )
+    arg = reduction(
+        "buf2", torch.int64, [5], [300], "argmin", F32,
+        lambda i, r: (load([i[0], r[0]]), ops.index_expr(r[0], torch.int64)),
+    )  # fmt: skip
+    g = group("k", [x], [(mean, "xr"), (m2, "xr"), (arg, "xr")], 5, 300)
+    from kiln.codegen_triton import TritonBackend, TritonOptions  # noqa: PLC0415
+
+    src = _src(g, persistent_limit=64)
+    assert src.count("for roffset") == 1 and "kh.welford_update" in src
+    backend = TritonBackend(TritonOptions(persistent_reduction_limit=64))
+    run_case(Case("welford", g, lambda: [random_tensor(F32, [5, 300])], 1e-4, 1e-4), backend)

@@ -1,0 +1,42 @@
+"""The kernel module cache, its index, and the launcher's calling convention."""
+
+import json
+
+import torch
+from triton_corpus import group, inp, pointwise
+
+from kiln.codegen_triton import TritonBackend, TritonOptions
+from kiln.codegen_triton.runtime import load_module, module_path, write_module
+from kiln.loopir.virtualized import ops
+
+
+def test_modules_are_written_once_and_indexed(tmp_path):
+    text = "import triton\nVALUE = 3\n"
+    path = write_module(tmp_path, text, "kernel7")
+    assert path == module_path(tmp_path, text) and path.read_text() == text
+    assert write_module(tmp_path, text, "kernel7") == path
+    index = json.loads((tmp_path / "index.json").read_text())
+    assert index[path.stem]["kernel"] == "kernel7"
+    assert load_module(path).VALUE == 3
+    assert load_module(path) is load_module(path)
+
+
+def test_same_kernel_source_shares_one_file(tmp_path):
+    backend = TritonBackend(TritonOptions(cache_dir=tmp_path))
+    x = inp("x", torch.float32, [40])
+    out = pointwise("buf0", torch.float32, [40], lambda i: ops.exp(x.make_loader()(i)))
+    g = group("kernel0", [x], [(out, "x")], 40)
+    first, second = backend.codegen_kernel(g), backend.codegen_kernel(g)
+    assert first.source == second.source and first.language == "triton"
+    assert len(list((tmp_path / "kernels").glob("*.py"))) == 1
+    src, dst = torch.randn(40), torch.empty(40)
+    first.fn(src, dst)
+    torch.testing.assert_close(dst, src.exp())
+
+
+def test_a_name_passed_twice_is_one_kernel_argument():
+    x = inp("x", torch.float32, [16])
+    out = pointwise("buf0", torch.float32, [16], lambda i: ops.neg(x.make_loader()(i)))
+    g = group("kernel0", [x], [(out, "x")], 16)
+    code = TritonBackend().codegen_kernel(g)
+    assert code.fn.positions == [0, 1]
