@@ -8,7 +8,7 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
-from kiln.autograd_aot import aot_eager
+from kiln.autograd_aot import aot_eager, verify_aten_graph
 
 
 def _clone(x):
@@ -36,6 +36,10 @@ def run_check(
     e_in = [_clone(x) for x in inputs]
     c_in = [_clone(x) for x in inputs]
     compiled = backend(compiled_mod, c_in)
+    for program in compiled._compiled.values():
+        graphs = [program.forward, program.backward] if program.backward else [program.forward]
+        for graph in graphs:
+            verify_aten_graph(graph)
     expect = eager_mod(*e_in)
     got = compiled(*c_in)
     torch.testing.assert_close(got, expect, rtol=rtol, atol=atol)

@@ -9,7 +9,7 @@ from kiln.autograd_aot.backends import aot_eager, aot_eager_decomp_partition
 from kiln.autograd_aot.decomp import default_decompositions, kiln_decompositions
 from kiln.autograd_aot.errors import AotError, UnsupportedMutation
 from kiln.autograd_aot.partition import PartitionStats
-from kiln.autograd_aot.trace import AtenTracer, trace_aten
+from kiln.autograd_aot.trace import AtenTracer, trace_aten, verify_aten_graph
 
 __all__ = [
     "AotCompiled",
@@ -24,4 +24,5 @@ __all__ = [
     "default_decompositions",
     "kiln_decompositions",
     "trace_aten",
+    "verify_aten_graph",
 ]

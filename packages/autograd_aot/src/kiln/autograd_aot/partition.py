@@ -23,6 +23,7 @@ from torch import fx
 from kiln.autograd_aot import rng  # noqa: F401  (defines the kiln_aot ops named below)
 from kiln.autograd_aot.mincut import CutProblem, min_cut
 from kiln.autograd_aot.mutation import is_view
+from kiln.autograd_aot.trace import verify_aten_graph
 
 __all__ = ["PartitionStats", "partition_joint", "recomputable", "saved_bytes"]
 
@@ -152,7 +153,9 @@ def _extract(
             env[n] = graph.node_copy(n, env.__getitem__)
     graph.output(tuple(None if o is None else env[o] for o in outputs))
     graph.eliminate_dead_code()
-    return fx.GraphModule(gm, graph)
+    out = fx.GraphModule(gm, graph)
+    verify_aten_graph(out)
+    return out
 
 
 @dataclasses.dataclass

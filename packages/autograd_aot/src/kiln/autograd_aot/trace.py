@@ -34,7 +34,7 @@ from kiln.autograd_aot.mutation import (
 )
 from kiln.capture.meta import FakeMode, is_fake, meta_of, run_fake, to_fake
 
-__all__ = ["AtenTracer", "trace_aten"]
+__all__ = ["AtenTracer", "trace_aten", "verify_aten_graph"]
 
 aten = torch.ops.aten
 
@@ -114,11 +114,7 @@ class AtenTracer(TorchDispatchMode):
         self.graph.output(out)
         self.graph.eliminate_dead_code()
         gm = fx.GraphModule(self.module, self.graph)
-        for node in gm.graph.nodes:
-            target = node.target
-            if node.op == "call_function" and hasattr(target, "_schema") and is_mutation(target):
-                msg = f"a mutating op survived functionalization: {node.format_node()}"
-                raise AotError(msg)
+        verify_aten_graph(gm)
         return gm
 
     # tensor bookkeeping -------------------------------------------------------------
@@ -280,6 +276,20 @@ class AtenTracer(TorchDispatchMode):
         root.version += 1
         info.node = self.node_of(value)
         info.version = root.version
+
+
+def verify_aten_graph(gm: fx.GraphModule) -> None:
+    """Check the contract of graphs handed to compilers: functional, with fake values."""
+    for node in gm.graph.nodes:
+        if node.op == "output":
+            continue
+        target = node.target
+        if node.op == "call_function" and hasattr(target, "_schema") and is_mutation(target):
+            msg = f"a mutating op survived the functionalization pass: {node.format_node()}"
+            raise AotError(msg)
+        if "val" not in node.meta:
+            msg = f"node without a fake value: {node.format_node()}"
+            raise AotError(msg)
 
 
 def _with_positional_defaults(func: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
