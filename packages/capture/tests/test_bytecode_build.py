@@ -4,7 +4,7 @@ import dis
 
 import pytest
 
-from kiln.capture.bytecode import ExceptionEntry, Instr, assemble
+from kiln.capture.bytecode import PY311, ExceptionEntry, Instr, assemble
 from kiln.capture.bytecode.build import (
     binary_op,
     call,
@@ -239,3 +239,18 @@ def test_bare_global_name_and_bad_args():
         body.instrs += [bad, Instr("RETURN_VALUE")]
         with pytest.raises(CaptureError, match="needs"):
             assemble(body)
+
+
+@pytest.mark.skipif(not PY311, reason="PRECALL exists on 3.11 only")
+def test_precall_must_precede_call():
+    body = new_body("f", [])
+    body.instrs += [
+        *load_callable(len),
+        Instr("LOAD_CONST", "ab"),
+        Instr("PRECALL", 1),
+        Instr("NOP"),
+        Instr("CALL", 1),
+        Instr("RETURN_VALUE"),
+    ]
+    with pytest.raises(CaptureError, match="PRECALL"):
+        assemble(body)

@@ -85,3 +85,30 @@ def test_dis_prints_assembled_code():
 
 def test_docstring_survives():
     assert roundtrip(corpus.docstring_only).__doc__ == corpus.docstring_only.__doc__
+
+
+@pytest.mark.parametrize(
+    ("fn", "args", "kwargs"), corpus.CASES[::3], ids=lambda v: getattr(v, "__name__", "")
+)
+def test_padded_with_nops_runs_equal(fn, args, kwargs):
+    """Hundreds of NOPs scattered through the body: offsets, EXTENDED_ARGs and tables all move."""
+    import random
+
+    from kiln.capture.bytecode import Instr, assemble
+    from kiln.capture.bytecode.build import make_function
+
+    rng = random.Random(fn.__name__)
+    body = decode(fn.__code__)
+    first = next(i for i, ins in enumerate(body.instrs) if ins.opname == "RESUME") + 1
+    for _ in range(300):
+        at = rng.randrange(first, len(body.instrs) + 1)
+        if body.instrs[at - 1].opname != "PRECALL":  # 3.11 keeps PRECALL; CALL together
+            body.instrs.insert(at, Instr("NOP"))
+    padded = make_function(
+        assemble(body),
+        fn.__globals__,
+        closure=fn.__closure__,
+        defaults=fn.__defaults__,
+        kwdefaults=fn.__kwdefaults__,
+    )
+    assert outcome(padded, args, kwargs) == outcome(fn, args, kwargs)

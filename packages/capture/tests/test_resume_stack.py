@@ -145,7 +145,9 @@ def value_only_points(code):
             kinds = None
         if kinds is not None and len(kinds) != depth:
             kinds = None
-        if kinds and all(x == V for x in kinds):
+        # a break lands before a call's KW_NAMES/PRECALL setup, never inside it
+        inside_call_setup = i > 0 and instrs[i - 1].opname in ("KW_NAMES", "PRECALL")
+        if kinds and all(x == V for x in kinds) and not inside_call_setup:
             points.append(i)
         if kinds is not None:
             kinds = _step(kinds, ins)

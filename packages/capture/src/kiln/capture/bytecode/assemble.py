@@ -96,9 +96,19 @@ def _resolve_jumps(code: Bytecode) -> None:
             moved_ends[id(ins)] = skip
             continue
         ins.opname = _direction_name(ins.opname, backward)
+    if optable.PY311:
+        _check_precall_pairs(out)
     code.instrs = out
     for entry in code.exception_table:
         entry.end = moved_ends.get(id(entry.end), entry.end)
+
+
+def _check_precall_pairs(instrs: list[Instr]) -> None:
+    """3.11's specialized PRECALLs make the call themselves and skip the CALL after them."""
+    for i, ins in enumerate(instrs):
+        if ins.opname == "PRECALL" and (i + 1 == len(instrs) or instrs[i + 1].opname != "CALL"):
+            msg = f"PRECALL (instruction {i}) must be directly followed by CALL on Python 3.11"
+            raise CaptureError(msg)
 
 
 class _Pools:
