@@ -52,6 +52,12 @@ def _eager(name: str) -> Column:
     return Column(name, lambda m: m, lambda: None, dict, CaptureLog())
 
 
+def _loopir_kernels(kiln: Any) -> int:
+    """Kernels loopir counted, for Kiln versions whose ``stats().kernels`` misses them."""
+    snapshot: dict[str, Any] = getattr(getattr(kiln, "counters", None), "snapshot", dict)()
+    return int(snapshot.get("loopir", {}).get("kernels", 0))
+
+
 def _kiln(name: str, backend: str) -> Column:
     import kiln
 
@@ -70,7 +76,7 @@ def _kiln(name: str, backend: str) -> Column:
             "graph_breaks": get("graph_breaks"),
             "recompiles": get("recompiles"),
             "eager_fallbacks": get("eager_fallbacks"),
-            "kernels": sum((get("kernels") or {}).values()),
+            "kernels": sum((get("kernels") or {}).values()) or _loopir_kernels(kiln),
             "fallback_ops": dict(get("fallback_ops") or {}),
             "break_kinds": dict(get("graph_break_kinds") or {}),
         }

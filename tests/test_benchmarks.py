@@ -83,7 +83,7 @@ def test_crash_in_child_is_recorded(tmp_path):
 
 @pytest.mark.slow
 def test_hang_in_child_times_out(tmp_path):
-    cfg = RunConfig(["eager"], tmp_path, warm=False, timeout_s=3)
+    cfg = RunConfig(["eager"], tmp_path, warm=False, timeout_s=2)
     (row,) = run_suite([models.get("debug_hang")], cfg)
     assert row.status == "timeout"
 
