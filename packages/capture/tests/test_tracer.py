@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kiln.capture import capture
+from kiln.capture import LocalSource, capture
 
 
 def t(*shape):
@@ -161,7 +161,25 @@ def _itertools(xs):
     return total
 
 
+class _Lazy:
+    def __init__(self, t):
+        self.t = t
+
+    def __getattr__(self, name):
+        if name == "doubled":
+            return self.t * 2
+        raise AttributeError(name)
+
+
+def _getattr_hook(x):
+    obj = _Lazy(x)
+    a = obj.doubled if hasattr(obj, "doubled") else x
+    b = getattr(obj, "missing", 5)
+    return a + b
+
+
 PROGRAMS: list[tuple[str, Any, Any, int, list[str] | None]] = [
+    ("getattr_hook_rollback", _getattr_hook, lambda: (t(2),), 1, ["mul", "add"]),
     ("nonlocal_counter", _nonlocal_counter, lambda: (t(2),), 1, ["mul"]),
     ("sorted_key", _sorted_key, lambda: ([t(2), t(2), t(2)],), 1, None),
     ("reduce_shape", _reduce_shape, lambda: (t(2, 3),), 1, ["reshape"]),
@@ -801,3 +819,21 @@ EXCEPTION_PROGRAMS = [
 )
 def test_exceptions_caught_in_traced_code(check, fn, make_args, ops):
     check(fn, make_args(), ops=ops)
+
+
+def test_checkpoint_rollback_drops_ops():
+    from kiln.capture.graph import OutputGraph
+    from kiln.capture.tracer import Tracer
+    from kiln.capture.values.base import ConstantValue
+
+    def fn(x):
+        return x
+
+    out = OutputGraph()
+    tr = Tracer(fn.__code__, fn.__globals__, out, f_locals={}, cells={})
+    x = out.add_input(LocalSource("x"), t(2))
+    cp = tr.checkpoint()
+    tr.push(ConstantValue(1))
+    out.create_node("call_function", torch.relu, (x.node,), {}, x.fake)
+    tr.rollback(cp)
+    assert tr.stack == [] and [n.op for n in out.graph.nodes] == ["placeholder"]

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kiln.capture import calls, torch_calls
-from kiln.capture.break_reasons import raised, unsupported
+from kiln.capture.break_reasons import UserException, raised, unsupported
+from kiln.capture.guard_data import GuardKind
 from kiln.capture.source import Source
 from kiln.capture.values.base import ConstantValue, Value, is_constant
 from kiln.capture.values.containers import DictValue, ListValue, TupleValue, dict_key
@@ -296,14 +297,16 @@ def has_attr(tr: Tracer, v: Value, name: str) -> bool:
     if isinstance(v, TensorValue):
         return hasattr(v.fake, name)
     if isinstance(v, NewObjectValue):
-        return name in v.attrs or hasattr(v.cls, name)
+        if name in v.attrs or hasattr(v.cls, name):
+            return True
+        return _getattr_hook_finds(tr, v, name)
     if isinstance(v, ObjectValue):
         if tr.out.side_effects.pending_attr(v.obj, name) is not None:
             return True
+        if _has_python_getattr(v.obj) and not hasattr(type(v.obj), name):
+            return _getattr_hook_finds(tr, v, name)
         found = hasattr(v.obj, name)
         if v.source is not None:
-            from kiln.capture.guard_data import GuardKind
-
             tr.out.guard(v.source, GuardKind.HASATTR, (name, found))
         return found
     if isinstance(v, ConstantValue):
@@ -311,6 +314,29 @@ def has_attr(tr: Tracer, v: Value, name: str) -> bool:
     if isinstance(v, DictValue) and dataclasses.is_dataclass(v.cls):
         return name in v.items or hasattr(v.cls, name)
     return hasattr(v.python_type(), name)
+
+
+def _has_python_getattr(obj: Any) -> bool:
+    hook = inspect.getattr_static(type(obj), "__getattr__", None)
+    return isinstance(hook, types.FunctionType) and not isinstance(obj, torch.nn.Module)
+
+
+def _getattr_hook_finds(tr: Tracer, v: Value, name: str) -> bool:
+    """Whether a Python ``__getattr__`` produces ``name``: tried, then rolled back.
+
+    Like ``hasattr``, this runs the lookup and catches AttributeError; the
+    attempt's graph nodes are dropped so only the real read later stays.
+    """
+    cp = tr.checkpoint()
+    try:
+        get_attr(tr, v, name)
+    except UserException as e:
+        if not isinstance(e.exc, AttributeError):
+            raise
+        tr.rollback(cp)
+        return False
+    tr.rollback(cp)
+    return True
 
 
 def set_attr(tr: Tracer, v: Value, name: str, value: Value, *, plain: bool = False) -> None:

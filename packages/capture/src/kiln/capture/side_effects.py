@@ -23,6 +23,7 @@ class SideEffects:
 
     def __init__(self) -> None:
         self.calls: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
+        self.version = 0  # bumped by every recorded effect (checkpoints compare it)
         self.attr_stores: dict[int, tuple[Value, dict[str, Value]]] = {}
         self.containers: list[ListValue | DictValue] = []
         self._wrapped: dict[int, tuple[Any, Value]] = {}
@@ -30,10 +31,12 @@ class SideEffects:
     def record_call(self, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """A call with constant arguments (a log line, a warning) to make after the graph."""
         self.calls.append((fn, args, kwargs))
+        self.version += 1
 
     def store_attr(self, target: Value, obj: Any, name: str, value: Value) -> None:
         entry = self.attr_stores.setdefault(id(obj), (target, {}))
         entry[1][name] = value
+        self.version += 1
 
     def pending_attr(self, obj: Any, name: str) -> Value | None:
         entry = self.attr_stores.get(id(obj))

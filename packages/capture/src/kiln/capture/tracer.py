@@ -50,7 +50,8 @@ class Checkpoint:
         self.ip: int = tracer.ip
         self.stack = list(tracer.stack)
         self.locals = dict(tracer.locals)
-        self.node_count = len(tracer.out.graph.nodes)
+        self.nodes = set(tracer.out.graph.nodes)
+        self.effects_version = tracer.out.side_effects.version
 
 
 class Tracer:
@@ -183,11 +184,16 @@ class Tracer:
         return Checkpoint(self)
 
     def rollback(self, cp: Checkpoint) -> None:
-        """Restore ``cp`` and drop graph nodes made since (they have no users outside)."""
+        """Restore ``cp`` and drop the ops recorded since (inputs found since stay).
+
+        Recorded side effects cannot be taken back: an attempt that made one
+        cannot be rolled back.
+        """
+        if self.out.side_effects.version != cp.effects_version:
+            raise unsupported("side_effect", "state changed inside an attempt that must be undone")
         self.ip, self.stack, self.locals = cp.ip, list(cp.stack), dict(cp.locals)
-        nodes = list(self.out.graph.nodes)
-        for node in reversed(nodes[cp.node_count :]):
-            if node.op != "placeholder" and not node.users:
+        for node in reversed(list(self.out.graph.nodes)):
+            if node not in cp.nodes and node.op != "placeholder":
                 self.out.graph.erase_node(node)
 
     # where we are ------------------------------------------------------------

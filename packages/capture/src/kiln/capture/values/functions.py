@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import types
 from typing import Any
 
@@ -76,8 +77,6 @@ class PartialValue(Value):
         self.kwargs = kwargs
 
     def python_type(self) -> type:
-        import functools
-
         return functools.partial
 
 
