@@ -121,6 +121,48 @@ def _same_output_twice(x):
     return y, y
 
 
+def _rms_norm(x, w):
+    variance = x.pow(2).mean(-1, keepdim=True)
+    return w * (x * torch.rsqrt(variance + 1e-6))
+
+
+def _rotary(x):
+    pos = torch.arange(x.shape[-2], dtype=x.dtype)
+    freqs = 1.0 / (10000 ** (torch.arange(0, x.shape[-1], 2, dtype=x.dtype) / x.shape[-1]))
+    angles = torch.cat([pos[:, None] * freqs, pos[:, None] * freqs], -1)
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
+    return x * angles.cos() + rotated * angles.sin()
+
+
+def _swiglu(x, w1, w2, w3):
+    return (F.silu(x @ w1) * (x @ w3)) @ w2
+
+
+def _patch_embed(x, w, cls, pos):
+    p = F.conv2d(x, w, stride=4).flatten(2).transpose(1, 2)
+    return torch.cat([cls.expand(x.shape[0], -1, -1), p], 1) + pos
+
+
+def _masked_attention(x):
+    scores = x @ x.transpose(-1, -2)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0]]).bool()
+    scores = scores.masked_fill(~mask, -1e9)
+    return torch.softmax(scores, -1, dtype=torch.float32) @ x
+
+
+def _topk_sort(x):
+    values, idx = x.topk(2, dim=-1)
+    s, _ = x.sort(dim=0, descending=True)
+    return values * 2, s[0] + values.sum(), idx
+
+
+def _token_loss(logits):
+    logp = F.log_softmax(logits, -1)
+    target = torch.tensor([[1], [0], [2]])
+    return -logp.gather(-1, target).mean()
+
+
 def _sdpa(q, k, v):
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
@@ -234,6 +276,22 @@ PROGRAMS = {
         [r(2, 2), torch.randn(2, 2)],
     ),
     "output_view_of_mutated_input": (lambda b: b.add_(1).view(-1), [torch.randn(2, 2)]),
+    # transformer/vision model idioms
+    "rms_norm": (_rms_norm, [r(2, 3, 8), r(8)]),
+    "rotary": (_rotary, [r(2, 5, 8)]),
+    "swiglu": (_swiglu, [r(3, 8), r(8, 16), r(16, 8), r(8, 16)]),
+    "patch_embed": (_patch_embed, [r(2, 3, 8, 8), r(6, 3, 4, 4), r(1, 1, 6), r(1, 5, 6)]),
+    "masked_attention": (_masked_attention, [r(2, 3, 4)]),
+    "topk_sort": (_topk_sort, [r(3, 5)]),
+    "token_loss": (_token_loss, [r(3, 5)]),
+    "normalize": (lambda x: F.normalize(x, dim=-1) * 3, [r(4, 6)]),
+    "layer_scale_residual": (lambda x, g: x + g * F.gelu(x), [r(2, 4, 6), r(6)]),
+    "repeat_interleave": (lambda x: x.repeat_interleave(2, dim=1) * 1.5, [r(2, 3)]),
+    "cumsum_positions": (lambda x: x + torch.ones(2, 4).cumsum(-1)[..., None], [r(2, 4, 3)]),
+    "embedding_padding": (
+        lambda w: F.embedding(torch.tensor([0, 2, 0, 1]), w, padding_idx=0),
+        [r(4, 3)],
+    ),
     # losses
     "cross_entropy": (lambda x: F.cross_entropy(x, torch.tensor([1, 0, 3])), [r(3, 5)]),
     "cross_entropy_smooth": (
