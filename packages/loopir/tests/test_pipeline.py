@@ -149,3 +149,17 @@ def test_dying_input_is_overwritten_in_place():
 
     c = check(fn, torch.randn(8, 8))
     assert "# inplace" in c.source or "# reuse" in c.source or c.kernel_count <= 2
+
+
+def test_fusion_off_gives_one_kernel_per_buffer_and_kernels_are_counted():
+    from loopir_testing import aten_graph, to_meta
+
+    from kiln.loopir import ReferenceBackend, compile_graph
+
+    counters.clear()
+    x = torch.randn(4, 8)
+    gm = aten_graph(lambda x: (aten._softmax.default(x, -1, False),), x)
+    c = compile_graph(gm, [to_meta(x)], backend=ReferenceBackend(), fusion=False)
+    torch.testing.assert_close(c(x)[0], torch.softmax(x, -1))
+    assert c.kernel_count == 3
+    assert counters.snapshot()["kernels"] == {"reference": 3}

@@ -85,11 +85,13 @@ def compile_graph(
     example_inputs: Sequence[Any],
     *,
     backend: Backend | None = None,
+    fusion: bool = True,
 ) -> CompiledGraph:
     """Compile an ATen graph (``meta["val"]`` on its nodes) into a Python callable.
 
     ``backend`` forces one backend for every device (tests use the reference one);
-    by default each device type's registered backend is used.
+    by default each device type's registered backend is used. ``fusion=False`` gives
+    every buffer its own kernel (to tell a fusion bug from a lowering bug).
     """
     with _pass("lower"):
         graph = GraphLowering(
@@ -113,7 +115,7 @@ def compile_graph(
 
     keep = _output_names(graph.outputs)
     with _pass("schedule"):
-        steps = schedule(graph.buffers, layout_of, backend_for, keep)
+        steps = schedule(graph.buffers, layout_of, backend_for, keep, fuse=fusion)
     external = set(graph.input_buffers) | keep | {SEEDS}
     with _pass("plan_memory"):
         plan = plan_memory(steps, layout_of, external)
@@ -128,8 +130,9 @@ def compile_graph(
             constants, graph.seed_count, graph.default_device,
         )  # fmt: skip
     compiled = CompiledGraph(wrapper, steps, plan)
-    counters.bump("loopir", "graphs")
-    counters.bump("loopir", "kernels", compiled.kernel_count)
+    for step in steps:
+        if isinstance(step, KernelStep):
+            counters.bump("kernels", step.backend)
     log.info("compiled %d kernels, peak %d bytes", compiled.kernel_count, plan.peak_bytes)
     return compiled
 

@@ -21,7 +21,7 @@ from kiln.loopir.ir.layout import Layout
 from kiln.loopir.scheduler.groups import FusionGroup, fused_shape, make_kernel_group, node_modes
 from kiln.loopir.scheduler.nodes import SchedNode
 
-__all__ = ["fuse_groups", "can_fuse", "score_fusion"]
+__all__ = ["fuse_groups", "can_fuse", "score_fusion", "unfused"]
 
 fusion_log = logging.getLogger("kiln.loopir.fusion")
 
@@ -195,6 +195,11 @@ def _tell(told: set[tuple[str, str]], a: FusionGroup, b: FusionGroup, reason: st
     if key not in told:
         told.add(key)
         fusion_log.info("not fusing %s and %s: %s", a.names(), b.names(), reason)
+
+
+def unfused(nodes: list[SchedNode]) -> list[FusionGroup]:
+    """One group per node: what ``fusion=False`` compiles (for debugging fusion)."""
+    return [_singleton(n) for n in nodes]
 
 
 def _singleton(node: SchedNode) -> FusionGroup:

@@ -12,7 +12,7 @@ from kiln.loopir.backend import Backend
 from kiln.loopir.ir.buffers import Buffer, ExternBuffer, MultiOutput
 from kiln.loopir.ir.layout import Layout
 from kiln.loopir.kernel import KernelCode, KernelGroup
-from kiln.loopir.scheduler.fusion import fuse_groups
+from kiln.loopir.scheduler.fusion import fuse_groups, unfused
 from kiln.loopir.scheduler.groups import FusionGroup, make_kernel_group
 from kiln.loopir.scheduler.nodes import SchedNode, build_nodes
 
@@ -27,6 +27,7 @@ class KernelStep:
     code: KernelCode
     reads: frozenset[str]
     writes: frozenset[str]
+    backend: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +74,7 @@ def schedule(
     layout_of: Callable[[str], Layout],
     backend_for: Callable[[SchedNode], Backend],
     keep: set[str],
+    fuse: bool = True,
 ) -> list[Step]:
     """Fuse, order, and generate code: the program the wrapper will print.
 
@@ -90,7 +92,8 @@ def schedule(
                 sizes_cache[name] = 0
         return sizes_cache[name]
 
-    groups = _topological(fuse_groups(nodes, backend_for, layout_of, nbytes))
+    fused = fuse_groups(nodes, backend_for, layout_of, nbytes) if fuse else unfused(nodes)
+    groups = _topological(fused)
     steps: list[Step] = []
     later_reads: list[set[str]] = []
     acc: set[str] = set(keep)
@@ -114,6 +117,8 @@ def schedule(
             group = make_kernel_group(
                 name, g.nodes, g.numel, g.rnumel, layout_of, after.__contains__
             )
-            code = backend_for(node).codegen_kernel(group)
-            steps.append(KernelStep(group, code, frozenset(group.inputs), frozenset(group.outputs)))
+            backend = backend_for(node)
+            code = backend.codegen_kernel(group)
+            io = frozenset(group.inputs), frozenset(group.outputs)
+            steps.append(KernelStep(group, code, *io, backend=backend.name))
     return steps
