@@ -49,8 +49,18 @@ def roundtrip(fn):
     )
 
 
-def outcome(fn, args, kwargs):
-    """What calling ``fn`` on copies of the arguments does: result, drained generator or error."""
+def outcome(fn, args, kwargs, repeat=1):
+    """What calling ``fn`` on copies of the arguments does: result, drained generator or error.
+
+    With ``repeat`` > 1 the call is made that many times and the outcomes must agree:
+    CPython specializes instructions after a few runs, and some mistakes only show then.
+    """
+    seen = [_outcome_once(fn, args, kwargs) for _ in range(repeat)]
+    assert all(o == seen[0] for o in seen), seen
+    return seen[0]
+
+
+def _outcome_once(fn, args, kwargs):
     args, kwargs = copy.deepcopy((args, kwargs))
     try:
         result = fn(*args, **kwargs)

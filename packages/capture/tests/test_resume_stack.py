@@ -236,7 +236,7 @@ def test_break_mid_expression_and_resume(fn, args, kwargs):
             broken = break_at(fn, i)
         except Unsupported:
             continue
-        got = tools.outcome(broken, args, kwargs)
+        got = tools.outcome(broken, args, kwargs, repeat=10)
         if got[0] == "raise" and got[1] is Unsupported:
             continue  # reached only inside a handler: refused, as it should be
         assert got == expected, (fn.__name__, i, code_info(fn.__code__).body.instrs[i])
