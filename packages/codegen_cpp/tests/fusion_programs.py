@@ -8,6 +8,8 @@ random numbers, index expressions and 16-bit floats.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from cpp_corpus import Case, group, inp, pointwise, random_tensor, reduction, scatter
 
@@ -161,6 +163,16 @@ def scatter_add_case() -> Case:
     )
 
 
+def inplace_case() -> Case:
+    """A buffer read and written by one kernel (passed as input and as output)."""
+    x = inp("x", F32, [50])
+    lx = x.make_loader()
+    mut = scatter("buf0", x, [50], lambda i: ops.mul(lx(i), ops.sigmoid(lx(i))), lambda i: i, None)
+    g = group("inplace", [x], [(mut, "x")], 50)
+    g = dataclasses.replace(g, inputs=("x",))
+    return Case("inplace", g, lambda: [random_tensor(F32, [50])])
+
+
 def random_case() -> Case:
     """rand/randn from a seeds buffer, offsets from the flat index."""
     seeds = inp(SEEDS, torch.int64, [2])
@@ -246,6 +258,7 @@ def fusion_cases() -> list[Case]:
         half_chain_case(torch.bfloat16),
         half_chain_case(torch.float16),
         pointwise_after_reduction_case(),
+        inplace_case(),
     ]
     for rtype in ("sum", "prod", "max", "min", "argmax", "argmin", "welford_reduce"):
         for dtype in (torch.float32, torch.float64):

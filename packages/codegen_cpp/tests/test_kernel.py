@@ -97,3 +97,11 @@ def test_out_of_bounds_indirect_index_raises(built: dict[str, object]) -> None:
     with pytest.raises(IndexError):
         idx[0] = -51
         built[case.name](table, idx, out)  # type: ignore[operator]
+
+
+def test_buffer_read_and_written_is_passed_twice(built: dict[str, object]) -> None:
+    case = next(c for c in CASES if c.name == "inplace")
+    (x,) = case.make_inputs()
+    want = x * torch.sigmoid(x)
+    built[case.name](x, x)  # type: ignore[operator]
+    torch.testing.assert_close(x, want)

@@ -126,7 +126,8 @@ class KernelWriter:
     # -- the function -----------------------------------------------------------
     def generate(self) -> str:
         """The whole ``extern "C"`` function."""
-        params = [self._param(name) for name in self.group.args] + ["int64_t nthreads"]
+        params = [self._param(name, i) for i, name in enumerate(self.group.args)]
+        params.append("int64_t nthreads")
         origins = ", ".join(self.group.origins()) or "?"
         lines = [
             f"// {self.group.name}: fuses {origins}",
@@ -139,7 +140,10 @@ class KernelWriter:
         lines.append("}")
         return "\n".join(lines)
 
-    def _param(self, name: str) -> str:
+    def _param(self, name: str, position: int) -> str:
+        if position < len(self.group.args) - 1 - self.group.args[::-1].index(name):
+            # A buffer both read and written is passed twice; the last pointer serves.
+            return f"const void* /* {name} again */ unused{position}"
         ctype = storage_ctype(self.group.buffers[name].dtype)
         if name in self.group.outputs:
             return f"{ctype}* {self.pointers[name]}"
