@@ -235,3 +235,20 @@ def test_modules_under_closures_and_globals_get_trees_automatically():
         check.failure_reason(None)
         == "closure C['model'].training changed: expected True, got False"
     )
+
+
+def test_top_level_guards_start_at_held_submodules():
+    model = Net()
+    check = tree_check(model)
+    main = check.source.partition("# guards protected by the module stamp")[0]
+    assert "self.blocks" not in main  # no walk down the tree on the common path
+    passes(check, model)
+    model.blocks[0].sizes.append(9)
+    changed(check, model, "len(L['self'].blocks[0].sizes) changed: expected 2, got 3")
+    model.blocks[0].sizes.pop()
+    passes(check, model)
+    replacement = Block()  # same guarded values, another object: the group catches it
+    model.blocks[0] = replacement
+    changed(check, model, "L['self'].blocks[0] is a different module")
+    guards.config.trust_module_stamps = False
+    changed(check, model, "L['self'].blocks[0] is a different module")

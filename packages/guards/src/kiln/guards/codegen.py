@@ -95,6 +95,7 @@ class CheckSource:
         self.indent = 0
         self._n_locals = 0
         self.functions: list[str] = []  # texts of the trees' group functions
+        self.bound: dict[str, Any] = {}  # sources read from the namespace (Plan.bound)
         self.needs_locals = False  # whether the check starts with ``<prefix>L = locals()``
 
     # ---- names and expressions -------------------------------------------------------
@@ -156,6 +157,8 @@ class CheckSource:
         key = str(source)
         if key in self._locals:
             return self._locals[key]
+        if key in self.bound:
+            return self.bind(self.bound[key], "module")
         if isinstance(source, LocalSource):
             if source.name not in self.params:
                 msg = f"guard on {source}, which is not a parameter of {self.fn.__qualname__}"
@@ -195,8 +198,13 @@ class CheckSource:
         while source is not None:
             chain.append(source)
             source = source.base if isinstance(source, (AttrSource, ItemSource)) else None
-        for i, s in enumerate(reversed(chain)):
+        chain.reverse()
+        held = [i for i, s in enumerate(chain) if str(s) in self.bound]
+        start = held[-1] + 1 if held else 0  # a held submodule: nothing above it is read
+        for i, s in enumerate(chain):
             key = str(s)
+            if i < start:
+                continue
             shared = self._uses[key] > 1 or (itself and i == len(chain) - 1)
             if shared and key not in self._locals and not isinstance(s, LocalSource):
                 name = f"{self.prefix}v{self._n_locals}"
@@ -343,6 +351,7 @@ class CheckSource:
         name = f"{self.prefix}group{len(self.functions)}"
         root = f"{self.prefix}root"
         outer = (self.lines, self._locals, self.indent)
+        outer_bound, self.bound = self.bound, {}  # the group reads the real paths
         self.lines, self._locals, self.indent = [], {str(tree.source): root}, 0
         self.line(f"{self.prefix}now = {stamp}[0]")
         emit_members()
@@ -352,6 +361,7 @@ class CheckSource:
         body = "\n".join(f"    {line}" for line in self.lines)
         self.functions.append(f"def {name}({root}):\n{body}\n")
         self.lines, self._locals, self.indent = outer
+        self.bound = outer_bound
         self.require(f"{stamp}[0] == {seen}[0] or {name}({self.expr(tree.source)})")
 
 
@@ -380,6 +390,7 @@ def _emit(cs: CheckSource, guards: list[GuardSpec], plan: Plan) -> None:
 def generate(fn: types.FunctionType, plan: Plan) -> tuple[str, str, dict[str, Any]]:
     """Name, source text and namespace of the check for ``plan``."""
     cs = CheckSource(fn)
+    cs.bound = dict(plan.bound)
     cs.count_uses(plan.flat())
     _emit(cs, plan.top, plan)
     first = [f"{cs.prefix}L = locals()"] if cs.needs_locals else []

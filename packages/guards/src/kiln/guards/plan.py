@@ -133,6 +133,8 @@ class Plan:
 
     top: list[GuardSpec]
     groups: dict[int, list[GuardSpec]]  # id(tree guard) -> its group, in order
+    # str(source) -> the submodule top-level guards read it as (see _bind_module_prefixes)
+    bound: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def group(self, tree: GuardSpec) -> list[GuardSpec]:
         return self.groups.get(id(tree), [])
@@ -170,4 +172,51 @@ def order(guards: list[GuardSpec], unsupported: Callable[[GuardSpec], Any]) -> P
             top.append(g)
         else:
             groups.setdefault(id(tree), []).append(g)
-    return Plan(_sort(top), {k: _sort(v) for k, v in groups.items()})
+    bound = _bind_module_prefixes(top, trees, groups)
+    return Plan(_sort(top), {k: _sort(v) for k, v in groups.items()}, bound)
+
+
+def _deepest_module_prefix(
+    g: GuardSpec, trees: list[GuardSpec]
+) -> tuple[GuardSpec, Source, Any] | None:
+    """(tree, prefix source, module) for the deepest submodule on ``g``'s source path that a
+    tree reaches through module state, when there is one below the tree's root."""
+    for t in trees:
+        if t is g or g.source is None:
+            continue
+        steps = _steps_below(g.source, str(t.source))
+        if not steps:
+            continue
+        prefixes = [g.source]
+        while len(prefixes) <= len(steps):
+            base = prefixes[-1]
+            assert isinstance(base, (AttrSource, ItemSource))
+            prefixes.append(base.base)
+        # prefixes[i] is the source i steps above g's; the root sits at len(steps)
+        for k in range(len(steps) - 1, 0, -1):
+            found = module_tree.reach(t.expected, steps[:k])
+            if found is not None and found[0] == "module":
+                return t, prefixes[len(steps) - k], found[1]
+    return None
+
+
+def _bind_module_prefixes(
+    top: list[GuardSpec], trees: list[GuardSpec], groups: dict[int, list[GuardSpec]]
+) -> dict[str, Any]:
+    """Let top-level guards start at submodules held by the check instead of walking to them
+    on every call. Sound because the tree's group then checks each such submodule's identity
+    whenever the module stamp moved, and the check's answer is the AND of everything."""
+    bound: dict[str, Any] = {}
+    for g in top:
+        found = _deepest_module_prefix(g, trees)
+        if found is None:
+            continue
+        tree, prefix, module = found
+        key = str(prefix)
+        if key in bound:
+            continue
+        bound[key] = module
+        group = groups.setdefault(id(tree), [])
+        if not any(str(m.source) == key and m.kind is GuardKind.MODULE_MATCH for m in group):
+            group.append(GuardSpec(prefix, GuardKind.MODULE_MATCH, id(module)))
+    return bound
