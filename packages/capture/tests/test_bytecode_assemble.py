@@ -176,3 +176,38 @@ def test_forward_only_jumps_refuse_to_go_back():
     for_iter.arg = body.instrs[0]
     with pytest.raises(CaptureError, match="cannot jump backward"):
         assemble(body)
+
+
+def test_insert_before_a_jump_target_and_replace():
+    body = decode(summing_loop.__code__)
+    for_iter = next(ins for ins in body.instrs if ins.opname == "FOR_ITER")
+    # count loop iterations in a new local, before FOR_ITER, also when the loop jumps back
+    body.insert_before(
+        for_iter,
+        [
+            Instr("LOAD_FAST_CHECK" if hasattr(dis, "hasarg") else "LOAD_FAST", "t"),
+            Instr("POP_TOP"),
+        ],
+    )
+    assert body.instrs[body.instrs.index(for_iter) - 2].opname.startswith("LOAD_FAST")
+    assert all(ins.arg is not for_iter for ins in body.instrs if ins.is_jump)
+    # replace the addition with a subtraction
+    add = next(ins for ins in body.instrs if ins.opname == "BINARY_OP")
+    body.replace(add, [binary_op("-")])
+    fn = _rebuild(body, summing_loop)
+    assert fn(5) == -10
+
+
+def test_insert_before_keeps_protection():
+    body = decode(guarded.__code__)
+    div = next(ins for ins in body.instrs if ins.opname == "BINARY_OP")
+    first_protected = body.exception_table[0].start
+    body.insert_before(
+        first_protected,
+        [Instr("LOAD_CONST", 1), Instr("LOAD_CONST", 0), binary_op("/"), Instr("POP_TOP")],
+    )
+    assert _rebuild(body, guarded)(4, 2) == "zero"
+    with pytest.raises(CaptureError, match="at least one"):
+        body.replace(div, [])
+    with pytest.raises(CaptureError, match="not an instruction"):
+        body.replace(Instr("NOP"), [Instr("NOP")])

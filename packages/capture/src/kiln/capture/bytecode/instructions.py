@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import dis
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 from kiln.capture.bytecode import optable
@@ -163,6 +164,45 @@ class Bytecode:
             consts=list(self.consts),
             names=list(self.names),
         )
+
+    def insert_before(self, anchor: Instr, new: Sequence[Instr]) -> None:
+        """Insert ``new`` so it runs before ``anchor`` on every path that reaches it.
+
+        Jumps and handlers landing on ``anchor`` land on ``new[0]`` instead, and
+        the new code is protected by whatever exception entry protects ``anchor``.
+        """
+        if not new:
+            return
+        self.instrs[self._position(anchor) : self._position(anchor)] = list(new)
+        self._repoint(anchor, first=new[0], last=None)
+
+    def replace(self, old: Instr, new: Sequence[Instr]) -> None:
+        """Put ``new`` (not empty) where ``old`` was; jumps and entries follow."""
+        if not new:
+            msg = "replace() needs at least one instruction; use insert_before() and remove"
+            raise CaptureError(msg)
+        at = self._position(old)
+        self.instrs[at : at + 1] = list(new)
+        self._repoint(old, first=new[0], last=new[-1])
+
+    def _position(self, ins: Instr) -> int:
+        for i, x in enumerate(self.instrs):
+            if x is ins:
+                return i
+        msg = f"{ins!r} is not an instruction of {self.qualname}"
+        raise CaptureError(msg)
+
+    def _repoint(self, old: Instr, first: Instr, last: Instr | None) -> None:
+        for ins in self.instrs:
+            if ins.arg is old and ins.is_jump:
+                ins.arg = first
+        for entry in self.exception_table:
+            if entry.start is old:
+                entry.start = first
+            if entry.target is old:
+                entry.target = first
+            if last is not None and entry.end is old:
+                entry.end = last
 
     def index(self, offset: int) -> int:
         """Position in ``instrs`` of the decoded instruction at ``offset``."""
