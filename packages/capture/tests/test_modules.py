@@ -316,3 +316,38 @@ def test_gpt2_lm_head_with_labels():
     )
     assert len(r.graphs) == 1
     torch.testing.assert_close(r.function(ids, labels=ids).loss, model(ids, labels=ids).loss)
+
+
+@pytest.mark.slow
+def test_llama_causal_lm_one_graph():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=100,
+        max_position_embeddings=64,
+    )
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(0, 100, (2, 8))
+    r = _capture(model.forward, ids)
+    assert len(r.graphs) == 1
+    torch.testing.assert_close(r.function(ids).logits, model(ids).logits)
+
+
+def test_module_list_slice_keeps_sources():
+    class Trunk(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList([nn.Linear(2, 2) for _ in range(4)])
+
+        def forward(self, x):
+            for layer in self.layers[1:3]:
+                x = layer(x)
+            return x
+
+    r = check(Trunk(), torch.randn(1, 2))
+    sources = [str(n.meta["source"]) for n in r.graphs[0].graph.nodes if n.op == "placeholder"]
+    assert "L['self'].layers[1].weight" in sources and "L['self'].layers[0].weight" not in sources

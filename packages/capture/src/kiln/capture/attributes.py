@@ -433,6 +433,13 @@ def _object_item(tr: Tracer, v: ObjectValue, index: Value) -> Value:
             torch.nn.ParameterDict,
         ),
     ):
+        if isinstance(key, slice) and isinstance(
+            obj, (torch.nn.ModuleList, torch.nn.ParameterList)
+        ):
+            # a slice is a new container: its items keep their places in the original
+            picked = range(len(obj))[key]
+            src = v.source
+            return ListValue([wrap(tr.out, obj[i], src.item(i) if src else None) for i in picked])
         if isinstance(key, slice):
             return ObjectValue(obj[key])  # type: ignore[index]
         src = v.source.item(key) if v.source is not None else None
