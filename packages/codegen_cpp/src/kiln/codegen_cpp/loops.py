@@ -202,7 +202,7 @@ class LoopNests:
         ]
         body = [
             "const int64_t rstart = chunk * rchunk;",
-            f"const int64_t rend = std::min<int64_t>(rstart + rchunk, {rnumel});",
+            f"const int64_t rend = kiln::imin(rstart + rchunk, {rnumel});",
             *(line for acc in accs for line in acc.declarations()),
             *self._r_loops("rstart", "rend", vec, scalar),
             *(line for acc in accs for line in acc.fold_lanes()),

@@ -143,8 +143,8 @@ def cpp_index(expr: sympy.Expr | int) -> str:
         base = _atom(cpp_index(expr.base))
         return " * ".join([base] * int(expr.exp))
     if isinstance(expr, (sympy.Min, sympy.Max)):
-        fn = "std::min" if isinstance(expr, sympy.Min) else "std::max"
-        args = [f"static_cast<int64_t>({cpp_index(a)})" for a in expr.args]
+        fn = "kiln::imin" if isinstance(expr, sympy.Min) else "kiln::imax"
+        args = [cpp_index(a) for a in expr.args]
         out = args[0]
         for arg in args[1:]:
             out = f"{fn}({out}, {arg})"

@@ -135,7 +135,7 @@ class Accumulator:
     def partial_arrays(self, count: str) -> list[str]:
         """Per-chunk result arrays of a reduction split across threads."""
         return [
-            f"std::vector<{self._ctype(f, False)}> {self._var(f, False)}_part({count});"
+            f"kiln::Scratch<{self._ctype(f, False)}> {self._var(f, False)}_part({count});"
             for f in self._fields
         ]
 

@@ -31,6 +31,20 @@ inline int64_t checked_index(int64_t raw, int64_t size) {
   return idx;
 }
 
+// ---- small utilities (no <algorithm>/<vector>: every include costs compile time) --
+inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+inline int64_t imax(int64_t a, int64_t b) { return a < b ? b : a; }
+// A zero-initialised heap array freed at scope exit (per-chunk partial results).
+template <typename T>
+struct Scratch {
+  T* data;
+  explicit Scratch(int64_t n) : data(new T[n]()) {}
+  ~Scratch() { delete[] data; }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  T& operator[](int64_t i) { return data[i]; }
+};
+
 // ---- integer arithmetic with Python semantics -------------------------------
 template <typename T>
 inline T floordiv(T a, T b) {

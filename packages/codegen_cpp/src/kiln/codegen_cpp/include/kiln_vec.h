@@ -8,12 +8,10 @@
 // the C library's scalar function, which is exact but slower.
 #pragma once
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <vector>
 #include <type_traits>
 
 #include "kiln_scalar.h"
