@@ -677,6 +677,131 @@ def empty_body():
     pass
 
 
+def multiple_targets(n):
+    a = b = [n]
+    a.append(1)
+    x, (y, *z) = n, (1, 2, 3)
+    return a is b, b, x, y, z
+
+
+def call_ex(xs, kw):
+    def f(*args, **kwargs):
+        return args, sorted(kwargs.items())
+
+    return f(*xs, **kw), f(1, *xs, 2, k=3, **kw), f(*xs)
+
+
+def while_true(n):
+    i = 0
+    while True:
+        i += 1
+        if i > n:
+            break
+        if i % 2:
+            continue
+    return i
+
+
+def import_fallback():
+    try:
+        import not_a_module_kiln  # noqa: F401
+
+        return "imported"
+    except ImportError:
+        import json as fallback
+
+        return fallback.__name__
+
+
+def elif_chain(x):
+    if x == 0:
+        r = "a"
+    elif x == 1:
+        r = "b"
+    elif x == 2:
+        r = "c"
+    elif x in (3, 4):
+        r = "d"
+    elif isinstance(x, str):
+        r = "e"
+    else:
+        r = "f"
+    return r
+
+
+class Mat:
+    def __init__(self, v):
+        self.v = v
+
+    def __matmul__(self, other):
+        return Mat(self.v * other.v)
+
+
+def matmul_and_delete(a, b):
+    d = {"k": 1, "j": 2}
+    del d["k"]
+    m = Mat(a) @ Mat(b)
+    box = Mat(0)
+    del box.v
+    return m.v, d, hasattr(box, "v")
+
+
+def fstring_debug(x, name):
+    return f"{x=}", f"{name!r:>12}", f"{f'{x:03d}'}"
+
+
+def self_recursive_closure(n):
+    def fact(k):
+        return 1 if k <= 1 else k * fact(k - 1)
+
+    return fact(n)
+
+
+def generator_context(n):
+    log = []
+
+    @contextlib.contextmanager
+    def cm(tag):
+        log.append(("in", tag))
+        try:
+            yield tag * 2
+        finally:
+            log.append(("out", tag))
+
+    with cm(n) as v, cm(n + 1) as w:
+        log.append(v + w)
+    return log
+
+
+def raise_from_none(x):
+    try:
+        try:
+            return {}[x]
+        except KeyError:
+            raise ValueError(x) from None
+    except ValueError as e:
+        return e.__cause__ is None, e.__suppress_context__
+
+
+def returns_everywhere(x):
+    try:
+        if x == 0:
+            return "try"
+        1 / (x - 1)
+    except ZeroDivisionError:
+        return "except"
+    else:
+        return "else"
+    finally:
+        x = None
+
+
+def comprehension_mix(xs):
+    pairs = {(a, b) for a in xs for b in xs if a < b}
+    table = {a: [b for b in xs if b % a == 0] for a in xs if a}
+    return sorted(pairs), table, all(a < 10 for a in xs), any(b > 3 for b in xs)
+
+
 CASES = [
     (arith, (7, 3), {}),
     (float_ops, (7.5, 2.0), {}),
@@ -765,4 +890,20 @@ CASES = [
     (big_try_loop, (6,), {}),
     (docstring_only, (1,), {}),
     (empty_body, (), {}),
+    (multiple_targets, (4,), {}),
+    (call_ex, ([1, 2], {"a": 1}), {}),
+    (while_true, (7,), {}),
+    (import_fallback, (), {}),
+    (elif_chain, (3,), {}),
+    (elif_chain, ("s",), {}),
+    (elif_chain, (9,), {}),
+    (matmul_and_delete, (3, 4), {}),
+    (fstring_debug, (7, "kiln"), {}),
+    (self_recursive_closure, (6,), {}),
+    (generator_context, (2,), {}),
+    (raise_from_none, ("k",), {}),
+    (returns_everywhere, (0,), {}),
+    (returns_everywhere, (1,), {}),
+    (returns_everywhere, (3,), {}),
+    (comprehension_mix, ([1, 2, 3, 4, 6],), {}),
 ]
