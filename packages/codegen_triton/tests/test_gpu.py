@@ -150,3 +150,11 @@ def test_matmul_template_with_epilogue_on_gpu():
     torch.testing.assert_close(mm(a, b, bias), want, atol=5e-2, rtol=1e-2)
     chosen = pick_matmul(mm, a, b, bias)
     torch.testing.assert_close(chosen(a, b, bias), want, atol=5e-2, rtol=1e-2)
+
+
+def test_tiled_transpose_on_gpu():
+    x, y = _cuda(1024, 768), _cuda(768, 1024)
+    c = check(lambda a, b: (aten.add.Tensor(a, aten.t.default(b)),), x, y)
+    from triton_testing import kernel_sources  # noqa: PLC0415
+
+    assert "YBLOCK" in kernel_sources(c)[0]

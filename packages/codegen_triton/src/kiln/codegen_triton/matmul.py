@@ -24,8 +24,8 @@ import triton
 from triton.testing import do_bench
 
 from kiln.codegen_triton.config import options
+from kiln.codegen_triton.module_cache import MODULE_HEADER, load_module, write_module
 from kiln.codegen_triton.ops import triton_type
-from kiln.codegen_triton.runtime import MODULE_HEADER, load_module, write_module
 
 __all__ = ["Epilogue", "TritonMatmul", "pick_matmul", "MATMUL_CONFIGS"]
 

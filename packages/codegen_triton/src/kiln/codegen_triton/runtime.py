@@ -1,124 +1,31 @@
-"""Loading and launching generated kernels.
+"""Launching generated kernels: the callable loopir's wrapper calls.
 
-Kernel modules are written once to the on-disk cache (``<cache>/kernels/<hash>.py``)
-and imported from there, so Triton can read their source and its own cache of
-compiled binaries is reused across processes; ``<cache>/index.json`` records
-which Kiln kernel each file holds. On a GPU, kernels of one graph are compiled
-in parallel worker processes as soon as they are generated: each worker imports
-the module and warms Triton's cache for every candidate config, and the first
-launch in this process then only loads binaries.
+A :class:`TritonLauncher` imports its kernel module from the on-disk cache
+(``module_cache.py``), picks a config (``autotune.py``), computes the grid and
+launches. On a GPU, kernels of one graph are compiled in parallel worker
+processes as soon as they are generated (``compile_pool.py``): each worker warms
+Triton's cache for every candidate config, and the first launch here then only
+loads binaries.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import hashlib
-import importlib.util
-import json
 import logging
-import multiprocessing
-import os
-import threading
 from collections.abc import Sequence
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import torch
-import triton
 
 from kiln.codegen_triton.autotune import Autotuner, Config
-from kiln.codegen_triton.errors import TritonLaunchError
+from kiln.codegen_triton.compile_pool import compile_pool
 from kiln.codegen_triton.kernel import KernelSource
+from kiln.codegen_triton.module_cache import load_module
 
-__all__ = ["MODULE_HEADER", "load_module", "TritonLauncher", "compile_pool"]
+__all__ = ["TritonLauncher"]
 
 log = logging.getLogger(__name__)
-
-MODULE_HEADER = """\
-import triton
-import triton.language as tl
-
-from kiln.codegen_triton import helpers as kh
-from kiln.codegen_triton.mathlib import libdevice
-
-"""
-
-_lock = threading.Lock()
-_modules: dict[str, ModuleType] = {}
-
-
-def source_hash(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:40]
-
-
-def module_path(cache_dir: Path, text: str) -> Path:
-    return cache_dir / "kernels" / f"k{source_hash(text)}.py"
-
-
-def write_module(cache_dir: Path, text: str, kernel_name: str) -> Path:
-    """The module file holding ``text`` (written atomically if new) and its index entry."""
-    path = module_path(cache_dir, text)
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
-        _index_add(cache_dir, path.stem, kernel_name)
-    return path
-
-
-def _index_add(cache_dir: Path, stem: str, kernel_name: str) -> None:
-    index = cache_dir / "index.json"
-    with _lock:
-        try:
-            data = json.loads(index.read_text())
-        except (OSError, ValueError):
-            data = {}
-        data[stem] = {"kernel": kernel_name, "triton": triton.__version__}
-        tmp = index.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-        tmp.replace(index)
-
-
-def load_module(path: Path) -> ModuleType:
-    """Import a kernel module file once per process."""
-    key = str(path)
-    with _lock:
-        if key in _modules:
-            return _modules[key]
-        spec = importlib.util.spec_from_file_location(f"kiln_triton_{path.stem}", path)
-        if spec is None or spec.loader is None:
-            msg = f"cannot import generated kernel module {path}"
-            raise TritonLaunchError(msg)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        _modules[key] = module
-        return module
-
-
-_pool: concurrent.futures.ProcessPoolExecutor | None = None
-
-
-def compile_pool(workers: int) -> concurrent.futures.ProcessPoolExecutor:
-    """Worker processes (spawned: CUDA does not survive fork) that warm Triton's cache."""
-    global _pool  # one pool per process
-    with _lock:
-        if _pool is None:
-            ctx = multiprocessing.get_context("spawn")
-            _pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx)
-        return _pool
-
-
-def warm_in_worker(
-    path: str, name: str, dtypes: Sequence[str], scalars: Sequence[int],
-    configs: Sequence[tuple[dict[str, int], int]],
-) -> None:  # fmt: skip
-    """Compile ``name`` for every config (runs in a worker; no launch happens)."""
-    fn = getattr(load_module(Path(path)), name)
-    tensors = [torch.empty(16, dtype=getattr(torch, d), device="cuda") for d in dtypes]
-    for constexprs, warps in configs:
-        fn.warmup(*tensors, *scalars, grid=(1,), num_warps=warps, **constexprs)
 
 
 class TritonLauncher:
@@ -147,9 +54,12 @@ class TritonLauncher:
         """Begin compiling every candidate in a worker process (GPU only)."""
         names = [str(d).removeprefix("torch.") for d in dtypes]
         configs = [(c.constexprs(self.ks.kind), c.num_warps) for c in self.tuner.configs]
-        self.warming = compile_pool(workers).submit(
-            warm_in_worker, str(self.path), self.ks.name, names, self.scalars, configs
-        )
+        job: dict[str, Any] = {"path": str(self.path), "name": self.ks.name, "dtypes": names}
+        job |= {"scalars": self.scalars, "configs": configs}
+        try:
+            self.warming = compile_pool(workers).submit(job)
+        except RuntimeError as exc:  # a broken pool: compile inline on first launch
+            log.info("parallel compile unavailable (%s); compiling %s inline", exc, self.ks.name)
 
     def _kernel(self) -> Any:
         if self.fn is None:

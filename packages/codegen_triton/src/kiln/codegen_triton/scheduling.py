@@ -19,8 +19,9 @@ from kiln.codegen_triton.config import TritonOptions, options
 from kiln.codegen_triton.errors import TritonUnavailable
 from kiln.codegen_triton.kernel import KernelSource, TritonKernel
 from kiln.codegen_triton.mathlib import INTERPRET
+from kiln.codegen_triton.module_cache import MODULE_HEADER, write_module
 from kiln.codegen_triton.ops import _TL_TYPES
-from kiln.codegen_triton.runtime import MODULE_HEADER, TritonLauncher, write_module
+from kiln.codegen_triton.runtime import TritonLauncher
 from kiln.loopir import sizes
 from kiln.loopir.kernel import KernelCode, KernelGroup
 

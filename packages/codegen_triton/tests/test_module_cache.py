@@ -1,4 +1,4 @@
-"""The kernel module cache, its index, and the launcher's calling convention."""
+"""The kernel module cache, its index, the compile worker, and the launcher's calling convention."""
 
 import json
 
@@ -6,7 +6,7 @@ import torch
 from triton_corpus import group, inp, pointwise
 
 from kiln.codegen_triton import TritonBackend, TritonOptions
-from kiln.codegen_triton.runtime import load_module, module_path, write_module
+from kiln.codegen_triton.module_cache import load_module, module_path, write_module
 from kiln.loopir.virtualized import ops
 
 
@@ -40,3 +40,30 @@ def test_a_name_passed_twice_is_one_kernel_argument():
     g = group("kernel0", [x], [(out, "x")], 16)
     code = TritonBackend().codegen_kernel(g)
     assert code.fn.positions == [0, 1]
+
+
+def test_compile_worker_reports_errors_as_replies(tmp_path):
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    from kiln.codegen_triton.compile_worker import REPLY_PREFIX  # noqa: PLC0415
+
+    job = json.dumps(
+        {
+            "path": str(tmp_path / "missing.py"),
+            "name": "k",
+            "dtypes": [],
+            "scalars": [],
+            "configs": [],
+        }
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "kiln.codegen_triton.compile_worker"],
+        input=job + "\n", capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    reply = json.loads(
+        next(line for line in out.stdout.splitlines() if line.startswith(REPLY_PREFIX))[
+            len(REPLY_PREFIX) :
+        ]
+    )
+    assert reply["ok"] is False and "missing" in reply["error"]

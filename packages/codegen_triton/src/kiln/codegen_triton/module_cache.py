@@ -1,0 +1,83 @@
+"""Generated kernel modules on disk: written once per source, imported once per process.
+
+``<cache>/kernels/k<sha>.py`` holds a module's source (Triton reads kernel
+source from real files, and its own cache of compiled binaries is keyed by it);
+``<cache>/index.json`` records which Kiln kernel each file holds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import threading
+from pathlib import Path
+from types import ModuleType
+
+import triton
+
+from kiln.codegen_triton.errors import TritonLaunchError
+
+__all__ = ["MODULE_HEADER", "source_hash", "module_path", "write_module", "load_module"]
+
+MODULE_HEADER = """\
+import triton
+import triton.language as tl
+
+from kiln.codegen_triton import helpers as kh
+from kiln.codegen_triton.mathlib import libdevice
+
+"""
+
+_lock = threading.Lock()
+_modules: dict[str, ModuleType] = {}
+
+
+def source_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:40]
+
+
+def module_path(cache_dir: Path, text: str) -> Path:
+    return cache_dir / "kernels" / f"k{source_hash(text)}.py"
+
+
+def write_module(cache_dir: Path, text: str, kernel_name: str) -> Path:
+    """The module file holding ``text`` (written atomically if new) and its index entry."""
+    path = module_path(cache_dir, text)
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+        _index_add(cache_dir, path.stem, kernel_name)
+    return path
+
+
+def _index_add(cache_dir: Path, stem: str, kernel_name: str) -> None:
+    index = cache_dir / "index.json"
+    with _lock:
+        try:
+            data = json.loads(index.read_text())
+        except (OSError, ValueError):
+            data = {}
+        data[stem] = {"kernel": kernel_name, "triton": triton.__version__}
+        tmp = index.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        tmp.replace(index)
+
+
+def load_module(path: Path) -> ModuleType:
+    """Import a kernel module file once per process."""
+    key = str(path)
+    with _lock:
+        if key in _modules:
+            return _modules[key]
+        spec = importlib.util.spec_from_file_location(f"kiln_triton_{path.stem}", path)
+        if spec is None or spec.loader is None:
+            msg = f"cannot import generated kernel module {path}"
+            raise TritonLaunchError(msg)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _modules[key] = module
+        return module
