@@ -837,3 +837,104 @@ def test_checkpoint_rollback_drops_ops():
     out.create_node("call_function", torch.relu, (x.node,), {}, x.fake)
     tr.rollback(cp)
     assert tr.stack == [] and [n.op for n in out.graph.nodes] == ["placeholder"]
+
+
+# --- edge cases of Python semantics --------------------------------------------
+_W = torch.randn(3)
+
+
+def _edge_late_binding(x):
+    fs = [lambda: i for i in range(3)]
+    return [x * f() for f in fs]
+
+
+def _edge_comp_cell(x):
+    k = 2
+    return [x * k for _ in range(2)], {j: x + j for j in range(2)}
+
+
+def _edge_nested_comp(x):
+    return [[x * i * j for j in range(2)] for i in range(2)]
+
+
+def _edge_walrus(x):
+    if (n := x.shape[0]) > 1:
+        return x * n
+    return x
+
+
+def _edge_global_tensor(x):
+    return x + _W
+
+
+def _edge_star_call(x):
+    args = (x, 1)
+    kw = {"alpha": 2}
+    return torch.add(*args, **kw)
+
+
+def _edge_tensor_bool_method(x):
+    return x.any() & x.all()
+
+
+def _edge_slice_assign_list(x):
+    items = [x, x, x]
+    items[1:] = [x * 2]
+    return items
+
+
+def _edge_type_eq(x):
+    return x * 2 if type(x) == torch.Tensor else x  # noqa: E721
+
+
+def _edge_str_methods(x):
+    s = "Hello"
+    return x * len(s.lower().replace("l", "")), s.startswith("He")
+
+
+def _edge_tuple_in(x):
+    return x * 2 if "a" in ("a", "b") and 3 not in [1, 2] else x
+
+
+def _edge_shape_list(x):
+    return x.view(list(x.shape)[::-1])
+
+
+def _edge_cond_expr_none(x, y=None):
+    y = y if y is not None else torch.zeros_like(x)
+    return x + y
+
+
+_EDGE_CLOSURE_W = torch.randn(3)
+
+
+def _edge_closure_tensor(x):
+    w = _EDGE_CLOSURE_W
+
+    def f(y):
+        return y * w
+
+    return f(x)
+
+
+EDGE_CASES = [
+    _edge_late_binding,
+    _edge_comp_cell,
+    _edge_nested_comp,
+    _edge_walrus,
+    _edge_global_tensor,
+    _edge_star_call,
+    _edge_tensor_bool_method,
+    _edge_slice_assign_list,
+    _edge_type_eq,
+    _edge_str_methods,
+    _edge_tuple_in,
+    _edge_shape_list,
+    _edge_cond_expr_none,
+    _edge_closure_tensor,
+]
+
+
+@pytest.mark.parametrize("fn", EDGE_CASES, ids=[f.__name__ for f in EDGE_CASES])
+def test_edge_case(check, fn):
+    check(fn, (t(3),))
