@@ -351,3 +351,22 @@ def test_module_list_slice_keeps_sources():
     r = check(Trunk(), torch.randn(1, 2))
     sources = [str(n.meta["source"]) for n in r.graphs[0].graph.nodes if n.op == "placeholder"]
     assert "L['self'].layers[1].weight" in sources and "L['self'].layers[0].weight" not in sources
+
+
+def test_backward_through_captured_function_matches_eager():
+    m = MLP()
+    x = torch.randn(3, 4)
+    r = _capture(m.forward, x)
+    r.function(x).sum().backward()
+    grads = [p.grad.clone() for p in m.parameters()]
+    m.zero_grad()
+    m(x).sum().backward()
+    for got, want in zip(grads, [p.grad for p in m.parameters()]):
+        torch.testing.assert_close(got, want)
+
+
+def test_nodes_know_their_user_frame():
+    r = _capture(MLP().forward, torch.randn(2, 4))
+    frames = [n.meta["user_frame"] for n in r.graphs[0].graph.nodes if n.op == "call_function"]
+    assert frames and all(f.filename for f in frames)
+    assert any("self.fc2(F.relu(self.fc1(x)))" in f.source for f in frames)

@@ -4,7 +4,8 @@ One :class:`OutputGraph` is shared by the frame being captured and every
 function inlined into it. Graph inputs are placeholders keyed by the tensor
 they came from (so an aliased tensor is one input); each carries its fake
 value in ``meta["val"]`` and its source in ``meta["source"]``; every other
-node records the user's stack in ``meta["stack_trace"]``.
+node records the user's stack in ``meta["stack_trace"]`` and the innermost
+user line as a :class:`~kiln.capture.errors.UserFrame` in ``meta["user_frame"]``.
 """
 
 from __future__ import annotations
@@ -99,6 +100,7 @@ class OutputGraph:
         node.meta["val"] = fake
         if self.active:
             node.meta["stack_trace"] = self.active[-1].stack_trace()
+            node.meta["user_frame"] = self.active[-1].user_frame()
         return node
 
     def has_ops(self) -> bool:
