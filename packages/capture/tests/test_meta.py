@@ -8,6 +8,7 @@ from kiln.capture.meta import (
     DataDependentOp,
     FakeMode,
     FakeTensor,
+    MetadataMutation,
     fake_like,
     is_fake,
     meta_of,
@@ -162,3 +163,19 @@ def test_backward_on_cuda_fakes():
     x = _cuda_fake(2, 3).requires_grad_()
     (x.sin() * x).sum().backward()
     assert x.grad.device == x.device
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: x.t_(),
+        lambda x: x.unsqueeze_(0),
+        lambda x: x.resize_(6),
+        lambda x: torch.add(x, 1, out=to_fake(torch.empty(0))),
+    ],
+)
+def test_metadata_mutations_raise(fn):
+    x = to_fake(torch.randn(2, 3))
+    with pytest.raises(MetadataMutation):
+        fn(x)
+    assert x.shape == x.meta.shape == (2, 3)

@@ -28,11 +28,13 @@ API
     a hashable key equal for two fakes exactly when their storages are shared.
 ``fake_like(meta, device)``
     Wrap a meta tensor as a fake reporting ``device``.
-``DataDependentOp``, ``NoMetaKernel``
+``DataDependentOp``, ``NoMetaKernel``, ``MetadataMutation``
     Raised for ops whose output depends on data (``item``, ``nonzero``,
-    ``unique``, ``tolist``, ``bool(t)`` ...) or that have no meta kernel. Both
-    derive from :class:`kiln.capture.errors.Unsupported`, so capture can turn
-    them into graph breaks.
+    ``unique``, ``tolist``, ``bool(t)`` ...), that have no meta kernel, or that
+    change a fake's sizes or strides in place (``t_``, ``unsqueeze_``, an
+    ``out=`` op resizing its output). All derive from
+    :class:`kiln.capture.errors.Unsupported`, so capture can turn them into
+    graph breaks.
 
 Device propagation: an op's result takes the ``device=`` argument when given
 (factories, ``_to_copy``); otherwise the device of its first tensor argument
@@ -57,6 +59,7 @@ __all__ = [
     "DataDependentOp",
     "FakeMode",
     "FakeTensor",
+    "MetadataMutation",
     "NoMetaKernel",
     "fake_like",
     "is_fake",
@@ -95,6 +98,22 @@ class NoMetaKernel(Unsupported):
         )
 
 
+class MetadataMutation(Unsupported):
+    """An in-place op that changes a fake's sizes or strides (``t_``, ``resize_`` ...).
+
+    A wrapper tensor's metadata is fixed when it is made, so such ops cannot be
+    mirrored on fakes.
+    """
+
+    def __init__(self, op: str) -> None:
+        self.op = op
+        super().__init__(
+            "in-place metadata change",
+            f"{op} changes the sizes or strides of a tensor in place",
+            "use the out-of-place op (x = x.t() instead of x.t_())",
+        )
+
+
 def _packets(*names: str) -> frozenset[Any]:
     return frozenset(getattr(aten, n) for n in names if hasattr(aten, n))
 
@@ -111,6 +130,20 @@ _DATA_DEPENDENT = _packets(
     "equal",
     "is_nonzero",
     "bincount",
+)
+
+
+_METADATA_MUTATING = _packets(
+    "t_",
+    "transpose_",
+    "squeeze_",
+    "unsqueeze_",
+    "resize_",
+    "resize_as_",
+    "as_strided_",
+    "swapdims_",
+    "swapaxes_",
+    "set_",
 )
 
 
@@ -266,8 +299,10 @@ def run_fake(
     """
     if _is_data_dependent(func):
         raise DataDependentOp(str(func))
+    if func.overloadpacket in _METADATA_MUTATING:
+        raise MetadataMutation(str(func))
     device = _result_device(func, args, kwargs)
-    by_meta: dict[int, torch.Tensor] = {}
+    by_meta: dict[int, FakeTensor] = {}
 
     def unwrap(a: Any) -> Any:
         if isinstance(a, FakeTensor):
@@ -285,6 +320,10 @@ def run_fake(
             out = func(*meta_args, **meta_kwargs)
     except NotImplementedError as e:
         raise NoMetaKernel(str(func), str(e).splitlines()[0] if str(e) else "") from e
+
+    for fake in by_meta.values():
+        if fake.meta.shape != fake.shape or fake.meta.stride() != fake.stride():
+            raise MetadataMutation(f"{func} (resizing its output)")
 
     def wrap(r: Any) -> Any:
         if isinstance(r, torch.Tensor) and r.device.type == "meta":
