@@ -62,13 +62,27 @@ def test_reversed_read_is_not_fused(caplog):
     assert "reads buf0 at" in caplog.text
 
 
-def test_reduction_then_broadcast_fuses_but_not_across_a_reindexed_read():
+def test_reduction_over_leading_dim_fuses_with_reordered_pointwise():
     def fn(x):
         s = aten.sum.dim_IntList(x, [0], True)  # reduce over rows, broadcast back
         return (aten.sub.Tensor(x, s),)
 
     c = check(fn, torch.randn(6, 5))
-    assert c.kernel_count == 2  # x - s reads s along the reduced dim: not the kernel's order
+    assert c.kernel_count == 1  # x - s iterates (column, row), like the reduction
+    (step,) = c.steps
+    assert step.group.nodes[1].loop_order() == (1, 0)
+
+
+def test_batch_norm_training_is_one_kernel():
+    x, w, b = torch.randn(2, 3, 4, 4), torch.randn(3), torch.randn(3)
+    rm, rv = torch.randn(3), torch.rand(3) + 0.5
+
+    def fn(x, w, b, rm, rv):
+        out = aten._native_batch_norm_legit_functional.default(x, w, b, rm, rv, True, 0.1, 1e-5)
+        return (aten.relu.default(out[0]),)
+
+    c = check(fn, x, w, b, rm, rv, atol=1e-5, rtol=1e-5)
+    assert c.kernel_count == 1
 
 
 def test_extern_matmul_with_fused_epilogue():

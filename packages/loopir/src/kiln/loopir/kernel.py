@@ -50,6 +50,7 @@ class KernelNode:
     buffer: ComputedBuffer
     mode: NodeMode
     rnumel: sympy.Expr  # the kernel's, needed to flatten "xr" pointwise nodes
+    order: tuple[int, ...] | None = None  # loop order the scheduler chose, if not the default
 
     @property
     def name(self) -> str:
@@ -128,6 +129,8 @@ class KernelNode:
         of striding; inside reduction kernels the order must stay row-major so
         the flat index lines up with the reduction's.
         """
+        if self.order is not None:
+            return self.order
         ndim = len(self.buffer.data.ranges)
         identity = tuple(range(ndim))
         if self.rnumel != 1 or not isinstance(self.buffer.data, Pointwise):

@@ -85,6 +85,10 @@ class Reduction(Loops):
     src_dtype: torch.dtype = torch.float32
     inner_fn: ReductionFn = dataclasses.field(default=lambda idx, ridx: None)
     output_index: int | None = None
+    # the shape reduced and which of its dims are ``ranges + reduction_ranges``, in
+    # order: lets pointwise work over that shape join the kernel in the same order
+    source_ranges: tuple[sympy.Expr, ...] | None = None
+    source_order: tuple[int, ...] | None = None
 
     def reduction_numel(self) -> sympy.Expr:
         return sizes.product(self.reduction_ranges)

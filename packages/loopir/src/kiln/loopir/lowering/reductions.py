@@ -68,8 +68,9 @@ def reduce(
         return value
 
     red = Reduction(
-        x.get_device(), dtype, ranges, origin(), rranges, reduction_type, src, inner, output_index
-    )
+        x.get_device(), dtype, ranges, origin(), rranges, reduction_type, src, inner, output_index,
+        source_ranges=tuple(size), source_order=tuple(kept + rdims),
+    )  # fmt: skip
     box = StorageBox(red)
     box.realize()
     out = TensorBox(box)

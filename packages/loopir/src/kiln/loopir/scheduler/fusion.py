@@ -11,6 +11,7 @@ closer in the graph. Every decision is logged on ``kiln.loopir.fusion``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 
@@ -26,7 +27,6 @@ __all__ = ["fuse_groups", "can_fuse", "score_fusion", "unfused"]
 fusion_log = logging.getLogger("kiln.loopir.fusion")
 
 Score = tuple[int, int, int]
-_Verdict = tuple[sympy.Expr, sympy.Expr] | str
 MAX_FUSED_NODES = 64
 
 
@@ -60,15 +60,31 @@ class _Dag:
         return False
 
 
-def _check_addresses(nodes: list[SchedNode], numel: sympy.Expr, rnumel: sympy.Expr) -> str | None:
+@dataclasses.dataclass(frozen=True)
+class FusionPlan:
+    """How a fused kernel iterates: its shape and any loop orders it had to choose."""
+
+    numel: sympy.Expr
+    rnumel: sympy.Expr
+    orders: dict[SchedNode, tuple[int, ...]]
+
+
+Orders = dict[SchedNode, tuple[int, ...]]
+_Verdict = FusionPlan | str
+Veto = Callable[[list[SchedNode], sympy.Expr, sympy.Expr, Orders], str | None]
+
+
+def _check_addresses(
+    nodes: list[SchedNode], numel: sympy.Expr, rnumel: sympy.Expr, orders: Orders
+) -> str | None:
     modes = node_modes(nodes, numel, rnumel)
     for i, (producer, pmode) in enumerate(modes):
-        pw = producer.accesses(pmode, rnumel).writes
+        pw = producer.accesses(pmode, rnumel, orders.get(producer)).writes
         for consumer, cmode in modes[i + 1 :]:
             shared = producer.writes & consumer.reads
             if not shared:
                 continue
-            reads = consumer.accesses(cmode, rnumel).reads
+            reads = consumer.accesses(cmode, rnumel, orders.get(consumer)).reads
             for name in shared:
                 written = {d.index for d in pw if d.name == name}
                 for dep in (d for d in reads if d.name == name):
@@ -84,9 +100,9 @@ def can_fuse(
     a: FusionGroup,
     b: FusionGroup,
     dag: _Dag,
-    veto: Callable[[list[SchedNode], sympy.Expr, sympy.Expr], str | None],
+    veto: Veto,
     cache: dict[tuple[int, int], _Verdict] | None = None,
-) -> tuple[sympy.Expr, sympy.Expr] | str:
+) -> FusionPlan | str:
     """The fused (numel, rnumel), or the reason the two groups must stay apart.
 
     ``cache`` keeps the verdicts that depend only on the pair (not on the rest of
@@ -104,11 +120,7 @@ def can_fuse(
     return verdict
 
 
-def _check_pair(
-    a: FusionGroup,
-    b: FusionGroup,
-    veto: Callable[[list[SchedNode], sympy.Expr, sympy.Expr], str | None],
-) -> _Verdict:
+def _check_pair(a: FusionGroup, b: FusionGroup, veto: Veto) -> _Verdict:
     if a.kind != "kernel" or b.kind != "kernel":
         return "extern calls and no-ops are not fused"
     if len(a.nodes) + len(b.nodes) > MAX_FUSED_NODES:
@@ -121,11 +133,38 @@ def _check_pair(
     if isinstance(shape, str):
         return shape
     nodes = sorted(a.nodes + b.nodes, key=lambda n: n.index)
-    problem = _check_addresses(nodes, *shape)
+    orders: Orders = {**a.orders, **b.orders}
+    problem = _check_addresses(nodes, *shape, orders)
     if problem is not None:
-        return problem
-    refused = veto(nodes, *shape)
-    return refused if refused is not None else shape
+        reordered = _reduction_orders(nodes, *shape, orders)
+        if reordered is None or _check_addresses(nodes, *shape, reordered) is not None:
+            return problem
+        orders = reordered
+        fusion_log.debug("reordering loops of %s to match the reduction", list(orders))
+    refused = veto(nodes, *shape, orders)
+    return refused if refused is not None else FusionPlan(*shape, orders)
+
+
+def _reduction_orders(
+    nodes: list[SchedNode], numel: sympy.Expr, rnumel: sympy.Expr, orders: Orders
+) -> Orders | None:
+    """Loop orders making pointwise work over a reduction's source shape iterate like
+    the reduction (kept dims outside, reduced dims inside): batch norm's normalize
+    step over NCHW joins its per-channel reduction this way."""
+    if rnumel == 1:
+        return None
+    sources = [s for n in nodes if (s := n.reduction_orders()) is not None]
+    if not sources:
+        return None
+    changed = dict(orders)
+    for n, mode in node_modes(nodes, numel, rnumel):
+        if n.is_reduction() or mode != "xr" or n in changed:
+            continue
+        for shape, order in sources:
+            if tuple(n.ranges()) == tuple(shape) and order != tuple(range(len(order))):
+                changed[n] = order
+                break
+    return changed if changed != orders else None
 
 
 def score_fusion(a: FusionGroup, b: FusionGroup, nbytes: Callable[[str], int]) -> Score:
@@ -148,8 +187,10 @@ def fuse_groups(
     groups = [_singleton(n) for n in nodes]
     told: set[tuple[str, str]] = set()
 
-    def veto(members: list[SchedNode], numel: sympy.Expr, rnumel: sympy.Expr) -> str | None:
-        group = make_kernel_group("candidate", members, numel, rnumel, layout_of)
+    def veto(
+        members: list[SchedNode], numel: sympy.Expr, rnumel: sympy.Expr, orders: Orders
+    ) -> str | None:
+        group = make_kernel_group("candidate", members, numel, rnumel, layout_of, orders=orders)
         refused = backend_for(members[0]).fusion_veto(group)
         return f"backend refused: {refused}" if refused else None
 
@@ -176,8 +217,9 @@ def fuse_groups(
             if isinstance(verdict, str):
                 _tell(told, a, b, verdict)
                 continue
-            numel, rnumel = verdict
-            merged = FusionGroup(sorted(a.nodes + b.nodes, key=lambda n: n.index), numel, rnumel)
+            numel, rnumel = verdict.numel, verdict.rnumel
+            members = sorted(a.nodes + b.nodes, key=lambda n: n.index)
+            merged = FusionGroup(members, numel, rnumel, orders=verdict.orders)
             fusion_log.info(
                 "fusing %s and %s into %s (numel=%s, rnumel=%s, score=%s)",
                 a.names(), b.names(), merged.names(), numel, rnumel, score,

@@ -25,6 +25,7 @@ class FusionGroup:
     numel: sympy.Expr = sympy.S.One
     rnumel: sympy.Expr = sympy.S.One
     uid: int = dataclasses.field(default_factory=lambda: next(_ids))
+    orders: dict[SchedNode, tuple[int, ...]] = dataclasses.field(default_factory=dict)
 
     @property
     def kind(self) -> str:
@@ -106,10 +107,12 @@ def make_kernel_group(
     rnumel: sympy.Expr,
     layout_of: Callable[[str], Layout],
     read_later: Callable[[str], bool] = lambda name: True,
+    orders: Mapping[SchedNode, tuple[int, ...]] | None = None,
 ) -> KernelGroup:
     """The ``KernelGroup`` a backend receives for ``nodes`` fused."""
+    orders = orders or {}
     knodes: list[KernelNode] = [
-        n.kernel_node(m, rnumel) for n, m in node_modes(nodes, numel, rnumel)
+        n.kernel_node(m, rnumel, orders.get(n)) for n, m in node_modes(nodes, numel, rnumel)
     ]
     written: list[str] = []
     read: list[str] = []

@@ -50,7 +50,9 @@ class SchedNode:
     preds: set[SchedNode] = dataclasses.field(default_factory=set)
     ancestors: set[SchedNode] = dataclasses.field(default_factory=set)
     _key: tuple[sympy.Expr, sympy.Expr] | None = None
-    _access_cache: dict[tuple[str, sympy.Expr], AccessSet] = dataclasses.field(default_factory=dict)
+    _access_cache: dict[tuple[str, sympy.Expr, tuple[int, ...] | None], AccessSet] = (
+        dataclasses.field(default_factory=dict)
+    )
 
     @property
     def name(self) -> str:
@@ -77,16 +79,32 @@ class SchedNode:
     def is_mutation(self) -> bool:
         return isinstance(self.buffer, MutationBuffer)
 
-    def kernel_node(self, mode: NodeMode, rnumel: sympy.Expr) -> KernelNode:
+    def kernel_node(
+        self, mode: NodeMode, rnumel: sympy.Expr, order: tuple[int, ...] | None = None
+    ) -> KernelNode:
         assert isinstance(self.buffer, ComputedBuffer)
-        return KernelNode(self.buffer, mode, rnumel)
+        return KernelNode(self.buffer, mode, rnumel, order)
 
-    def accesses(self, mode: NodeMode, rnumel: sympy.Expr) -> AccessSet:
+    def accesses(
+        self, mode: NodeMode, rnumel: sympy.Expr, order: tuple[int, ...] | None = None
+    ) -> AccessSet:
         """Reads and writes over ``xindex``/``rindex`` when run in that kernel context."""
-        key = (mode, rnumel)
+        key = (mode, rnumel, order)
         if key not in self._access_cache:
-            self._access_cache[key] = _accesses(self.kernel_node(mode, rnumel))
+            self._access_cache[key] = _accesses(self.kernel_node(mode, rnumel, order))
         return self._access_cache[key]
+
+    def reduction_orders(self) -> tuple[tuple[sympy.Expr, ...], tuple[int, ...]] | None:
+        """(source shape, dim order) of a reduction, for reordering pointwise partners."""
+        data = getattr(self.buffer, "data", None)
+        if isinstance(data, Reduction) and data.source_order is not None:
+            assert data.source_ranges is not None
+            return data.source_ranges, data.source_order
+        return None
+
+    def ranges(self) -> tuple[sympy.Expr, ...]:
+        assert isinstance(self.buffer, ComputedBuffer)
+        return tuple(self.buffer.data.ranges)
 
     def __repr__(self) -> str:
         return f"SchedNode({self.name}, {self.kind})"

@@ -115,7 +115,7 @@ def schedule(
             name = f"kernel{kernel_ids}"
             kernel_ids += 1
             group = make_kernel_group(
-                name, g.nodes, g.numel, g.rnumel, layout_of, after.__contains__
+                name, g.nodes, g.numel, g.rnumel, layout_of, after.__contains__, g.orders
             )
             backend = backend_for(node)
             code = backend.codegen_kernel(group)
