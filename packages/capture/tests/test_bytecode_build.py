@@ -4,7 +4,7 @@ import dis
 
 import pytest
 
-from kiln.capture.bytecode import PY311, ExceptionEntry, Instr, assemble
+from kiln.capture.bytecode import PY311, ExceptionEntry, Instr, assemble, decode
 from kiln.capture.bytecode.build import (
     binary_op,
     call,
@@ -254,3 +254,17 @@ def test_precall_must_precede_call():
     ]
     with pytest.raises(CaptureError, match="PRECALL"):
         assemble(body)
+
+
+@pytest.mark.skipif(PY311, reason="3.12 loops end with END_FOR")
+def test_for_iter_must_target_end_for():
+    body = decode(_loop.__code__)
+    end_for = next(ins for ins in body.instrs if ins.opname == "END_FOR")
+    body.insert_before(end_for, [Instr("NOP")])
+    with pytest.raises(CaptureError, match="END_FOR"):
+        assemble(body)
+
+
+def _loop(xs):
+    for x in xs:
+        pass

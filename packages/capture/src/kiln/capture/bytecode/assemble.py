@@ -98,6 +98,8 @@ def _resolve_jumps(code: Bytecode) -> None:
         ins.opname = _direction_name(ins.opname, backward)
     if optable.PY311:
         _check_precall_pairs(out)
+    else:
+        _check_for_iter_targets(out)
     code.instrs = out
     for entry in code.exception_table:
         entry.end = moved_ends.get(id(entry.end), entry.end)
@@ -108,6 +110,14 @@ def _check_precall_pairs(instrs: list[Instr]) -> None:
     for i, ins in enumerate(instrs):
         if ins.opname == "PRECALL" and (i + 1 == len(instrs) or instrs[i + 1].opname != "CALL"):
             msg = f"PRECALL (instruction {i}) must be directly followed by CALL on Python 3.11"
+            raise CaptureError(msg)
+
+
+def _check_for_iter_targets(instrs: list[Instr]) -> None:
+    """3.12's FOR_ITER, when the iterator is exhausted, jumps past the END_FOR it targets."""
+    for i, ins in enumerate(instrs):
+        if ins.opname == "FOR_ITER" and ins.arg.opname != "END_FOR":
+            msg = f"FOR_ITER (instruction {i}) must target an END_FOR on Python 3.12"
             raise CaptureError(msg)
 
 
