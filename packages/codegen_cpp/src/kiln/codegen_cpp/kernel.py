@@ -22,12 +22,11 @@ import torch
 from kiln.codegen_cpp import lanes as lane_analysis
 from kiln.codegen_cpp.dtypes import VECTOR_DTYPES, compute_ctype, storage_ctype, vector_ctype
 from kiln.codegen_cpp.errors import CodegenCppError
-from kiln.codegen_cpp.loops import LoopNests
+from kiln.codegen_cpp.loops import Extent, LoopNests
 from kiln.codegen_cpp.ops import CannotVectorize, CppOps, CppVar
 from kiln.codegen_cpp.printer import cpp_index
 from kiln.codegen_cpp.reductions import Accumulator
 from kiln.codegen_cpp.segments import Segment
-from kiln.loopir import sizes
 from kiln.loopir.kernel import RINDEX, XINDEX, KernelGroup, KernelNode
 from kiln.loopir.virtualized import set_ops_handler
 
@@ -111,9 +110,10 @@ class KernelWriter:
         self.group = group
         self.symbol = symbol
         self.lanes = lanes
-        self.numel = _static(group.numel, "numel")
-        self.rnumel = _static(group.rnumel, "rnumel")
+        self.numel = Extent(group.numel)
+        self.rnumel = Extent(group.rnumel)
         self.pointers = _pointer_names(group)
+        self.size_symbols = size_bindings(group)
         self.vectorized = False
         self.vec_var: sympy.Symbol = XINDEX
         self.used_vector = False
@@ -127,6 +127,7 @@ class KernelWriter:
     def generate(self) -> str:
         """The whole ``extern "C"`` function."""
         params = [self._param(name, i) for i, name in enumerate(self.group.args)]
+        params += [f"int64_t {name}" for name in self.size_symbols]
         params.append("int64_t nthreads")
         origins = ", ".join(self.group.origins()) or "?"
         lines = [
@@ -149,8 +150,8 @@ class KernelWriter:
             return f"{ctype}* {self.pointers[name]}"
         return f"const {ctype}* __restrict__ {self.pointers[name]}"
 
-    def _can_vectorize(self, length: int) -> bool:
-        return length >= self.lanes and all(
+    def _can_vectorize(self, length: Extent) -> bool:
+        return length.at_least(self.lanes) and all(
             layout.dtype in VECTOR_DTYPES for layout in self.group.buffers.values()
         )
 
@@ -166,7 +167,9 @@ class KernelWriter:
                 node.body(xindex, rindex if node.mode == "xr" else None)
 
     # -- passes -----------------------------------------------------------------------
-    def vector_pass(self, run: Callable[[], None], length: int, var: sympy.Symbol) -> Code | None:
+    def vector_pass(
+        self, run: Callable[[], None], length: Extent, var: sympy.Symbol
+    ) -> Code | None:
         """Lines of ``run`` vectorized along ``var``; None when something cannot be."""
         if not self._can_vectorize(length):
             return None
@@ -287,7 +290,7 @@ class KernelWriter:
                 return f"kiln::load_half({address})"
             return f"{vector_ctype(dtype)}::loadu({address})"
         plain = dtype not in (torch.bool, torch.bfloat16, torch.float16)
-        if access is not None and plain and access.stride.is_Integer:
+        if access is not None and plain:
             address = f"{self.pointers[name]} + {cpp_index(access.base)}"
             return f"{vector_ctype(dtype)}::gather({address}, {cpp_index(access.stride)})"
         if dtype == torch.bool:
@@ -468,12 +471,38 @@ class KernelWriter:
         self.segment.add_store(f"{self.pointers[name]}[{cpp_index(index)}] = {converted};")
 
 
-def _static(expr: sympy.Expr, what: str) -> int:
-    value = sizes.static_int(sympy.sympify(expr))
-    if value is None:
-        msg = f"the C++ backend needs static sizes; {what} is {expr} (dynamic shapes come later)"
-        raise CodegenCppError(msg)
-    return value
+def size_bindings(group: KernelGroup) -> dict[str, tuple[int, int]]:
+    """Each size symbol of ``group`` and where to read it: (argument, dimension).
+
+    Kernels take symbolic sizes as ``int64_t`` parameters; the Python side reads
+    them from the shapes of the tensors it passes, so loopir's calling
+    convention (tensors only) covers dynamic shapes too.
+    """
+    found: set[sympy.Symbol] = set()
+    for expr in (group.numel, group.rnumel):
+        found |= sympy.sympify(expr).free_symbols
+    for layout in group.buffers.values():
+        for expr in (*layout.size, *layout.stride, layout.offset):
+            found |= sympy.sympify(expr).free_symbols
+    bindings: dict[str, tuple[int, int]] = {}
+    for sym in sorted(found, key=lambda s: s.name):
+        where = next(
+            (
+                (pos, dim)
+                for pos, name in enumerate(group.args)
+                for dim, size in enumerate(group.buffers[name].size)
+                if size == sym
+            ),
+            None,
+        )
+        if where is None:
+            msg = (
+                f"{group.name}: size symbol {sym} is not the size of any tensor the kernel "
+                "receives, so the C++ kernel cannot learn its value"
+            )
+            raise CodegenCppError(msg)
+        bindings[sym.name] = where
+    return bindings
 
 
 def _pointer_names(group: KernelGroup) -> dict[str, str]:

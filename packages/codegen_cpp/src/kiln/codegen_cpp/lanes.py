@@ -32,7 +32,11 @@ class LaneAccess:
 
 def _digit(term: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr, sympy.Expr, sympy.Expr | None] | None:
     """``term`` as ``coeff * ((base // div) % mod)`` (mod None for a plain FloorDiv)."""
-    coeff, rest = term.as_coeff_Mul()
+    digits = [f for f in sympy.Mul.make_args(term) if isinstance(f, (FloorDiv, ModularIndexing))]
+    if len(digits) != 1:
+        return None
+    rest = digits[0]
+    coeff = sympy.Mul(*[f for f in sympy.Mul.make_args(term) if f is not rest])
     if isinstance(rest, ModularIndexing):
         return coeff, rest.args[0], rest.args[1], rest.args[2]
     if isinstance(rest, FloorDiv):
@@ -59,7 +63,7 @@ def merge_digits(expr: sympy.Expr) -> sympy.Expr:
                 continue
             c_hi, base, d_hi, m_hi = hi
             c_lo, _, d_lo, m_lo = lo
-            if d_hi != d_lo * m_lo or c_hi != c_lo * m_lo:
+            if sympy.expand(d_hi - d_lo * m_lo) != 0 or sympy.expand(c_hi - c_lo * m_lo) != 0:
                 continue
             merged = (
                 FloorDiv(base, d_lo) if m_hi is None else ModularIndexing(base, d_lo, m_lo * m_hi)

@@ -15,15 +15,19 @@ import functools
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+import sympy
+
 from kiln.codegen_cpp import lanes as lane_analysis
+from kiln.codegen_cpp.printer import cpp_index
 from kiln.codegen_cpp.reductions import Accumulator
 from kiln.codegen_cpp.segments import Segment, load_indices, split_segments
+from kiln.loopir import sizes
 from kiln.loopir.kernel import RINDEX, XINDEX
 
 if TYPE_CHECKING:
     from kiln.codegen_cpp.kernel import Code, KernelWriter
 
-__all__ = ["PARALLEL_MIN_WORK", "SPLIT_REDUCTION_MAX_NUMEL", "LoopNests", "loop"]
+__all__ = ["PARALLEL_MIN_WORK", "SPLIT_REDUCTION_MAX_NUMEL", "Extent", "LoopNests", "loop"]
 
 PARALLEL_MIN_WORK = 32768
 """Below this many element-iterations a kernel runs serially (a fork costs microseconds)."""
@@ -37,7 +41,47 @@ ROW_UNROLL = 4
 _PARALLEL_FOR = "#pragma omp parallel for num_threads(nthreads) schedule(static)"
 
 
-def loop(var: str, start: int | str, end: int | str, step: int, body: list[str]) -> Iterator[str]:
+class Extent:
+    """A loop's trip count: a known int, or a C++ expression over size symbols.
+
+    Decisions that need the value (vectorize? split? go parallel?) assume a
+    symbolic extent is large; the generated code then checks at run time.
+    """
+
+    def __init__(self, expr: sympy.Expr) -> None:
+        self.static = sizes.static_int(sympy.sympify(expr))
+        self.text = cpp_index(expr)
+
+    def __str__(self) -> str:
+        return self.text
+
+    def at_least(self, n: int) -> bool:
+        return self.static is None or self.static >= n
+
+    def below(self, n: int) -> bool:
+        return self.static is not None and self.static < n
+
+    def round_down(self, step: int) -> str:
+        """The largest multiple of ``step`` not above the extent, as C++."""
+        if self.static is not None:
+            return str(self.static - self.static % step)
+        return f"({self.text} - {self.text} % {step})"
+
+    def times(self, other: Extent) -> Extent | None:
+        if self.static is not None and other.static is not None:
+            return _Known(self.static * max(other.static, 1))
+        return None
+
+
+class _Known(Extent):
+    def __init__(self, value: int) -> None:
+        self.static = value
+        self.text = str(value)
+
+
+def loop(
+    var: str, start: int | str, end: int | str | Extent, step: int, body: list[str]
+) -> Iterator[str]:
     """``for (int64_t var = start; var < end; var += step) { body }``."""
     increment = f"{var} += {step}" if step != 1 else f"++{var}"
     yield f"for (int64_t {var} = {start}; {var} < {end}; {increment}) {{"
@@ -60,38 +104,47 @@ class LoopNests:
             return self._reduction()
         return self._pointwise()
 
-    def _parallel(self, work: int) -> list[str]:
-        return [_PARALLEL_FOR] if work >= PARALLEL_MIN_WORK else []
+    def _parallel(self, work: Extent | None) -> list[str]:
+        """The OpenMP pragma when ``work`` (None: unknown at compile time) is enough."""
+        if work is None:
+            w = self.w
+            total = w.numel.text if w.rnumel.static == 1 else f"{w.numel} * {w.rnumel}"
+            return [f"{_PARALLEL_FOR} if({total} >= {PARALLEL_MIN_WORK})"]
+        return [_PARALLEL_FOR] if work.at_least(PARALLEL_MIN_WORK) else []
 
     def _pointwise(self) -> list[str]:
         w = self.w
         run = functools.partial(w.run_nodes, w.group.nodes, XINDEX)
         vec = w.vector_pass(run, w.numel, XINDEX)
         scalar = w.scalar_pass(run, "xindex")
-        parallel = self._parallel(w.numel)
+        parallel = self._parallel(w.numel.times(w.rnumel))
         if vec is None:
             return [*scalar.hoisted, *parallel, *loop("xindex", 0, w.numel, 1, scalar.lines)]
-        end = w.numel - w.numel % w.lanes
+        end = w.numel.round_down(w.lanes)
         lines = [*vec.hoisted, *parallel, *loop("xindex", 0, end, w.lanes, vec.lines)]
-        if end < w.numel:
+        if end != w.numel.text:
             lines += [*scalar.hoisted, *loop("xindex", end, w.numel, 1, scalar.lines)]
         return lines
 
     # -- reductions -------------------------------------------------------------------
     def _reduction(self) -> list[str]:
         w = self.w
-        work = w.numel * max(w.rnumel, 1)
-        split_r = work >= PARALLEL_MIN_WORK and w.numel < SPLIT_REDUCTION_MAX_NUMEL
-        rows_start = 0
+        work = w.numel.times(w.rnumel)
+        split_r = (
+            work is not None
+            and work.at_least(PARALLEL_MIN_WORK)
+            and w.numel.below(SPLIT_REDUCTION_MAX_NUMEL)
+        )
+        rows_start = "0"
         lines: list[str] = []
         if not split_r and self._prefers_row_lanes():
-            step = w.lanes * (ROW_UNROLL if w.numel >= 2 * ROW_UNROLL * w.lanes else 1)
+            step = w.lanes * (ROW_UNROLL if w.numel.at_least(2 * ROW_UNROLL * w.lanes) else 1)
             rows = w.vector_pass(functools.partial(self._row_lanes_body, step), w.numel, XINDEX)
             if rows is not None:
-                rows_start = w.numel - w.numel % step
+                rows_start = w.numel.round_down(step)
                 lines += [*rows.hoisted, *self._parallel(work)]
                 lines += loop("xindex", 0, rows_start, step, rows.lines)
-        if rows_start == w.numel:
+        if rows_start == w.numel.text:
             return lines
         inner: list[str] = []
         for part in split_segments(w.group.nodes):
@@ -99,13 +152,13 @@ class LoopNests:
                 inner += self._segment_block(part, split_r)
             else:
                 inner += w.scalar_pass(functools.partial(w.run_nodes, [part], XINDEX)).lines
-        pragma = [] if split_r else self._parallel((w.numel - rows_start) * max(w.rnumel, 1))
+        pragma = [] if split_r else self._parallel(work)
         return [*lines, *pragma, *loop("xindex", rows_start, w.numel, 1, inner)]
 
     def _prefers_row_lanes(self) -> bool:
         """True when some load strides along ``rindex`` but every load is contiguous in ``xindex``."""
         w = self.w
-        if w.numel < w.lanes:
+        if w.numel.below(w.lanes):
             return False
         strided_r = False
         for node in w.group.nodes:
@@ -164,7 +217,7 @@ class LoopNests:
             lines = self._split_reduction(accs, vec, scalar)
         else:
             lines = [line for acc in accs for line in acc.declarations()]
-            lines += self._r_loops("0", str(w.rnumel), vec, scalar)
+            lines += self._r_loops("0", w.rnumel.text, vec, scalar)
             lines += [line for acc in accs for line in acc.fold_lanes()]
         return _block([*lines, *segment.final_stores])
 

@@ -55,21 +55,22 @@ def library_source(kernels: list[str]) -> str:
 class LazyKernel:
     """What the wrapper calls: builds the pending batch on first use, then calls C."""
 
-    def __init__(
-        self, backend: CppBackend, symbol: str, source: str, nargs: int, checks: bool
-    ) -> None:
+    def __init__(self, backend: CppBackend, symbol: str, source: str, writer: KernelWriter) -> None:
         self.backend = backend
         self.symbol = symbol
         self.source = source
-        self.signature = ["ptr"] * nargs + ["i64"]
-        self.checks_indices = checks
+        # Symbolic sizes are read from the shapes of the tensors passed: (arg, dim).
+        self.sizes = tuple(writer.size_symbols.values())
+        self.signature = ["ptr"] * len(writer.group.args) + ["i64"] * (len(self.sizes) + 1)
+        self.checks_indices = writer.checks_indices
         self.function: KernelFunction | None = None
 
     def __call__(self, *tensors: torch.Tensor) -> None:
         if self.function is None:
             self.backend.finalize()
             assert self.function is not None
-        self.function(*tensors, torch.get_num_threads())
+        sizes = [int(tensors[arg].shape[dim]) for arg, dim in self.sizes]
+        self.function(*tensors, *sizes, torch.get_num_threads())
         if self.checks_indices:
             self._raise_index_error()
 
@@ -109,7 +110,7 @@ class CppBackend:
         output_code_log.debug("C++ kernel %s:\n%s", symbol, text)
         artifacts.dump(f"{symbol}.cpp", text)
         counters.bump("codegen_cpp", "vectorized" if writer.used_vector else "scalar")
-        kernel = LazyKernel(self, symbol, text, len(group.args), writer.checks_indices)
+        kernel = LazyKernel(self, symbol, text, writer)
         with self._lock:
             self._pending.append(kernel)
         return KernelCode(group.name, text, kernel, "cpp")

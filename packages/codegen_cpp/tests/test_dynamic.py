@@ -1,0 +1,106 @@
+"""Symbolic sizes: one compiled kernel serves every shape; sizes come from the tensors."""
+
+from __future__ import annotations
+
+import pytest
+import sympy
+import torch
+
+from kiln.codegen_cpp import CodegenCppError, CppBackend
+from kiln.codegen_cpp.kernel import KernelWriter
+from kiln.loopir.ir.buffers import ComputedBuffer, InputBuffer
+from kiln.loopir.ir.layout import contiguous_layout
+from kiln.loopir.ir.loops import Pointwise, Reduction
+from kiln.loopir.kernel import KernelGroup, KernelNode
+from kiln.loopir.virtualized import ops
+
+CPU = torch.device("cpu")
+F32 = torch.float32
+S0 = sympy.Symbol("s0", integer=True, positive=True)
+S1 = sympy.Symbol("s1", integer=True, positive=True)
+
+
+def _input(name, size):
+    return InputBuffer(name, contiguous_layout(CPU, F32, size, flexible=False))
+
+
+def _pointwise_group():
+    a, b = _input("a", (S0, S1)), _input("b", (S1,))
+    la, lb = a.make_loader(), b.make_loader()
+    out = ComputedBuffer(
+        "buf0",
+        contiguous_layout(CPU, F32, (S0, S1)),
+        Pointwise(CPU, F32, (S0, S1), "add", lambda i: ops.add(ops.tanh(la(i)), lb([i[1]]))),
+    )
+    layouts = {"a": a.layout, "b": b.layout, "buf0": out.layout}
+    node = KernelNode(out, "x", sympy.S.One)
+    return KernelGroup(
+        "dyn_add", CPU, S0 * S1, sympy.S.One, (node,), layouts, ("a", "b"), ("buf0",)
+    )
+
+
+def _reduction_group(rows_are_reduced: bool):
+    """Row sums (reduce s1) or column sums (reduce s0) of an [s0, s1] input."""
+    x = _input("x", (S0, S1))
+    lx = x.make_loader()
+    keep, red = (S1, S0) if rows_are_reduced else (S0, S1)
+
+    def fn(i, r):
+        return lx([r[0], i[0]] if rows_are_reduced else [i[0], r[0]])
+
+    out = ComputedBuffer(
+        "buf0",
+        contiguous_layout(CPU, F32, (keep,)),
+        Reduction(CPU, F32, (keep,), "sum", (red,), "sum", F32, fn),
+    )
+    layouts = {"x": x.layout, "buf0": out.layout}
+    node = KernelNode(out, "xr", red)
+    return KernelGroup("dyn_sum", CPU, keep, red, (node,), layouts, ("x",), ("buf0",))
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    backend = CppBackend()
+    made = {
+        "add": backend.codegen_kernel(_pointwise_group()).fn,
+        "colsum": backend.codegen_kernel(_reduction_group(True)).fn,
+        "rowsum": backend.codegen_kernel(_reduction_group(False)).fn,
+    }
+    backend.finalize()
+    return made
+
+
+@pytest.mark.parametrize("shape", [(5, 37), (64, 130), (1, 3)])
+def test_one_kernel_serves_every_shape(kernels, shape):
+    a, b = torch.randn(shape), torch.randn(shape[1])
+    out = torch.empty(shape)
+    kernels["add"](a, b, out)
+    torch.testing.assert_close(out, torch.tanh(a) + b)
+    col, row = torch.empty(shape[1]), torch.empty(shape[0])
+    kernels["colsum"](a, col)
+    kernels["rowsum"](a, row)
+    torch.testing.assert_close(col, a.sum(0), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(row, a.sum(1), atol=1e-5, rtol=1e-5)
+
+
+def test_sizes_become_parameters():
+    text = KernelWriter(_pointwise_group(), "k", 16).generate()
+    assert "int64_t s0, int64_t s1, int64_t nthreads" in text
+    assert "if(s0 * s1 * 1 >= " in text or "if(" in text
+
+
+def test_unbindable_symbol_is_reported():
+    group = _pointwise_group()
+    hidden = sympy.Symbol("s9", integer=True, positive=True)
+    bad = KernelGroup(
+        group.name,
+        CPU,
+        group.numel * hidden,
+        group.rnumel,
+        group.nodes,
+        group.buffers,
+        group.inputs,
+        group.outputs,
+    )
+    with pytest.raises(CodegenCppError, match="s9"):
+        KernelWriter(bad, "k", 16)
