@@ -2,7 +2,7 @@
 
 The function is rewritten so that on arriving at the break it stores every
 stack item in a local of its own (``STORE_FAST`` takes NULLs too) and hands
-``locals()`` to a bridge; locals reports the NULL items as missing, which
+``locals()`` and its cells (``LOAD_CLOSURE``) to a bridge; locals reports the NULL items as missing, which
 tells the bridge the stack kinds, exactly as the symbolic evaluator knows
 them. The bridge builds ``resume_at_<offset>`` and returns what it returns.
 The outcome must equal the original function's, also once CPython has
@@ -69,20 +69,26 @@ def break_at(fn, i):
     offset = info.body.instrs[i].offset
     slots = [f"___s{k}" for k in range(depth)]
 
-    def bridge(local_values):
+    own_cells = [c for c in code.co_cellvars if c not in code.co_freevars]
+
+    def bridge(local_values, cells):
         kinds = [STACK_VALUE if s in local_values else STACK_NULL for s in slots]
         stack = [local_values[s] for s in slots if s in local_values]
         names = make_resume(code, offset, kinds).locals
         live = tuple(n for n in names if n in local_values)
         r = make_resume(code, offset, kinds, live=live)
-        resumed = r.make_function(fn.__globals__, fn.__closure__ or ())
+        by_name = dict(zip(code.co_freevars, fn.__closure__ or ()))
+        by_name.update(zip(own_cells, cells))
+        resumed = r.make_function(fn.__globals__, [by_name[c] for c in r.closure])
         return resumed(*stack, *(local_values[n] for n in live))
 
     body = decode(code)
     target = body.instrs[i]
     handover = [Instr("STORE_FAST", s) for s in reversed(slots)]
     handover += [Instr("PUSH_NULL"), Instr("LOAD_CONST", bridge)]
-    handover += [Instr("PUSH_NULL"), Instr("LOAD_CONST", locals), *call(0), *call(1)]
+    handover += [Instr("PUSH_NULL"), Instr("LOAD_CONST", locals), *call(0)]
+    handover += [Instr("LOAD_CLOSURE", c) for c in own_cells]
+    handover += [Instr("BUILD_TUPLE", len(own_cells)), *call(2)]
     handover.append(Instr("RETURN_VALUE"))
     for ins in handover:
         ins.positions = target.positions
@@ -104,7 +110,7 @@ def _cases():
     seen = set()
     for fn, args, kwargs in corpus.CASES:
         code = fn.__code__
-        if code.co_cellvars or code.co_flags & 0x20 or fn.__name__ in seen:
+        if code.co_flags & 0x20 or fn.__name__ in seen:
             continue
         seen.add(fn.__name__)
         yield fn, args, kwargs
