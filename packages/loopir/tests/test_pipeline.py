@@ -177,3 +177,13 @@ def test_fusion_off_gives_one_kernel_per_buffer_and_kernels_are_counted():
     torch.testing.assert_close(c(x)[0], torch.softmax(x, -1))
     assert c.kernel_count == 3
     assert counters.snapshot()["kernels"] == {"reference": 3}
+
+
+def test_buffer_viewed_by_a_fallback_result_lives_as_long_as_the_view():
+    def fn(x):
+        base = aten.exp.default(x)  # a computed buffer...
+        window = aten.unfold.default(base, 0, 2, 1)  # ...viewed by a fallback call
+        other = aten.mul.Tensor(aten.cos.default(x), 3.0)  # same size: could reuse base
+        return (aten.add.Tensor(aten.sum.dim_IntList(window, [2]), 1.0), other)
+
+    check(fn, torch.randn(6, 3))

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from kiln.loopir.analysis import ReadWriteHandler
 from kiln.loopir.ir.layout import Layout
 from kiln.loopir.kernel import RINDEX, XINDEX, KernelGroup
-from kiln.loopir.scheduler.order import KernelStep, Step
+from kiln.loopir.scheduler.order import ExternStep, KernelStep, NopStep, Step
 from kiln.loopir.virtualized import set_ops_handler
 
 __all__ = ["MemoryPlan", "plan_memory"]
@@ -49,6 +49,33 @@ def _in_place_ok(group: KernelGroup, old: str, new: str) -> bool:
     return all(r.index == writes[0].index and not r.is_indirect() for r in reads)
 
 
+def _may_alias(step: Step) -> bool:
+    """An ATen call whose result may be a view of its inputs (``Tensor(a)`` returns)."""
+    if isinstance(step, NopStep):
+        return True
+    if not isinstance(step, ExternStep):
+        return False
+    schema = getattr(step.buffer.op, "_schema", None)
+    return schema is None or any(r.alias_info is not None for r in schema.returns)
+
+
+def _extend_for_aliases(
+    steps: Sequence[Step], last_use: dict[str, int], external: set[str]
+) -> set[str]:
+    """Keep a buffer alive while a view of it (an extern result) is, and never free
+    what a kept view points into. Returns the widened ``external`` set."""
+    external = set(external)
+    for step in reversed(steps):  # later aliases first, so chains resolve in one pass
+        if not _may_alias(step):
+            continue
+        for out in step.writes:
+            for base in step.reads:
+                last_use[base] = max(last_use.get(base, 0), last_use.get(out, 0))
+                if out in external:
+                    external.add(base)
+    return external
+
+
 def _same(a: Layout, b: Layout) -> bool:
     return a.as_fixed() == b.as_fixed()
 
@@ -67,6 +94,7 @@ def plan_memory(
     for i, step in enumerate(steps):
         for name in step.reads | step.writes:
             last_use[name] = i
+    external = _extend_for_aliases(steps, last_use, external)
     allocate: dict[int, list[tuple[str, Layout]]] = {}
     reuse: dict[int, list[tuple[str, str, str]]] = {}
     free: dict[int, list[str]] = {}

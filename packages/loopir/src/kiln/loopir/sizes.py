@@ -21,7 +21,6 @@ __all__ = [
     "sympify",
     "index_symbol",
     "is_index_symbol",
-    "simplify",
     "product",
     "contiguous_strides",
     "flat_index",
@@ -110,11 +109,6 @@ def index_symbol(prefix: str, n: int) -> sympy.Symbol:
 def is_index_symbol(sym: sympy.Basic, prefix: str) -> bool:
     """True when ``sym`` is an index symbol made by :func:`index_symbol` with ``prefix``."""
     return isinstance(sym, sympy.Symbol) and sym.name.startswith(prefix)
-
-
-def simplify(expr: sympy.Expr) -> sympy.Expr:
-    """Cheap canonicalisation (expand products); full ``sympy.simplify`` is too slow."""
-    return sympy.expand(expr)
 
 
 def product(values: Iterable[sympy.Expr | int]) -> sympy.Expr:

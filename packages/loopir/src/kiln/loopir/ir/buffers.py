@@ -18,7 +18,7 @@ import torch
 
 from kiln.loopir.errors import IRVerificationError
 from kiln.loopir.ir.layout import Layout
-from kiln.loopir.ir.loops import Loops, Pointwise, Reduction, Scatter
+from kiln.loopir.ir.loops import Loops, Reduction, Scatter
 from kiln.loopir.virtualized import ops
 
 __all__ = [
@@ -145,8 +145,3 @@ class MultiOutput(Buffer):
 
     def describe(self) -> str:
         return f"{self.name}: {self.parent.name}{list(self.index)}, {self.layout}"
-
-
-def is_pointwise_buffer(buf: Buffer) -> bool:
-    """A computed buffer whose data is a ``Pointwise`` (inlinable if unrealized)."""
-    return isinstance(buf, ComputedBuffer) and isinstance(buf.data, Pointwise)

@@ -55,14 +55,6 @@ class Layout:
         want = sizes.contiguous_strides(self.size)
         return all(n == 1 or s == w for n, s, w in zip(self.size, self.stride, want, strict=True))
 
-    def same_storage_shape(self, other: Layout) -> bool:
-        """Interchangeable allocations (what memory reuse needs)."""
-        return (self.device, self.dtype, self.storage_size()) == (
-            other.device,
-            other.dtype,
-            other.storage_size(),
-        )
-
     def verify(self) -> None:
         if len(self.size) != len(self.stride):
             msg = f"layout has {len(self.size)} sizes but {len(self.stride)} strides"

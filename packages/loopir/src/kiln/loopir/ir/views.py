@@ -146,10 +146,6 @@ class TensorBox:
             node = node.data
         return node if isinstance(node, StorageBox) else None
 
-    def is_unrealized_pointwise(self) -> bool:
-        box = self.storage()
-        return box is not None and isinstance(box.data, Pointwise)
-
 
 def pointwise_copy(x: TensorBox, origin: str) -> TensorBox:
     """A fresh ``Pointwise`` with ``x``'s values (what a realized view copy needs)."""
