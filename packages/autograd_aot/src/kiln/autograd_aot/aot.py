@@ -95,13 +95,14 @@ class AotCompiled:
         self.state_names = [n for n, _ in gm.named_parameters()] + [
             n for n, _ in gm.named_buffers()
         ]
-        self.example_inputs = list(example_inputs)
         self.tensor_positions = [
-            i for i, a in enumerate(self.example_inputs) if isinstance(a, torch.Tensor)
+            i for i, a in enumerate(example_inputs) if isinstance(a, torch.Tensor)
         ]
+        # The non-tensor inputs (baked into the graphs); tensors are not kept alive.
+        self.constants = [None if isinstance(a, torch.Tensor) else a for a in example_inputs]
         self.partition_stats: PartitionStats | None = None
         self._compiled: dict[bool, CompiledProgram] = {}
-        primals = self._primals(self.example_inputs)
+        primals = self._primals(example_inputs)
         self._get(self._needs_grad(primals), primals)
 
     def _primals(self, args: Sequence[Any]) -> list[torch.Tensor]:
@@ -123,11 +124,12 @@ class AotCompiled:
 
     def _check_constants(self, args: Sequence[Any]) -> None:
         """Non-tensor inputs were baked into the graphs: they must not change."""
-        if len(args) != len(self.example_inputs):
-            msg = f"compiled for {len(self.example_inputs)} inputs, called with {len(args)}"
+        if len(args) != len(self.constants):
+            msg = f"compiled for {len(self.constants)} inputs, called with {len(args)}"
             raise AotError(msg)
-        for i, (arg, example) in enumerate(zip(args, self.example_inputs, strict=True)):
-            if not isinstance(example, torch.Tensor) and arg != example:
+        tensors = set(self.tensor_positions)
+        for i, (arg, example) in enumerate(zip(args, self.constants, strict=True)):
+            if i not in tensors and arg != example:
                 msg = (
                     f"input {i} was {example!r} when compiled and is {arg!r} now; non-tensor "
                     "inputs are constants of the compiled graphs (the caller must guard them)"
@@ -143,7 +145,7 @@ class AotCompiled:
     def _call_module(self, *fakes: torch.Tensor) -> Any:
         n = len(self.state_names)
         state = dict(zip(self.state_names, fakes[:n], strict=True))
-        args = list(self.example_inputs)
+        args: list[Any] = list(self.constants)
         for pos, fake in zip(self.tensor_positions, fakes[n:], strict=True):
             args[pos] = fake
         return torch.func.functional_call(self.gm, state, tuple(args))
