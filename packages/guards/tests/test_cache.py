@@ -110,3 +110,18 @@ def test_reset_clears_everything():
     guards.reset()
     assert cache.entries == []
     assert guards.cache_for(double.__code__).entries == []
+
+
+def test_recompile_log_names_the_newest_entry_at_info_and_all_at_debug(caplog):
+    cache = guards.cache_for(double.__code__)
+    insert_for(cache, torch.randn(8))
+    insert_for(cache, torch.randn(16))
+    with caplog.at_level(logging.INFO, logger="kiln.guards.recompiles"):
+        assert cache.lookup(torch.randn(4)) is None
+        insert_for(cache, torch.randn(4))
+    assert "expected 16, got 4 (and 1 older entries)" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="kiln.guards.recompiles"):
+        assert cache.lookup(torch.randn(2)) is None
+        insert_for(cache, torch.randn(2))
+    assert "entry 2: tensor L['x'] size mismatch at index 0: expected 8, got 2" in caplog.text

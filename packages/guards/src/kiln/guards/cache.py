@@ -64,8 +64,10 @@ class CodeCache:
                 return entry
         if self._checks:
             counters.bump("guards", "misses")
-            if recompiles_log.isEnabledFor(logging.INFO):
+            if recompiles_log.isEnabledFor(logging.DEBUG):
                 self._pending_reason = self.failure_reason(*args, **kwargs)
+            elif recompiles_log.isEnabledFor(logging.INFO):
+                self._pending_reason = self._newest_reason(args, kwargs)
         return None
 
     def insert(self, check: GuardCheck, fn: Callable[..., Any]) -> CacheEntry:
@@ -100,6 +102,13 @@ class CodeCache:
     def over_limit(self, limit: int | None = None) -> bool:
         """Whether the cache holds ``limit`` (default ``config.recompile_limit``) entries."""
         return len(self.entries) >= (config.recompile_limit if limit is None else limit)
+
+    def _newest_reason(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        """Why the newest entry failed, and how many older ones did too (all, on a miss)."""
+        newest = self.entries[0].check.failure_reason(*args, **kwargs) if self.entries else None
+        older = len(self.entries) - 1
+        more = f" (and {older} older entries)" if older > 0 else ""
+        return f"{newest or 'unknown'}{more}"
 
     def _limit_message(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         newest = self.entries[0].check.failure_reason(*args, **kwargs) if self.entries else None
