@@ -178,7 +178,19 @@ def _getattr_hook(x):
     return a + b
 
 
+def _copies(x):
+    import copy
+
+    base = [x, 1]
+    shallow = copy.copy(base)
+    shallow.append(x * 2)
+    cfg = copy.deepcopy({"k": [1, 2]})
+    cfg["k"].append(3)
+    return base, shallow, cfg
+
+
 PROGRAMS: list[tuple[str, Any, Any, int, list[str] | None]] = [
+    ("copies", _copies, lambda: (t(2),), 1, ["mul"]),
     ("getattr_hook_rollback", _getattr_hook, lambda: (t(2),), 1, ["mul", "add"]),
     ("nonlocal_counter", _nonlocal_counter, lambda: (t(2),), 1, ["mul"]),
     ("sorted_key", _sorted_key, lambda: ([t(2), t(2), t(2)],), 1, None),

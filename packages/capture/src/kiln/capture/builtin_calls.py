@@ -9,6 +9,7 @@ shared with GET_ITER / FOR_ITER.
 from __future__ import annotations
 
 import collections
+import copy
 import functools
 import inspect
 import itertools
@@ -191,11 +192,22 @@ def fold(fn: Callable[..., Any], args: list[Value], kwargs: dict[str, Value]) ->
         result = fn(*plain_args, **plain_kwargs)
     except Exception as e:
         raise raised(e) from e
-    if is_constant(result):
-        return ConstantValue(result)
-    if isinstance(result, list):
-        return ListValue([ConstantValue(x) for x in result])
-    return ObjectValue(result)
+    return _fresh(result)
+
+
+def _fresh(obj: Any) -> Value:
+    """A tracked value for a new object only the trace holds (a fold's result): mutable."""
+    if is_constant(obj):
+        return ConstantValue(obj)
+    if type(obj) is list:
+        return ListValue([_fresh(x) for x in obj])
+    if type(obj) is tuple:
+        return TupleValue([_fresh(x) for x in obj])
+    if type(obj) is dict:
+        return DictValue({k: (_fresh(k), _fresh(v)) for k, v in obj.items()})
+    if type(obj) in (set, frozenset):
+        return SetValue({x: _fresh(x) for x in obj})
+    return ObjectValue(obj)
 
 
 def _all_literal(args: list[Value], kwargs: dict[str, Value]) -> bool:
@@ -406,6 +418,30 @@ def _sorted(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
     except TypeError as e:
         raise raised(e) from e
     return ListValue([item for _, _, item in ordered])
+
+
+@_handles(copy.copy)
+def _copy(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    """A shallow copy: a new container (or new object) holding the same values."""
+    v = args[0]
+    if isinstance(v, ListValue):
+        return ListValue(list(v.items))
+    if isinstance(v, DictValue):
+        return DictValue(dict(v.items), v.cls)
+    if isinstance(v, SetValue):
+        return SetValue(dict(v.items))
+    if isinstance(v, NewObjectValue):
+        return NewObjectValue(v.cls, dict(v.attrs))
+    if isinstance(v, (ConstantValue, TupleValue)):
+        return v
+    raise unsupported("unsupported_call", f"copy.copy of {v}")
+
+
+@_handles(copy.deepcopy)
+def _deepcopy(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    if is_literal(args[0]):
+        return fold(copy.deepcopy, args[:1], {})
+    raise unsupported("unsupported_call", f"copy.deepcopy of {args[0]}")
 
 
 @_handles(functools.reduce)

@@ -142,7 +142,9 @@ def _wrap_sequence(out: OutputGraph, obj: Any, source: Source | None) -> Value:
         out.guard(source, GuardKind.SEQUENCE_LENGTH, len(obj))
     items = [wrap(out, x, source.item(i) if source else None) for i, x in enumerate(obj)]
     if isinstance(obj, list):
-        return ListValue(items, source)
+        lst = ListValue(items, source)
+        lst.detached = source is None
+        return lst
     return TupleValue(items, type(obj), source)
 
 
@@ -157,4 +159,6 @@ def _wrap_dict(out: OutputGraph, obj: dict[Any, Any], source: Source | None) -> 
         else:
             key = ConstantValue(k)
         items[k] = (key, wrap(out, v, source.item(k) if source else None))
-    return DictValue(items, type(obj), source)
+    d = DictValue(items, type(obj), source)
+    d.detached = source is None
+    return d

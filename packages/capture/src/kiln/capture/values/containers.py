@@ -18,9 +18,13 @@ __all__ = ["CellValue", "DictValue", "ListValue", "SetValue", "TupleValue", "dic
 
 class _Mutable(Value):
     mutated = False
+    # a copy of a real container Kiln has no way to reach again (no source): read-only
+    detached = False
 
     def check_mutable(self) -> None:
         """Note a mutation; a container from the frame is written back by the emitted code."""
+        if self.detached:
+            raise unsupported("side_effect", "mutating a container Kiln cannot write back")
         if self.source is not None:
             self.mutated = True
 
