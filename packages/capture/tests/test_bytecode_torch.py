@@ -70,3 +70,25 @@ def test_resume_after_a_tensor_op():
     resumed = r.make_function(Block.forward.__globals__)
     got = resumed(block.norm(x), *(args[n] for n in r.locals))
     torch.testing.assert_close(got, block(x, scale=0.5))
+
+
+def _break_harness():
+    spec = importlib.util.spec_from_file_location(
+        "stack", Path(__file__).with_name("test_resume_stack.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_graph_breaks_anywhere_in_a_module_forward():
+    harness = _break_harness()
+    torch.manual_seed(2)
+    block = Block(6)
+    x = torch.randn(3, 6)
+    want = block(x, scale=0.25)
+    points = harness.break_points(Block.forward.__code__)
+    for i in points[:: max(1, len(points) // 12)]:
+        broken = harness.break_at(Block.forward, i)
+        for _ in range(3):
+            torch.testing.assert_close(broken(block, x, scale=0.25), want)

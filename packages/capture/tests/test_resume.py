@@ -374,3 +374,24 @@ def test_break_inside_a_comprehension():
     cells = [types.CellType(10)] if k_cell else []
     fn = r.make_function({}, cells)
     assert fn([], it, *(values[n] for n in r.locals)) == [10, 20, 30]
+
+
+def two_breaks(a, b):
+    c = a + b
+    d = c * 2
+    e = d - a
+    return [c, d, e]
+
+
+def test_resume_of_a_resume_function():
+    first = make_resume(two_breaks.__code__, offsets_of(two_breaks, "STORE_FAST", "d")[0], 1)
+    inner = first.code
+    off = [
+        i.offset
+        for i in dis.get_instructions(inner)
+        if i.opname == "STORE_FAST" and i.argval == "e"
+    ][0]
+    second = make_resume(inner, off, 1)
+    assert second.name == f"resume_at_{off}" and set(second.locals) == {"c", "d"}
+    values = {"c": 5, "d": 10}
+    assert second.make_function({})(7, *(values[n] for n in second.locals)) == [5, 10, 7]
