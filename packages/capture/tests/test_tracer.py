@@ -189,7 +189,21 @@ def _copies(x):
     return base, shallow, cfg
 
 
+def _slides_sin_sin(x):
+    y = x.sin()
+    z = y.sin()
+    return z
+
+
+def _slides_sin_cos(x):
+    y = x.sin()
+    z = y.cos()
+    return y, z
+
+
 PROGRAMS: list[tuple[str, Any, Any, int, list[str] | None]] = [
+    ("slides_sin_sin", _slides_sin_sin, lambda: (t(4),), 1, ["sin", "sin"]),
+    ("slides_sin_cos", _slides_sin_cos, lambda: (t(4, 4),), 1, ["sin", "cos"]),
     ("copies", _copies, lambda: (t(2),), 1, ["mul"]),
     ("getattr_hook_rollback", _getattr_hook, lambda: (t(2),), 1, ["mul", "add"]),
     ("nonlocal_counter", _nonlocal_counter, lambda: (t(2),), 1, ["mul"]),
