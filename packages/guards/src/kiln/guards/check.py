@@ -17,9 +17,7 @@ import torch
 
 from kiln.capture import artifacts
 from kiln.capture.guard_data import GuardKind, GuardSpec
-from kiln.capture.source import (
-    LocalSource,
-)
+from kiln.capture.source import LocalSource
 from kiln.guards import checks, codegen, frame, plan
 from kiln.guards.errors import UnsupportedGuard
 
@@ -146,6 +144,13 @@ def build_check(guards: Sequence[GuardSpec], fn: Callable[..., Any]) -> GuardChe
     check_fn.__defaults__ = target.__defaults__
     check_fn.__kwdefaults__ = target.__kwdefaults__
     check_fn.__qualname__ = target.__qualname__
+    grouped = len(ordered) - len(the_plan.top)
+    log.debug(
+        "check of %s: %d guards, %d behind module stamps",
+        target.__qualname__,
+        len(ordered),
+        grouped,
+    )
     guards_log.info("%d guards:\n%s", len(ordered), text)
     artifacts.dump("guards.py", text)
     return GuardCheck(check_fn, text, ordered, target)
