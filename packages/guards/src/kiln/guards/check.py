@@ -18,7 +18,7 @@ import torch
 from kiln.capture import artifacts
 from kiln.capture.guard_data import GuardKind, GuardSpec
 from kiln.capture.source import LocalSource
-from kiln.guards import checks, codegen, frame, plan
+from kiln.guards import codegen, explain, frame, plan
 from kiln.guards.errors import UnsupportedGuard
 
 __all__ = ["GuardCheck", "build_check"]
@@ -75,9 +75,9 @@ class GuardCheck:
                 try:
                     value = frame.resolve(g.source, f_locals, self.target)
                 except Exception as e:
-                    return f"could not read {checks.describe(g.source)}: {type(e).__name__}: {e}"
+                    return f"could not read {explain.describe(g.source)}: {type(e).__name__}: {e}"
             try:
-                reason = checks.explain(g, value)
+                reason = explain.explain(g, value)
             except Exception as e:
                 reason = f"{g} raised {type(e).__name__}: {e}"
             if reason is not None:

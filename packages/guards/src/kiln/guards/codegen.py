@@ -32,7 +32,7 @@ from kiln.capture.source import (
     LocalSource,
     Source,
 )
-from kiln.guards import checks, frame, hooks, stamps
+from kiln.guards import explain, frame, hooks, stamps
 from kiln.guards.config import config
 from kiln.guards.errors import UnsupportedGuard
 from kiln.guards.plan import Plan
@@ -241,7 +241,7 @@ class CheckSource:
             raw = keyset.raw_repr()
         except (AttributeError, TypeError):
             keys = self.bind(names, "keys")
-            return f"{self.bind(checks.dispatch_key_names, 'dispatch_keys')}({v}) == {keys}"
+            return f"{self.bind(explain.dispatch_key_names, 'dispatch_keys')}({v}) == {keys}"
         return f"{self.bind(torch._C._dispatch_keys, 'dispatch_keys')}({v}).raw_repr() == {raw}"
 
     def global_state_condition(self, gs: GlobalState) -> str:

@@ -18,7 +18,7 @@ import torch
 
 from kiln.capture.guard_data import GuardKind, GuardSpec, TensorMeta
 from kiln.capture.source import AttrSource, ItemSource, Source
-from kiln.guards import checks, module_tree
+from kiln.guards import explain, module_tree
 
 __all__ = ["Plan", "order", "rank", "source_depth"]
 
@@ -120,7 +120,7 @@ def _tree_for(g: GuardSpec, trees: list[GuardSpec]) -> GuardSpec | None:
         if found is None or g.kind not in module_tree.PROTECTED[found[0]]:
             continue
         try:
-            if checks.explain(g, found[1]) is None:
+            if explain.explain(g, found[1]) is None:
                 return t
         except Exception:
             continue

@@ -9,28 +9,28 @@ import torch
 from kiln import guards
 from kiln.capture.guard_data import GlobalState, GuardKind, GuardSpec, TensorMeta
 from kiln.capture.source import LocalSource
-from kiln.guards import checks
+from kiln.guards import explain
 
 
 def test_tensor_messages_name_the_first_difference():
     meta = TensorMeta.of(torch.randn(2, 3))
-    assert checks.explain_tensor("L['x']", torch.randn(2, 3), meta) is None
+    assert explain.explain_tensor("L['x']", torch.randn(2, 3), meta) is None
     assert (
-        checks.explain_tensor("L['x']", torch.randn(2, 5), meta)
+        explain.explain_tensor("L['x']", torch.randn(2, 5), meta)
         == "tensor L['x'] size mismatch at index 1: expected 3, got 5"
     )
     assert (
-        checks.explain_tensor("L['x']", torch.randn(2, 3, dtype=torch.float64), meta)
+        explain.explain_tensor("L['x']", torch.randn(2, 3, dtype=torch.float64), meta)
         == "tensor L['x'] dtype mismatch: expected torch.float32, got torch.float64"
     )
-    assert "stride mismatch at index 0: expected 3, got 1" in checks.explain_tensor(
+    assert "stride mismatch at index 0: expected 3, got 1" in explain.explain_tensor(
         "L['x']", torch.randn(3, 2).t(), meta
     )
 
 
 def test_dispatch_keys_when_recorded():
     t = torch.randn(3)
-    keys = checks.dispatch_key_names(t)
+    keys = explain.dispatch_key_names(t)
     assert "CPU" in keys
     ok = dataclasses.replace(TensorMeta.of(t), dispatch_keys=keys)
     other = dataclasses.replace(TensorMeta.of(t), dispatch_keys=frozenset({"CPU"}))
@@ -45,16 +45,16 @@ def test_dispatch_keys_when_recorded():
 
 def test_global_state_message():
     state = dataclasses.replace(GlobalState.current(), grad_enabled=False)
-    assert checks.explain_global_state(state) == "grad mode changed: expected False, got True"
-    assert checks.explain_global_state(GlobalState.current()) is None
+    assert explain.explain_global_state(state) == "grad mode changed: expected False, got True"
+    assert explain.explain_global_state(GlobalState.current()) is None
     no_device = dataclasses.replace(GlobalState.current(), default_device=None)
     with torch.device("meta"):
-        assert checks.explain_global_state(no_device) is None  # None: not checked
+        assert explain.explain_global_state(no_device) is None  # None: not checked
 
 
 def test_describe_marks_globals_and_closures():
     from kiln.capture.source import ClosureSource, GlobalSource
 
-    assert checks.describe(GlobalSource("w").attr("shape")) == "global G['w'].shape"
-    assert checks.describe(ClosureSource("k")) == "closure C['k']"
-    assert checks.describe(LocalSource("x").item(0)) == "L['x'][0]"
+    assert explain.describe(GlobalSource("w").attr("shape")) == "global G['w'].shape"
+    assert explain.describe(ClosureSource("k")) == "closure C['k']"
+    assert explain.describe(LocalSource("x").item(0)) == "L['x'][0]"
