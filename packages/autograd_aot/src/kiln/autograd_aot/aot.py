@@ -95,6 +95,12 @@ class AotCompiled:
         self.state_names = [n for n, _ in gm.named_parameters()] + [
             n for n, _ in gm.named_buffers()
         ]
+        # (owning module, attribute) per state tensor: read each call, so reassigned
+        # or updated parameters are seen, without walking the module tree.
+        self._state_slots = [
+            (gm.get_submodule(owner), attr)
+            for owner, _, attr in (n.rpartition(".") for n in self.state_names)
+        ]
         self.tensor_positions = [
             i for i, a in enumerate(example_inputs) if isinstance(a, torch.Tensor)
         ]
@@ -106,8 +112,7 @@ class AotCompiled:
         self._get(self._needs_grad(primals), primals)
 
     def _primals(self, args: Sequence[Any]) -> list[torch.Tensor]:
-        state: list[torch.Tensor] = [p for _, p in self.gm.named_parameters()]
-        state += [b for _, b in self.gm.named_buffers()]
+        state = [getattr(module, attr) for module, attr in self._state_slots]
         return state + [args[i] for i in self.tensor_positions]
 
     @staticmethod
