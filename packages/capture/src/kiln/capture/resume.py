@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import types
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -45,9 +46,6 @@ STACK_NULL = "null"
 CELLS_AS_CLOSURE = "closure"
 CELLS_AS_VALUES = "values"
 
-_CO_VARARGS = 0x4
-_CO_VARKEYWORDS = 0x8
-_CO_NESTED = 0x10
 _PROLOGUE_OPS = frozenset({"COPY_FREE_VARS", "MAKE_CELL", "RESUME"})
 #: Instructions before a call that only set interpreter state (KW_NAMES) or,
 #: on 3.11, that the compiler's stack accounting treats as taking the arguments
@@ -235,8 +233,8 @@ def _rewrite(
     at = instrs.index(jump)
     if instrs[at + 1] is target:  # everything in between was dead
         del instrs[at]
-    flags = body.flags & ~(_CO_VARARGS | _CO_VARKEYWORDS)
-    flags = flags | _CO_NESTED if shared else flags
+    flags = body.flags & ~(inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
+    flags = flags | inspect.CO_NESTED if shared else flags
     name = f"resume_at_{offset}"
     return dataclasses.replace(
         body,

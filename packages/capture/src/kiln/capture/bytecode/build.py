@@ -9,6 +9,7 @@ given globals, closure and defaults.
 from __future__ import annotations
 
 import dis
+import inspect
 import types
 from collections.abc import Sequence
 from typing import Any
@@ -28,29 +29,19 @@ __all__ = [
     "prologue",
 ]
 
-CO_OPTIMIZED = 0x1
-CO_NEWLOCALS = 0x2
-CO_VARARGS = 0x4
-CO_VARKEYWORDS = 0x8
-CO_NESTED = 0x10
 #: Flags that make a code object start with RETURN_GENERATOR.
-CO_GENERATOR_LIKE = 0x20 | 0x100 | 0x200  # generator, coroutine, async generator
+CO_GENERATOR_LIKE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 
 
 def prologue(
     cellvars: Sequence[str], freevars: Sequence[str], flags: int, positions: Positions | None
 ) -> list[Instr]:
     """The instructions that open a function body on 3.11/3.12, RESUME last."""
-    out = []
-    if freevars:
-        out.append(Instr("COPY_FREE_VARS", len(freevars)))
-    out += [Instr("MAKE_CELL", name) for name in cellvars]
+    out = [Instr("COPY_FREE_VARS", len(freevars), positions)] if freevars else []
+    out += [Instr("MAKE_CELL", name, positions) for name in cellvars]
     if flags & CO_GENERATOR_LIKE:
-        out += [Instr("RETURN_GENERATOR"), Instr("POP_TOP")]
+        out += [Instr("RETURN_GENERATOR", None, positions), Instr("POP_TOP", None, positions)]
     out.append(Instr("RESUME", 0, positions))
-    if out[0] is not out[-1]:
-        for ins in out[:-1]:
-            ins.positions = positions
     return out
 
 
@@ -74,13 +65,13 @@ def new_body(
     used. ``flags`` adds to the usual optimized/new-locals ones (e.g. generator).
     """
     varnames = [*args, *kwonly]
-    flags |= CO_OPTIMIZED | CO_NEWLOCALS | (CO_NESTED if freevars else 0)
+    flags |= inspect.CO_OPTIMIZED | inspect.CO_NEWLOCALS | (inspect.CO_NESTED if freevars else 0)
     if varargs is not None:
         varnames.append(varargs)
-        flags |= CO_VARARGS
+        flags |= inspect.CO_VARARGS
     if varkw is not None:
         varnames.append(varkw)
-        flags |= CO_VARKEYWORDS
+        flags |= inspect.CO_VARKEYWORDS
     if len(set(varnames)) != len(varnames):
         msg = f"duplicate argument names in {varnames} for {name}"
         raise CaptureError(msg)

@@ -28,12 +28,13 @@ Positions = dis.Positions
 class Instr:
     """One instruction.
 
-    ``arg`` by kind (see :func:`optable.arg_kind`): the constant (CONST), a
-    name string (NAME, LOCAL, CELL), ``(flag, name)`` for LOAD_GLOBAL (push
-    NULL) and on 3.12 LOAD_ATTR (method load, flag bool) and LOAD_SUPER_ATTR
-    (flag int of two bits; a bare name means flag 0), the operator string for COMPARE_OP (``"<"``), the
-    target ``Instr`` (JUMP), the oparg int (RAW), or None. Jump opnames may be the generic ``JUMP``/``JUMP_NO_INTERRUPT``
-    and, on 3.11, ``POP_JUMP_IF_<cond>``: the assembler picks the direction.
+    ``arg`` by kind (see :func:`optable.arg_kind`): the constant (CONST); a
+    name string (NAME, LOCAL, CELL); ``(flag, name)`` for LOAD_GLOBAL (push
+    NULL first) and, on 3.12, LOAD_ATTR (method load) and LOAD_SUPER_ATTR
+    (two flag bits), where a bare name means flag 0; the operator string for
+    COMPARE_OP (``"<"``); the target ``Instr`` (JUMP); the oparg int (RAW); or
+    None. Jump opnames may be the generic ``JUMP``/``JUMP_NO_INTERRUPT`` and,
+    on 3.11, ``POP_JUMP_IF_<cond>``: the assembler picks the direction.
     ``offset`` is where a decoded instruction sat in its original code (None
     for new ones); ``positions`` its source location (None: no location).
     """
