@@ -105,3 +105,24 @@ def test_buffer_read_and_written_is_passed_twice(built: dict[str, object]) -> No
     want = x * torch.sigmoid(x)
     built[case.name](x, x)  # type: ignore[operator]
     torch.testing.assert_close(x, want)
+
+
+def test_long_float_sums_stay_accurate() -> None:
+    from fusion_programs import reduce_case
+
+    backend = CppBackend()
+    cases = [
+        reduce_case("sum", torch.float32, 20, 60000),
+        reduce_case("sum", torch.float32, 2, 300000),
+    ]
+    fns = [backend.codegen_kernel(c.group).fn for c in cases]
+    backend.finalize()
+    for case, fn in zip(cases, fns):
+        (x,) = case.make_inputs()
+        x = x.abs() + 1.0  # no cancellation: error is all rounding
+        (out,) = outputs_for(case.group)
+        fn(x, out)  # type: ignore[operator]
+        exact = x.double().sum(1)
+        eager_err = (x.sum(1).double() - exact).abs().max().item()
+        our_err = (out.double() - exact).abs().max().item()
+        assert our_err <= max(4 * eager_err, 1e-7 * exact.abs().max().item()), (our_err, eager_err)

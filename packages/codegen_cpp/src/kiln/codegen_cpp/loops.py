@@ -35,6 +35,9 @@ PARALLEL_MIN_WORK = 32768
 SPLIT_REDUCTION_MAX_NUMEL = 16
 """Reductions with fewer rows than this (and enough work) parallelize over ``rindex``."""
 
+CASCADE_BLOCK = 4096
+"""Elements per block of a long vectorized float sum (see ``LoopNests._r_loops``)."""
+
 ROW_UNROLL = 4
 """Vectors of rows side by side in a reduction over a strided dimension."""
 
@@ -217,11 +220,13 @@ class LoopNests:
             lines = self._split_reduction(accs, vec, scalar)
         else:
             lines = [line for acc in accs for line in acc.declarations()]
-            lines += self._r_loops("0", w.rnumel.text, vec, scalar)
+            lines += self._r_loops("0", w.rnumel.text, vec, scalar, accs)
             lines += [line for acc in accs for line in acc.fold_lanes()]
         return _block([*lines, *segment.final_stores])
 
-    def _r_loops(self, start: str, end: str, vec: Code | None, scalar: Code) -> list[str]:
+    def _r_loops(
+        self, start: str, end: str, vec: Code | None, scalar: Code, accs: list[Accumulator]
+    ) -> list[str]:
         """Hoisted invariants, the vector loop over whole vectors of [start, end),
         then the scalar rest."""
         lanes = self.w.lanes
@@ -232,7 +237,20 @@ class LoopNests:
         lines = [*vec.hoisted]
         if not static:
             lines.append(f"const int64_t rvec_end = {end} - ({end} - {start}) % {lanes};")
-        lines += loop("rindex", start, vec_end, lanes, vec.lines)
+        flushes = [line for acc in accs for line in acc.cascade_flush()]
+        if flushes and not self.w.rnumel.below(2 * CASCADE_BLOCK):
+            # Long float sums: add blocks of CASCADE_BLOCK elements separately, then the
+            # block sums, so rounding error grows with the block count, not the length.
+            inner = [
+                f"const int64_t rblock_end = kiln::imin(rblock + {CASCADE_BLOCK}, {vec_end});",
+                *loop("rindex", "rblock", "rblock_end", lanes, vec.lines),
+                *flushes,
+            ]
+            lines += [line for acc in accs for line in acc.cascade_declarations()]
+            lines += loop("rblock", start, vec_end, CASCADE_BLOCK, inner)
+            lines += [line for acc in accs for line in acc.cascade_finish()]
+        else:
+            lines += loop("rindex", start, vec_end, lanes, vec.lines)
         if vec_end != end:
             lines += [*scalar.hoisted, *loop("rindex", vec_end, end, 1, scalar.lines)]
         return lines
@@ -257,7 +275,7 @@ class LoopNests:
             "const int64_t rstart = chunk * rchunk;",
             f"const int64_t rend = kiln::imin(rstart + rchunk, {rnumel});",
             *(line for acc in accs for line in acc.declarations()),
-            *self._r_loops("rstart", "rend", vec, scalar),
+            *self._r_loops("rstart", "rend", vec, scalar, accs),
             *(line for acc in accs for line in acc.fold_lanes()),
             *(line for acc in accs for line in acc.save_partial("chunk")),
         ]

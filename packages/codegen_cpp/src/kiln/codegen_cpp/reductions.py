@@ -132,6 +132,34 @@ class Accumulator:
             return [f"kiln::welford_lanes({args});"]
         return [_LANE_FOLD[rtype].format(a=self.name, v=f"{self.name}_vec")]
 
+    @property
+    def _cascades(self) -> bool:
+        return (
+            self.vectorized
+            and not self.row_lanes
+            and (self.reduction_type == "sum" and self.dtype.is_floating_point)
+        )
+
+    def cascade_declarations(self) -> list[str]:
+        """The running total of block sums (long vectorized float sums only)."""
+        if not self._cascades:
+            return []
+        ctype = self._ctype("", True)
+        return [f"{ctype} {self.name}_total = {ctype}({_identity('sum', self.dtype)});"]
+
+    def cascade_flush(self) -> list[str]:
+        """After each block: add the block's lanes to the total and restart them."""
+        if not self._cascades:
+            return []
+        vec, ctype = self._var("", True), self._ctype("", True)
+        return [
+            f"{self.name}_total = {self.name}_total + {vec};",
+            f"{vec} = {ctype}({_identity('sum', self.dtype)});",
+        ]
+
+    def cascade_finish(self) -> list[str]:
+        return [f"{self._var('', True)} = {self.name}_total;"] if self._cascades else []
+
     def partial_arrays(self, count: str) -> list[str]:
         """Per-chunk result arrays of a reduction split across threads."""
         return [
