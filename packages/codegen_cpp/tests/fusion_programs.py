@@ -267,6 +267,11 @@ def fusion_cases() -> list[Case]:
     for rtype in ("sum", "argmax", "welford_reduce", "min"):  # 4 vectors of rows + 2 rows
         cases.append(reduce_case(rtype, torch.float32, 130, 7, inner=False))
     cases.append(reduce_case("sum", torch.float32, 1, 5000))
+    # cascade summation, rows in parallel and one row split across threads
+    cases += [
+        reduce_case("sum", torch.float32, 20, 60000),
+        reduce_case("sum", torch.float32, 2, 300000),
+    ]
     for rtype in ("sum", "argmin", "welford_reduce", "max"):  # split across threads
         cases.append(reduce_case(rtype, torch.float32, 2, 40000))
     for rtype in ("sum", "max", "min", "xor_sum", "argmax"):
