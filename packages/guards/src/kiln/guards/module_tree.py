@@ -15,6 +15,8 @@ value change: the contents of plain objects and containers held by modules
 
 from __future__ import annotations
 
+import itertools
+import operator
 from typing import Any
 
 import torch
@@ -113,7 +115,7 @@ def reach(root: torch.nn.Module, steps: list[tuple[str, Any]]) -> tuple[str, Any
             item = getitem(value, key)
         except Exception:
             return None
-        if not any(item is child for child in value._modules.values()):
+        if not any(map(operator.is_, itertools.repeat(item), value._modules.values())):
             return None  # e.g. a slice of a Sequential: a new module each time
         value = item
     return how, value
