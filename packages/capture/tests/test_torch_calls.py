@@ -105,7 +105,7 @@ OPS = [
     (
         "eye_empty_fill",
         lambda x: x @ torch.eye(3) + torch.empty(3).fill_(1.0),
-        lambda: (r(3),),
+        lambda: (r(2, 3),),
         None,
     ),
     ("tensor_ctor", lambda x: x * torch.tensor([1.0, 2.0, 3.0]), lambda: (r(3),), None),

@@ -87,6 +87,10 @@ REASONS: dict[str, BreakReason] = {
         "PyTorch cannot run this operator on fake tensors",
         "call it outside the compiled function",
     ),
+    "in-place metadata change": BreakReason(
+        "an in-place op changes a tensor's sizes or strides",
+        "use the out-of-place op (x = x.t() instead of x.t_())",
+    ),
     "module_hooks": BreakReason(
         "the module has hooks Kiln cannot inline",
         "remove the hooks, or make them plain Python functions",
