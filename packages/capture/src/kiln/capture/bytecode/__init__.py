@@ -7,7 +7,14 @@ The leaf layer every bytecode transformation in Kiln stands on::
     code = assemble(body)             # a code object CPython runs and dis prints
 """
 
-from kiln.capture.bytecode.analysis import live_locals, max_stack_depth, stack_depths, stack_effect
+from kiln.capture.bytecode.analysis import (
+    live_locals,
+    max_stack_depth,
+    prune_unreachable,
+    reachable,
+    stack_depths,
+    stack_effect,
+)
 from kiln.capture.bytecode.assemble import assemble, const_key
 from kiln.capture.bytecode.build import (
     binary_op,
@@ -41,14 +48,16 @@ __all__ = [
     "decode",
     "format_bytecode",
     "format_code",
+    "live_locals",
     "load_callable",
     "log_code",
     "make_cell",
     "make_function",
+    "max_stack_depth",
     "new_body",
     "prologue",
-    "live_locals",
-    "max_stack_depth",
+    "prune_unreachable",
+    "reachable",
     "stack_depths",
     "stack_effect",
 ]
