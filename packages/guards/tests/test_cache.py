@@ -84,6 +84,7 @@ def test_limit_warns_once_naming_the_guard():
         cache.warn_limit_once(torch.randn(3))
         cache.warn_limit_once(torch.randn(4))
     assert len(record) == 1
+    assert record[0].filename == __file__  # pointed at the first caller outside kiln
 
 
 def test_limit_can_raise():

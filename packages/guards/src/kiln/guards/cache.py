@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
 import types
 import warnings
 from collections.abc import Callable
@@ -127,7 +128,7 @@ class CodeCache:
             f"Raise kiln.guards.config.recompile_limit or make that value stable."
         )
         recompiles_log.info("%s", msg)
-        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+        warnings.warn(msg, RuntimeWarning, stacklevel=_user_stacklevel())
 
     def raise_limit_error(self, *args: Any, **kwargs: Any) -> None:
         """Raise :class:`RecompileLimitExceeded` naming the failing guard."""
@@ -140,6 +141,16 @@ class CodeCache:
         self._checks = ()
         self._pending_reason = None
         self._warned = False
+
+
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` that points a warning at the first caller outside Kiln."""
+    frame = sys._getframe(2)  # the caller of warn_limit_once
+    level = 2  # as counted from warn_limit_once
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("kiln."):
+        frame = frame.f_back  # type: ignore[assignment]
+        level += 1
+    return level
 
 
 _caches: dict[types.CodeType, CodeCache] = {}
