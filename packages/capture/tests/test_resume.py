@@ -176,6 +176,9 @@ def handler_code(a):
 
 
 def test_refusals_say_why():
+    module_code = compile("x = 1\ny = x + 1\n", "<m>", "exec")
+    with pytest.raises(Unsupported, match="class bodies"):
+        make_resume(module_code, 4)
     with pytest.raises(Unsupported, match="generator"):
         make_resume(gen.__code__, offsets_of(gen, "LOAD_FAST", "i")[0], 2)
     off = offsets_of(handler_code, "LOAD_FAST", "a")[-1]

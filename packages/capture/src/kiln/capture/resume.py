@@ -134,6 +134,13 @@ def _make_resume(
             f"cannot resume {code.co_qualname} in the middle: it is a generator or coroutine",
             "move the tensor code out of the generator into a plain function",
         )
+    if not code.co_flags & inspect.CO_OPTIMIZED:
+        raise Unsupported(
+            "resume_not_function",
+            f"cannot resume {code.co_qualname}: module and class bodies keep their locals "
+            "in a dict, not in fast locals a resume function could take as arguments",
+            "put the code in a function",
+        )
     info = code_info(code)
     index = _break_index(info, offset)
     if info.depths[index] != len(kinds):
