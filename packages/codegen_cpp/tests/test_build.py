@@ -53,3 +53,24 @@ def test_key_depends_on_flags_and_compiler():
     fewer = build.Toolchain(tools.compiler, tools.version, tools.target, tools.flags[1:])
     assert build.library_key(SOURCE, fewer) != key
     assert isinstance(ctypes.sizeof(ctypes.c_int64), int)
+
+
+def test_concurrent_builds_share_one_clean_entry(tmp_path, monkeypatch):
+    """Two builders racing on one source (as two processes would) leave one entry."""
+    import threading
+
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+    source = SOURCE.replace("2.0f", "5.0f")
+    results = []
+    threads = [
+        threading.Thread(target=lambda: results.append(build.build_libraries([source])[0]))
+        for _ in range(2)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({lib.path for lib in results}) == 1
+    files = sorted(f.name for f in (tmp_path / "cpp").iterdir())
+    assert len([f for f in files if f.endswith(".so")]) == 1
+    assert not [f for f in files if f.endswith(".tmp")]
