@@ -29,3 +29,31 @@ def test_functional_copy_casts_and_broadcasts():
 def test_describe_table_lists_ops():
     text = describe_table({aten.silu.default: None})
     assert text.startswith("1 decompositions") and "aten.silu.default" in text
+
+
+def test_training_drops_fused_attention_decompositions():
+    import torch._decomp
+
+    from kiln.autograd_aot.decomp import for_training
+
+    flash = aten._scaled_dot_product_flash_attention_for_cpu.default
+    table = dict(torch._decomp.core_aten_decompositions().items())
+    assert flash in table
+    assert flash not in for_training(table)
+    small = {aten.silu.default: None}
+    assert for_training(small) is small
+
+
+def test_training_with_a_raw_core_table_keeps_attention_gradients(check):
+    import torch._decomp
+    import torch.nn.functional as F
+
+    from kiln.autograd_aot import aot_compile
+
+    table = dict(torch._decomp.core_aten_decompositions().items())
+
+    def backend(gm, example_inputs):
+        return aot_compile(gm, example_inputs, fw_compiler=lambda g, e: g, decompositions=table)
+
+    q, k, v = (torch.randn(1, 2, 5, 8, requires_grad=True) for _ in range(3))
+    check(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), [q, k, v], backend=backend)

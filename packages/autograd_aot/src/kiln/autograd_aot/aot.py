@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from kiln.autograd_aot.decomp import default_decompositions, describe_table
+from kiln.autograd_aot.decomp import default_decompositions, describe_table, for_training
 from kiln.autograd_aot.errors import AotError
 from kiln.autograd_aot.joint import trace_program
 from kiln.autograd_aot.partition import PartitionStats, partition_joint
@@ -157,8 +157,9 @@ class AotCompiled:
 
     def _compile(self, needs_grad: bool, primals: Sequence[torch.Tensor]) -> CompiledProgram:
         fakes, leaves = _fakes_of(primals, needs_grad)
+        table = for_training(self.decompositions) if needs_grad else self.decompositions
         program = trace_program(
-            self._call_module, fakes, self.decompositions, joint=needs_grad, grad_leaves=leaves
+            self._call_module, fakes, table, joint=needs_grad, grad_leaves=leaves
         )
         _check_aliased_mutations(primals, program.mutated_inputs)
         if not program.is_joint:

@@ -17,7 +17,13 @@ import torch._decomp
 
 from kiln.autograd_aot.rng import random_decompositions
 
-__all__ = ["DecompositionTable", "default_decompositions", "describe_table", "kiln_decompositions"]
+__all__ = [
+    "DecompositionTable",
+    "default_decompositions",
+    "describe_table",
+    "for_training",
+    "kiln_decompositions",
+]
 
 aten = torch.ops.aten
 
@@ -76,6 +82,14 @@ def default_decompositions() -> dict[Any, Callable[..., Any]]:
     }
     table.update(kiln_decompositions())
     return table
+
+
+def for_training(table: DecompositionTable) -> DecompositionTable:
+    """``table`` without entries that break a joint graph (fused attention forwards whose
+    backward kernel stays fused), whoever built the table."""
+    if not any(_pairs_with_fused_backward(op) for op in table):
+        return table
+    return {op: fn for op, fn in table.items() if not _pairs_with_fused_backward(op)}
 
 
 def describe_table(table: DecompositionTable) -> str:
