@@ -18,7 +18,6 @@ from kiln.capture.break_reasons import raised, unsupported
 from kiln.capture.values.base import ConstantValue, Value
 from kiln.capture.values.containers import DictValue, ListValue, SetValue, TupleValue, dict_key
 from kiln.capture.values.functions import UserFunctionValue
-from kiln.capture.values.iterators import IteratorValue
 from kiln.capture.values.objects import NewObjectValue, ObjectValue
 from kiln.capture.values.tensor import TensorValue
 from kiln.capture.wrap import function_value
@@ -241,40 +240,31 @@ def truth(tr: Tracer, v: Value) -> bool:
         return bool(v.value)
     if isinstance(v, TensorValue):
         raise unsupported("data_dependent_branch", "the truth of a tensor")
-    if isinstance(v, (ListValue, TupleValue)):
+    if isinstance(v, (ListValue, TupleValue, DictValue, SetValue)):
         return bool(v.items)
-    if isinstance(v, (DictValue, SetValue)):
-        return bool(v.items)
-    if isinstance(v, (UserFunctionValue, IteratorValue)):
-        return True
     if isinstance(v, (NewObjectValue, ObjectValue)):
-        cls = v.python_type()
         for name in ("__bool__", "__len__"):
             method = _user_method(v, name)
             if method is not None:
                 result = calls.call(tr, method, [v], {})
                 return truth(tr, result) if name == "__bool__" else bool(result.as_constant())
-        if isinstance(v, ObjectValue) and (
-            getattr(cls, "__bool__", None) is None and getattr(cls, "__len__", None) is None
-        ):
-            return True
-        if isinstance(v, ObjectValue) and isinstance(v.obj, type):
-            return True
-        if isinstance(v, ObjectValue) and isinstance(
-            v.obj, (nn.ModuleList, nn.ModuleDict, nn.Sequential, nn.ParameterList)
-        ):
-            return len(v.obj) > 0
-        if isinstance(v, NewObjectValue):
-            return True
-    return bool(_always_true(v))
+    if isinstance(v, ObjectValue):
+        return _object_truth(v.obj)
+    # functions, methods, iterators, objects made in the trace: true unless they define otherwise
+    return True
 
 
-def _always_true(v: Value) -> bool:
-    if v.python_type() in (type(None),):
-        return False
-    if hasattr(v, "func") or hasattr(v, "cls"):
+def _object_truth(obj: object) -> bool:
+    cls = type(obj)
+    if isinstance(obj, type) or (
+        getattr(cls, "__bool__", None) is None and getattr(cls, "__len__", None) is None
+    ):
         return True
-    raise unsupported("unsupported_operator", f"bool({v})")
+    if isinstance(obj, (nn.ModuleList, nn.ModuleDict, nn.Sequential, nn.ParameterList)):
+        return len(obj) > 0
+    if cls.__module__ == "builtins":
+        return bool(obj)
+    raise unsupported("unsupported_operator", f"bool() of a {cls.__name__}")
 
 
 def unary_op(tr: Tracer, name: str, v: Value) -> Value:
