@@ -46,7 +46,7 @@ def test_compile_worker_reports_errors_as_replies(tmp_path):
     import subprocess  # noqa: PLC0415
     import sys  # noqa: PLC0415
 
-    from kiln.codegen_triton.compile_worker import REPLY_PREFIX  # noqa: PLC0415
+    from kiln.codegen_triton.compile_pool import REPLY_PREFIX  # noqa: PLC0415
 
     job = json.dumps(
         {

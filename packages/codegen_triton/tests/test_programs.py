@@ -159,3 +159,9 @@ def test_reduction_then_pointwise_in_one_kernel(backend):
     assert c.kernel_count == 1
     src = kernel_sources(c)[0]
     assert ("for roffset" in src) == (backend.options.persistent_reduction_limit < 33)
+
+
+def test_cat_with_empty_pieces_never_reads_outside_a_buffer():
+    a, z = _r(2, 3), _r(0, 3)
+    c = check(lambda a, z: (aten.cat.default([z, a, z], 0),), a, z)
+    assert " < 0)" in kernel_sources(c)[0]  # the empty piece's load is guarded off

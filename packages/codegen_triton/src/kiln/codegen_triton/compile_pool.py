@@ -19,10 +19,12 @@ import sys
 import threading
 from typing import Any
 
-from kiln.codegen_triton.compile_worker import REPLY_PREFIX
 from kiln.codegen_triton.errors import TritonLaunchError
 
-__all__ = ["CompilePool", "compile_pool"]
+__all__ = ["REPLY_PREFIX", "CompilePool", "compile_pool"]
+
+REPLY_PREFIX = "KILN-DONE "
+"""How a worker's answer line starts (anything else on its stdout is ignored)."""
 
 
 class CompilePool:

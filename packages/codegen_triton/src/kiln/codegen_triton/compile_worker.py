@@ -16,11 +16,10 @@ from typing import Any
 
 import torch
 
+from kiln.codegen_triton.compile_pool import REPLY_PREFIX
 from kiln.codegen_triton.module_cache import load_module
 
-__all__ = ["REPLY_PREFIX", "warm", "main"]
-
-REPLY_PREFIX = "KILN-DONE "
+__all__ = ["warm", "main"]
 
 
 def warm(

@@ -91,7 +91,10 @@ class TritonKernel:
         self.group = group
         self.numel = sizes.evaluate_int(group.numel)
         self.rnumel = sizes.evaluate_int(group.rnumel)
-        self.is_reduction = group.is_reduction
+        # a reduction over a size-1 (or empty) range still needs the [XBLOCK, RBLOCK] form
+        self.is_reduction = group.is_reduction or any(
+            n.mode == "xr" or n.kind == "reduction" for n in group.nodes
+        )
         self.persistent = self.is_reduction and self.rnumel <= persistent_limit
         self.int64 = _needs_int64(group, self.numel * self.rnumel)
         self.params = _param_names(group)
@@ -186,8 +189,31 @@ class TritonKernel:
         self.loaded_from_memory.add(name)
         dtype = self.group.buffers[name].dtype
         mask = self._load_mask(expr)
+        if not self.masks and self._may_leave(name, expr):
+            # name the address once, then keep discarded lanes inside the buffer
+            text = self.cse(text, torch.int64).name
+            size = sizes.evaluate_int(self.group.buffers[name].storage_size())
+            guard = f"({text} >= 0) & ({text} < {size})"
+            mask = guard if mask is None else f"{mask} & {guard}"
         args = f"{self.params[name]} + ({text})" + (f", {mask}, other=0" if mask else "")
         return self.cse(f"tl.load({args})", dtype)
+
+    def _may_leave(self, name: str, expr: sympy.Expr) -> bool:
+        """True when a load's address can fall outside its buffer on some lane.
+
+        Lowerings select among loads with ``where`` (``cat``'s last piece), so lanes
+        whose value is discarded may still compute an address outside the buffer;
+        the reference backend clamps those, a GPU would fault. Loads inside
+        ``ops.masked`` and indirect loads are in bounds by contract.
+        """
+        size = sizes.static_int(self.group.buffers[name].storage_size())
+        if size is None or any(sizes.is_index_symbol(s, "indirect") for s in expr.free_symbols):
+            return False
+        ranges = dict(self.ranges)
+        if self.tile:
+            ranges = {XINDEX: self.tile, YINDEX: self.numel // self.tile}
+        bound = sizes.bounds(expr, ranges)
+        return bound is None or bound[0] < 0 or bound[1] >= size
 
     def store(self, name: str, index: sympy.Expr, value: CSEVar, mode: str | None) -> None:
         expr, text = self._index(index)

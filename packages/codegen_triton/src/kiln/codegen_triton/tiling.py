@@ -70,7 +70,7 @@ def _candidates(deps: list[MemoryDep], numel: int) -> list[int]:
 
 def choose_tile(group: KernelGroup) -> int | None:
     """The inner size ``X`` of a 2-D tiling that makes every access unit-stride on some axis."""
-    if group.is_reduction:
+    if group.is_reduction or any(n.kind != "pointwise" for n in group.nodes):
         return None
     numel = sizes.static_int(group.numel)
     if numel is None or numel < 64:
