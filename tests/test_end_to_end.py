@@ -169,3 +169,34 @@ def test_fullgraph_raises_even_after_a_non_fullgraph_fallback():
         kiln.compile(toy_body, backend=broken)(a, b)
     with pytest.raises(kiln.CompileError):
         kiln.compile(toy_body, backend=broken, fullgraph=True)(a, b)
+
+
+def test_recompiles_are_counted():
+    f = kiln.compile(toy_body, backend="eager")
+    f(torch.randn(3), torch.randn(3))
+    f(torch.randn(5), torch.randn(5))
+    assert kiln.stats().recompiles == 1
+
+
+def test_skip_guards_reuses_the_newest_entry_unchecked():
+    f = kiln.compile(toy_body, backend="eager", options={"skip_guards": True})
+    f(torch.randn(3), torch.randn(3))
+    f(torch.randn(3), torch.randn(3))
+    assert kiln.stats().frames_captured == 1 and kiln.stats().cache_hits == 1
+
+
+def test_recompile_limit_runs_eagerly_with_one_warning():
+    f = kiln.compile(toy_body, backend="eager", options={"recompile_limit": 2})
+    with pytest.warns(RuntimeWarning, match="recompile limit"):
+        for n in range(2, 7):
+            a, b = torch.randn(n), torch.randn(n)
+            torch.testing.assert_close(f(a, b), toy_body(a, b))
+    assert kiln.stats().frames_captured == 2
+    with pytest.raises(kiln.KilnError):
+        g = kiln.compile(
+            toy_body,
+            backend="eager",
+            options={"recompile_limit": 1, "fail_on_recompile_limit": True},
+        )
+        g(torch.randn(2), torch.randn(2))
+        g(torch.randn(3), torch.randn(3))

@@ -110,6 +110,7 @@ class CompiledFunction:
         if not isinstance(target, types.FunctionType):
             target = _trampoline(fn)
         self._target: types.FunctionType = target
+        self._skip_guards = bool(config.option("skip_guards", False))
         self._settings = (
             backend,
             config.fullgraph,
@@ -140,7 +141,10 @@ class CompiledFunction:
         cache = _caches.get(key)
         if cache is None:
             cache = _caches[key] = guards.CodeCache(self._target.__code__)
-        entry = cache.lookup(*full, **kwargs)
+        if self._skip_guards and cache.entries:
+            entry = cache.entries[0]  # unsafe by request: the inputs are promised not to change
+        else:
+            entry = cache.lookup(*full, **kwargs)
         if entry is not None:
             counters.bump("stats", "cache_hits")
             return entry.fn(*full, **kwargs)

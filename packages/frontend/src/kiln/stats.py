@@ -34,7 +34,7 @@ def stats() -> Stats:
         frames_captured=s.get("frames_captured", 0),
         graphs_compiled=s.get("graphs_compiled", 0),
         graph_breaks=sum(breaks.values()),
-        recompiles=s.get("recompiles", 0),
+        recompiles=snap.get("guards", {}).get("recompiles", 0),
         cache_hits=s.get("cache_hits", 0),
         cache_misses=s.get("cache_misses", 0),
         eager_fallbacks=s.get("eager_fallbacks", 0),

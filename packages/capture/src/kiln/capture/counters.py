@@ -6,7 +6,7 @@ frontend reports them through ``kiln.stats()`` and clears them in
 without importing the frontend.
 
 Categories in use: ``stats`` (frames_captured, graphs_compiled, cache_hits, cache_misses,
-recompiles, eager_fallbacks), ``graph_breaks`` (by break kind), ``kernels`` (by code generator,
+eager_fallbacks), ``guards`` (recompiles, misses, limit_eager_runs), ``graph_breaks`` (by break kind), ``kernels`` (by code generator,
 e.g. ``cpp``, ``triton``, ``reference``), ``fallback_ops`` (by ATen op name).
 """
 
