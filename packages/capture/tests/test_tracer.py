@@ -201,7 +201,11 @@ def _slides_sin_cos(x):
     return y, z
 
 
+_REAL_PARTIAL = functools.partial(_helper, k=7)
+
+
 PROGRAMS: list[tuple[str, Any, Any, int, list[str] | None]] = [
+    ("real_partial_keywords", lambda x: _REAL_PARTIAL(x), lambda: (t(2),), 1, ["mul"]),
     ("slides_sin_sin", _slides_sin_sin, lambda: (t(4),), 1, ["sin", "sin"]),
     ("slides_sin_cos", _slides_sin_cos, lambda: (t(4, 4),), 1, ["sin", "cos"]),
     ("copies", _copies, lambda: (t(2),), 1, ["mul"]),

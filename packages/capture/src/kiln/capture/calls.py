@@ -34,7 +34,7 @@ from kiln.capture.values.functions import (
 from kiln.capture.values.iterators import IteratorValue
 from kiln.capture.values.objects import NewObjectValue, ObjectValue
 from kiln.capture.values.tensor import TensorMethodValue
-from kiln.capture.wrap import function_value, is_namedtuple
+from kiln.capture.wrap import function_value, is_namedtuple, wrap
 
 if TYPE_CHECKING:
     from kiln.capture.tracer import Tracer
@@ -132,11 +132,20 @@ def _call_object(tr: Tracer, fv: ObjectValue, args: list[Value], kwargs: dict[st
             if isinstance(obj.__func__, types.FunctionType)
             else ObjectValue(obj.__func__)
         )
-        self_v = ObjectValue(obj.__self__, src.attr("__self__") if src else None)
+        self_v = wrap(tr.out, obj.__self__, src.attr("__self__") if src else None)
         return call(tr, func, [self_v, *args], kwargs)
     if isinstance(obj, functools.partial):
-        part = PartialValue(ObjectValue(obj.func), [], {})
-        return call(tr, part.func, [*(_const(a) for a in obj.args), *args], kwargs)
+        src = fv.source
+        func_v = wrap(tr.out, obj.func, src.attr("func") if src else None)
+        bound = [
+            wrap(tr.out, a, src.attr("args").item(i) if src else None)
+            for i, a in enumerate(obj.args)
+        ]
+        keywords = {
+            k: wrap(tr.out, a, src.attr("keywords").item(k) if src else None)
+            for k, a in obj.keywords.items()
+        }
+        return call(tr, func_v, [*bound, *args], {**keywords, **kwargs})
     if _foldable(obj):
         # a pure builtin consumes iterators whole: hand it their items
         args = [
