@@ -36,6 +36,9 @@ extern "C" void to_bf16(const float* in, uint16_t* scalar, uint16_t* vec, int64_
   for (int64_t i = 0; i < n; ++i) scalar[i] = kiln::float_to_bf16(in[i]);
   for (int64_t i = 0; i + kiln::kLanes <= n; i += kiln::kLanes) kiln::store_bf16(vec + i, kiln::Vec<float>::loadu(in + i));
 }
+extern "C" void float_div(const double* a, const double* b, double* q, double* r, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) { q[i] = kiln::floordiv(a[i], b[i]); r[i] = kiln::pymod(a[i], b[i]); }
+}
 extern "C" int64_t lanes() { return kiln::kLanes; }
 """
 
@@ -74,6 +77,18 @@ def test_floor_division_and_modulo_follow_python(lib):
     lib.int_div(*(ctypes.c_void_p(t.data_ptr()) for t in (a, b, q, r)), ctypes.c_int64(500))
     assert q.tolist() == [x // y for x, y in zip(a.tolist(), b.tolist())]
     assert r.tolist() == [x % y for x, y in zip(a.tolist(), b.tolist())]
+
+
+def test_float_floor_division_and_remainder_follow_torch(lib):
+    a = torch.cat([torch.tensor([1.0, -1.0, 7.5, -7.5, 0.0, 5.0]), torch.randn(200) * 10])
+    b = torch.cat([torch.tensor([0.1, 0.1, -2.0, 2.0, -3.0, 0.0]), torch.randn(200)])
+    q, r = torch.empty_like(a, dtype=torch.float64), torch.empty_like(a, dtype=torch.float64)
+    a, b = a.double(), b.double()
+    lib.float_div(*(ctypes.c_void_p(t.data_ptr()) for t in (a, b, q, r)), ctypes.c_int64(a.numel()))
+    torch.testing.assert_close(
+        q, torch.div(a, b, rounding_mode="floor"), equal_nan=True, rtol=0, atol=0
+    )
+    torch.testing.assert_close(r[b != 0], torch.remainder(a, b)[b != 0], rtol=0, atol=0)
 
 
 def test_bfloat16_rounding_matches_torch(lib):

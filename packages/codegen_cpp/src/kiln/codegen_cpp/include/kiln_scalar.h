@@ -52,7 +52,15 @@ inline T floordiv(T a, T b) {
     T q = a / b;
     return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
   } else {
-    return std::floor(a / b);
+    // Python's (and torch's) float floor division: exact via fmod, so 1 // 0.1 is 9,
+    // where floor(1 / 0.1) would round up to 10.
+    if (b == T(0)) return a / b;
+    T mod = std::fmod(a, b);
+    T div = (a - mod) / b;
+    if (mod != T(0) && ((b < T(0)) != (mod < T(0)))) div -= T(1);
+    if (div == T(0)) return std::copysign(T(0), a / b);
+    T whole = std::floor(div);
+    return (div - whole > T(0.5)) ? whole + T(1) : whole;
   }
 }
 template <typename T>
