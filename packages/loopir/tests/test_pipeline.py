@@ -187,3 +187,15 @@ def test_buffer_viewed_by_a_fallback_result_lives_as_long_as_the_view():
         return (aten.add.Tensor(aten.sum.dim_IntList(window, [2]), 1.0), other)
 
     check(fn, torch.randn(6, 3))
+
+
+def test_storage_given_away_in_place_is_not_reused_while_its_new_owner_lives():
+    def fn(x, w):
+        a = aten.mm.default(x, w)  # extern result
+        z = aten.relu.default(a)  # overwrites a in place: a dies here, z owns the storage
+        b = aten.mm.default(z, w)
+        c = aten.add.Tensor(aten.sigmoid.default(b), z)  # same layout as a: must not take it
+        return (aten.mul.Tensor(c, z),)
+
+    c = check(fn, torch.randn(8, 8), torch.randn(8, 8))
+    assert "# inplace" in c.source

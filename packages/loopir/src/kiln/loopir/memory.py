@@ -101,6 +101,7 @@ def plan_memory(
     pool: list[tuple[str, Layout]] = []
     produced: set[str] = set()
     taken: set[str] = set()  # storage handed to another name (reuse or in place)
+    moved: set[str] = set()  # the in-place donors among them
     for i, step in enumerate(steps):
         if isinstance(step, KernelStep):
             for name in step.group.outputs:
@@ -113,16 +114,21 @@ def plan_memory(
                     allocate.setdefault(i, []).append((name, layout))
                 else:
                     reuse.setdefault(i, []).append(donor)
-                    if donor[2] == "reuse":
-                        taken.add(donor[1])
+                    # either way the old name no longer owns its storage: it must not
+                    # enter the pool when it dies (an in-place successor still lives)
+                    taken.add(donor[1])
+                    if donor[2] == "inplace":
+                        moved.add(donor[1])
         else:
             produced |= step.writes
         for name in sorted(step.reads | step.writes):
             if last_use.get(name) == i and name not in external and name in produced:
                 free.setdefault(i, []).append(name)
-                pool.append((name, layout_of(name)))
-    # a name whose storage moved on is deleted at the hand-over, not when it died
-    free = {i: [n for n in names if n not in taken] for i, names in free.items()}
+                if name not in taken:
+                    pool.append((name, layout_of(name)))
+    # a reused name is deleted at the hand-over, not when it died; an in-place donor
+    # is deleted after the kernel that overwrote it, as planned
+    free = {i: [n for n in names if n not in taken or n in moved] for i, names in free.items()}
     plan = MemoryPlan(allocate, reuse, free, 0)
     return dataclasses.replace(plan, peak_bytes=_peak(steps, plan, layout_of))
 
