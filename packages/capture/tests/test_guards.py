@@ -98,3 +98,37 @@ def test_property_getter_globals_are_guarded():
 
     g = _by(_guards(lambda x, p: x * p.scaled, torch.randn(2), P()))
     assert g[("G['SCALE']", GuardKind.EQUALS)] == 2
+
+
+def test_identity_of_objects_is_guarded():
+    import enum
+
+    class Mode(enum.Enum):
+        A = 1
+        B = 2
+
+    sentinel = object()
+
+    def fn(x, mode, marker):
+        y = x * 2 if mode is Mode.A else x
+        return y + 1 if marker is sentinel else y
+
+    g = _by(_guards(fn, torch.randn(2), Mode.A, sentinel))
+    assert g[("L['mode']", GuardKind.ID_MATCH)] == id(Mode.A)
+    assert g[("L['marker']", GuardKind.ID_MATCH)] == id(sentinel)
+
+
+def test_unrolled_module_containers_guard_length_and_keys():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList([nn.Linear(2, 2), nn.Linear(2, 2)])
+            self.heads = nn.ModuleDict({"a": nn.Linear(2, 1)})
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return [h(x) for h in self.heads.values()], len(self.layers)
+
+    g = _by(_guards(M().forward, torch.randn(1, 2)))
+    assert g[("L['self'].layers", GuardKind.SEQUENCE_LENGTH)] == 2

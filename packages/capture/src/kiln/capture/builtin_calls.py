@@ -131,6 +131,7 @@ def iterate(tr: Tracer, v: Value) -> IteratorValue:
 def _iterate_object(tr: Tracer, v: ObjectValue) -> IteratorValue:
     obj = v.obj
     src = v.source
+    guard_module_container(tr, v)
     if isinstance(obj, (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ParameterList)):
         return ItemsIterator(
             [wrap(tr.out, m, src.item(i) if src else None) for i, m in enumerate(obj)]
@@ -141,6 +142,20 @@ def _iterate_object(tr: Tracer, v: ObjectValue) -> IteratorValue:
         return iterate(tr, wrap(tr.out, obj, src))
     method = attributes.get_attr(tr, v, "__iter__")
     return iterate(tr, calls.call(tr, method, [], {}))
+
+
+_MODULE_SEQUENCES = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ParameterList)
+_MODULE_MAPPINGS = (torch.nn.ModuleDict, torch.nn.ParameterDict)
+
+
+def guard_module_container(tr: Tracer, v: ObjectValue) -> None:
+    """Unrolling a module container depends on its length or keys, not just its identity."""
+    if v.source is None:
+        return
+    if isinstance(v.obj, _MODULE_SEQUENCES):
+        tr.out.guard(v.source, GuardKind.SEQUENCE_LENGTH, len(v.obj))
+    elif isinstance(v.obj, _MODULE_MAPPINGS):
+        tr.out.guard(v.source, GuardKind.DICT_KEYS, tuple(v.obj.keys()))
 
 
 def unpack_iterable(tr: Tracer, v: Value) -> list[Value]:
@@ -178,6 +193,7 @@ def length(tr: Tracer, v: Value) -> int:
     if isinstance(v, ObjectValue) and (
         isinstance(v.obj, torch.nn.Module) or type(v.obj).__module__ == "builtins"
     ):
+        guard_module_container(tr, v)
         return len(v.obj)
     method = attributes.get_attr(tr, v, "__len__")
     return int(calls.call(tr, method, [], {}).as_constant())
@@ -578,12 +594,12 @@ def _truth_op(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
 
 @_handles(operator.is_)
 def _is(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
-    return ConstantValue(operators.is_op(args[0], args[1]))
+    return ConstantValue(operators.is_op(tr, args[0], args[1]))
 
 
 @_handles(operator.is_not)
 def _is_not(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
-    return ConstantValue(not operators.is_op(args[0], args[1]))
+    return ConstantValue(not operators.is_op(tr, args[0], args[1]))
 
 
 @_handles(operator.contains)

@@ -15,6 +15,7 @@ from torch import nn
 
 from kiln.capture import calls, torch_calls
 from kiln.capture.break_reasons import raised, unsupported
+from kiln.capture.guard_data import GuardKind
 from kiln.capture.values.base import ConstantValue, Value
 from kiln.capture.values.containers import DictValue, ListValue, SetValue, TupleValue, dict_key
 from kiln.capture.values.functions import UserFunctionValue
@@ -195,15 +196,24 @@ def compare_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value:
     if isinstance(a, ObjectValue) and isinstance(b, ObjectValue) and sym in ("==", "!="):
         eq_type: Any = type(a.obj).__eq__
         if eq_type is object.__eq__ or isinstance(a.obj, type):
+            _guard_identity(tr, a, b)
             return ConstantValue((a.obj is b.obj) == (sym == "=="))
     return _dunder(tr, sym, a, b, False)
 
 
-def is_op(a: Value, b: Value) -> bool:
+def is_op(tr: Tracer, a: Value, b: Value) -> bool:
+    """``a is b``; identities of real objects are guarded (ID_MATCH), as the answer depends on them."""
     same = _identity(a, b)
     if same is None:
         raise unsupported("unsupported_operator", f"{a} is {b}")
+    _guard_identity(tr, a, b)
     return same
+
+
+def _guard_identity(tr: Tracer, *values: Value) -> None:
+    for v in values:
+        if isinstance(v, ObjectValue) and v.source is not None:
+            tr.out.guard(v.source, GuardKind.ID_MATCH, id(v.obj))
 
 
 def contains(tr: Tracer, item: Value, container: Value) -> bool:

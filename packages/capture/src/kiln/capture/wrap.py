@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import enum
 import types
 from typing import Any
 
@@ -127,7 +128,7 @@ def _is_compile_disable_wrapper(fn: types.FunctionType) -> bool:
 
 
 def _is_singleton(obj: Any) -> bool:
-    return obj is NotImplemented or isinstance(obj, (torch.finfo, torch.iinfo))
+    return obj is NotImplemented or isinstance(obj, (torch.finfo, torch.iinfo, enum.Enum))
 
 
 def _plain_dict_type(cls: type) -> bool:

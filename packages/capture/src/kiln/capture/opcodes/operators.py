@@ -36,7 +36,7 @@ def compare_op(tr: Tracer, ins: dis.Instruction) -> None:
 def is_op(tr: Tracer, ins: dis.Instruction) -> None:
     b = tr.pop()
     a = tr.pop()
-    tr.push(ConstantValue(ops.is_op(a, b) != bool(ins.arg)))
+    tr.push(ConstantValue(ops.is_op(tr, a, b) != bool(ins.arg)))
 
 
 @handles("CONTAINS_OP")
