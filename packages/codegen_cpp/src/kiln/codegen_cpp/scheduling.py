@@ -49,7 +49,10 @@ int64_t kiln_index_error_size = 0;
 
 def library_source(kernels: list[str]) -> str:
     """One translation unit holding ``kernels`` (each an ``extern "C"`` function)."""
-    return _PRELUDE + "\n" + "\n\n".join(kernels) + "\n"
+    tools = toolchain()
+    flags = " ".join(f for f in tools.flags if not f.startswith("-I"))
+    header = f"// {tools.version}, -march=native = {tools.target}: {flags}\n"
+    return _PRELUDE.replace("\n", "\n" + header, 1) + "\n" + "\n\n".join(kernels) + "\n"
 
 
 class LazyKernel:
