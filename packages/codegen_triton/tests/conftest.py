@@ -1,8 +1,9 @@
 """Kernels run under Triton's interpreter on CPU tensors (no GPU needed).
 
-``TRITON_INTERPRET`` must be set before triton is imported anywhere; the Triton
-backend is registered for device ``cpu`` so loopir's pipeline sends CPU kernels
-to it. GPU tests (``-m gpu``) run with the real compiler instead.
+``TRITON_INTERPRET`` must be set before triton is imported (``pytest_configure``
+runs before any test module here is imported). Tests pass ``backend=`` or
+register the Triton backend for device ``cpu`` so loopir sends CPU kernels to
+it. A ``-m gpu`` run on a CUDA machine uses the real compiler instead.
 """
 
 import os
@@ -12,9 +13,6 @@ from pathlib import Path
 
 import pytest
 
-_GPU_RUN = "gpu" in " ".join(sys.argv) and "not gpu" not in " ".join(sys.argv)
-if not _GPU_RUN:
-    os.environ["TRITON_INTERPRET"] = "1"
 # never read or fill a developer's cache: every session starts from an empty one
 os.environ["KILN_TRITON_CACHE"] = tempfile.mkdtemp(prefix="kiln-triton-test-")
 sys.path.insert(0, str(Path(__file__).parent))
@@ -22,8 +20,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 import torch  # noqa: E402
 
 
+def _gpu_run(config) -> bool:
+    return config.getoption("markexpr", "").strip() == "gpu" and torch.cuda.is_available()
+
+
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available() and _GPU_RUN:
+    if _gpu_run(config):
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run with -m gpu on a GPU machine)")
     for item in items:
@@ -32,5 +34,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_configure(config):
+    if not _gpu_run(config):
+        os.environ["TRITON_INTERPRET"] = "1"
     # masked-off lanes of the interpreter divide by the zeros masked loads return
     config.addinivalue_line("filterwarnings", "ignore::RuntimeWarning:triton.runtime.interpreter")

@@ -37,16 +37,25 @@ class CompilePool:
         self._lock = threading.Lock()
         self._threads = concurrent.futures.ThreadPoolExecutor(self.size, "kiln-compile")
 
+    def _spawn(self) -> subprocess.Popen[str]:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kiln.codegen_triton.compile_worker"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+        )  # fmt: skip
+        self._started.append(proc)
+        return proc
+
+    def start(self) -> None:
+        """Start every worker now (they import torch and triton while kernels are written)."""
+        with self._lock:
+            while len(self._started) < self.size:
+                self._idle.put(self._spawn())
+
     def _worker(self) -> subprocess.Popen[str]:
         with self._lock:
             if self._idle.empty() and len(self._started) < self.size:
-                env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", "kiln.codegen_triton.compile_worker"],
-                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
-                )  # fmt: skip
-                self._started.append(proc)
-                return proc
+                return self._spawn()
         return self._idle.get()
 
     def _run(self, job: dict[str, Any]) -> None:

@@ -15,6 +15,7 @@ import torch
 
 from kiln.capture import counters
 from kiln.codegen_triton.autotune import candidate_configs
+from kiln.codegen_triton.compile_pool import compile_pool
 from kiln.codegen_triton.config import TritonOptions, options
 from kiln.codegen_triton.errors import TritonUnavailable
 from kiln.codegen_triton.kernel import KernelSource, TritonKernel
@@ -38,6 +39,8 @@ class TritonBackend:
 
     def __init__(self, opts: TritonOptions | None = None) -> None:
         self.options = opts if opts is not None else options
+        if self._compile_ahead():
+            compile_pool(self.options.compile_workers).start()
 
     def fusion_veto(self, group: KernelGroup) -> str | None:
         for name, layout in group.buffers.items():
