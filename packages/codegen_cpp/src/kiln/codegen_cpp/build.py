@@ -29,7 +29,9 @@ __all__ = ["BuiltLibrary", "Toolchain", "build_libraries", "include_dir", "toolc
 log = logging.getLogger(__name__)
 build_log = logging.getLogger("kiln.codegen_cpp.build")
 
-BASE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+BASE_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+MARCH_ENV = "KILN_CPP_MARCH"
+"""Names the ``-march`` target (default ``native``): e.g. ``haswell`` for an AVX2 build."""
 # Errno-free math lets the compiler inline sqrt; NaN/Inf semantics stay IEEE.
 EXTRA_FLAGS = ("-fno-math-errno", "-fno-plt", "-w")
 
@@ -91,9 +93,10 @@ def toolchain() -> Toolchain:
         )
         raise CompilerNotFound(msg)
     version = _run([compiler, "--version"]).splitlines()[0]
-    target = _native_target(compiler)
-    flags = (*BASE_FLAGS, *EXTRA_FLAGS, f"-I{include_dir()}")
-    vector_bytes = _vector_bytes(compiler)
+    march = f"-march={os.environ.get(MARCH_ENV, 'native')}"
+    target = _native_target(compiler, march)
+    flags = (BASE_FLAGS[0], march, *BASE_FLAGS[1:], *EXTRA_FLAGS, f"-I{include_dir()}")
+    vector_bytes = _vector_bytes(compiler, march)
     build_log.debug(
         "toolchain: %s (%s), target %s, %d-byte vectors", compiler, version, target, vector_bytes
     )
@@ -109,8 +112,8 @@ def _run(command: list[str]) -> str:
     return done.stdout
 
 
-def _native_target(compiler: str) -> str:
-    output = _run([compiler, "-march=native", "-Q", "--help=target"])
+def _native_target(compiler: str, march: str) -> str:
+    output = _run([compiler, march, "-Q", "--help=target"])
     for line in output.splitlines():
         fields = line.split()
         if fields and fields[0] == "-march=" and len(fields) > 1:
@@ -118,9 +121,9 @@ def _native_target(compiler: str) -> str:
     return hashlib.sha256(output.encode()).hexdigest()[:16]
 
 
-def _vector_bytes(compiler: str) -> int:
+def _vector_bytes(compiler: str, march: str) -> int:
     """The register width kiln_vec.h will pick, from the compiler's predefined macros."""
-    macros = _run([compiler, "-march=native", "-dM", "-E", "-x", "c++", os.devnull])
+    macros = _run([compiler, march, "-dM", "-E", "-x", "c++", os.devnull])
     defined = {line.split()[1] for line in macros.splitlines() if line.startswith("#define ")}
     if "__AVX512F__" in defined:
         return 64
