@@ -68,3 +68,39 @@ def test_export_runs_with_only_capture():
     ep = export(lambda x: torch.relu(x) + 1, torch.randn(4))
     code = ep.graph_module.code
     assert "relu" in code
+
+
+def test_export_aliased_inputs_and_tied_weights():
+    def fn(a, b):
+        return a * 2 + b
+
+    x = torch.randn(3)
+    ep = export(fn, x, x)
+    a, b = torch.randn(3), torch.randn(3)
+    torch.testing.assert_close(ep(a, b), fn(a, b))
+
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.enc = nn.Linear(3, 3, bias=False)
+            self.dec = nn.Linear(3, 3, bias=False)
+            self.dec.weight = self.enc.weight
+
+        def forward(self, x):
+            return self.dec(self.enc(x))
+
+    m = Tied()
+    ep2 = export(m, torch.randn(2, 3))
+    assert set(ep2.parameters) == {"enc.weight", "dec.weight"}
+    x2 = torch.randn(2, 3)
+    torch.testing.assert_close(ep2(x2), m(x2))
+
+
+def test_export_varargs_and_kwargs_leaves():
+    def fn(x, *rest, **extra):
+        return x + rest[0] * extra["k"]
+
+    a, b, c = torch.randn(2), torch.randn(2), torch.randn(2)
+    ep = export(fn, a, b, k=c)
+    a2, b2, c2 = torch.randn(2), torch.randn(2), torch.randn(2)
+    torch.testing.assert_close(ep(a2, b2, k=c2), fn(a2, b2, k=c2))

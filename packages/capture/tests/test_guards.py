@@ -132,3 +132,17 @@ def test_unrolled_module_containers_guard_length_and_keys():
 
     g = _by(_guards(M().forward, torch.randn(1, 2)))
     assert g[("L['self'].layers", GuardKind.SEQUENCE_LENGTH)] == 2
+
+
+def test_aliased_inputs_get_separate_placeholders():
+    x = torch.randn(3)
+    r = capture(
+        lambda a, b: a + b,
+        (x, x),
+        {},
+        compile_graph=lambda gm, ex: gm.forward,
+        wrap_callable=lambda f: f,
+    )
+    assert len([n for n in r.graphs[0].graph.nodes if n.op == "placeholder"]) == 2
+    a, b = torch.randn(3), torch.randn(3)
+    torch.testing.assert_close(r.function(a, b), a + b)

@@ -10,6 +10,7 @@ results. Anything that would break the graph raises ``Unsupported``.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import itertools
 from typing import Any
 
@@ -21,6 +22,7 @@ from kiln.capture.break_reasons import unsupported
 from kiln.capture.frame_capture import trace_frame
 from kiln.capture.graph import GraphInput
 from kiln.capture.guard_data import GlobalState, GuardKind, GuardSpec
+from kiln.capture.source import AttrSource, ItemSource, LocalSource, Source
 from kiln.capture.values.base import ConstantValue, Value
 from kiln.capture.values.containers import DictValue, ListValue, TupleValue
 from kiln.capture.values.tensor import TensorValue
@@ -79,8 +81,63 @@ def _materialize(v: Value) -> Any:
     raise unsupported("unsupported_value", f"exporting a result containing {v}")
 
 
+def _leaf_sources(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, int]:
+    """Where each flat input leaf lives in the traced frame: ``str(source)`` -> flat index."""
+    func = fn.__func__ if inspect.ismethod(fn) else fn
+    code = func.__code__
+    names = list(code.co_varnames[: code.co_argcount])
+    if inspect.ismethod(fn):
+        names = names[1:]
+    rest = code.co_argcount + code.co_kwonlyargcount
+    varargs = code.co_varnames[rest] if code.co_flags & 0x04 else None
+    varkw = code.co_varnames[rest + (1 if varargs else 0)] if code.co_flags & 0x08 else None
+    params = set(code.co_varnames[: code.co_argcount + code.co_kwonlyargcount])
+    out: dict[str, int] = {}
+    for index, (path, _) in enumerate(pytree.tree_flatten_with_path((args, kwargs))[0]):
+        part = path[0].idx if isinstance(path[0], pytree.SequenceKey) else -1
+        src = _root_source(part, path[1], names, params, varargs, varkw)
+        if src is None:
+            continue
+        for key in path[2:]:
+            if isinstance(key, pytree.SequenceKey):
+                src = src.item(key.idx)
+            elif isinstance(key, pytree.MappingKey):
+                src = src.item(key.key)
+            elif isinstance(key, pytree.GetAttrKey):
+                src = src.attr(key.name)
+        out[str(src)] = index
+    return out
+
+
+def _root_source(
+    part: int, key: Any, names: list[str], params: set[str], varargs: str | None, varkw: str | None
+) -> Source | None:
+    if part == 0:
+        i = key.idx
+        if i < len(names):
+            return LocalSource(names[i])
+        return LocalSource(varargs).item(i - len(names)) if varargs else None
+    name = key.key
+    if name in params:
+        return LocalSource(name)
+    return LocalSource(varkw).item(name) if varkw else None
+
+
+def _state_name(source: Source, fallback: str) -> str:
+    """``L['self'].layers[0].weight`` -> ``layers.0.weight``."""
+    parts: list[str] = []
+    while isinstance(source, (AttrSource, ItemSource)):
+        parts.append(source.name if isinstance(source, AttrSource) else str(source.index))
+        source = source.base
+    if source == LocalSource("self") and parts:
+        return ".".join(reversed(parts))
+    return fallback
+
+
 def _classify(
-    inputs: list[GraphInput], module: torch.nn.Module | None, flat_in: list[Any]
+    inputs: list[GraphInput],
+    module: torch.nn.Module | None,
+    leaf_sources: dict[str, int],
 ) -> tuple[
     dict[str, GraphInput], dict[str, GraphInput], dict[str, GraphInput], dict[int, GraphInput]
 ]:
@@ -89,19 +146,19 @@ def _classify(
     if module is not None:
         params = {id(p): n for n, p in module.named_parameters(remove_duplicate=False)}
         buffers = {id(b): n for n, b in module.named_buffers(remove_duplicate=False)}
-    user = {id(x): i for i, x in enumerate(flat_in) if isinstance(x, torch.Tensor)}
     lifted_p: dict[str, GraphInput] = {}
     lifted_b: dict[str, GraphInput] = {}
     consts: dict[str, GraphInput] = {}
     by_index: dict[int, GraphInput] = {}
     for inp in inputs:
         key = id(inp.real)
-        if key in user:
-            by_index[user[key]] = inp
+        index = leaf_sources.get(str(inp.source))
+        if index is not None:
+            by_index[index] = inp
         elif key in params:
-            lifted_p[params[key]] = inp
+            lifted_p[_state_name(inp.source, params[key])] = inp
         elif key in buffers:
-            lifted_b[buffers[key]] = inp
+            lifted_b[_state_name(inp.source, buffers[key])] = inp
         else:
             consts[str(inp.source)] = inp
     return lifted_p, lifted_b, consts, by_index
@@ -118,7 +175,8 @@ def export(fn_or_module: Any, *args: Any, **kwargs: Any) -> ExportResult:
         raise unsupported("side_effect", "an exported program cannot mutate Python state")
     flat_out, out_spec = pytree.tree_flatten(_materialize(traced.result))
     flat_in, in_spec = pytree.tree_flatten((args, kwargs))
-    params, buffers, consts, by_index = _classify(out.inputs, module, flat_in)
+    leaf_sources = _leaf_sources(fn, args, kwargs)
+    params, buffers, consts, by_index = _classify(out.inputs, module, leaf_sources)
     graph = out.graph
     order: list[fx.Node] = [i.value.node for i in (*params.values(), *buffers.values())]
     order.extend(i.value.node for i in consts.values())

@@ -17,7 +17,7 @@ import torch
 from torch import fx
 
 from kiln.capture.guard_data import GuardKind, GuardSpec, TensorMeta, dedupe
-from kiln.capture.meta import FakeMode
+from kiln.capture.meta import FakeMode, to_fake
 from kiln.capture.side_effects import SideEffects
 from kiln.capture.source import Source
 from kiln.capture.values.tensor import TensorValue
@@ -40,7 +40,8 @@ class OutputGraph:
     def __init__(self) -> None:
         self.graph = fx.Graph()
         self.inputs: list[GraphInput] = []
-        self._by_tensor: dict[int, TensorValue] = {}
+        self._by_source: dict[str, TensorValue] = {}
+        self._seen: set[int] = set()
         self._guards: list[GuardSpec] = []
         self.fake_mode = FakeMode()
         self.active: list[Any] = []  # the tracers running, innermost last
@@ -57,17 +58,23 @@ class OutputGraph:
 
     # inputs ----------------------------------------------------------------
     def add_input(self, source: Source, real: torch.Tensor) -> TensorValue:
-        """The tensor value for ``real`` read from ``source``: a placeholder, made once."""
+        """The tensor value for ``real`` read from ``source``: one placeholder per source.
+
+        A tensor reached through two sources (``f(x, x)``, tied weights) gets two
+        placeholders with separate fakes: guards do not check aliasing, so the
+        graph must not assume it.
+        """
         self.guard(source, GuardKind.TENSOR_MATCH, TensorMeta.of(real))
-        known = self._by_tensor.get(id(real))
+        known = self._by_source.get(str(source))
         if known is not None:
             return known
         node = self.graph.placeholder(self._unique_name(str(source)))
-        fake = self.fake_mode.to_fake(real)
+        fake = self.fake_mode.to_fake(real) if id(real) not in self._seen else to_fake(real)
+        self._seen.add(id(real))
         node.meta["val"] = fake
         node.meta["source"] = source
         value = TensorValue(node, fake, source, type(real))
-        self._by_tensor[id(real)] = value
+        self._by_source[str(source)] = value
         self.inputs.append(GraphInput(source, real, value))
         self._move_placeholders_first(node)
         return value

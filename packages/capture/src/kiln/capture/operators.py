@@ -167,6 +167,9 @@ def _identity(a: Value, b: Value) -> bool | None:
     tracked = (ListValue, DictValue, SetValue, NewObjectValue, UserFunctionValue, TensorValue)
     if isinstance(a, tracked) or isinstance(b, tracked):
         if isinstance(a, TensorValue) and isinstance(b, TensorValue):
+            if a.node is not b.node and a.node.op == b.node.op == "placeholder":
+                # two inputs may or may not be one tensor, and guards do not check which
+                raise unsupported("unsupported_operator", "identity of two input tensors")
             return a.node is b.node
         if isinstance(a, ConstantValue) or isinstance(b, ConstantValue):
             return False
