@@ -87,3 +87,28 @@ def test_pooling_sorting_and_friends():
     c = check(fn, img, x, w, bias, atol=1e-4, rtol=1e-4)
     kernels = [s for s in c.steps if isinstance(s, KernelStep)]
     assert kernels  # relu / ones_like / add epilogues are generated kernels
+
+
+def test_attention_extern():
+    q, k, v = (torch.randn(1, 2, 8, 4) for _ in range(3))
+
+    def fn(q, k, v):
+        out = aten._scaled_dot_product_flash_attention_for_cpu.default(q, k, v, scale=0.5)
+        return (aten.mul.Scalar(out[0], 2.0),)
+
+    check(fn, q, k, v, atol=1e-5, rtol=1e-5)
+
+
+def test_legacy_convolution_extern():
+    import pytest
+
+    img, k = torch.randn(1, 2, 6, 6), torch.randn(3, 2, 3, 3)
+
+    def fn(img, k):
+        args = ([1, 1], [1, 1], [1, 1], False, [0, 0], 1, False, False, False, True)
+        return (aten.relu.default(aten._convolution.default(img, k, None, *args)),)
+
+    try:
+        check(fn, img, k, atol=1e-5, rtol=1e-5)
+    except NotImplementedError:
+        pytest.skip("this torch has no meta kernel for _convolution")

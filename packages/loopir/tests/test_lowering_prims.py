@@ -38,3 +38,24 @@ def test_prims():
         )
 
     check(fn, x, y, i, j, atol=1e-5, rtol=1e-5)
+
+
+UNARY = ["bitwise_not", "ceil", "cos", "erf", "exp2", "expm1", "floor", "isfinite", "log", "log1p",
+         "log2", "neg", "reciprocal", "round", "sign", "sin", "sqrt", "tanh", "trunc"]  # fmt: skip
+BINARY = ["atan2", "eq", "fmod", "ge", "le", "lt", "maximum", "minimum", "ne", "pow", "sub"]
+BITWISE = ["bitwise_and", "bitwise_or", "bitwise_xor"]
+
+
+def test_elementwise_prims():
+    u = torch.rand(3, 5) + 0.5
+    v = torch.rand(3, 5) + 0.5
+    i = torch.randint(0, 64, (3, 5))
+    j = torch.randint(0, 64, (3, 5))
+
+    def fn(u, v, i, j):
+        outs = [getattr(prims, n).default(i if n == "bitwise_not" else u) for n in UNARY]
+        outs += [getattr(prims, n).default(u, v) for n in BINARY]
+        outs += [getattr(prims, n).default(i, j) for n in BITWISE]
+        return tuple(outs)
+
+    check(fn, u, v, i, j, atol=1e-5, rtol=1e-5)
