@@ -127,3 +127,27 @@ def test_unsupported_opcodes_have_handlers():
     from kiln.capture.opcodes import HANDLERS
 
     assert set(dis.opmap) <= set(HANDLERS)
+
+
+def test_instruction_budget_bounds_long_loops(monkeypatch):
+    from kiln.capture import tracer
+
+    monkeypatch.setattr(tracer, "MAX_STEPS", 500)
+
+    def fn(x):
+        for _ in range(1000):
+            x = x + 1
+        return x
+
+    with pytest.raises(Unsupported) as info:
+        _capture(fn, torch.randn(2))
+    assert info.value.kind == "inline_limit"
+
+
+def test_recursion_depth_is_bounded():
+    def rec(x, n):
+        return rec(x, n + 1)
+
+    with pytest.raises(Unsupported) as info:
+        _capture(rec, torch.randn(2), 0)
+    assert info.value.kind == "inline_limit"

@@ -47,6 +47,7 @@ class OutputGraph:
         self.active: list[Any] = []  # the tracers running, innermost last
         self.side_effects = SideEffects()
         self.entered: list[Any] = []  # real context managers entered while tracing
+        self.steps = 0  # instructions run, for the capture-wide budget
         self._names: set[str] = set()
 
     # guards ----------------------------------------------------------------

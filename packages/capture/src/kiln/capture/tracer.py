@@ -35,7 +35,7 @@ __all__ = ["MAX_INLINE_DEPTH", "MAX_STEPS", "Tracer", "Checkpoint"]
 log = logging.getLogger(__name__)
 
 MAX_INLINE_DEPTH = 48
-MAX_STEPS = 2_000_000
+MAX_STEPS = 1_000_000  # instructions per capture, inlined calls included
 PY312 = sys.version_info >= (3, 12)
 CO_GENERATOR = 0x20
 CO_GENERATOR_LIKE = (
@@ -87,7 +87,6 @@ class Tracer:
         self.return_value: Value | None = None
         self.current: dis.Instruction | None = None
         self.lineno = code.co_firstlineno
-        self.steps = 0
         self.py312 = PY312
         self._exception_table: list[tuple[int, int, int, int, bool]] | None = None
         self.exc_stack: list[Value] = []  # exceptions being handled (PUSH_EXC_INFO)
@@ -108,8 +107,8 @@ class Tracer:
             self.current = ins
             if ins.starts_line:
                 self.lineno = _line_of(ins, self.lineno)
-            self.steps += 1
-            if self.steps > MAX_STEPS:
+            self.out.steps += 1
+            if self.out.steps > MAX_STEPS:
                 raise unsupported("inline_limit", f"more than {MAX_STEPS} instructions")
             handler = HANDLERS.get(ins.opname)
             if handler is None:
