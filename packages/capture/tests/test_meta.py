@@ -179,3 +179,16 @@ def test_metadata_mutations_raise(fn):
     with pytest.raises(MetadataMutation):
         fn(x)
     assert x.shape == x.meta.shape == (2, 3)
+
+
+def test_deepcopy_and_storage():
+    import copy
+
+    fake = to_fake(torch.randn(3, 4).t())
+    dup = copy.deepcopy(fake)
+    assert is_fake(dup) and dup.shape == fake.shape and dup.stride() == fake.stride()
+    assert storage_key(dup) != storage_key(fake)
+    mode = FakeMode()
+    base = torch.randn(4)
+    a, b = mode.to_fake(base), mode.to_fake(base[1:])
+    assert a.untyped_storage()._cdata == b.untyped_storage()._cdata

@@ -11,7 +11,8 @@ API
 ``FakeTensor``
     The subclass. ``fake.meta`` is the meta tensor behind it; ``fake.device``,
     ``dtype``, ``shape``, ``stride()``, ``storage_offset()`` and
-    ``requires_grad`` look like the real tensor's. Autograd works on fakes
+    ``requires_grad`` look like the real tensor's; ``untyped_storage()`` is the
+    meta storage (shared exactly by aliasing fakes). Autograd works on fakes
     (``.backward()``, ``torch.autograd.grad``): it runs above the dispatcher,
     and the backward ops land on fakes again.
 ``FakeMode``
@@ -184,6 +185,19 @@ class FakeTensor(torch.Tensor):
     def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
         rg = ", requires_grad=True" if self.requires_grad else ""
         return f"FakeTensor(size={tuple(self.shape)}, dtype={self.dtype}, device={self.fake_device}{rg})"
+
+    def untyped_storage(self) -> torch.UntypedStorage:
+        """The meta storage behind the fake: shared exactly by fakes that alias."""
+        return self.meta.untyped_storage()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> FakeTensor:
+        if id(self) not in memo:
+            with _disable_current_modes():
+                meta = torch.empty_strided(
+                    self.meta.size(), self.meta.stride(), dtype=self.dtype, device="meta"
+                )
+            memo[id(self)] = FakeTensor(meta, self.fake_device, self.requires_grad)
+        return memo[id(self)]  # type: ignore[no-any-return]
 
     def tolist(self) -> Any:
         raise DataDependentOp("Tensor.tolist()")
