@@ -134,9 +134,15 @@ class CppBackend:
             except BaseException:
                 self._pending = pending + self._pending
                 raise
-            for batch, library, source in zip(batches, libraries, sources, strict=True):
-                output_code_log.debug("library %s (%d kernels)", library.path, len(batch))
-                artifacts.dump(f"library_{library.key[:12]}.cpp", source)
+            for batch, library in zip(batches, libraries, strict=True):
+                # Each kernel's source was dumped when generated, inside its frame's folder;
+                # the library only adds the prelude, so it is logged, not dumped again.
+                output_code_log.debug(
+                    "library %s (%d kernels: %s)",
+                    library.path,
+                    len(batch),
+                    ", ".join(k.symbol for k in batch),
+                )
                 counters.bump(
                     "codegen_cpp", "libraries_cached" if library.cached else "libraries_built"
                 )
