@@ -5,8 +5,9 @@ for reductions), running each node's body under :class:`KernelOps`, the ``ops``
 handler that prints C++. Pointwise kernels vectorize ``xindex``; reductions
 vectorize ``rindex`` with per-lane accumulators. A scalar loop handles the
 tail, and the whole kernel falls back to scalar code when an op has no vector
-form. The outer loop is an OpenMP ``parallel for`` when there is enough work.
-Memory and control ops live here; elementwise math is :mod:`.ops`.
+form. Which loops exist, which is vectorized and which is parallel is decided
+in :mod:`.loops`; this module owns the passes that fill them (with CSE and
+loop-invariant hoisting), memory and control ops. Elementwise math is :mod:`.ops`.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from kiln.codegen_cpp.segments import Segment
 from kiln.loopir.kernel import RINDEX, XINDEX, KernelGroup, KernelNode
 from kiln.loopir.virtualized import set_ops_handler
 
-__all__ = ["KernelOps", "KernelWriter"]
+__all__ = ["Code", "KernelOps", "KernelWriter", "size_bindings"]
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
 _LANE = sympy.Symbol("lane", integer=True, nonnegative=True)
