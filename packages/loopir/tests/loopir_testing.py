@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.fx
 
-from kiln.loopir import ReferenceBackend
+from kiln.loopir import ReferenceBackend, get_backend
 from kiln.loopir.pipeline import CompiledGraph, compile_graph
+
+# KILN_LOOPIR_TEST_BACKEND=registered runs this suite through the code generator
+# registered for each device instead of the reference backend (for codegen authors)
+_USE_REGISTERED = os.environ.get("KILN_LOOPIR_TEST_BACKEND") == "registered"
+
+
+def suite_backend():
+    return get_backend("cpu") if _USE_REGISTERED else ReferenceBackend()
 
 
 def to_meta(t):
@@ -58,14 +68,14 @@ def check_calls(calls, *inputs, **tol):
     gm = graph_of_calls(len(inputs), calls)
     metas = [to_meta(t) for t in inputs]
     fill_meta(gm, metas)
-    compiled = compile_graph(gm, metas, backend=ReferenceBackend())
+    compiled = compile_graph(gm, metas, backend=suite_backend())
     torch.testing.assert_close(compiled(*inputs), gm(*inputs), **tol)
     return compiled
 
 
 def compile_fn(fn, *inputs) -> CompiledGraph:
     gm = aten_graph(fn, *inputs)
-    return compile_graph(gm, [to_meta(t) for t in inputs], backend=ReferenceBackend())
+    return compile_graph(gm, [to_meta(t) for t in inputs], backend=suite_backend())
 
 
 def check(fn, *inputs, atol=None, rtol=None, equal_nan=True) -> CompiledGraph:
