@@ -119,7 +119,8 @@ def _install(session: nox.Session, packages: list[str]) -> None:
 def _uninstall_all_but(session: nox.Session, keep: list[str]) -> None:
     drop = [p for p in PACKAGES if p not in keep]
     dists = ["kiln" if p == "frontend" else "kiln-" + p.replace("_", "-") for p in drop]
-    session.run("python", "-m", "pip", "uninstall", "-q", "-y", *dists, silent=True)
+    if dists:
+        session.run("python", "-m", "pip", "uninstall", "-q", "-y", *dists, silent=True)
 
 
 def _staged_tests(session: nox.Session) -> None:
