@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 import torch
-from triton_testing import aten, check, compile_fn
+from triton_testing import aten, aten_graph, check, compile_fn, kernel_sources
 
 from kiln.codegen_triton import TritonBackend, TritonOptions, options
 from kiln.codegen_triton.autotune import Autotuner
@@ -68,8 +68,6 @@ def test_random_bits_match_reference_on_gpu():
         return (aten.rand_like.default(x), aten.randn_like.default(x))
 
     ours = compile_fn(fn, x)
-    from triton_testing import aten_graph  # noqa: PLC0415
-
     ref = compile_graph(aten_graph(fn, x), [x], backend=ReferenceBackend())
     torch.manual_seed(1)
     got = ours(x)
@@ -108,9 +106,10 @@ def test_parallel_compile_in_worker_processes(tmp_path):
         backend=backend,
     )
     launchers = [s.code.fn for s in compiled.steps if isinstance(s, KernelStep)]
-    assert all(la.warming is not None for la in launchers)
+    assert all(la.warming for la in launchers)
     for la in launchers:
-        la.warming.result(timeout=300)  # the worker compiled without error
+        for future in la.warming:
+            future.result(timeout=300)  # the worker compiled without error
     torch.testing.assert_close(compiled(x)[0], torch.cos(torch.sin(x)))
 
 
@@ -155,6 +154,23 @@ def test_matmul_template_with_epilogue_on_gpu():
 def test_tiled_transpose_on_gpu():
     x, y = _cuda(1024, 768), _cuda(768, 1024)
     c = check(lambda a, b: (aten.add.Tensor(a, aten.t.default(b)),), x, y)
-    from triton_testing import kernel_sources  # noqa: PLC0415
-
     assert "YBLOCK" in kernel_sources(c)[0]
+
+
+def test_more_reductions_and_views_on_gpu(backend):
+    x, i = _cuda(96, 130), torch.randint(-40, 40, (96, 130), device="cuda")
+    g = torch.randint(0, 130, (96, 7), device="cuda")
+
+    def fn(x, i, g):
+        return (
+            aten.any.dim(aten.gt.Scalar(x, 2.0), 1),
+            aten.prod.dim_int(aten.add.Tensor(aten.mul.Tensor(x, 0.01), 1.0), 1),
+            aten.sum.dim_IntList(i, [1]),
+            aten.argmin.default(x, 0),
+            aten.amin.default(i, [0]),
+            aten.gather.default(x, 1, g),
+            aten.cat.default([x, aten.constant_pad_nd.default(x, [0, 0, 2, 1], 0.5)], 0),
+            aten.remainder.Tensor(i, aten.add.Tensor(aten.abs.default(i), 1)),
+        )
+
+    check(fn, x, i, g, backend=backend, atol=1e-4, rtol=1e-4)

@@ -3,6 +3,7 @@
 import torch
 from triton_corpus import Case, group, inp, pointwise, random_tensor, reduction, run_case
 
+from kiln.codegen_triton import TritonBackend, TritonOptions
 from kiln.codegen_triton.kernel import TritonKernel
 from kiln.loopir.kernel import KernelGroup
 from kiln.loopir.virtualized import ops
@@ -70,8 +71,6 @@ def test_looped_welford_and_argmax_match_reference():
         lambda i, r: (load([i[0], r[0]]), ops.index_expr(r[0], torch.int64)),
     )  # fmt: skip
     g = group("k", [x], [(mean, "xr"), (m2, "xr"), (arg, "xr")], 5, 300)
-    from kiln.codegen_triton import TritonBackend, TritonOptions  # noqa: PLC0415
-
     src = _src(g, persistent_limit=64)
     assert src.count("for roffset") == 1 and "kh.welford_update" in src
     backend = TritonBackend(TritonOptions(persistent_reduction_limit=64))

@@ -1,11 +1,14 @@
 """The kernel module cache, its index, the compile worker, and the launcher's calling convention."""
 
 import json
+import subprocess
+import sys
 
 import torch
 from triton_corpus import group, inp, pointwise
 
 from kiln.codegen_triton import TritonBackend, TritonOptions
+from kiln.codegen_triton.compile_pool import REPLY_PREFIX
 from kiln.codegen_triton.module_cache import load_module, module_path, write_module
 from kiln.loopir.virtualized import ops
 
@@ -43,11 +46,6 @@ def test_a_name_passed_twice_is_one_kernel_argument():
 
 
 def test_compile_worker_reports_errors_as_replies(tmp_path):
-    import subprocess  # noqa: PLC0415
-    import sys  # noqa: PLC0415
-
-    from kiln.codegen_triton.compile_pool import REPLY_PREFIX  # noqa: PLC0415
-
     job = json.dumps(
         {
             "path": str(tmp_path / "missing.py"),

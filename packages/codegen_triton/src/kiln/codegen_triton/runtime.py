@@ -48,29 +48,32 @@ class TritonLauncher:
         written_pos = [i for i, n in enumerate(unique) if n in set(written)]
         self.tuner = Autotuner(ks.source, configs, cache_dir, written_pos)
         self.fn: Any = None
-        self.warming: concurrent.futures.Future[None] | None = None
+        self.warming: list[concurrent.futures.Future[None]] = []
 
     def start_parallel_compile(self, dtypes: Sequence[torch.dtype], workers: int) -> None:
-        """Begin compiling every candidate in a worker process (GPU only)."""
+        """Begin compiling every candidate config, one worker job each (GPU only)."""
         names = [str(d).removeprefix("torch.") for d in dtypes]
-        configs = [(c.constexprs(self.ks.kind), c.num_warps) for c in self.tuner.configs]
-        job: dict[str, Any] = {"path": str(self.path), "name": self.ks.name, "dtypes": names}
-        job |= {"scalars": self.scalars, "configs": configs}
+        base: dict[str, Any] = {"path": str(self.path), "name": self.ks.name, "dtypes": names}
+        base["scalars"] = self.scalars
         try:
-            self.warming = compile_pool(workers).submit(job)
+            pool = compile_pool(workers)
+            self.warming = [
+                pool.submit(base | {"configs": [(c.constexprs(self.ks.kind), c.num_warps)]})
+                for c in self.tuner.configs
+            ]
         except RuntimeError as exc:  # a broken pool: compile inline on first launch
             log.info("parallel compile unavailable (%s); compiling %s inline", exc, self.ks.name)
 
     def _kernel(self) -> Any:
         if self.fn is None:
-            if self.warming is not None:
+            for future in self.warming:
                 try:
-                    self.warming.result()
+                    future.result()
                 except Exception as exc:  # compile again here; errors surface from here
                     log.info(
                         "parallel compile of %s failed (%s); compiling inline", self.ks.name, exc
                     )
-                self.warming = None
+            self.warming = []
             self.fn = getattr(load_module(self.path), self.ks.name)
         return self.fn
 
