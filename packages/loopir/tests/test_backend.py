@@ -100,3 +100,16 @@ def test_fusion_veto_is_respected(fresh_registry, caplog):
         compiled = compile_graph(gm, [to_meta(x)], backend=NoFusion())
     assert compiled.kernel_count == 2
     assert "backend refused: this backend runs one node per kernel" in caplog.text
+
+
+def test_finalize_is_called_once_per_graph(fresh_registry):
+    class Batching(Recording):
+        finalized = 0
+
+        def finalize(self):
+            Batching.finalized += 1
+
+    x = torch.randn(4, 4)
+    gm = aten_graph(lambda x: (aten.sin.default(x), aten.sum.dim_IntList(x, [0])), x)
+    compile_graph(gm, [to_meta(x)], backend=Batching())
+    assert Batching.finalized == 1

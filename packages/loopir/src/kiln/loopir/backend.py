@@ -5,7 +5,10 @@ implement it and never the other way round. A backend turns one fused
 :class:`~kiln.loopir.kernel.KernelGroup` into a :class:`KernelCode`: source text
 (dumped and printed on ``kiln.loopir.output_code``) and a Python callable the
 generated wrapper calls as ``kernel(*tensors)`` with one tensor per name of
-``group.args``. It may veto fusions the scheduler proposes.
+``group.args``. It may veto fusions the scheduler proposes. If it has a
+``finalize()`` method, loopir calls it once after all of a graph's kernels were
+generated (to build queued kernels in one batch, so errors surface at compile
+time).
 
 Finding a backend for a device type, first match wins:
 

@@ -1,6 +1,6 @@
 """``compile_graph``: ATen graph → kernels → wrapper, as a script of named passes.
 
-    lower → verify → schedule (fuse, order, codegen) → plan_memory → wrapper
+    lower → verify → schedule (fuse, order, codegen) → finalize → plan_memory → wrapper
 
 Each pass's name and time show on this module's logger; the IR after lowering
 is printed on ``kiln.loopir.ir``.
@@ -110,12 +110,22 @@ def compile_graph(
     def layout_of(name: str) -> Layout:
         return graph.name_to_buffer[name].layout
 
+    used: dict[int, Backend] = {}
+
     def backend_for(node: SchedNode) -> Backend:
-        return backend if backend is not None else get_backend(node.device.type)
+        found = backend if backend is not None else get_backend(node.device.type)
+        used[id(found)] = found
+        return found
 
     keep = _output_names(graph.outputs)
     with _pass("schedule"):
         steps = schedule(graph.buffers, layout_of, backend_for, keep, fuse=fusion)
+    with _pass("finalize"):
+        # optional hook: build what a backend queued, so errors surface while compiling
+        for found in used.values():
+            finalize = getattr(found, "finalize", None)
+            if callable(finalize):
+                finalize()
     external = set(graph.input_buffers) | keep | {SEEDS}
     with _pass("plan_memory"):
         plan = plan_memory(steps, layout_of, external)
