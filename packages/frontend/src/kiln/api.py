@@ -141,6 +141,7 @@ class CompiledFunction:
         cache = _caches.get(key)
         if cache is None:
             cache = _caches[key] = guards.CodeCache(self._target.__code__)
+        entry: guards.CacheEntry | None
         if self._skip_guards and cache.entries:
             entry = cache.entries[0]  # unsafe by request: the inputs are promised not to change
         else:
