@@ -15,8 +15,9 @@ Value semantics every handler must follow:
   ``isinf``, ``signbit`` and ``logical_*`` give ``torch.bool``, ``rand``/``randn`` give
   ``torch.float32``, every other op keeps its operands' dtype.
 * Lowerings insert ``to_dtype`` so both operands of a binary op have the same dtype
-  (shifts included). Float16/bfloat16 data is loaded and converted to float32 before
-  math, and converted back right before ``store``; handlers never see half math.
+  (shifts included). Float16/bfloat16 data is converted to float32 before arithmetic
+  and back right before ``store``; only data movement (a load stored as is, ``where``,
+  ``masked``, ``to_dtype``) may see half values.
 * ``truediv`` only sees floating operands. ``floordiv`` floors (``torch.floor_divide``),
   ``mod`` takes the divisor's sign (``torch.remainder``), ``fmod`` the dividend's
   (C ``fmod``). ``maximum``/``minimum`` propagate NaN. ``round`` is half-to-even.
