@@ -19,11 +19,11 @@ from torch import fx
 
 from kiln.autograd_aot.decomp import default_decompositions, describe_table, for_training
 from kiln.autograd_aot.errors import AotError
-from kiln.autograd_aot.joint import trace_program
+from kiln.autograd_aot.inputs import InputLayout, fakes_of
+from kiln.autograd_aot.joint import TracedProgram, trace_program
 from kiln.autograd_aot.partition import PartitionStats, partition_joint
 from kiln.autograd_aot.runtime import CompiledProgram, run_inference, run_training
 from kiln.capture import artifacts
-from kiln.capture.meta import FakeMode, storage_key, to_fake
 
 __all__ = ["AotCompiled", "aot_compile"]
 
@@ -34,45 +34,6 @@ Compiler = Callable[[fx.GraphModule, list[torch.Tensor]], Callable[..., Any]]
 
 def _fake_inputs(gm: fx.GraphModule) -> list[torch.Tensor]:
     return [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
-
-
-def _fakes_of(
-    primals: Sequence[torch.Tensor], needs_grad: bool
-) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Fakes of the inputs, and the leaves to differentiate with respect to.
-
-    Views of one storage alias; a tensor passed twice gets two fakes (each position
-    gets its own gradient, which autograd sums). A non-leaf input that requires
-    grad is traced as a clone of a fake leaf, so that it may be mutated.
-    """
-    mode = FakeMode()
-    seen: set[int] = set()
-    fakes: list[torch.Tensor] = []
-    leaves: list[torch.Tensor] = []
-    for p in primals:
-        leaf = to_fake(p) if id(p) in seen else mode.to_fake(p)
-        seen.add(id(p))
-        leaves.append(leaf)
-        if needs_grad and p.requires_grad and not p.is_leaf:
-            with torch.enable_grad():
-                fakes.append(leaf.clone())
-        else:
-            fakes.append(leaf)
-    return fakes, leaves
-
-
-def _check_aliased_mutations(primals: Sequence[torch.Tensor], mutated: Sequence[int]) -> None:
-    for i in mutated:
-        others = [
-            j for j, p in enumerate(primals) if j != i and storage_key(p) == storage_key(primals[i])
-        ]
-        if others:
-            msg = (
-                f"input {i} is mutated and shares memory with input {others[0]}; Kiln's "
-                "functionalization pass does not track aliasing between graph inputs. Pass "
-                "separate tensors (e.g. .clone() one of them)."
-            )
-            raise AotError(msg)
 
 
 class AotCompiled:
@@ -123,6 +84,7 @@ class AotCompiled:
         self._check_constants(args)
         primals = self._primals(args)
         compiled = self._get(self._needs_grad(primals), primals)
+        primals = compiled.layout.prepare(primals)
         if compiled.program.is_joint:
             return run_training(compiled, primals)
         return run_inference(compiled, primals)
@@ -155,18 +117,30 @@ class AotCompiled:
             args[pos] = fake
         return torch.func.functional_call(self.gm, state, tuple(args))
 
-    def _compile(self, needs_grad: bool, primals: Sequence[torch.Tensor]) -> CompiledProgram:
-        fakes, leaves = _fakes_of(primals, needs_grad)
+    def _trace(
+        self, needs_grad: bool, primals: Sequence[torch.Tensor], layout: InputLayout
+    ) -> TracedProgram:
+        fakes, leaves = fakes_of(layout.prepare(primals), needs_grad)
         table = for_training(self.decompositions) if needs_grad else self.decompositions
-        program = trace_program(
-            self._call_module, fakes, table, joint=needs_grad, grad_leaves=leaves
-        )
-        _check_aliased_mutations(primals, program.mutated_inputs)
+        fn = layout.wrap(self._call_module)
+        return trace_program(fn, fakes, table, joint=needs_grad, grad_leaves=leaves)
+
+    def _compile(self, needs_grad: bool, primals: Sequence[torch.Tensor]) -> CompiledProgram:
+        layout = InputLayout.identity(len(primals))
+        program = self._trace(needs_grad, primals, layout)
+        with_bases = InputLayout.for_mutations(primals, program.mutated_inputs)
+        if with_bases is not None:
+            log.info(
+                "inputs %s share memory with a mutated input: traced again over bases",
+                with_bases.groups,
+            )
+            layout = with_bases
+            program = self._trace(needs_grad, primals, layout)
         if not program.is_joint:
             log.debug("forward-only graph:\n%s", program.gm.code)
             artifacts.dump("aot_inference.py", program.gm.code)
             forward = self.fw_compiler(program.gm, _fake_inputs(program.gm))
-            return CompiledProgram(program, forward)
+            return CompiledProgram(program, forward, layout=layout)
         log.debug("joint graph:\n%s", program.gm.code)
         artifacts.dump("aot_joint.py", program.gm.code)
         fw, bw, stats = partition_joint(
@@ -183,7 +157,7 @@ class AotCompiled:
         artifacts.dump("aot_backward.py", bw.code)
         forward = self.fw_compiler(fw, _fake_inputs(fw))
         backward = self.bw_compiler(bw, _fake_inputs(bw))
-        return CompiledProgram(program, forward, backward)
+        return CompiledProgram(program, forward, backward, layout)
 
 
 def aot_compile(

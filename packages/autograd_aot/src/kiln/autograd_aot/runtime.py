@@ -16,6 +16,7 @@ import torch
 from torch.autograd.function import once_differentiable
 from torch.utils import _pytree as pytree
 
+from kiln.autograd_aot.inputs import InputLayout
 from kiln.autograd_aot.joint import TracedProgram
 
 __all__ = ["CompiledProgram", "run_inference", "run_training"]
@@ -30,6 +31,7 @@ class CompiledProgram:
     program: TracedProgram
     forward: Compiled
     backward: Compiled | None = None
+    layout: InputLayout = dataclasses.field(default_factory=lambda: InputLayout.identity(0))
 
 
 class _AotFunction(torch.autograd.Function):
