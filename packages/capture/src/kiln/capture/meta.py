@@ -29,6 +29,9 @@ API
     a hashable key equal for two fakes exactly when their storages are shared.
 ``fake_like(meta, device)``
     Wrap a meta tensor as a fake reporting ``device``.
+``run_fake(func, args, kwargs, convert_real)``
+    Run one ATen op on fakes (what ``FakeTensor`` and ``FakeMode`` do); for
+    dispatch modes of other packages, such as autograd_aot's tracer.
 ``DataDependentOp``, ``NoMetaKernel``, ``MetadataMutation``
     Raised for ops whose output depends on data (``item``, ``nonzero``,
     ``unique``, ``tolist``, ``bool(t)`` ...), that have no meta kernel, or that
@@ -41,6 +44,10 @@ Device propagation: an op's result takes the ``device=`` argument when given
 (factories, ``_to_copy``); otherwise the device of its first tensor argument
 that is not a CPU scalar (0-dim); otherwise CPU (or torch's default device for
 factories).
+
+Limits: fakes of CUDA tensors need a CUDA driver for autograd (the engine runs
+device threads) and for factory calls naming ``device="cuda"`` (torch
+initializes CUDA before dispatch); ops on CUDA fakes need neither.
 """
 
 from __future__ import annotations
@@ -65,6 +72,7 @@ __all__ = [
     "fake_like",
     "is_fake",
     "meta_of",
+    "run_fake",
     "storage_key",
     "to_fake",
 ]
