@@ -2,7 +2,8 @@
 per-model tables, correctness failures apart from crashes) and speedups.png.
 
 ``python -m benchmarks.report DIR [DIR ...] --out DIR`` merges shards of a run (each with its
-results.csv and meta.json) into one set of reports.
+results.csv and meta.json) into one set of reports; a later folder's row for the same model and
+backend replaces an earlier one, unless the later one was skipped.
 """
 
 from __future__ import annotations
@@ -238,14 +239,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("dirs", nargs="+", type=Path, help="folders with results.csv")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    rows: list[Result] = []
+    rows: dict[tuple[str, ...], Result] = {}
     meta: dict[str, Any] = {}
     for d in args.dirs:
-        rows += read_csv(d / "results.csv")
+        for r in read_csv(d / "results.csv"):
+            key = (r.model, r.backend, r.device, r.dtype, r.mode)
+            # A re-run of models an earlier run skipped (budget) replaces those rows.
+            if key not in rows or r.status != "skipped":
+                rows[key] = r
         if (d / "meta.json").exists():
             meta = {**json.loads((d / "meta.json").read_text()), **meta}
     meta.pop("shard", None)
-    write_reports(args.out, rows, meta)
+    write_reports(args.out, list(rows.values()), meta)
 
 
 if __name__ == "__main__":

@@ -96,3 +96,17 @@ def test_spent_budget_skips_the_rest(tmp_path):
         ("torch_compile", "skipped"),
     ]
     assert "budget" in rows[0].reason
+
+
+def test_merge_prefers_rows_that_ran(tmp_path):
+    from benchmarks.report import main as merge
+    from benchmarks.results import Result, write_csv
+
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir(), second.mkdir()
+    base = ("m", "s", "eager", "cpu", "float32", "inference")
+    write_csv(first / "results.csv", [Result(*base, status="skipped")])
+    write_csv(second / "results.csv", [Result(*base, status="ok", ms=2.0)])
+    merge([str(first), str(second), "--out", str(tmp_path / "merged")])
+    (row,) = read_csv(tmp_path / "merged" / "results.csv")
+    assert row.status == "ok" and row.ms == 2.0
