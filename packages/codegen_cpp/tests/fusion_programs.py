@@ -173,6 +173,25 @@ def inplace_case() -> Case:
     return Case("inplace", g, lambda: [random_tensor(F32, [50])])
 
 
+def bias_rows_case() -> Case:
+    """Rows of 100 (not a multiple of the lanes): a column bias and a row scale."""
+    x, bias, scale = inp("x", F32, [7, 100]), inp("bias", F32, [100]), inp("scale", F32, [7])
+    lx, lb, ls = x.make_loader(), bias.make_loader(), scale.make_loader()
+    out = pointwise(
+        "buf0",
+        F32,
+        [7, 100],
+        lambda i: ops.mul(ops.add(lx(i), lb([i[1]])), ls([i[0]])),
+        origin="add",
+    )
+    g = group("bias_rows", [x, bias, scale], [(out, "x")], 700)
+    return Case(
+        "bias_rows",
+        g,
+        lambda: [random_tensor(F32, [7, 100]), random_tensor(F32, [100]), random_tensor(F32, [7])],
+    )
+
+
 def random_case() -> Case:
     """rand/randn from a seeds buffer, offsets from the flat index."""
     seeds = inp(SEEDS, torch.int64, [2])
@@ -259,6 +278,7 @@ def fusion_cases() -> list[Case]:
         half_chain_case(torch.float16),
         pointwise_after_reduction_case(),
         inplace_case(),
+        bias_rows_case(),
     ]
     for rtype in ("sum", "prod", "max", "min", "argmax", "argmin", "welford_reduce"):
         for dtype in (torch.float32, torch.float64):

@@ -28,6 +28,7 @@ from kiln.codegen_cpp.ops import CannotVectorize, CppOps, CppVar
 from kiln.codegen_cpp.printer import cpp_index
 from kiln.codegen_cpp.reductions import Accumulator
 from kiln.codegen_cpp.segments import Segment
+from kiln.loopir import sizes
 from kiln.loopir.kernel import RINDEX, XINDEX, KernelGroup, KernelNode
 from kiln.loopir.virtualized import set_ops_handler
 
@@ -115,6 +116,8 @@ class KernelWriter:
         self.rnumel = Extent(group.rnumel)
         self.pointers = _pointer_names(group)
         self.size_symbols = size_bindings(group)
+        # Extents of loop symbols that replace xindex (2-D pointwise loops), for simplification.
+        self.index_ranges: dict[sympy.Symbol, int] = {}
         self.vectorized = False
         self.vec_var: sympy.Symbol = XINDEX
         self.used_vector = False
@@ -213,6 +216,12 @@ class KernelWriter:
         finally:
             self._body, self.vectorized = saved
 
+    def simplify_index(self, index: sympy.Expr) -> sympy.Expr:
+        """Drop digits the loop ranges make trivial, then rejoin split ones."""
+        if self.index_ranges:
+            index = sizes.simplify_with_ranges(sympy.expand(index), self.index_ranges)
+        return lane_analysis.merge_digits(index)
+
     def _fresh(self) -> int:
         self._next_name += 1
         return self._next_name - 1
@@ -254,7 +263,7 @@ class KernelWriter:
         return cpp_index(index.subs(self.vec_var, self.vec_var + _LANE))
 
     def load(self, name: str, index: sympy.Expr) -> CppVar:
-        index = lane_analysis.merge_digits(index)
+        index = self.simplify_index(index)
         dtype = self.group.buffers[name].dtype
         key = (name, str(index))
         if key in self._body.stored and self._mask is None:
@@ -309,7 +318,7 @@ class KernelWriter:
         return value
 
     def store(self, name: str, index: sympy.Expr, value: CppVar, mode: str | None = None) -> None:
-        index = lane_analysis.merge_digits(index)
+        index = self.simplify_index(index)
         dtype = self.group.buffers[name].dtype
         ptr = self.pointers[name]
         lines = self._body.lines
@@ -366,7 +375,7 @@ class KernelWriter:
 
     # -- indices ---------------------------------------------------------------------
     def index_expr(self, expr: sympy.Expr, dtype: torch.dtype) -> CppVar:
-        expr = lane_analysis.merge_digits(expr)
+        expr = self.simplify_index(expr)
         ctype = compute_ctype(dtype)
         if not self.vectorized:
             return self.cse(f"static_cast<{ctype}>({cpp_index(expr)})", dtype)
@@ -463,7 +472,7 @@ class KernelWriter:
     def store_reduction(self, name: str, index: sympy.Expr, value: object) -> None:
         assert self.segment is not None and isinstance(value, CppVar)
         dtype = self.group.buffers[name].dtype
-        index = lane_analysis.merge_digits(index)
+        index = self.simplify_index(index)
         if self.vectorized and self.segment.row_lanes:
             for line in self._vector_store_lines(name, index, value, dtype):
                 self.segment.add_store(line)

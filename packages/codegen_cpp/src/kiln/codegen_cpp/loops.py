@@ -23,6 +23,7 @@ from kiln.codegen_cpp.reductions import Accumulator
 from kiln.codegen_cpp.segments import Segment, load_indices, split_segments
 from kiln.loopir import sizes
 from kiln.loopir.kernel import RINDEX, XINDEX
+from kiln.loopir.sizes import ModularIndexing
 
 if TYPE_CHECKING:
     from kiln.codegen_cpp.kernel import Code, KernelWriter
@@ -41,6 +42,8 @@ CASCADE_BLOCK = 4096
 ROW_UNROLL = 4
 """Vectors of rows side by side in a reduction over a strided dimension."""
 
+_ROW = sympy.Symbol("xrow", integer=True, nonnegative=True)
+_COL = sympy.Symbol("xcol", integer=True, nonnegative=True)
 _PARALLEL_FOR = "#pragma omp parallel for num_threads(nthreads) schedule(static)"
 
 
@@ -117,6 +120,11 @@ class LoopNests:
 
     def _pointwise(self) -> list[str]:
         w = self.w
+        period = self._row_period()
+        if period is not None:
+            rows = self._pointwise_rows(period)
+            if rows is not None:
+                return rows
         run = functools.partial(w.run_nodes, w.group.nodes, XINDEX)
         vec = w.vector_pass(run, w.numel, XINDEX)
         scalar = w.scalar_pass(run, "xindex")
@@ -128,6 +136,49 @@ class LoopNests:
         if end != w.numel.text:
             lines += [*scalar.hoisted, *loop("xindex", end, w.numel, 1, scalar.lines)]
         return lines
+
+    def _row_period(self) -> int | None:
+        """The row length of a 2-D loop nest for this pointwise kernel, if it needs one.
+
+        When some load is not contiguous along ``xindex`` because rows of ``C``
+        elements do not fill whole vectors (a bias broadcast over rows of 100), a
+        loop over rows with a vectorized loop over ``C`` columns (and a scalar
+        tail per row) keeps every access contiguous or broadcast.
+        """
+        w = self.w
+        numel = w.numel.static
+        if numel is None:
+            return None
+        indices = [i for node in w.group.nodes for i in load_indices(node)]
+        if all(_unit_or_broadcast(i, XINDEX, w.lanes) for i in indices):
+            return None
+        periods = {
+            int(m.args[2])
+            for index in indices
+            for m in sympy.sympify(index).atoms(ModularIndexing)
+            if m.args[0] == XINDEX and m.args[1] == 1 and m.args[2].is_Integer
+        }
+        # Worth it while the scalar tail of each row stays a small part of the row.
+        fits = [c for c in periods if c >= w.lanes and 0 < c % w.lanes <= c // 4 and numel % c == 0]
+        return min(fits) if fits else None
+
+    def _pointwise_rows(self, period: int) -> list[str] | None:
+        w = self.w
+        assert w.numel.static is not None
+        rows = w.numel.static // period
+        w.index_ranges = {_ROW: rows, _COL: period}
+        try:
+            run = functools.partial(w.run_nodes, w.group.nodes, period * _ROW + _COL)
+            vec = w.vector_pass(run, _Known(period), _COL)
+            if vec is None:
+                return None
+            scalar = w.scalar_pass(run, _COL.name)
+        finally:
+            w.index_ranges = {}
+        end = period - period % w.lanes
+        inner = [*vec.hoisted, *loop(_COL.name, 0, end, w.lanes, vec.lines)]
+        inner += [*scalar.hoisted, *loop(_COL.name, end, period, 1, scalar.lines)]
+        return [*self._parallel(w.numel), *loop(_ROW.name, 0, rows, 1, inner)]
 
     # -- reductions -------------------------------------------------------------------
     def _reduction(self) -> list[str]:
@@ -284,3 +335,8 @@ class LoopNests:
         if merges:
             lines += loop("chunk", "0", "nchunks", 1, merges)
         return lines
+
+
+def _unit_or_broadcast(index: sympy.Expr, var: sympy.Symbol, lanes: int) -> bool:
+    access = lane_analysis.lane_access(index, var, lanes)
+    return access is not None and access.stride in (0, 1)
