@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 REALIZE_DUPLICATED_OPS = 24
 """Realize a pointwise value once inlining it would repeat more than this many ops."""
 REALIZE_MAX_OPS = 96
-"""Realize any pointwise value whose inlined body grew beyond this many ops."""
+"""Realize a pointwise value with several users whose body grew beyond this many ops."""
 
 
 class GraphLowering:
@@ -185,6 +185,8 @@ class GraphLowering:
             box = value.storage()
             if box is None or not isinstance(box.data, Pointwise):
                 continue
+            if users <= 1:
+                continue  # inlined once: nothing is duplicated
             ops_count = _op_count(box.data)
             if ops_count * (users - 1) > REALIZE_DUPLICATED_OPS or ops_count > REALIZE_MAX_OPS:
                 box.realize()

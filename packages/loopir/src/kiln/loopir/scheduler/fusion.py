@@ -38,24 +38,39 @@ class _Dag:
         self.preds: dict[FusionGroup, set[FusionGroup]] = {
             g: {self.group_of[p] for n in g.nodes for p in n.preds} - {g} for g in groups
         }
+        self.succs: dict[FusionGroup, set[FusionGroup]] = {g: set() for g in groups}
+        for g, ps in self.preds.items():
+            for p in ps:
+                self.succs[p].add(g)
         self._anc: dict[FusionGroup, set[FusionGroup]] = {}
+        self._desc: dict[FusionGroup, set[FusionGroup]] = {}
+
+    @staticmethod
+    def _reach(start: FusionGroup, edges: dict[FusionGroup, set[FusionGroup]]) -> set[FusionGroup]:
+        found: set[FusionGroup] = set()
+        stack = list(edges[start])
+        while stack:
+            g = stack.pop()
+            if g not in found:
+                found.add(g)
+                stack.extend(edges[g])
+        return found
 
     def ancestors(self, g: FusionGroup) -> set[FusionGroup]:
         if g not in self._anc:
-            found: set[FusionGroup] = set()
-            stack = list(self.preds[g])
-            while stack:
-                p = stack.pop()
-                if p not in found:
-                    found.add(p)
-                    stack.extend(self.preds[p])
-            self._anc[g] = found
+            self._anc[g] = self._reach(g, self.preds)
         return self._anc[g]
 
+    def descendants(self, g: FusionGroup) -> set[FusionGroup]:
+        if g not in self._desc:
+            self._desc[g] = self._reach(g, self.succs)
+        return self._desc[g]
+
     def makes_cycle(self, a: FusionGroup, b: FusionGroup) -> bool:
+        """A path between the two through a third group: fused, they would wait on it
+        and it on them."""
         for first, second in ((a, b), (b, a)):
-            middle = self.ancestors(second) - {first}
-            if any(first in self.ancestors(c) for c in middle):
+            if (self.descendants(first) & self.ancestors(second)) - {first, second}:
                 return True
         return False
 
@@ -89,6 +104,8 @@ def _check_addresses(
                 written = {d.index for d in pw if d.name == name}
                 for dep in (d for d in reads if d.name == name):
                     if dep.is_indirect() or len(written) != 1 or dep.index not in written:
+                        if not fusion_log.isEnabledFor(logging.INFO):
+                            return "reindexed read"  # printing sympy is slow; nobody listens
                         return (
                             f"{consumer.name} reads {name} at {dep.index} but {producer.name} "
                             f"writes it at {', '.join(map(str, written))}"
