@@ -88,21 +88,24 @@ def random_tensor(dtype: torch.dtype, size: Sequence[int], kind: str = "normal")
     return base.to(dtype)
 
 
-def _outputs(g: KernelGroup) -> list[torch.Tensor]:
+def _outputs(g: KernelGroup, device: str) -> list[torch.Tensor]:
     outs = []
     for name in g.outputs:
         lay = g.buffers[name]
         size = [sizes.evaluate_int(s) for s in lay.size]
         stride = [sizes.evaluate_int(s) for s in lay.stride]
-        outs.append(torch.empty_strided(size, stride, dtype=lay.dtype).fill_(0))
+        outs.append(torch.empty_strided(size, stride, dtype=lay.dtype, device=device).fill_(0))
     return outs
 
 
-def run_case(case: Case, backend: TritonBackend | None = None) -> None:
+def run_case(case: Case, backend: TritonBackend | None = None, device: str = "cpu") -> None:
     """Both backends on the same fresh inputs; outputs must match."""
-    inputs = case.make_inputs()
-    expected = _outputs(case.group)
-    actual = _outputs(case.group)
+    inputs = [t.to(device) for t in case.make_inputs()]
+    case = dataclasses.replace(
+        case, group=dataclasses.replace(case.group, device=torch.device(device))
+    )
+    expected = _outputs(case.group, device)
+    actual = _outputs(case.group, device)
     ReferenceBackend().codegen_kernel(case.group).fn(*inputs, *expected)
     (backend or TritonBackend()).codegen_kernel(case.group).fn(*inputs, *actual)
     for name, a, e in zip(case.group.outputs, actual, expected, strict=True):

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import triton
 from triton.testing import do_bench
 
 from kiln.codegen_triton.kernel import KernelSource
@@ -139,7 +140,8 @@ class Autotuner:
         self.configs = list(configs)
         self.written = tuple(written)
         self.cache_dir = cache_dir
-        self.key = hashlib.sha256(f"{source}\n{device_name()}".encode()).hexdigest()
+        ident = f"{source}\n{device_name()}\n{triton.__version__}"
+        self.key = hashlib.sha256(ident.encode()).hexdigest()
         self.best: Config | None = self.configs[0] if len(self.configs) == 1 else None
 
     def _cache_file(self) -> Path:
