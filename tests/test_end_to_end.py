@@ -200,3 +200,13 @@ def test_recompile_limit_runs_eagerly_with_one_warning():
         )
         g(torch.randn(2), torch.randn(2))
         g(torch.randn(3), torch.randn(3))
+
+
+def test_debug_dir_gets_one_folder_per_frame_with_artifacts(tmp_path):
+    f = kiln.compile(toy_body, options={"debug_dir": str(tmp_path)})
+    f(torch.randn(4), torch.randn(4))
+    (frame,) = tmp_path.iterdir()
+    names = {p.name for p in frame.iterdir()}
+    assert "graph.py" in names and "guards.py" in names and "output_code.py" in names
+    assert any(n.endswith(".cpp") for n in names)
+    assert "torch.abs" in (frame / "graph.py").read_text()

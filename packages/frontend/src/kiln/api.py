@@ -208,6 +208,7 @@ class CompiledFunction:
     ) -> Callable[..., Any]:
         """capture's callback: the backend, with an eager fallback unless fullgraph is set."""
         counters.bump("stats", "graphs_compiled")
+        artifacts.dump("graph.py", gm.print_readable(print_output=False))
         try:
             return self._backend(gm, example_inputs)
         except Exception as e:
