@@ -370,3 +370,39 @@ def test_nodes_know_their_user_frame():
     frames = [n.meta["user_frame"] for n in r.graphs[0].graph.nodes if n.op == "call_function"]
     assert frames and all(f.filename for f in frames)
     assert any("self.fc2(F.relu(self.fc1(x)))" in f.source for f in frames)
+
+
+def _small_bart():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BartConfig(
+        d_model=32,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=37,
+        decoder_ffn_dim=37,
+        vocab_size=100,
+        max_position_embeddings=64,
+    )
+    return transformers.BartModel(cfg)
+
+
+def _small_t5():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.T5Config(
+        d_model=32, d_ff=37, num_layers=1, num_heads=2, vocab_size=100, d_kv=16
+    )
+    return transformers.T5Model(cfg)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("make", [_small_bart, _small_t5], ids=["bart", "t5"])
+def test_encoder_decoder_one_graph(make):
+    model = make().eval()
+    ids = torch.randint(0, 100, (2, 8))
+    r = _capture(model.forward, ids, decoder_input_ids=ids)
+    assert len(r.graphs) == 1
+    actual = r.function(ids, decoder_input_ids=ids)
+    expected = model(ids, decoder_input_ids=ids)
+    torch.testing.assert_close(actual.last_hidden_state, expected.last_hidden_state)

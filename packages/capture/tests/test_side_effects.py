@@ -147,4 +147,37 @@ def test_new_module_with_parameters_refused():
     from kiln.capture import Unsupported
 
     with pytest.raises(Unsupported):
-        _capture(lambda x: torch.nn.Linear(2, 2)(x), torch.randn(2))
+        capture(
+            lambda x: torch.nn.Linear(2, 2)(x),
+            (torch.randn(2),),
+            {},
+            compile_graph=lambda gm, ex: gm.forward,
+            wrap_callable=lambda f: f,
+            fullgraph=True,
+        )
+
+
+class Config:
+    def __init__(self):
+        self.size = 4
+        self.nested = Box()
+
+
+def test_deepcopy_snapshot_is_private_and_guarded():
+    import copy
+
+    from kiln.capture import GuardKind
+
+    def fn(x, cfg):
+        local = copy.deepcopy(cfg)
+        local.size = 10
+        delattr(local, "nested")
+        return x * local.size + cfg.size
+
+    cfg = Config()
+    res = _capture(fn, torch.randn(2), cfg)
+    assert cfg.size == 4 and hasattr(cfg, "nested")
+    x = torch.randn(2)
+    torch.testing.assert_close(res.function(x, cfg), x * 10 + 4)
+    guarded = {(str(g.source), g.kind) for g in res.guards}
+    assert ("L['cfg'].nested.value", GuardKind.EQUALS) in guarded

@@ -292,6 +292,7 @@ def test_item_refused():
             {},
             compile_graph=lambda g, e: g,
             wrap_callable=lambda f: f,
+            fullgraph=True,
         )
 
 

@@ -204,7 +204,15 @@ def _slides_sin_cos(x):
 _REAL_PARTIAL = functools.partial(_helper, k=7)
 
 
+def _number_iadd_tensor(x):
+    total = 0
+    total += x
+    total *= 2
+    return total
+
+
 PROGRAMS: list[tuple[str, Any, Any, int, list[str] | None]] = [
+    ("number_iadd_tensor", _number_iadd_tensor, lambda: (t(2),), 1, ["add", "imul"]),
     ("real_partial_keywords", lambda x: _REAL_PARTIAL(x), lambda: (t(2),), 1, ["mul"]),
     ("slides_sin_sin", _slides_sin_sin, lambda: (t(4),), 1, ["sin", "sin"]),
     ("slides_sin_cos", _slides_sin_cos, lambda: (t(4, 4),), 1, ["sin", "cos"]),

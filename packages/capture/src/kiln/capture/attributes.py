@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kiln.capture import calls, torch_calls
+from kiln.capture import builtin_calls, calls, torch_calls
 from kiln.capture.break_reasons import UserException, raised, unsupported
 from kiln.capture.guard_data import GuardKind
 from kiln.capture.source import Source
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from kiln.capture.tracer import Tracer
 
 __all__ = [
+    "delete_attr",
     "delete_item",
     "get_attr",
     "get_item",
@@ -316,6 +317,20 @@ def has_attr(tr: Tracer, v: Value, name: str) -> bool:
     return hasattr(v.python_type(), name)
 
 
+def delete_attr(tr: Tracer, v: Value, name: str) -> None:
+    """``del v.name``: on objects the trace created or owns privately."""
+    if isinstance(v, NewObjectValue) and name in v.attrs:
+        del v.attrs[name]
+        return
+    if isinstance(v, ObjectValue) and v.private:
+        try:
+            delattr(v.obj, name)
+        except AttributeError as e:
+            raise raised(e) from e
+        return
+    raise unsupported("side_effect", f"deleting the attribute {name!r} of {v}")
+
+
 def _has_python_getattr(obj: Any) -> bool:
     hook = inspect.getattr_static(type(obj), "__getattr__", None)
     return isinstance(hook, types.FunctionType) and not isinstance(obj, torch.nn.Module)
@@ -358,6 +373,10 @@ def set_attr(tr: Tracer, v: Value, name: str, value: Value, *, plain: bool = Fal
         return
     if isinstance(v, ObjectValue) and v.source is not None and _plain_attribute(v.obj, name, plain):
         tr.out.side_effects.store_attr(v, v.obj, name, value)
+        return
+    if isinstance(v, ObjectValue) and v.private and builtin_calls.is_literal(value):
+        # nothing outside the trace can see this object: update the real one now
+        object.__setattr__(v.obj, name, builtin_calls.literal(value))
         return
     raise unsupported("side_effect", f"setting attribute {name!r} of {v}")
 

@@ -24,6 +24,7 @@ import torch
 from kiln.capture import attributes, calls, operators, torch_calls
 from kiln.capture.break_reasons import raised, unsupported
 from kiln.capture.guard_data import GuardKind
+from kiln.capture.source import Source
 from kiln.capture.values.base import ConstantValue, Value, is_constant
 from kiln.capture.values.containers import DictValue, ListValue, SetValue, TupleValue, dict_key
 from kiln.capture.values.functions import BoundMethodValue, PartialValue
@@ -291,6 +292,12 @@ def _setattr(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
     return ConstantValue(None)
 
 
+@_handles(delattr)
+def _delattr(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    attributes.delete_attr(tr, args[0], args[1].as_constant())
+    return ConstantValue(None)
+
+
 @_handles(object.__setattr__)
 def _object_setattr(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
     attributes.set_attr(tr, args[0], args[1].as_constant(), args[2], plain=True)
@@ -455,9 +462,37 @@ def _copy(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
 
 @_handles(copy.deepcopy)
 def _deepcopy(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
-    if is_literal(args[0]):
+    v = args[0]
+    if is_literal(v):
         return fold(copy.deepcopy, args[:1], {})
-    raise unsupported("unsupported_call", f"copy.deepcopy of {args[0]}")
+    if isinstance(v, ObjectValue) and v.source is not None and hasattr(v.obj, "__dict__"):
+        # a snapshot of a plain object (a config): its state is guarded, the copy is private
+        _guard_state(tr, v.obj, v.source, depth=2)
+        if tr.out.side_effects.attr_stores.get(id(v.obj)):
+            raise unsupported("unsupported_call", "copy.deepcopy of an object with pending stores")
+        try:
+            snapshot = copy.deepcopy(v.obj)
+        except Exception as e:
+            raise unsupported("unsupported_call", f"copy.deepcopy failed: {e}") from e
+        return ObjectValue(snapshot, private=True)
+    raise unsupported("unsupported_call", f"copy.deepcopy of {v}")
+
+
+def _guard_state(tr: Tracer, obj: Any, source: Source, depth: int) -> None:
+    """Guard every attribute of ``obj`` a copy would carry (nested objects to ``depth``)."""
+    for name, value in vars(obj).items():
+        if isinstance(value, torch.Tensor):
+            raise unsupported("unsupported_call", "copy.deepcopy of an object holding tensors")
+        if (
+            depth > 0
+            and not is_constant(value)
+            and hasattr(value, "__dict__")
+            and not callable(value)
+        ):
+            tr.out.guard(source.attr(name), GuardKind.TYPE_MATCH, type(value))
+            _guard_state(tr, value, source.attr(name), depth - 1)
+        else:
+            wrap(tr.out, value, source.attr(name))
 
 
 @_handles(functools.reduce)

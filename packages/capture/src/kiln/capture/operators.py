@@ -83,6 +83,8 @@ def binary_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value:
     """``a <sym> b`` for a binary or in-place operator symbol such as ``+`` or ``+=``."""
     fn = BINARY[sym]
     if isinstance(a, TensorValue) or isinstance(b, TensorValue):
+        if sym.endswith("=") and not isinstance(a, TensorValue):
+            fn = BINARY[sym[:-1]]  # ``n += t`` for a number n is ``n + t``: nothing is updated
         return torch_calls.call_function(tr, fn, [a, b], {})
     if isinstance(a, ConstantValue) and isinstance(b, ConstantValue):
         return _fold(fn, a.value, b.value)

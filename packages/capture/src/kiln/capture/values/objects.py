@@ -11,11 +11,16 @@ __all__ = ["NewObjectValue", "ObjectValue", "SuperValue"]
 
 
 class ObjectValue(Value):
-    """A real object that exists outside the capture; read, never mutated."""
+    """A real object that exists outside the capture; read, never mutated.
 
-    def __init__(self, obj: Any, source: Source | None = None) -> None:
+    ``private`` marks a real object the trace itself created (a deep copy of a
+    frame object) and nothing else can reach: the trace may set its attributes.
+    """
+
+    def __init__(self, obj: Any, source: Source | None = None, private: bool = False) -> None:
         self.obj = obj
         self.source = source
+        self.private = private
 
     def python_type(self) -> type:
         return type(self.obj)
