@@ -181,3 +181,14 @@ def test_deepcopy_snapshot_is_private_and_guarded():
     torch.testing.assert_close(res.function(x, cfg), x * 10 + 4)
     guarded = {(str(g.source), g.kind) for g in res.guards}
     assert ("L['cfg'].nested.value", GuardKind.EQUALS) in guarded
+
+
+def test_del_attribute_of_object_made_in_trace():
+    def fn(x):
+        obj = Box()
+        obj.extra = x * 2
+        del obj.extra
+        return x + obj.value
+
+    x = torch.randn(2)
+    torch.testing.assert_close(_capture(fn, x).function(x), x + 1)

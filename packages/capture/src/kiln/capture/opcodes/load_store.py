@@ -142,7 +142,7 @@ def store_attr(tr: Tracer, ins: dis.Instruction) -> None:
 
 @handles("DELETE_ATTR")
 def delete_attr(tr: Tracer, ins: dis.Instruction) -> None:
-    raise unsupported("side_effect", f"deleting the attribute {ins.argval!r}")
+    attributes.delete_attr(tr, tr.pop(), ins.argval)
 
 
 @handles("BINARY_SUBSCR")
