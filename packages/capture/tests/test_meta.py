@@ -119,6 +119,7 @@ def test_meta_of_real_and_fake():
         lambda x: torch.unique(x),
         lambda x: x.masked_select(x > 0),
         lambda x: float(x.sum()),
+        lambda x: x[x > 0],
     ],
 )
 def test_data_dependent_ops_raise(fn):
@@ -192,3 +193,11 @@ def test_deepcopy_and_storage():
     base = torch.randn(4)
     a, b = mode.to_fake(base), mode.to_fake(base[1:])
     assert a.untyped_storage()._cdata == b.untyped_storage()._cdata
+
+
+def test_masked_write_keeps_the_layout():
+    x = to_fake(torch.randn(3, 4))
+    mask = x > 0
+    assert x.index_put_((mask,), torch.tensor(0.0)) is x
+    out = torch.ops.aten.index_put.default(x, [mask], torch.tensor(1.0))
+    assert is_fake(out) and out.shape == (3, 4) and out is not x

@@ -156,11 +156,34 @@ _METADATA_MUTATING = _packets(
 )
 
 
-def _is_data_dependent(func: Any) -> bool:
+def _has_mask_index(args: tuple[Any, ...]) -> bool:
+    indices = args[1] if len(args) > 1 else ()
+    return any(
+        isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices or ()
+    )
+
+
+def _is_data_dependent(func: Any, args: tuple[Any, ...]) -> bool:
     if func.overloadpacket in _DATA_DEPENDENT:
         return True
+    if func.overloadpacket is aten.index and _has_mask_index(args):
+        return True  # x[mask]: as many elements as the mask has True values
     # repeat_interleave(Tensor repeats) without output_size has a data-dependent length.
     return func is aten.repeat_interleave.Tensor
+
+
+_MASKED_WRITES = _packets("index_put", "index_put_", "_index_put_impl_")
+
+
+def _masked_write(func: Any, args: tuple[Any, ...], device: torch.device) -> Any:
+    """``x[mask] = v``: the result is laid out like ``x`` whatever the mask holds, but
+    the meta kernel turns the mask into indices (data-dependent), so skip it."""
+    self = args[0]
+    if func.overloadpacket is aten.index_put:
+        with _disable_current_modes():
+            meta = torch.empty_like(meta_of(self), memory_format=torch.contiguous_format)
+        return FakeTensor(meta, device)
+    return self
 
 
 class FakeTensor(torch.Tensor):
@@ -319,11 +342,13 @@ def run_fake(
     Results that are an argument's meta tensor (in-place and ``out=`` ops)
     come back as that very argument.
     """
-    if _is_data_dependent(func):
+    if _is_data_dependent(func, args):
         raise DataDependentOp(str(func))
     if func.overloadpacket in _METADATA_MUTATING:
         raise MetadataMutation(str(func))
     device = _result_device(func, args, kwargs)
+    if func.overloadpacket in _MASKED_WRITES and _has_mask_index(args):
+        return _masked_write(func, args, device)
     by_meta: dict[int, FakeTensor] = {}
 
     def unwrap(a: Any) -> Any:
