@@ -163,6 +163,12 @@ def _token_loss(logits):
     return -logp.gather(-1, target).mean()
 
 
+def _mask_fill_by_index(x):
+    z = x.clone()
+    z.index_put_((z > 0,), torch.tensor(0.5))
+    return z * x
+
+
 def _sdpa(q, k, v):
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
@@ -258,6 +264,7 @@ PROGRAMS = {
     "unbind_mutation": (_unbind_mutation, [r(3, 4)]),
     "index_put": (_index_put, [r(3, 4), r(2, 4)]),
     "mixed_dtype_inplace": (_mixed_dtype_inplace, [r(3, 4)]),
+    "mask_fill_by_index": (_mask_fill_by_index, [r(3, 4)]),
     # outputs
     "return_input_views": (_return_input_view, [r(3, 4)]),
     "return_input": (_return_input, [r(3), r(3)]),
@@ -380,6 +387,7 @@ def test_module(name, check):
 _DECOMPOSED = sorted(
     set(sorted(PROGRAMS)[::3])
     | {"softmax", "layer_norm", "view_mutation", "cross_entropy", "conv2d", "rms_norm"}
+    | {"mask_fill_by_index"}
 )
 
 

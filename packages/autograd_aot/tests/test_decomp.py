@@ -57,3 +57,18 @@ def test_training_with_a_raw_core_table_keeps_attention_gradients(check):
 
     q, k, v = (torch.randn(1, 2, 5, 8, requires_grad=True) for _ in range(3))
     check(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), [q, k, v], backend=backend)
+
+
+def test_masked_index_put_becomes_where():
+    from kiln.autograd_aot import trace_aten
+
+    def fn(x):
+        z = x.clone()
+        z.index_put_((z > 0,), torch.tensor(0.0))
+        return z
+
+    gm = trace_aten(fn, [torch.randn(3, 4)], default_decompositions())
+    targets = {n.target for n in gm.graph.nodes if n.op == "call_function"}
+    assert aten.where.self in targets and aten.index_put.default not in targets
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(gm(x)[0], fn(x))

@@ -56,9 +56,29 @@ def _functional_copy(
     return aten.clone.default(out) if out is src else out
 
 
+def _masked_index_put(
+    self: torch.Tensor,
+    indices: list[torch.Tensor | None],
+    values: torch.Tensor,
+    accumulate: bool = False,
+) -> Any:
+    """``x[mask] = v`` with one value: a ``where``, with no data-dependent indices."""
+    mask = indices[0] if len(indices) == 1 else None
+    if accumulate or mask is None or mask.dtype not in (torch.bool, torch.uint8):
+        return NotImplemented
+    if values.numel() != 1:
+        return NotImplemented
+    mask = aten.view.default(mask.bool(), [*mask.shape] + [1] * (self.dim() - mask.dim()))
+    value = aten.view.default(values.to(self.dtype), [])
+    return aten.where.self(mask, value, self)
+
+
 def kiln_decompositions() -> dict[Any, Callable[..., Any]]:
     """Kiln's additions to the core set."""
-    table: dict[Any, Callable[..., Any]] = {aten.copy.default: _functional_copy}
+    table: dict[Any, Callable[..., Any]] = {
+        aten.copy.default: _functional_copy,
+        aten.index_put.default: _masked_index_put,
+    }
     table.update(random_decompositions())
     full = torch._decomp.decomposition_table
     for op in _KILN_FROM_TORCH:
