@@ -121,3 +121,26 @@ def test_generated_code_is_logged_and_dumped(tmp_path, caplog):
     dumped = list(tmp_path.rglob("*.cpp"))
     assert dumped and 'extern "C"' in dumped[0].read_text()
     assert code.source in dumped[0].read_text()
+
+
+def test_unsupported_dtype_falls_back_to_the_reference_backend(caplog):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from cpp_corpus import group, inp, pointwise
+
+    from kiln.loopir.virtualized import ops
+
+    x = inp("x", torch.complex64, [5])
+    load = x.make_loader()
+    out = pointwise("buf0", torch.complex64, [5], lambda i: ops.mul(load(i), load(i)))
+    g = group("complex_square", [x], [(out, "x")], 5)
+    with caplog.at_level(logging.WARNING):
+        code = CppBackend().codegen_kernel(g)
+    assert code.language != "cpp"
+    assert any("reference backend" in r.getMessage() for r in caplog.records)
+    a = torch.randn(5, dtype=torch.complex64)
+    result = torch.empty_like(a)
+    code.fn(a, result)
+    torch.testing.assert_close(result, a * a)

@@ -21,11 +21,12 @@ import torch
 
 from kiln.capture import artifacts, counters
 from kiln.codegen_cpp.build import build_libraries, toolchain
-from kiln.codegen_cpp.errors import KernelIndexError
+from kiln.codegen_cpp.errors import CodegenCppError, KernelIndexError
 from kiln.codegen_cpp.kernel import KernelWriter
 from kiln.codegen_cpp.loader import KernelFunction, load_library
 from kiln.loopir.backend import KernelCode
 from kiln.loopir.kernel import KernelGroup
+from kiln.loopir.reference import ReferenceBackend
 
 __all__ = ["KERNELS_PER_LIBRARY", "CppBackend", "LazyKernel", "library_source", "make_backend"]
 
@@ -105,8 +106,15 @@ class CppBackend:
 
     def codegen_kernel(self, group: KernelGroup) -> KernelCode:
         tools = toolchain()
-        writer = KernelWriter(group, _PLACEHOLDER, tools.lanes)
-        text = writer.generate()
+        try:
+            writer = KernelWriter(group, _PLACEHOLDER, tools.lanes)
+            text = writer.generate()
+        except CodegenCppError as exc:
+            # A dtype or size this backend cannot express yet: this one kernel runs on
+            # loopir's reference backend (torch ops), the rest of the graph stays C++.
+            log.warning("kernel %s runs on loopir's reference backend: %s", group.name, exc)
+            counters.bump("codegen_cpp", "reference_fallbacks")
+            return ReferenceBackend().codegen_kernel(group)
         digest = hashlib.sha256(text.encode()).hexdigest()[:10]
         symbol = f"{re.sub(r'[^A-Za-z0-9_]', '_', group.name)}_{digest}"
         text = text.replace(_PLACEHOLDER, symbol)
