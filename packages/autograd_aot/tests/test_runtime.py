@@ -156,3 +156,22 @@ def test_seeded_dropout_on_cuda():
     out.sum().backward()
     torch.testing.assert_close(x.grad, (out != 0).float() * 2)
     assert 0.4 < (out != 0).float().mean().item() < 0.6
+
+
+@pytest.mark.parametrize("backend", [aot_eager, aot_eager_decomp_partition])
+def test_outputs_viewing_another_output_alias_it(backend):
+    def fn(x):
+        y = x * 2
+        return y, y.view(-1), y.t()[0]
+
+    x = torch.randn(2, 3, requires_grad=True)
+    compiled = backend(fx.symbolic_trace(fn), [x])
+    y, flat, row = compiled(x)
+    assert flat._base is y and row._base is y
+    flat.add_(1)  # allowed, as in eager: y sees it
+    torch.testing.assert_close(y, x * 2 + 1)
+    (row * 3).sum().backward()
+    expect = torch.zeros(2, 3)
+    expect[:, 0] = 6
+    torch.testing.assert_close(x.grad, expect)
+    assert compiled._compiled[True].program.num_user_outputs == 1

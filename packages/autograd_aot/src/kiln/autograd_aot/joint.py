@@ -20,6 +20,7 @@ from torch import fx
 from torch.utils import _pytree as pytree
 
 from kiln.autograd_aot.decomp import DecompositionTable
+from kiln.autograd_aot.mutation import ViewStep
 from kiln.autograd_aot.trace import AtenTracer
 from kiln.capture.meta import FakeTensor
 
@@ -30,7 +31,8 @@ __all__ = ["OutputSpec", "TracedProgram", "trace_program"]
 class OutputSpec:
     """Where one (flattened) output of the program comes from at run time."""
 
-    kind: str  # "graph": graph output ``index``; "alias": view of input ``index``; "const"
+    kind: str  # "graph": graph output ``index``; "alias": view of input ``index``;
+    # "view": ``steps`` applied to graph output ``index``; "const": ``value``
     index: int = -1
     value: Any = None
     size: tuple[int, ...] = ()
@@ -38,6 +40,7 @@ class OutputSpec:
     offset: int = 0
     requires_grad: bool = False
     same_object: bool = False
+    steps: tuple[ViewStep, ...] = ()
 
 
 @dataclasses.dataclass
@@ -88,18 +91,7 @@ def trace_program(
     with torch.set_grad_enabled(joint), tracer:
         out = fn(*fakes)
     leaves, out_spec = pytree.tree_flatten(out)
-    specs: list[OutputSpec] = []
-    user: list[torch.Tensor] = []
-    for leaf in leaves:
-        if not isinstance(leaf, torch.Tensor):
-            specs.append(OutputSpec("const", value=leaf))
-            continue
-        source = tracer.input_root(leaf)
-        if source is not None:
-            specs.append(_alias_spec(leaf, source, fakes[source]))
-            continue
-        specs.append(OutputSpec("graph", index=len(user), requires_grad=leaf.requires_grad))
-        user.append(leaf)
+    specs, user = _output_specs(tracer, leaves, fakes)
     mutated = tracer.mutated_inputs()
     # A mutated input's own fake carries the autograd history of its mutations; the
     # tracer maps it to the input's new value.
@@ -134,6 +126,48 @@ def trace_program(
         diff_outputs=diff,
         non_differentiable=non_diff,
     )
+
+
+def _output_specs(
+    tracer: AtenTracer, leaves: list[Any], fakes: Sequence[torch.Tensor]
+) -> tuple[list[OutputSpec], list[torch.Tensor]]:
+    """Specs of the flattened outputs, and the tensors the graph must return.
+
+    Views of inputs, and views of another output that is its root's own value
+    (``y, y.view(-1)``), are rebuilt by the runtime outside the compiled graph, so
+    they alias as in eager (and may be mutated in place, as in eager).
+    """
+    bases: dict[int, torch.Tensor] = {}
+    for leaf in leaves:
+        found = tracer.view_of(leaf) if isinstance(leaf, torch.Tensor) else None
+        if found is not None and not found[1] and tracer.input_root(leaf) is None:
+            bases.setdefault(found[0], leaf)
+    specs: list[OutputSpec] = []
+    user: list[torch.Tensor] = []
+    index: dict[int, int] = {}
+
+    def graph_index(t: torch.Tensor) -> int:
+        if id(t) not in index:
+            index[id(t)] = len(user)
+            user.append(t)
+        return index[id(t)]
+
+    for leaf in leaves:
+        if not isinstance(leaf, torch.Tensor):
+            specs.append(OutputSpec("const", value=leaf))
+            continue
+        source = tracer.input_root(leaf)
+        if source is not None:
+            specs.append(_alias_spec(leaf, source, fakes[source]))
+            continue
+        root, chain = tracer.view_of(leaf) or (-1, ())
+        base = bases.get(root)
+        if chain and base is not None:
+            spec = OutputSpec("view", graph_index(base), steps=chain)
+            specs.append(dataclasses.replace(spec, requires_grad=leaf.requires_grad))
+            continue
+        specs.append(OutputSpec("graph", graph_index(leaf), requires_grad=leaf.requires_grad))
+    return specs, user
 
 
 def _alias_spec(leaf: torch.Tensor, source: int, base: torch.Tensor) -> OutputSpec:

@@ -18,6 +18,7 @@ from torch.utils import _pytree as pytree
 
 from kiln.autograd_aot.inputs import InputLayout
 from kiln.autograd_aot.joint import TracedProgram
+from kiln.autograd_aot.mutation import apply_view
 
 __all__ = ["CompiledProgram", "run_inference", "run_training"]
 
@@ -85,6 +86,11 @@ def _finish(program: TracedProgram, primals: Sequence[torch.Tensor], outputs: li
             flat.append(outputs[spec.index])
         elif spec.kind == "const":
             flat.append(spec.value)
+        elif spec.kind == "view":
+            view = outputs[spec.index]
+            for step in spec.steps:
+                view = apply_view(step, view)
+            flat.append(view if spec.requires_grad else view.detach())
         elif spec.same_object:
             flat.append(primals[spec.index])
         else:

@@ -100,6 +100,11 @@ class AtenTracer(TorchDispatchMode):
             return None
         return self._roots[info.root].input_index
 
+    def view_of(self, t: torch.Tensor) -> tuple[int, tuple[ViewStep, ...]] | None:
+        """The root id of ``t`` and the view ops leading from the root to it."""
+        info = self._tracked.get(id(t))
+        return None if info is None else (info.root, info.chain)
+
     def mutated_inputs(self) -> list[tuple[int, torch.Tensor]]:
         """(input index, current value) for every input written so far."""
         return [
