@@ -35,7 +35,9 @@ _STORAGE: dict[torch.dtype, str] = {
 
 HALF_TYPES: frozenset[torch.dtype] = frozenset({torch.bfloat16, torch.float16})
 VECTOR_DTYPES: frozenset[torch.dtype] = frozenset(
-    {torch.float32, torch.float64, torch.int32, torch.int64, torch.bool} | HALF_TYPES
+    {torch.float32, torch.float64, torch.int32, torch.int64, torch.int16, torch.int8}
+    | {torch.uint8, torch.bool}
+    | HALF_TYPES
 )
 """Dtypes the vectorized variant handles; a kernel touching others runs scalar."""
 

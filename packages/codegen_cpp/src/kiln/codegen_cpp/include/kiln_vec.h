@@ -35,7 +35,9 @@ struct Raw {
 
 // The signed integer of T's width: what a comparison of two T vectors yields.
 template <typename T>
-using same_int_t = std::conditional_t<sizeof(T) == 8, int64_t, int32_t>;
+using same_int_t = std::conditional_t<
+    sizeof(T) == 8, int64_t,
+    std::conditional_t<sizeof(T) == 4, int32_t, std::conditional_t<sizeof(T) == 2, int16_t, int8_t>>>;
 
 template <typename T>
 struct Vec {
