@@ -8,6 +8,7 @@ the exact ops in the graph.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import math
 import operator
@@ -17,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kiln.capture import LocalSource, capture
+from kiln.capture import LocalSource, Unsupported, capture
 
 
 def t(*shape):
@@ -976,3 +977,31 @@ EDGE_CASES = [
 @pytest.mark.parametrize("fn", EDGE_CASES, ids=[f.__name__ for f in EDGE_CASES])
 def test_edge_case(check, fn):
     check(fn, (t(3),))
+
+
+class _Color(enum.Enum):
+    RED = 1
+    BLUE = 2
+
+
+def test_enum_lookup_and_compare(check):
+    def fn(x, c):
+        return x * 2 if _Color(1) is c else x
+
+    check(fn, (t(2), _Color.RED), ops=["mul"])
+
+
+def test_tensor_subclass_inputs_refused():
+    class Tagged(torch.Tensor):
+        pass
+
+    x = t(2).as_subclass(Tagged)
+    with pytest.raises(Unsupported):
+        capture(
+            lambda x: x + 1,
+            (x,),
+            {},
+            compile_graph=lambda gm, ex: gm.forward,
+            wrap_callable=lambda f: f,
+            fullgraph=True,
+        )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import enum
 import functools
 import inspect
 import types
@@ -187,6 +188,10 @@ def _foldable(obj: Any) -> bool:
 # classes ---------------------------------------------------------------------
 def _construct(tr: Tracer, cv: ObjectValue, args: list[Value], kwargs: dict[str, Value]) -> Value:
     cls = cv.obj
+    if issubclass(cls, enum.Enum) and all(
+        builtin_calls.is_literal(a) for a in [*args, *kwargs.values()]
+    ):
+        return builtin_calls.fold(cls, args, kwargs)
     if is_namedtuple(cls):
         bound = _bind_signature(cls, args, kwargs)
         return TupleValue(list(bound.values()), cls)

@@ -66,6 +66,11 @@ def _wrap(out: OutputGraph, obj: Any, source: Source | None) -> Value:
         if source is None:
             # a tensor the trace did not compute and cannot reload: never bake it in
             raise unsupported("unsupported_value", "a tensor with no place in the frame")
+        if type(obj) not in (torch.Tensor, torch.nn.Parameter) and not isinstance(
+            obj, torch.nn.Parameter
+        ):
+            # a subclass may override ops (__torch_function__) in ways fakes do not see
+            raise unsupported("unsupported_value", f"a tensor of type {type(obj).__name__}")
         return out.add_input(source, obj)
     if is_constant(obj):
         if source is not None:
