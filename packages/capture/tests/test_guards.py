@@ -146,3 +146,19 @@ def test_aliased_inputs_get_separate_placeholders():
     assert len([n for n in r.graphs[0].graph.nodes if n.op == "placeholder"]) == 2
     a, b = torch.randn(3), torch.randn(3)
     torch.testing.assert_close(r.function(a, b), a + b)
+
+
+def test_inlined_hooks_are_pinned_by_their_handles():
+    m = nn.Linear(2, 2)
+    handle = m.register_forward_hook(lambda mod, args, out: out * 2)
+
+    class Outer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = m
+
+        def forward(self, x):
+            return self.inner(x)
+
+    g = _by(_guards(Outer().forward, torch.randn(1, 2)))
+    assert g[("L['self'].inner._forward_hooks", GuardKind.DICT_KEYS)] == (handle.id,)

@@ -300,6 +300,11 @@ def call_module(tr: Tracer, mv: ObjectValue, args: list[Value], kwargs: dict[str
         raise unsupported("module_hooks", f"backward or global hooks on {type(mod).__name__}")
     if mv.source is not None and not _has_hooks(mod):
         tr.out.guard(mv.source, GuardKind.HOOKS_EMPTY)
+    elif mv.source is not None:
+        # the inlined hooks are these: hook handles are unique ids, so the keys pin them
+        for table in ("_forward_pre_hooks", "_forward_hooks"):
+            keys = tuple(getattr(mod, table).keys())
+            tr.out.guard(mv.source.attr(table), GuardKind.DICT_KEYS, keys)
     for hook_id, hook in list(mod._forward_pre_hooks.items()):
         with_kwargs = mod._forward_pre_hooks_with_kwargs.get(hook_id, False)
         hv = _hook_value(hook)
