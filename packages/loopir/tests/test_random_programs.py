@@ -85,3 +85,40 @@ def test_random_half_program(seed):
 
     x, y = (torch.randn(N, N, dtype=torch.bfloat16) * 0.5 for _ in range(2))
     check(fn, x, y, atol=0.1, rtol=0.05)
+
+
+SHAPE = [3, 5, 4]
+
+
+def _step3(rng, values):
+    a, b = rng.choice(values), rng.choice(values)
+    kind = rng.randrange(7)
+    dims = sorted(rng.sample(range(3), rng.randrange(1, 3)))
+    if kind == 0:
+        return aten.sub.Tensor(a, aten.mean.dim(b, dims, True))
+    if kind == 1:
+        return aten.mul.Tensor(aten.exp.default(aten.neg.default(aten.abs.default(a))), b)
+    if kind == 2:  # a different element order, same shape
+        perm = rng.choice([[2, 0, 1], [1, 2, 0], [0, 2, 1]])
+        return aten.reshape.default(aten.permute.default(a, perm), SHAPE)
+    if kind == 3:
+        return aten.flip.default(a, dims)
+    if kind == 4:
+        return aten.add.Tensor(a, aten.amax.default(b, dims, True))
+    if kind == 5:
+        var, mean = aten.var_mean.correction(a, dims, correction=0, keepdim=True)
+        return aten.div.Tensor(aten.sub.Tensor(a, mean), aten.add.Scalar(var, 1.0))
+    return aten.where.self(aten.gt.Tensor(a, b), a, aten.mul.Scalar(b, 0.5))
+
+
+@pytest.mark.parametrize("seed", range(int(os.environ.get("LOOPIR_RANDOM_PROGRAMS", "6")) // 2))
+def test_random_3d_program(seed):
+    def fn(x, y):
+        rng = random.Random(2000 + seed)
+        values = [x, y]
+        for _ in range(8):
+            values.append(_step3(rng, values))
+        return (values[-1], values[rng.randrange(2, len(values))])
+
+    x, y = torch.randn(SHAPE), torch.randn(4, 5, 3).permute(2, 1, 0)
+    check(fn, x, y, atol=1e-4, rtol=1e-4)
