@@ -87,3 +87,18 @@ def test_tensors_made_from_data_may_be_mutated():
     gm = trace_aten(fn, [x], {})
     _no_mutations(gm)
     torch.testing.assert_close(gm(x)[0], fn(x))
+
+
+def test_random_fills_in_place():
+    def fn(x):
+        w = torch.empty(2000)
+        torch.nn.init.normal_(w, 2.0, 0.5)
+        u = torch.empty(2000).uniform_(-1, 1)
+        return x + w.mean(), w.std(), u.min(), u.max()
+
+    assert functional_variant(aten.normal_.default).op is aten.normal_functional.default
+    gm = trace_aten(fn, [torch.randn(3)], {})
+    _no_mutations(gm)
+    shifted, std, lo, hi = gm(torch.zeros(3))
+    assert abs(shifted.mean().item() - 2) < 0.1 and abs(std.item() - 0.5) < 0.05
+    assert -1 <= lo.item() and hi.item() <= 1

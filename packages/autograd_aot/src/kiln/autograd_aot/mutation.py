@@ -145,9 +145,14 @@ def functional_variant(func: Any) -> Functional:
         found = _overload_with_args(name, keep)
         if found is not None:
             return Functional(found, drop)
-    found = _overload_with_args(f"{name}_functional", [a.name for a in schema.arguments])
+    all_args = [a.name for a in schema.arguments]
+    found = _overload_with_args(f"{name}_functional", all_args)
     if found is not None:
         return Functional(found, appends_values=True)
+    # normal_ -> normal_functional: same arguments, returns the new value only
+    found = _overload_with_args(f"{name.rstrip('_')}_functional", all_args)
+    if found is not None and len(found._schema.returns) == 1:
+        return Functional(found)
     msg = f"no functional variant of {func} is known to Kiln's functionalization pass"
     raise UnsupportedMutation(msg)
 
