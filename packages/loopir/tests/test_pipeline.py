@@ -199,3 +199,11 @@ def test_storage_given_away_in_place_is_not_reused_while_its_new_owner_lives():
 
     c = check(fn, torch.randn(8, 8), torch.randn(8, 8))
     assert "# inplace" in c.source
+
+
+def test_ir_logs_name_their_passes(caplog):
+    with caplog.at_level(logging.INFO, logger="kiln.loopir.ir"):
+        check(lambda x: (aten.sum.dim_IntList(aten.mm.default(x, x), [1]),), torch.randn(4, 4))
+    assert "# loopir IR after pass 'lower'" in caplog.text
+    assert "# loopir kernels after pass 'schedule'" in caplog.text
+    assert "Extern aten.mm.default" in caplog.text

@@ -27,7 +27,7 @@ from kiln.loopir.ir.layout import Layout
 from kiln.loopir.ir.views import ReinterpretView
 from kiln.loopir.kernel import SEEDS
 from kiln.loopir.memory import MemoryPlan, plan_memory
-from kiln.loopir.printing import render_buffers
+from kiln.loopir.printing import render_buffers, render_group
 from kiln.loopir.reference import ReferenceBackend
 from kiln.loopir.scheduler.nodes import SchedNode
 from kiln.loopir.scheduler.order import KernelStep, Step, schedule
@@ -120,6 +120,10 @@ def compile_graph(
     keep = _output_names(graph.outputs)
     with _pass("schedule"):
         steps = schedule(graph.buffers, layout_of, backend_for, keep, fuse=fusion)
+    if ir_log.isEnabledFor(logging.INFO) or artifacts.debug_dir() is not None:
+        text = render_steps(steps, "schedule")
+        ir_log.info("%s", text)
+        artifacts.dump("loopir_kernels.txt", text)
     with _pass("finalize"):
         # optional hook: build what a backend queued, so errors surface while compiling
         for found in used.values():
@@ -145,6 +149,17 @@ def compile_graph(
             counters.bump("kernels", step.backend)
     log.info("compiled %d kernels, peak %d bytes", compiled.kernel_count, plan.peak_bytes)
     return compiled
+
+
+def render_steps(steps: Sequence[Step], made_by: str) -> str:
+    """The scheduled program: each kernel's nodes, and the extern calls between them."""
+    parts = [f"# loopir kernels after pass {made_by!r}"]
+    for step in steps:
+        if isinstance(step, KernelStep):
+            parts.append(render_group(step.group))
+        else:
+            parts.append(f"# {step.buffer.describe()}")
+    return "\n".join(parts)
 
 
 def compile_graph_reference(
