@@ -144,3 +144,15 @@ def test_unsupported_dtype_falls_back_to_the_reference_backend(caplog):
     result = torch.empty_like(a)
     code.fn(a, result)
     torch.testing.assert_close(result, a * a)
+
+
+def test_build_failing_at_first_call_runs_the_reference_backend():
+    backend = CppBackend()
+    group = _tiny_group()
+    code = backend.codegen_kernel(group)
+    code.fn.source = code.fn.source.replace("for (", "for ((", 1)  # break the C++
+    x = torch.randn(3, 20)
+    outs = [torch.empty(3), torch.empty(3), torch.empty(3, 20)]
+    with pytest.warns(RuntimeWarning, match="reference backend"):
+        code.fn(x, *outs)
+    torch.testing.assert_close(outs[2], torch.softmax(x, 1))

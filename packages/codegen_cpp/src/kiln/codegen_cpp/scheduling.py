@@ -16,12 +16,14 @@ import math
 import os
 import re
 import threading
+import warnings
+from collections.abc import Callable
 
 import torch
 
 from kiln.capture import artifacts, counters
 from kiln.codegen_cpp.build import build_libraries, toolchain
-from kiln.codegen_cpp.errors import CodegenCppError, KernelIndexError
+from kiln.codegen_cpp.errors import CodegenCppError, CppBuildError, KernelIndexError
 from kiln.codegen_cpp.kernel import KernelWriter
 from kiln.codegen_cpp.loader import KernelFunction, load_library
 from kiln.loopir.backend import KernelCode
@@ -67,12 +69,17 @@ class LazyKernel:
         self.sizes = tuple(writer.size_symbols.values())
         self.signature = ["ptr"] * len(writer.group.args) + ["i64"] * (len(self.sizes) + 1)
         self.checks_indices = writer.checks_indices
+        self.group = writer.group
         self.function: KernelFunction | None = None
+        self.fallback: Callable[..., object] | None = None
 
     def __call__(self, *tensors: torch.Tensor) -> None:
-        if self.function is None:
-            self.backend.finalize()
-            assert self.function is not None
+        if self.function is None and self.fallback is None:
+            self.backend.build_on_first_call()
+        if self.fallback is not None:
+            self.fallback(*tensors)
+            return
+        assert self.function is not None
         sizes = [int(tensors[arg].shape[dim]) for arg, dim in self.sizes]
         self.function(*tensors, *sizes, torch.get_num_threads())
         if self.checks_indices:
@@ -126,8 +133,31 @@ class CppBackend:
             self._pending.append(kernel)
         return KernelCode(group.name, text, kernel, "cpp")
 
+    def build_on_first_call(self) -> None:
+        """:meth:`finalize` for a kernel called before anyone finalized.
+
+        The graph is already running, too late for the frontend's eager fallback,
+        so a failed build sends the queued kernels to loopir's reference backend
+        (correct, slow) with one warning instead of failing the user's call.
+        """
+        try:
+            self.finalize()
+        except CppBuildError as exc:
+            with self._lock:
+                pending, self._pending = self._pending, []
+            warnings.warn(
+                f"kiln: C++ build failed, {len(pending)} kernel(s) run on loopir's reference "
+                f"backend instead; generated source: {exc.source_path}",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            counters.bump("codegen_cpp", "reference_fallbacks", len(pending))
+            for kernel in pending:
+                kernel.fallback = ReferenceBackend().codegen_kernel(kernel.group).fn
+
     def finalize(self) -> None:
-        """Build every queued kernel now (errors surface here, not at first call)."""
+        """Build every queued kernel now, so a :class:`CppBuildError` surfaces at compile
+        time (loopir should call this after generating a graph's kernels)."""
         with self._lock:
             pending, self._pending = self._pending, []
             if not pending:
