@@ -75,14 +75,8 @@ class Extent:
 
     def times(self, other: Extent) -> Extent | None:
         if self.static is not None and other.static is not None:
-            return _Known(self.static * max(other.static, 1))
+            return Extent(sympy.Integer(self.static * max(other.static, 1)))
         return None
-
-
-class _Known(Extent):
-    def __init__(self, value: int) -> None:
-        self.static = value
-        self.text = str(value)
 
 
 def loop(
@@ -169,7 +163,7 @@ class LoopNests:
         w.index_ranges = {_ROW: rows, _COL: period}
         try:
             run = functools.partial(w.run_nodes, w.group.nodes, period * _ROW + _COL)
-            vec = w.vector_pass(run, _Known(period), _COL)
+            vec = w.vector_pass(run, Extent(sympy.Integer(period)), _COL)
             if vec is None:
                 return None
             scalar = w.scalar_pass(run, _COL.name)
