@@ -63,5 +63,5 @@ class Unsupported(KilnError):
         return "\n".join(lines)
 
     def with_frame(self, frame: UserFrame) -> Unsupported:
-        """The same error, located at ``frame`` (the outermost user line wins)."""
+        """The same error, located at ``frame`` (the innermost user line that failed)."""
         return Unsupported(self.kind, self.explanation, self.hint, frame)
