@@ -126,7 +126,7 @@ def test_memory_is_freed_and_reused():
         c = aten.sum.dim_IntList(aten.mul.Tensor(x, b), [1], True)
         return (aten.add.Tensor(c, 1.0),)
 
-    c = check(fn, torch.randn(64, 32), rtol=1e-5, atol=1e-3)  # sums of exps: order matters
+    c = check(fn, torch.randn(64, 32), rtol=1e-4, atol=1e-3)  # sums of exps: order matters
     assert "del " in c.source
     assert c.peak_bytes > 0
 
