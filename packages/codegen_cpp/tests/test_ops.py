@@ -15,7 +15,7 @@ class Emitter:
 
 
 F = CppVar("x", torch.float32)
-I = CppVar("i", torch.int64)
+INT = CppVar("i", torch.int64)
 B = CppVar("m", torch.bool)
 
 
@@ -24,7 +24,7 @@ def test_scalar_printing():
     ops = CppOps(e)
     assert ops.exp(F).dtype == torch.float32 and e.lines[-1] == "t0 = std::exp(x)"
     assert ops.lt(F, F).dtype == torch.bool
-    ops.floordiv(I, I)
+    ops.floordiv(INT, INT)
     assert "kiln::floordiv<int64_t>(i, i)" in e.lines[-1]
     ops.to_dtype(F, torch.bfloat16)
     assert "kiln::round_to_bf16" in e.lines[-1]
