@@ -6,6 +6,7 @@ See the package README for the public API; it works with only this package insta
 from kiln.capture import artifacts, counters
 from kiln.capture.__about__ import __version__
 from kiln.capture.errors import CaptureError, KilnError, Unsupported, UserFrame
+from kiln.capture.explain import ExplainOutput, explain
 from kiln.capture.export import ExportResult, export
 from kiln.capture.frame_capture import CaptureResult, GraphBreak, capture
 from kiln.capture.guard_data import GlobalState, GuardKind, GuardSpec, TensorMeta
@@ -22,6 +23,7 @@ __all__ = [
     "AttrSource",
     "CaptureError",
     "CaptureResult",
+    "ExplainOutput",
     "ExportResult",
     "ClosureSource",
     "GlobalSource",
@@ -40,5 +42,6 @@ __all__ = [
     "artifacts",
     "capture",
     "counters",
+    "explain",
     "export",
 ]

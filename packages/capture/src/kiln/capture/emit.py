@@ -46,6 +46,8 @@ _LITERAL_TYPES = (int, str, bool, bytes, type(None))
 def side_effect_values(effects: SideEffects) -> list[Value]:
     """Every value the replayed side effects write."""
     values: list[Value] = [v for _, stores in effects.attr_stores.values() for v in stores.values()]
+    values.extend(v for _, stores in effects.global_stores.values() for v in stores.values())
+    values.extend(v for _, v in effects.cell_stores.values())
     for c in effects.mutated_containers():
         values.append(ListValue(c.items) if isinstance(c, ListValue) else DictValue(c.items))
     return values
@@ -84,6 +86,12 @@ def _build_object(cls: type, attrs: dict[str, Any]) -> Any:
     for name, value in attrs.items():
         object.__setattr__(obj, name, value)
     return obj
+
+
+def _refill_dict(target: dict[Any, Any], items: dict[Any, Any]) -> None:
+    """Give ``target`` exactly ``items`` (a mutated dict written back in place)."""
+    target.clear()
+    target.update(items)
 
 
 class _Writer:
@@ -178,14 +186,20 @@ def _replay(writer: _Writer, effects: SideEffects) -> list[str]:
         obj = writer.source(target.source)
         for name, value in stores.items():
             lines.append(f"{writer.const(setattr)}({obj}, {name!r}, {writer.value(value)})")
+    for namespace, stores in effects.global_stores.values():
+        for name, value in stores.items():
+            lines.append(f"{writer.const(namespace)}[{name!r}] = {writer.value(value)}")
+    for cell, value in effects.cell_stores.values():
+        lines.append(f"{writer.const(cell)}.cell_contents = {writer.value(value)}")
     for c in effects.mutated_containers():
         assert c.source is not None
         where = writer.source(c.source)
         if isinstance(c, ListValue):
             lines.append(f"{where}[:] = {writer.value(ListValue(c.items))}")
         else:
-            lines.append(f"{where}.clear()")
-            lines.append(f"{where}.update({writer.value(DictValue(c.items))})")
+            # the new items are built before the dict is cleared: they may read it
+            new_items = writer.value(DictValue(c.items))
+            lines.append(f"{writer.const(_refill_dict)}({where}, {new_items})")
     return lines
 
 

@@ -23,12 +23,13 @@ from torch import fx
 
 from kiln.capture import counters
 from kiln.capture.break_reasons import unsupported
+from kiln.capture.break_tracer import BreakTracer
 from kiln.capture.emit import emit_code, graph_outputs
 from kiln.capture.errors import Unsupported
 from kiln.capture.graph import OutputGraph
 from kiln.capture.guard_data import GlobalState, GuardKind, GuardSpec
 from kiln.capture.source import ClosureSource, LocalSource
-from kiln.capture.tracer import CO_GENERATOR_LIKE, Tracer
+from kiln.capture.tracer import CO_GENERATOR_LIKE
 from kiln.capture.values.base import Value
 from kiln.capture.values.containers import CellValue
 from kiln.capture.wrap import wrap
@@ -115,7 +116,7 @@ def trace_frame(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Trace
             name: CellValue(real=cell, source=ClosureSource(name))
             for name, cell in zip(code.co_freevars, func.__closure__ or (), strict=False)
         }
-        tracer = Tracer(code, func.__globals__, out, f_locals=f_locals, cells=cells)
+        tracer = BreakTracer(code, func.__globals__, out, f_locals=f_locals, cells=cells)
         result = tracer.run()
     except Unsupported:
         raise
@@ -147,7 +148,18 @@ def capture(
         traced = trace_frame(fn, tuple(args), dict(kwargs or {}))
     except Unsupported as e:
         counters.bump("graph_break", e.kind)
-        raise
+        if fullgraph:
+            raise
+        from kiln.capture.breaks import capture_after_break  # it builds on this module
+
+        return capture_after_break(
+            e,
+            fn,
+            tuple(args),
+            compile_graph=compile_graph,
+            wrap_callable=wrap_callable,
+            started=start,
+        )
     traced_at = time.perf_counter()
     out, func = traced.out, traced.func
     effects = out.side_effects

@@ -27,6 +27,23 @@ class SideEffects:
         self.attr_stores: dict[int, tuple[Value, dict[str, Value]]] = {}
         self.containers: list[ListValue | DictValue] = []
         self._wrapped: dict[int, tuple[Any, Value]] = {}
+        # id(globals dict) -> (the dict, name -> value); last write wins
+        self.global_stores: dict[int, tuple[dict[str, Any], dict[str, Value]]] = {}
+        self.cell_stores: dict[int, tuple[Any, Value]] = {}  # id(real cell) -> (cell, value)
+
+    def store_global(self, f_globals: dict[str, Any], name: str, value: Value) -> None:
+        """``global name; name = value`` in the module whose namespace is ``f_globals``."""
+        self.global_stores.setdefault(id(f_globals), (f_globals, {}))[1][name] = value
+        self.version += 1
+
+    def pending_global(self, f_globals: dict[str, Any], name: str) -> Value | None:
+        entry = self.global_stores.get(id(f_globals))
+        return entry[1].get(name) if entry is not None else None
+
+    def store_cell(self, cell: Any, value: Value) -> None:
+        """A write to a closure cell created outside the captured call."""
+        self.cell_stores[id(cell)] = (cell, value)
+        self.version += 1
 
     def record_call(self, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """A call with constant arguments (a log line, a warning) to make after the graph."""
@@ -61,6 +78,8 @@ class SideEffects:
             for target, stores in self.attr_stores.values()
             for name in stores
         ]
+        out.extend(f"global {n} = ..." for _, st in self.global_stores.values() for n in st)
+        out.extend("closure cell = ..." for _ in self.cell_stores)
         out.extend(f"{c.source} mutated" for c in self.mutated_containers())
         out.extend(f"call {getattr(fn, '__qualname__', fn)!s}" for fn, _, _ in self.calls)
         return out

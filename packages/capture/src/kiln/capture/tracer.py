@@ -216,6 +216,9 @@ class Tracer:
     # names -------------------------------------------------------------------
     def load_global(self, name: str) -> Value:
         """A global (or builtin) of the running code, guarded through its source."""
+        pending = self.out.side_effects.pending_global(self.f_globals, name)
+        if pending is not None:
+            return pending
         if name in self.f_globals:
             if self.f_globals is self.root.f_globals:
                 src: Source | None = GlobalSource(name)

@@ -58,9 +58,15 @@ def load_global(tr: Tracer, ins: dis.Instruction) -> None:
     tr.push(tr.load_global(ins.argval))
 
 
-@handles("STORE_GLOBAL", "DELETE_GLOBAL")
+@handles("STORE_GLOBAL")
 def store_global(tr: Tracer, ins: dis.Instruction) -> None:
-    raise unsupported("side_effect", f"assigning the global {ins.argval!r}")
+    """Recorded, seen by later loads, and made by the emitted code after the graph."""
+    tr.out.side_effects.store_global(tr.f_globals, ins.argval, tr.pop())
+
+
+@handles("DELETE_GLOBAL")
+def delete_global(tr: Tracer, ins: dis.Instruction) -> None:
+    raise unsupported("side_effect", f"deleting the global {ins.argval!r}")
 
 
 @handles("MAKE_CELL")
@@ -96,7 +102,7 @@ def store_deref(tr: Tracer, ins: dis.Instruction) -> None:
     if cell is None:
         cell = tr.cells[ins.argval] = CellValue()
     if cell.real is not None:
-        raise unsupported("side_effect", f"assigning the closure variable {ins.argval!r}")
+        tr.out.side_effects.store_cell(cell.real, value)
     cell.contents = value
 
 

@@ -1,0 +1,241 @@
+"""The root tracer that can stop at an instruction and hand its state to the break handler.
+
+Before every instruction of the captured frame (not of functions inlined into
+it) :class:`BreakTracer` remembers the symbolic state: stack, locals, cells,
+the last graph node, the positions of iterators and the contents of
+containers a call could mutate. When the instruction raises
+:class:`~kiln.capture.errors.Unsupported` (also from deep inside an inlined
+call), the state is rolled back to just before it and attached to the error
+as a :class:`BreakState`, which ``kiln.capture.breaks`` turns into a partial
+graph plus continuation functions. States that cannot be rolled back soundly
+(a side effect was recorded by the failing instruction) are not attached, so
+the frame runs eagerly as before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import dis
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import fx
+
+from kiln.capture.break_reasons import UserException
+from kiln.capture.errors import Unsupported
+from kiln.capture.guard_data import GuardKind
+from kiln.capture.tracer import Tracer
+from kiln.capture.values.base import Value
+from kiln.capture.values.containers import DictValue, ListValue, SetValue
+from kiln.capture.values.iterators import EnumerateIterator, ItemsIterator, ZipIterator
+from kiln.capture.values.objects import NewObjectValue, ObjectValue
+from kiln.capture.wrap import wrap
+
+__all__ = ["BreakState", "BreakTracer", "ResumeIterator", "break_state"]
+
+_CALLS = frozenset({"CALL", "CALL_FUNCTION_EX", "PRECALL"})
+_STATE_ATTR = "kiln_break_state"
+
+
+class ResumeIterator:
+    """The rest of a ``for`` loop a graph break interrupted, handed to its continuation.
+
+    A real list iterator cannot be read without consuming it; this one exposes
+    its remaining ``items``, so the continuation's capture unrolls them with guards.
+    """
+
+    __slots__ = ("items", "pos")
+
+    def __init__(self, items: list[Any]) -> None:
+        self.items = items
+        self.pos = 0
+
+    def __iter__(self) -> ResumeIterator:
+        return self
+
+    def __next__(self) -> Any:
+        if self.pos >= len(self.items):
+            raise StopIteration
+        self.pos += 1
+        return self.items[self.pos - 1]
+
+
+@dataclasses.dataclass
+class BreakState:
+    """The root frame just before the instruction that could not be captured."""
+
+    tracer: Tracer
+    instruction: dis.Instruction
+    index: int
+    stack: list[Value]
+    locals: dict[str, Value]
+    kw_names: tuple[str, ...]
+    grad_enabled: bool
+    contexts_entered: int
+
+
+class _Snapshot:
+    """Enough to undo one root instruction, including in-place changes to tracked values."""
+
+    def __init__(self, tr: Tracer, index: int) -> None:
+        self.index = index
+        self.stack = list(tr.stack)
+        self.locals = dict(tr.locals)
+        self.kw_names = tr.kw_names
+        self.cells = {name: cell.contents for name, cell in tr.cells.items()}
+        self.last_node: fx.Node = next(iter(reversed(tr.out.graph.nodes)), tr.out.graph._root)
+        self.effects_version = tr.out.side_effects.version
+        self.effect_calls = len(tr.out.side_effects.calls)
+        self.grad_enabled = torch.is_grad_enabled()
+        self.contexts_entered = len(tr.out.entered)
+        self.mutable: list[tuple[Value, Any]] = []
+        seen: set[int] = set()
+        deep = tr.instructions[index].opname in _CALLS
+        for v in [*self.stack, *self.locals.values(), *self.cells.values()]:
+            if v is not None:
+                self._remember(v, seen, deep)
+
+    def _remember(self, v: Value, seen: set[int], deep: bool) -> None:
+        if id(v) in seen:
+            return
+        seen.add(id(v))
+        if isinstance(v, ItemsIterator):
+            self.mutable.append((v, v.pos))
+        elif isinstance(v, EnumerateIterator):
+            self.mutable.append((v, v.count))
+            self._remember(v.inner, seen, deep)
+        elif isinstance(v, ZipIterator):
+            for part in v.parts:
+                self._remember(part, seen, deep)
+        elif deep and isinstance(v, (ListValue, DictValue, SetValue)):
+            self.mutable.append((v, (_copy(v.items), v.mutated)))
+            for x in _children(v):
+                self._remember(x, seen, deep)
+        elif deep and isinstance(v, NewObjectValue):
+            self.mutable.append((v, dict(v.attrs)))
+            for x in v.attrs.values():
+                self._remember(x, seen, deep)
+
+    def restore(self, tr: Tracer) -> None:
+        tr.stack, tr.locals, tr.kw_names = list(self.stack), dict(self.locals), self.kw_names
+        for name, cell in tr.cells.items():
+            cell.contents = self.cells.get(name)
+        graph = tr.out.graph
+        for node in reversed(list(graph.nodes)):
+            if node is self.last_node:
+                break
+            if node.op != "placeholder" and not node.users:
+                graph.erase_node(node)
+        for v, saved in self.mutable:
+            if isinstance(v, ItemsIterator):
+                v.pos = saved
+            elif isinstance(v, EnumerateIterator):
+                v.count = saved
+            elif isinstance(v, NewObjectValue):
+                v.attrs = saved
+            elif isinstance(v, (ListValue, DictValue, SetValue)):
+                v.items, v.mutated = saved[0], saved[1]
+
+
+def _copy(items: Any) -> Any:
+    return list(items) if isinstance(items, list) else dict(items)
+
+
+def _children(v: ListValue | DictValue | SetValue) -> Iterator[Value]:
+    if isinstance(v, ListValue):
+        yield from v.items
+    elif isinstance(v, DictValue):
+        for key, value in v.items.values():
+            yield key
+            yield value
+    else:
+        yield from v.items.values()
+
+
+class _Watched(list[dis.Instruction]):
+    """The root's instruction list: the loop's fetch snapshots the tracer first."""
+
+    def __init__(self, items: list[dis.Instruction], owner: BreakTracer) -> None:
+        super().__init__(items)
+        self.owner = owner
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, int) and self.owner.between_steps:
+            self.owner.between_steps = False
+            self.owner.snapshot = _Snapshot(self.owner, i)
+        return super().__getitem__(i)
+
+
+class BreakTracer(Tracer):
+    """A :class:`Tracer` for the captured frame that records where a graph break can happen."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.between_steps = False
+        self._return_value: Value | None = None
+        super().__init__(*args, **kwargs)
+        self.snapshot: _Snapshot | None = None
+        self.instructions = _Watched(self.instructions, self)
+        for name, value in self.locals.items():
+            if isinstance(value, ObjectValue) and type(value.obj) is ResumeIterator:
+                self.locals[name] = self._resumed_iterator(value)
+
+    def _resumed_iterator(self, value: ObjectValue) -> Value:
+        it = value.obj
+        if it.pos or value.source is None:
+            return value
+        self.out.guard(value.source, GuardKind.TYPE_MATCH, ResumeIterator)
+        items = wrap(self.out, it.items, value.source.attr("items"))
+        assert isinstance(items, ListValue)
+        return ItemsIterator(list(items.items))
+
+    # The loop tests ``return_value`` once before fetching each instruction (and
+    # nothing else reads it), so that read marks the boundary between two steps.
+    @property  # type: ignore[override]
+    def return_value(self) -> Value | None:
+        self.between_steps = True
+        return self._return_value
+
+    @return_value.setter
+    def return_value(self, value: Value | None) -> None:
+        self._return_value = value
+
+    def run(self) -> Value:
+        try:
+            return super().run()
+        except UserException:
+            raise
+        except Unsupported as e:
+            self._attach(e)
+            raise
+
+    def _attach(self, e: Unsupported) -> None:
+        snap = self.snapshot
+        effects = self.out.side_effects
+        if snap is None:
+            return
+        new_calls = len(effects.calls) - snap.effect_calls
+        if effects.version - snap.effects_version != new_calls:
+            return  # a store or mutation was recorded: it cannot be taken back
+        # only replayed calls (log lines, prints) were recorded: drop them, they run again
+        del effects.calls[snap.effect_calls :]
+        effects.version = snap.effects_version
+        snap.restore(self)
+        ins = list.__getitem__(self.instructions, snap.index)
+        state = BreakState(
+            self,
+            ins,
+            snap.index,
+            list(snap.stack),
+            dict(snap.locals),
+            snap.kw_names,
+            snap.grad_enabled,
+            snap.contexts_entered,
+        )
+        setattr(e, _STATE_ATTR, state)
+
+
+def break_state(e: Unsupported) -> BreakState | None:
+    """The root frame's state before the failing instruction, if the break can be resumed."""
+    state = getattr(e, _STATE_ATTR, None)
+    return state if isinstance(state, BreakState) else None

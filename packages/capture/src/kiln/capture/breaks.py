@@ -1,0 +1,516 @@
+"""Graph breaks: close the partial graph, run the instruction natively, continue in resume functions.
+
+When the captured frame meets an instruction capture cannot model,
+:class:`~kiln.capture.break_tracer.BreakTracer` rolls the symbolic state back
+to just before it. This module then builds the frame's new code: call the
+graph compiled from the ops so far, replay the pending side effects, rebuild
+the stack values and live locals from the graph's outputs, run the
+instruction itself in Python, and return the result of a ``resume_at_<offset>``
+continuation (two for a conditional jump), which the frontend's
+``wrap_callable`` compiles in turn when first called.
+
+Instructions inside a ``try`` or ``with`` block run inside the continuation
+(which keeps the exception table), so their handlers still apply; that
+continuation runs uncompiled. Where the frame cannot be resumed soundly the
+original :class:`~kiln.capture.errors.Unsupported` is raised again and the
+frame runs eagerly.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import operator
+import threading
+import time
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import fx
+
+from kiln.capture import counters
+from kiln.capture.break_tracer import BreakState, ResumeIterator, break_state
+from kiln.capture.bytecode.format import log_code
+from kiln.capture.contexts import ExitValue
+from kiln.capture.emit import _replay, _signature, _Writer, graph_outputs
+from kiln.capture.errors import CaptureError, Unsupported
+from kiln.capture.frame_capture import CaptureResult, GraphBreak, _split_method
+from kiln.capture.guard_data import GlobalState, GuardKind, GuardSpec
+from kiln.capture.resume import (
+    CELLS_AS_CLOSURE,
+    CELLS_AS_VALUES,
+    STACK_NULL,
+    STACK_VALUE,
+    make_resume,
+)
+from kiln.capture.tracer import CO_GENERATOR_LIKE
+from kiln.capture.values.base import NULL, ConstantValue, Value
+from kiln.capture.values.containers import ListValue, TupleValue
+from kiln.capture.values.functions import (
+    BoundMethodValue,
+    BuiltinMethodValue,
+    PartialValue,
+    ReplayedCallValue,
+    UserFunctionValue,
+)
+from kiln.capture.values.iterators import (
+    EnumerateIterator,
+    ItemsIterator,
+    IteratorValue,
+    ZipIterator,
+)
+from kiln.capture.values.tensor import TensorMethodValue
+
+__all__ = ["MAX_RESUME_NESTING", "capture_after_break"]
+
+log = logging.getLogger(__name__)
+graph_log = logging.getLogger("kiln.capture.graph")
+breaks_log = logging.getLogger("kiln.capture.graph_breaks")
+
+#: Continuations run nested in the frame that broke (a break inside a loop nests
+#: once per iteration). This many levels deep they are compiled; deeper ones run
+#: uncompiled, finishing the loop in one frame, so the Python stack stays shallow.
+MAX_RESUME_NESTING = 16
+
+_nesting = threading.local()
+
+
+def _continue(compiled: Callable[..., Any], plain: Callable[..., Any], *args: Any) -> Any:
+    """Call a continuation: compiled while the nesting allows, else as plain Python."""
+    depth: int = getattr(_nesting, "depth", 0)
+    if depth >= MAX_RESUME_NESTING:
+        return plain(*args)
+    _nesting.depth = depth + 1
+    try:
+        return compiled(*args)
+    finally:
+        _nesting.depth = depth
+
+
+_JUMPS_IF = {
+    "POP_JUMP_IF_TRUE": "{}",
+    "POP_JUMP_FORWARD_IF_TRUE": "{}",
+    "POP_JUMP_BACKWARD_IF_TRUE": "{}",
+    "POP_JUMP_IF_FALSE": "not {}",
+    "POP_JUMP_FORWARD_IF_FALSE": "not {}",
+    "POP_JUMP_BACKWARD_IF_FALSE": "not {}",
+    "POP_JUMP_IF_NONE": "{} is None",
+    "POP_JUMP_FORWARD_IF_NONE": "{} is None",
+    "POP_JUMP_BACKWARD_IF_NONE": "{} is None",
+    "POP_JUMP_IF_NOT_NONE": "{} is not None",
+    "POP_JUMP_FORWARD_IF_NOT_NONE": "{} is not None",
+    "POP_JUMP_BACKWARD_IF_NOT_NONE": "{} is not None",
+}
+_JUMPS_OR_POP = {"JUMP_IF_TRUE_OR_POP": "{}", "JUMP_IF_FALSE_OR_POP": "not {}"}
+_BINARY = {
+    "+": operator.add,
+    "-": operator.sub,
+    "*": operator.mul,
+    "/": operator.truediv,
+    "//": operator.floordiv,
+    "%": operator.mod,
+    "**": operator.pow,
+    "@": operator.matmul,
+    "&": operator.and_,
+    "|": operator.or_,
+    "^": operator.xor,
+    "<<": operator.lshift,
+    ">>": operator.rshift,
+    "+=": operator.iadd,
+    "-=": operator.isub,
+    "*=": operator.imul,
+    "/=": operator.itruediv,
+    "//=": operator.ifloordiv,
+    "%=": operator.imod,
+    "**=": operator.ipow,
+    "@=": operator.imatmul,
+    "&=": operator.iand,
+    "|=": operator.ior,
+    "^=": operator.ixor,
+    "<<=": operator.ilshift,
+    ">>=": operator.irshift,
+    "<": operator.lt,
+    "<=": operator.le,
+    "==": operator.eq,
+    "!=": operator.ne,
+    ">": operator.gt,
+    ">=": operator.ge,
+}
+_UNARY = {
+    "UNARY_NEGATIVE": operator.neg,
+    "UNARY_POSITIVE": operator.pos,
+    "UNARY_INVERT": operator.invert,
+    "UNARY_NOT": operator.not_,
+    "GET_ITER": iter,
+}
+
+
+def _in(a: Any, b: Any) -> bool:
+    return a in b
+
+
+def _not_in(a: Any, b: Any) -> bool:
+    return a not in b
+
+
+class _Frame:
+    """Writes the new frame's body: expressions over the graph outputs and the frame."""
+
+    def __init__(self, state: BreakState, func: types.FunctionType, writer: _Writer) -> None:
+        self.state = state
+        self.func = func
+        self.writer = writer
+        self.lines: list[str] = []  # values, read before the side effects are replayed
+        self.after: list[str] = []  # the instruction itself, after them
+        self._temps: dict[int, str] = {}
+        self._count = 0
+
+    def temp(self, text: str, *, after: bool = False) -> str:
+        name = f"__kiln_t{self._count}"
+        self._count += 1
+        (self.after if after else self.lines).append(f"{name} = {text}")
+        return name
+
+    def expr(self, v: Value) -> str:
+        """A name holding ``v``; one evaluation per tracked object, so aliases stay aliases."""
+        if isinstance(v, _Named):
+            return v.name
+        known = self._temps.get(id(v))
+        if known is None:
+            known = self._temps[id(v)] = self.temp(self._text(v))
+        return known
+
+    def _text(self, v: Value) -> str:
+        w = self.writer
+        if isinstance(v, IteratorValue):
+            return f"{w.const(ResumeIterator)}({w.value(ListValue(_remaining(v)))})"
+        if isinstance(v, (TensorMethodValue, BuiltinMethodValue)):
+            owner = v.tensor if isinstance(v, TensorMethodValue) else v.receiver
+            return f"{w.const(getattr)}({self.expr(owner)}, {v.name!r})"
+        if isinstance(v, BoundMethodValue) and v.source is None:
+            return f"{w.const(types.MethodType)}({self.expr(v.func)}, {self.expr(v.self_value)})"
+        if isinstance(v, ReplayedCallValue):
+            return w.const(v.fn)
+        if isinstance(v, PartialValue):
+            parts = [self.expr(v.func), *(self.expr(a) for a in v.args)]
+            parts.extend(f"**{{{k!r}: {self.expr(x)}}}" for k, x in v.kwargs.items())
+            return f"{w.const(functools.partial)}({', '.join(parts)})"
+        if isinstance(v, ExitValue):
+            raise _cannot("a graph break inside a grad-mode `with` block")
+        return w.value(v)
+
+
+class _NotResumable(Exception):
+    """The break cannot be resumed soundly; the frame runs eagerly."""
+
+
+def _cannot(why: str) -> _NotResumable:
+    return _NotResumable(why)
+
+
+def _remaining(v: IteratorValue) -> list[Value]:
+    """What an interrupted loop's iterator still yields (it has not been advanced)."""
+    if isinstance(v, ItemsIterator):
+        return v.items[v.pos :]
+    if isinstance(v, EnumerateIterator):
+        rest = _remaining(v.inner)
+        return [TupleValue([ConstantValue(v.count + i), x]) for i, x in enumerate(rest)]
+    if isinstance(v, ZipIterator):
+        parts = [_remaining(p) for p in v.parts]
+        return [TupleValue(list(items)) for items in zip(*parts, strict=False)]
+    raise _cannot(f"a graph break inside a loop over {type(v).__name__}")
+
+
+def _flat_values(values: list[Value]) -> list[Value]:
+    """Stand-ins the graph-output search can walk (iterators as the lists they still yield)."""
+    out: list[Value] = []
+    for v in values:
+        if isinstance(v, IteratorValue):
+            out.append(ListValue(_remaining(v)))
+        elif isinstance(v, TensorMethodValue):
+            out.append(v.tensor)
+        elif isinstance(v, BuiltinMethodValue):
+            out.extend(_flat_values([v.receiver]))
+        elif isinstance(v, BoundMethodValue) and v.source is None:
+            out.extend(_flat_values([v.func, v.self_value]))
+        elif isinstance(v, PartialValue):
+            out.extend(_flat_values([v.func, *v.args, *v.kwargs.values()]))
+        elif v is not NULL and not isinstance(v, ExitValue):
+            out.append(v)
+    return out
+
+
+def _live_values(state: BreakState) -> dict[str, Value]:
+    """Locals and own cells bound at the break, by name."""
+    tr = state.tracer
+    values = dict(state.locals)
+    for name in tr.code.co_cellvars:
+        cell = tr.cells.get(name)
+        if cell is not None and cell.contents is not None:
+            values[name] = cell.contents
+    return values
+
+
+class _Continuations:
+    """Builds ``resume_at_<offset>`` functions over the frame's globals and cells."""
+
+    def __init__(
+        self,
+        state: BreakState,
+        func: types.FunctionType,
+        frame: _Frame,
+        wrap_callable: Callable[[Callable[..., Any]], Callable[..., Any]],
+    ) -> None:
+        self.state = state
+        self.func = func
+        self.frame = frame
+        self.wrap_callable = wrap_callable
+        self.values = _live_values(state)
+        code = state.tracer.code
+        self.cells_mode = CELLS_AS_VALUES if code.co_cellvars else CELLS_AS_CLOSURE
+        self.made: list[types.CodeType] = []
+
+    def call(self, offset: int, stack: list[Value], *, compiled: bool = True) -> str:
+        """The text calling the continuation at ``offset`` with ``stack`` and the live locals."""
+        code = self.state.tracer.code
+        kinds = [STACK_NULL if v is NULL else STACK_VALUE for v in stack]
+        try:
+            rf = make_resume(code, offset, kinds, cells=self.cells_mode)
+            bound = tuple(n for n in rf.locals if n in self.values)
+            if bound != rf.locals:
+                rf = make_resume(code, offset, kinds, bound, cells=self.cells_mode)
+        except CaptureError as e:
+            raise _cannot(str(e)) from e
+        by_name = dict(zip(code.co_freevars, self.func.__closure__ or (), strict=False))
+        fn = rf.make_function(self.func.__globals__, [by_name[n] for n in rf.closure])
+        self.made.append(rf.code)
+        args = [self.frame.expr(v) for v in stack if v is not NULL]
+        args.extend(self.frame.expr(self.values[n]) for n in rf.locals)
+        w = self.frame.writer
+        if not compiled:
+            return f"return {w.const(fn)}({', '.join(args)})"
+        targets = [w.const(self.wrap_callable(fn)), w.const(fn)]
+        return f"return {w.const(_continue)}({', '.join([*targets, *args])})"
+
+
+def _call_parts(state: BreakState) -> tuple[int, Value, list[Value], list[Value]] | None:
+    """For CALL: how many stack items it takes, the callable, positional and keyword values."""
+    ins, stack = state.instruction, state.stack
+    argc = ins.arg or 0
+    if ins.opname != "CALL" or len(stack) < argc + 2:
+        return None
+    first, second, *args = stack[len(stack) - argc - 2 :]
+    if first is NULL:
+        fn = second
+    else:
+        fn, args = first, [second, *args]
+    nkw = len(state.kw_names)
+    return argc + 2, fn, args[: len(args) - nkw], args[len(args) - nkw :]
+
+
+def _user_function(v: Value) -> types.FunctionType | None:
+    """The real Python function ``v`` calls, when it is a plain (non-generator) function."""
+    if not isinstance(v, UserFunctionValue) or not isinstance(v.real, types.FunctionType):
+        return None
+    if v.real.__code__.co_flags & CO_GENERATOR_LIKE:
+        return None
+    return v.real
+
+
+def _native(state: BreakState, frame: _Frame, rest: _Continuations) -> list[str]:
+    """Lines running the failing instruction in Python, then the continuation(s).
+
+    Values they use are bound in ``frame.lines`` (read before the replay) and
+    the instruction's result in ``frame.after``.
+    """
+    ins, stack = state.instruction, state.stack
+    w = frame.writer
+    instructions = state.tracer.instructions
+    follow = instructions[state.index + 1].offset if state.index + 1 < len(instructions) else -1
+    parts = _call_parts(state)
+    if parts is not None:
+        n, fn, args, kwargs = parts
+        if isinstance(fn, BoundMethodValue) and _user_function(fn.func) is not None:
+            args = [fn.self_value, *args]
+            fn = fn.func
+        texts = [frame.expr(a) for a in args]
+        user = _user_function(fn)
+        if user is not None:  # a function that could not be inlined is compiled on its own
+            fn = _Named(w.const(rest.wrap_callable(user)))
+        texts.extend(
+            f"**{{{name!r}: {frame.expr(v)}}}"
+            for name, v in zip(state.kw_names, kwargs, strict=True)
+        )
+        result = frame.temp(f"{frame.expr(fn)}({', '.join(texts)})", after=True)
+        call = rest.call(follow, [*stack[:-n], _Named(result)])
+        return [call]
+    if ins.opname == "CALL_FUNCTION_EX":
+        n = 4 if (ins.arg or 0) & 1 else 3
+        if len(stack) < n or stack[-n] is not NULL:
+            raise _cannot("CALL_FUNCTION_EX without a NULL below the callable")
+        kw = f", **{frame.expr(stack[-1])}" if n == 4 else ""
+        star = f"{frame.expr(stack[-n + 1])}(*{frame.expr(stack[-n + 2])}{kw})"
+        result = frame.temp(star, after=True)
+        call = rest.call(follow, [*stack[:-n], _Named(result)])
+        return [call]
+    if ins.opname in _JUMPS_IF or ins.opname in _JUMPS_OR_POP:
+        cond = (_JUMPS_IF | _JUMPS_OR_POP)[ins.opname].format(frame.expr(stack[-1]))
+        keep = stack if ins.opname in _JUMPS_OR_POP else stack[:-1]
+        taken = rest.call(ins.argval, keep)
+        not_taken = rest.call(follow, stack[:-1])
+        return [f"if {cond}:", f"    {taken}", not_taken]
+    fn_text, n = _operator(ins, w)
+    if fn_text is None:
+        raise _cannot(f"a graph break at {ins.opname}")
+    operands = [frame.expr(v) for v in stack[len(stack) - n :]]
+    result = frame.temp(f"{fn_text}({', '.join(operands)})", after=True)
+    call = rest.call(follow, [*stack[: len(stack) - n], _Named(result)])
+    return [call]
+
+
+def _operator(ins: Any, w: _Writer) -> tuple[str | None, int]:
+    if ins.opname in ("BINARY_OP", "COMPARE_OP"):
+        fn = _BINARY.get(str(ins.argrepr).replace("bool(", "").rstrip(")"))
+        return (w.const(fn), 2) if fn is not None else (None, 0)
+    if ins.opname == "BINARY_SUBSCR":
+        return w.const(operator.getitem), 2
+    if ins.opname == "CONTAINS_OP":
+        return w.const(_not_in if ins.arg else _in), 2
+    if ins.opname in _UNARY:
+        return w.const(_UNARY[ins.opname]), 1
+    return None, 0
+
+
+class _Named(Value):
+    """A stack value the new frame computed natively and holds in a variable."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def python_type(self) -> type:
+        return object
+
+
+def _break_record(e: Unsupported) -> GraphBreak:
+    return GraphBreak(e.kind, e.explanation, e.hint, e.frame)
+
+
+def capture_after_break(
+    e: Unsupported,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    *,
+    compile_graph: Callable[[fx.GraphModule, list[torch.Tensor]], Callable[..., Any]],
+    wrap_callable: Callable[[Callable[..., Any]], Callable[..., Any]],
+    started: float,
+) -> CaptureResult:
+    """The capture of a frame split at ``e``'s instruction; re-raises ``e`` if it cannot be."""
+    state = break_state(e)
+    if state is None:
+        raise e
+    try:
+        return _split(e, state, fn, args, compile_graph, wrap_callable, started)
+    except (_NotResumable, Unsupported) as why:
+        log.info("cannot resume after the graph break (%s); the frame runs eagerly", why)
+        raise e from None
+    except Exception:  # a bug here must not change the program: run the frame eagerly
+        log.exception("internal error while splitting the graph; the frame runs eagerly")
+        counters.bump("capture", "internal_error")
+        raise e from None
+
+
+def _split(
+    e: Unsupported,
+    state: BreakState,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    compile_graph: Callable[[fx.GraphModule, list[torch.Tensor]], Callable[..., Any]],
+    wrap_callable: Callable[[Callable[..., Any]], Callable[..., Any]],
+    started: float,
+) -> CaptureResult:
+    func, _ = _split_method(fn, args)
+    tr = state.tracer
+    out = tr.out
+    if state.contexts_entered or state.grad_enabled != torch.is_grad_enabled():
+        raise _cannot("a graph break inside a grad-mode or autocast block")
+    writer = _Writer(func, [])
+    frame = _Frame(state, func, writer)
+    rest = _Continuations(state, func, frame, wrap_callable)
+    in_block = tr._handler_for(state.instruction.offset) is not None
+    live = list(_live_values(state).values())
+    effects = out.side_effects
+    outputs = graph_outputs(TupleValue(_flat_values([*state.stack, *live])), effects)
+    writer.output_index = {id(v.node): i for i, v in enumerate(outputs)}
+    traced_at = time.perf_counter()
+    graphs: list[fx.GraphModule] = []
+    head: list[str] = []
+    if out.has_ops() or outputs:
+        gm = out.finish(outputs)
+        graph_log.debug("captured graph of %s (before a break):\n%s", func.__qualname__, gm.code)
+        graphs.append(gm)
+        compiled = compile_graph(gm, [i.real for i in out.inputs])
+        inputs = ", ".join(writer.source(i.source) for i in out.inputs)
+        head.append(f"__kiln_out = {writer.const(compiled)}({inputs})")
+    compiled_at = time.perf_counter()
+    if in_block:
+        # the instruction must run under the enclosing try/with: the continuation starts at it
+        tail = [rest.call(state.instruction.offset, state.stack, compiled=False)]
+    else:
+        tail = _native(state, frame, rest)
+    # values are read as the frame held them; then the pending writes happen, then the rest
+    body = [*head, *frame.lines, *_replay(writer, effects), *frame.after, *tail]
+    code = _assemble(func, writer, body)
+    log_code(f"original {func.__qualname__}", func.__code__)
+    log_code(f"transformed {func.__qualname__}", code)
+    breaks_log.info(
+        "graph break in %s: %s: %s\n%s", func.__qualname__, e.kind, e.explanation, e.frame
+    )
+    counters.bump("graph_breaks", e.kind)
+    counters.bump("capture", "frames")
+    counters.bump("capture", "graphs", len(graphs))
+    new_fn = types.FunctionType(
+        code, func.__globals__, func.__name__, func.__defaults__, func.__closure__
+    )
+    new_fn.__kwdefaults__ = func.__kwdefaults__
+    new_fn.__qualname__ = func.__qualname__
+    function: Callable[..., Any] = new_fn
+    if isinstance(fn, types.MethodType):
+        function = types.MethodType(new_fn, fn.__self__)
+    guards = [*out.guards(), GuardSpec(None, GuardKind.GLOBAL_STATE, GlobalState.current())]
+    return CaptureResult(
+        code=code,
+        function=function,
+        graphs=graphs,
+        guards=guards,
+        graph_breaks=[_break_record(e)],
+        side_effects=effects.describe(),
+        timings={
+            "trace": traced_at - started,
+            "compile": compiled_at - traced_at,
+            "emit": time.perf_counter() - compiled_at,
+        },
+    )
+
+
+def _assemble(fn: types.FunctionType, writer: _Writer, body: list[str]) -> types.CodeType:
+    """Compile ``body`` as a function with ``fn``'s signature and free variables."""
+    code = fn.__code__
+    lines = [f"def __kiln_outer__({', '.join(code.co_freevars)}):"]
+    lines.append(f"    def __kiln_fn__({_signature(code)}):")
+    if code.co_freevars:
+        lines.append(f"        if 0:\n            ({', '.join(code.co_freevars)},)")
+    for i in range(len(writer.consts)):
+        lines.append(f"        __kiln_k{i} = '__kiln_const_{i}__'")
+    lines.extend("        " + line for line in body)
+    lines.append("    return __kiln_fn__")
+    source = "\n".join(lines)
+    outer = compile(source, f"<kiln {code.co_filename}:{code.co_firstlineno}>", "exec")
+    inner = next(c for c in outer.co_consts[0].co_consts if isinstance(c, types.CodeType))
+    placeholders = {f"__kiln_const_{i}__": obj for i, obj in enumerate(writer.consts)}
+    consts = tuple(placeholders.get(c, c) if isinstance(c, str) else c for c in inner.co_consts)
+    new = inner.replace(co_consts=consts, co_name=code.co_name, co_qualname=code.co_qualname)
+    if new.co_freevars != code.co_freevars:
+        raise _cannot(f"emitted free variables {new.co_freevars} differ from {code.co_freevars}")
+    return new

@@ -1,0 +1,126 @@
+"""``explain(fn)(*args)``: run ``fn`` once under capture and report its graphs and breaks.
+
+Every frame reached (``fn`` itself, the continuations its graph breaks
+create, callees that could not be inlined) is captured with a backend that
+runs the graph as is, so the run's result is the eager one. The report lists
+the graphs with their ops and guards, and each break with its reason, the
+user's ``file:line`` and source text, and the registry's hint. Frames that
+could not be captured at all run eagerly and are reported as breaks too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import fx
+
+from kiln.capture.errors import Unsupported
+from kiln.capture.frame_capture import GraphBreak, capture
+from kiln.capture.guard_data import GuardSpec
+
+__all__ = ["ExplainOutput", "explain", "op_names"]
+
+breaks_log = logging.getLogger("kiln.capture.graph_breaks")
+
+
+def op_names(gm: fx.GraphModule) -> list[str]:
+    """The ops of ``gm`` in order: a function's ``__name__`` or a method's name."""
+    names = []
+    for n in gm.graph.nodes:
+        if n.op == "call_function":
+            names.append(getattr(n.target, "__name__", str(n.target)))
+        elif n.op in ("call_method", "call_module"):
+            names.append(str(n.target))
+    return names
+
+
+@dataclasses.dataclass
+class ExplainOutput:
+    """What one run produced: graphs, their ops and guards, and the graph breaks."""
+
+    graphs: list[fx.GraphModule] = dataclasses.field(default_factory=list)
+    guards: list[list[GuardSpec]] = dataclasses.field(default_factory=list)
+    breaks: list[GraphBreak] = dataclasses.field(default_factory=list)
+    result: Any = None
+
+    @property
+    def graph_count(self) -> int:
+        return len(self.graphs)
+
+    @property
+    def graph_break_count(self) -> int:
+        return len(self.breaks)
+
+    @property
+    def ops_per_graph(self) -> list[list[str]]:
+        return [op_names(g) for g in self.graphs]
+
+    def __str__(self) -> str:
+        lines = [f"Graph count: {self.graph_count}", f"Graph break count: {self.graph_break_count}"]
+        if self.breaks:
+            lines.append("Break reasons:")
+        for i, b in enumerate(self.breaks, 1):
+            lines.append(f"  {i}. {b.kind}: {b.explanation}")
+            if b.frame is not None:
+                lines.append(f"     at {b.frame.filename}:{b.frame.lineno} in {b.frame.name}")
+                if b.frame.source:
+                    lines.append(f"       {b.frame.source.strip()}")
+            if b.hint:
+                lines.append(f"     hint: {b.hint}")
+        for i, (ops, guards) in enumerate(zip(self.ops_per_graph, self.guards, strict=True), 1):
+            lines.append(f"Graph {i}: {len(ops)} ops, {len(guards)} guards")
+            lines.append(f"  ops: {', '.join(ops) or '-'}")
+            lines.extend(f"  guard: {g.source} {g.kind.name}" for g in guards)
+        return "\n".join(lines)
+
+
+class _Run:
+    """Captures each frame reached during one call and records what the first capture made."""
+
+    def __init__(self) -> None:
+        self.report = ExplainOutput()
+
+    def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        recorded = False
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            nonlocal recorded
+            graphs: list[fx.GraphModule] = []
+
+            def compile_graph(gm: fx.GraphModule, example: list[torch.Tensor]) -> Any:
+                graphs.append(gm)
+                return gm.forward
+
+            try:
+                result = capture(
+                    fn, args, kwargs, compile_graph=compile_graph, wrap_callable=self.wrap
+                )
+            except Unsupported as e:
+                if not recorded:
+                    recorded = True
+                    self.report.breaks.append(GraphBreak(e.kind, e.explanation, e.hint, e.frame))
+                return fn(*args, **kwargs)
+            if not recorded:
+                recorded = True
+                self.report.graphs.extend(graphs)
+                self.report.guards.extend(list(result.guards) for _ in graphs)
+                self.report.breaks.extend(result.graph_breaks)
+            return result.function(*args, **kwargs)
+
+        return call
+
+
+def explain(fn: Callable[..., Any]) -> Callable[..., ExplainOutput]:
+    """``explain(fn)(*args, **kwargs)`` runs ``fn`` once and returns an :class:`ExplainOutput`."""
+
+    def run(*args: Any, **kwargs: Any) -> ExplainOutput:
+        r = _Run()
+        r.report.result = r.wrap(fn)(*args, **kwargs)
+        breaks_log.info("explain %s:\n%s", getattr(fn, "__qualname__", fn), r.report)
+        return r.report
+
+    return run

@@ -1,0 +1,84 @@
+"""kiln.capture.explain: graph and break counts, reasons with user lines, ops and guards."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from kiln.capture import ExplainOutput, GuardKind, counters, explain
+from kiln.capture.break_reasons import REASONS
+
+
+def toy_example(a, b):
+    x = a / (torch.abs(a) + 1)
+    if b.sum() < 0:
+        b = b * -1
+    return x * b
+
+
+def two_breaks(x):
+    y = x.sin()
+    print("y", y.sum())
+    z = y * float(np.float32(2))
+    return z
+
+
+def no_break(x):
+    return x.cos() + 1
+
+
+def test_toy_example_report():
+    a, b = torch.randn(5), -torch.randn(5).abs()
+    report = explain(toy_example)(a, b)
+    assert isinstance(report, ExplainOutput)
+    torch.testing.assert_close(report.result, toy_example(a, b))
+    assert report.graph_count == 2
+    assert report.graph_break_count == 1
+    assert report.ops_per_graph == [["abs", "add", "truediv", "sum", "lt"], ["mul", "mul"]]
+    brk = report.breaks[0]
+    assert brk.kind == "data_dependent_branch"
+    assert brk.frame.filename == __file__ and brk.frame.source == "if b.sum() < 0:"
+    assert brk.hint == REASONS["data_dependent_branch"].hint
+    kinds = {g.kind for g in report.guards[0]}
+    assert GuardKind.TENSOR_MATCH in kinds and GuardKind.GLOBAL_STATE in kinds
+    text = str(report)
+    assert "Graph count: 2" in text and "Graph break count: 1" in text
+    assert f"{__file__}:{brk.frame.lineno}" in text
+    assert "if b.sum() < 0:" in text and "hint:" in text
+
+
+def test_every_break_listed_in_order():
+    report = explain(two_breaks)(torch.randn(3))
+    lines = [b.frame.source for b in report.breaks]
+    assert list(dict.fromkeys(lines)) == ['print("y", y.sum())', "z = y * float(np.float32(2))"]
+    assert report.breaks[0].kind == "side_effect"  # print of a tensor
+    assert report.graph_count >= 2
+
+
+def test_no_break():
+    report = explain(no_break)(torch.randn(3))
+    assert report.graph_count == 1 and report.graph_break_count == 0
+    assert "Break reasons" not in str(report)
+
+
+def test_eager_frame_reported_as_break():
+    def has_class(x):
+        class Local:
+            pass
+
+        return x + 1
+
+    report = explain(has_class)(torch.randn(2))
+    assert report.graph_break_count == 1
+    assert report.breaks[0].kind == "unsupported_opcode"
+
+
+def test_logged_and_counted(caplog):
+    counters.clear()
+    with caplog.at_level(logging.INFO, logger="kiln.capture.graph_breaks"):
+        explain(toy_example)(torch.randn(3), torch.randn(3))
+    assert "Graph break count: 1" in caplog.text
+    assert "graph break in toy_example" in caplog.text
+    assert counters.counters["graph_breaks"]["data_dependent_branch"] == 1
