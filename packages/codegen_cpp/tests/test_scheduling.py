@@ -156,3 +156,17 @@ def test_build_failing_at_first_call_runs_the_reference_backend():
     with pytest.warns(RuntimeWarning, match="reference backend"):
         code.fn(x, *outs)
     torch.testing.assert_close(outs[2], torch.softmax(x, 1))
+
+
+def test_no_compiler_means_backend_unavailable(monkeypatch):
+    from kiln.codegen_cpp import build, scheduling
+    from kiln.loopir.errors import BackendError
+
+    build.toolchain.cache_clear()
+    monkeypatch.setenv("CXX", "kiln-no-such-compiler")
+    try:
+        with pytest.raises(BackendError, match="no C\\+\\+ compiler"):
+            scheduling.make_backend("cpu")
+    finally:
+        monkeypatch.delenv("CXX")
+        build.toolchain.cache_clear()

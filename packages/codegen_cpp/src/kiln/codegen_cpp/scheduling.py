@@ -23,10 +23,16 @@ import torch
 
 from kiln.capture import artifacts, counters
 from kiln.codegen_cpp.build import build_libraries, toolchain
-from kiln.codegen_cpp.errors import CodegenCppError, CppBuildError, KernelIndexError
+from kiln.codegen_cpp.errors import (
+    CodegenCppError,
+    CompilerNotFound,
+    CppBuildError,
+    KernelIndexError,
+)
 from kiln.codegen_cpp.kernel import KernelWriter
 from kiln.codegen_cpp.loader import KernelFunction, load_library
 from kiln.loopir.backend import KernelCode
+from kiln.loopir.errors import BackendError
 from kiln.loopir.kernel import KernelGroup
 from kiln.loopir.reference import ReferenceBackend
 
@@ -189,5 +195,13 @@ class CppBackend:
 
 
 def make_backend(device_type: str = "cpu") -> CppBackend:
-    """The entry point loopir's registry calls for ``kiln.backends``/``cpu``."""
+    """The entry point loopir's registry calls for ``kiln.backends``/``cpu``.
+
+    Without a working C++ compiler it raises loopir's ``BackendError``, which the
+    registry reads as "not available here" and moves on to the next backend.
+    """
+    try:
+        toolchain()
+    except CompilerNotFound as exc:
+        raise BackendError(str(exc)) from exc
     return CppBackend()
