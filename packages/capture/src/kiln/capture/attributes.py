@@ -439,6 +439,22 @@ def _dict_item(tr: Tracer, v: DictValue, index: Value) -> Value:
     return found_v
 
 
+def container_item_source(obj: Any, src: Source | None, key: Any) -> Source | None:
+    """How emitted code and guards reload ``obj[key]`` of an ``nn`` container.
+
+    Submodules are reached through the container's ``_modules`` dict: a dict lookup, where
+    ``Sequential.__getitem__`` walks the modules and runs on every call of the output code
+    and of the guards (hundreds of times for a deep model).
+    """
+    if src is None:
+        return None
+    if isinstance(obj, (torch.nn.ModuleList, torch.nn.Sequential)):
+        return src.attr("_modules").item(list(obj._modules)[key])
+    if isinstance(obj, torch.nn.ModuleDict):
+        return src.attr("_modules").item(key)
+    return src.item(key)
+
+
 def _object_item(tr: Tracer, v: ObjectValue, index: Value) -> Value:
     obj = v.obj
     key = index.as_constant()
@@ -458,11 +474,12 @@ def _object_item(tr: Tracer, v: ObjectValue, index: Value) -> Value:
             # a slice is a new container: its items keep their places in the original
             picked = range(len(obj))[key]
             src = v.source
-            return ListValue([wrap(tr.out, obj[i], src.item(i) if src else None) for i in picked])
+            return ListValue(
+                [wrap(tr.out, obj[i], container_item_source(obj, src, i)) for i in picked]
+            )
         if isinstance(key, slice):
             return ObjectValue(obj[key])  # type: ignore[index]
-        src = v.source.item(key) if v.source is not None else None
-        return wrap(tr.out, obj[key], src)
+        return wrap(tr.out, obj[key], container_item_source(obj, v.source, key))
     getitem = inspect.getattr_static(type(obj), "__getitem__", None)
     if isinstance(getitem, types.FunctionType):
         return calls.call(tr, function_value(getitem, None), [v, index], {})

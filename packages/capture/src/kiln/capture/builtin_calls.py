@@ -135,7 +135,10 @@ def _iterate_object(tr: Tracer, v: ObjectValue) -> IteratorValue:
     guard_module_container(tr, v)
     if isinstance(obj, (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ParameterList)):
         return ItemsIterator(
-            [wrap(tr.out, m, src.item(i) if src else None) for i, m in enumerate(obj)]
+            [
+                wrap(tr.out, m, attributes.container_item_source(obj, src, i))
+                for i, m in enumerate(obj)
+            ]
         )
     if isinstance(obj, (torch.nn.ModuleDict, torch.nn.ParameterDict)):
         return ItemsIterator([ConstantValue(k) for k in obj])
