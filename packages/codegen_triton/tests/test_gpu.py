@@ -202,3 +202,25 @@ def test_every_op_compiles_and_matches_on_gpu():
         except Exception as exc:  # collect them all: one report for the whole corpus
             failures.append(f"{case.name}: {str(exc).splitlines()[0]}")
     assert not failures, "\n".join(failures)
+
+
+def test_repeated_launches_and_unaligned_pointers():
+    from triton_corpus import group, inp, pointwise  # noqa: PLC0415
+
+    from kiln.loopir.virtualized import ops  # noqa: PLC0415
+
+    x = inp("x", torch.float32, [1000])
+    out = pointwise("buf0", torch.float32, [1000], lambda i: ops.sin(x.make_loader()(i)))
+    launcher = (
+        TritonBackend(TritonOptions(parallel_compile=False))
+        .codegen_kernel(group("k", [x], [(out, "x")], 1000))
+        .fn
+    )
+    for _ in range(3):
+        src, dst = _cuda(1000), torch.empty(1000, device="cuda")
+        launcher(src, dst)
+        torch.testing.assert_close(dst, src.sin())
+    base = _cuda(1001)
+    src, dst = base[1:], torch.empty(1000, device="cuda")  # a 4-byte-aligned pointer
+    launcher(src, dst)
+    torch.testing.assert_close(dst, src.sin())
