@@ -52,6 +52,7 @@ def same(actual: Any, expected: Any) -> None:
     """Equal results: tensors with assert_close, containers item by item, the rest with ==."""
     if isinstance(expected, torch.Tensor):
         torch.testing.assert_close(actual, expected)
+        assert actual.requires_grad == expected.requires_grad
     elif isinstance(expected, (list, tuple)):
         assert type(actual) is type(expected) and len(actual) == len(expected)
         for a, e in zip(actual, expected, strict=True):
@@ -132,3 +133,22 @@ def test_example3_counts_and_draws_fresh_randomness() -> None:
         assert _variable == start + 1
     assert harness.ops[0] == ["rand", "add"]
     assert not harness.breaks
+
+
+def test_bytecode_artifacts_of_a_break(tmp_path) -> None:
+    from kiln.capture import artifacts
+
+    artifacts.set_debug_dir(tmp_path)
+    try:
+        with artifacts.frame("toy_example") as folder:
+            run_both(toy_example, (torch.randn(4), -torch.randn(4).abs()))
+    finally:
+        artifacts.set_debug_dir(None)
+    assert folder is not None
+    names = sorted(p.name for p in folder.iterdir())
+    assert "bytecode_original_toy_example.txt" in names
+    assert "bytecode_transformed_toy_example.txt" in names
+    resumes = [n for n in names if n.startswith("bytecode_resume_at_")]
+    assert len(resumes) >= 2  # both branches of the jump
+    text = (folder / resumes[0]).read_text()
+    assert "resume_at_" in text and "RETURN_VALUE" in text

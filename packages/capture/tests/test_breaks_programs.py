@@ -439,6 +439,32 @@ def with_enable_grad_item(x):
     return x * s
 
 
+def with_nested_modes(x):
+    with torch.no_grad():
+        with torch.enable_grad():
+            y = x * 2
+            n = float(np.float32(2))
+        u = y * n
+    return u + x, y, torch.is_grad_enabled()
+
+
+def with_set_grad_enabled_branch(x):
+    with torch.set_grad_enabled(False):
+        y = x.exp()
+        if y.sum() > 3:
+            y = y - 1
+    return y * x
+
+
+def with_break_then_after(x):
+    with torch.no_grad():
+        s = x.sum().item()
+    y = x * s
+    if y.sum() > 0:
+        y = y + 1
+    return y
+
+
 def with_suppress(x):
     with contextlib.suppress(ValueError):
         x = x + 1
@@ -1118,6 +1144,9 @@ CASES: list[tuple[Callable[..., Any], Callable[[], tuple[Any, ...]]]] = [
     (with_no_grad_print, lambda: (r(3).requires_grad_(),)),
     (with_no_grad_then_break, lambda: (r(3),)),
     (with_enable_grad_item, lambda: (r(3),)),
+    (with_nested_modes, lambda: (r(3).requires_grad_(),)),
+    (with_set_grad_enabled_branch, lambda: (r(3).requires_grad_(),)),
+    (with_break_then_after, lambda: (r(3).requires_grad_(),)),
     (with_suppress, lambda: (r(3),)),
     (try_numpy, lambda: (r(3),)),
     (try_catches_native, lambda: (r(3),)),
@@ -1264,9 +1293,12 @@ GRAPHS: dict[str, int] = {
     "loop_continue": 3,
     "loop_dict_items": 1,
     "loop_long_numpy": 8,
-    "with_no_grad_print": 0,
+    "with_no_grad_print": 1,
     "with_no_grad_then_break": 1,
     "with_enable_grad_item": 1,
+    "with_nested_modes": 1,
+    "with_set_grad_enabled_branch": 1,
+    "with_break_then_after": 1,
     "with_suppress": 1,
     "try_numpy": 0,
     "try_catches_native": 0,

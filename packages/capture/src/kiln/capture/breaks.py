@@ -33,7 +33,7 @@ from torch import fx
 from kiln.capture import counters
 from kiln.capture.break_tracer import BreakState, ResumeIterator, break_state
 from kiln.capture.bytecode.format import log_code
-from kiln.capture.contexts import ExitValue
+from kiln.capture.contexts import AutocastValue, ExitValue
 from kiln.capture.emit import _replay, _signature, _Writer, graph_outputs
 from kiln.capture.errors import CaptureError, Unsupported
 from kiln.capture.frame_capture import CaptureResult, GraphBreak, _split_method
@@ -198,8 +198,28 @@ class _Frame:
             parts.extend(f"**{{{k!r}: {self.expr(x)}}}" for k, x in v.kwargs.items())
             return f"{w.const(functools.partial)}({', '.join(parts)})"
         if isinstance(v, ExitValue):
-            raise _cannot("a graph break inside a grad-mode `with` block")
+            # the block's mode is entered again for real; its __exit__ restores the outer one
+            return f"{w.const(_enter_grad_mode)}({v.ctx.target})"
         return w.value(v)
+
+
+def _enter_grad_mode(enabled: bool) -> Callable[..., Any]:
+    """Switch grad mode now; the returned ``__exit__`` switches back (a ``with`` block's exit)."""
+    return torch.set_grad_enabled(enabled).__exit__
+
+
+def _check_grad_mode(state: BreakState, outer: bool) -> None:
+    """The modes of the ``with`` blocks open at the break must explain the mode there."""
+    if state.contexts_entered:
+        raise _cannot("a graph break inside an autocast block")
+    mode = outer
+    for v in state.stack:
+        if isinstance(v, ExitValue):
+            if isinstance(v.ctx, AutocastValue):
+                raise _cannot("a graph break inside an autocast block")
+            mode = v.ctx.target
+    if mode != state.grad_enabled:
+        raise _cannot("grad mode was switched outside a `with` block before the break")
 
 
 class _NotResumable(Exception):
@@ -270,7 +290,6 @@ class _Continuations:
         self.values = _live_values(state)
         code = state.tracer.code
         self.cells_mode = CELLS_AS_VALUES if code.co_cellvars else CELLS_AS_CLOSURE
-        self.made: list[types.CodeType] = []
 
     def call(self, offset: int, stack: list[Value], *, compiled: bool = True) -> str:
         """The text calling the continuation at ``offset`` with ``stack`` and the live locals."""
@@ -285,7 +304,7 @@ class _Continuations:
             raise _cannot(str(e)) from e
         by_name = dict(zip(code.co_freevars, self.func.__closure__ or (), strict=False))
         fn = rf.make_function(self.func.__globals__, [by_name[n] for n in rf.closure])
-        self.made.append(rf.code)
+        log_code(rf.name, rf.code)
         args = [self.frame.expr(v) for v in stack if v is not NULL]
         args.extend(self.frame.expr(self.values[n]) for n in rf.locals)
         w = self.frame.writer
@@ -433,8 +452,8 @@ def _split(
     func, _ = _split_method(fn, args)
     tr = state.tracer
     out = tr.out
-    if state.contexts_entered or state.grad_enabled != torch.is_grad_enabled():
-        raise _cannot("a graph break inside a grad-mode or autocast block")
+    outer_mode = torch.is_grad_enabled()  # the frame's own; restored after tracing
+    _check_grad_mode(state, outer_mode)
     writer = _Writer(func, [])
     frame = _Frame(state, func, writer)
     rest = _Continuations(state, func, frame, wrap_callable)
@@ -446,6 +465,9 @@ def _split(
     traced_at = time.perf_counter()
     graphs: list[fx.GraphModule] = []
     head: list[str] = []
+    if state.grad_enabled != outer_mode:
+        # the graph hands back the frame's mode; the open blocks are entered again natively
+        out.create_node("call_function", torch._C._set_grad_enabled, (outer_mode,), {}, None)
     if out.has_ops() or outputs:
         gm = out.finish(outputs)
         graph_log.debug("captured graph of %s (before a break):\n%s", func.__qualname__, gm.code)

@@ -24,6 +24,7 @@ from torch import fx
 from kiln.capture import counters
 from kiln.capture.break_reasons import unsupported
 from kiln.capture.break_tracer import BreakTracer
+from kiln.capture.bytecode.format import log_code
 from kiln.capture.emit import emit_code, graph_outputs
 from kiln.capture.errors import Unsupported
 from kiln.capture.graph import OutputGraph
@@ -173,6 +174,8 @@ def capture(
         compiled = compile_graph(gm, [i.real for i in out.inputs])
     compiled_at = time.perf_counter()
     code = emit_code(func, compiled, out.inputs, outputs, traced.result, effects)
+    log_code(f"original {func.__qualname__}", func.__code__)
+    log_code(f"transformed {func.__qualname__}", code)
     guards = [*out.guards(), GuardSpec(None, GuardKind.GLOBAL_STATE, GlobalState.current())]
     new_fn = types.FunctionType(
         code, func.__globals__, func.__name__, func.__defaults__, func.__closure__

@@ -29,7 +29,6 @@ from typing import Any
 from kiln.capture.bytecode import PY312, Bytecode, CodeInfo, Instr, assemble, code_info
 from kiln.capture.bytecode.analysis import prune_unreachable, reachable
 from kiln.capture.bytecode.build import CO_GENERATOR_LIKE, make_function, prologue
-from kiln.capture.bytecode.format import log_code
 from kiln.capture.errors import CaptureError, Unsupported
 
 __all__ = [
@@ -164,7 +163,6 @@ def _make_resume(
     stack_args = tuple(f"___stack{i}" for i, k in enumerate(kinds) if k == STACK_VALUE)
     resume = _rewrite(body, target, offset, kinds, stack_args, live, shared, by_value)
     resume_code = assemble(resume)
-    log_code(resume_code.co_name, resume_code)
     closure = tuple(resume.freevars)
     entry = target.offset if target.offset is not None else offset
     return ResumeFunction(resume_code, offset, entry, kinds, stack_args, live, closure)
