@@ -144,8 +144,7 @@ def _failures(rows: list[Result], statuses: tuple[str, ...]) -> list[str]:
         return ["None."]
     return [
         f"- `{r.model}` / `{r.backend}`: {r.status}"
-        + (f" (relative error {r.rel_error:.3g})" if r.rel_error is not None else "")
-        + (f" — {r.reason.replace('|', '/')}" if r.reason else "")
+        + (f": {r.reason.replace('|', '/')}" if r.reason else "")
         for r in bad
     ]
 
