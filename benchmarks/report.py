@@ -188,7 +188,7 @@ def summary_markdown(rows: list[Result], meta: dict[str, Any]) -> str:
 
 
 def write_chart(path: Path, rows: list[Result]) -> None:
-    """Per-model speedup over eager, one bar per compiled backend; failures drawn as empty."""
+    """Per-model speedup over eager, one bar per compiled backend; failures labelled by status."""
     try:
         import matplotlib
     except ImportError:
@@ -205,14 +205,13 @@ def write_chart(path: Path, rows: list[Result]) -> None:
     fig, ax = plt.subplots(figsize=(9, 1.0 + 0.32 * len(models) * max(1, len(backends)) ** 0.5))
     for i, b in enumerate(backends):
         ys = [m_i + i * height for m_i in range(len(models))]
-        vals = []
-        for m in models:
-            r = by_key.get((m, b))
-            vals.append(r.speedup if r is not None and r.works and r.speedup else 0.0)
+        got = [by_key.get((m, b)) for m in models]
+        vals = [r.speedup if r is not None and r.works and r.speedup else 0.0 for r in got]
         ax.barh(ys, vals, height=height, label=b)
-        for y, v in zip(ys, vals, strict=True):
+        for y, v, r in zip(ys, vals, got, strict=True):
             if v == 0.0:
-                ax.text(0.02, y, "fails", va="center", fontsize=6, color="gray")
+                label = "missing" if r is None else r.status
+                ax.text(0.02, y, f"{b}: {label}", va="center", fontsize=6, color="gray")
     ax.axvline(1.0, color="black", linewidth=0.8)
     ax.set_yticks([m_i + 0.4 - height / 2 for m_i in range(len(models))], models, fontsize=7)
     ax.invert_yaxis()
