@@ -64,8 +64,11 @@ def main() -> int:
         return 1
     first_call_s = time.perf_counter() - start
     err = relative_error(out, expected)
-    eager_s = median_step_s(lambda: run(model), "cpu", 2, 10, 5.0)
-    kiln_s = median_step_s(lambda: run(compiled), "cpu", 2, 10, 5.0)
+    # Alternating rounds, best of each: a busy machine slows one side less by chance.
+    eager_s = kiln_s = float("inf")
+    for _ in range(3):
+        eager_s = min(eager_s, median_step_s(lambda: run(model), "cpu", 2, 10, 2.0))
+        kiln_s = min(kiln_s, median_step_s(lambda: run(compiled), "cpu", 2, 10, 2.0))
     s = kiln.stats()
     files = [p for p in Path(debug_dir).rglob("*") if p.is_file()]
     ok = err <= TOLERANCES["float32"]
@@ -74,12 +77,14 @@ def main() -> int:
     print(f"eager            {eager_s * 1e3:.2f} ms")
     print(f"kiln             {kiln_s * 1e3:.2f} ms   speedup {eager_s / kiln_s:.2f}x")
     print(f"compile time     {max(0.0, first_call_s - kiln_s):.2f} s (first call minus a step)")
-    print(f"graphs           {s.graphs_compiled}, graph breaks {s.graph_breaks}")
+    kinds = f" {dict(s.graph_break_kinds)}" if s.graph_breaks else ""
+    print(f"graphs           {s.graphs_compiled}, graph breaks {s.graph_breaks}{kinds}")
     print(f"kernels          {dict(s.kernels) or 'none'}")
     print(f"fallback ops     {dict(s.fallback_ops) or 'none'}")
-    if s.eager_fallbacks or (s.graphs_compiled == 0 and s.graph_breaks):
-        kinds = dict(s.graph_break_kinds) or "compile errors"
-        print(f"eager fallbacks  {s.eager_fallbacks} frame(s) ran eagerly ({kinds})")
+    if s.graphs_compiled == 0:
+        print("eager fallbacks  nothing was compiled: the model ran eagerly")
+    elif s.eager_fallbacks:
+        print(f"eager fallbacks  {s.eager_fallbacks} graph(s) failed to compile and ran eagerly")
     else:
         print("eager fallbacks  none")
     print(f"generated code   {debug_dir} ({len(files)} files)")
