@@ -110,3 +110,9 @@ def test_merge_prefers_rows_that_ran(tmp_path):
     merge([str(first), str(second), "--out", str(tmp_path / "merged")])
     (row,) = read_csv(tmp_path / "merged" / "results.csv")
     assert row.status == "ok" and row.ms == 2.0
+
+
+def test_relative_error_floors_tiny_tensors():
+    big, tiny = torch.randn(100), torch.randn(100) * 1e-9
+    assert relative_error([big, tiny * 2], [big, tiny]) < 1e-6
+    assert relative_error([big, big[:100] * 0.5], [big, big]) == pytest.approx(0.5)
