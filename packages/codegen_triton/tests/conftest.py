@@ -6,7 +6,9 @@ register the Triton backend for device ``cpu`` so loopir sends CPU kernels to
 it. A ``-m gpu`` run on a CUDA machine uses the real compiler instead.
 """
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -14,7 +16,9 @@ from pathlib import Path
 import pytest
 
 # never read or fill a developer's cache: every session starts from an empty one
-os.environ["KILN_TRITON_CACHE"] = tempfile.mkdtemp(prefix="kiln-triton-test-")
+_CACHE = tempfile.mkdtemp(prefix="kiln-triton-test-")
+os.environ["KILN_TRITON_CACHE"] = _CACHE
+atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 sys.path.insert(0, str(Path(__file__).parent))
 
 import torch  # noqa: E402
