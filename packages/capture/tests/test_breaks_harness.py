@@ -61,6 +61,8 @@ def same(actual: Any, expected: Any) -> None:
         assert type(actual) is type(expected) and list(actual) == list(expected)
         for k in expected:
             same(actual[k], expected[k])
+    elif callable(expected):
+        assert type(actual) is type(expected)
     elif type(expected).__module__ == "builtins":
         assert actual == expected
     else:

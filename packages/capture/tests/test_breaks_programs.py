@@ -795,6 +795,69 @@ def closure_nonlocal_inside(x):
     return add(add(x)), total
 
 
+def closure_live_at_break(x):
+    k = 2.0
+
+    def g(v):
+        return v * k
+
+    y = g(x)
+    z = float(np.float32(3))
+    return g(y) * z
+
+
+def closure_appends_across_break(x):
+    acc = []
+
+    def push(v):
+        acc.append(v)
+
+    push(x * 2)
+    print(x.sum())
+    push(x + 1)
+    return acc
+
+
+def closure_nonlocal_across_break(x):
+    n = 0
+
+    def inc():
+        nonlocal n
+        n += 1
+
+    inc()
+    if x.sum() > 0:
+        inc()
+    return x * n
+
+
+def closure_returned_after_break(x):
+    scale = x.sum()
+
+    def f(v):
+        return v * scale
+
+    print(scale)
+    return f(x), f
+
+
+def closure_in_loop_break(x):
+    fns = []
+    for i in range(3):
+        k = i * 2.0
+        fns.append(lambda v: v * k)
+        print(x.sum())
+    return [f(x) for f in fns]
+
+
+def closure_default_arg_break(x):
+    def f(v, s=x.sum()):
+        return v * s
+
+    n = float(np.float32(2))
+    return f(x) * n
+
+
 def lambda_sort(xs):
     return sorted(xs, key=lambda t: t.shape[0])[0] * 2
 
@@ -1188,6 +1251,13 @@ CASES: list[tuple[Callable[..., Any], Callable[[], tuple[Any, ...]]]] = [
     (closure_mutates_outer, lambda: (r(2),)),
     (closure_with_break, lambda: (r(2),)),
     (closure_nonlocal_inside, lambda: (r(2),)),
+    (closure_escapes, lambda: (r(2),)),
+    (closure_live_at_break, lambda: (r(2),)),
+    (closure_appends_across_break, lambda: (r(2),)),
+    (closure_nonlocal_across_break, lambda: (r(2),)),
+    (closure_returned_after_break, lambda: (r(2),)),
+    (closure_in_loop_break, lambda: (r(2),)),
+    (closure_default_arg_break, lambda: (r(2),)),
     (lambda_sort, lambda: ([r(3), r(2)],)),
     (partial_call, lambda: (r(2),)),
     (gen_sum, lambda: (r(2),)),
@@ -1340,6 +1410,13 @@ GRAPHS: dict[str, int] = {
     "closure_mutates_outer": 1,
     "closure_with_break": 1,
     "closure_nonlocal_inside": 1,
+    "closure_escapes": 1,
+    "closure_live_at_break": 2,
+    "closure_appends_across_break": 2,
+    "closure_nonlocal_across_break": 1,
+    "closure_returned_after_break": 2,
+    "closure_in_loop_break": 1,
+    "closure_default_arg_break": 2,
     "lambda_sort": 1,
     "partial_call": 1,
     "gen_sum": 1,

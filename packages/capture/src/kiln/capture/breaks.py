@@ -18,6 +18,7 @@ frame runs eagerly.
 
 from __future__ import annotations
 
+import dis
 import functools
 import logging
 import operator
@@ -47,7 +48,7 @@ from kiln.capture.resume import (
 )
 from kiln.capture.tracer import CO_GENERATOR_LIKE
 from kiln.capture.values.base import NULL, ConstantValue, Value
-from kiln.capture.values.containers import ListValue, TupleValue
+from kiln.capture.values.containers import CellValue, ListValue, TupleValue
 from kiln.capture.values.functions import (
     BoundMethodValue,
     BuiltinMethodValue,
@@ -166,6 +167,7 @@ class _Frame:
         self.after: list[str] = []  # the instruction itself, after them
         self._temps: dict[int, str] = {}
         self._count = 0
+        writer.on_closure = self.check_closure
 
     def temp(self, text: str, *, after: bool = False) -> str:
         name = f"__kiln_t{self._count}"
@@ -182,6 +184,18 @@ class _Frame:
             known = self._temps[id(v)] = self.temp(self._text(v))
         return known
 
+    def check_closure(self, v: UserFunctionValue) -> None:
+        """A closure rebuilt at the break shares its cells' values only if they never change."""
+        tr = self.state.tracer
+        offset = self.state.instruction.offset
+        for name, cell in zip(v.code.co_freevars, v.closure, strict=False):
+            own = [n for n, c in tr.cells.items() if c is cell and n in tr.code.co_cellvars]
+            # the continuation gets its own copy of the frame's cell: neither side may set it
+            if own and (
+                _writes_cell(v.code, name) or any(_stored_again(tr.code, n, offset) for n in own)
+            ):
+                raise _cannot(f"the closure variable {name!r} may change after the break")
+
     def _text(self, v: Value) -> str:
         w = self.writer
         if isinstance(v, IteratorValue):
@@ -197,6 +211,8 @@ class _Frame:
             parts = [self.expr(v.func), *(self.expr(a) for a in v.args)]
             parts.extend(f"**{{{k!r}: {self.expr(x)}}}" for k, x in v.kwargs.items())
             return f"{w.const(functools.partial)}({', '.join(parts)})"
+        if isinstance(v, CellValue):
+            return w.cell(v)
         if isinstance(v, ExitValue):
             # the block's mode is entered again for real; its __exit__ restores the outer one
             return f"{w.const(_enter_grad_mode)}({v.ctx.target})"
@@ -220,6 +236,30 @@ def _check_grad_mode(state: BreakState, outer: bool) -> None:
             mode = v.ctx.target
     if mode != state.grad_enabled:
         raise _cannot("grad mode was switched outside a `with` block before the break")
+
+
+def _writes_cell(code: types.CodeType, name: str) -> bool:
+    """Whether ``code`` (or code nested in it) assigns or deletes the closure variable ``name``."""
+    for ins in dis.get_instructions(code):
+        if ins.opname in ("STORE_DEREF", "DELETE_DEREF") and ins.argval == name:
+            return True
+    return any(_writes_cell(c, name) for c in code.co_consts if isinstance(c, types.CodeType))
+
+
+def _stored_again(code: types.CodeType, name: str, offset: int) -> bool:
+    """Whether running ``code`` on from ``offset`` may assign the cell ``name`` again.
+
+    Conservative: a second store, a store at or after ``offset``, or a jump back
+    over the one store (a loop) count.
+    """
+    instrs = list(dis.get_instructions(code))
+    stores = [
+        i.offset for i in instrs if i.opname in ("STORE_DEREF", "DELETE_DEREF") and i.argval == name
+    ]
+    if len(stores) > 1 or any(o >= offset for o in stores):
+        return True
+    first = stores[0] if stores else -1
+    return any("BACKWARD" in i.opname and i.offset > first and i.argval <= first for i in instrs)
 
 
 class _NotResumable(Exception):
@@ -482,7 +522,10 @@ def _split(
     else:
         tail = _native(state, frame, rest)
     # values are read as the frame held them; then the pending writes happen, then the rest
-    body = [*head, *frame.lines, *_replay(writer, effects), *frame.after, *tail]
+    replay = _replay(writer, effects)
+    # after every other expression (they may name cells); contents alias the frame's values
+    make_cells, fill_cells = writer.cell_lines(frame.expr)
+    body = [*head, *make_cells, *frame.lines, *fill_cells, *replay, *frame.after, *tail]
     code = _assemble(func, writer, body)
     log_code(f"original {func.__qualname__}", func.__code__)
     log_code(f"transformed {func.__qualname__}", code)

@@ -15,6 +15,7 @@ import dataclasses
 import keyword
 import math
 import types
+from collections.abc import Callable
 from typing import Any
 
 from kiln.capture.break_reasons import unsupported
@@ -30,13 +31,13 @@ from kiln.capture.source import (
     Source,
 )
 from kiln.capture.values.base import ConstantValue, Value
-from kiln.capture.values.containers import DictValue, ListValue, SetValue, TupleValue
+from kiln.capture.values.containers import CellValue, DictValue, ListValue, SetValue, TupleValue
 from kiln.capture.values.functions import UserFunctionValue
 from kiln.capture.values.objects import NewObjectValue, ObjectValue
 from kiln.capture.values.tensor import TensorValue
 from kiln.capture.wrap import is_namedtuple
 
-__all__ = ["emit_code", "graph_outputs", "side_effect_values"]
+__all__ = ["emit_code", "graph_outputs", "make_closure", "side_effect_values"]
 
 CO_VARARGS = 0x04
 CO_VARKEYWORDS = 0x08
@@ -56,6 +57,7 @@ def side_effect_values(effects: SideEffects) -> list[Value]:
 def graph_outputs(result: Value, effects: SideEffects) -> list[TensorValue]:
     """The computed tensors the graph must return (for the result and side effects), once each."""
     found: dict[int, TensorValue] = {}
+    seen: set[int] = set()  # cells visited (closures may refer to themselves)
 
     def visit(v: Value) -> None:
         if isinstance(v, TensorValue):
@@ -73,11 +75,33 @@ def graph_outputs(result: Value, effects: SideEffects) -> list[TensorValue]:
         elif isinstance(v, NewObjectValue):
             for x in v.attrs.values():
                 visit(x)
+        elif isinstance(v, UserFunctionValue) and v.real is None:
+            for x in (*v.defaults, *v.kwdefaults.values()):
+                visit(x)
+            for cell in v.closure:
+                if cell.real is None and cell.contents is not None and id(cell) not in seen:
+                    seen.add(id(cell))
+                    visit(cell.contents)
 
     visit(result)
     for v in side_effect_values(effects):
         visit(v)
     return list(found.values())
+
+
+def make_closure(
+    code: types.CodeType,
+    f_globals: dict[str, Any],
+    name: str,
+    defaults: tuple[Any, ...],
+    kwdefaults: dict[str, Any],
+    cells: tuple[types.CellType, ...],
+) -> types.FunctionType:
+    """A function made during the trace that outlives it (returned, stored, live at a break)."""
+    fn = types.FunctionType(code, f_globals, name, defaults or None, cells or None)
+    if kwdefaults:
+        fn.__kwdefaults__ = kwdefaults
+    return fn
 
 
 def _build_object(cls: type, attrs: dict[str, Any]) -> Any:
@@ -103,6 +127,52 @@ class _Writer:
         self.output_index = {id(v.node): i for i, v in enumerate(outputs)}
         code = fn.__code__
         self.reserved = set(code.co_varnames) | set(code.co_freevars)
+        self.cells: list[CellValue] = []  # cells made during the trace that closures share
+        self._cell_index: dict[int, int] = {}
+        # called with each closure rebuilt (the graph-break handler checks it can be shared)
+        self.on_closure: Callable[[UserFunctionValue], None] | None = None
+
+    def cell(self, c: CellValue) -> str:
+        """A real cell for ``c``: the frame's own, or one of ``__kiln_cells`` (see cell_lines)."""
+        if c.real is not None:
+            return self.const(c.real)
+        i = self._cell_index.get(id(c))
+        if i is None:
+            i = self._cell_index[id(c)] = len(self.cells)
+            self.cells.append(c)
+        return f"__kiln_cells[{i}]"
+
+    def cell_lines(
+        self, value_of: Callable[[Value], str] | None = None
+    ) -> tuple[list[str], list[str]]:
+        """Lines making the cells :meth:`cell` named (all empty), and lines filling them.
+
+        Call it after every other expression is written; the making lines go
+        before those expressions, the filling ones after the names they use.
+        ``value_of`` writes the contents (default :meth:`value`).
+        """
+        write = value_of or self.value
+        fills = []
+        i = 0
+        while i < len(self.cells):  # contents may name further cells
+            contents = self.cells[i].contents
+            if contents is not None:
+                fills.append(f"__kiln_cells[{i}].cell_contents = {write(contents)}")
+            i += 1
+        if not self.cells:
+            return [], []
+        make = f"{self.const(types.CellType)}() for _ in range({len(self.cells)})"
+        return [f"__kiln_cells = [{make}]"], fills
+
+    def closure(self, v: UserFunctionValue) -> str:
+        if self.on_closure is not None:
+            self.on_closure(v)
+        defaults = "".join(f"{self.value(d)}, " for d in v.defaults)
+        kwdefaults = ", ".join(f"{k!r}: {self.value(d)}" for k, d in v.kwdefaults.items())
+        cells = "".join(f"{self.cell(c)}, " for c in v.closure)
+        parts = [self.const(v.code), self.const(v.f_globals), repr(v.name)]
+        parts += [f"({defaults})", f"{{{kwdefaults}}}", f"({cells})"]
+        return f"{self.const(make_closure)}({', '.join(parts)})"
 
     def const(self, obj: Any) -> str:
         self.consts.append(obj)
@@ -165,8 +235,8 @@ class _Writer:
         if isinstance(v, NewObjectValue):
             attrs = ", ".join(f"{k!r}: {self.value(x)}" for k, x in v.attrs.items())
             return f"{self.const(_build_object)}({self.const(v.cls)}, {{{attrs}}})"
-        if isinstance(v, UserFunctionValue) and v.real is not None:
-            return self.const(v.real)
+        if isinstance(v, UserFunctionValue):
+            return self.const(v.real) if v.real is not None else self.closure(v)
         raise unsupported("unsupported_value", f"returning {v}")
 
     def constant(self, obj: Any) -> str:
@@ -237,12 +307,14 @@ def emit_code(
     """The code object that replaces ``fn.__code__`` for calls this capture covers."""
     code = fn.__code__
     writer = _Writer(fn, outputs)
-    body: list[str] = []
+    head: list[str] = []
     if compiled is not None:
         args = ", ".join(writer.source(i.source) for i in inputs)
-        body.append(f"__kiln_out = {writer.const(compiled)}({args})")
-    body.extend(_replay(writer, effects))
-    body.append(f"return {writer.value(result)}")
+        head.append(f"__kiln_out = {writer.const(compiled)}({args})")
+    replay = _replay(writer, effects)
+    ret = f"return {writer.value(result)}"
+    make_cells, fill_cells = writer.cell_lines()
+    body = [*head, *make_cells, *fill_cells, *replay, ret]
     lines = [f"def __kiln_outer__({', '.join(code.co_freevars)}):"]
     lines.append(f"    def __kiln_fn__({_signature(code)}):")
     if code.co_freevars:
