@@ -30,7 +30,9 @@ def _load(stem: str) -> types.ModuleType:
     return module
 
 
-run_both = _load("test_breaks_harness").run_both
+_harness = _load("test_breaks_harness")
+run_both = _harness.run_both
+Harness = _harness.Harness
 
 STATE: dict[str, Any] = {"count": 0, "log": [], "scale": 2.0}
 counter = 0
@@ -463,6 +465,41 @@ def with_break_then_after(x):
     if y.sum() > 0:
         y = y + 1
     return y
+
+
+def with_branch_inside(x):
+    with torch.no_grad():
+        y = x * 2
+        if y.sum() > 0:
+            y = y + 1
+    return y * x
+
+
+def with_numpy_chain_inside(x):
+    with torch.no_grad():
+        a = float(np.float32(2))
+        y = x * a
+        b = float(np.float32(3))
+        z = y + b
+    return z * x, torch.is_grad_enabled()
+
+
+def try_around_with_break(x):
+    try:
+        with torch.no_grad():
+            n = int(np.int64(x.shape[0]))
+            y = x / n
+    except ZeroDivisionError:
+        y = x
+    return y * 2
+
+
+def set_grad_statement_break(x):
+    torch.set_grad_enabled(False)
+    y = x * 2
+    print(y.sum())
+    torch.set_grad_enabled(True)
+    return y * x
 
 
 def with_suppress(x):
@@ -1210,6 +1247,10 @@ CASES: list[tuple[Callable[..., Any], Callable[[], tuple[Any, ...]]]] = [
     (with_nested_modes, lambda: (r(3).requires_grad_(),)),
     (with_set_grad_enabled_branch, lambda: (r(3).requires_grad_(),)),
     (with_break_then_after, lambda: (r(3).requires_grad_(),)),
+    (with_branch_inside, lambda: (r(3).requires_grad_(),)),
+    (with_numpy_chain_inside, lambda: (r(3).requires_grad_(),)),
+    (try_around_with_break, lambda: (r(3).requires_grad_(),)),
+    (set_grad_statement_break, lambda: (r(3).requires_grad_(),)),
     (with_suppress, lambda: (r(3),)),
     (try_numpy, lambda: (r(3),)),
     (try_catches_native, lambda: (r(3),)),
@@ -1363,12 +1404,16 @@ GRAPHS: dict[str, int] = {
     "loop_continue": 3,
     "loop_dict_items": 1,
     "loop_long_numpy": 8,
-    "with_no_grad_print": 1,
+    "with_no_grad_print": 2,
     "with_no_grad_then_break": 1,
-    "with_enable_grad_item": 1,
-    "with_nested_modes": 1,
-    "with_set_grad_enabled_branch": 1,
-    "with_break_then_after": 1,
+    "with_enable_grad_item": 2,
+    "with_nested_modes": 2,
+    "with_set_grad_enabled_branch": 2,
+    "with_break_then_after": 3,
+    "with_branch_inside": 2,
+    "with_numpy_chain_inside": 3,
+    "try_around_with_break": 1,
+    "set_grad_statement_break": 2,
     "with_suppress": 1,
     "try_numpy": 0,
     "try_catches_native": 0,
@@ -1475,3 +1520,44 @@ def test_program_equals_eager(fn: Callable[..., Any], make_args: Callable[[], tu
     assert len(first.graphs) == GRAPHS[fn.__name__], first.ops
     assert len(second.graphs) >= 1 or not first.graphs
     assert not [e for e in first.eager + second.eager if e.kind == "internal_error"]
+
+
+_other = types.ModuleType("kiln_breaks_other")
+exec(
+    "total = 0\n"
+    "def bump(x):\n"
+    "    global total\n"
+    "    total += 1\n"
+    "    return x * total\n"
+    "def peek():\n"
+    "    return total\n",
+    _other.__dict__,
+)
+
+
+def test_global_of_another_module_written_through_inlining():
+    def fn(x):
+        y = _other.bump(x)
+        print("mid", y.sum())
+        return y + _other.peek()
+
+    for _ in range(2):
+        _other.total = 0
+        x = r(3)
+        expected = fn(x)
+        _other.total = 0
+        actual = Harness().wrap(fn)(x)
+        torch.testing.assert_close(actual, expected)
+        assert _other.total == 1
+
+
+def test_exception_inside_grad_block_restores_the_mode():
+    def fn(x):
+        with torch.no_grad():
+            y = x * 2
+            np.array([1, 2]).reshape(3)
+        return y
+
+    with pytest.raises(ValueError):
+        Harness().wrap(fn)(r(2))
+    assert torch.is_grad_enabled()

@@ -23,6 +23,7 @@ import torch
 from torch import fx
 
 from kiln.capture.break_reasons import UserException
+from kiln.capture.contexts import ContextValue, ExitValue
 from kiln.capture.errors import Unsupported
 from kiln.capture.guard_data import GuardKind
 from kiln.capture.tracer import Tracer
@@ -32,7 +33,7 @@ from kiln.capture.values.iterators import EnumerateIterator, ItemsIterator, ZipI
 from kiln.capture.values.objects import NewObjectValue, ObjectValue
 from kiln.capture.wrap import wrap
 
-__all__ = ["BreakState", "BreakTracer", "ResumeIterator", "break_state"]
+__all__ = ["BreakState", "BreakTracer", "GradModeExit", "ResumeIterator", "break_state"]
 
 _CALLS = frozenset({"CALL", "CALL_FUNCTION_EX", "PRECALL"})
 _STATE_ATTR = "kiln_break_state"
@@ -59,6 +60,23 @@ class ResumeIterator:
             raise StopIteration
         self.pos += 1
         return self.items[self.pos - 1]
+
+
+class GradModeExit:
+    """A grad-mode ``with`` block entered again for a continuation; calling it leaves it.
+
+    It stands where the block's ``__exit__`` stood on the stack, so the
+    continuation's capture knows the block (and the mode to go back to).
+    """
+
+    __slots__ = ("prev",)
+
+    def __init__(self, enabled: bool, prev: bool) -> None:
+        self.prev = prev
+        torch._C._set_grad_enabled(enabled)
+
+    def __call__(self, *exc_info: object) -> None:
+        torch._C._set_grad_enabled(self.prev)
 
 
 @dataclasses.dataclass
@@ -179,6 +197,17 @@ class BreakTracer(Tracer):
         for name, value in self.locals.items():
             if isinstance(value, ObjectValue) and type(value.obj) is ResumeIterator:
                 self.locals[name] = self._resumed_iterator(value)
+            elif isinstance(value, ObjectValue) and type(value.obj) is GradModeExit:
+                self.locals[name] = self._resumed_block(value)
+
+    def _resumed_block(self, value: ObjectValue) -> Value:
+        if value.source is None:
+            return value
+        self.out.guard(value.source, GuardKind.TYPE_MATCH, GradModeExit)
+        self.out.guard(value.source.attr("prev"), GuardKind.EQUALS, value.obj.prev)
+        ctx = ContextValue(torch.is_grad_enabled())
+        ctx.previous.append(value.obj.prev)
+        return ExitValue(ctx)
 
     def _resumed_iterator(self, value: ObjectValue) -> Value:
         it = value.obj

@@ -32,7 +32,7 @@ import torch
 from torch import fx
 
 from kiln.capture import counters
-from kiln.capture.break_tracer import BreakState, ResumeIterator, break_state
+from kiln.capture.break_tracer import BreakState, GradModeExit, ResumeIterator, break_state
 from kiln.capture.bytecode.format import log_code
 from kiln.capture.contexts import AutocastValue, ExitValue
 from kiln.capture.emit import _replay, _signature, _Writer, graph_outputs
@@ -215,27 +215,44 @@ class _Frame:
             return w.cell(v)
         if isinstance(v, ExitValue):
             # the block's mode is entered again for real; its __exit__ restores the outer one
-            return f"{w.const(_enter_grad_mode)}({v.ctx.target})"
+            prev = v.ctx.previous[-1] if v.ctx.previous else torch.is_grad_enabled()
+            return f"{w.const(GradModeExit)}({v.ctx.target}, {prev})"
         return w.value(v)
 
 
-def _enter_grad_mode(enabled: bool) -> Callable[..., Any]:
-    """Switch grad mode now; the returned ``__exit__`` switches back (a ``with`` block's exit)."""
-    return torch.set_grad_enabled(enabled).__exit__
+def _grad_mode_exits(state: BreakState) -> list[ExitValue] | None:
+    """The grad-mode ``with`` blocks around the instruction, if nothing else catches there.
+
+    None when a ``try`` (or another kind of ``with``) handles an exception raised
+    at the instruction: then it has to run inside the original code.
+    """
+    tr = state.tracer
+    exits = [v for v in state.stack if isinstance(v, ExitValue)]
+    blocks = 0
+    entry = tr._handler_for(state.instruction.offset)
+    while entry is not None:
+        at = tr.index_of[entry[2]]
+        ops = [ins.opname for ins in tr.instructions[at : at + 2]]
+        if ops != ["PUSH_EXC_INFO", "WITH_EXCEPT_START"]:
+            return None
+        blocks += 1
+        cleanup = tr._handler_for(entry[2])  # the with-handler's own cleanup
+        entry = tr._handler_for(cleanup[2]) if cleanup is not None else None
+    return exits if blocks == len(exits) else None
 
 
-def _check_grad_mode(state: BreakState, outer: bool) -> None:
-    """The modes of the ``with`` blocks open at the break must explain the mode there."""
+def _check_grad_mode(state: BreakState) -> None:
+    """The innermost grad-mode ``with`` block open at the break must explain the mode there."""
     if state.contexts_entered:
         raise _cannot("a graph break inside an autocast block")
-    mode = outer
+    mode = state.grad_enabled
     for v in state.stack:
         if isinstance(v, ExitValue):
             if isinstance(v.ctx, AutocastValue):
                 raise _cannot("a graph break inside an autocast block")
             mode = v.ctx.target
     if mode != state.grad_enabled:
-        raise _cannot("grad mode was switched outside a `with` block before the break")
+        raise _cannot("grad mode was switched inside a `with` block before the break")
 
 
 def _writes_cell(code: types.CodeType, name: str) -> bool:
@@ -419,7 +436,8 @@ def _native(state: BreakState, frame: _Frame, rest: _Continuations) -> list[str]
         keep = stack if ins.opname in _JUMPS_OR_POP else stack[:-1]
         taken = rest.call(ins.argval, keep)
         not_taken = rest.call(follow, stack[:-1])
-        return [f"if {cond}:", f"    {taken}", not_taken]
+        truth = frame.temp(f"True if {cond} else False", after=True)
+        return [f"if {truth}:", f"    {taken}", not_taken]
     fn_text, n = _operator(ins, w)
     if fn_text is None:
         raise _cannot(f"a graph break at {ins.opname}")
@@ -492,12 +510,12 @@ def _split(
     func, _ = _split_method(fn, args)
     tr = state.tracer
     out = tr.out
-    outer_mode = torch.is_grad_enabled()  # the frame's own; restored after tracing
-    _check_grad_mode(state, outer_mode)
+    _check_grad_mode(state)
     writer = _Writer(func, [])
     frame = _Frame(state, func, writer)
     rest = _Continuations(state, func, frame, wrap_callable)
     in_block = tr._handler_for(state.instruction.offset) is not None
+    exits = _grad_mode_exits(state) if in_block else None
     live = list(_live_values(state).values())
     effects = out.side_effects
     outputs = graph_outputs(TupleValue(_flat_values([*state.stack, *live])), effects)
@@ -505,9 +523,10 @@ def _split(
     traced_at = time.perf_counter()
     graphs: list[fx.GraphModule] = []
     head: list[str] = []
-    if state.grad_enabled != outer_mode:
-        # the graph hands back the frame's mode; the open blocks are entered again natively
-        out.create_node("call_function", torch._C._set_grad_enabled, (outer_mode,), {}, None)
+    if state.grad_enabled != torch.is_grad_enabled():  # (the frame's mode, restored after tracing)
+        # the graph leaves the mode of the break (open blocks are also entered again natively)
+        args = (state.grad_enabled,)
+        out.create_node("call_function", torch._C._set_grad_enabled, args, {}, None)
     if out.has_ops() or outputs:
         gm = out.finish(outputs)
         graph_log.debug("captured graph of %s (before a break):\n%s", func.__qualname__, gm.code)
@@ -516,11 +535,16 @@ def _split(
         inputs = ", ".join(writer.source(i.source) for i in out.inputs)
         head.append(f"__kiln_out = {writer.const(compiled)}({inputs})")
     compiled_at = time.perf_counter()
-    if in_block:
-        # the instruction must run under the enclosing try/with: the continuation starts at it
+    if in_block and exits is None:
+        # the instruction must run under the enclosing try: the continuation starts at it
         tail = [rest.call(state.instruction.offset, state.stack, compiled=False)]
     else:
         tail = _native(state, frame, rest)
+    if exits:
+        # an exception leaves the grad-mode blocks the way their `with` statements would
+        leave = [f"    {frame.expr(v)}(None, None, None)" for v in reversed(exits)]
+        body_lines = ["    " + line for line in frame.after]
+        frame.after[:] = ["try:", *body_lines, "except BaseException:", *leave, "    raise"]
     # values are read as the frame held them; then the pending writes happen, then the rest
     replay = _replay(writer, effects)
     # after every other expression (they may name cells); contents alias the frame's values
