@@ -9,20 +9,19 @@ instruction itself in Python, and return the result of a ``resume_at_<offset>``
 continuation (two for a conditional jump), which the frontend's
 ``wrap_callable`` compiles in turn when first called.
 
-Instructions inside a ``try`` or ``with`` block run inside the continuation
-(which keeps the exception table), so their handlers still apply; that
-continuation runs uncompiled. Where the frame cannot be resumed soundly the
-original :class:`~kiln.capture.errors.Unsupported` is raised again and the
-frame runs eagerly.
+Grad-mode ``with`` blocks open at the break are entered again natively (an
+exception at the instruction leaves them). An instruction a ``try`` (or
+another ``with``) covers runs inside an uncompiled continuation that starts at
+it, which keeps the exception table, so the handlers still apply. Where the
+frame cannot be resumed soundly the original
+:class:`~kiln.capture.errors.Unsupported` is raised again and the frame runs
+eagerly.
 """
 
 from __future__ import annotations
 
-import dis
-import functools
 import logging
 import operator
-import threading
 import time
 import types
 from collections.abc import Callable
@@ -32,63 +31,36 @@ import torch
 from torch import fx
 
 from kiln.capture import counters
-from kiln.capture.break_tracer import BreakState, GradModeExit, ResumeIterator, break_state
+from kiln.capture.break_frame import (
+    MAX_RESUME_NESTING,
+    Continuations,
+    Frame,
+    Named,
+    NotResumable,
+    cannot,
+    flat_values,
+    live_values,
+)
+from kiln.capture.break_tracer import BreakState, break_state
 from kiln.capture.bytecode.format import log_code
 from kiln.capture.contexts import AutocastValue, ExitValue
 from kiln.capture.emit import _replay, _signature, _Writer, graph_outputs
-from kiln.capture.errors import CaptureError, Unsupported
+from kiln.capture.errors import Unsupported
 from kiln.capture.frame_capture import CaptureResult, GraphBreak, _split_method
 from kiln.capture.guard_data import GlobalState, GuardKind, GuardSpec
-from kiln.capture.resume import (
-    CELLS_AS_CLOSURE,
-    CELLS_AS_VALUES,
-    STACK_NULL,
-    STACK_VALUE,
-    make_resume,
-)
 from kiln.capture.tracer import CO_GENERATOR_LIKE
-from kiln.capture.values.base import NULL, ConstantValue, Value
-from kiln.capture.values.containers import CellValue, ListValue, TupleValue
+from kiln.capture.values.base import NULL, Value
+from kiln.capture.values.containers import TupleValue
 from kiln.capture.values.functions import (
     BoundMethodValue,
-    BuiltinMethodValue,
-    PartialValue,
-    ReplayedCallValue,
     UserFunctionValue,
 )
-from kiln.capture.values.iterators import (
-    EnumerateIterator,
-    ItemsIterator,
-    IteratorValue,
-    ZipIterator,
-)
-from kiln.capture.values.tensor import TensorMethodValue
 
 __all__ = ["MAX_RESUME_NESTING", "capture_after_break"]
 
 log = logging.getLogger(__name__)
 graph_log = logging.getLogger("kiln.capture.graph")
 breaks_log = logging.getLogger("kiln.capture.graph_breaks")
-
-#: Continuations run nested in the frame that broke (a break inside a loop nests
-#: once per iteration). This many levels deep they are compiled; deeper ones run
-#: uncompiled, finishing the loop in one frame, so the Python stack stays shallow.
-MAX_RESUME_NESTING = 16
-
-_nesting = threading.local()
-
-
-def _continue(compiled: Callable[..., Any], plain: Callable[..., Any], *args: Any) -> Any:
-    """Call a continuation: compiled while the nesting allows, else as plain Python."""
-    depth: int = getattr(_nesting, "depth", 0)
-    if depth >= MAX_RESUME_NESTING:
-        return plain(*args)
-    _nesting.depth = depth + 1
-    try:
-        return compiled(*args)
-    finally:
-        _nesting.depth = depth
-
 
 _JUMPS_IF = {
     "POP_JUMP_IF_TRUE": "{}",
@@ -156,70 +128,6 @@ def _not_in(a: Any, b: Any) -> bool:
     return a not in b
 
 
-class _Frame:
-    """Writes the new frame's body: expressions over the graph outputs and the frame."""
-
-    def __init__(self, state: BreakState, func: types.FunctionType, writer: _Writer) -> None:
-        self.state = state
-        self.func = func
-        self.writer = writer
-        self.lines: list[str] = []  # values, read before the side effects are replayed
-        self.after: list[str] = []  # the instruction itself, after them
-        self._temps: dict[int, str] = {}
-        self._count = 0
-        writer.on_closure = self.check_closure
-
-    def temp(self, text: str, *, after: bool = False) -> str:
-        name = f"__kiln_t{self._count}"
-        self._count += 1
-        (self.after if after else self.lines).append(f"{name} = {text}")
-        return name
-
-    def expr(self, v: Value) -> str:
-        """A name holding ``v``; one evaluation per tracked object, so aliases stay aliases."""
-        if isinstance(v, _Named):
-            return v.name
-        known = self._temps.get(id(v))
-        if known is None:
-            known = self._temps[id(v)] = self.temp(self._text(v))
-        return known
-
-    def check_closure(self, v: UserFunctionValue) -> None:
-        """A closure rebuilt at the break shares its cells' values only if they never change."""
-        tr = self.state.tracer
-        offset = self.state.instruction.offset
-        for name, cell in zip(v.code.co_freevars, v.closure, strict=False):
-            own = [n for n, c in tr.cells.items() if c is cell and n in tr.code.co_cellvars]
-            # the continuation gets its own copy of the frame's cell: neither side may set it
-            if own and (
-                _writes_cell(v.code, name) or any(_stored_again(tr.code, n, offset) for n in own)
-            ):
-                raise _cannot(f"the closure variable {name!r} may change after the break")
-
-    def _text(self, v: Value) -> str:
-        w = self.writer
-        if isinstance(v, IteratorValue):
-            return f"{w.const(ResumeIterator)}({w.value(ListValue(_remaining(v)))})"
-        if isinstance(v, (TensorMethodValue, BuiltinMethodValue)):
-            owner = v.tensor if isinstance(v, TensorMethodValue) else v.receiver
-            return f"{w.const(getattr)}({self.expr(owner)}, {v.name!r})"
-        if isinstance(v, BoundMethodValue) and v.source is None:
-            return f"{w.const(types.MethodType)}({self.expr(v.func)}, {self.expr(v.self_value)})"
-        if isinstance(v, ReplayedCallValue):
-            return w.const(v.fn)
-        if isinstance(v, PartialValue):
-            parts = [self.expr(v.func), *(self.expr(a) for a in v.args)]
-            parts.extend(f"**{{{k!r}: {self.expr(x)}}}" for k, x in v.kwargs.items())
-            return f"{w.const(functools.partial)}({', '.join(parts)})"
-        if isinstance(v, CellValue):
-            return w.cell(v)
-        if isinstance(v, ExitValue):
-            # the block's mode is entered again for real; its __exit__ restores the outer one
-            prev = v.ctx.previous[-1] if v.ctx.previous else torch.is_grad_enabled()
-            return f"{w.const(GradModeExit)}({v.ctx.target}, {prev})"
-        return w.value(v)
-
-
 def _grad_mode_exits(state: BreakState) -> list[ExitValue] | None:
     """The grad-mode ``with`` blocks around the instruction, if nothing else catches there.
 
@@ -244,131 +152,15 @@ def _grad_mode_exits(state: BreakState) -> list[ExitValue] | None:
 def _check_grad_mode(state: BreakState) -> None:
     """The innermost grad-mode ``with`` block open at the break must explain the mode there."""
     if state.contexts_entered:
-        raise _cannot("a graph break inside an autocast block")
+        raise cannot("a graph break inside an autocast block")
     mode = state.grad_enabled
     for v in state.stack:
         if isinstance(v, ExitValue):
             if isinstance(v.ctx, AutocastValue):
-                raise _cannot("a graph break inside an autocast block")
+                raise cannot("a graph break inside an autocast block")
             mode = v.ctx.target
     if mode != state.grad_enabled:
-        raise _cannot("grad mode was switched inside a `with` block before the break")
-
-
-def _writes_cell(code: types.CodeType, name: str) -> bool:
-    """Whether ``code`` (or code nested in it) assigns or deletes the closure variable ``name``."""
-    for ins in dis.get_instructions(code):
-        if ins.opname in ("STORE_DEREF", "DELETE_DEREF") and ins.argval == name:
-            return True
-    return any(_writes_cell(c, name) for c in code.co_consts if isinstance(c, types.CodeType))
-
-
-def _stored_again(code: types.CodeType, name: str, offset: int) -> bool:
-    """Whether running ``code`` on from ``offset`` may assign the cell ``name`` again.
-
-    Conservative: a second store, a store at or after ``offset``, or a jump back
-    over the one store (a loop) count.
-    """
-    instrs = list(dis.get_instructions(code))
-    stores = [
-        i.offset for i in instrs if i.opname in ("STORE_DEREF", "DELETE_DEREF") and i.argval == name
-    ]
-    if len(stores) > 1 or any(o >= offset for o in stores):
-        return True
-    first = stores[0] if stores else -1
-    return any("BACKWARD" in i.opname and i.offset > first and i.argval <= first for i in instrs)
-
-
-class _NotResumable(Exception):
-    """The break cannot be resumed soundly; the frame runs eagerly."""
-
-
-def _cannot(why: str) -> _NotResumable:
-    return _NotResumable(why)
-
-
-def _remaining(v: IteratorValue) -> list[Value]:
-    """What an interrupted loop's iterator still yields (it has not been advanced)."""
-    if isinstance(v, ItemsIterator):
-        return v.items[v.pos :]
-    if isinstance(v, EnumerateIterator):
-        rest = _remaining(v.inner)
-        return [TupleValue([ConstantValue(v.count + i), x]) for i, x in enumerate(rest)]
-    if isinstance(v, ZipIterator):
-        parts = [_remaining(p) for p in v.parts]
-        return [TupleValue(list(items)) for items in zip(*parts, strict=False)]
-    raise _cannot(f"a graph break inside a loop over {type(v).__name__}")
-
-
-def _flat_values(values: list[Value]) -> list[Value]:
-    """Stand-ins the graph-output search can walk (iterators as the lists they still yield)."""
-    out: list[Value] = []
-    for v in values:
-        if isinstance(v, IteratorValue):
-            out.append(ListValue(_remaining(v)))
-        elif isinstance(v, TensorMethodValue):
-            out.append(v.tensor)
-        elif isinstance(v, BuiltinMethodValue):
-            out.extend(_flat_values([v.receiver]))
-        elif isinstance(v, BoundMethodValue) and v.source is None:
-            out.extend(_flat_values([v.func, v.self_value]))
-        elif isinstance(v, PartialValue):
-            out.extend(_flat_values([v.func, *v.args, *v.kwargs.values()]))
-        elif v is not NULL and not isinstance(v, ExitValue):
-            out.append(v)
-    return out
-
-
-def _live_values(state: BreakState) -> dict[str, Value]:
-    """Locals and own cells bound at the break, by name."""
-    tr = state.tracer
-    values = dict(state.locals)
-    for name in tr.code.co_cellvars:
-        cell = tr.cells.get(name)
-        if cell is not None and cell.contents is not None:
-            values[name] = cell.contents
-    return values
-
-
-class _Continuations:
-    """Builds ``resume_at_<offset>`` functions over the frame's globals and cells."""
-
-    def __init__(
-        self,
-        state: BreakState,
-        func: types.FunctionType,
-        frame: _Frame,
-        wrap_callable: Callable[[Callable[..., Any]], Callable[..., Any]],
-    ) -> None:
-        self.state = state
-        self.func = func
-        self.frame = frame
-        self.wrap_callable = wrap_callable
-        self.values = _live_values(state)
-        code = state.tracer.code
-        self.cells_mode = CELLS_AS_VALUES if code.co_cellvars else CELLS_AS_CLOSURE
-
-    def call(self, offset: int, stack: list[Value], *, compiled: bool = True) -> str:
-        """The text calling the continuation at ``offset`` with ``stack`` and the live locals."""
-        code = self.state.tracer.code
-        kinds = [STACK_NULL if v is NULL else STACK_VALUE for v in stack]
-        try:
-            rf = make_resume(code, offset, kinds, cells=self.cells_mode)
-            bound = tuple(n for n in rf.locals if n in self.values)
-            if bound != rf.locals:
-                rf = make_resume(code, offset, kinds, bound, cells=self.cells_mode)
-        except CaptureError as e:
-            raise _cannot(str(e)) from e
-        by_name = dict(zip(code.co_freevars, self.func.__closure__ or (), strict=False))
-        fn = rf.make_function(self.func.__globals__, [by_name[n] for n in rf.closure])
-        log_code(rf.name, rf.code)
-        args = [self.frame.expr(v) for v in stack if v is not NULL]
-        args.extend(self.frame.expr(self.values[n]) for n in rf.locals)
-        w = self.frame.writer
-        if not compiled:
-            return f"return {w.const(fn)}({', '.join(args)})"
-        targets = [w.const(self.wrap_callable(fn)), w.const(fn)]
-        return f"return {w.const(_continue)}({', '.join([*targets, *args])})"
+        raise cannot("grad mode was switched inside a `with` block before the break")
 
 
 def _call_parts(state: BreakState) -> tuple[int, Value, list[Value], list[Value]] | None:
@@ -395,7 +187,7 @@ def _user_function(v: Value) -> types.FunctionType | None:
     return v.real
 
 
-def _native(state: BreakState, frame: _Frame, rest: _Continuations) -> list[str]:
+def _native(state: BreakState, frame: Frame, rest: Continuations) -> list[str]:
     """Lines running the failing instruction in Python, then the continuation(s).
 
     Values they use are bound in ``frame.lines`` (read before the replay) and
@@ -414,22 +206,22 @@ def _native(state: BreakState, frame: _Frame, rest: _Continuations) -> list[str]
         texts = [frame.expr(a) for a in args]
         user = _user_function(fn)
         if user is not None:  # a function that could not be inlined is compiled on its own
-            fn = _Named(w.const(rest.wrap_callable(user)))
+            fn = Named(w.const(rest.wrap_callable(user)))
         texts.extend(
             f"**{{{name!r}: {frame.expr(v)}}}"
             for name, v in zip(state.kw_names, kwargs, strict=True)
         )
         result = frame.temp(f"{frame.expr(fn)}({', '.join(texts)})", after=True)
-        call = rest.call(follow, [*stack[:-n], _Named(result)])
+        call = rest.call(follow, [*stack[:-n], Named(result)])
         return [call]
     if ins.opname == "CALL_FUNCTION_EX":
         n = 4 if (ins.arg or 0) & 1 else 3
         if len(stack) < n or stack[-n] is not NULL:
-            raise _cannot("CALL_FUNCTION_EX without a NULL below the callable")
+            raise cannot("CALL_FUNCTION_EX without a NULL below the callable")
         kw = f", **{frame.expr(stack[-1])}" if n == 4 else ""
         star = f"{frame.expr(stack[-n + 1])}(*{frame.expr(stack[-n + 2])}{kw})"
         result = frame.temp(star, after=True)
-        call = rest.call(follow, [*stack[:-n], _Named(result)])
+        call = rest.call(follow, [*stack[:-n], Named(result)])
         return [call]
     if ins.opname in _JUMPS_IF or ins.opname in _JUMPS_OR_POP:
         cond = (_JUMPS_IF | _JUMPS_OR_POP)[ins.opname].format(frame.expr(stack[-1]))
@@ -440,10 +232,10 @@ def _native(state: BreakState, frame: _Frame, rest: _Continuations) -> list[str]
         return [f"if {truth}:", f"    {taken}", not_taken]
     fn_text, n = _operator(ins, w)
     if fn_text is None:
-        raise _cannot(f"a graph break at {ins.opname}")
+        raise cannot(f"a graph break at {ins.opname}")
     operands = [frame.expr(v) for v in stack[len(stack) - n :]]
     result = frame.temp(f"{fn_text}({', '.join(operands)})", after=True)
-    call = rest.call(follow, [*stack[: len(stack) - n], _Named(result)])
+    call = rest.call(follow, [*stack[: len(stack) - n], Named(result)])
     return [call]
 
 
@@ -458,16 +250,6 @@ def _operator(ins: Any, w: _Writer) -> tuple[str | None, int]:
     if ins.opname in _UNARY:
         return w.const(_UNARY[ins.opname]), 1
     return None, 0
-
-
-class _Named(Value):
-    """A stack value the new frame computed natively and holds in a variable."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def python_type(self) -> type:
-        return object
 
 
 def _break_record(e: Unsupported) -> GraphBreak:
@@ -489,7 +271,7 @@ def capture_after_break(
         raise e
     try:
         return _split(e, state, fn, args, compile_graph, wrap_callable, started)
-    except (_NotResumable, Unsupported) as why:
+    except (NotResumable, Unsupported) as why:
         log.info("cannot resume after the graph break (%s); the frame runs eagerly", why)
         raise e from None
     except Exception:  # a bug here must not change the program: run the frame eagerly
@@ -512,13 +294,13 @@ def _split(
     out = tr.out
     _check_grad_mode(state)
     writer = _Writer(func, [])
-    frame = _Frame(state, func, writer)
-    rest = _Continuations(state, func, frame, wrap_callable)
+    frame = Frame(state, func, writer)
+    rest = Continuations(state, func, frame, wrap_callable)
     in_block = tr._handler_for(state.instruction.offset) is not None
     exits = _grad_mode_exits(state) if in_block else None
-    live = list(_live_values(state).values())
+    live = list(live_values(state).values())
     effects = out.side_effects
-    outputs = graph_outputs(TupleValue(_flat_values([*state.stack, *live])), effects)
+    outputs = graph_outputs(TupleValue(flat_values([*state.stack, *live])), effects)
     writer.output_index = {id(v.node): i for i, v in enumerate(outputs)}
     traced_at = time.perf_counter()
     graphs: list[fx.GraphModule] = []
@@ -601,5 +383,5 @@ def _assemble(fn: types.FunctionType, writer: _Writer, body: list[str]) -> types
     consts = tuple(placeholders.get(c, c) if isinstance(c, str) else c for c in inner.co_consts)
     new = inner.replace(co_consts=consts, co_name=code.co_name, co_qualname=code.co_qualname)
     if new.co_freevars != code.co_freevars:
-        raise _cannot(f"emitted free variables {new.co_freevars} differ from {code.co_freevars}")
+        raise cannot(f"emitted free variables {new.co_freevars} differ from {code.co_freevars}")
     return new
