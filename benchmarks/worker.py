@@ -89,7 +89,9 @@ def _step(spec: ModelSpec, built: Built, fn: Callable[..., Any], job: Job) -> Ca
         with precision():
             loss = spec.loss_of(fn(*built.args, **built.kwargs))
         loss.backward()
-        return [loss, *(p.grad for p in params if p.grad is not None)]
+        # A parameter the loss does not reach has no gradient in eager but may get zeros from a
+        # compiled backward that covers every output; both mean zero.
+        return [loss, *(torch.zeros_like(p) if p.grad is None else p.grad for p in params)]
 
     return train if job.mode == "training" else infer
 
