@@ -554,6 +554,31 @@ def try_item_else(x):
     return x * s
 
 
+def try_truth_raises(x):
+    try:
+        if x > 0:  # ambiguous for several elements: eager raises here
+            y = x
+        else:
+            y = -x
+    except RuntimeError:
+        y = x * 3
+    return y + 1
+
+
+def try_user_function_raises(x):
+    y = x.sin()
+    try:
+        z = _raises_after_numpy(y)
+    except KeyError:
+        z = y * 2
+    return z
+
+
+def _raises_after_numpy(v):
+    n = float(np.float32(2))
+    raise KeyError(n)
+
+
 def break_after_try(x):
     try:
         y = x.exp()
@@ -1257,6 +1282,8 @@ CASES: list[tuple[Callable[..., Any], Callable[[], tuple[Any, ...]]]] = [
     (try_raise_native, lambda: (r(3),)),
     (try_finally_print, lambda: (r(3),)),
     (try_item_else, lambda: (r(3),)),
+    (try_truth_raises, lambda: (r(3),)),
+    (try_user_function_raises, lambda: (r(3),)),
     (break_after_try, lambda: (r(3),)),
     (except_body_breaks, lambda: (r(3),)),
     (list_append_then_break, lambda: ([r(2)], r(2))),
@@ -1412,14 +1439,16 @@ GRAPHS: dict[str, int] = {
     "with_break_then_after": 3,
     "with_branch_inside": 2,
     "with_numpy_chain_inside": 3,
-    "try_around_with_break": 1,
+    "try_around_with_break": 2,
     "set_grad_statement_break": 2,
     "with_suppress": 1,
-    "try_numpy": 0,
-    "try_catches_native": 0,
+    "try_numpy": 1,
+    "try_catches_native": 1,
     "try_raise_native": 1,
-    "try_finally_print": 1,
-    "try_item_else": 1,
+    "try_finally_print": 2,
+    "try_item_else": 2,
+    "try_truth_raises": 1,
+    "try_user_function_raises": 1,
     "break_after_try": 2,
     "except_body_breaks": 1,
     "list_append_then_break": 1,

@@ -50,6 +50,7 @@ from kiln.capture.values.tensor import TensorMethodValue
 
 __all__ = [
     "MAX_RESUME_NESTING",
+    "Reraise",
     "Continuations",
     "Frame",
     "Named",
@@ -77,6 +78,25 @@ def _continue(compiled: Callable[..., Any], plain: Callable[..., Any], *args: An
         return compiled(*args)
     finally:
         _nesting.depth = depth
+
+
+class Reraise:
+    """Stands for the callable (or tested value) of an instruction that raised when run natively.
+
+    Inside a ``try`` the uncompiled continuation runs the instruction again with
+    this in its place, so the exception is raised where the user's handlers see it.
+    """
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+    def __call__(self, *args: object, **kwargs: object) -> None:
+        raise self.exc
+
+    def __bool__(self) -> bool:
+        raise self.exc
 
 
 class Frame:

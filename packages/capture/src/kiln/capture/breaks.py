@@ -10,9 +10,11 @@ continuation (two for a conditional jump), which the frontend's
 ``wrap_callable`` compiles in turn when first called.
 
 Grad-mode ``with`` blocks open at the break are entered again natively (an
-exception at the instruction leaves them). An instruction a ``try`` (or
-another ``with``) covers runs inside an uncompiled continuation that starts at
-it, which keeps the exception table, so the handlers still apply. Where the
+exception at the instruction leaves them). Inside a ``try`` (or another
+``with``), a call or truth test that raises runs again in an uncompiled
+continuation starting at it (which keeps the exception table) with a
+:class:`~kiln.capture.break_frame.Reraise` in its place, so the user's handlers
+see the exception; other instructions there run in that continuation directly. Where the
 frame cannot be resumed soundly the original
 :class:`~kiln.capture.errors.Unsupported` is raised again and the frame runs
 eagerly.
@@ -37,6 +39,7 @@ from kiln.capture.break_frame import (
     Frame,
     Named,
     NotResumable,
+    Reraise,
     cannot,
     flat_values,
     live_values,
@@ -126,6 +129,27 @@ def _in(a: Any, b: Any) -> bool:
 
 def _not_in(a: Any, b: Any) -> bool:
     return a not in b
+
+
+_RAISING_JUMPS = frozenset(name for name, test in _JUMPS_IF.items() if "None" not in test)
+
+
+def _raising_stack(state: BreakState, w: _Writer) -> list[Value] | None:
+    """The stack to run a CALL or truth test again with, so that it raises ``__kiln_exc``.
+
+    None for other instructions (they run in an uncompiled continuation).
+    """
+    raiser = Named(f"{w.const(Reraise)}(__kiln_exc)")
+    stack = list(state.stack)
+    parts = _call_parts(state)
+    if parts is not None:
+        at = len(stack) - parts[0]
+        stack[at + 1 if stack[at] is NULL else at] = raiser
+        return stack
+    if state.instruction.opname in _RAISING_JUMPS:
+        stack[-1] = raiser
+        return stack
+    return None
 
 
 def _grad_mode_exits(state: BreakState) -> list[ExitValue] | None:
@@ -317,16 +341,26 @@ def _split(
         inputs = ", ".join(writer.source(i.source) for i in out.inputs)
         head.append(f"__kiln_out = {writer.const(compiled)}({inputs})")
     compiled_at = time.perf_counter()
-    if in_block and exits is None:
+    raising = _raising_stack(state, writer) if in_block and exits is None else None
+    if in_block and exits is None and raising is None:
         # the instruction must run under the enclosing try: the continuation starts at it
         tail = [rest.call(state.instruction.offset, state.stack, compiled=False)]
     else:
         tail = _native(state, frame, rest)
+    body_lines = ["    " + line for line in frame.after]
     if exits:
         # an exception leaves the grad-mode blocks the way their `with` statements would
         leave = [f"    {frame.expr(v)}(None, None, None)" for v in reversed(exits)]
-        body_lines = ["    " + line for line in frame.after]
         frame.after[:] = ["try:", *body_lines, "except BaseException:", *leave, "    raise"]
+    elif raising is not None:
+        # an exception is raised again at the instruction, inside the user's try
+        again = rest.call(state.instruction.offset, raising, compiled=False)
+        frame.after[:] = [
+            "try:",
+            *body_lines,
+            "except BaseException as __kiln_exc:",
+            f"    {again}",
+        ]
     # values are read as the frame held them; then the pending writes happen, then the rest
     replay = _replay(writer, effects)
     # after every other expression (they may name cells); contents alias the frame's values
