@@ -74,7 +74,9 @@ class ExplainOutput:
         for i, (ops, guards) in enumerate(zip(self.ops_per_graph, self.guards, strict=True), 1):
             lines.append(f"Graph {i}: {len(ops)} ops, {len(guards)} guards")
             lines.append(f"  ops: {', '.join(ops) or '-'}")
-            lines.extend(f"  guard: {g.source} {g.kind.name}" for g in guards)
+            for g in guards:
+                where = f"{g.source} " if g.source is not None else ""
+                lines.append(f"  guard: {where}{g.kind.name}")
         return "\n".join(lines)
 
 
