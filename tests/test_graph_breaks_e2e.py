@@ -117,3 +117,33 @@ def test_explain_reports_the_break():
     assert report.graph_count == 2
     assert report.graph_break_count == 1
     assert "if b.sum() < 0:" in str(report)
+
+
+class Branchy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l1 = torch.nn.Linear(8, 8)
+        self.l2 = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.l1(x).relu()
+        if h.mean() > 0.1:
+            h = h * 2
+        print("hidden", tuple(h.shape))
+        return self.l2(h)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "kiln"])
+def test_module_with_breaks_is_compiled_around_them(backend):
+    model = Branchy()
+    ref = Branchy()
+    ref.load_state_dict(model.state_dict())
+    compiled = kiln.compile(model, backend=backend)
+    for _ in range(3):
+        x = torch.randn(4, 8)
+        out, expected = compiled(x), ref(x)
+        torch.testing.assert_close(out, expected)
+        out.sum().backward()
+        expected.sum().backward()
+        torch.testing.assert_close(model.l1.weight.grad, ref.l1.weight.grad)
+    assert kiln.stats().graphs_compiled >= 2

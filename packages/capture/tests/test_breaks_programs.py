@@ -1039,6 +1039,30 @@ class PrintModule(torch.nn.Module):
         return y
 
 
+class BranchyModule(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1 = torch.nn.Linear(4, 4)
+        self.l2 = torch.nn.Linear(4, 4)
+        self.seen: list[int] = []
+
+    def forward(self, x):
+        h = self.l1(x).relu()
+        self.seen.append(1)
+        if h.mean() > 0.1:
+            h = h * 2
+        return self.l2(h)
+
+
+def module_breaks_inside(m, x):
+    y = m(x)
+    return y.sum(), len(m.seen)
+
+
+def module_star_call(m, *args):
+    return m(*args)
+
+
 def module_branch(m, x):
     y = m(x)
     if y.mean() > 0:
@@ -1346,6 +1370,8 @@ CASES: list[tuple[Callable[..., Any], Callable[[], tuple[Any, ...]]]] = [
     (repeated_break_same_line, lambda: (r(2),)),
     (method_break, lambda: (PrintModule(), r(2, 4))),
     (module_branch, lambda: (torch.nn.Linear(3, 3), r(2, 3))),
+    (module_breaks_inside, lambda: (BranchyModule(), r(2, 4))),
+    (module_star_call, lambda: (BranchyModule(), r(2, 4))),
     (kwargs_call_break, lambda: (r(2),)),
     (star_call_break, lambda: (r(2),)),
     (starstar_call_break, lambda: (r(2),)),
@@ -1511,6 +1537,8 @@ GRAPHS: dict[str, int] = {
     "repeated_break_same_line": 3,
     "method_break": 2,
     "module_branch": 2,
+    "module_breaks_inside": 3,
+    "module_star_call": 2,
     "kwargs_call_break": 2,
     "star_call_break": 1,
     "starstar_call_break": 1,

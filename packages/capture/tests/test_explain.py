@@ -82,3 +82,9 @@ def test_logged_and_counted(caplog):
     assert "Graph break count: 1" in caplog.text
     assert "graph break in toy_example" in caplog.text
     assert counters.counters["graph_breaks"]["data_dependent_branch"] == 1
+
+
+def test_module_is_explained_through_its_call():
+    report = explain(torch.nn.Linear(3, 2))(torch.randn(4, 3))
+    assert report.graph_count == 1 and report.graph_break_count == 0
+    assert report.ops_per_graph == [["linear"]]

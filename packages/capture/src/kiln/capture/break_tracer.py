@@ -26,6 +26,7 @@ from kiln.capture.break_reasons import UserException
 from kiln.capture.contexts import ContextValue, ExitValue
 from kiln.capture.errors import Unsupported
 from kiln.capture.guard_data import GuardKind
+from kiln.capture.side_effects import SideEffects
 from kiln.capture.tracer import Tracer
 from kiln.capture.values.base import Value
 from kiln.capture.values.containers import DictValue, ListValue, SetValue
@@ -93,6 +94,30 @@ class BreakState:
     contexts_entered: int
 
 
+class _EffectsState:
+    """The side effects recorded before a call, so a call that fails can be taken back."""
+
+    def __init__(self, effects: SideEffects) -> None:
+        self.version = effects.version
+        self.calls = len(effects.calls)
+        self.attrs = {k: (t, dict(st)) for k, (t, st) in effects.attr_stores.items()}
+        self.globals = {k: (ns, dict(st)) for k, (ns, st) in effects.global_stores.items()}
+        self.cells = dict(effects.cell_stores)
+        self.wrapped = dict(effects._wrapped)
+        self.containers = [(c, _copy(c.items), c.mutated) for c in effects.containers]
+
+    def restore(self, effects: SideEffects) -> None:
+        effects.version = self.version
+        del effects.calls[self.calls :]
+        effects.attr_stores = {k: (t, dict(st)) for k, (t, st) in self.attrs.items()}
+        effects.global_stores = {k: (ns, dict(st)) for k, (ns, st) in self.globals.items()}
+        effects.cell_stores = dict(self.cells)
+        effects._wrapped = dict(self.wrapped)
+        effects.containers = [c for c, _, _ in self.containers]
+        for c, items, mutated in self.containers:
+            c.items, c.mutated = _copy(items), mutated
+
+
 class _Snapshot:
     """Enough to undo one root instruction, including in-place changes to tracked values."""
 
@@ -110,6 +135,8 @@ class _Snapshot:
         self.mutable: list[tuple[Value, Any]] = []
         seen: set[int] = set()
         deep = tr.instructions[index].opname in _CALLS
+        # a call may record stores deep inside before it fails: keep what to go back to
+        self.effects = _EffectsState(tr.out.side_effects) if deep else None
         for v in [*self.stack, *self.locals.values(), *self.cells.values()]:
             if v is not None:
                 self._remember(v, seen, deep)
@@ -243,12 +270,15 @@ class BreakTracer(Tracer):
         effects = self.out.side_effects
         if snap is None:
             return
-        new_calls = len(effects.calls) - snap.effect_calls
-        if effects.version - snap.effects_version != new_calls:
-            return  # a store or mutation was recorded: it cannot be taken back
-        # only replayed calls (log lines, prints) were recorded: drop them, they run again
-        del effects.calls[snap.effect_calls :]
-        effects.version = snap.effects_version
+        if snap.effects is not None:
+            snap.effects.restore(effects)
+        else:
+            new_calls = len(effects.calls) - snap.effect_calls
+            if effects.version - snap.effects_version != new_calls:
+                return  # a store or mutation was recorded: it cannot be taken back
+            # only replayed calls (log lines, prints) were recorded: drop them, they run again
+            del effects.calls[snap.effect_calls :]
+            effects.version = snap.effects_version
         snap.restore(self)
         ins = list.__getitem__(self.instructions, snap.index)
         state = BreakState(

@@ -58,6 +58,7 @@ from kiln.capture.values.functions import (
     BoundMethodValue,
     UserFunctionValue,
 )
+from kiln.capture.values.objects import ObjectValue
 
 __all__ = ["MAX_RESUME_NESTING", "capture_after_break"]
 
@@ -211,6 +212,42 @@ def _user_function(v: Value) -> types.FunctionType | None:
     return v.real
 
 
+_MODULE_HOOKS = (
+    "_forward_hooks",
+    "_forward_pre_hooks",
+    "_backward_hooks",
+    "_backward_pre_hooks",
+)
+_GLOBAL_HOOKS = (
+    "_global_forward_hooks",
+    "_global_forward_pre_hooks",
+    "_global_backward_hooks",
+    "_global_backward_pre_hooks",
+)
+
+
+def _plain_forward(v: Value) -> types.FunctionType | None:
+    """``type(m).forward`` when calling the module ``v`` is just calling it (no hooks)."""
+    m = v.obj if isinstance(v, ObjectValue) else None
+    if not isinstance(m, torch.nn.Module) or "forward" in vars(m):
+        return None
+    cls = type(m)
+    if (
+        cls.__call__ is not torch.nn.Module.__call__
+        or cls._call_impl is not torch.nn.Module._call_impl
+    ):
+        return None
+    if any(getattr(m, name, None) for name in _MODULE_HOOKS):
+        return None
+    module_impl = torch.nn.modules.module
+    if any(getattr(module_impl, name, None) for name in _GLOBAL_HOOKS):
+        return None
+    forward = cls.forward
+    if not isinstance(forward, types.FunctionType) or forward.__code__.co_flags & CO_GENERATOR_LIKE:
+        return None
+    return forward
+
+
 def _native(state: BreakState, frame: Frame, rest: Continuations) -> list[str]:
     """Lines running the failing instruction in Python, then the continuation(s).
 
@@ -227,6 +264,10 @@ def _native(state: BreakState, frame: Frame, rest: Continuations) -> list[str]:
         if isinstance(fn, BoundMethodValue) and _user_function(fn.func) is not None:
             args = [fn.self_value, *args]
             fn = fn.func
+        forward = _plain_forward(fn)
+        if forward is not None:  # the module's forward is compiled on its own
+            args = [fn, *args]
+            fn = Named(w.const(rest.wrap_callable(forward)))
         texts = [frame.expr(a) for a in args]
         user = _user_function(fn)
         if user is not None:  # a function that could not be inlined is compiled on its own
@@ -243,7 +284,14 @@ def _native(state: BreakState, frame: Frame, rest: Continuations) -> list[str]:
         if len(stack) < n or stack[-n] is not NULL:
             raise cannot("CALL_FUNCTION_EX without a NULL below the callable")
         kw = f", **{frame.expr(stack[-1])}" if n == 4 else ""
-        star = f"{frame.expr(stack[-n + 1])}(*{frame.expr(stack[-n + 2])}{kw})"
+        fn, star_args = stack[-n + 1], f"*{frame.expr(stack[-n + 2])}"
+        forward, user = _plain_forward(fn), _user_function(fn)
+        if forward is not None:  # the module's forward is compiled on its own
+            star_args = f"{frame.expr(fn)}, {star_args}"
+            fn = Named(w.const(rest.wrap_callable(forward)))
+        elif user is not None:
+            fn = Named(w.const(rest.wrap_callable(user)))
+        star = f"{frame.expr(fn)}({star_args}{kw})"
         result = frame.temp(star, after=True)
         call = rest.call(follow, [*stack[:-n], Named(result)])
         return [call]

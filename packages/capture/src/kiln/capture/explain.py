@@ -117,11 +117,20 @@ class _Run:
 
 
 def explain(fn: Callable[..., Any]) -> Callable[..., ExplainOutput]:
-    """``explain(fn)(*args, **kwargs)`` runs ``fn`` once and returns an :class:`ExplainOutput`."""
+    """``explain(fn)(*args, **kwargs)`` runs ``fn`` once and returns an :class:`ExplainOutput`.
+
+    ``fn`` is a function, a bound method or an ``nn.Module`` (called with its hooks).
+    """
+
+    target = fn
+    if isinstance(fn, torch.nn.Module):
+
+        def target(*args: Any, **kwargs: Any) -> Any:  # a frame that calls the module
+            return fn(*args, **kwargs)
 
     def run(*args: Any, **kwargs: Any) -> ExplainOutput:
         r = _Run()
-        r.report.result = r.wrap(fn)(*args, **kwargs)
+        r.report.result = r.wrap(target)(*args, **kwargs)
         breaks_log.info("explain %s:\n%s", getattr(fn, "__qualname__", fn), r.report)
         return r.report
 
