@@ -61,8 +61,13 @@ def same(actual: Any, expected: Any) -> None:
         assert type(actual) is type(expected) and list(actual) == list(expected)
         for k in expected:
             same(actual[k], expected[k])
+    elif isinstance(expected, torch.nn.Module):
+        same(actual.state_dict(), expected.state_dict())
     elif callable(expected):
         assert type(actual) is type(expected)
+    elif hasattr(expected, "__dict__") and type(expected).__module__ != "builtins":
+        assert type(actual) is type(expected)
+        same(vars(actual), vars(expected))
     elif type(expected).__module__ == "builtins":
         assert actual == expected
     else:
