@@ -989,6 +989,27 @@ def sort_with_item(xs):
     return sorted(xs, key=lambda t: t.sum().item())
 
 
+def sorted_key_mutates(xs, log):
+    def key(t):
+        log.append(len(log))
+        return t.sum().item()
+
+    return sorted(xs, key=key), len(log)
+
+
+def helper_mutates_then_breaks(x, box):
+    box.items.append(x)
+    box.value = 7.0
+    if x.sum() > 0:
+        return x
+    return -x
+
+
+def call_mutating_helper(x, box):
+    y = helper_mutates_then_breaks(x * 2, box)
+    return y + box.value, len(box.items)
+
+
 def str_format_tensor(x):
     s = f"{x.sum():.2f}"
     return x + len(s)
@@ -1362,6 +1383,8 @@ CASES: list[tuple[Callable[..., Any], Callable[[], tuple[Any, ...]]]] = [
     (open_context, lambda: (r(2),)),
     (isinstance_numpy, lambda: (r(2),)),
     (sort_with_item, lambda: ([r(2), r(2), r(2)],)),
+    (sorted_key_mutates, lambda: ([r(2), r(2), r(2)], [])),
+    (call_mutating_helper, lambda: (r(2), Box())),
     (str_format_tensor, lambda: (r(2),)),
     (id_call, lambda: (r(2),)),
     (hash_tensor, lambda: (r(2),)),
@@ -1529,6 +1552,8 @@ GRAPHS: dict[str, int] = {
     "open_context": 1,
     "isinstance_numpy": 1,
     "sort_with_item": 0,
+    "sorted_key_mutates": 0,
+    "call_mutating_helper": 3,
     "str_format_tensor": 1,
     "id_call": 1,
     "hash_tensor": 0,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import dis
+import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,10 +29,12 @@ from kiln.capture.errors import Unsupported
 from kiln.capture.guard_data import GuardKind
 from kiln.capture.side_effects import SideEffects
 from kiln.capture.tracer import Tracer
-from kiln.capture.values.base import Value
-from kiln.capture.values.containers import DictValue, ListValue, SetValue
+from kiln.capture.values.base import NULL, ConstantValue, Value
+from kiln.capture.values.containers import DictValue, ListValue, SetValue, TupleValue
+from kiln.capture.values.functions import BuiltinMethodValue
 from kiln.capture.values.iterators import EnumerateIterator, ItemsIterator, ZipIterator
 from kiln.capture.values.objects import NewObjectValue, ObjectValue
+from kiln.capture.values.tensor import TensorMethodValue, TensorValue
 from kiln.capture.wrap import wrap
 
 __all__ = ["BreakState", "BreakTracer", "GradModeExit", "ResumeIterator", "break_state"]
@@ -134,7 +137,7 @@ class _Snapshot:
         self.contexts_entered = len(tr.out.entered)
         self.mutable: list[tuple[Value, Any]] = []
         seen: set[int] = set()
-        deep = tr.instructions[index].opname in _CALLS
+        deep = _may_run_user_code(tr, tr.instructions[index])
         # a call may record stores deep inside before it fails: keep what to go back to
         self.effects = _EffectsState(tr.out.side_effects) if deep else None
         for v in [*self.stack, *self.locals.values(), *self.cells.values()]:
@@ -181,6 +184,42 @@ class _Snapshot:
                 v.attrs = saved
             elif isinstance(v, (ListValue, DictValue, SetValue)):
                 v.items, v.mutated = saved[0], saved[1]
+
+
+def _may_run_user_code(tr: Tracer, ins: dis.Instruction) -> bool:
+    """Whether ``ins`` is a call that may inline Python code (which can change state, then fail).
+
+    Not: torch ops, tensor methods and builtins called on tensors and constants only
+    (they fail before changing anything, and call back into nothing).
+    """
+    if ins.opname not in _CALLS:
+        return False
+    arg = ins.arg or 0
+    argc = 1 + (arg & 1) if ins.opname == "CALL_FUNCTION_EX" else arg  # (args, kwargs) or args
+    below = tr.stack[-(argc + 2) :]
+    if len(below) < 2:
+        return True
+    fn, operands = (below[1], below[2:]) if below[0] is NULL else (below[0], below[1:])
+    if not all(_plain_data(v) for v in operands):
+        return True
+    if isinstance(fn, (TensorMethodValue, BuiltinMethodValue)):
+        return False
+    if isinstance(fn, ObjectValue):
+        obj = fn.obj
+        if isinstance(obj, (types.BuiltinFunctionType, types.MethodDescriptorType)):
+            return False
+        if isinstance(obj, type) and obj.__module__ == "builtins":
+            return False
+    return True
+
+
+def _plain_data(v: Value) -> bool:
+    """Tensors, constants, and containers of them: nothing a builtin could call back."""
+    if isinstance(v, (TensorValue, ConstantValue)):
+        return True
+    if isinstance(v, (ListValue, TupleValue)):
+        return all(isinstance(x, (TensorValue, ConstantValue)) for x in v.items)
+    return False
 
 
 def _copy(items: Any) -> Any:
