@@ -22,6 +22,7 @@ eagerly.
 
 from __future__ import annotations
 
+import dis
 import logging
 import operator
 import time
@@ -311,7 +312,7 @@ def _native(state: BreakState, frame: Frame, rest: Continuations) -> list[str]:
     return [call]
 
 
-def _operator(ins: Any, w: _Writer) -> tuple[str | None, int]:
+def _operator(ins: dis.Instruction, w: _Writer) -> tuple[str | None, int]:
     if ins.opname in ("BINARY_OP", "COMPARE_OP"):
         fn = _BINARY.get(str(ins.argrepr).replace("bool(", "").rstrip(")"))
         return (w.const(fn), 2) if fn is not None else (None, 0)
