@@ -1015,6 +1015,17 @@ def str_format_tensor(x):
     return x + len(s)
 
 
+def slice_break(x):
+    arr = np.arange(6)
+    part = arr[1:4]
+    return x * float(part.sum())
+
+
+def fstring_conversion_break(x):
+    s = f"{x.sum()!r:>30}|{x.shape}"
+    return x + len(s.strip())
+
+
 def id_call(x):
     y = x + 1
     return y, id(y) > 0
@@ -1386,6 +1397,8 @@ CASES: list[tuple[Callable[..., Any], Callable[[], tuple[Any, ...]]]] = [
     (sorted_key_mutates, lambda: ([r(2), r(2), r(2)], [])),
     (call_mutating_helper, lambda: (r(2), Box())),
     (str_format_tensor, lambda: (r(2),)),
+    (slice_break, lambda: (r(2),)),
+    (fstring_conversion_break, lambda: (r(2),)),
     (id_call, lambda: (r(2),)),
     (hash_tensor, lambda: (r(2),)),
     (break_at_start, lambda: (r(2),)),
@@ -1554,7 +1567,9 @@ GRAPHS: dict[str, int] = {
     "sort_with_item": 0,
     "sorted_key_mutates": 0,
     "call_mutating_helper": 3,
-    "str_format_tensor": 1,
+    "str_format_tensor": 2,
+    "slice_break": 1,
+    "fstring_conversion_break": 2,
     "id_call": 1,
     "hash_tensor": 0,
     "break_at_start": 1,

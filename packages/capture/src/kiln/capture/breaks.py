@@ -23,6 +23,7 @@ eagerly.
 from __future__ import annotations
 
 import dis
+import functools
 import logging
 import operator
 import time
@@ -131,6 +132,16 @@ def _in(a: Any, b: Any) -> bool:
 
 def _not_in(a: Any, b: Any) -> bool:
     return a not in b
+
+
+def _slice(container: Any, start: Any, stop: Any) -> Any:
+    return container[start:stop]
+
+
+def _format_value(conversion: int, value: Any, spec: str = "") -> str:
+    if conversion:
+        value = (str, repr, ascii)[conversion - 1](value)
+    return format(value, spec)
 
 
 _RAISING_JUMPS = frozenset(name for name, test in _JUMPS_IF.items() if "None" not in test)
@@ -322,6 +333,11 @@ def _operator(ins: dis.Instruction, w: _Writer) -> tuple[str | None, int]:
         return w.const(_not_in if ins.arg else _in), 2
     if ins.opname in _UNARY:
         return w.const(_UNARY[ins.opname]), 1
+    if ins.opname == "BINARY_SLICE":
+        return w.const(_slice), 3
+    if ins.opname == "FORMAT_VALUE":  # f-string piece: value (and its format spec)
+        arg = ins.arg or 0
+        return w.const(functools.partial(_format_value, arg & 3)), 2 if arg & 4 else 1
     return None, 0
 
 
