@@ -1,15 +1,20 @@
 """The root tracer that can stop at an instruction and hand its state to the break handler.
 
 Before every instruction of the captured frame (not of functions inlined into
-it) :class:`BreakTracer` remembers the symbolic state: stack, locals, cells,
-the last graph node, the positions of iterators and the contents of
-containers a call could mutate. When the instruction raises
+it; ``Tracer.before_step``) :class:`BreakTracer` remembers the symbolic state:
+stack, locals, cells, the last graph node, the positions of iterators and,
+before calls that may run Python code, the contents of containers and the
+recorded side effects. When the instruction raises
 :class:`~kiln.capture.errors.Unsupported` (also from deep inside an inlined
 call), the state is rolled back to just before it and attached to the error
 as a :class:`BreakState`, which ``kiln.capture.breaks`` turns into a partial
-graph plus continuation functions. States that cannot be rolled back soundly
-(a side effect was recorded by the failing instruction) are not attached, so
-the frame runs eagerly as before.
+graph plus continuation functions. Where that cannot be done soundly (a store
+recorded by an instruction that is not a call) nothing is attached and the
+frame runs eagerly.
+
+``ResumeIterator`` and ``GradModeExit`` carry an interrupted loop and open
+grad-mode blocks into a continuation; its capture turns them back into
+tracked values (with guards).
 """
 
 from __future__ import annotations
@@ -237,29 +242,12 @@ def _children(v: ListValue | DictValue | SetValue) -> Iterator[Value]:
         yield from v.items.values()
 
 
-class _Watched(list[dis.Instruction]):
-    """The root's instruction list: the loop's fetch snapshots the tracer first."""
-
-    def __init__(self, items: list[dis.Instruction], owner: BreakTracer) -> None:
-        super().__init__(items)
-        self.owner = owner
-
-    def __getitem__(self, i: Any) -> Any:
-        if isinstance(i, int) and self.owner.between_steps:
-            self.owner.between_steps = False
-            self.owner.snapshot = _Snapshot(self.owner, i)
-        return super().__getitem__(i)
-
-
 class BreakTracer(Tracer):
     """A :class:`Tracer` for the captured frame that records where a graph break can happen."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.between_steps = False
-        self._return_value: Value | None = None
         super().__init__(*args, **kwargs)
         self.snapshot: _Snapshot | None = None
-        self.instructions = _Watched(self.instructions, self)
         for name, value in self.locals.items():
             if isinstance(value, ObjectValue) and type(value.obj) is ResumeIterator:
                 self.locals[name] = self._resumed_iterator(value)
@@ -284,16 +272,8 @@ class BreakTracer(Tracer):
         assert isinstance(items, ListValue)
         return ItemsIterator(list(items.items))
 
-    # The loop tests ``return_value`` once before fetching each instruction (and
-    # nothing else reads it), so that read marks the boundary between two steps.
-    @property  # type: ignore[override]
-    def return_value(self) -> Value | None:
-        self.between_steps = True
-        return self._return_value
-
-    @return_value.setter
-    def return_value(self, value: Value | None) -> None:
-        self._return_value = value
+    def before_step(self) -> None:
+        self.snapshot = _Snapshot(self, self.ip)
 
     def run(self) -> Value:
         try:
@@ -319,7 +299,7 @@ class BreakTracer(Tracer):
             del effects.calls[snap.effect_calls :]
             effects.version = snap.effects_version
         snap.restore(self)
-        ins = list.__getitem__(self.instructions, snap.index)
+        ins = self.instructions[snap.index]
         state = BreakState(
             self,
             ins,

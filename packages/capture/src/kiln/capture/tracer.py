@@ -102,6 +102,7 @@ class Tracer:
 
     def _loop(self) -> Value:
         while self.return_value is None:
+            self.before_step()
             ins = self.instructions[self.ip]
             self.ip += 1
             self.current = ins
@@ -178,6 +179,9 @@ class Tracer:
 
     def peek(self, depth: int = 1) -> Value:
         return self.stack[-depth]
+
+    def before_step(self) -> None:
+        """Called before each instruction; the captured frame's tracer snapshots its state here."""
 
     def checkpoint(self) -> Checkpoint:
         return Checkpoint(self)
