@@ -4,8 +4,10 @@ This is the entry the frontend calls on a cache miss. It binds the real
 arguments, traces the function symbolically (inlining what it calls),
 closes the graph, hands it to ``compile_graph`` with the real tensors as
 example inputs, and emits a code object that calls the compiled graph.
-Anything capture cannot model raises :class:`~kiln.capture.errors.Unsupported`;
-until graph breaks exist the whole frame then runs eagerly.
+Where it meets something it cannot model, :mod:`kiln.capture.breaks` splits
+the frame (a graph break); what cannot be split soundly, or anything with
+``fullgraph=True``, raises :class:`~kiln.capture.errors.Unsupported` and the
+caller runs the frame eagerly.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ graph_log = logging.getLogger("kiln.capture.graph")
 
 @dataclasses.dataclass(frozen=True)
 class GraphBreak:
-    """Where and why a graph was split (empty until graph breaks are implemented)."""
+    """Where and why a graph was split: the registry kind, its explanation and hint, the user line."""
 
     kind: str
     explanation: str
