@@ -392,20 +392,6 @@ def _split(
     outputs = graph_outputs(TupleValue(flat_values([*state.stack, *live])), effects)
     writer.output_index = {id(v.node): i for i, v in enumerate(outputs)}
     traced_at = time.perf_counter()
-    graphs: list[fx.GraphModule] = []
-    head: list[str] = []
-    if state.grad_enabled != torch.is_grad_enabled():  # (the frame's mode, restored after tracing)
-        # the graph leaves the mode of the break (open blocks are also entered again natively)
-        args = (state.grad_enabled,)
-        out.create_node("call_function", torch._C._set_grad_enabled, args, {}, None)
-    if out.has_ops() or outputs:
-        gm = out.finish(outputs)
-        graph_log.debug("captured graph of %s (before a break):\n%s", func.__qualname__, gm.code)
-        graphs.append(gm)
-        compiled = compile_graph(gm, [i.real for i in out.inputs])
-        inputs = ", ".join(writer.source(i.source) for i in out.inputs)
-        head.append(f"__kiln_out = {writer.const(compiled)}({inputs})")
-    compiled_at = time.perf_counter()
     raising = _raising_stack(state, writer) if in_block and exits is None else None
     if in_block and exits is None and raising is None:
         # the instruction must run under the enclosing try: the continuation starts at it
@@ -430,6 +416,22 @@ def _split(
     replay = _replay(writer, effects)
     # after every other expression (they may name cells); contents alias the frame's values
     make_cells, fill_cells = writer.cell_lines(frame.expr)
+    # the text is complete (nothing left to refuse): now the graph is worth compiling
+    emitted_at = time.perf_counter()
+    graphs: list[fx.GraphModule] = []
+    head: list[str] = []
+    if state.grad_enabled != torch.is_grad_enabled():  # (the frame's mode, restored after tracing)
+        # the graph leaves the mode of the break (open blocks are also entered again natively)
+        args = (state.grad_enabled,)
+        out.create_node("call_function", torch._C._set_grad_enabled, args, {}, None)
+    if out.has_ops() or outputs:
+        gm = out.finish(outputs)
+        graph_log.debug("captured graph of %s (before a break):\n%s", func.__qualname__, gm.code)
+        graphs.append(gm)
+        compiled = compile_graph(gm, [i.real for i in out.inputs])
+        inputs = ", ".join(writer.source(i.source) for i in out.inputs)
+        head.append(f"__kiln_out = {writer.const(compiled)}({inputs})")
+    compiled_at = time.perf_counter()
     body = [*head, *make_cells, *frame.lines, *fill_cells, *replay, *frame.after, *tail]
     code = _assemble(func, writer, body)
     log_code(f"original {func.__qualname__}", func.__code__)
@@ -458,8 +460,8 @@ def _split(
         side_effects=effects.describe(),
         timings={
             "trace": traced_at - started,
-            "compile": compiled_at - traced_at,
-            "emit": time.perf_counter() - compiled_at,
+            "compile": compiled_at - emitted_at,
+            "emit": emitted_at - traced_at + time.perf_counter() - compiled_at,
         },
     )
 
