@@ -966,6 +966,17 @@ def class_body_inside(x):
     return x * Local.k
 
 
+def class_with_methods_inside(x):
+    class Scale:
+        def __init__(self, k):
+            self.k = k
+
+        def __call__(self, v):
+            return v * self.k
+
+    return Scale(3)(x) + x.sin()
+
+
 def exec_inside(x):
     ns: dict[str, Any] = {}
     exec("v = 3", ns)
@@ -1390,6 +1401,7 @@ CASES: list[tuple[Callable[..., Any], Callable[[], tuple[Any, ...]]]] = [
     (gen_with_break_after, lambda: (r(2),)),
     (gen_any, lambda: (r(2),)),
     (class_body_inside, lambda: (r(2),)),
+    (class_with_methods_inside, lambda: (r(2),)),
     (exec_inside, lambda: (r(2),)),
     (open_context, lambda: (r(2),)),
     (isinstance_numpy, lambda: (r(2),)),
@@ -1560,7 +1572,8 @@ GRAPHS: dict[str, int] = {
     "gen_list": 1,
     "gen_with_break_after": 1,
     "gen_any": 1,
-    "class_body_inside": 0,
+    "class_body_inside": 1,
+    "class_with_methods_inside": 1,
     "exec_inside": 1,
     "open_context": 1,
     "isinstance_numpy": 1,

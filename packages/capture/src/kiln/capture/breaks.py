@@ -22,6 +22,7 @@ eagerly.
 
 from __future__ import annotations
 
+import builtins
 import dis
 import functools
 import logging
@@ -132,6 +133,10 @@ def _in(a: Any, b: Any) -> bool:
 
 def _not_in(a: Any, b: Any) -> bool:
     return a not in b
+
+
+def _build_class_function() -> Any:
+    return builtins.__build_class__
 
 
 def _slice(container: Any, start: Any, stop: Any) -> Any:
@@ -333,6 +338,8 @@ def _operator(ins: dis.Instruction, w: _Writer) -> tuple[str | None, int]:
         return w.const(_not_in if ins.arg else _in), 2
     if ins.opname in _UNARY:
         return w.const(_UNARY[ins.opname]), 1
+    if ins.opname == "LOAD_BUILD_CLASS":  # a class statement: built natively
+        return w.const(_build_class_function), 0
     if ins.opname == "BINARY_SLICE":
         return w.const(_slice), 3
     if ins.opname == "FORMAT_VALUE":  # f-string piece: value (and its format spec)
