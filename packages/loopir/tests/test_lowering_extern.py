@@ -112,3 +112,19 @@ def test_legacy_convolution_extern():
         check(fn, img, k, atol=1e-5, rtol=1e-5)
     except NotImplementedError:
         pytest.skip("this torch has no meta kernel for _convolution")
+
+
+def test_extern_output_strides_differ_from_traced_ones():
+    """The CPU attention kernel's output strides follow its inputs', which loopir lays
+    out afresh: the wrapper must give the result the planned strides (MHA regression)."""
+    x = torch.randn(5, 2, 3, 16)
+
+    def fn(x):
+        qkv = aten.permute.default(aten.mul.Tensor(x, 0.5), [2, 1, 0, 3])
+        heads = [aten.view.default(aten.select.int(qkv, 0, i), [2, 5, 4, 4]) for i in range(3)]
+        q, k, v = (aten.permute.default(h, [0, 2, 1, 3]) for h in heads)
+        out = aten._scaled_dot_product_flash_attention_for_cpu.default(q, k, v, is_causal=True)
+        merged = aten.clone.default(aten.permute.default(out[0], [2, 0, 1, 3]))
+        return aten.add.Tensor(aten.view.default(merged, [10, 16]), 1.0), out[1]
+
+    check(fn, x, atol=1e-5, rtol=1e-5)

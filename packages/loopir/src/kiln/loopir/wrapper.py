@@ -39,6 +39,19 @@ def _reinterpret(
     return torch.as_strided(t, size, stride, t.storage_offset() + offset)
 
 
+def _as_layout(t: torch.Tensor, stride: Sequence[int]) -> torch.Tensor:
+    """``t`` with the strides loopir planned for it, copied if the ATen kernel chose others.
+
+    An extern kernel's real output strides can differ from its traced ones (some
+    follow their inputs' strides, and loopir may lay inputs out differently), while
+    every later view and kernel indexes the buffer with the planned strides.
+    """
+    if all(n == 1 or s == w for n, s, w in zip(t.shape, t.stride(), stride, strict=True)):
+        return t
+    out = torch.empty_strided(t.shape, stride, device=t.device, dtype=t.dtype)
+    return out.copy_(t)
+
+
 @dataclasses.dataclass
 class WrapperCode:
     """Generated source plus the globals it runs with."""
@@ -58,6 +71,7 @@ class _Writer:
             "draw_seeds": random_bits.draw_seeds,
             "device": torch.device,
             "leaves": pytree.tree_leaves,
+            "as_layout": _as_layout,
         }
         self._consts = itertools.count()
 
@@ -87,6 +101,10 @@ class _Writer:
             inner = ", ".join(self.expr(v) for v in value)
             return f"[{inner}]" if isinstance(value, list) else f"({inner},)"
         return self.const(value)
+
+
+def _strides(layout: Layout) -> tuple[int, ...]:
+    return tuple(sizes.evaluate_int(s) for s in layout.stride)
 
 
 def _alloc(layout: Layout) -> str:
@@ -151,7 +169,11 @@ def _emit_step(w: _Writer, step: Step) -> None:
         args = [w.expr(a) for a in buf.args]
         args += [f"{k}={w.expr(v)}" for k, v in buf.kwargs.items()]
         note = "fallback" if buf.fallback else "extern"
-        w.line(f"{buf.name} = {op}({', '.join(args)})  # {note} {buf.op}")
+        call = f"{op}({', '.join(args)})"
+        if not buf.multi_output:
+            call = f"as_layout({call}, {_strides(buf.layout)})"
+        w.line(f"{buf.name} = {call}  # {note} {buf.op}")
     elif isinstance(step, NopStep):
         (leaf,) = step.buffer.index
-        w.line(f"{step.buffer.name} = leaves({step.buffer.parent.name})[{leaf}]")
+        part = f"leaves({step.buffer.parent.name})[{leaf}]"
+        w.line(f"{step.buffer.name} = as_layout({part}, {_strides(step.buffer.layout)})")
