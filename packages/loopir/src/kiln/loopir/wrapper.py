@@ -39,13 +39,15 @@ def _reinterpret(
     return torch.as_strided(t, size, stride, t.storage_offset() + offset)
 
 
-def _as_layout(t: torch.Tensor, stride: Sequence[int]) -> torch.Tensor:
+def _as_layout(t: Any, stride: Sequence[int]) -> Any:
     """``t`` with the strides loopir planned for it, copied if the ATen kernel chose others.
 
     An extern kernel's real output strides can differ from its traced ones (some
     follow their inputs' strides, and loopir may lay inputs out differently), while
     every later view and kernel indexes the buffer with the planned strides.
     """
+    if not isinstance(t, torch.Tensor) or t.dim() != len(stride):
+        return t
     if all(n == 1 or s == w for n, s, w in zip(t.shape, t.stride(), stride, strict=True)):
         return t
     out = torch.empty_strided(t.shape, stride, device=t.device, dtype=t.dtype)
