@@ -210,3 +210,14 @@ def test_debug_dir_gets_one_folder_per_frame_with_artifacts(tmp_path):
     assert "graph.py" in names and "guards.py" in names and "output_code.py" in names
     assert any(n.endswith(".cpp") for n in names)
     assert "torch.abs" in (frame / "graph.py").read_text()
+
+
+def test_explain_is_reexported():
+    def f(a, b):
+        x = a / (torch.abs(a) + 1)
+        if b.sum() < 0:
+            b = b * -1
+        return x * b
+
+    out = kiln.explain(f)(torch.randn(4), torch.randn(4))
+    assert "graph" in str(out).lower()

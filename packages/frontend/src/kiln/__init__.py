@@ -20,7 +20,7 @@ from kiln.api import (
     reset_frontend,
 )
 from kiln.backends import list_backends, register_backend
-from kiln.capture import KilnError, Unsupported, counters
+from kiln.capture import KilnError, Unsupported, counters, explain
 from kiln.config import MODES, OPTIONS
 from kiln.fallback import CompileError
 from kiln.stats import Stats, stats
@@ -47,6 +47,7 @@ __all__ = [
     "__version__",
     "compile",
     "disable",
+    "explain",
     "list_backends",
     "register_backend",
     "reset",
