@@ -51,7 +51,7 @@ def compile(
     options: dict[str, Any] | None = None,
     disable: bool = False,
 ) -> Any:
-    """Compile a function, bound method or ``nn.Module``; same calling convention as torch.compile.
+    """Compile a function, bound method or ``nn.Module``; same calling convention as torch's compile API.
 
     Usable as ``kiln.compile(fn)``, ``@kiln.compile`` and ``@kiln.compile(backend="eager")``.
     Arguments are checked now, so a typo fails here rather than at the first call.

@@ -1,6 +1,6 @@
 """The backend registry: names for ``(fx.GraphModule, example_inputs) -> callable`` functions.
 
-This follows torch.compile's convention, so a backend written for one works with the other.
+This follows PyTorch's own compiler's backend convention, so a backend written for one works with the other.
 Built-ins: ``eager`` (the captured graph as is), ``aot_eager`` and ``aot_eager_decomp_partition``
 (ATen graphs run eagerly, for debugging autograd_aot), ``loopir_reference`` (the whole pipeline
 with loopir's reference backend) and ``kiln`` (the default: autograd_aot, loopir and the code

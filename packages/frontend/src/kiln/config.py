@@ -44,7 +44,7 @@ _MODE_OPTIONS: dict[str, dict[str, Any]] = {
 class CompileConfig:
     """The checked settings of one ``kiln.compile`` call.
 
-    Unlike torch.compile, a mode and explicit options may be combined: the options refine
+    Unlike PyTorch's own compiler, a mode and explicit options may be combined: the options refine
     what the mode implies.
     """
 
