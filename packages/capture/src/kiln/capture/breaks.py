@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from kiln.capture import counters
+from kiln.capture import counters, operators
 from kiln.capture.break_frame import (
     MAX_RESUME_NESTING,
     Continuations,
@@ -84,40 +84,8 @@ _JUMPS_IF = {
     "POP_JUMP_BACKWARD_IF_NOT_NONE": "{} is not None",
 }
 _JUMPS_OR_POP = {"JUMP_IF_TRUE_OR_POP": "{}", "JUMP_IF_FALSE_OR_POP": "not {}"}
-_BINARY = {
-    "+": operator.add,
-    "-": operator.sub,
-    "*": operator.mul,
-    "/": operator.truediv,
-    "//": operator.floordiv,
-    "%": operator.mod,
-    "**": operator.pow,
-    "@": operator.matmul,
-    "&": operator.and_,
-    "|": operator.or_,
-    "^": operator.xor,
-    "<<": operator.lshift,
-    ">>": operator.rshift,
-    "+=": operator.iadd,
-    "-=": operator.isub,
-    "*=": operator.imul,
-    "/=": operator.itruediv,
-    "//=": operator.ifloordiv,
-    "%=": operator.imod,
-    "**=": operator.ipow,
-    "@=": operator.imatmul,
-    "&=": operator.iand,
-    "|=": operator.ior,
-    "^=": operator.ixor,
-    "<<=": operator.ilshift,
-    ">>=": operator.irshift,
-    "<": operator.lt,
-    "<=": operator.le,
-    "==": operator.eq,
-    "!=": operator.ne,
-    ">": operator.gt,
-    ">=": operator.ge,
-}
+# The natively-run binary and compare ops: the same symbol tables the evaluator uses.
+_BINARY = {**operators.BINARY, **operators.COMPARE}
 _UNARY = {
     "UNARY_NEGATIVE": operator.neg,
     "UNARY_POSITIVE": operator.pos,
