@@ -50,8 +50,8 @@ from kiln.capture.break_frame import (
 from kiln.capture.break_tracer import BreakState, break_state
 from kiln.capture.bytecode.format import log_code
 from kiln.capture.contexts import AutocastValue, ExitValue
-from kiln.capture.emit import _replay, _signature, _Writer, graph_outputs
-from kiln.capture.errors import Unsupported
+from kiln.capture.emit import _replay, _Writer, assemble, graph_outputs
+from kiln.capture.errors import CaptureError, Unsupported
 from kiln.capture.frame_capture import CaptureResult, GraphBreak, _split_method
 from kiln.capture.guard_data import GlobalState, GuardKind, GuardSpec
 from kiln.capture.tracer import CO_GENERATOR_LIKE
@@ -442,22 +442,8 @@ def _split(
 
 
 def _assemble(fn: types.FunctionType, writer: _Writer, body: list[str]) -> types.CodeType:
-    """Compile ``body`` as a function with ``fn``'s signature and free variables."""
-    code = fn.__code__
-    lines = [f"def __kiln_outer__({', '.join(code.co_freevars)}):"]
-    lines.append(f"    def __kiln_fn__({_signature(code)}):")
-    if code.co_freevars:
-        lines.append(f"        if 0:\n            ({', '.join(code.co_freevars)},)")
-    for i in range(len(writer.consts)):
-        lines.append(f"        __kiln_k{i} = '__kiln_const_{i}__'")
-    lines.extend("        " + line for line in body)
-    lines.append("    return __kiln_fn__")
-    source = "\n".join(lines)
-    outer = compile(source, f"<kiln {code.co_filename}:{code.co_firstlineno}>", "exec")
-    inner = next(c for c in outer.co_consts[0].co_consts if isinstance(c, types.CodeType))
-    placeholders = {f"__kiln_const_{i}__": obj for i, obj in enumerate(writer.consts)}
-    consts = tuple(placeholders.get(c, c) if isinstance(c, str) else c for c in inner.co_consts)
-    new = inner.replace(co_consts=consts, co_name=code.co_name, co_qualname=code.co_qualname)
-    if new.co_freevars != code.co_freevars:
-        raise cannot(f"emitted free variables {new.co_freevars} differ from {code.co_freevars}")
-    return new
+    """Compile ``body`` as a function with ``fn``'s signature; a failure runs the frame eagerly."""
+    try:
+        return assemble(fn.__code__, writer, body)
+    except CaptureError as e:
+        raise cannot(str(e)) from e

@@ -315,6 +315,11 @@ def emit_code(
     ret = f"return {writer.value(result)}"
     make_cells, fill_cells = writer.cell_lines()
     body = [*head, *make_cells, *fill_cells, *replay, ret]
+    return assemble(code, writer, body)
+
+
+def assemble(code: types.CodeType, writer: _Writer, body: list[str]) -> types.CodeType:
+    """Compile ``body`` as a function with ``code``'s signature and free variables."""
     lines = [f"def __kiln_outer__({', '.join(code.co_freevars)}):"]
     lines.append(f"    def __kiln_fn__({_signature(code)}):")
     if code.co_freevars:
