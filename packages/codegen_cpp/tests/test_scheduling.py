@@ -170,3 +170,24 @@ def test_no_compiler_means_backend_unavailable(monkeypatch):
     finally:
         monkeypatch.delenv("CXX")
         build.toolchain.cache_clear()
+
+
+def test_options_set_threads_and_turn_simd_off():
+    """``cpp.threads``/``cpp.simd`` reach the kernels of the graph compiled with them."""
+    x, w = torch.randn(40, 100), torch.randn(100)
+    gm = _aten_graph(softmax_mul, [x, w])
+    options = {"cpp.threads": 1, "cpp.simd": False}
+    graph = compile_graph(gm, [_meta(x), _meta(w)], backend=CppBackend(), options=options)
+    kernels = [s.code.fn for s in graph.steps if hasattr(s, "code")]
+    assert kernels
+    kernels[0].backend.finalize()
+    passed: list[int] = []
+    for kernel in kernels:
+        assert kernel.backend.threads == 1 and kernel.backend.simd is False
+        assert "Vec" not in kernel.source
+        real = kernel.function
+        kernel.function = lambda *args, real=real: (passed.append(args[-1]), real(*args))[1]
+    torch.testing.assert_close(graph(x, w)[0], softmax_mul(x, w)[0])
+    assert passed == [1] * len(kernels)
+    plain = CppBackend()
+    assert plain.with_options({"max_autotune": True}) is plain

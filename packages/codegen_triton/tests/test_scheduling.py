@@ -45,3 +45,13 @@ def test_make_backend_and_registry():
 
 def test_empty_input_launches_nothing():
     check(lambda x: (aten.mul.Tensor(x, 2.0),), torch.randn(0, 3))
+
+
+def test_max_autotune_option_widens_one_graph_only():
+    from kiln.codegen_triton import TritonBackend, TritonOptions
+
+    base = TritonBackend(TritonOptions(max_autotune=False, parallel_compile=False))
+    tuned = base.with_options({"max_autotune": True, "cpp.threads": 2})
+    assert tuned is not base and tuned.options.max_autotune is True
+    assert base.options.max_autotune is False
+    assert base.with_options({"fusion": False}) is base

@@ -1,6 +1,7 @@
 """The backend registry: built-ins, registration, lookup."""
 
 import pytest
+import torch
 
 import kiln
 from kiln.backends import lookup_backend
@@ -37,3 +38,27 @@ def test_a_callable_backend_is_used_as_is():
     assert lookup_backend(backend) is backend
     with pytest.raises(TypeError):
         lookup_backend(3)  # type: ignore[arg-type]
+
+
+def test_options_reach_a_backend_that_takes_them():
+    seen = []
+
+    def with_options(gm, example_inputs, *, options):
+        seen.append(dict(options))
+        return gm.forward
+
+    f = kiln.compile(lambda x: x * 2, backend=with_options, options={"fusion": False})
+    x = torch.randn(3)
+    torch.testing.assert_close(f(x), x * 2)
+    assert seen == [{"fusion": False}]
+
+
+def test_a_backend_gets_no_options_keyword_when_none_are_set():
+    seen = []
+
+    def plain(gm, example_inputs):
+        seen.append(len(example_inputs))
+        return gm.forward
+
+    kiln.compile(lambda x: x + 1, backend=plain)(torch.randn(2))
+    assert seen == [1]

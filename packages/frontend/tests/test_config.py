@@ -64,3 +64,27 @@ def test_mode_implies_options_and_explicit_options_win():
 def test_disable_flag_returns_the_original():
     m = torch.nn.Linear(2, 2)
     assert kiln.compile(m, disable=True) is m
+
+
+def test_backend_options_include_what_the_mode_implies():
+    from kiln.config import make_config
+
+    cfg = make_config(fullgraph=False, dynamic=None, mode="max-autotune", options={"fusion": False})
+    assert cfg.backend_options() == {"max_autotune": True, "cudagraphs": True, "fusion": False}
+    cfg = make_config(fullgraph=False, dynamic=None, mode=None, options={"recompile_limit": 3})
+    assert cfg.backend_options() == {}
+
+
+def test_cpp_threads_must_be_positive():
+    with pytest.raises(ValueError, match="'cpp.threads' must be at least 1, got 0"):
+        kiln.compile(f, options={"cpp.threads": 0})
+
+
+@pytest.mark.parametrize(
+    ("mode", "options"), [("reduce-overhead", None), (None, {"max_autotune": True})]
+)
+def test_a_backend_without_options_refuses_them(mode, options):
+    with pytest.raises(ValueError, match="backend 'eager' takes no options.*cudagraphs|max_aut"):
+        kiln.compile(f, backend="eager", mode=mode, options=options)
+    # frontend-only options are fine with any backend
+    kiln.compile(f, backend="eager", options={"recompile_limit": 2})

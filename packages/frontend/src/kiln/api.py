@@ -23,7 +23,7 @@ import torch
 from torch import fx
 
 from kiln import capture, guards
-from kiln.backends import Backend, lookup_backend
+from kiln.backends import Backend, lookup_backend, takes_options
 from kiln.capture import artifacts, counters
 from kiln.config import CompileConfig, make_config
 from kiln.fallback import CompileError, run_eagerly_after_failure
@@ -58,6 +58,15 @@ def compile(
     """
     config = make_config(fullgraph=fullgraph, dynamic=dynamic, mode=mode, options=options)
     chosen = lookup_backend(backend)
+    wanted = config.backend_options()
+    if wanted and not takes_options(chosen):
+        name = backend if isinstance(backend, str) else getattr(backend, "__name__", backend)
+        msg = (
+            f"kiln.compile: backend {name!r} takes no options, so {sorted(wanted)} (from "
+            f"mode={config.mode!r} and options) would be ignored; use backend='kiln', or give "
+            "the backend an `options` keyword parameter"
+        )
+        raise ValueError(msg)
     if not isinstance(disable, bool):
         msg = f"kiln.compile: disable must be a bool, got {type(disable).__name__}"
         raise TypeError(msg)
@@ -210,6 +219,9 @@ class CompiledFunction:
         counters.bump("stats", "graphs_compiled")
         artifacts.dump("graph.py", gm.print_readable(print_output=False))
         try:
+            wanted = self._config.backend_options()
+            if wanted:
+                return self._backend(gm, example_inputs, options=wanted)
             return self._backend(gm, example_inputs)
         except Exception as e:
             if self._config.fullgraph:

@@ -5,20 +5,27 @@ Built-ins: ``eager`` (the captured graph as is), ``aot_eager`` and ``aot_eager_d
 (ATen graphs run eagerly, for debugging autograd_aot), ``loopir_reference`` (the whole pipeline
 with loopir's reference backend) and ``kiln`` (the default: autograd_aot, loopir and the code
 generator registered for each device).
+
+As in PyTorch's compiler, options and modes reach a backend as a keyword: ``kiln.compile``
+calls ``backend(gm, example_inputs, options={...})`` when the user's mode or options hold
+backend settings (``config.BACKEND_OPTIONS``), and refuses up front a backend that has no
+``options`` parameter, so a setting is never silently ignored.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import inspect
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeAlias
 
 from torch import fx
 
-from kiln import autograd_aot, loopir
+from kiln import autograd_aot, codegen_triton, loopir
 
-__all__ = ["Backend", "register_backend", "list_backends", "lookup_backend"]
+__all__ = ["Backend", "register_backend", "list_backends", "lookup_backend", "takes_options"]
 
-Backend: TypeAlias = Callable[[fx.GraphModule, Sequence[Any]], Callable[..., Any]]
+Backend: TypeAlias = Callable[..., Callable[..., Any]]
+"""``(gm, example_inputs) -> callable``, with an optional ``options=`` keyword."""
 
 _registry: dict[str, Backend] = {}
 
@@ -67,6 +74,15 @@ def lookup_backend(backend: str | Backend) -> Backend:
     return backend
 
 
+def takes_options(backend: Backend) -> bool:
+    """Whether ``backend`` accepts the ``options=`` keyword."""
+    try:
+        params = inspect.signature(backend).parameters
+    except (TypeError, ValueError):
+        return False
+    return "options" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
 @register_backend
 def eager(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
     """Run the captured graph as is: checks capture alone."""
@@ -87,25 +103,65 @@ def aot_eager_decomp_partition(
     return autograd_aot.aot_eager_decomp_partition(gm, example_inputs)
 
 
+def _loopir_compiler(
+    options: Mapping[str, Any], backend: loopir.Backend | None = None
+) -> Callable[[fx.GraphModule, Sequence[Any]], Callable[..., Any]]:
+    """autograd_aot's forward/backward compiler: loopir with the user's options.
+
+    ``fusion`` steers loopir's scheduler, ``cudagraphs`` wraps each compiled graph for CUDA
+    graph replay (kept off where unsafe, with the reason logged), and the rest go to the
+    code generators (``max_autotune``, ``cpp.threads``, ``cpp.simd``).
+    """
+    codegen = {k: v for k, v in options.items() if k not in ("fusion", "cudagraphs")}
+
+    def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        compiled = loopir.compile_graph(
+            gm,
+            example_inputs,
+            backend=backend,
+            fusion=bool(options.get("fusion", True)),
+            options=codegen,
+        )
+        if options.get("cudagraphs"):
+            return codegen_triton.cudagraphify(compiled)
+        return compiled
+
+    return compile_graph
+
+
+def _aot_loopir(
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    options: Mapping[str, Any],
+    backend: loopir.Backend | None,
+) -> Callable[..., Any]:
+    compile_graph = _loopir_compiler(options, backend)
+    return autograd_aot.aot_compile(
+        gm,
+        example_inputs,
+        fw_compiler=compile_graph,
+        bw_compiler=compile_graph,
+        decompositions=loopir.decompositions(),
+    )
+
+
 @register_backend
-def kiln(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+def kiln(
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    *,
+    options: Mapping[str, Any] | None = None,
+) -> Callable[..., Any]:
     """The default: autograd_aot to ATen, loopir to kernels, a code generator per device."""
-    return autograd_aot.aot_compile(
-        gm,
-        example_inputs,
-        fw_compiler=loopir.compile_graph,
-        bw_compiler=loopir.compile_graph,
-        decompositions=loopir.decompositions(),
-    )
+    return _aot_loopir(gm, example_inputs, options or {}, None)
 
 
 @register_backend
-def loopir_reference(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+def loopir_reference(
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    *,
+    options: Mapping[str, Any] | None = None,
+) -> Callable[..., Any]:
     """The default pipeline with loopir's reference backend: kernels evaluated by torch ops."""
-    return autograd_aot.aot_compile(
-        gm,
-        example_inputs,
-        fw_compiler=loopir.compile_graph_reference,
-        bw_compiler=loopir.compile_graph_reference,
-        decompositions=loopir.decompositions(),
-    )
+    return _aot_loopir(gm, example_inputs, options or {}, loopir.ReferenceBackend())

@@ -10,7 +10,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["MODES", "OPTIONS", "CompileConfig", "make_config"]
+__all__ = ["MODES", "OPTIONS", "BACKEND_OPTIONS", "CompileConfig", "make_config"]
 
 MODES: tuple[str, ...] = (
     "default",
@@ -31,6 +31,15 @@ OPTIONS: dict[str, tuple[type, str]] = {
     "cpp.threads": (int, "OpenMP threads for C++ kernels (default: torch.get_num_threads())"),
     "cpp.simd": (bool, "emit vectorized inner loops in C++ kernels"),
 }
+
+BACKEND_OPTIONS: tuple[str, ...] = (
+    "max_autotune",
+    "cudagraphs",
+    "fusion",
+    "cpp.threads",
+    "cpp.simd",
+)
+"""Options the backend reads (passed to it as ``options=``); the rest steer the frontend."""
 
 _MODE_OPTIONS: dict[str, dict[str, Any]] = {
     "default": {},
@@ -58,6 +67,11 @@ class CompileConfig:
         if key in self.options:
             return self.options[key]
         return _MODE_OPTIONS[self.mode].get(key, default)
+
+    def backend_options(self) -> dict[str, Any]:
+        """The backend's share of the options, those the mode implies included."""
+        resolved = {**_MODE_OPTIONS[self.mode], **self.options}
+        return {key: value for key, value in resolved.items() if key in BACKEND_OPTIONS}
 
 
 def make_config(
@@ -103,5 +117,8 @@ def _check_options(options: Any) -> dict[str, Any]:
                 f"got {type(value).__name__} ({value!r})"
             )
             raise TypeError(msg)
+        if key == "cpp.threads" and value < 1:
+            msg = f"kiln.compile: option 'cpp.threads' must be at least 1, got {value}"
+            raise ValueError(msg)
         checked[key] = value
     return checked

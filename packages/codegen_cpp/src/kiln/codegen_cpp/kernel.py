@@ -108,10 +108,11 @@ class KernelOps(CppOps):
 class KernelWriter:
     """Generates the C++ function ``symbol`` for ``group``; see the module docstring."""
 
-    def __init__(self, group: KernelGroup, symbol: str, lanes: int) -> None:
+    def __init__(self, group: KernelGroup, symbol: str, lanes: int, *, simd: bool = True) -> None:
         self.group = group
         self.symbol = symbol
         self.lanes = lanes
+        self.simd = simd
         self.numel = Extent(group.numel)
         self.rnumel = Extent(group.rnumel)
         self.pointers = _pointer_names(group)
@@ -155,8 +156,10 @@ class KernelWriter:
         return f"const {ctype}* __restrict__ {self.pointers[name]}"
 
     def _can_vectorize(self, length: Extent) -> bool:
-        return length.at_least(self.lanes) and all(
-            layout.dtype in VECTOR_DTYPES for layout in self.group.buffers.values()
+        return (
+            self.simd
+            and length.at_least(self.lanes)
+            and all(layout.dtype in VECTOR_DTYPES for layout in self.group.buffers.values())
         )
 
     def run_segment(self, segment: Segment) -> None:

@@ -17,7 +17,8 @@ import os
 import re
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 
@@ -87,7 +88,7 @@ class LazyKernel:
             return
         assert self.function is not None
         sizes = [int(tensors[arg].shape[dim]) for arg, dim in self.sizes]
-        self.function(*tensors, *sizes, torch.get_num_threads())
+        self.function(*tensors, *sizes, self.backend.threads or torch.get_num_threads())
         if self.checks_indices:
             self._raise_index_error()
 
@@ -110,9 +111,20 @@ class CppBackend:
 
     name = "cpp"
 
-    def __init__(self) -> None:
+    def __init__(self, threads: int | None = None, simd: bool = True) -> None:
+        self.threads = threads
+        """OpenMP threads per kernel call; None: ``torch.get_num_threads()`` at each call."""
+        self.simd = simd
         self._pending: list[LazyKernel] = []
         self._lock = threading.Lock()
+
+    def with_options(self, options: Mapping[str, Any]) -> CppBackend:
+        """A backend for one graph compiled with ``cpp.threads`` / ``cpp.simd`` options."""
+        threads = options.get("cpp.threads", self.threads)
+        simd = options.get("cpp.simd", self.simd)
+        if (threads, simd) == (self.threads, self.simd):
+            return self
+        return CppBackend(threads, simd)
 
     def fusion_veto(self, group: KernelGroup) -> str | None:
         return None
@@ -120,7 +132,7 @@ class CppBackend:
     def codegen_kernel(self, group: KernelGroup) -> KernelCode:
         tools = toolchain()
         try:
-            writer = KernelWriter(group, _PLACEHOLDER, tools.lanes)
+            writer = KernelWriter(group, _PLACEHOLDER, tools.lanes, simd=self.simd)
             text = writer.generate()
         except CodegenCppError as exc:
             # A dtype or size this backend cannot express yet: this one kernel runs on

@@ -93,26 +93,46 @@ def _extern_reason(step: ExternStep) -> str | None:
 
 
 class CudaGraphRunner:
-    """One recording of ``fn`` over static copies of the first inputs, replayed per call."""
+    """One recording of ``fn`` replayed per call.
+
+    Parameters keep their storage between calls, so the recording reads them in place;
+    every other input is copied into a static buffer before each replay. A parameter
+    whose storage moved (replaced, or ``.data`` swapped) makes the runner record again.
+    """
 
     def __init__(self, fn: Callable[..., Any], inputs: Sequence[torch.Tensor]) -> None:
-        self.static_inputs = [t.clone() for t in inputs]
+        self.fn = fn
+        self._record(inputs)
+
+    def _record(self, inputs: Sequence[torch.Tensor]) -> None:
+        self.static_inputs = [t if _in_place(t) else t.clone() for t in inputs]
+        self._copied = [i for i, t in enumerate(inputs) if not _in_place(t)]
+        self._kept = [i for i, t in enumerate(inputs) if _in_place(t)]
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            fn(*self.static_inputs)  # compiles and autotunes outside the recording
+            self.fn(*self.static_inputs)  # compiles and autotunes outside the recording
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
-            self.static_outputs = fn(*self.static_inputs)
+            self.static_outputs = self.fn(*self.static_inputs)
 
     def __call__(self, *args: torch.Tensor) -> Any:
-        for static, arg in zip(self.static_inputs, args, strict=True):
-            if static.data_ptr() != arg.data_ptr():
-                static.copy_(arg)
+        statics = self.static_inputs
+        if any(statics[i].data_ptr() != args[i].data_ptr() for i in self._kept):
+            log.info("a parameter's storage moved: recording the CUDA graph again")
+            self._record(args)
+        for i in self._copied:
+            if statics[i].data_ptr() != args[i].data_ptr():
+                statics[i].copy_(args[i])
         self.graph.replay()
         # the next replay overwrites the static outputs: hand out copies
         return pytree.tree_map_only(torch.Tensor, torch.clone, self.static_outputs)
+
+
+def _in_place(t: torch.Tensor) -> bool:
+    """Inputs the recording reads where they are: parameters, whose storage stays put."""
+    return isinstance(t, torch.nn.Parameter)
 
 
 def cudagraphify(compiled: Any, inputs: Sequence[Any] = ()) -> Callable[..., Any]:

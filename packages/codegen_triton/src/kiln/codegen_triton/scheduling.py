@@ -9,7 +9,10 @@ express.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -41,6 +44,13 @@ class TritonBackend:
         self.options = opts if opts is not None else options
         if self._compile_ahead():
             compile_pool(self.options.compile_workers).start()
+
+    def with_options(self, opts: Mapping[str, Any]) -> TritonBackend:
+        """This backend for one graph compiled with ``kiln.compile(options=...)``."""
+        wanted = opts.get("max_autotune", self.options.max_autotune)
+        if wanted == self.options.max_autotune:
+            return self
+        return TritonBackend(dataclasses.replace(self.options, max_autotune=wanted))
 
     def fusion_veto(self, group: KernelGroup) -> str | None:
         for name, layout in group.buffers.items():

@@ -8,7 +8,10 @@ generated wrapper calls as ``kernel(*tensors)`` with one tensor per name of
 ``group.args``. It may veto fusions the scheduler proposes. If it has a
 ``finalize()`` method, loopir calls it once after all of a graph's kernels were
 generated (to build queued kernels in one batch, so errors surface at compile
-time).
+time). If it has a ``with_options(options)`` method, loopir calls it once per
+compiled graph with the user's options (``kiln.compile(options=...)``, e.g.
+``max_autotune`` or ``cpp.threads``) and uses the backend it returns for that
+graph; a backend without one takes no options.
 
 Finding a backend for a device type, first match wins:
 
@@ -28,7 +31,7 @@ from __future__ import annotations
 
 import importlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from importlib import metadata
 from typing import Any, Protocol, runtime_checkable
 
@@ -45,6 +48,7 @@ __all__ = [
     "unregister_backend",
     "get_backend",
     "clear_backend_cache",
+    "configure",
 ]
 
 log = logging.getLogger(__name__)
@@ -150,3 +154,15 @@ def get_backend(device_type: str) -> Backend:
         backend = found
     _resolved[device_type] = backend
     return backend
+
+
+def configure(backend: Backend, options: Mapping[str, Any]) -> Backend:
+    """``backend`` set up for one graph compiled with ``options`` (see the module docstring)."""
+    with_options = getattr(backend, "with_options", None)
+    if not options or not callable(with_options):
+        return backend
+    configured = with_options(options)
+    if not isinstance(configured, Backend):
+        msg = f"{backend!r}.with_options returned {configured!r}, which is not a backend"
+        raise BackendError(msg)
+    return configured

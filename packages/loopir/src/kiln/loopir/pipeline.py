@@ -12,14 +12,14 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.fx
 
 from kiln.capture import artifacts, counters
-from kiln.loopir.backend import Backend, get_backend
+from kiln.loopir.backend import Backend, configure, get_backend
 from kiln.loopir.decompositions import decompositions
 from kiln.loopir.graph import GraphLowering
 from kiln.loopir.ir.buffers import InputBuffer
@@ -86,12 +86,15 @@ def compile_graph(
     *,
     backend: Backend | None = None,
     fusion: bool = True,
+    options: Mapping[str, Any] | None = None,
 ) -> CompiledGraph:
     """Compile an ATen graph (``meta["val"]`` on its nodes) into a Python callable.
 
     ``backend`` forces one backend for every device (tests use the reference one);
     by default each device type's registered backend is used. ``fusion=False`` gives
     every buffer its own kernel (to tell a fusion bug from a lowering bug).
+    ``options`` go to each backend's optional ``with_options`` (see
+    :mod:`kiln.loopir.backend`).
     """
     with _pass("lower"):
         graph = GraphLowering(
@@ -110,12 +113,14 @@ def compile_graph(
     def layout_of(name: str) -> Layout:
         return graph.name_to_buffer[name].layout
 
-    used: dict[int, Backend] = {}
+    used: dict[str, Backend] = {}
 
     def backend_for(node: SchedNode) -> Backend:
-        found = backend if backend is not None else get_backend(node.device.type)
-        used[id(found)] = found
-        return found
+        device_type = node.device.type
+        if device_type not in used:
+            found = backend if backend is not None else get_backend(device_type)
+            used[device_type] = configure(found, options or {})
+        return used[device_type]
 
     keep = _output_names(graph.outputs)
     with _pass("schedule"):
@@ -126,7 +131,7 @@ def compile_graph(
         artifacts.dump("loopir_kernels.txt", text)
     with _pass("finalize"):
         # optional hook: build what a backend queued, so errors surface while compiling
-        for found in used.values():
+        for found in {id(b): b for b in used.values()}.values():
             finalize = getattr(found, "finalize", None)
             if callable(finalize):
                 finalize()
