@@ -3,6 +3,8 @@
 #
 #   bash benchmarks/gpu_run.sh quick [ARGS...]   # 6 representative models, 3 columns, one call
 #   bash benchmarks/gpu_run.sh 3/10 [ARGS...]    # shard 3 of 10 of the whole suite
+#   bash benchmarks/gpu_run.sh tests             # the GPU tests (pytest -m gpu)
+#   bash benchmarks/gpu_run.sh micro             # bandwidth and reduce-overhead microbenchmarks
 #
 # The repository arrives as a copy without kiln installed, so every packages/*/src goes on
 # PYTHONPATH. Results land in $OUT/<run>/ (results.csv, summary.md, speedups.png, meta.json,
@@ -25,7 +27,15 @@ OUT="${OUT:-$ROOT/bench-results}"
 PY="${PYTHON:-python3}"
 QUICK="resnet50 vit_base_patch16_224 hf_bert hf_llama mlp_layernorm_gelu attention_block"
 
-if [[ "$WHAT" == quick ]]; then
+if [[ "$WHAT" == tests ]]; then
+    status=0  # each package's tests in their own run: their conftests set different things up
+    for dir in packages/*/tests tests; do
+        "$PY" -m pytest -m gpu -q -p no:cacheprovider "$dir" "$@" || [[ $? == 5 ]] || status=1
+    done
+    exit $status
+elif [[ "$WHAT" == micro ]]; then
+    exec "$PY" benchmarks/gpu_micro.py "$@"
+elif [[ "$WHAT" == quick ]]; then
     select=(--models $QUICK --no-warm)
     name=quick
     BACKENDS="${BACKENDS:-eager,kiln,torch_compile}"

@@ -64,3 +64,34 @@ def test_options_compile_with_the_reference_backend_too():
     x, w = _inputs()
     f = kiln.compile(block, backend="loopir_reference", options={"fusion": False})
     torch.testing.assert_close(f(x, w), block(x, w))
+
+
+def _mlp(depth: int = 10, width: int = 64) -> torch.nn.Module:
+    layers: list[torch.nn.Module] = []
+    for _ in range(depth):
+        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("train", [False, True], ids=["inference", "training"])
+def test_reduce_overhead_records_cuda_graphs(train):
+    model = _mlp().cuda()
+    compiled = kiln.compile(model, mode="reduce-overhead")
+    for _ in range(3):
+        x = torch.randn(8, 64, device="cuda", requires_grad=train)
+        with torch.set_grad_enabled(train):
+            out, want = compiled(x), model(x)
+        torch.testing.assert_close(out, want)
+        if train:
+            (grad,) = torch.autograd.grad(out.sum(), x)
+            (want_grad,) = torch.autograd.grad(want.sum(), x)
+            torch.testing.assert_close(grad, want_grad)
+    assert counters.snapshot()["codegen_triton"]["cudagraphs_recorded"] == (2 if train else 1)
+    # an in-place update of a parameter is read by the next replay (the recording reads it in place)
+    with torch.no_grad():
+        model[0].weight.mul_(2)
+    x = torch.randn(8, 64, device="cuda")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))

@@ -20,6 +20,7 @@ import sympy
 import torch
 from torch.utils import _pytree as pytree
 
+from kiln.capture import counters
 from kiln.loopir.kernel import SEEDS
 from kiln.loopir.scheduler.order import ExternStep, KernelStep
 
@@ -116,6 +117,7 @@ class CudaGraphRunner:
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             self.static_outputs = self.fn(*self.static_inputs)
+        counters.bump("codegen_triton", "cudagraphs_recorded")
 
     def __call__(self, *args: torch.Tensor) -> Any:
         statics = self.static_inputs
