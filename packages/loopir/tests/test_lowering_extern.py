@@ -3,7 +3,10 @@
 import torch
 from loopir_testing import check
 
+from kiln.capture import counters
+from kiln.loopir.lowering.fallback import is_vendor_kernel
 from kiln.loopir.pipeline import KernelStep
+from kiln.loopir.scheduler.order import ExternStep
 
 aten = torch.ops.aten
 
@@ -31,62 +34,78 @@ def test_matmuls_and_convolutions():
     check(fn, a, b, bias, ba, bb, base, img, k, go, atol=1e-4, rtol=1e-4)
 
 
-def test_pooling_sorting_and_friends():
-    img = torch.randn(2, 3, 8, 8)
-    x = torch.randn(4, 7)
-    w, bias = torch.randn(3), torch.randn(3)
+def test_decomposed_former_externs_do_not_fall_back():
+    """Group norm and upsampling reach loopir as their decompositions (pooling has its
+    own lowerings, ``test_lowering_pooling.py``)."""
+    img = torch.randn(2, 4, 6, 6)
+    w, bias = torch.randn(4), torch.randn(4)
+    g = torch.randn(2, 4, 6, 6)
 
-    def fn(img, x, w, bias):
-        pooled = aten.max_pool2d_with_indices.default(img, [2, 2], [2, 2])
-        gn = aten.native_group_norm.default(img, w, bias, 2, 3, 64, 3, 1e-5)
+    def fn(img, w, bias, g):
+        gn = aten.native_group_norm.default(img, w, bias, 2, 4, 36, 2, 1e-5)
+        back = aten.native_group_norm_backward.default(
+            g, img, gn[1], gn[2], w, 2, 4, 36, 2, [True, True, True]
+        )
+        return (
+            gn[0],
+            gn[1],
+            gn[2],
+            back[0],
+            back[1],
+            back[2],
+            aten.upsample_nearest2d.default(img, [12, 12]),
+            aten.upsample_nearest2d.vec(img, None, [2.0, 2.0]),
+            aten.upsample_bilinear2d.default(img, [9, 9], False),
+            aten.upsample_bilinear2d.vec(img, [4, 4], True, None),
+        )
+
+    counters.clear()
+    c = check(fn, img, w, bias, g, atol=1e-4, rtol=1e-4)
+    assert "fallback_ops" not in counters.snapshot()
+    assert not [s for s in c.steps if isinstance(s, ExternStep)]
+
+
+def test_fallbacks_are_counted_and_vendor_kernels_are_not():
+    x = torch.randn(4, 7)
+    a, b = torch.randn(3, 4), torch.randn(4, 5)
+
+    def fn(x, a, b):
         srt = aten.sort.default(x, 1, True)
         stable = aten.sort.stable(x, stable=True, dim=0)
         top = aten.topk.default(x, 3)
         return (
-            aten.relu.default(pooled[0]),
-            pooled[1],
-            aten.max_pool2d_with_indices_backward.default(
-                aten.ones_like.default(pooled[0]),
-                img,
-                [2, 2],
-                [2, 2],
-                [0, 0],
-                [1, 1],
-                False,
-                pooled[1],
-            ),
-            aten.avg_pool2d.default(img, [2, 2]),
-            aten.avg_pool2d_backward.default(
-                aten.ones_like.default(aten.avg_pool2d.default(img, [2, 2])),
-                img,
-                [2, 2],
-                [2, 2],
-                [0, 0],
-                False,
-                True,
-                None,
-            ),
-            aten._adaptive_avg_pool2d.default(img, [1, 1]),
-            aten._adaptive_avg_pool2d_backward.default(
-                aten._adaptive_avg_pool2d.default(img, [1, 1]), img
-            ),
-            aten.upsample_nearest2d.default(img, [16, 16]),
-            aten.upsample_nearest2d.vec(img, None, [2.0, 2.0]),
-            aten.upsample_bilinear2d.default(img, [12, 12], False),
-            aten.upsample_bilinear2d.vec(img, [4, 4], True, None),
-            gn[0],
-            gn[1],
             srt[0],
             srt[1],
             stable[0],
             top[0],
             aten.add.Tensor(top[1], 1),
             aten._cdist_forward.default(x, x, 2.0, None),
+            aten.mm.default(a, b),
         )
 
-    c = check(fn, img, x, w, bias, atol=1e-4, rtol=1e-4)
-    kernels = [s for s in c.steps if isinstance(s, KernelStep)]
-    assert kernels  # relu / ones_like / add epilogues are generated kernels
+    counters.clear()
+    c = check(fn, x, a, b, atol=1e-4, rtol=1e-4)
+    snap = counters.snapshot()
+    assert snap["fallback_ops"] == {
+        "aten.sort.default": 1,
+        "aten.sort.stable": 1,
+        "aten.topk.default": 1,
+        "aten._cdist_forward.default": 1,
+    }
+    assert snap["extern_kernels"] == {"aten.mm.default": 1}
+    externs = [s.buffer for s in c.steps if isinstance(s, ExternStep)]
+    assert [is_vendor_kernel(e.op) for e in externs].count(True) == 1
+    assert [e.fallback for e in externs].count(True) == 4
+    assert [s for s in c.steps if isinstance(s, KernelStep)]  # the add epilogue
+
+
+def test_vendor_kernels_are_named():
+    for name in ("mm", "addmm", "convolution_backward", "_scaled_dot_product_flash_attention"):
+        assert is_vendor_kernel(getattr(aten, name).default)
+    for name in ("_scaled_dot_product_efficient_attention_backward", "bmm"):
+        assert is_vendor_kernel(getattr(aten, name).default)
+    assert not is_vendor_kernel(aten.sort.default)
+    assert not is_vendor_kernel(aten.max_pool2d_with_indices.default)
 
 
 def test_attention_extern():

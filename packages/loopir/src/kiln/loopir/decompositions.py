@@ -2,7 +2,9 @@
 
 Built from ``torch._decomp``: the core ATen decompositions plus composite ops
 loopir prefers to see as their parts (softmax, layer_norm, batch_norm, gelu,
-the activation backwards), minus every op loopir lowers directly.
+the activation backwards, group norm, upsampling), minus every op loopir lowers directly.
+A lowering may still decline one call (``Unlowerable``): ``declined_decomposition``
+then gives torch's decomposition of that op, if it has one.
 """
 
 from __future__ import annotations
@@ -12,11 +14,11 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch._decomp import core_aten_decompositions, get_decompositions
+from torch._decomp import core_aten_decompositions, decomposition_table, get_decompositions
 
 from kiln.loopir.lowering import LOWERINGS
 
-__all__ = ["decompositions"]
+__all__ = ["decompositions", "declined_decomposition"]
 
 aten = torch.ops.aten
 
@@ -79,6 +81,10 @@ _EXTRA = [
     aten.expand_as,
     aten.matmul,
     aten.linear,
+    aten.native_group_norm,
+    aten.native_group_norm_backward,
+    aten.upsample_nearest2d,
+    aten.upsample_bilinear2d,
 ]
 
 
@@ -92,3 +98,9 @@ def _table() -> dict[Any, Callable[..., Any]]:
 def decompositions() -> dict[Any, Callable[..., Any]]:
     """A fresh copy of the table (callers may extend theirs)."""
     return dict(_table())
+
+
+def declined_decomposition(op: Any) -> Callable[..., Any] | None:
+    """torch's decomposition of ``op``, for when loopir's own lowering declines a call
+    (pooling windows too big to unroll, boolean-mask indexing...)."""
+    return decomposition_table.get(op)

@@ -20,15 +20,17 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
+from kiln.capture import counters
 from kiln.loopir import sizes
 from kiln.loopir.analysis import ReadWriteHandler
 from kiln.loopir.decompose import run_decomposition
+from kiln.loopir.decompositions import declined_decomposition
 from kiln.loopir.errors import LoweringError, Unlowerable
 from kiln.loopir.ir.buffers import Buffer, InputBuffer
 from kiln.loopir.ir.layout import Layout, layout_of_tensor
 from kiln.loopir.ir.loops import Pointwise
 from kiln.loopir.ir.strided import as_strided_view, realize_as_tensor
-from kiln.loopir.ir.views import StorageBox, TensorBox
+from kiln.loopir.ir.views import StorageBox, TensorBox, pointwise_copy
 from kiln.loopir.kernel import SEEDS
 from kiln.loopir.lowering.fallback import fallback
 from kiln.loopir.lowering.registry import LOWERINGS
@@ -150,17 +152,22 @@ class GraphLowering:
         return result
 
     def lower(self, op: Any, args: Any, kwargs: Any, meta: Any) -> Any:
-        """Lower one op call: lowering, else decomposition, else ATen fallback."""
+        """Lower one op call: lowering, else decomposition (also when the lowering
+        declines the call), else ATen fallback."""
         saved = self.current_meta, self.current_op
         self.current_meta, self.current_op = meta, op
         try:
+            decomposition = self.decompositions.get(op)
             if op in LOWERINGS:
                 try:
                     return LOWERINGS[op](*args, **kwargs)
                 except Unlowerable as exc:
                     log.debug("lowering of %s declined: %s", op, exc)
-            if op in self.decompositions:
-                return run_decomposition(self, self.decompositions[op], args, kwargs)
+                    decomposition = declined_decomposition(op)
+            if decomposition is not None:
+                result = run_decomposition(self, decomposition, args, kwargs)
+                if result is not NotImplemented:
+                    return result
             return fallback(op, args, kwargs)
         finally:
             self.current_meta, self.current_op = saved
@@ -212,9 +219,29 @@ class GraphLowering:
                 buf.layout = Layout(buf.layout.device, buf.layout.dtype, buf.layout.size, stride)
             return buf
         found = as_strided_view(value)
-        if found is not None:
+        if found is not None and _strides_match(found.layout, meta):
             return found
-        return realize_as_tensor(value, "output")
+        if found is None or not isinstance(meta, torch.Tensor) or not _dense(meta):
+            return found if found is not None else realize_as_tensor(value, "output")
+        # a later graph (the backward reading saved tensors) was traced with the
+        # meta's strides: an extern result or a view laid out otherwise is copied
+        counters.bump("output_copies", found.get_name())
+        log.debug("output %s copied to its traced strides %s", found.get_name(), meta.stride())
+        copy = pointwise_copy(value, "output relayout").storage()
+        assert copy is not None
+        buf = copy.realize()
+        stride = tuple(sympy.Integer(n) for n in meta.stride())
+        buf.layout = Layout(buf.layout.device, buf.layout.dtype, buf.layout.size, stride)
+        return buf
+
+
+def _strides_match(layout: Layout, meta: Any) -> bool:
+    if not isinstance(meta, torch.Tensor) or meta.dim() != len(layout.size):
+        return True
+    return all(
+        n == 1 or s == want
+        for n, s, want in zip(meta.shape, layout.stride, meta.stride(), strict=True)
+    )
 
 
 def _dense(t: torch.Tensor) -> bool:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from kiln.capture import artifacts
+from kiln.capture import artifacts, counters
 from kiln.loopir import random_bits, sizes
 from kiln.loopir.ir.buffers import Buffer, ExternBuffer
 from kiln.loopir.ir.layout import Layout
@@ -29,6 +29,7 @@ from kiln.loopir.scheduler.order import ExternStep, KernelStep, NopStep, Step
 
 __all__ = ["WrapperCode", "generate_wrapper"]
 
+log = logging.getLogger(__name__)
 output_log = logging.getLogger("kiln.loopir.output_code")
 _file_ids = itertools.count()
 
@@ -39,17 +40,21 @@ def _reinterpret(
     return torch.as_strided(t, size, stride, t.storage_offset() + offset)
 
 
-def _as_layout(t: Any, stride: Sequence[int]) -> Any:
-    """``t`` with the strides loopir planned for it, copied if the ATen kernel chose others.
+def _as_layout(t: Any, stride: Sequence[int], op: str = "") -> Any:
+    """``t`` with the strides loopir planned for it; a safety net that should never copy.
 
-    An extern kernel's real output strides can differ from its traced ones (some
-    follow their inputs' strides, and loopir may lay inputs out differently), while
-    every later view and kernel indexes the buffer with the planned strides.
+    An extern result's layout is planned by running its op on meta tensors laid out
+    like its real inputs (``lowering/fallback.py``), so the ATen kernel produces the
+    planned strides. Should a kernel disagree with its meta function, the result is
+    copied (every later view and kernel indexes it with the planned strides), counted
+    in ``extern_copies`` and logged: tests assert the count stays zero.
     """
     if not isinstance(t, torch.Tensor) or t.dim() != len(stride):
         return t
     if all(n == 1 or s == w for n, s, w in zip(t.shape, t.stride(), stride, strict=True)):
         return t
+    counters.bump("extern_copies", op)
+    log.warning("%s returned strides %s, planned %s: copied", op, t.stride(), tuple(stride))
     out = torch.empty_strided(t.shape, stride, device=t.device, dtype=t.dtype)
     return out.copy_(t)
 
@@ -173,9 +178,10 @@ def _emit_step(w: _Writer, step: Step) -> None:
         note = "fallback" if buf.fallback else "extern"
         call = f"{op}({', '.join(args)})"
         if not buf.multi_output:
-            call = f"as_layout({call}, {_strides(buf.layout)})"
+            call = f"as_layout({call}, {_strides(buf.layout)}, {str(buf.op)!r})"
         w.line(f"{buf.name} = {call}  # {note} {buf.op}")
     elif isinstance(step, NopStep):
         (leaf,) = step.buffer.index
         part = f"leaves({step.buffer.parent.name})[{leaf}]"
-        w.line(f"{step.buffer.name} = as_layout({part}, {_strides(step.buffer.layout)})")
+        op = repr(str(step.buffer.parent.op))
+        w.line(f"{step.buffer.name} = as_layout({part}, {_strides(step.buffer.layout)}, {op})")

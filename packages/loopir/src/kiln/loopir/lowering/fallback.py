@@ -1,9 +1,21 @@
-"""Ops loopir cannot lower, and the ones it hands to ATen on purpose (extern kernels).
+"""Extern calls: vendor-library kernels the wrapper calls on purpose, and fallbacks.
 
-The wrapper calls the ATen op on real tensors. Fallbacks are counted
-(``fallback_ops``) and logged so missing lowerings show up; extern kernels
-(``mm``, ``bmm``, ``addmm``, ``convolution``...) are the intended design: their
-results feed the next generated kernel, where pointwise epilogues are inlined.
+Both become an ``ExternBuffer`` the wrapper runs as an ATen call on real tensors;
+their results feed the next generated kernel, where pointwise epilogues are inlined.
+They differ in why:
+
+* **Vendor kernels** (``VENDOR_KERNELS``): GEMMs, convolutions and fused attention,
+  where a tuned library (oneDNN/MKL, cuBLAS, cuDNN, FlashAttention, CUTLASS) beats
+  a generated loop nest. Calling them is the design, as in Inductor. Counted in
+  ``extern_kernels`` for reports, not as missing work.
+* **Fallbacks**: every other op loopir can neither lower nor decompose (``sort``,
+  ``topk``, ``_cdist_forward``, upsampling backwards...). Counted in
+  ``fallback_ops`` and logged: each is a lowering still to write.
+
+An extern result's layout is what the ATen kernel will really produce: the op is
+run on meta tensors with the *planned* layouts of its (realized) inputs, which may
+differ from the traced ones, so later kernels index the result correctly and the
+wrapper's ``as_layout`` safety net never has to copy.
 """
 
 from __future__ import annotations
@@ -15,52 +27,93 @@ import torch
 from torch.utils import _pytree as pytree
 
 from kiln.capture import counters
-from kiln.loopir.ir.buffers import ExternBuffer, MultiOutput
-from kiln.loopir.ir.layout import Layout, layout_of_tensor
+from kiln.loopir import sizes
+from kiln.loopir.ir.buffers import Buffer, ExternBuffer, MultiOutput
+from kiln.loopir.ir.layout import Layout
 from kiln.loopir.ir.strided import realize_as_tensor
-from kiln.loopir.ir.views import StorageBox, TensorBox
+from kiln.loopir.ir.views import ReinterpretView, StorageBox, TensorBox
 from kiln.loopir.lowering.registry import overloads, register_lowering
 from kiln.loopir.virtualized import V
 
-__all__ = ["fallback", "extern_call", "EXTERN_OPS"]
+__all__ = ["fallback", "extern_call", "VENDOR_KERNELS", "is_vendor_kernel"]
 
 log = logging.getLogger(__name__)
-aten = torch.ops.aten
 
-EXTERN_OPS: dict[str, tuple[str, ...]] = {
+_ATTENTION = (
+    "_scaled_dot_product_flash_attention_for_cpu",  # ATen's CPU flash attention
+    "_scaled_dot_product_flash_attention",  # FlashAttention (CUDA)
+    "_scaled_dot_product_efficient_attention",  # CUTLASS memory-efficient attention (CUDA)
+    "_scaled_dot_product_cudnn_attention",  # cuDNN fused attention (CUDA)
+)
+
+VENDOR_KERNELS: dict[str, tuple[str, ...]] = {
+    # GEMMs: MKL/oneDNN on CPU, cuBLAS(Lt) on CUDA
     "mm": ("default",),
     "bmm": ("default",),
     "addmm": ("default",),
     "baddbmm": ("default",),
+    # convolutions and their gradients: oneDNN on CPU, cuDNN on CUDA
     "convolution": ("default",),
     "_convolution": ("default",),
     "convolution_backward": ("default",),
-    "_scaled_dot_product_flash_attention_for_cpu": ("default",),
-    "sort": ("default", "stable"),
-    "topk": ("default",),
-    "native_group_norm": ("default",),
-    "max_pool2d_with_indices": ("default",),
-    "max_pool2d_with_indices_backward": ("default",),
-    "avg_pool2d": ("default",),
-    "avg_pool2d_backward": ("default",),
-    "_adaptive_avg_pool2d": ("default",),
-    "_adaptive_avg_pool2d_backward": ("default",),
-    "upsample_nearest2d": ("default", "vec"),
-    "upsample_bilinear2d": ("default", "vec"),
-    "_cdist_forward": ("default",),
+    # fused scaled-dot-product attention (tiled matmuls + online softmax), both directions
+    **{name: ("default",) for name in _ATTENTION},
+    **{f"{name}_backward": ("default",) for name in _ATTENTION},
 }
-"""ATen ops (packet → overloads) the wrapper calls on purpose."""
+"""ATen ops (packet → overloads) that stay library calls on purpose, and why (comments)."""
 
 
-def _layout(meta: torch.Tensor) -> Layout:
-    layout = layout_of_tensor(meta)
-    device = V.graph.device_of(meta)
-    return Layout(device, layout.dtype, layout.size, layout.stride)
+def is_vendor_kernel(op: Any) -> bool:
+    """Whether ``op`` (an ``OpOverload``) is one of ``VENDOR_KERNELS``."""
+    packet = getattr(op, "overloadpacket", None)
+    name = getattr(packet, "__name__", "")
+    return getattr(op, "_overloadname", None) in VENDOR_KERNELS.get(name, ())
+
+
+def _layout(meta: torch.Tensor, device: torch.device) -> Layout:
+    size = tuple(sizes.sympify(s) for s in meta.shape)
+    stride = tuple(sizes.sympify(s) for s in meta.stride())
+    return Layout(device, meta.dtype, size, stride)
+
+
+def _planned_meta(x: Buffer | ReinterpretView) -> torch.Tensor:
+    """A meta tensor with the sizes, strides and offset loopir planned for ``x``."""
+    lay = x.layout
+    size = [sizes.evaluate_int(s) for s in lay.size]
+    stride = [sizes.evaluate_int(s) for s in lay.stride]
+    offset = sizes.evaluate_int(lay.offset)
+    storage = sizes.evaluate_int(lay.storage_size()) if all(size) else offset
+    base = torch.empty((max(storage, offset),), dtype=lay.dtype, device="meta")
+    return base.as_strided(size, stride, offset)
+
+
+def _planned_outputs(op: Any, args: Any, kwargs: Any, traced: Any) -> Any:
+    """``op``'s result on meta tensors laid out as planned; ``traced`` when that fails.
+
+    The real kernel sees the planned layouts, so its output strides are these
+    (many kernels follow their inputs' strides: attention, pointwise fallbacks).
+    """
+
+    def to_meta(x: Any) -> Any:
+        return _planned_meta(x) if isinstance(x, (Buffer, ReinterpretView)) else x
+
+    try:
+        margs, mkwargs = pytree.tree_map(to_meta, (args, kwargs))
+        found = op(*margs, **mkwargs)
+    except Exception as exc:  # no meta kernel, or one stricter than ATen's
+        log.debug("no meta result for %s on planned layouts (%s): traced strides", op, exc)
+        return traced
+    same = pytree.tree_structure(found) == pytree.tree_structure(traced) and all(
+        not isinstance(t, torch.Tensor)
+        or (isinstance(f, torch.Tensor) and f.shape == t.shape and f.dtype == t.dtype)
+        for f, t in zip(pytree.tree_leaves(found), pytree.tree_leaves(traced), strict=True)
+    )
+    return found if same else traced
 
 
 def extern_call(op: Any, args: Any, kwargs: Any, *, is_fallback: bool) -> Any:
     """An ``ExternBuffer`` calling ``op``; results as IR shaped like the op's."""
-    meta = V.graph.current_meta
+    traced = V.graph.current_meta
 
     def realize(x: Any) -> Any:
         if isinstance(x, TensorBox):
@@ -68,10 +121,11 @@ def extern_call(op: Any, args: Any, kwargs: Any, *, is_fallback: bool) -> Any:
         return x
 
     rargs, rkwargs = pytree.tree_map(realize, (tuple(args), dict(kwargs)))
+    meta = _planned_outputs(op, rargs, rkwargs, traced)
     single = isinstance(meta, torch.Tensor)
     # a multi-output call's own buffer is only a handle; its parts carry layouts
     handle = Layout(V.graph.default_device, torch.uint8, (), ())
-    layout = _layout(meta) if single else handle
+    layout = _layout(meta, V.graph.device_of(traced)) if single else handle
     buf = ExternBuffer(
         "", layout, op=op, args=rargs, kwargs=rkwargs, fallback=is_fallback, multi_output=not single
     )
@@ -80,12 +134,13 @@ def extern_call(op: Any, args: Any, kwargs: Any, *, is_fallback: bool) -> Any:
         return TensorBox(StorageBox(buf))
 
     leaves, spec = pytree.tree_flatten(meta)
+    devices = [V.graph.device_of(t) for t in pytree.tree_leaves(traced)]  # meta's real ones
     outs: list[Any] = []
     for i, leaf in enumerate(leaves):
         if not isinstance(leaf, torch.Tensor):
             outs.append(leaf)
             continue
-        part = MultiOutput("", _layout(leaf), parent=buf, index=(i,))
+        part = MultiOutput("", _layout(leaf, devices[i]), parent=buf, index=(i,))
         V.graph.register_buffer(part)
         outs.append(TensorBox(StorageBox(part)))
     return pytree.tree_unflatten(outs, spec)
@@ -99,8 +154,11 @@ def fallback(op: Any, args: Any, kwargs: Any) -> Any:
     return extern_call(op, args, kwargs, is_fallback=True)
 
 
-def _extern(*args: Any, **kwargs: Any) -> Any:
+def _vendor_kernel(*args: Any, **kwargs: Any) -> Any:
+    counters.bump("extern_kernels", str(V.graph.current_op))
     return extern_call(V.graph.current_op, args, kwargs, is_fallback=False)
 
 
-register_lowering(*[op for n, ovls in EXTERN_OPS.items() for op in overloads(n, *ovls)])(_extern)
+register_lowering(*[op for n, ovls in VENDOR_KERNELS.items() for op in overloads(n, *ovls)])(
+    _vendor_kernel
+)
