@@ -6,6 +6,7 @@ from kiln.loopir.lowering import (  # noqa: F401  (registration by import)
     fallback,
     indexing,
     pointwise,
+    pooling,
     prims,
     reductions,
     scatter_views,

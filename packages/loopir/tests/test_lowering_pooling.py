@@ -1,0 +1,181 @@
+"""Pooling lowerings against eager: max/avg/adaptive-avg pooling and their gradients,
+over window shapes (padding, ceil mode, dilation, ragged and big windows), layouts and
+dtypes; none of them may fall back to ATen."""
+
+import contextlib
+
+import pytest
+import torch
+from loopir_testing import check
+
+from kiln.capture import counters
+from kiln.loopir.ir.loops import Reduction
+
+aten = torch.ops.aten
+
+HALF = {torch.float16: 1e-2, torch.bfloat16: 5e-2}
+
+
+@contextlib.contextmanager
+def no_fallbacks():
+    counters.clear()
+    yield
+    assert "fallback_ops" not in counters.snapshot(), counters.snapshot()
+
+
+def _image(shape, layout="contiguous", dtype=torch.float32):
+    if layout == "channels_last":
+        return torch.randn(shape).to(dtype).contiguous(memory_format=torch.channels_last)
+    if layout == "transposed":  # H and W swapped in memory
+        n, c, h, w = shape
+        return torch.randn(n, c, w, h).to(dtype).transpose(2, 3)
+    return torch.randn(shape).to(dtype)
+
+
+def _tol(dtype):
+    tol = HALF.get(dtype, 1e-5)
+    return {"atol": tol, "rtol": tol}
+
+
+# (kernel, stride, padding, dilation, ceil_mode)
+MAX_CASES = [
+    ([3, 3], [2, 2], [1, 1], [1, 1], False),  # resnet's stem
+    ([2, 2], [2, 2], [0, 0], [1, 1], False),
+    ([3, 2], [1, 2], [1, 0], [1, 1], True),
+    ([3, 3], [2, 2], [1, 1], [2, 2], False),  # dilated
+    ([3, 3], [], [0], [1], True),  # stride defaults to the kernel
+]
+
+
+@pytest.mark.parametrize("case", range(len(MAX_CASES)))
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last", "transposed"])
+def test_max_pool2d_and_backward(case, layout):
+    kernel, stride, padding, dilation, ceil = MAX_CASES[case]
+    x = _image((2, 3, 9, 11), layout)
+
+    def fn(x, g):
+        out, idx = aten.max_pool2d_with_indices.default(x, kernel, stride, padding, dilation, ceil)
+        grad = aten.max_pool2d_with_indices_backward.default(
+            g, x, kernel, stride, padding, dilation, ceil, idx
+        )
+        return aten.relu.default(out), idx, grad
+
+    out_shape = torch.ops.aten.max_pool2d_with_indices(x, kernel, stride, padding, dilation, ceil)
+    g = torch.randn(out_shape[0].shape)
+    with no_fallbacks():
+        check(fn, x, g, **_tol(torch.float32))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_max_pool2d_half_and_3d(dtype):
+    x = torch.randn(4, 10, 10).to(dtype)  # (C, H, W): no batch dim
+    g = torch.randn(4, 5, 5).to(dtype)
+
+    def fn(x, g):
+        out, idx = aten.max_pool2d_with_indices.default(x, [3, 3], [2, 2], [1, 1])
+        grad = aten.max_pool2d_with_indices_backward.default(
+            g, x, [3, 3], [2, 2], [1, 1], [1, 1], False, idx
+        )
+        return out, idx, grad
+
+    with no_fallbacks():
+        check(fn, x, g, **_tol(dtype))
+
+
+def test_max_pool2d_nan_ties_and_minus_inf():
+    x = torch.randn(1, 2, 6, 6)
+    x[0, 0, 1, 1] = float("nan")
+    x[0, 1, :3, :3] = float("-inf")  # a window of -inf: its first in-range position
+    x[0, 0, 4:, 4:] = 1.0  # ties: the first maximum
+
+    def fn(x):
+        return aten.max_pool2d_with_indices.default(x, [3, 3], [2, 2], [1, 1])
+
+    with no_fallbacks():
+        check(fn, x)
+
+
+def test_max_pool2d_big_window_uses_the_decomposition():
+    x = torch.randn(2, 3, 12, 12)
+    g = torch.randn(2, 3, 2, 2)
+
+    def fn(x, g):
+        out, idx = aten.max_pool2d_with_indices.default(x, [6, 6], [6, 6])
+        grad = aten.max_pool2d_with_indices_backward.default(
+            g, x, [6, 6], [6, 6], [0, 0], [1, 1], False, idx
+        )
+        return out, idx, grad
+
+    with no_fallbacks():
+        check(fn, x, g)
+
+
+# (kernel, stride, padding, ceil_mode, count_include_pad, divisor_override)
+AVG_CASES = [
+    ([2, 2], [2, 2], [0, 0], False, True, None),  # densenet's transitions
+    ([3, 3], [1, 1], [1, 1], False, True, None),
+    ([3, 3], [1, 1], [1, 1], False, False, None),
+    ([3, 2], [2, 2], [1, 1], True, False, None),
+    ([3, 3], [2, 2], [1, 0], True, True, None),
+    ([2, 3], [2, 1], [0, 1], False, True, 5),
+    ([7, 7], [7, 7], [0, 0], False, True, None),  # 49 positions: a Reduction
+    ([6, 5], [2, 3], [2, 1], True, False, None),  # big, padded and ragged
+]
+
+
+@pytest.mark.parametrize("case", range(len(AVG_CASES)))
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_avg_pool2d_and_backward(case, layout):
+    kernel, stride, padding, ceil, include_pad, divisor = AVG_CASES[case]
+    x = _image((2, 3, 14, 15), layout)
+    args = (kernel, stride, padding, ceil, include_pad, divisor)
+    g = torch.randn(aten.avg_pool2d.default(x, *args).shape)
+
+    def fn(x, g):
+        out = aten.avg_pool2d.default(x, *args)
+        return aten.mul.Tensor(out, 2.0), aten.avg_pool2d_backward.default(g, x, *args)
+
+    with no_fallbacks():
+        check(fn, x, g, **_tol(torch.float32))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_avg_pool2d_half(dtype):
+    x = torch.randn(2, 3, 8, 8).to(dtype)
+    g = torch.randn(2, 3, 4, 4).to(dtype)
+
+    def fn(x, g):
+        args = ([3, 3], [2, 2], [1, 1], False, False, None)
+        return aten.avg_pool2d.default(x, *args), aten.avg_pool2d_backward.default(g, x, *args)
+
+    with no_fallbacks():
+        check(fn, x, g, **_tol(dtype))
+
+
+@pytest.mark.parametrize(
+    ("size", "out"),
+    [((7, 7), (1, 1)), ((10, 12), (5, 3)), ((7, 9), (3, 4)), ((5, 5), (7, 7)), ((13, 3), (4, 2))],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_adaptive_avg_pool2d_and_backward(size, out, dtype):
+    x = _image((2, 3, *size), "transposed" if size[0] == size[1] else "contiguous", dtype)
+    g = torch.randn(2, 3, *out).to(dtype)
+
+    def fn(x, g):
+        pooled = aten._adaptive_avg_pool2d.default(x, out)
+        return pooled, aten._adaptive_avg_pool2d_backward.default(g, x)
+
+    with no_fallbacks():
+        check(fn, x, g, **_tol(dtype))
+
+
+def test_global_average_pool_is_one_reduction():
+    x = torch.randn(2, 8, 7, 7)
+
+    def fn(x):
+        return (aten.relu.default(aten._adaptive_avg_pool2d.default(x, [1, 1])),)
+
+    with no_fallbacks():
+        compiled = check(fn, x, **_tol(torch.float32))
+    nodes = [n for s in compiled.steps for n in getattr(s, "group", None).nodes]
+    assert sum(isinstance(n.buffer.data, Reduction) for n in nodes) == 1
