@@ -158,3 +158,32 @@ def test_same_tensor_output_once():
     res = _capture(lambda x: (x + 1,) * 2, r(3))
     (out_node,) = [n for n in res.graphs[0].graph.nodes if n.op == "output"]
     assert len(out_node.args[0]) == 1
+
+
+def test_module_state_is_read_from_the_module_dicts(monkeypatch):
+    """Parameters, buffers and submodules are reloaded by dict lookups: the output code never
+    runs ``Module.__getattr__`` (hundreds of Python calls per call for a deep model)."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4)).eval()
+    res = _capture(model.forward, r(2, 4))
+    sources = {str(n.meta["source"]) for n in res.graphs[0].graph.nodes if n.op == "placeholder"}
+    assert "L['self']._modules['0']._parameters['weight']" in sources
+    assert "L['self']._modules['1']._buffers['running_mean']" in sources
+    x = r(2, 4)
+    expected = model(x)
+    reads = []
+    real = torch.nn.Module.__getattr__
+    monkeypatch.setattr(torch.nn.Module, "__getattr__", lambda m, n: reads.append(n) or real(m, n))
+    torch.testing.assert_close(res.function(x), expected)
+    assert reads == []
+
+
+def test_replaced_parameter_is_read_again():
+    """The output code reads live module state: a parameter replaced through setattr (which
+    lands in ``_parameters``) is the one the graph gets (guards decide whether it may run)."""
+    model = torch.nn.Linear(4, 4)
+    res = _capture(model.forward, r(2, 4))
+    model.weight = torch.nn.Parameter(torch.randn(4, 4))
+    with torch.no_grad():
+        model.bias.add_(1.0)
+    x = r(2, 4)
+    torch.testing.assert_close(res.function(x), model(x))

@@ -63,7 +63,8 @@ def test_module_identity_and_training():
     guards = _guards(m.forward, torch.randn(1, 2))
     g = _by(guards)
     assert g[("L['self']", GuardKind.MODULE_MATCH)] == id(m)
-    assert ("L['self'].weight", GuardKind.TENSOR_MATCH) in g
+    # parameters are read from the module's dict, not through Module.__getattr__
+    assert ("L['self']._parameters['weight']", GuardKind.TENSOR_MATCH) in g
 
     class M(nn.Module):
         def forward(self, x):
@@ -131,7 +132,7 @@ def test_unrolled_module_containers_guard_length_and_keys():
             return [h(x) for h in self.heads.values()], len(self.layers)
 
     g = _by(_guards(M().forward, torch.randn(1, 2)))
-    assert g[("L['self'].layers", GuardKind.SEQUENCE_LENGTH)] == 2
+    assert g[("L['self']._modules['layers']", GuardKind.SEQUENCE_LENGTH)] == 2
 
 
 def test_aliased_inputs_get_separate_placeholders():
@@ -161,4 +162,4 @@ def test_inlined_hooks_are_pinned_by_their_handles():
             return self.inner(x)
 
     g = _by(_guards(Outer().forward, torch.randn(1, 2)))
-    assert g[("L['self'].inner._forward_hooks", GuardKind.DICT_KEYS)] == (handle.id,)
+    assert g[("L['self']._modules['inner']._forward_hooks", GuardKind.DICT_KEYS)] == (handle.id,)

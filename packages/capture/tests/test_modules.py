@@ -125,15 +125,15 @@ def test_mlp_guards_parameters_as_inputs():
     placeholders = [n for n in r.graphs[0].graph.nodes if n.op == "placeholder"]
     assert [str(n.meta["source"]) for n in placeholders] == [
         "L['x']",
-        "L['self'].fc1.weight",
-        "L['self'].fc1.bias",
-        "L['self'].fc2.weight",
-        "L['self'].fc2.bias",
+        "L['self']._modules['fc1']._parameters['weight']",
+        "L['self']._modules['fc1']._parameters['bias']",
+        "L['self']._modules['fc2']._parameters['weight']",
+        "L['self']._modules['fc2']._parameters['bias']",
     ]
     kinds = {(str(g.source), g.kind) for g in r.guards}
     assert ("L['self']", GuardKind.MODULE_MATCH) in kinds
     assert ("L['self'].scale", GuardKind.EQUALS) in kinds
-    assert ("L['self'].fc1.weight", GuardKind.TENSOR_MATCH) in kinds
+    assert ("L['self']._modules['fc1']._parameters['weight']", GuardKind.TENSOR_MATCH) in kinds
     assert (None.__str__(), GuardKind.GLOBAL_STATE) in {(str(g.source), g.kind) for g in r.guards}
 
 
@@ -350,7 +350,7 @@ def test_module_list_slice_keeps_sources():
 
     r = check(Trunk(), torch.randn(1, 2))
     sources = [str(n.meta["source"]) for n in r.graphs[0].graph.nodes if n.op == "placeholder"]
-    assert "L['self'].layers._modules['1'].weight" in sources
+    assert "L['self']._modules['layers']._modules['1']._parameters['weight']" in sources
     assert not any("_modules['0']" in s for s in sources)
 
 

@@ -40,32 +40,42 @@ class Net(torch.nn.Module):
         return x + self.offset
 
 
-def capture_like_guards(source, module, plain_contents=True):
-    """What capture records while inlining ``module``'s forward (modules, tensors, constants)."""
+def capture_like_guards(source, module, plain_contents=True, dicts=False):
+    """What capture records while inlining ``module``'s forward (modules, tensors, constants).
+
+    ``dicts``: module state read the way capture's sources read it, through the module's own
+    dicts (``L['self']._modules['blocks']._modules['0']._parameters['weight']``); otherwise
+    as attributes and container items (``L['self'].blocks[0].weight``).
+    """
     out = [
         GuardSpec(source, GuardKind.MODULE_MATCH, id(module)),
         GuardSpec(source.attr("training"), GuardKind.BOOL, module.training),
         GuardSpec(source, GuardKind.HOOKS_EMPTY),
     ]
-    for name, t in [*module._parameters.items(), *module._buffers.items()]:
-        out.append(GuardSpec(source.attr(name), GuardKind.TENSOR_MATCH, TensorMeta.of(t)))
-        out.append(GuardSpec(source.attr(name), GuardKind.ID_MATCH, id(t)))
+    for store in ("_parameters", "_buffers"):
+        for name, t in getattr(module, store).items():
+            at = source.attr(store).item(name) if dicts else source.attr(name)
+            out.append(GuardSpec(at, GuardKind.TENSOR_MATCH, TensorMeta.of(t)))
+            out.append(GuardSpec(at, GuardKind.ID_MATCH, id(t)))
     for name, value in vars(module).items():
         if isinstance(value, float):
             out.append(GuardSpec(source.attr(name), GuardKind.EQUALS, value))
         if plain_contents and isinstance(value, list):  # contents of a plain list: not protected
             out.append(GuardSpec(source.attr(name), GuardKind.SEQUENCE_LENGTH, len(value)))
     for name, child in module._modules.items():
-        child_source = source.item(int(name)) if name.isdigit() else source.attr(name)
-        out += capture_like_guards(child_source, child, plain_contents)
+        if dicts:
+            child_source = source.attr("_modules").item(name)
+        else:
+            child_source = source.item(int(name)) if name.isdigit() else source.attr(name)
+        out += capture_like_guards(child_source, child, plain_contents, dicts)
     return out
 
 
 SELF = LocalSource("self")
 
 
-def tree_check(model, with_tree=True, plain_contents=True):
-    specs = capture_like_guards(SELF, model, plain_contents)
+def tree_check(model, with_tree=True, plain_contents=True, dicts=False):
+    specs = capture_like_guards(SELF, model, plain_contents, dicts)
     if with_tree:
         specs.append(GuardSpec(SELF, GuardKind.MODULE_TREE, model))
     specs.append(GuardSpec(LocalSource("x"), GuardKind.IS_NONE))
@@ -193,6 +203,71 @@ def test_reach_follows_module_state_only():
     assert reach(("attr", "blocks"), ("item", 0), ("attr", "sizes"), ("item", 0)) is None
     assert reach(("attr", "forward")) is None  # a method: class state
     assert reach(("attr", "blocks"), ("item", slice(0, 2))) is None  # a new ModuleList
+
+
+def test_reach_through_the_module_dicts():
+    """Capture's sources read module state from ``_parameters``/``_buffers``/``_modules``."""
+    model = Net()
+    model.blocks[0].fc.register_parameter("gone", None)
+
+    def reach(*steps):
+        found = module_tree.reach(model, list(steps))
+        return found and found[0]
+
+    block0 = (("attr", "_modules"), ("item", "blocks"), ("attr", "_modules"), ("item", "0"))
+    fc = (*block0, ("attr", "_modules"), ("item", "fc"))
+    assert reach(*block0) == "module"
+    assert reach(*fc, ("attr", "_parameters"), ("item", "weight")) == "tensor"
+    assert reach(("attr", "_buffers"), ("item", "offset")) == "tensor"
+    assert reach(*fc, ("attr", "_parameters"), ("item", "gone")) == "value"  # an empty slot
+    assert reach(*block0, ("attr", "eps")) == "value"
+    assert reach(*fc, ("attr", "_parameters")) is None  # the dict itself: its contents can change
+    assert reach(*fc, ("attr", "_parameters"), ("item", "missing")) is None
+    assert reach(("attr", "_buffers"), ("item", "blocks")) is None  # not in that dict
+    assert reach(("attr", "_modules"), ("attr", "blocks")) is None
+
+
+def test_dict_sources_join_the_group_and_stay_sound():
+    model = Net()
+    check = tree_check(model, dicts=True)
+    main = check.source.partition("# guards protected by the module stamp")[0]
+    assert "_parameters" not in main and "_modules" not in main  # all behind the stamp test
+    passes(check, model)
+    fc1 = "L['self']._modules['blocks']._modules['1']._modules['fc']"
+    with torch.no_grad():
+        model.blocks[1].fc.weight.mul_(2.0)  # in-place: the same artifact stays valid
+    passes(check, model)
+    model.blocks[1].fc.weight = torch.nn.Parameter(torch.randn(4, 4))
+    changed(check, model, f"{fc1}._parameters['weight'] is a different object")
+    model = Net()
+    check = tree_check(model, dicts=True)
+    model.blocks[1].fc.register_parameter("extra", torch.nn.Parameter(torch.ones(1)))
+    passes(check, model)  # the stamp moved, the group ran again, nothing it reads changed
+    del model.blocks[1].fc.bias
+    changed(check, model, f"{fc1}._parameters['bias']")
+    model = Net()
+    check = tree_check(model, dicts=True)
+    model.blocks[2].norm.eval()
+    changed(check, model, "_modules['norm'].training changed: expected True, got False")
+    model.blocks[2].norm.train()
+    passes(check, model)
+    model.blocks[0] = Block()
+    changed(check, model, "L['self']._modules['blocks']._modules['0'] is a different module")
+    model = Net()
+    check = tree_check(model, dicts=True)
+    model.offset = torch.ones(4)  # a buffer replaced through setattr
+    changed(check, model, "L['self']._buffers['offset'] is a different object")
+
+
+def test_dict_sources_check_the_same_at_any_depth():
+    """With the stamp unchanged, a deep tree costs what a shallow one does: the same code."""
+    sources = []
+    for depth in (10, 100):
+        model = Net(depth)
+        check = tree_check(model, plain_contents=False, dicts=True)
+        passes(check, model)
+        sources.append(check.source.partition("# guards protected by the module stamp")[0])
+    assert sources[0] == sources[1]
 
 
 @pytest.mark.parametrize("depth", [10, 100])

@@ -20,7 +20,7 @@ import torch
 from kiln.capture import builtin_calls, calls, torch_calls
 from kiln.capture.break_reasons import UserException, raised, unsupported
 from kiln.capture.guard_data import GuardKind
-from kiln.capture.source import Source
+from kiln.capture.source import MODULE_STORES, Source
 from kiln.capture.values.base import ConstantValue, Value, is_constant
 from kiln.capture.values.containers import DictValue, ListValue, TupleValue, dict_key
 from kiln.capture.values.functions import (
@@ -47,8 +47,6 @@ __all__ = [
     "set_attr",
     "set_item",
 ]
-
-_MODULE_STORES = ("_parameters", "_buffers", "_modules")
 
 
 def get_attr(tr: Tracer, v: Value, name: str) -> Value:
@@ -156,10 +154,10 @@ def plain_object_attr(tr: Tracer, v: ObjectValue, name: str) -> Value:
         return pending
     src = v.source.attr(name) if v.source is not None else None
     if isinstance(obj, torch.nn.Module):
-        for store in _MODULE_STORES:
+        for store in MODULE_STORES:
             table = obj.__dict__.get(store)
             if table is not None and name in table:
-                return wrap(tr.out, table[name], src)
+                return wrap(tr.out, table[name], module_state_source(v.source, store, name))
     if isinstance(obj, (types.ModuleType, type)):
         return _class_or_module_attr(tr, v, name, src)
     try:
@@ -171,6 +169,17 @@ def plain_object_attr(tr: Tracer, v: ObjectValue, name: str) -> Value:
     if in_dict and not _is_data_descriptor(descriptor):
         return wrap(tr.out, obj.__dict__[name], src)
     return _class_attr(tr, v, type(obj), name, src, static)
+
+
+def module_state_source(src: Source | None, store: str, name: str) -> Source | None:
+    """How emitted code and guards reload a parameter, buffer or submodule ``name``.
+
+    ``L['self']._parameters['weight']`` rather than ``L['self'].weight``: the value is read
+    straight from the dict it lives in, where the attribute goes through the Python-level
+    ``Module.__getattr__`` (about 0.6 us each, paid for every parameter on every call of
+    the output code). Capture resolved the name in that dict, so both read the same object.
+    """
+    return src.attr(store).item(name) if src is not None else None
 
 
 def _is_data_descriptor(d: Any) -> bool:
@@ -388,7 +397,7 @@ def _plain_attribute(obj: Any, name: str, plain: bool) -> bool:
     if _is_data_descriptor(inspect.getattr_static(type(obj), name, None)):
         return False
     if isinstance(obj, torch.nn.Module):
-        if any(name in obj.__dict__.get(store, {}) for store in _MODULE_STORES):
+        if any(name in obj.__dict__.get(store, {}) for store in MODULE_STORES):
             return False
         return type(obj).__setattr__ is torch.nn.Module.__setattr__
     setter: Any = type(obj).__setattr__

@@ -22,7 +22,7 @@ from kiln.capture.break_reasons import unsupported
 from kiln.capture.frame_capture import trace_frame
 from kiln.capture.graph import GraphInput
 from kiln.capture.guard_data import GlobalState, GuardKind, GuardSpec
-from kiln.capture.source import AttrSource, ItemSource, LocalSource, Source
+from kiln.capture.source import MODULE_STORES, AttrSource, ItemSource, LocalSource, Source
 from kiln.capture.values.base import ConstantValue, Value
 from kiln.capture.values.containers import DictValue, ListValue, TupleValue
 from kiln.capture.values.tensor import TensorValue
@@ -124,10 +124,13 @@ def _root_source(
 
 
 def _state_name(source: Source, fallback: str) -> str:
-    """``L['self'].layers[0].weight`` -> ``layers.0.weight``."""
+    """``L['self'].layers._modules['0']._parameters['weight']`` -> ``layers.0.weight``."""
     parts: list[str] = []
     while isinstance(source, (AttrSource, ItemSource)):
-        parts.append(source.name if isinstance(source, AttrSource) else str(source.index))
+        if isinstance(source, ItemSource):
+            parts.append(str(source.index))
+        elif source.name not in MODULE_STORES:  # the dicts are not part of state_dict names
+            parts.append(source.name)
         source = source.base
     if source == LocalSource("self") and parts:
         return ".".join(reversed(parts))

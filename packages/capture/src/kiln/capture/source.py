@@ -20,8 +20,14 @@ __all__ = [
     "AttrSource",
     "ItemSource",
     "DefaultSource",
+    "MODULE_STORES",
     "root_of",
 ]
+
+# The dicts an ``nn.Module`` keeps its parameters, buffers and submodules in. Sources read
+# module state through them (``L['self']._modules['fc']._parameters['weight']``): a dict
+# lookup, where the attribute goes through the Python-level ``Module.__getattr__``.
+MODULE_STORES = ("_parameters", "_buffers", "_modules")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,11 +22,11 @@ from typing import Any
 import torch
 
 from kiln.capture.guard_data import GuardKind
+from kiln.capture.source import MODULE_STORES
 
 __all__ = ["PROTECTED", "reach"]
 
 _CONSTANT_TYPES = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device)
-_INTERNAL = frozenset({"_parameters", "_buffers", "_modules"})
 _CONTAINER_GETITEMS = frozenset(
     {
         torch.nn.ModuleList.__getitem__,
@@ -74,7 +74,7 @@ def _is_constant(value: Any) -> bool:
 def _reach_attr(m: torch.nn.Module, name: str) -> tuple[str, Any] | None:
     if name == "training":
         return "value", m.training
-    if name in _INTERNAL or name.endswith("_hooks"):
+    if name in MODULE_STORES or name.endswith("_hooks"):
         return None
     if any(name in vars(cls) for cls in type(m).__mro__):
         return None  # a class attribute, property or method: the stamp does not see it
@@ -89,19 +89,42 @@ def _reach_attr(m: torch.nn.Module, name: str) -> tuple[str, Any] | None:
     return None
 
 
+def _reach_stored(m: torch.nn.Module, store: str, key: Any) -> tuple[str, Any] | None:
+    """``m._parameters[key]`` (or ``_buffers``, ``_modules``): how capture reads module state."""
+    table = vars(m).get(store)
+    if not isinstance(table, dict) or key not in table:
+        return None
+    value = table[key]
+    if value is None:
+        return "value", None
+    return ("module" if store == "_modules" else "tensor"), value
+
+
 def reach(root: torch.nn.Module, steps: list[tuple[str, Any]]) -> tuple[str, Any] | None:
     """How the value at ``root.<steps>`` hangs off module state, and its value now.
 
-    ``steps`` are ("attr", name) or ("item", key). The answer is "module", "tensor"
+    ``steps`` are ("attr", name) or ("item", key); an attribute naming one of the module's
+    dicts (``_parameters``, ``_buffers``, ``_modules``) followed by an item is one step
+    into that dict (the dict itself is not protected). The answer is "module", "tensor"
     (a parameter or buffer), "value" (a constant attribute, or an empty slot) or
     "object" (another object set on a module: its identity is protected, its
     contents are not); None when some step leaves module state.
     """
     how: str = "module"
     value: Any = root
+    store: str | None = None  # the module dict the previous step named
     for kind, key in steps:
+        if store is not None:
+            found = _reach_stored(value, store, key) if kind == "item" else None
+            if found is None:
+                return None
+            (how, value), store = found, None
+            continue
         if how != "module":
             return None
+        if kind == "attr" and key in MODULE_STORES:
+            store = key
+            continue
         if kind == "attr":
             found = _reach_attr(value, key)
             if found is None:
@@ -118,4 +141,6 @@ def reach(root: torch.nn.Module, steps: list[tuple[str, Any]]) -> tuple[str, Any
         if not any(map(operator.is_, itertools.repeat(item), value._modules.values())):
             return None  # e.g. a slice of a Sequential: a new module each time
         value = item
+    if store is not None:
+        return None
     return how, value
