@@ -23,6 +23,22 @@ def test_three_digits_fold():
     assert simplify_index(expr, {XINDEX: 60}) == XINDEX
 
 
+@pytest.mark.parametrize("image_stride", [50176, 60000])
+def test_two_low_digits_fold_under_a_higher_one(image_stride):
+    # rows of 56 in 4 channels of 56 rows: (x // 56) % 224, never % 4 (resnet's max pool read)
+    expr = (
+        image_stride * FloorDiv(XINDEX, 12544)
+        + 224 * ModularIndexing(XINDEX, 56, 56)
+        + 12544 * ModularIndexing(XINDEX, 3136, 4)
+    )
+    want = (
+        224 * FloorDiv(XINDEX, 56)  # contiguous images: every digit folds
+        if image_stride == 224 * 224
+        else image_stride * FloorDiv(XINDEX, 12544) + 224 * ModularIndexing(XINDEX, 56, 224)
+    )
+    assert simplify_index(expr, {XINDEX: 25088}) == want
+
+
 def test_strided_digits_stay():
     expr = FloorDiv(XINDEX, 4) + 8 * ModularIndexing(XINDEX, 1, 4)
     assert simplify_index(expr, {XINDEX: 32}) == expr

@@ -165,3 +165,15 @@ def test_cat_with_empty_pieces_never_reads_outside_a_buffer():
     a, z = _r(2, 3), _r(0, 3)
     c = check(lambda a, z: (aten.cat.default([z, a, z], 0),), a, z)
     assert " < 0)" in kernel_sources(c)[0]  # the empty piece's load is guarded off
+
+
+def test_pool_window_across_channels():
+    """A pooling window read through several size digits (resnet's stem: 112x112 -> 56x56,
+    rows of several channels folded into one index digit)."""
+    x, scale = _r(2, 4, 112, 112), _r(1, 4, 1, 1)
+
+    def fn(x, scale):
+        y = aten.relu.default(aten.mul.Tensor(x, scale))
+        return (aten.max_pool2d_with_indices.default(y, [3, 3], [2, 2], [1, 1])[0],)
+
+    check(fn, x, scale, backend=TritonBackend())

@@ -27,7 +27,7 @@ class TritonOptions:
     max_autotune: bool = dataclasses.field(
         default_factory=lambda: _flag("KILN_MAX_AUTOTUNE", False)
     )
-    persistent_reduction_limit: int = 1024
+    persistent_reduction_limit: int = 8192
     """Reductions up to this many elements per row fit one block (no r-loop)."""
     cache_dir: Path = dataclasses.field(
         default_factory=lambda: Path(

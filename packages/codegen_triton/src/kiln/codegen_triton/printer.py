@@ -30,7 +30,8 @@ def _terms(expr: sympy.Expr) -> list[tuple[sympy.Expr, sympy.Expr]]:
 
 
 def _merge_once(terms: list[tuple[sympy.Expr, sympy.Expr]]) -> bool:
-    """Fold one pair ``c*m*F(a, d*m) + c*M(a, d, m)`` into ``c*F(a, d)``; True if done."""
+    """Fold one pair ``c*m*F(a, d*m) + c*M(a, d, m)`` into ``c*F(a, d)`` (or
+    ``c*m*M(a, d*m, n) + c*M(a, d, m)`` into ``c*M(a, d, m*n)``); True if done."""
     for i, (ci, ai) in enumerate(terms):
         if not isinstance(ai, ModularIndexing):
             continue
@@ -41,7 +42,9 @@ def _merge_once(terms: list[tuple[sympy.Expr, sympy.Expr]]) -> bool:
             wider = _wider_digit(aj, base, div * mod)
             if wider is None:
                 continue
-            merged = FloorDiv(base, div) if not wider else ModularIndexing(base, div, *wider)
+            merged = (
+                FloorDiv(base, div) if not wider else ModularIndexing(base, div, mod * wider[0])
+            )
             terms[i] = (ci, merged)
             del terms[j]
             return True
