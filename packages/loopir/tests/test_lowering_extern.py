@@ -147,3 +147,33 @@ def test_extern_output_strides_differ_from_traced_ones():
         return aten.add.Tensor(aten.view.default(merged, [10, 16]), 1.0), out[1]
 
     check(fn, x, atol=1e-5, rtol=1e-5)
+
+
+def test_planned_extern_strides_need_no_copy():
+    """Attention on heads split out of a transposed projection (MHA's layout): the views
+    stay strided windows on the projection (no copy kernel), the attention output gets
+    the strides the kernel really produces, and the wrapper's safety net never copies."""
+    x, w = torch.randn(30, 32), torch.randn(96, 32)
+
+    def fn(x, w):
+        qkv = aten.view.default(aten.mm.default(x, aten.t.default(w)), [10, 3, 3, 32])
+        heads = aten.clone.default(
+            aten.permute.default(qkv, [2, 0, 1, 3]), memory_format=torch.contiguous_format
+        )
+        q, k, v = (
+            aten.view.default(
+                aten.transpose.int(
+                    aten.view.default(aten.select.int(heads, 0, i), [10, 12, 8]), 0, 1
+                ),
+                [3, 4, 10, 8],
+            )
+            for i in range(3)
+        )
+        out = aten._scaled_dot_product_flash_attention_for_cpu.default(q, k, v)
+        flat = aten.view.default(aten.permute.default(out[0], [2, 0, 1, 3]), [30, 32])
+        return aten.mm.default(flat, aten.slice.Tensor(w, 0, 0, 32)), out[1]
+
+    counters.clear()
+    c = check(fn, x, w, atol=1e-5, rtol=1e-5)
+    assert "extern_copies" not in counters.snapshot()
+    assert c.kernel_count == 1  # the clone; q, k, v and flat are views

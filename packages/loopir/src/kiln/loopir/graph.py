@@ -201,6 +201,8 @@ class GraphLowering:
     def _output(self, value: Any, node: torch.fx.Node) -> None:
         leaves, self.output_spec = pytree.tree_flatten(value)
         metas = node.meta.get("val")
+        if metas is None:  # graphs from autograd_aot: the values live on the returned nodes
+            metas = torch.fx.map_arg(node.args[0], lambda n: n.meta.get("val"))
         meta_leaves = pytree.tree_leaves(metas) if metas is not None else [None] * len(leaves)
         if len(meta_leaves) != len(leaves):
             meta_leaves = [None] * len(leaves)
@@ -221,12 +223,13 @@ class GraphLowering:
         found = as_strided_view(value)
         if found is not None and _strides_match(found.layout, meta):
             return found
-        if found is None or not isinstance(meta, torch.Tensor) or not _dense(meta):
+        if not isinstance(meta, torch.Tensor) or not _dense(meta):
             return found if found is not None else realize_as_tensor(value, "output")
         # a later graph (the backward reading saved tensors) was traced with the
         # meta's strides: an extern result or a view laid out otherwise is copied
-        counters.bump("output_copies", found.get_name())
-        log.debug("output %s copied to its traced strides %s", found.get_name(), meta.stride())
+        if found is not None:
+            counters.bump("output_copies", found.get_name())
+            log.debug("output %s copied to its traced strides %s", found.get_name(), meta.stride())
         copy = pointwise_copy(value, "output relayout").storage()
         assert copy is not None
         buf = copy.realize()

@@ -34,6 +34,36 @@ def _resolve_size(x: TensorBox, size: Sequence[Any]) -> list[sympy.Expr]:
     return out
 
 
+def _view_strides(layout: Layout, new: Sequence[sympy.Expr]) -> tuple[sympy.Expr, ...] | None:
+    """Strides of ``new`` viewing a strided tensor without a copy, or None (ATen's
+    ``computeStride``: each run of dims that is contiguous in memory may be re-split)."""
+    if layout.is_contiguous():
+        return tuple(sizes.contiguous_strides(new))
+    values = [sizes.static_int(v) for v in (*layout.size, *layout.stride, *new)]
+    ints = [v for v in values if v is not None]
+    if len(ints) != len(values):
+        return None
+    ndim = len(layout.size)
+    old, old_stride, shape = ints[:ndim], ints[ndim : 2 * ndim], ints[2 * ndim :]
+    if 0 in old or not old:
+        return None
+    out = [0] * len(shape)
+    view_d = len(shape) - 1
+    base_stride, tensor_numel, view_numel = old_stride[-1], 1, 1
+    for d in reversed(range(ndim)):
+        tensor_numel *= old[d]
+        if d == 0 or (old[d - 1] != 1 and old_stride[d - 1] != tensor_numel * base_stride):
+            while view_d >= 0 and (view_numel < tensor_numel or shape[view_d] == 1):
+                out[view_d] = view_numel * base_stride
+                view_numel *= shape[view_d]
+                view_d -= 1
+            if view_numel != tensor_numel:
+                return None
+            if d > 0:
+                base_stride, tensor_numel, view_numel = old_stride[d - 1], 1, 1
+    return tuple(S(v) for v in out) if view_d == -1 else None
+
+
 def view(x: TensorBox, size: Sequence[Any]) -> TensorBox:
     """``x`` with a new shape and the same row-major element order."""
     new = _resolve_size(x, size)
@@ -43,8 +73,8 @@ def view(x: TensorBox, size: Sequence[Any]) -> TensorBox:
     base = as_strided_view(x)
     if isinstance(base, (Buffer, ReinterpretView)):
         layout = base.layout
-        if layout.is_contiguous():
-            strides = tuple(sizes.contiguous_strides(new))
+        strides = _view_strides(layout, new)
+        if strides is not None:
             target = base.buffer if isinstance(base, ReinterpretView) else base
             lay = Layout(layout.device, layout.dtype, tuple(new), strides, layout.offset)
             return TensorBox(ReinterpretView(target, lay))
