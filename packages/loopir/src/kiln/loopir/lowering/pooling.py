@@ -63,6 +63,8 @@ class _Dim:
     def inside(self, o: sympy.Expr, j: sympy.Expr, lo: int, hi: int) -> Any:
         """``lo <= position < hi`` as an ops value; None when always true."""
         low, high = self.extent(j)
+        if low >= lo and high < hi:
+            return None
         pos = ops.index_expr(self.at(o, j), torch.int64)
         conds = []
         if low < lo:
