@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import dis
 import types
 from typing import NamedTuple
 
@@ -186,4 +187,16 @@ def test_replaced_parameter_is_read_again():
     with torch.no_grad():
         model.bias.add_(1.0)
     x = r(2, 4)
+    torch.testing.assert_close(res.function(x), model(x))
+
+
+def test_shared_paths_are_loaded_once():
+    """``self._modules`` is read once and each layer's ``_parameters`` once, not per input."""
+    model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(3)])
+    res = _capture(model.forward, r(2, 4))
+    attrs = [i.argval for i in dis.get_instructions(res.code) if i.opname == "LOAD_ATTR"]
+    assert attrs.count("_modules") == 1 and attrs.count("_parameters") == 3
+    x = r(2, 4)
+    torch.testing.assert_close(res.function(x), model(x))
+    model[1].weight = torch.nn.Parameter(torch.randn(4, 4))  # still read on every call
     torch.testing.assert_close(res.function(x), model(x))

@@ -404,8 +404,7 @@ def _split(
         graph_log.debug("captured graph of %s (before a break):\n%s", func.__qualname__, gm.code)
         graphs.append(gm)
         compiled = compile_graph(gm, [i.real for i in out.inputs])
-        inputs = ", ".join(writer.source(i.source) for i in out.inputs)
-        head.append(f"__kiln_out = {writer.const(compiled)}({inputs})")
+        head.extend(writer.graph_call(compiled, out.inputs))
     compiled_at = time.perf_counter()
     body = [*head, *make_cells, *frame.lines, *fill_cells, *replay, *frame.after, *tail]
     code = _assemble(func, writer, body)

@@ -131,6 +131,9 @@ class _Writer:
         self._cell_index: dict[int, int] = {}
         # called with each closure rebuilt (the graph-break handler checks it can be shared)
         self.on_closure: Callable[[UserFunctionValue], None] | None = None
+        # str(path) -> the local it was loaded into (see graph_call); sources print uniquely
+        # and, unlike them, strings hash even when an index is a slice
+        self._hoisted: dict[str, str] = {}
 
     def cell(self, c: CellValue) -> str:
         """A real cell for ``c``: the frame's own, or one of ``__kiln_cells`` (see cell_lines)."""
@@ -178,7 +181,29 @@ class _Writer:
         self.consts.append(obj)
         return f"__kiln_k{len(self.consts) - 1}"
 
+    def graph_call(self, compiled: Any, inputs: list[GraphInput]) -> list[str]:
+        """Lines that load the graph's inputs and call it, leaving the result in ``__kiln_out``.
+
+        Paths that several inputs share are loaded once into locals (``__kiln_s0 =
+        self._modules``, ``__kiln_s1 = __kiln_s0['0']._parameters``, then
+        ``__kiln_s1['weight']``): a deep model's parameters cost one dict lookup each.
+        The locals serve this call only: writes replayed after the graph may change
+        what the paths lead to.
+        """
+        sources = [i.source for i in inputs]
+        lines = []
+        for prefix in _shared_prefixes(sources):
+            name = f"__kiln_s{len(self._hoisted)}"
+            lines.append(f"{name} = {self.source(prefix)}")
+            self._hoisted[str(prefix)] = name
+        args = ", ".join(self.source(s) for s in sources)
+        self._hoisted.clear()
+        return [*lines, f"__kiln_out = {self.const(compiled)}({args})"]
+
     def source(self, src: Source) -> str:
+        hoisted = self._hoisted.get(str(src)) if self._hoisted else None
+        if hoisted is not None:
+            return hoisted
         if isinstance(src, (LocalSource, ClosureSource)):
             return src.name
         if isinstance(src, GlobalSource):
@@ -245,6 +270,34 @@ class _Writer:
         return self.const(obj)
 
 
+def _shared_prefixes(sources: list[Source]) -> list[Source]:
+    """The attribute/item paths worth loading once, shallowest first.
+
+    A path is shared when two or more of ``sources`` run through it; of a chain of paths
+    that serve the same sources (``self._modules['0']`` and ``self._modules['0']._parameters``
+    for ``weight`` and ``bias``) only the deepest is kept.
+    """
+    paths: dict[str, AttrSource | ItemSource] = {}  # keyed by text: indices may not hash
+    uses: dict[str, int] = {}
+    for src in {str(s): s for s in sources}.values():  # each input once
+        base = src.base if isinstance(src, (AttrSource, ItemSource)) else None
+        while isinstance(base, (AttrSource, ItemSource)):
+            text = str(base)
+            paths[text] = base
+            uses[text] = uses.get(text, 0) + 1
+            base = base.base
+    covered = {str(p.base) for k, p in paths.items() if uses.get(str(p.base)) == uses[k]}
+    shared = [p for k, p in paths.items() if uses[k] > 1 and k not in covered]
+    return sorted(shared, key=_depth)
+
+
+def _depth(src: Source) -> int:
+    depth = 0
+    while isinstance(src, (AttrSource, ItemSource)):
+        depth, src = depth + 1, src.base
+    return depth
+
+
 def _replay(writer: _Writer, effects: SideEffects) -> list[str]:
     lines = []
     for fn, args, kwargs in effects.calls:
@@ -309,8 +362,7 @@ def emit_code(
     writer = _Writer(fn, outputs)
     head: list[str] = []
     if compiled is not None:
-        args = ", ".join(writer.source(i.source) for i in inputs)
-        head.append(f"__kiln_out = {writer.const(compiled)}({args})")
+        head.extend(writer.graph_call(compiled, inputs))
     replay = _replay(writer, effects)
     ret = f"return {writer.value(result)}"
     make_cells, fill_cells = writer.cell_lines()
