@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -82,6 +83,23 @@ class KernelSource:
         return [self.tile, self.numel // self.tile] if self.tile else [self.numel]
 
 
+_NAMED_OPS = 3  # ops named in a kernel's name; the comment under its def lists them all
+
+
+def kernel_name(group: KernelGroup, reduction: bool, persistent: bool, tiled: bool) -> str:
+    """``kiln_<kind>_<ops>_<n>``: what a profiler or a trace shows for the kernel.
+
+    The kind is ``per`` (persistent reduction), ``red`` (looped reduction), ``tile`` (2-D tiled
+    pointwise) or ``poi``; the ops are the first ATen ops it fuses (``aten.add.Tensor`` as
+    ``add``), and ``n`` is loopir's kernel number, so names stay unique in a graph.
+    """
+    kind = ("per" if persistent else "red") if reduction else ("tile" if tiled else "poi")
+    ops = [origin.split(".")[1] if origin.count(".") >= 2 else origin for origin in group.origins()]
+    words = [re.sub(r"[^0-9A-Za-z]+", "_", op).strip("_") for op in ops[:_NAMED_OPS]]
+    number = re.sub(r"\D", "", group.name) or "0"
+    return "_".join(["kiln", kind, *filter(None, words), number])
+
+
 class TritonKernel:
     """Writes the body of one kernel; ``TritonOps`` calls back into it."""
 
@@ -109,6 +127,7 @@ class TritonKernel:
         self.reductions = Reductions(self)
         self._names = itertools.count()
         self._indirect = itertools.count()
+        self.name = kernel_name(group, self.is_reduction, self.persistent, bool(self.tile))
 
     # -- emission and CSE --
     def emit(self, line: str | _Store) -> None:
@@ -295,7 +314,7 @@ class TritonKernel:
                 pending.add(node.name)
         self._close_loop()
         return KernelSource(
-            self.group.name, self.render(), self.is_reduction, self.persistent,
+            self.name, self.render(), self.is_reduction, self.persistent,
             self.numel, self.rnumel, self.int64, self.tile,
         )  # fmt: skip
 
@@ -320,7 +339,7 @@ class TritonKernel:
             params.append("RBLOCK: tl.constexpr" if self.is_reduction else "YBLOCK: tl.constexpr")
         lines = [
             "@triton.jit",
-            f"def {self.group.name}({', '.join(params)}):",
+            f"def {self.name}({', '.join(params)}):",
             f"    # {', '.join(self.group.origins())}",
             *("    " + line for line in self._preamble()),
         ]
