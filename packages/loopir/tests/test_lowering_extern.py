@@ -177,3 +177,22 @@ def test_planned_extern_strides_need_no_copy():
     c = check(fn, x, w, atol=1e-5, rtol=1e-5)
     assert "extern_copies" not in counters.snapshot()
     assert c.kernel_count == 1  # the clone; q, k, v and flat are views
+
+
+def test_extern_inputs_and_saved_values_keep_eager_strides():
+    """A pointwise value on transposed heads (Llama's rotary embedding), read by attention
+    and returned (saved for the backward): stored with eager's strides, so neither the
+    attention result nor the returned value needs a copy to its traced strides."""
+    x = torch.randn(2, 10, 4, 8)
+
+    def fn(x):
+        q = aten.add.Tensor(aten.mul.Tensor(aten.transpose.int(x, 1, 2), 0.5), 1.0)
+        q = aten.add.Tensor(aten.mul.Tensor(q, q), q)  # enough work to be stored once
+        out = aten._scaled_dot_product_flash_attention_for_cpu.default(q, q, q)
+        return out[0], q
+
+    counters.clear()
+    c = check(fn, x, atol=1e-5, rtol=1e-5)
+    snap = counters.snapshot()
+    assert "output_copies" not in snap and "extern_copies" not in snap, snap
+    assert c(x)[1].stride() == fn(x)[1].stride()

@@ -27,9 +27,9 @@ from kiln.loopir.decompose import run_decomposition
 from kiln.loopir.decompositions import declined_decomposition
 from kiln.loopir.errors import LoweringError, Unlowerable
 from kiln.loopir.ir.buffers import Buffer, InputBuffer
-from kiln.loopir.ir.layout import Layout, layout_of_tensor
+from kiln.loopir.ir.layout import Layout, is_dense, layout_of_tensor
 from kiln.loopir.ir.loops import Pointwise
-from kiln.loopir.ir.strided import as_strided_view, realize_as_tensor
+from kiln.loopir.ir.strided import as_strided_view, realize_as_tensor, realize_like
 from kiln.loopir.ir.views import StorageBox, TensorBox, pointwise_copy
 from kiln.loopir.kernel import SEEDS
 from kiln.loopir.lowering.fallback import fallback
@@ -69,6 +69,7 @@ class GraphLowering:
         self.seed_count = 0
         self.current_meta: Any = None
         self.current_op: Any = None
+        self.layout_hints: dict[int, Any] = {}
         self._ids = itertools.count()
         self._const_ids = itertools.count()
 
@@ -123,6 +124,9 @@ class GraphLowering:
                     env[node] = self.add_constant(getattr(self.gm, node.target))
                 elif node.op == "call_function":
                     args, kwargs = torch.fx.map_arg((node.args, node.kwargs), env.__getitem__)
+                    self.layout_hints = {
+                        id(env[n]): n.meta.get("val") for n in node.all_input_nodes
+                    }
                     env[node] = self._call(node, args, kwargs)
                 elif node.op == "output":
                     self._output(torch.fx.map_arg(node.args[0], env.__getitem__), node)
@@ -148,7 +152,7 @@ class GraphLowering:
         if meta is None:
             meta = self.meta_of(node.target, args, kwargs)
         result = self.lower(node.target, args, kwargs, meta)
-        self._maybe_realize(result, len(node.users))
+        self._maybe_realize(result, len(node.users), meta)
         return result
 
     def lower(self, op: Any, args: Any, kwargs: Any, meta: Any) -> Any:
@@ -172,6 +176,11 @@ class GraphLowering:
         finally:
             self.current_meta, self.current_op = saved
 
+    def layout_hint(self, value: Any) -> Any:
+        """The traced value (a meta tensor) of an argument of the node being lowered, or
+        None: extern calls realize their inputs with eager's strides where they may."""
+        return self.layout_hints.get(id(value))
+
     def meta_of(self, op: Any, args: Any, kwargs: Any) -> Any:
         """Run ``op`` on meta tensors shaped like the IR arguments."""
 
@@ -185,8 +194,12 @@ class GraphLowering:
         return op(*margs, **mkwargs)
 
     # -- realization ----------------------------------------------------------
-    def _maybe_realize(self, result: Any, users: int) -> None:
-        for value in pytree.tree_leaves(result):
+    def _maybe_realize(self, result: Any, users: int, meta: Any) -> None:
+        values = pytree.tree_leaves(result)
+        metas = pytree.tree_leaves(meta) if meta is not None else []
+        if len(metas) != len(values):
+            metas = [None] * len(values)
+        for value, traced in zip(values, metas, strict=True):
             if not isinstance(value, TensorBox):
                 continue
             box = value.storage()
@@ -196,6 +209,7 @@ class GraphLowering:
                 continue  # inlined once: nothing is duplicated
             ops_count = _op_count(box.data)
             if ops_count * (users - 1) > REALIZE_DUPLICATED_OPS or ops_count > REALIZE_MAX_OPS:
+                realize_like(value, traced)
                 box.realize()
 
     def _output(self, value: Any, node: torch.fx.Node) -> None:
@@ -215,7 +229,7 @@ class GraphLowering:
         box = value.data
         if isinstance(box, StorageBox) and isinstance(box.data, Pointwise):
             buf = box.realize()
-            if isinstance(meta, torch.Tensor) and _dense(meta):
+            if isinstance(meta, torch.Tensor) and is_dense(meta):
                 stride = tuple(buf.layout.stride)
                 stride = tuple(sympy.Integer(n) for n in meta.stride()) if meta.dim() else stride
                 buf.layout = Layout(buf.layout.device, buf.layout.dtype, buf.layout.size, stride)
@@ -223,7 +237,7 @@ class GraphLowering:
         found = as_strided_view(value)
         if found is not None and _strides_match(found.layout, meta):
             return found
-        if not isinstance(meta, torch.Tensor) or not _dense(meta):
+        if not isinstance(meta, torch.Tensor) or not is_dense(meta):
             return found if found is not None else realize_as_tensor(value, "output")
         # a later graph (the backward reading saved tensors) was traced with the
         # meta's strides: an extern result or a view laid out otherwise is copied
@@ -245,19 +259,6 @@ def _strides_match(layout: Layout, meta: Any) -> bool:
         n == 1 or s == want
         for n, s, want in zip(meta.shape, layout.stride, meta.stride(), strict=True)
     )
-
-
-def _dense(t: torch.Tensor) -> bool:
-    """Non-overlapping and dense: some permutation of a contiguous layout."""
-    dims = sorted(range(t.dim()), key=lambda d: (t.stride(d), t.shape[d]))
-    expected = 1
-    for d in dims:
-        if t.shape[d] == 1:
-            continue
-        if t.stride(d) != expected:
-            return False
-        expected *= t.shape[d]
-    return True
 
 
 def _op_count(loops: Pointwise) -> int:

@@ -11,7 +11,7 @@ import torch
 from kiln.loopir import sizes
 from kiln.loopir.errors import IRVerificationError
 
-__all__ = ["Layout", "contiguous_layout", "layout_of_tensor"]
+__all__ = ["Layout", "contiguous_layout", "layout_of_tensor", "is_dense"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,3 +89,16 @@ def layout_of_tensor(t: torch.Tensor) -> Layout:
         tuple(sizes.sympify(s) for s in t.shape),
         tuple(sizes.sympify(s) for s in t.stride()),
     )
+
+
+def is_dense(t: torch.Tensor) -> bool:
+    """Non-overlapping and dense: some permutation of a contiguous layout."""
+    dims = sorted(range(t.dim()), key=lambda d: (t.stride(d), t.shape[d]))
+    expected = 1
+    for d in dims:
+        if t.shape[d] == 1:
+            continue
+        if t.stride(d) != expected:
+            return False
+        expected *= t.shape[d]
+    return True

@@ -11,13 +11,15 @@ from __future__ import annotations
 from typing import Any
 
 import sympy
+import torch
 
 from kiln.loopir import sizes
 from kiln.loopir.ir.buffers import Buffer
-from kiln.loopir.ir.layout import Layout
+from kiln.loopir.ir.layout import Layout, is_dense
+from kiln.loopir.ir.loops import Pointwise
 from kiln.loopir.ir.views import ReinterpretView, StorageBox, TensorBox, View, pointwise_copy
 
-__all__ = ["as_strided_view", "realize_as_tensor", "affine_layout"]
+__all__ = ["as_strided_view", "realize_as_tensor", "realize_like", "affine_layout"]
 
 
 def _base_and_index(node: Any, index: list[sympy.Expr]) -> tuple[Buffer, sympy.Expr] | None:
@@ -94,3 +96,23 @@ def realize_as_tensor(x: TensorBox, origin: str) -> Buffer | ReinterpretView:
     storage = copy.storage()
     assert storage is not None
     return storage.realize()
+
+
+def realize_like(x: TensorBox, traced: Any) -> None:
+    """Realize ``x``, a pointwise value not yet stored, with the strides eager gave it.
+
+    ``traced`` is the value's meta tensor. Kernels such as attention lay out their
+    result like their inputs, and later graphs (a backward reading saved tensors)
+    expect the traced strides, so a value stored contiguously where eager's was not
+    would cost a copy later. Does nothing for views, buffers, or non-dense metas.
+    """
+    box = x.data
+    if not (isinstance(box, StorageBox) and isinstance(box.data, Pointwise)):
+        return
+    if not isinstance(traced, torch.Tensor) or not is_dense(traced):
+        return
+    if tuple(traced.shape) != tuple(sizes.static_int(n) for n in x.get_size()):
+        return
+    buf = box.realize()
+    stride = tuple(sizes.sympify(s) for s in traced.stride())
+    buf.layout = Layout(buf.layout.device, buf.layout.dtype, buf.layout.size, stride)

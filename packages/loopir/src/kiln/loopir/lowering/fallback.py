@@ -30,7 +30,7 @@ from kiln.capture import counters
 from kiln.loopir import sizes
 from kiln.loopir.ir.buffers import Buffer, ExternBuffer, MultiOutput
 from kiln.loopir.ir.layout import Layout
-from kiln.loopir.ir.strided import realize_as_tensor
+from kiln.loopir.ir.strided import realize_as_tensor, realize_like
 from kiln.loopir.ir.views import ReinterpretView, StorageBox, TensorBox
 from kiln.loopir.lowering.registry import overloads, register_lowering
 from kiln.loopir.virtualized import V
@@ -117,6 +117,7 @@ def extern_call(op: Any, args: Any, kwargs: Any, *, is_fallback: bool) -> Any:
 
     def realize(x: Any) -> Any:
         if isinstance(x, TensorBox):
+            realize_like(x, V.graph.layout_hint(x))
             return realize_as_tensor(x, f"input of {op}")
         return x
 
