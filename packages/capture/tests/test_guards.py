@@ -63,6 +63,7 @@ def test_module_identity_and_training():
     guards = _guards(m.forward, torch.randn(1, 2))
     g = _by(guards)
     assert g[("L['self']", GuardKind.MODULE_MATCH)] == id(m)
+    assert g[("L['self']", GuardKind.MODULE_TREE)] is m  # guards check under it by the stamp
     # parameters are read from the module's dict, not through Module.__getattr__
     assert ("L['self']._parameters['weight']", GuardKind.TENSOR_MATCH) in g
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from kiln import guards
+from kiln.capture import capture
 from kiln.capture.guard_data import GuardKind, GuardSpec, TensorMeta
 from kiln.capture.source import LocalSource
 from kiln.guards import module_tree, stamps
@@ -327,3 +328,26 @@ def test_top_level_guards_start_at_held_submodules():
     changed(check, model, "L['self'].blocks[0] is a different module")
     guards.config.trust_module_stamps = False
     changed(check, model, "L['self'].blocks[0] is a different module")
+
+
+def test_captured_method_checks_the_same_at_any_depth():
+    """Capture marks argument-rooted modules (``L['self']``) as trees: the check of a compiled
+    ``model.forward`` reads nothing under the model while the stamp stands still."""
+    mains = []
+    for depth in (4, 40):
+        model = Net(depth)
+        x = torch.randn(2, 4)
+        res = capture(
+            model.forward,
+            (x,),
+            {},
+            compile_graph=lambda gm, ex: gm.forward,
+            wrap_callable=lambda f: f,
+        )
+        check = guards.build_check(res.guards, model.forward)
+        assert check(model, x)
+        mains.append(check.source.partition("# guards protected by the module stamp")[0])
+        model.blocks[1].fc.weight = torch.nn.Parameter(torch.randn(4, 4).double())
+        assert not check(model, x)
+    assert mains[0] == mains[1].replace("== 40)", "== 4)")  # len(self.blocks) differs
+    assert "_parameters" not in mains[0] and "_modules['0']" not in mains[0]

@@ -107,7 +107,9 @@ def dedupe(guards: list[GuardSpec]) -> list[GuardSpec]:
     seen: set[tuple[str, GuardKind, str]] = set()
     out: list[GuardSpec] = []
     for g in guards:
-        key = (str(g.source), g.kind, repr(g.expected))
+        # a module prints its whole tree: compare it by identity
+        expected = str(id(g.expected)) if g.kind is GuardKind.MODULE_TREE else repr(g.expected)
+        key = (str(g.source), g.kind, expected)
         if key not in seen:
             seen.add(key)
             out.append(g)

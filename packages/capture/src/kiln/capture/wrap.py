@@ -86,6 +86,9 @@ def _wrap(out: OutputGraph, obj: Any, source: Source | None) -> Value:
     if isinstance(obj, torch.nn.Module):
         if source is not None:
             out.guard(source, GuardKind.MODULE_MATCH, id(obj))
+            # lets kiln.guards check what is read under it by the module stamp, in O(1)
+            # (nested trees join the enclosing one's group)
+            out.guard(source, GuardKind.MODULE_TREE, obj)
         return ObjectValue(obj, source)
     if isinstance(obj, types.FunctionType):
         if source is not None:
