@@ -49,10 +49,14 @@ def lower_only(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Calla
     )
 
 
-def _run(spec: models.ModelSpec, mode: str) -> dict[str, dict[str, int]]:
+def _run(spec: models.ModelSpec, mode: str, device: str) -> dict[str, dict[str, int]]:
     built = spec.build("cpu")
-    model = built.model
+    model = built.model.to(device)
     model.train(mode == "training")
+    built.args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in built.args)
+    built.kwargs = {
+        k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in built.kwargs.items()
+    }
     kiln.reset()
     counters.clear()
     compiled = kiln.compile(model, backend=lower_only)
@@ -82,6 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "models", nargs="*", help="model or suite names (default: timm huggingface)"
     )
     parser.add_argument("--mode", choices=("inference", "training", "both"), default="both")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (GPU attention kernels)")
     args = parser.parse_args(argv)
     specs = models.select(args.models or ["timm", "huggingface"])
     modes = ("inference", "training") if args.mode == "both" else (args.mode,)
@@ -92,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for mode in modes:
             start = time.perf_counter()
             try:
-                found = _run(spec, mode)
+                found = _run(spec, mode, args.device)
             except Exception as exc:  # report the model, go on
                 print(f"| {spec.name} | {mode} | error: {type(exc).__name__}: {exc} | |")
                 continue

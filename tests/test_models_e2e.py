@@ -27,9 +27,11 @@ def _fresh():
     kiln.reset()
 
 
-def _check(model, args, mode, backend, loss=None):
+def _check(model, args, mode, backend, loss=None, device="cpu"):
     """``model`` compiled against eager on ``args``: outputs, and in training gradients."""
     torch.manual_seed(0)
+    model = model.to(device)
+    args = tuple(a.to(device) for a in args)
     reference = copy.deepcopy(model)
     model.train(mode == "training")
     reference.train(mode == "training")
@@ -133,3 +135,30 @@ def test_convnet_with_pooling(backend, mode):
         "aten.addmm.default",
         "aten.mm.default",
     }
+
+
+CUDA = [
+    pytest.param(
+        "cuda",
+        marks=[
+            pytest.mark.gpu,
+            pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+        ],
+    )
+]
+
+
+@pytest.mark.parametrize("device", CUDA)
+@pytest.mark.parametrize("mode", ["inference", "training"])
+def test_attention_models_on_cuda(device, mode):
+    """Triton kernels around cuBLAS and the fused CUDA attention kernels: their results'
+    planned strides match what the kernels produce (no extern copies)."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    x = torch.randn(10, 3, 32)
+    snap = _check(_Attention(False), (x,), mode, "kiln", device=device)
+    assert "fallback_ops" not in snap
+    kiln.reset()
+    ids = torch.randint(0, 100, (2, 16))
+    snap = _check(_Logits(_gpt2()), (ids,), mode, "kiln", device=device)
+    assert "fallback_ops" not in snap
+    assert any("scaled_dot_product" in k for k in snap["extern_kernels"]), snap["extern_kernels"]
