@@ -87,6 +87,7 @@ def compile_graph(
     backend: Backend | None = None,
     fusion: bool = True,
     options: Mapping[str, Any] | None = None,
+    channels_last: bool | None = None,
 ) -> CompiledGraph:
     """Compile an ATen graph (``meta["val"]`` on its nodes) into a Python callable.
 
@@ -94,11 +95,16 @@ def compile_graph(
     by default each device type's registered backend is used. ``fusion=False`` gives
     every buffer its own kernel (to tell a fusion bug from a lowering bug).
     ``options`` go to each backend's optional ``with_options`` (see
-    :mod:`kiln.loopir.backend`).
+    :mod:`kiln.loopir.backend`). ``channels_last`` forces (True) or forbids (False) NHWC
+    4-D buffers; None decides by :func:`~kiln.loopir.graph.prefers_channels_last`.
     """
     with _pass("lower"):
         graph = GraphLowering(
-            aten_gm, example_inputs, decompositions(), _default_device(aten_gm, example_inputs)
+            aten_gm,
+            example_inputs,
+            decompositions(),
+            _default_device(aten_gm, example_inputs),
+            channels_last=channels_last,
         )
         graph.run()
     with _pass("verify"):

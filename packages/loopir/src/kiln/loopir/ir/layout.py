@@ -11,7 +11,7 @@ import torch
 from kiln.loopir import sizes
 from kiln.loopir.errors import IRVerificationError
 
-__all__ = ["Layout", "contiguous_layout", "layout_of_tensor", "is_dense"]
+__all__ = ["Layout", "contiguous_layout", "channels_last_layout", "layout_of_tensor", "is_dense"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +75,17 @@ def contiguous_layout(
     """A row-major layout for a new buffer."""
     size = tuple(size)
     return Layout(device, dtype, size, tuple(sizes.contiguous_strides(size)), flexible=flexible)
+
+
+def channels_last_layout(
+    device: torch.device, dtype: torch.dtype, size: Sequence[sympy.Expr]
+) -> Layout:
+    """An NHWC layout for a new 4-D buffer (flexible): channels vary fastest."""
+    n, c, h, w = size
+    order = sizes.contiguous_strides([n, h, w, c])  # strides of the NHWC permutation
+    return Layout(
+        device, dtype, tuple(size), (order[0], order[3], order[1], order[2]), flexible=True
+    )
 
 
 def layout_of_tensor(t: torch.Tensor) -> Layout:

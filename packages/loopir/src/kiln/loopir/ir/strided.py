@@ -18,6 +18,7 @@ from kiln.loopir.ir.buffers import Buffer
 from kiln.loopir.ir.layout import Layout, is_dense
 from kiln.loopir.ir.loops import Pointwise
 from kiln.loopir.ir.views import ReinterpretView, StorageBox, TensorBox, View, pointwise_copy
+from kiln.loopir.virtualized import V
 
 __all__ = ["as_strided_view", "realize_as_tensor", "realize_like", "affine_layout"]
 
@@ -111,6 +112,8 @@ def realize_like(x: TensorBox, traced: Any) -> None:
         return
     if not isinstance(traced, torch.Tensor) or not is_dense(traced):
         return
+    if V.graph.channels_last and traced.dim() == 4:
+        return  # the graph keeps 4-D buffers NHWC, whatever eager chose
     if tuple(traced.shape) != tuple(sizes.static_int(n) for n in x.get_size()):
         return
     buf = box.realize()

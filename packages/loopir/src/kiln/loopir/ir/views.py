@@ -18,7 +18,7 @@ import torch
 
 from kiln.loopir import sizes
 from kiln.loopir.ir.buffers import Buffer, ComputedBuffer
-from kiln.loopir.ir.layout import Layout, contiguous_layout
+from kiln.loopir.ir.layout import Layout
 from kiln.loopir.ir.loops import Loops, Pointwise
 from kiln.loopir.virtualized import V, ops
 
@@ -101,7 +101,7 @@ class StorageBox:
         if isinstance(self.data, Buffer):
             return self.data
         loops = self.data
-        layout = contiguous_layout(loops.get_device(), loops.get_dtype(), loops.get_size())
+        layout = V.graph.new_layout(loops.get_device(), loops.get_dtype(), loops.get_size())
         buf = ComputedBuffer(name="", layout=layout, data=loops)
         V.graph.register_buffer(buf)
         self.data = buf

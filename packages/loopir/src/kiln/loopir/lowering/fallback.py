@@ -21,6 +21,7 @@ wrapper's ``as_layout`` safety net never has to copy.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -99,7 +100,7 @@ def _planned_outputs(op: Any, args: Any, kwargs: Any, traced: Any) -> Any:
 
     try:
         margs, mkwargs = pytree.tree_map(to_meta, (args, kwargs))
-        found = op(*margs, **mkwargs)
+        found = _nhwc_if_conv_would_be(op, margs, op(*margs, **mkwargs))
     except Exception as exc:  # no meta kernel, or one stricter than ATen's
         log.debug("no meta result for %s on planned layouts (%s): traced strides", op, exc)
         return traced
@@ -109,6 +110,32 @@ def _planned_outputs(op: Any, args: Any, kwargs: Any, traced: Any) -> Any:
         for f, t in zip(pytree.tree_leaves(found), pytree.tree_leaves(traced), strict=True)
     )
     return found if same else traced
+
+
+_CONVOLUTIONS = ("convolution", "_convolution")
+
+
+def _nhwc(t: torch.Tensor) -> bool:
+    return (
+        t.dim() == 4
+        and t.is_contiguous(memory_format=torch.channels_last)
+        and not (t.is_contiguous())
+    )
+
+
+def _nhwc_if_conv_would_be(op: Any, margs: Sequence[Any], found: Any) -> Any:
+    """A 2-D convolution's result laid out as cuDNN and oneDNN lay it out.
+
+    ATen's meta convolution always answers NCHW, but the real kernels return NHWC
+    when the input or the weight is NHWC (``suggest_memory_format``), as inputs are
+    in graphs that prefer channels-last (``graph.prefers_channels_last``).
+    """
+    name = getattr(getattr(op, "overloadpacket", None), "__name__", "")
+    if name not in _CONVOLUTIONS or not isinstance(found, torch.Tensor) or found.dim() != 4:
+        return found
+    if not (_nhwc(margs[0]) or _nhwc(margs[1])):
+        return found
+    return found.contiguous(memory_format=torch.channels_last)
 
 
 def extern_call(op: Any, args: Any, kwargs: Any, *, is_fallback: bool) -> Any:

@@ -1,0 +1,77 @@
+"""NHWC buffers in graphs with convolutions (the CUDA layout optimisation), checked on CPU
+by forcing it: same values, NHWC intermediates, no copies anywhere."""
+
+import pytest
+import torch
+from loopir_testing import aten_graph, suite_backend, to_meta
+
+from kiln.capture import counters
+from kiln.loopir.graph import prefers_channels_last
+from kiln.loopir.pipeline import compile_graph
+
+aten = torch.ops.aten
+CUDA, CPU = torch.device("cuda"), torch.device("cpu")
+
+
+def conv_net(x, w1, w2, scale, lin):
+    """Stem, pooled block with a residual add, global pool and a classifier."""
+    y = aten.convolution.default(x, w1, None, [2, 2], [1, 1], [1, 1], False, [0, 0], 1)
+    y = aten.relu.default(aten.mul.Tensor(y, scale))
+    y = aten.max_pool2d_with_indices.default(y, [3, 3], [2, 2], [1, 1])[0]
+    z = aten.convolution.default(y, w2, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    z = aten.relu.default(aten.add.Tensor(z, y))
+    pooled = aten.mean.dim(z, [2, 3])
+    return (aten.mm.default(pooled, lin),)
+
+
+def conv_net_features(x, w1, w2, scale, lin):
+    """The same net returning its last feature map (NCHW, like a saved activation)."""
+    y = aten.convolution.default(x, w1, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    return (aten.relu.default(y),)
+
+
+def _inputs():
+    return (
+        torch.randn(2, 3, 16, 16),
+        torch.randn(8, 3, 3, 3),
+        torch.randn(8, 8, 3, 3),
+        torch.randn(1, 8, 1, 1),
+        torch.randn(8, 5),
+    )
+
+
+@pytest.mark.parametrize(
+    ("fn", "device", "want"),
+    [(conv_net, CUDA, True), (conv_net, CPU, False), (conv_net_features, CUDA, False)],
+    ids=["cuda", "cpu", "nchw-output"],
+)
+def test_which_graphs_prefer_channels_last(fn, device, want):
+    assert prefers_channels_last(aten_graph(fn, *_inputs()), device) is want
+
+
+def test_no_convolution_no_channels_last():
+    gm = aten_graph(lambda x: (aten.relu.default(x),), torch.randn(2, 3, 4, 4))
+    assert prefers_channels_last(gm, CUDA) is False
+
+
+def test_forced_channels_last_matches_eager_with_nhwc_buffers_and_no_copies():
+    counters.clear()
+    inputs = _inputs()
+    gm = aten_graph(conv_net, *inputs)
+    compiled = compile_graph(
+        gm, [to_meta(t) for t in inputs], backend=suite_backend(), channels_last=True
+    )
+    torch.testing.assert_close(compiled(*inputs), conv_net(*inputs), atol=1e-4, rtol=1e-4)
+    four_d = [
+        s.group.buffers[n]
+        for s in compiled.steps
+        if hasattr(s, "group")
+        for n in s.group.outputs
+        if len(s.group.buffers[n].size) == 4
+    ]
+    assert four_d
+    for layout in four_d:
+        n, c, h, w = (int(v) for v in layout.size)
+        assert tuple(int(v) for v in layout.stride) == (h * w * c, 1, w * c, c)
+    snapshot = counters.snapshot()
+    assert "extern_copies" not in snapshot and "output_copies" not in snapshot
