@@ -224,3 +224,15 @@ def test_repeated_launches_and_unaligned_pointers():
     src, dst = base[1:], torch.empty(1000, device="cuda")  # a 4-byte-aligned pointer
     launcher(src, dst)
     torch.testing.assert_close(dst, src.sin())
+
+
+def test_direct_launch_respecialises_on_pointer_alignment():
+    """Binaries launched without the JIT are kept per 16-byte alignment of the pointers:
+    a misaligned view gets its own (a kernel compiled for aligned loads would misread it)."""
+    x = _cuda(1025)
+    compiled = compile_fn(lambda t: (aten.mul.Tensor(aten.sin.default(t), 2.0),), x[:1024])
+    aligned, shifted = x[:1024], x[1:]
+    for t in (aligned, shifted, aligned, shifted):
+        torch.testing.assert_close(compiled(t)[0], t.sin() * 2)
+    (launcher,) = [s.code.fn for s in compiled.steps if isinstance(s, KernelStep)]
+    assert len(launcher._binaries) == 2

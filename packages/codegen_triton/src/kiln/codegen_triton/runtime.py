@@ -21,6 +21,7 @@ import torch
 from kiln.codegen_triton.autotune import Autotuner, Config
 from kiln.codegen_triton.compile_pool import compile_pool
 from kiln.codegen_triton.kernel import KernelSource
+from kiln.codegen_triton.mathlib import INTERPRET
 from kiln.codegen_triton.module_cache import load_module
 
 __all__ = ["TritonLauncher"]
@@ -49,6 +50,7 @@ class TritonLauncher:
         self.tuner = Autotuner(ks.source, configs, cache_dir, written_pos)
         self.fn: Any = None
         self.warming: list[concurrent.futures.Future[None]] = []
+        self._binaries: dict[tuple[Any, ...], Any] = {}
 
     def start_parallel_compile(self, dtypes: Sequence[torch.dtype], workers: int) -> None:
         """Begin compiling every candidate config, one worker job each (GPU only)."""
@@ -78,11 +80,25 @@ class TritonLauncher:
         return self.fn
 
     def run(self, cfg: Config, tensors: Sequence[Any]) -> None:
-        # A direct launch of the compiled binary (skipping the JIT's dispatch) was
-        # measured on H100: no gain per graph call, so the plain JIT path stays.
-        self._kernel()[cfg.grid(self.ks)](
+        """Launch with ``cfg``: the binary directly once the JIT has compiled it.
+
+        Triton's JIT re-binds and re-specialises every argument on each launch (about
+        60 us on the H100's host, and resnet50 launches 49 kernels a call, so the GPU
+        waited on Python). The specialisation that can change between calls of one
+        graph is a pointer's 16-byte alignment (sizes and dtypes are static), so the
+        compiled kernel is kept per config and alignment pattern and launched as is.
+        """
+        key = (cfg, *[t.data_ptr() % 16 == 0 for t in tensors])
+        runner = self._binaries.get(key)
+        if runner is not None:
+            runner(*tensors, *self.scalars, *cfg.constexprs(self.ks.kind).values())
+            return
+        grid = cfg.grid(self.ks)
+        compiled = self._kernel()[grid](
             *tensors, *self.scalars, num_warps=cfg.num_warps, **cfg.constexprs(self.ks.kind)
         )
+        if not INTERPRET and compiled is not None:  # the interpreter compiles nothing
+            self._binaries[key] = compiled[(*grid, 1, 1)[:3]]
 
     def __call__(self, *args: torch.Tensor) -> None:
         if self.ks.numel == 0:
