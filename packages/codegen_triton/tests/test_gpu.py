@@ -235,4 +235,5 @@ def test_direct_launch_respecialises_on_pointer_alignment():
     for t in (aligned, shifted, aligned, shifted):
         torch.testing.assert_close(compiled(t)[0], t.sin() * 2)
     (launcher,) = [s.code.fn for s in compiled.steps if isinstance(s, KernelStep)]
-    assert len(launcher._binaries) == 2
+    # keys: (config, input aligned, output aligned); autotuning adds other configs' entries
+    assert {key[1:] for key in launcher._binaries} == {(True, True), (False, True)}
