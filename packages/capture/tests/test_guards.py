@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 import torch
 from torch import nn
 
@@ -14,6 +17,7 @@ from kiln.capture import (
     TensorMeta,
     capture,
 )
+from kiln.capture.source import root_of
 
 SCALE = 2
 
@@ -164,3 +168,47 @@ def test_inlined_hooks_are_pinned_by_their_handles():
 
     g = _by(_guards(Outer().forward, torch.randn(1, 2)))
     assert g[("L['self']._modules['inner']._forward_hooks", GuardKind.DICT_KEYS)] == (handle.id,)
+
+
+def _decorated(func):
+    """A ``functools.wraps`` decorator passing everything through (transformers' ``forward``s)."""
+
+    @functools.wraps(func)
+    def wrapper(self, *args, **kwargs):
+        return func(self, *args, **kwargs) * 2
+
+    return wrapper
+
+
+class _Decorated(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    @_decorated
+    def forward(self, input_ids=None, scale=1.0):
+        return self.fc(input_ids) * scale
+
+
+def test_a_decorated_frame_binds_its_own_parameters_not_the_wrapped_ones(check):
+    m = _Decorated()
+    x = torch.randn(3, 4)
+    assert list(inspect.signature(m.forward).parameters) == ["input_ids", "scale"]
+    result = check(m.forward, (x,), {"scale": 3.0})
+    g = _by(result.guards)
+    assert g[("L['args'][0]", GuardKind.TENSOR_MATCH)] == TensorMeta.of(x)
+    assert g[("L['args']", GuardKind.SEQUENCE_LENGTH)] == 1
+    assert g[("L['kwargs']", GuardKind.DICT_KEYS)] == ("scale",)
+    # Only the wrapper's own parameters are locals (guards can bind nothing else).
+    roots = {str(root_of(s.source)) for s in result.guards if s.source is not None}
+    assert {r for r in roots if r.startswith("L[")} == {"L['self']", "L['args']", "L['kwargs']"}
+    torch.testing.assert_close(result.function(x, scale=3.0), m(x, scale=3.0))
+
+
+def test_an_assigned_signature_does_not_change_how_a_frame_binds(check):
+    def fn(*args, **kwargs):
+        return args[0] + kwargs["y"]
+
+    fn.__signature__ = inspect.signature(lambda x, y=None: None)  # type: ignore[attr-defined]
+    result = check(fn, (torch.randn(2),), {"y": torch.randn(2)})
+    assert {str(g.source) for g in result.guards} >= {"L['args'][0]", "L['kwargs']['y']"}

@@ -5,10 +5,14 @@ Every case also asserts that ``failure_reason`` agrees with the generated functi
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 import pytest
 import torch
 
 from kiln import guards
+from kiln.capture import capture
 from kiln.capture.guard_data import GlobalState, GuardKind, GuardSpec, TensorMeta
 from kiln.capture.source import AttrSource, ClosureSource, GlobalSource, ItemSource, LocalSource
 
@@ -341,3 +345,73 @@ def test_generated_check_and_failure_reason_always_agree():
         assert check(*args) is (check.failure_reason(*args) is None), args
         agreed += 1
     assert agreed == 300
+
+
+def _passes_through(func):
+    """A ``functools.wraps`` decorator, as transformers puts on ``forward`` (can_return_tuple)."""
+
+    @functools.wraps(func)
+    def wrapper(self, *args, **kwargs):
+        return func(self, *args, **kwargs)
+
+    return wrapper
+
+
+class _Decorated(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    @_passes_through
+    def forward(self, input_ids=None, scale=1.0):
+        return self.fc(input_ids) * scale
+
+
+def test_a_decorated_function_is_checked_with_its_own_parameters():
+    # inspect.signature follows __wrapped__ to (self, input_ids=None, scale=1.0); the frame
+    # binds (self, *args, **kwargs), and so must the check.
+    x = torch.randn(3, 4)
+    wrapper = _Decorated.forward
+    check = guards.build_check(
+        [
+            GuardSpec(LocalSource("args"), GuardKind.SEQUENCE_LENGTH, 0),
+            GuardSpec(LocalSource("kwargs"), GuardKind.DICT_KEYS, ("input_ids",)),
+            GuardSpec(ItemSource(LocalSource("kwargs"), "input_ids"), GuardKind.TENSOR_MATCH,
+                      TensorMeta.of(x)),
+        ],
+        wrapper,
+    )  # fmt: skip
+    assert "def forward(self, *args, **kwargs):" in check.source
+    assert_passes(check, None, input_ids=x)
+    assert_fails(check, "size mismatch", None, input_ids=torch.randn(5, 4))
+    assert_fails(check, "len(L['args'])", None, x)
+    assert_fails(check, "keys changed", None, input_ids=x, scale=2.0)
+
+
+def test_an_assigned_signature_does_not_change_the_checks_parameters():
+    def fn(a, *rest, k=3):
+        return a
+
+    fn.__signature__ = inspect.signature(lambda x, y: None)  # type: ignore[attr-defined]
+    check = guards.build_check([GuardSpec(LocalSource("k"), GuardKind.EQUALS, 3)], fn)
+    assert "def fn(a, *rest, k=" in check.source
+    assert_passes(check, 1, 2, 3)
+    assert_fails(check, "L['k'] changed", 1, k=4)
+
+
+def test_a_captured_decorated_forward_gets_a_working_check():
+    # hf_bart: the frontend captures a module's decorated forward on its own (after a graph
+    # break, or through its trampoline) and builds the check for that very function.
+    m = _Decorated()
+    x = torch.randn(3, 4)
+    result = capture(
+        m.forward, (), {"input_ids": x}, compile_graph=lambda gm, ex: gm.forward,
+        wrap_callable=lambda f: f,
+    )  # fmt: skip
+    assert len(result.graphs) == 1
+    check = guards.build_check(result.guards, m.forward)
+    assert_passes(check, m, input_ids=x)
+    assert_passes(check, m, input_ids=torch.randn(3, 4))
+    assert_fails(check, "size mismatch", m, input_ids=torch.randn(2, 4))
+    assert_fails(check, "L['args']", m, x)
+    torch.testing.assert_close(result.function(input_ids=x), m(input_ids=x))

@@ -2,16 +2,32 @@
 
 from __future__ import annotations
 
+import inspect
 import types
 
 from kiln.capture.break_reasons import unsupported
 from kiln.capture.values.base import ConstantValue, Value
 from kiln.capture.values.containers import DictValue, TupleValue
 
-__all__ = ["bind_arguments"]
+__all__ = ["bind_arguments", "code_signature"]
 
 CO_VARARGS = 0x04
 CO_VARKEYWORDS = 0x08
+
+
+def code_signature(fn: types.FunctionType) -> inspect.Signature:
+    """The parameters CPython binds a call of ``fn`` to: its code object's, with its own defaults.
+
+    ``inspect.signature(fn)`` reports what ``fn`` advertises instead: the wrapped function's
+    signature when ``functools.wraps`` set ``__wrapped__`` (a decorator's ``wrapper(self, *args,
+    **kwargs)`` reads as the original ``forward(self, input_ids=None, ...)``), or a
+    ``__signature__`` someone assigned. Frames, sources and guards are about the code that runs.
+    """
+    bare = types.FunctionType(
+        fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__
+    )
+    bare.__kwdefaults__ = fn.__kwdefaults__
+    return inspect.signature(bare)
 
 
 def _type_error(code: types.CodeType, what: str) -> Exception:

@@ -13,7 +13,6 @@ caller runs the frame eagerly.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import logging
 import time
 import types
@@ -24,6 +23,7 @@ import torch
 from torch import fx
 
 from kiln.capture import counters
+from kiln.capture.binding import code_signature
 from kiln.capture.break_reasons import unsupported
 from kiln.capture.break_tracer import BreakTracer
 from kiln.capture.bytecode.format import log_code
@@ -104,7 +104,7 @@ def trace_frame(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Trace
     out = OutputGraph()
     try:
         try:
-            bound = inspect.signature(func, follow_wrapped=False).bind(*args, **kwargs)
+            bound = code_signature(func).bind(*args, **kwargs)
         except TypeError as e:
             raise unsupported("user_exception", f"TypeError: {e}") from e
         bound.apply_defaults()

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from kiln.capture import artifacts
+from kiln.capture.binding import code_signature
 from kiln.capture.guard_data import GuardKind, GuardSpec
 from kiln.capture.source import LocalSource
 from kiln.guards import codegen, explain, frame, plan
@@ -52,7 +53,7 @@ class GuardCheck:
         self.source = source
         self.guards = guards  # in evaluation order, after dedup
         self.target = target
-        self.signature = inspect.signature(target)
+        self.signature = code_signature(target)
 
     def __call__(self, *args: Any, **kwargs: Any) -> bool:
         """Whether every guard holds; arguments that cannot bind raise TypeError as ``fn`` would."""

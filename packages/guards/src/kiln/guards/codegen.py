@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from kiln.capture.binding import code_signature
 from kiln.capture.guard_data import GlobalState, GuardKind, GuardSpec, TensorMeta
 from kiln.capture.source import (
     AttrSource,
@@ -56,7 +57,7 @@ def _signature_text(fn: types.FunctionType, prefix: str) -> str:
     parts: list[str] = []
     kinds = inspect.Parameter
     seen_star = False
-    params = list(inspect.signature(fn).parameters.values())
+    params = list(code_signature(fn).parameters.values())
     for i, p in enumerate(params):
         if p.kind is kinds.VAR_POSITIONAL:
             parts.append(f"*{p.name}")
@@ -80,7 +81,7 @@ class CheckSource:
 
     def __init__(self, fn: types.FunctionType) -> None:
         self.fn = fn
-        params = inspect.signature(fn).parameters
+        params = code_signature(fn).parameters
         self.params = set(params)
         self.varkw = {n for n, p in params.items() if p.kind is p.VAR_KEYWORD}
         prefix = "___"
@@ -145,7 +146,7 @@ class CheckSource:
             fn = self.bind(self.fn, "fn")
             if source.kwonly:
                 return f"{fn}.__kwdefaults__[{source.name!r}]"
-            names = list(inspect.signature(self.fn).parameters)
+            names = list(code_signature(self.fn).parameters)
             positional = self.fn.__code__.co_argcount
             index = names.index(source.name) - (positional - len(self.fn.__defaults__ or ()))
             return f"{fn}.__defaults__[{index}]"

@@ -11,6 +11,7 @@ import inspect
 import types
 from typing import Any
 
+from kiln.capture.binding import code_signature
 from kiln.capture.source import (
     AttrSource,
     ClosureSource,
@@ -35,7 +36,8 @@ def default_of(fn: Any, name: str, kwonly: bool) -> Any:
     """The default of parameter ``name`` of ``fn``."""
     if kwonly:
         return fn.__kwdefaults__[name]
-    return inspect.signature(fn).parameters[name].default
+    sig = code_signature(fn) if isinstance(fn, types.FunctionType) else inspect.signature(fn)
+    return sig.parameters[name].default
 
 
 def frame_free(source: Source) -> bool:
