@@ -579,6 +579,44 @@ def _raises_after_numpy(v):
     raise KeyError(n)
 
 
+def _finally_wrapper(func):
+    """A decorator calling ``func(*args, **kwargs)`` inside try/finally (transformers'
+    ``merge_with_config_defaults``): a break inside ``func`` must not leave it uncompiled."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        STATE["count"] += 1
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            STATE["count"] -= 1
+        return out
+
+    return wrapper
+
+
+@_finally_wrapper
+def _breaks_inside_finally(x, *, k=1.0):
+    y = x.cos() * k
+    if y.sum() > 0:
+        return y + 1
+    return y - 1
+
+
+def try_finally_star_call(x):
+    return _breaks_inside_finally(x.sin(), k=2.0) * 3
+
+
+def try_star_call_raises(x):
+    y = x.sin()
+    args, kwargs = (y,), {}
+    try:
+        z = _raises_after_numpy(*args, **kwargs)
+    except KeyError:
+        z = y * 2
+    return z
+
+
 def break_after_try(x):
     try:
         y = x.exp()
@@ -1351,6 +1389,8 @@ CASES: list[tuple[Callable[..., Any], Callable[[], tuple[Any, ...]]]] = [
     (try_item_else, lambda: (r(3),)),
     (try_truth_raises, lambda: (r(3),)),
     (try_user_function_raises, lambda: (r(3),)),
+    (try_finally_star_call, lambda: (r(3),)),
+    (try_star_call_raises, lambda: (r(3),)),
     (break_after_try, lambda: (r(3),)),
     (except_body_breaks, lambda: (r(3),)),
     (list_append_then_break, lambda: ([r(2)], r(2))),
@@ -1523,6 +1563,8 @@ GRAPHS: dict[str, int] = {
     "try_item_else": 2,
     "try_truth_raises": 1,
     "try_user_function_raises": 1,
+    "try_finally_star_call": 4,
+    "try_star_call_raises": 1,
     "break_after_try": 2,
     "except_body_breaks": 0,
     "list_append_then_break": 1,

@@ -121,7 +121,7 @@ _RAISING_JUMPS = frozenset(name for name, test in _JUMPS_IF.items() if "None" no
 
 
 def _raising_stack(state: BreakState, w: _Writer) -> list[Value] | None:
-    """The stack to run a CALL or truth test again with, so that it raises ``__kiln_exc``.
+    """The stack to run a call or truth test again with, so that it raises ``__kiln_exc``.
 
     None for other instructions (they run in an uncompiled continuation).
     """
@@ -132,7 +132,14 @@ def _raising_stack(state: BreakState, w: _Writer) -> list[Value] | None:
         at = len(stack) - parts[0]
         stack[at + 1 if stack[at] is NULL else at] = raiser
         return stack
-    if state.instruction.opname in _RAISING_JUMPS:
+    ins = state.instruction
+    if ins.opname == "CALL_FUNCTION_EX":
+        n = 4 if (ins.arg or 0) & 1 else 3
+        if len(stack) >= n and stack[-n] is NULL:
+            stack[-n + 1] = raiser  # f(*args, **kwargs): ``func`` is compiled on its own
+            return stack
+        return None
+    if ins.opname in _RAISING_JUMPS:
         stack[-1] = raiser
         return stack
     return None
