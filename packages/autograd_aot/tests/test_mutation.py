@@ -24,6 +24,29 @@ def test_functional_variants():
     assert is_view(aten.t.default) and not is_view(aten.add_.Tensor)
 
 
+def test_functional_variant_matches_argument_types():
+    # fill_.Tensor and fill.Scalar both take (self, value): the types choose the overload
+    assert functional_variant(aten.fill_.Tensor).op is aten.fill.Tensor
+    assert functional_variant(aten.fill_.Scalar).op is aten.fill.Scalar
+    assert functional_variant(aten.masked_fill_.Tensor).op is aten.masked_fill.Tensor
+
+
+def test_tensor_assigned_into_a_slice():
+    """BART's ``shift_tokens_right``: ``new[:, 0] = start`` with a 0-d tensor (``fill_.Tensor``)."""
+
+    def fn(ids, start):
+        shifted = ids.new_zeros(ids.shape)
+        shifted[:, 1:] = ids[:, :-1].clone()
+        shifted[:, 0] = start
+        return shifted * 1
+
+    ids, start = torch.randint(0, 50, (3, 7)), torch.tensor(5)
+    gm = trace_aten(fn, [ids, start], {})
+    _no_mutations(gm)
+    (got,) = gm(ids, start)
+    torch.testing.assert_close(got, fn(ids, start))
+
+
 def test_view_mutation_updates_base_and_aliases():
     def fn(x):
         z = x * 1

@@ -1144,6 +1144,15 @@ def module_star_call(m, *args):
     return m(*args)
 
 
+def _biased_linear() -> torch.nn.Module:
+    """A Linear whose outputs are positive on any N(0, 1) input, so ``module_branch`` always
+    takes (and compiles) the same side; random weights made its graph count flaky."""
+    m = torch.nn.Linear(3, 3)
+    with torch.no_grad():
+        m.bias.fill_(10.0)
+    return m
+
+
 def module_branch(m, x):
     y = m(x)
     if y.mean() > 0:
@@ -1457,7 +1466,7 @@ CASES: list[tuple[Callable[..., Any], Callable[[], tuple[Any, ...]]]] = [
     (break_at_return, lambda: (r(2),)),
     (repeated_break_same_line, lambda: (r(2),)),
     (method_break, lambda: (PrintModule(), r(2, 4))),
-    (module_branch, lambda: (torch.nn.Linear(3, 3), r(2, 3))),
+    (module_branch, lambda: (_biased_linear(), r(2, 3))),
     (module_breaks_inside, lambda: (BranchyModule(), r(2, 4))),
     (module_star_call, lambda: (BranchyModule(), r(2, 4))),
     (kwargs_call_break, lambda: (r(2),)),

@@ -136,16 +136,16 @@ def functional_variant(func: Any) -> Functional:
     written = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
     name = func.overloadpacket.__name__
     if name.endswith("_") and written[0].name == "self":
-        found = _overload_with_args(name[:-1], [a.name for a in schema.arguments])
+        found = _overload_with_args(name[:-1], _params(schema.arguments))
         if found is not None:
             return Functional(found)
     if all(a.kwarg_only for a in written):
         drop = tuple(a.name for a in written)
-        keep = [a.name for a in schema.arguments if a.name not in drop]
+        keep = _params([a for a in schema.arguments if a.name not in drop])
         found = _overload_with_args(name, keep)
         if found is not None:
             return Functional(found, drop)
-    all_args = [a.name for a in schema.arguments]
+    all_args = _params(schema.arguments)
     found = _overload_with_args(f"{name}_functional", all_args)
     if found is not None:
         return Functional(found, appends_values=True)
@@ -157,13 +157,19 @@ def functional_variant(func: Any) -> Functional:
     raise UnsupportedMutation(msg)
 
 
-def _overload_with_args(packet_name: str, names: list[str]) -> Any:
+def _params(arguments: Any) -> list[tuple[str, str]]:
+    """Names and types: ``fill_.Tensor`` must find ``fill.Tensor``, not ``fill.Scalar``
+    (both name their arguments ``self, value``)."""
+    return [(a.name, str(a.type)) for a in arguments]
+
+
+def _overload_with_args(packet_name: str, params: list[tuple[str, str]]) -> Any:
     packet = getattr(aten, packet_name, None)
     if packet is None:
         return None
     for overload in packet.overloads():
         cand = getattr(packet, overload)
-        if not is_mutation(cand) and [a.name for a in cand._schema.arguments] == names:
+        if not is_mutation(cand) and _params(cand._schema.arguments) == params:
             return cand
     return None
 
