@@ -38,7 +38,7 @@ from kiln.loopir.ir.loops import Pointwise
 from kiln.loopir.ir.strided import as_strided_view, realize_as_tensor, realize_like
 from kiln.loopir.ir.views import StorageBox, TensorBox, pointwise_copy
 from kiln.loopir.kernel import SEEDS
-from kiln.loopir.lowering.fallback import fallback
+from kiln.loopir.lowering.fallback import fallback, is_convolution
 from kiln.loopir.lowering.registry import LOWERINGS
 from kiln.loopir.virtualized import V, set_ops_handler
 
@@ -289,9 +289,6 @@ def _op_count(loops: Pointwise) -> int:
     return handler.compute_ops()
 
 
-_CONVOLUTIONS = (torch.ops.aten.convolution.default, torch.ops.aten._convolution.default)
-
-
 def prefers_channels_last(gm: torch.fx.GraphModule, device: torch.device) -> bool:
     """Whether the graph's 4-D buffers should be NHWC (Inductor's layout optimisation).
 
@@ -303,7 +300,7 @@ def prefers_channels_last(gm: torch.fx.GraphModule, device: torch.device) -> boo
     if device.type != "cuda":
         return False
     nodes = list(gm.graph.nodes)
-    convs = [n for n in nodes if n.target in _CONVOLUTIONS and _dim(n) == 4]
+    convs = [n for n in nodes if is_convolution(n.target) and _dim(n) == 4]
     if not convs:
         return False
     outputs = [n for n in nodes if n.op == "output"]

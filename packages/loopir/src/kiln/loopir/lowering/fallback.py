@@ -36,7 +36,7 @@ from kiln.loopir.ir.views import ReinterpretView, StorageBox, TensorBox
 from kiln.loopir.lowering.registry import overloads, register_lowering
 from kiln.loopir.virtualized import V
 
-__all__ = ["fallback", "extern_call", "VENDOR_KERNELS", "is_vendor_kernel"]
+__all__ = ["fallback", "extern_call", "VENDOR_KERNELS", "is_vendor_kernel", "is_convolution"]
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,10 @@ def _planned_outputs(op: Any, args: Any, kwargs: Any, traced: Any) -> Any:
     return found if same else traced
 
 
-_CONVOLUTIONS = ("convolution", "_convolution")
+def is_convolution(op: Any) -> bool:
+    """Whether ``op`` is ATen's (forward) convolution, whichever overload."""
+    name = getattr(getattr(op, "overloadpacket", None), "__name__", "")
+    return name in ("convolution", "_convolution")
 
 
 def _nhwc(t: torch.Tensor) -> bool:
@@ -130,8 +133,7 @@ def _nhwc_if_conv_would_be(op: Any, margs: Sequence[Any], found: Any) -> Any:
     when the input or the weight is NHWC (``suggest_memory_format``), as inputs are
     in graphs that prefer channels-last (``graph.prefers_channels_last``).
     """
-    name = getattr(getattr(op, "overloadpacket", None), "__name__", "")
-    if name not in _CONVOLUTIONS or not isinstance(found, torch.Tensor) or found.dim() != 4:
+    if not is_convolution(op) or not isinstance(found, torch.Tensor) or found.dim() != 4:
         return found
     if not (_nhwc(margs[0]) or _nhwc(margs[1])):
         return found
