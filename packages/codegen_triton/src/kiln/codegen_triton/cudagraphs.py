@@ -106,9 +106,10 @@ class CudaGraphRunner:
         self._record(inputs)
 
     def _record(self, inputs: Sequence[torch.Tensor]) -> None:
-        self.static_inputs = [t if _in_place(t) else t.clone() for t in inputs]
-        self._copied = [i for i, t in enumerate(inputs) if not _in_place(t)]
-        self._kept = [i for i, t in enumerate(inputs) if _in_place(t)]
+        kept = [_in_place(t) for t in inputs]
+        self.static_inputs = [t if k else t.clone() for t, k in zip(inputs, kept, strict=True)]
+        self._copied = [i for i, k in enumerate(kept) if not k]
+        self._kept = [i for i, k in enumerate(kept) if k]
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):

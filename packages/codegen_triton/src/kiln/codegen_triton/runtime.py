@@ -89,16 +89,18 @@ class TritonLauncher:
         compiled kernel is kept per config and alignment pattern and launched as is.
         """
         key = (cfg, *[t.data_ptr() % 16 == 0 for t in tensors])
-        runner = self._binaries.get(key)
-        if runner is not None:
-            runner(*tensors, *self.scalars, *cfg.constexprs(self.ks.kind).values())
+        found = self._binaries.get(key)
+        if found is not None:
+            runner, trailing = found
+            runner(*tensors, *trailing)
             return
         grid = cfg.grid(self.ks)
         compiled = self._kernel()[grid](
             *tensors, *self.scalars, num_warps=cfg.num_warps, **cfg.constexprs(self.ks.kind)
         )
         if not INTERPRET and compiled is not None:  # the interpreter compiles nothing
-            self._binaries[key] = compiled[(*grid, 1, 1)[:3]]
+            trailing = (*self.scalars, *cfg.constexprs(self.ks.kind).values())
+            self._binaries[key] = (compiled[(*grid, 1, 1)[:3]], trailing)
 
     def __call__(self, *args: torch.Tensor) -> None:
         if self.ks.numel == 0:
