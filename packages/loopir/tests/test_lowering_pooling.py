@@ -179,3 +179,20 @@ def test_global_average_pool_is_one_reduction():
         compiled = check(fn, x, **_tol(torch.float32))
     nodes = [n for s in compiled.steps for n in getattr(s, "group", None).nodes]
     assert sum(isinstance(n.buffer.data, Reduction) for n in nodes) == 1
+
+
+def test_pooled_values_read_by_many_consumers_are_stored_once():
+    """A max pool feeding several concatenations (DenseNet's stem) is computed once,
+    not re-run window by window inside every consumer."""
+    x = torch.randn(2, 4, 9, 9)
+
+    def fn(x):
+        pooled = aten.max_pool2d_with_indices.default(x, [3, 3], [2, 2], [1, 1])[0]
+        return tuple(aten.mul.Tensor(pooled, float(k)) for k in range(1, 5))
+
+    compiled = check(fn, x)
+    names = {n.buffer.name for s in compiled.steps for n in getattr(s, "group", None).nodes}
+    window_loads = [
+        n for s in compiled.steps for n in s.group.nodes if "max_pool" in n.buffer.data.origin
+    ]
+    assert len(window_loads) == 1 and len(names) == 5

@@ -4,6 +4,9 @@ import pytest
 import torch
 from loopir_testing import check
 
+from kiln.loopir.ir.buffers import SliceBuffer
+from kiln.loopir.scheduler.order import KernelStep
+
 aten = torch.ops.aten
 
 
@@ -94,6 +97,33 @@ def test_cat_with_empty_and_zero_size():
         return (aten.cat.default([a, e], 0), aten.cat.default([z, a, z], 0))
 
     check(fn, a, e, z)
+
+
+def test_cat_of_many_inputs_fills_windows_of_one_buffer():
+    """More than eight pieces: each is stored into its window of the result, by the
+    kernel that computes it, instead of one loop testing every piece's range."""
+    xs = [torch.randn(4, 3 + k) for k in range(10)]
+    i = torch.randint(0, 9, (4, 2))
+    t = torch.randn(5, 4)
+
+    def fn(i, t, x0, x1, x2, x3, x4, x5, x6, x7, x8, x9):
+        xs = [x0, x1, x2, x3, x4, x5, x6, x7, x8, x9]
+        pieces = [aten.tanh.default(x) for x in xs[:8]]
+        tt = aten.t.default(t)
+        mm = aten.mm.default(tt, t)  # an extern result, copied into its window
+        both = aten.cat.default([*pieces, i, tt, aten.slice.Tensor(mm, 0, 0, 4), x8, x9], 1)
+        firsts = [aten.exp.default(aten.slice.Tensor(x, 1, 0, 3)) for x in xs]
+        stacked = aten.stack.default(firsts, 1)
+        return aten.mul.Tensor(both, 2), stacked, aten.add.Tensor(stacked, 1)
+
+    compiled = check(fn, i, t, *xs)
+    groups = [s.group for s in compiled.steps if isinstance(s, KernelStep)]
+    targets = [
+        [n.buffer.target for n in g.nodes if isinstance(n.buffer, SliceBuffer)] for g in groups
+    ]
+    assert sum(map(len, targets)) == 13 + 10
+    # the stack's ten equal windows are filled by one kernel
+    assert max(t.count(name) for t in targets for name in t) == 10
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bfloat16])

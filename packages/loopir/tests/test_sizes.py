@@ -37,3 +37,16 @@ def test_bounds():
 def test_sympify_and_static():
     assert sizes.sympify(3) == 3 and sizes.static_int(S(4)) == 4
     assert sizes.static_int(sympy.Symbol("s")) is None
+
+
+def test_divisor_factored_past_a_bounded_remainder():
+    """Rows of 56 columns lie inside one block of any multiple of 56 elements."""
+    row, col = sizes.index_symbol("x", 1), sizes.index_symbol("x", 2)
+    ranges = {row: 28672, col: 56}
+    expr = sizes.FloorDiv(56 * row + col, S(802816))
+    assert sizes.simplify_with_ranges(expr, ranges) == sizes.FloorDiv(row, S(14336))
+    mod = sizes.ModularIndexing(56 * row + col, S(3136), S(256))
+    assert sizes.simplify_with_ranges(mod, ranges) == sizes.ModularIndexing(row, S(56), S(256))
+    # a remainder that may reach the divisor's factor keeps the expression
+    wide = sizes.FloorDiv(56 * row + col, S(802816))
+    assert sizes.simplify_with_ranges(wide, {row: 28672, col: 57}) == wide

@@ -282,34 +282,49 @@ class KernelWriter:
 
     def _vector_load(self, name: str, index: sympy.Expr, dtype: torch.dtype) -> str:
         lane_read = self._read(name, self._lane_index(index))
-        if self._mask is not None:
+        plain = self._plain_vector_load(name, index, dtype)
+        if self._mask is None:
+            return plain or self._lanewise_load(lane_read, dtype)
+        if plain is None:
             if dtype == torch.bool:
                 return f"kiln::mask_from_lanes([&](int64_t lane) {{ return {self._mask}.m[lane] && {lane_read}; }})"
-            ctype = compute_ctype(dtype)
-            return f"kiln::masked_lanes<{ctype}>({self._mask}, [&](int64_t lane) {{ return {lane_read}; }})"
+            return f"kiln::masked_lanes<{compute_ctype(dtype)}>({self._mask}, [&](int64_t lane) {{ return {lane_read}; }})"
+        helper = (
+            "kiln::masked_load_mask"
+            if dtype == torch.bool
+            else f"kiln::masked_load<{compute_ctype(dtype)}>"
+        )
+        return f"{helper}({self._mask}, [&] {{ return {plain}; }}, [&](int64_t lane) {{ return {lane_read}; }})"
+
+    def _plain_vector_load(self, name: str, index: sympy.Expr, dtype: torch.dtype) -> str | None:
+        """A broadcast, contiguous or strided vector load, if the index is affine in the lane."""
         access = lane_analysis.lane_access(index, self.vec_var, self.lanes)
-        if access is not None and access.stride == 0:
+        if access is None:
+            return None
+        if access.stride == 0:
             scalar = self._read(name, cpp_index(access.base))
             return (
                 f"kiln::Mask({scalar})"
                 if dtype == torch.bool
                 else f"{vector_ctype(dtype)}({scalar})"
             )
-        if access is not None and access.stride == 1:
-            address = f"{self.pointers[name]} + {cpp_index(access.base)}"
+        address = f"{self.pointers[name]} + {cpp_index(access.base)}"
+        if access.stride == 1:
             if dtype == torch.bfloat16:
                 return f"kiln::load_bf16({address})"
             if dtype == torch.float16:
                 return f"kiln::load_half({address})"
             return f"{vector_ctype(dtype)}::loadu({address})"
-        plain = dtype not in (torch.bool, torch.bfloat16, torch.float16)
-        if access is not None and plain:
-            address = f"{self.pointers[name]} + {cpp_index(access.base)}"
-            return f"{vector_ctype(dtype)}::gather({address}, {cpp_index(access.stride)})"
+        if dtype in (torch.bool, torch.bfloat16, torch.float16):
+            return None
+        return f"{vector_ctype(dtype)}::gather({address}, {cpp_index(access.stride)})"
+
+    def _lanewise_load(self, lane_read: str, dtype: torch.dtype) -> str:
         if dtype == torch.bool:
             return f"kiln::mask_from_lanes([&](int64_t lane) {{ return {lane_read}; }})"
-        ctype = compute_ctype(dtype)
-        return f"kiln::from_lanes<{ctype}>([&](int64_t lane) {{ return {lane_read}; }})"
+        return (
+            f"kiln::from_lanes<{compute_ctype(dtype)}>([&](int64_t lane) {{ return {lane_read}; }})"
+        )
 
     def _to_storage(self, value: str, src: torch.dtype, dtype: torch.dtype) -> str:
         if dtype == torch.bfloat16:

@@ -93,6 +93,13 @@ class GraphLowering:
         self.name_to_buffer[buf.name] = buf
         return buf.name
 
+    def register_storage(self, buf: Buffer) -> str:
+        """Name a buffer that no step computes: kernels of ``SliceBuffer`` s fill it,
+        and the wrapper allocates it before the first of them."""
+        buf.name = f"buf{next(self._ids)}"
+        self.name_to_buffer[buf.name] = buf
+        return buf.name
+
     def add_constant(self, value: torch.Tensor) -> TensorBox:
         """A tensor the graph holds (``get_attr`` or made inside a decomposition)."""
         name = f"const{next(self._const_ids)}"
@@ -166,12 +173,14 @@ class GraphLowering:
         return TensorBox(StorageBox(buf))
 
     def _call(self, node: torch.fx.Node, args: Any, kwargs: Any) -> Any:
-        if node.target is operator.getitem:
-            return args[0][args[1]]
         meta = node.meta.get("val")
-        if meta is None:
-            meta = self.meta_of(node.target, args, kwargs)
-        result = self.lower(node.target, args, kwargs, meta)
+        if node.target is operator.getitem:
+            # one result of a multi-result lowering (max pool's values): its users count
+            result = args[0][args[1]]
+        else:
+            if meta is None:
+                meta = self.meta_of(node.target, args, kwargs)
+            result = self.lower(node.target, args, kwargs, meta)
         self._maybe_realize(result, len(node.users), meta)
         return result
 

@@ -9,6 +9,7 @@ index symbols, and the simplifications the IR relies on.
 from __future__ import annotations
 
 import functools
+import math
 import operator
 from collections.abc import Iterable, Sequence
 
@@ -239,17 +240,45 @@ def _simplify(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sympy.Expr:
         d = static_int(expr.args[1])
         if b is not None and d is not None and b[0] >= 0 and b[1] < d:
             return sympy.S.Zero
-        return expr
+        factored = _factor_divisor(expr.args[0], d, ranges)
+        return expr if factored is None else _simplify(FloorDiv(*factored), ranges)
     if isinstance(expr, ModularIndexing):
         base, div, mod = expr.args
         b = bounds(base, ranges)
         span = static_int(div * mod)
         if b is not None and span is not None and b[0] >= 0 and b[1] < span:
             return _simplify(FloorDiv(base, div), ranges)
-        return expr
+        factored = _factor_divisor(base, static_int(div), ranges)
+        if factored is None:
+            return expr
+        return _simplify(ModularIndexing(*factored, mod), ranges)
     if isinstance(expr, sympy.Add):
         return _merge_digits(expr)
     return expr
+
+
+def _factor_divisor(
+    base: sympy.Expr, divisor: int | None, ranges: dict[sympy.Symbol, int]
+) -> tuple[sympy.Expr, sympy.Expr] | None:
+    """``(base / m - rest, divisor / m)`` for the largest ``m`` dividing ``divisor`` and
+    the coefficients of all terms of ``base`` but a remainder ``0 <= rest < m``:
+    ``(56*r + c) // 802816`` is ``r // 14336`` when ``c < 56`` (a row of 56 columns
+    lies in one block of 802816 elements)."""
+    if divisor is None or divisor <= 1:
+        return None
+    terms = sympy.Add.make_args(base)
+    coeffs = [t.as_coeff_Mul()[0] for t in terms]
+    if not all(c.is_Integer for c in coeffs):
+        return None
+    candidates = sorted({math.gcd(divisor, int(c)) for c in coeffs} - {1}, reverse=True)
+    for m in candidates:
+        small = [t for t, c in zip(terms, coeffs, strict=True) if int(c) % m]
+        b = bounds(sympy.Add(*small), ranges)
+        if b is None or b[0] < 0 or b[1] >= m:
+            continue
+        big = sympy.Add(*[t for t, c in zip(terms, coeffs, strict=True) if not int(c) % m])
+        return sympy.expand(big / m), sympy.Integer(divisor // m)
+    return None
 
 
 def _merge_digits(expr: sympy.Expr) -> sympy.Expr:

@@ -86,6 +86,11 @@ struct Mask {
       if (m[i]) return true;
     return false;
   }
+  bool all() const {
+    for (int64_t i = 0; i < kLanes; ++i)
+      if (!m[i]) return false;
+    return true;
+  }
 };
 
 template <typename T>
@@ -402,6 +407,21 @@ inline Vec<T> masked_lanes(Mask m, F f) {
   Vec<T> r;
   for (int64_t i = 0; i < kLanes; ++i) r.v[i] = m.m[i] ? f(i) : T(0);
   return r;
+}
+// A masked load whose mask is usually uniform across the vector (concatenation, padding):
+// all lanes on take the plain vector load `full`, all off touch no memory, and only a
+// mixed mask reads lane by lane.
+template <typename T, typename Full, typename F>
+inline Vec<T> masked_load(Mask m, Full full, F f) {
+  if (m.all()) return full();
+  if (!m.any()) return Vec<T>(T(0));
+  return masked_lanes<T>(m, f);
+}
+template <typename Full, typename F>
+inline Mask masked_load_mask(Mask m, Full full, F f) {
+  if (m.all()) return full();
+  if (!m.any()) return Mask(false);
+  return mask_from_lanes([&](int64_t lane) { return m.m[lane] && f(lane); });
 }
 template <typename T>
 inline Vec<T> iota(T start, T step) {

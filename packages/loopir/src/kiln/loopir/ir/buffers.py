@@ -3,8 +3,9 @@
 ``InputBuffer`` (graph inputs and constants), ``ComputedBuffer`` (a ``Loops``
 stored by a kernel), ``ExternBuffer`` (an ATen call the wrapper makes: matmuls,
 convolutions and fallbacks), ``MultiOutput`` (one tensor of an extern call's
-result), and ``MutationBuffer`` (a ``Scatter`` writing into another buffer's
-storage). Buffers are mutable only in the fields passes decide later (layout).
+result), ``MutationBuffer`` (a ``Scatter`` writing into another buffer's
+storage) and ``SliceBuffer`` (a ``Pointwise`` filling a window of another
+buffer's storage: one piece of a ``cat``). Buffers are mutable only in the fields passes decide later (layout).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ __all__ = [
     "ExternBuffer",
     "MultiOutput",
     "MutationBuffer",
+    "SliceBuffer",
 ]
 
 
@@ -114,6 +116,22 @@ class MutationBuffer(ComputedBuffer):
             msg = f"{self.name}: a mutation needs a Scatter and a target"
             raise IRVerificationError(msg)
         self.layout.verify()
+
+
+@dataclasses.dataclass(eq=False)
+class SliceBuffer(ComputedBuffer):
+    """A ``Pointwise`` stored into a window of ``target``'s storage; ``layout`` is the
+    window (``target``'s strides, offset to the piece). Unlike a mutation it fuses
+    like any pointwise kernel, so a piece's producer can write it directly."""
+
+    target: str = ""
+
+    def storage_name(self) -> str:
+        return self.target
+
+    def make_loader(self) -> Any:
+        name, layout = self.target, self.layout
+        return lambda index: ops.load(name, layout.index(index))
 
 
 @dataclasses.dataclass(eq=False)

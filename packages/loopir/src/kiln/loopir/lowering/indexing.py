@@ -10,7 +10,8 @@ import torch
 
 from kiln.loopir import sizes
 from kiln.loopir.errors import Unlowerable
-from kiln.loopir.ir.buffers import MutationBuffer
+from kiln.loopir.ir.buffers import Buffer, MutationBuffer, SliceBuffer
+from kiln.loopir.ir.layout import Layout
 from kiln.loopir.ir.loops import Pointwise, Scatter
 from kiln.loopir.ir.views import StorageBox, TensorBox, pointwise_copy
 from kiln.loopir.lowering.common import (
@@ -27,6 +28,10 @@ __all__: list[str] = []
 
 S = sympy.Integer
 Index = Sequence[sympy.Expr]
+
+MAX_POINTWISE_CAT_INPUTS = 8
+"""A ``cat`` of more inputs is stored piece by piece into one buffer: as one
+pointwise loop, every element would test every piece's range."""
 
 
 def _in_range(expr: sympy.Expr, lo: int, hi: int) -> Any:
@@ -63,6 +68,9 @@ def _cat(tensors: Sequence[TensorBox], dim: int = 0) -> TensorBox:
         offset += n
     size = list(parts[0].get_size())
     size[dim] = S(offset)
+    device = parts[0].get_device()
+    if len(pieces) > MAX_POINTWISE_CAT_INPUTS:
+        return _cat_into_slices(parts, pieces, dim, result, tuple(size))
 
     def inner(index: Index) -> Any:
         value = None
@@ -76,8 +84,32 @@ def _cat(tensors: Sequence[TensorBox], dim: int = 0) -> TensorBox:
             value = ops.where(mask, part, value)
         return value
 
-    device = parts[0].get_device()
     return TensorBox.from_loops(Pointwise(device, result, tuple(size), origin(), inner))
+
+
+def _cat_into_slices(
+    parts: Sequence[TensorBox],
+    pieces: Sequence[tuple[int, int, Any]],
+    dim: int,
+    dtype: torch.dtype,
+    size: tuple[sympy.Expr, ...],
+) -> TensorBox:
+    """Each input copied into its window of the result (Inductor's ``ConcatKernel``);
+    a copy fuses into the kernel that produces its input."""
+    device = parts[0].get_device()
+    layout = V.graph.new_layout(device, dtype, size).as_fixed()
+    target = Buffer("", layout)
+    name = V.graph.register_storage(target)
+    for t, (lo, hi, load) in zip(parts, pieces, strict=True):
+        if hi == lo:
+            continue
+        piece_size = tuple(t.get_size())
+        window = Layout(
+            device, dtype, piece_size, layout.stride, layout.offset + lo * layout.stride[dim]
+        )
+        copy = Pointwise(device, dtype, piece_size, origin(), load)
+        V.graph.register_buffer(SliceBuffer("", window, data=copy, target=name))
+    return TensorBox(StorageBox(target))
 
 
 @register_lowering(*overloads("constant_pad_nd", "default"))
@@ -85,18 +117,21 @@ def _constant_pad_nd(x: TensorBox, pad: Sequence[int], value: float = 0) -> Tens
     ndim = x.dim()
     size = list(x.get_size())
     lows: dict[int, int] = {}
+    grown: list[int] = []  # dims that gain positions outside the input: those need a mask
     for k in range(len(pad) // 2):
         d = ndim - 1 - k
         lo, hi = pad[2 * k], pad[2 * k + 1]
         lows[d] = lo
         size[d] = size[d] + lo + hi
+        if lo > 0 or hi > 0:
+            grown.append(d)
     load = x.make_loader()
     old = [sizes.evaluate_int(s) for s in x.get_size()]
     dtype = x.get_dtype()
 
     def inner(index: Index) -> Any:
         src = [e - lows.get(i, 0) for i, e in enumerate(index)]
-        masks = [_in_range(src[d], 0, old[d]) for d in lows]
+        masks = [_in_range(src[d], 0, old[d]) for d in grown]
         if not masks:
             return load(src)
         mask = masks[0]
