@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -35,7 +36,8 @@ def _profile(step: Callable[[], Any]) -> tuple[float, int, list[tuple[str, float
     per_kernel: dict[str, list[float]] = collections.defaultdict(list)
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:
-            per_kernel[event.name].append(event.device_time)
+            # generated kernels end in a serial number: group them by what they fuse
+            per_kernel[re.sub(r"_\d+$", "", event.name)].append(event.device_time)
     total_us = sum(sum(v) for v in per_kernel.values()) / STEPS
     launches = sum(len(v) for v in per_kernel.values()) // STEPS
     top = sorted(
