@@ -192,6 +192,29 @@ def bias_rows_case() -> Case:
     )
 
 
+def channel_rows_case(hw: int) -> Case:
+    """Batch norm of (2, 20, hw) inputs: per-channel values over rows of ``hw`` pixels."""
+    shape = [2, 20, hw]
+    x, mean, var = inp("x", F32, shape), inp("mean", F32, [20]), inp("var", F32, [20])
+    lx, lm, lv = x.make_loader(), mean.make_loader(), var.make_loader()
+
+    def fn(i):
+        scale = ops.rsqrt(ops.add(lv([i[1]]), ops.constant(1e-5, F32)))
+        return ops.mul(ops.sub(lx(i), lm([i[1]])), scale)
+
+    out = pointwise("buf0", F32, shape, fn, origin="batch_norm")
+    g = group(f"channel_rows_{hw}", [x, mean, var], [(out, "x")], 40 * hw)
+    return Case(
+        f"channel_rows_{hw}",
+        g,
+        lambda: [
+            random_tensor(F32, shape),
+            random_tensor(F32, [20]),
+            random_tensor(F32, [20]).abs(),
+        ],
+    )
+
+
 def random_case() -> Case:
     """rand/randn from a seeds buffer, offsets from the flat index."""
     seeds = inp(SEEDS, torch.int64, [2])
@@ -279,6 +302,8 @@ def fusion_cases() -> list[Case]:
         pointwise_after_reduction_case(),
         inplace_case(),
         bias_rows_case(),
+        channel_rows_case(49),  # rows of 49: per-channel loads are contiguous in rows only
+        channel_rows_case(64),  # every load is, but rsqrt is per channel
     ]
     for rtype in ("sum", "prod", "max", "min", "argmax", "argmin", "welford_reduce"):
         for dtype in (torch.float32, torch.float64):

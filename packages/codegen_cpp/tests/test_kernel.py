@@ -65,6 +65,17 @@ def test_structure_of_generated_code() -> None:
     assert "// softmax: fuses max, sum, div" in text
 
 
+@pytest.mark.parametrize("hw", [49, 64])
+def test_per_channel_values_are_computed_once_per_row(hw: int) -> None:
+    from fusion_programs import channel_rows_case
+
+    text = KernelWriter(channel_rows_case(hw).group, "k", 16).generate()
+    assert "for (int64_t xrow = 0; xrow < 40; ++xrow)" in text
+    assert text.index("std::sqrt") < text.index("for (int64_t xcol")
+    assert "kiln::from_lanes" not in text
+    assert ("for (int64_t xcol = 48; xcol < 49; ++xcol)" in text) == (hw == 49)
+
+
 def test_large_kernels_get_an_omp_pragma() -> None:
     from kiln.codegen_cpp.loops import PARALLEL_MIN_WORK
 

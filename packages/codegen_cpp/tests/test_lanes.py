@@ -30,3 +30,18 @@ def test_merge_digits_rejoins_flat_indices():
     assert merge_digits(transposed) == transposed
     s = sympy.Symbol("s1", integer=True, positive=True)
     assert merge_digits(s * FloorDiv(x, s) + ModularIndexing(x, 1, s)) == x
+
+
+def test_merge_digits_sees_through_a_digit_of_a_digit():
+    # a contiguous (4, 4, 128, 64) buffer read as (16, 128, 64): loopir's index of the view
+    view = (
+        32768 * FloorDiv(x, 32768)
+        + 64 * FloorDiv(ModularIndexing(x, 1, 8192), 64)
+        + ModularIndexing(x, 1, 64)
+        + 8192 * ModularIndexing(x, 8192, 4)
+    )
+    assert merge_digits(view) == x
+    assert lane_access(view, x, 16).stride == 1
+    assert merge_digits(FloorDiv(ModularIndexing(x, 1, 100), 8)) == FloorDiv(
+        ModularIndexing(x, 1, 100), 8
+    )

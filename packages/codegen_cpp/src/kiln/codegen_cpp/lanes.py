@@ -44,6 +44,18 @@ def _digit(term: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr, sympy.Expr, sympy.
     return None
 
 
+def _flatten_digit(expr: sympy.Expr) -> sympy.Expr:
+    """``(e // a % M) // d`` as ``e // (a*d) % (M/d)`` when ``d`` divides ``M``: a digit of a
+    digit (a view of a view) becomes a digit of ``e``, which :func:`merge_digits` can rejoin."""
+    base, divisor = expr.args
+    if not (isinstance(base, ModularIndexing) and divisor.is_Integer):
+        return expr
+    inner, step, modulus = base.args
+    if not (modulus.is_Integer and int(modulus) % int(divisor) == 0):
+        return expr
+    return ModularIndexing(inner, step * divisor, sympy.Integer(int(modulus) // int(divisor)))
+
+
 def merge_digits(expr: sympy.Expr) -> sympy.Expr:
     """Rejoin the digits a flat index was split into: ``24*(x//24) + x%24`` is ``x``.
 
@@ -51,6 +63,9 @@ def merge_digits(expr: sympy.Expr) -> sympy.Expr:
     loopir emits such pairs whenever a contiguous buffer is indexed by several dims.
     """
     expr = sympy.sympify(expr)
+    if not isinstance(expr, sympy.Add):
+        return expr
+    expr = expr.replace(lambda e: isinstance(e, FloorDiv), _flatten_digit)
     if not isinstance(expr, sympy.Add):
         return expr
     terms = list(expr.args)

@@ -23,7 +23,7 @@ from kiln.codegen_cpp.reductions import Accumulator
 from kiln.codegen_cpp.segments import Segment, load_indices, split_segments
 from kiln.loopir import sizes
 from kiln.loopir.kernel import RINDEX, XINDEX
-from kiln.loopir.sizes import ModularIndexing
+from kiln.loopir.sizes import FloorDiv, ModularIndexing
 
 if TYPE_CHECKING:
     from kiln.codegen_cpp.kernel import Code, KernelWriter
@@ -41,6 +41,12 @@ CASCADE_BLOCK = 4096
 
 ROW_UNROLL = 4
 """Vectors of rows side by side in a reduction over a strided dimension."""
+
+ROW_MIN_LANES = 4
+ROW_MIN_ROWS = 16
+"""A pointwise kernel whose loads are all contiguous or broadcast along ``xindex`` still
+loops over rows (to compute per-row values once per row) when rows hold at least
+``ROW_MIN_LANES`` vectors and there are at least ``ROW_MIN_ROWS`` rows to share out."""
 
 _ROW = sympy.Symbol("xrow", integer=True, nonnegative=True)
 _COL = sympy.Symbol("xcol", integer=True, nonnegative=True)
@@ -134,27 +140,40 @@ class LoopNests:
     def _row_period(self) -> int | None:
         """The row length of a 2-D loop nest for this pointwise kernel, if it needs one.
 
-        When some load is not contiguous along ``xindex`` because rows of ``C``
-        elements do not fill whole vectors (a bias broadcast over rows of 100), a
-        loop over rows with a vectorized loop over ``C`` columns (and a scalar
-        tail per row) keeps every access contiguous or broadcast.
+        A loop over rows of ``C`` elements with a vectorized loop over columns (and a
+        scalar tail per row) serves two cases. Some load is not contiguous along
+        ``xindex`` because rows do not fill whole vectors (a bias over rows of 100, a
+        batch-norm channel of 14x14 pixels): in rows it is contiguous or broadcast again.
+        Or every load already is, but some value depends on the row only (a channel's
+        batch-norm scale): it is then computed once per row, not once per vector.
         """
         w = self.w
         numel = w.numel.static
         if numel is None:
             return None
-        indices = [i for node in w.group.nodes for i in load_indices(node)]
-        if all(_unit_or_broadcast(i, XINDEX, w.lanes) for i in indices):
-            return None
-        periods = {
-            int(m.args[2])
+        indices = [lane_analysis.merge_digits(i) for n in w.group.nodes for i in load_indices(n)]
+        flat = all(_unit_or_broadcast(i, XINDEX, w.lanes) for i in indices)
+        digits = [
+            m
             for index in indices
-            for m in sympy.sympify(index).atoms(ModularIndexing)
-            if m.args[0] == XINDEX and m.args[1] == 1 and m.args[2].is_Integer
-        }
-        # Worth it while the scalar tail of each row stays a small part of the row.
-        fits = [c for c in periods if c >= w.lanes and 0 < c % w.lanes <= c // 4 and numel % c == 0]
-        return min(fits) if fits else None
+            for m in sympy.sympify(index).atoms(FloorDiv, ModularIndexing)
+            if m.args[0] == XINDEX and m.args[1].is_Integer
+        ]
+        periods = {int(m.args[1]) for m in digits if m.args[1] != 1}
+        if not flat:
+            periods |= {
+                int(m.args[2])
+                for m in digits
+                if isinstance(m, ModularIndexing) and m.args[1] == 1 and m.args[2].is_Integer
+            }
+        for c in sorted(periods):
+            # The scalar tail of each row must stay a small part of it.
+            if numel % c or c < w.lanes or c % w.lanes > c // 4 or (c % w.lanes == 0) != flat:
+                continue
+            if flat and (c < ROW_MIN_LANES * w.lanes or numel // c < ROW_MIN_ROWS):
+                continue  # too little per row to hoist, or too few rows to share out
+            return c
+        return None
 
     def _pointwise_rows(self, period: int) -> list[str] | None:
         w = self.w
@@ -166,12 +185,13 @@ class LoopNests:
             vec = w.vector_pass(run, Extent(sympy.Integer(period)), _COL)
             if vec is None:
                 return None
-            scalar = w.scalar_pass(run, _COL.name)
+            scalar = w.scalar_pass(run, _COL.name) if period % w.lanes else None
         finally:
             w.index_ranges = {}
         end = period - period % w.lanes
         inner = [*vec.hoisted, *loop(_COL.name, 0, end, w.lanes, vec.lines)]
-        inner += [*scalar.hoisted, *loop(_COL.name, end, period, 1, scalar.lines)]
+        if scalar is not None:
+            inner += [*scalar.hoisted, *loop(_COL.name, end, period, 1, scalar.lines)]
         return [*self._parallel(w.numel), *loop(_ROW.name, 0, rows, 1, inner)]
 
     # -- reductions -------------------------------------------------------------------
