@@ -196,3 +196,25 @@ def test_extern_inputs_and_saved_values_keep_eager_strides():
     snap = counters.snapshot()
     assert "output_copies" not in snap and "extern_copies" not in snap, snap
     assert c(x)[1].stride() == fn(x)[1].stride()
+
+
+def test_batched_matmul_reads_heads_cloned_contiguous_as_views():
+    """Eager attention clones transposed heads, then views them as (B*H, S, D) for
+    ``bmm``: the clone's buffer is read in place, not copied again."""
+    x = torch.randn(2, 5, 12)
+
+    def fn(x):
+        heads = aten.transpose.int(aten.view.default(x, [2, 5, 3, 4]), 1, 2)
+        q = aten._unsafe_view.default(
+            aten.clone.default(heads, memory_format=torch.contiguous_format), [6, 5, 4]
+        )
+        kt = aten.transpose.int(aten.view.default(heads, [2, 3, 5, 4]), 2, 3)
+        k = aten._unsafe_view.default(
+            aten.clone.default(kt, memory_format=torch.contiguous_format), [6, 4, 5]
+        )
+        scores = aten.view.default(aten.bmm.default(q, k), [2, 3, 5, 5])
+        probs = aten._softmax.default(scores, -1, False)
+        return aten.bmm.default(aten.view.default(probs, [6, 5, 5]), q)
+
+    c = check(fn, x, atol=1e-5, rtol=1e-5)
+    assert c.kernel_count == 2  # the clones (one kernel) and the softmax

@@ -50,3 +50,16 @@ def test_divisor_factored_past_a_bounded_remainder():
     # a remainder that may reach the divisor's factor keeps the expression
     wide = sizes.FloorDiv(56 * row + col, S(802816))
     assert sizes.simplify_with_ranges(wide, {row: 28672, col: 57}) == wide
+
+
+def test_scaled_digits_rejoin():
+    """A (24, 512, 64) view over a contiguous (2, 12, 512, 64) buffer reads at 32768*i."""
+    i = sizes.index_symbol("v", 0)
+    expr = 393216 * sizes.FloorDiv(i, S(12)) + 32768 * sizes.ModularIndexing(i, S(1), S(12))
+    assert sizes.simplify_with_ranges(expr, {i: 24}) == 32768 * i
+    wrapped = 393216 * sizes.ModularIndexing(i, S(12), S(2)) + 32768 * sizes.ModularIndexing(
+        i, S(1), S(12)
+    )
+    assert sizes.simplify_with_ranges(wrapped, {i: 100}) == 32768 * sizes.ModularIndexing(
+        i, S(1), S(24)
+    )

@@ -282,16 +282,18 @@ def _factor_divisor(
 
 
 def _merge_digits(expr: sympy.Expr) -> sympy.Expr:
-    """Put split digits back together: ``d*(e // d) + (e % d)`` is ``e``, and
-    ``d*((e // d) % m) + (e % d)`` is ``e % (d*m)``."""
+    """Put split digits back together: ``c*d*(e // d) + c*(e % d)`` is ``c*e``, and
+    ``c*d*((e // d) % m) + c*(e % d)`` is ``c*(e % (d*m))`` (``c`` a number: a view
+    of ``e``'s buffer with a stride, like ``(24, 512, 64)`` over ``(2, 12, 512, 64)``)."""
     terms = list(expr.args)
-    for i, low in enumerate(terms):
+    for i, low_term in enumerate(terms):
+        scale, low = low_term.as_coeff_Mul()
         if not (isinstance(low, ModularIndexing) and low.args[1] == 1):
             continue
         e, d = low.args[0], low.args[2]
         for j, high in enumerate(terms):
             coeff, rest = high.as_coeff_Mul()
-            if j == i or coeff != d:
+            if j == i or coeff != scale * d:
                 continue
             if isinstance(rest, FloorDiv) and rest.args == (e, d):
                 merged = e
@@ -300,5 +302,5 @@ def _merge_digits(expr: sympy.Expr) -> sympy.Expr:
             else:
                 continue
             others = [t for k, t in enumerate(terms) if k not in (i, j)]
-            return _merge_digits(sympy.Add(*others, merged))
+            return _merge_digits(sympy.Add(*others, scale * merged))
     return expr
