@@ -43,11 +43,12 @@ class KernelFunction:
         fn = getattr(load_library(library), name)
         fn.argtypes = [_ARG_TYPES[kind] for kind in self.signature]
         fn.restype = None
-        self._fn = fn
+        self.c_function = fn
+        """The ctypes function itself: pointers as ints (what callers on a hot path use)."""
 
     def __call__(self, *args: torch.Tensor | int | float) -> None:
         converted = [arg.data_ptr() if isinstance(arg, torch.Tensor) else arg for arg in args]
-        self._fn(*converted)
+        self.c_function(*converted)
 
     def __repr__(self) -> str:
         return f"KernelFunction({self.name!r} in {self.library.name})"

@@ -40,7 +40,7 @@ def _reinterpret(
     return torch.as_strided(t, size, stride, t.storage_offset() + offset)
 
 
-def _as_layout(t: Any, stride: Sequence[int], op: str = "") -> Any:
+def _as_layout(t: Any, stride: tuple[int, ...], op: str = "") -> Any:
     """``t`` with the strides loopir planned for it; a safety net that should never copy.
 
     An extern result's layout is planned by running its op on meta tensors laid out
@@ -49,8 +49,8 @@ def _as_layout(t: Any, stride: Sequence[int], op: str = "") -> Any:
     copied (every later view and kernel indexes it with the planned strides), counted
     in ``extern_copies`` and logged: tests assert the count stays zero.
     """
-    if not isinstance(t, torch.Tensor) or t.dim() != len(stride):
-        return t
+    if not isinstance(t, torch.Tensor) or t.stride() == stride or t.dim() != len(stride):
+        return t  # the first test that passes is the one taken on every call, so it goes first
     if all(n == 1 or s == w for n, s, w in zip(t.shape, t.stride(), stride, strict=True)):
         return t
     counters.bump("extern_copies", op)
@@ -150,10 +150,7 @@ def generate_wrapper(
         _emit_step(w, step)
         if plan.free.get(i):
             w.line(f"del {', '.join(plan.free[i])}")
-    outs = ", ".join(w.expr(o) for o in outputs)
-    w.globals["_spec"] = output_spec
-    w.globals["_unflatten"] = pytree.tree_unflatten
-    w.line(f"return _unflatten([{outs}], _spec)")
+    w.line(f"return {_output_tree(w, [w.expr(o) for o in outputs], output_spec)}")
     source = "\n".join([header, *w.lines]) + "\n"
     filename = f"<kiln.loopir wrapper {next(_file_ids)}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
@@ -162,6 +159,19 @@ def generate_wrapper(
     output_log.info("wrapper code (peak %d bytes):\n%s", plan.peak_bytes, source)
     artifacts.dump("output_code.py", source)
     return WrapperCode(source, w.globals, namespace["call"])
+
+
+def _output_tree(w: _Writer, outs: list[str], spec: pytree.TreeSpec) -> str:
+    """The expression that returns ``outs`` shaped as ``spec``: a literal list or tuple for
+    the usual flat output (``tree_unflatten`` costs a microsecond per call)."""
+    flat = all(spec.child(i).is_leaf() for i in range(spec.num_children))
+    if flat and spec.type is list:
+        return f"[{', '.join(outs)}]"
+    if flat and spec.type is tuple:
+        return f"({''.join(o + ', ' for o in outs)})"
+    w.globals["_spec"] = spec
+    w.globals["_unflatten"] = pytree.tree_unflatten
+    return f"_unflatten([{', '.join(outs)}], _spec)"
 
 
 def _emit_step(w: _Writer, step: Step) -> None:
