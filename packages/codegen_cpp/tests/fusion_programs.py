@@ -75,7 +75,8 @@ def softmax_case(n: int = 9, d: int = 53, dtype: torch.dtype = F32) -> Case:
 
     out = pointwise("buf2", dtype, [n, d], out_fn, origin="div")
     g = group("softmax", [x], [(mx, "xr"), (sm, "xr"), (out, "xr")], n, d)
-    return Case(f"softmax-{dtype}", g, lambda: [random_tensor(dtype, [n, d])])
+    name = f"softmax-{dtype}" if d == 53 else f"softmax-{dtype}-{n}x{d}"
+    return Case(name, g, lambda: [random_tensor(dtype, [n, d])])
 
 
 def layer_norm_case(n: int = 6, d: int = 100) -> Case:
@@ -290,6 +291,8 @@ def fusion_cases() -> list[Case]:
     cases = [
         softmax_case(),
         softmax_case(dtype=torch.bfloat16),
+        softmax_case(d=64),  # whole vectors: the loops share exp through a row array
+        softmax_case(d=64, dtype=torch.bfloat16),
         layer_norm_case(),
         strided_case(),
         pad_case(),

@@ -1,4 +1,4 @@
-"""Golden snapshots of the C++ generated for ten fixed programs.
+"""Golden snapshots of the C++ generated for a dozen fixed programs.
 
 A change in generated code shows up as a diff to review. To accept it, run
 ``KILN_UPDATE_GOLDEN=1 pytest packages/codegen_cpp/tests/test_golden.py`` and
@@ -32,6 +32,7 @@ from kiln.codegen_cpp.kernel import KernelWriter
 GOLDEN = Path(__file__).parent / "golden"
 PROGRAMS = {
     "softmax": softmax_case,
+    "softmax_rows": lambda: softmax_case(d=64),
     "layer_norm": layer_norm_case,
     "strided": strided_case,
     "pad": pad_case,

@@ -76,6 +76,15 @@ def test_per_channel_values_are_computed_once_per_row(hw: int) -> None:
     assert ("for (int64_t xcol = 48; xcol < 49; ++xcol)" in text) == (hw == 49)
 
 
+def test_softmax_loops_share_exp_through_a_row_array() -> None:
+    text = KernelWriter(softmax_case(d=64).group, "k", 16).generate()
+    assert text.count("kiln::exp(") == 1
+    assert "alignas(64) float row" in text and ".store(row" in text
+    assert "::loadu(row" in text
+    scalar_tail = KernelWriter(softmax_case(d=53).group, "k", 16).generate()
+    assert "row" not in scalar_tail  # rows that end in a scalar tail keep recomputing
+
+
 def test_large_kernels_get_an_omp_pragma() -> None:
     from kiln.codegen_cpp.loops import PARALLEL_MIN_WORK
 

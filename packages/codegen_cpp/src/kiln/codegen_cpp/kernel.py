@@ -27,6 +27,7 @@ from kiln.codegen_cpp.loops import Extent, LoopNests
 from kiln.codegen_cpp.ops import CannotVectorize, CppOps, CppVar
 from kiln.codegen_cpp.printer import cpp_index
 from kiln.codegen_cpp.reductions import Accumulator
+from kiln.codegen_cpp.row_cache import ROW_CACHE_BYTES, RowCache
 from kiln.codegen_cpp.segments import Segment
 from kiln.loopir import sizes
 from kiln.loopir.kernel import RINDEX, XINDEX, KernelGroup, KernelNode
@@ -127,6 +128,12 @@ class KernelWriter:
         self._body = _Body([], {}, {})
         self._masks: list[str] = []
         self.segment: Segment | None = None
+        rnumel = self.rnumel.static or 0
+        self.row_cache = (
+            RowCache(rnumel)
+            if simd and rnumel > 1 and rnumel % lanes == 0 and rnumel * 8 <= ROW_CACHE_BYTES
+            else None
+        )
 
     # -- the function -----------------------------------------------------------
     def generate(self) -> str:
@@ -142,6 +149,9 @@ class KernelWriter:
             f'extern "C" void {self.symbol}({", ".join(params)}) {{',
         ]
         body = LoopNests(self).build()
+        if self.row_cache is not None and self.row_cache.plan():
+            self._next_name = 0
+            body = LoopNests(self).build()  # again, sharing values between a row's loops
         lines += ["  " + line if line else "" for line in body]
         lines.append("}")
         return "\n".join(lines)
@@ -239,11 +249,15 @@ class KernelWriter:
         var = CppVar(f"tmp{self._fresh()}", dtype)
         ctype = "auto" if self.vectorized else f"const {compute_ctype(dtype)}"
         body = self._body
-        if body.invariant(expr):
+        invariant = body.invariant(expr)
+        shared = ""
+        if self.row_cache is not None and self.vectorized:
+            expr, shared = self.row_cache.value(var.name, expr, dtype, not invariant)
+        if invariant:
             assert body.hoisted is not None
             body.hoisted.append(f"{ctype} {var} = {expr};")
         else:
-            body.lines.append(f"{ctype} {var} = {expr};")
+            body.lines += [f"{ctype} {var} = {expr};", *([shared] if shared else [])]
             body.variant.add(var.name)
         body.cache[key] = var
         return var

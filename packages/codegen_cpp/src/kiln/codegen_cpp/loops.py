@@ -20,6 +20,7 @@ import sympy
 from kiln.codegen_cpp import lanes as lane_analysis
 from kiln.codegen_cpp.printer import cpp_index
 from kiln.codegen_cpp.reductions import Accumulator
+from kiln.codegen_cpp.row_cache import drop_unused
 from kiln.codegen_cpp.segments import Segment, load_indices, split_segments
 from kiln.loopir import sizes
 from kiln.loopir.kernel import RINDEX, XINDEX
@@ -214,10 +215,17 @@ class LoopNests:
                 lines += loop("xindex", 0, rows_start, step, rows.lines)
         if rows_start == w.numel.text:
             return lines
-        inner: list[str] = []
-        for part in split_segments(w.group.nodes):
+        cache = None if split_r else w.row_cache
+        inner = [] if cache is None else cache.declarations()
+        for ordinal, part in enumerate(split_segments(w.group.nodes)):
             if isinstance(part, Segment):
-                inner += self._segment_block(part, split_r)
+                if cache is not None:
+                    cache.segment = ordinal
+                try:
+                    inner += self._segment_block(part, split_r)
+                finally:
+                    if cache is not None:
+                        cache.segment = -1
             else:
                 inner += w.scalar_pass(functools.partial(w.run_nodes, [part], XINDEX)).lines
         pragma = [] if split_r else self._parallel(work)
@@ -277,6 +285,11 @@ class LoopNests:
             vec = w.vector_pass(run, w.rnumel, RINDEX)
             if vec is None:
                 segment.reset()  # forget the failed vector pass's accumulators
+                if w.row_cache is not None:
+                    w.row_cache.valid = False  # its loop stores nothing another could load
+            elif w.row_cache is not None:
+                vec.lines = drop_unused(vec.lines, "")
+                vec.hoisted = drop_unused(vec.hoisted, "\n".join(vec.lines))
             scalar = w.scalar_pass(run, "rindex")
         finally:
             w.segment = None
