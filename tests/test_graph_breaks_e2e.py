@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -147,3 +149,49 @@ def test_module_with_breaks_is_compiled_around_them(backend):
         expected.sum().backward()
         torch.testing.assert_close(model.l1.weight.grad, ref.l1.weight.grad)
     assert kiln.stats().graphs_compiled >= 2
+
+
+class NumpyBreak(torch.nn.Module):
+    """benchmarks' graph_break_numpy: a numpy method of a fresh array, then a branch on a tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.first = torch.nn.Linear(16, 16)
+        self.second = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        h = torch.relu(self.first(x))
+        scale = float(np.tanh(h.detach().float().cpu().numpy().mean())) + 1.0
+        h = h * scale if h.mean() > 0.5 else h - scale
+        return self.second(h)
+
+
+def test_a_method_of_a_fresh_array_is_not_captured_again_on_every_call():
+    model = NumpyBreak()
+    compiled = kiln.compile(model, backend="eager")
+    x = torch.randn(8, 16)
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        for _ in range(10):
+            torch.testing.assert_close(compiled(x), model(x))
+    assert not [w for w in caught if "recompile limit" in str(w.message)]
+    stats = kiln.stats()
+    # the module's wrapper frame and its continuation, forward and one continuation per break
+    assert (stats.recompiles, stats.graphs_compiled, stats.frames_captured) == (0, 3, 8)
+
+
+def numpy_then_branch(x):
+    h = torch.relu(x)
+    s = np.tanh(h.detach().numpy().mean())
+    return h * torch.as_tensor(s) if h.mean() > 0.4 else h - 1
+
+
+def test_fresh_inputs_through_numpy_reuse_the_captured_frames():
+    f = kiln.compile(numpy_then_branch, backend="eager")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(10):
+            x = torch.randn(32)
+            torch.testing.assert_close(f(x), numpy_then_branch(x))
+    assert not caught
+    assert kiln.stats().recompiles == 0

@@ -83,6 +83,9 @@ def get_attr(tr: Tracer, v: Value, name: str) -> Value:
         return _builtin_method(v, name)
     if isinstance(v, (UserFunctionValue, BoundMethodValue)):
         return _function_attr(tr, v, name)
+    if isinstance(v, (BuiltinMethodValue, TensorMethodValue)) and name in ("__self__", "__name__"):
+        receiver = v.receiver if isinstance(v, BuiltinMethodValue) else v.tensor
+        return receiver if name == "__self__" else ConstantValue(v.name)
     if isinstance(v, SuperValue):
         return _super_attr(tr, v, name)
     if isinstance(v, PartialValue) and name in ("func", "args", "keywords"):

@@ -32,7 +32,7 @@ from kiln.capture.source import (
 )
 from kiln.capture.values.base import ConstantValue, Value
 from kiln.capture.values.containers import CellValue, DictValue, ListValue, SetValue, TupleValue
-from kiln.capture.values.functions import UserFunctionValue
+from kiln.capture.values.functions import BoundMethodValue, UserFunctionValue
 from kiln.capture.values.objects import NewObjectValue, ObjectValue
 from kiln.capture.values.tensor import TensorValue
 from kiln.capture.wrap import is_namedtuple
@@ -42,6 +42,16 @@ __all__ = ["emit_code", "graph_outputs", "make_closure", "side_effect_values"]
 CO_VARARGS = 0x04
 CO_VARKEYWORDS = 0x08
 _LITERAL_TYPES = (int, str, bool, bytes, type(None))
+# values with a source the output code reads again from the frame rather than rebuilds
+_RELOADED = (
+    ListValue,
+    DictValue,
+    TupleValue,
+    ObjectValue,
+    SetValue,
+    UserFunctionValue,
+    BoundMethodValue,
+)
 
 
 def side_effect_values(effects: SideEffects) -> list[Value]:
@@ -229,9 +239,7 @@ class _Writer:
             return f"__kiln_out[{self.output_index[id(v.node)]}]"
         if isinstance(v, ConstantValue):
             return self.constant(v.value)
-        if v.source is not None and isinstance(
-            v, (ListValue, DictValue, TupleValue, ObjectValue, SetValue, UserFunctionValue)
-        ):
+        if v.source is not None and isinstance(v, _RELOADED):
             return self.source(v.source)
         if isinstance(v, TupleValue):
             items = ", ".join(self.value(x) for x in v.items)

@@ -3,8 +3,9 @@
 Everything capture learns from the frame passes through :func:`wrap`: tensors
 become graph inputs (TENSOR_MATCH), constants are specialized (EQUALS /
 IS_NONE), containers are guarded on type and length or keys and wrapped item
-by item, modules on identity, functions and classes on identity, any other
-object on its type. Values without a source are wrapped without guards.
+by item, modules on identity, functions and classes on identity, bound methods
+by their parts, any other object on its type. Values without a source are
+wrapped without guards.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import enum
+import inspect
 import types
 from typing import Any
 
@@ -24,8 +26,9 @@ from kiln.capture.guard_data import GuardKind
 from kiln.capture.source import Source
 from kiln.capture.values.base import ConstantValue, Value, is_constant
 from kiln.capture.values.containers import CellValue, DictValue, ListValue, TupleValue
-from kiln.capture.values.functions import UserFunctionValue
+from kiln.capture.values.functions import BoundMethodValue, BuiltinMethodValue, UserFunctionValue
 from kiln.capture.values.objects import ObjectValue
+from kiln.capture.values.tensor import TensorMethodValue, TensorValue
 
 __all__ = ["wrap", "is_namedtuple"]
 
@@ -34,7 +37,6 @@ _ID_MATCHED = (
     types.ModuleType,
     types.FunctionType,
     types.BuiltinFunctionType,
-    types.MethodType,
     types.MethodDescriptorType,
     types.WrapperDescriptorType,
 )
@@ -99,8 +101,12 @@ def _wrap(out: OutputGraph, obj: Any, source: Source | None) -> Value:
             inner_src = source.attr("__wrapped__") if source is not None else None
             return _wrap(out, obj.__wrapped__, inner_src)  # type: ignore[attr-defined]
         return function_value(obj, source)
+    if isinstance(obj, types.MethodType):
+        return _wrap_method(out, obj, source)
+    if _is_c_method(obj):
+        return _wrap_c_method(out, obj, source)
     if source is not None:
-        if isinstance(obj, _ID_MATCHED) or _is_singleton(obj):
+        if _by_identity(obj):
             out.guard(source, GuardKind.ID_MATCH, id(obj))
         else:
             out.guard(source, GuardKind.TYPE_MATCH, type(obj))
@@ -133,6 +139,75 @@ def _is_compile_disable_wrapper(fn: types.FunctionType) -> bool:
     return isinstance(wrapped, types.FunctionType) and fn.__code__.co_filename.endswith(
         ("torch/_compile.py", "torch\\_compile.py")
     )
+
+
+def _wrap_method(out: OutputGraph, m: types.MethodType, source: Source | None) -> Value:
+    """``obj.meth`` of a Python method, guarded as its function and its receiver.
+
+    Every read of ``obj.meth`` makes a new method object, so its identity would
+    fail on the next call; ``__func__`` and ``__self__`` decide what it does.
+    """
+    func = wrap(out, m.__func__, source.attr("__func__") if source is not None else None)
+    receiver = _wrap_receiver(out, m.__self__, source)
+    return BoundMethodValue(func, receiver, source)
+
+
+def _wrap_c_method(out: OutputGraph, m: Any, source: Source | None) -> Value:
+    """``obj.name`` of a C method (``arr.mean``, ``lst.append``), guarded as its receiver and name.
+
+    A new object on every read, like a Python method; it is ``getattr(__self__,
+    __name__)`` (how CPython pickles it), so the receiver's guards and the name
+    decide what it does. Methods of tensors and containers are traced as such;
+    of other objects a call breaks the graph and reads the method again.
+    """
+    if source is not None:
+        out.guard(source, GuardKind.TYPE_MATCH, type(m))
+        out.guard(source.attr("__name__"), GuardKind.EQUALS, m.__name__)
+    receiver = _wrap_receiver(out, m.__self__, source)
+    if isinstance(receiver, TensorValue):
+        return TensorMethodValue(receiver, m.__name__)
+    if isinstance(receiver, ConstantValue) or _by_identity(m.__self__):
+        return ObjectValue(m, source)  # the receiver is guarded by value or identity
+    return BuiltinMethodValue(receiver, m.__name__)
+
+
+def _wrap_receiver(out: OutputGraph, owner: Any, method: Source | None) -> Value:
+    """The ``__self__`` of a bound method read from ``method``."""
+    src = method.attr("__self__") if method is not None else None
+    receiver = wrap(out, owner, src)
+    if src is not None and receiver.source != src and _by_identity(owner):
+        # the object was met before through another path: pin this one to it too
+        out.guard(src, GuardKind.ID_MATCH, id(owner))
+    return receiver
+
+
+def _is_c_method(obj: Any) -> bool:
+    """Whether ``obj`` is a C method bound to the object or class it was read from.
+
+    Not: functions of C modules, and C callables bound to a private record
+    (pybind11), which are stable objects guarded by identity.
+    """
+    if not isinstance(obj, (types.BuiltinMethodType, types.MethodWrapperType)):
+        return False
+    owner = obj.__self__
+    if owner is None or isinstance(owner, types.ModuleType):
+        return False
+    static = inspect.getattr_static(owner, obj.__name__, None)
+    try:
+        if isinstance(static, types.ClassMethodDescriptorType):
+            bound = static.__get__(None, owner if isinstance(owner, type) else type(owner))
+        elif isinstance(static, (types.MethodDescriptorType, types.WrapperDescriptorType)):
+            bound = static.__get__(owner, type(owner))
+        else:
+            return False
+    except TypeError:
+        return False
+    return bool(bound == obj)
+
+
+def _by_identity(obj: Any) -> bool:
+    """Objects guarded by identity: the same object on every call, or nothing works."""
+    return isinstance(obj, (*_ID_MATCHED, torch.nn.Module)) or _is_singleton(obj)
 
 
 def _is_singleton(obj: Any) -> bool:
