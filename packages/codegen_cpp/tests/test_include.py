@@ -51,7 +51,7 @@ def lib() -> ctypes.CDLL:
 
 def _hard_inputs() -> torch.Tensor:
     special = [0.0, -0.0, math.inf, -math.inf, math.nan, 1e-40, -1e-40, 88.7, 89.0, -87.5,
-               -104.0, -150.0, 1e6, 3e4, -3e4, 1e-8, 0.2, 0.9, 4.0, 1e38]  # fmt: skip
+               -104.0, -150.0, 1e6, 3e4, -3e4, 1e-8, 0.2, 0.9, 4.0, 1e38, 88.72, 88.75, -103.5]  # fmt: skip
     x = torch.cat([torch.tensor(special), torch.randn(4000) * 10, torch.rand(1000) * 1e-3])
     return x[: x.numel() // 64 * 64].contiguous()
 

@@ -216,37 +216,33 @@ inline Vec<double> round_nearest(Vec<double> a) {
 inline Vec<float> floor(Vec<float> a) { return map(a, [](float x) { return std::floor(x); }); }
 inline Vec<float> sqrt(Vec<float> a) { return map(a, [](float x) { return std::sqrt(x); }); }
 
-// exp: x = n*ln2 + r with |r| <= ln2/2, e^r by its Taylor series to degree 8
-// (truncation error below 1e-9), 2^n by building the exponent bits.
+// exp: x = n*ln2 + r with |r| <= ln2/2, e^r by Cephes' minimax polynomial (relative error
+// below 1e-7 overall), 2^n by building the exponent bits.
 inline Vec<float> exp(Vec<float> x) {
   using VF = Vec<float>;
   using VI = Vec<int32_t>;
-  VF clamped = where(x > VF(88.7f), VF(88.7f), where(x < VF(-103.0f), VF(-103.0f), x));
-  VF n = round_nearest(clamped * VF(1.44269504088896341f));
+  // Past these bounds the scaling below overflows to inf or underflows to 0 by itself;
+  // NaN fails both comparisons and propagates through the arithmetic.
+  VF c = where(x > VF(88.8f), VF(88.8f), where(x < VF(-104.0f), VF(-104.0f), x));
+  VF n = round_nearest(c * VF(1.44269504088896341f));
   // r = x - n*ln2 in two steps keeps r exact for |n| < 2^8 (ln2 split hi+lo).
-  VF r = clamped - n * VF(0.693145751953125f) - n * VF(1.428606765330187e-06f);
-  VF p(1.0f / 40320.0f);
-  p = p * r + VF(1.0f / 5040.0f);
-  p = p * r + VF(1.0f / 720.0f);
-  p = p * r + VF(1.0f / 120.0f);
-  p = p * r + VF(1.0f / 24.0f);
-  p = p * r + VF(1.0f / 6.0f);
-  p = p * r + VF(0.5f);
-  p = p * r + VF(1.0f);
-  p = p * r + VF(1.0f);
-  // Scale by 2^n in two halves so subnormal results (n < -126) stay right.
+  VF r = c - n * VF(0.693145751953125f) - n * VF(1.428606765330187e-06f);
+  VF p(1.9875691500e-4f);
+  p = p * r + VF(1.3981999507e-3f);
+  p = p * r + VF(8.3334519073e-3f);
+  p = p * r + VF(4.1665795894e-2f);
+  p = p * r + VF(1.6666665459e-1f);
+  p = p * r + VF(5.0000001201e-1f);
+  p = p * (r * r) + r + VF(1.0f);
+  // Scale by 2^n in two halves so subnormal results (n < -126) and n = 128 stay right.
   VI ni = cast<int32_t>(n);
   VI half = ni >> 1;
-  VI rest = ni - half;
   VF s1, s2;
   VI e1 = (half + VI(127)) << 23;
-  VI e2 = (rest + VI(127)) << 23;
+  VI e2 = (ni - half + VI(127)) << 23;
   std::memcpy(&s1.v, &e1.v, sizeof(s1.v));
   std::memcpy(&s2.v, &e2.v, sizeof(s2.v));
-  VF result = p * s1 * s2;
-  result = where(x > VF(88.72283935546875f), VF(std::numeric_limits<float>::infinity()), result);
-  result = where(x < VF(-103.97f), VF(0.0f), result);
-  return where(x != x, x, result);
+  return p * s1 * s2;
 }
 
 // log: x = m * 2^e with m in [sqrt(1/2), sqrt(2)); log(m) = 2*atanh(s), s = (m-1)/(m+1),
