@@ -17,6 +17,7 @@ from typing import Any
 from benchmarks import models
 from benchmarks.report import write_reports
 from benchmarks.runner import RunConfig, run_suite
+from benchmarks.worker import strict_float32
 
 __all__ = ["machine_meta", "main", "parse_args"]
 
@@ -76,6 +77,8 @@ def machine_meta(args: argparse.Namespace) -> dict[str, Any]:
     }
     if args.device == "cuda" and torch.cuda.is_available():
         meta["gpu"] = torch.cuda.get_device_name()
+    if strict_float32(args.device, args.dtype, args.mode):
+        meta["cudnn"] = "float32 convolutions without TF32"
     try:
         import kiln
 

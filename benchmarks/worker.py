@@ -31,7 +31,7 @@ from benchmarks.measure import (
 )
 from benchmarks.models import Built, ModelSpec
 
-__all__ = ["Job", "run_job"]
+__all__ = ["Job", "run_job", "strict_float32"]
 
 Emit = Callable[[dict[str, Any]], None]
 
@@ -135,9 +135,20 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}{where}"
 
 
+def strict_float32(device: str, dtype: str, mode: str) -> bool:
+    """Whether cuDNN runs float32 convolutions in full float32 (not TF32) for this setting.
+
+    A training step's gradients pass through every convolution twice; with TF32, eager
+    run against eager with other cuDNN algorithms already differs by ~1e-2 (resnet50),
+    above the float32 tolerance, so float32 training on CUDA turns TF32 off."""
+    return device == "cuda" and dtype == "float32" and mode == "training"
+
+
 def run_job(job: Job, emit: Emit) -> None:
     """Run every backend of the job, emitting start/result events; never raises for a backend."""
     spec = models.get(job.model)
+    if strict_float32(job.device, job.dtype, job.mode):
+        torch.backends.cudnn.allow_tf32 = False
     base = {"model": spec.name, "suite": spec.suite, "device": job.device}
     base |= {"dtype": job.dtype, "mode": job.mode}
     emit({"event": "start", "backend": job.backends[0]})

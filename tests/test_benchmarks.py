@@ -116,3 +116,12 @@ def test_relative_error_floors_tiny_tensors():
     big, tiny = torch.randn(100), torch.randn(100) * 1e-9
     assert relative_error([big, tiny * 2], [big, tiny]) < 1e-6
     assert relative_error([big, big[:100] * 0.5], [big, big]) == pytest.approx(0.5)
+
+
+def test_float32_training_on_cuda_runs_convolutions_without_tf32():
+    from benchmarks.worker import strict_float32
+
+    assert strict_float32("cuda", "float32", "training")
+    assert not strict_float32("cuda", "float32", "inference")
+    assert not strict_float32("cuda", "bfloat16", "training")
+    assert not strict_float32("cpu", "float32", "training")
