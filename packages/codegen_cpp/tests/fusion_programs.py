@@ -79,6 +79,42 @@ def softmax_case(n: int = 9, d: int = 53, dtype: torch.dtype = F32) -> Case:
     return Case(name, g, lambda: [random_tensor(dtype, [n, d])])
 
 
+def gathered_bias_softmax_case() -> Case:
+    """Softmax of ``x + table[idx]`` (Swin's relative position bias): an indirect load that
+    differs per lane of the ``rindex`` loop, shared with the later loops through a row array."""
+    x, table, idx = inp("x", F32, [6, 49]), inp("table", F32, [20]), inp("idx", torch.int64, [49])
+    lx, lt, li = x.make_loader(), table.make_loader(), idx.make_loader()
+
+    def biased(i, r):
+        return ops.add(lx([i[0], r[0]]), lt([ops.indirect_indexing(li([r[0]]), 20)]))
+
+    mx = reduction("buf0", F32, [6], [49], "max", F32, biased)
+    ml = mx.make_loader()
+    sm = reduction(
+        "buf1", F32, [6], [49], "sum", F32, lambda i, r: ops.exp(ops.sub(biased(i, r), ml(i)))
+    )
+    sl = sm.make_loader()
+    out = pointwise(
+        "buf2",
+        F32,
+        [6, 49],
+        lambda i: ops.truediv(ops.exp(ops.sub(biased([i[0]], [i[1]]), ml([i[0]]))), sl([i[0]])),
+        origin="div",
+    )
+    g = group(
+        "gathered_bias_softmax", [x, table, idx], [(mx, "xr"), (sm, "xr"), (out, "xr")], 6, 49
+    )
+    return Case(
+        "gathered_bias_softmax",
+        g,
+        lambda: [
+            random_tensor(F32, [6, 49]),
+            random_tensor(F32, [20]),
+            torch.randint(-20, 20, (49,)),
+        ],
+    )
+
+
 def layer_norm_case(n: int = 6, d: int = 100) -> Case:
     x, w = inp("x", F32, [n, d]), inp("w", F32, [d])
     lx, lw = x.make_loader(), w.make_loader()
@@ -293,6 +329,7 @@ def fusion_cases() -> list[Case]:
         softmax_case(dtype=torch.bfloat16),
         softmax_case(d=64),  # whole vectors: the loops share exp through a row array
         softmax_case(d=64, dtype=torch.bfloat16),
+        gathered_bias_softmax_case(),
         layer_norm_case(),
         strided_case(),
         pad_case(),

@@ -4,8 +4,8 @@ extern "C" void scatter_add(const float* __restrict__ in_ptr0, const int64_t* __
   for (int64_t xindex = 0; xindex < 300; ++xindex) {
     const float tmp0 = in_ptr0[xindex];
     const int64_t tmp1 = in_ptr1[xindex];
-    const int64_t indirect2 = kiln::checked_index(tmp1, 20);
+    const int64_t tmp2 = kiln::checked_index(tmp1, 20);
     #pragma omp atomic
-    out_ptr0[indirect2] += tmp0;
+    out_ptr0[tmp2] += tmp0;
   }
 }

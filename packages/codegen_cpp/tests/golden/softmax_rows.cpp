@@ -2,7 +2,7 @@
 // numel=9, rnumel=64; in_ptr0=x, out_ptr0=buf0, out_ptr1=buf1, out_ptr2=buf2
 extern "C" void softmax_rows(const float* __restrict__ in_ptr0, float* out_ptr0, float* out_ptr1, float* out_ptr2, int64_t nthreads) {
   for (int64_t xindex = 0; xindex < 9; ++xindex) {
-    alignas(64) float row3[64];
+    alignas(64) float row4[64];
     {
       float acc1 = -std::numeric_limits<float>::infinity();
       kiln::Vec<float> acc1_vec = kiln::Vec<float>(-std::numeric_limits<float>::infinity());
@@ -21,7 +21,7 @@ extern "C" void softmax_rows(const float* __restrict__ in_ptr0, float* out_ptr0,
         auto tmp3 = kiln::Vec<float>::loadu(in_ptr0 + rindex + 64 * xindex);
         auto tmp5 = tmp3 - tmp4;
         auto tmp6 = kiln::exp(tmp5);
-        tmp6.store(row3 + rindex);
+        tmp6.store(row4 + rindex);
         acc7_vec = acc7_vec + tmp6;
       }
       acc7 = acc7 + kiln::reduce_sum(acc7_vec);
@@ -30,7 +30,7 @@ extern "C" void softmax_rows(const float* __restrict__ in_ptr0, float* out_ptr0,
     {
       auto tmp16 = kiln::Vec<float>(out_ptr1[xindex]);
       for (int64_t rindex = 0; rindex < 64; rindex += 16) {
-        auto tmp15 = kiln::Vec<float>::loadu(row3 + rindex);
+        auto tmp15 = kiln::Vec<float>::loadu(row4 + rindex);
         auto tmp17 = tmp15 / tmp16;
         tmp17.store(out_ptr2 + rindex + 64 * xindex);
       }

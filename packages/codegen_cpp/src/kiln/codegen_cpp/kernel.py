@@ -127,11 +127,14 @@ class KernelWriter:
         self._next_name = 0
         self._body = _Body([], {}, {})
         self._masks: list[str] = []
+        # Vector values equal in every lane, and each vector indirect index's lanes.
+        self._uniform: set[str] = set()
+        self._indirect: dict[sympy.Symbol, CppVar] = {}
         self.segment: Segment | None = None
         rnumel = self.rnumel.static or 0
         self.row_cache = (
-            RowCache(rnumel)
-            if simd and rnumel > 1 and rnumel % lanes == 0 and rnumel * 8 <= ROW_CACHE_BYTES
+            RowCache(rnumel, tail=rnumel % lanes != 0)
+            if simd and rnumel > 1 and rnumel * 8 <= ROW_CACHE_BYTES
             else None
         )
 
@@ -151,6 +154,7 @@ class KernelWriter:
         body = LoopNests(self).build()
         if self.row_cache is not None and self.row_cache.plan():
             self._next_name = 0
+            self._uniform.clear()
             body = LoopNests(self).build()  # again, sharing values between a row's loops
         lines += ["  " + line if line else "" for line in body]
         lines.append("}")
@@ -250,9 +254,13 @@ class KernelWriter:
         ctype = "auto" if self.vectorized else f"const {compute_ctype(dtype)}"
         body = self._body
         invariant = body.invariant(expr)
+        if self.vectorized and invariant and _is_uniform(expr, self._uniform):
+            self._uniform.add(var.name)
         shared = ""
-        if self.row_cache is not None and self.vectorized:
-            expr, shared = self.row_cache.value(var.name, expr, dtype, not invariant)
+        if self.row_cache is not None:
+            expr, shared = self.row_cache.value(
+                var.name, expr, dtype, not invariant, self.vectorized
+            )
         if invariant:
             assert body.hoisted is not None
             body.hoisted.append(f"{ctype} {var} = {expr};")
@@ -287,16 +295,28 @@ class KernelWriter:
             return self._body.stored[key]
         if not self.vectorized:
             return self.cse(self._read(name, cpp_index(index)), dtype)
-        self._require_lane_safe(index)
-        return self.cse(self._vector_load(name, index, dtype), dtype)
+        index, per_lane = self._vector_index(index)
+        return self.cse(self._vector_load(name, index, dtype, per_lane), dtype)
 
-    def _require_lane_safe(self, index: sympy.Expr) -> None:
-        if any(s.name.startswith("indirect") for s in index.free_symbols):
+    def _vector_index(self, index: sympy.Expr) -> tuple[sympy.Expr, bool]:
+        """``index`` with its vector indirect indices read as lane 0 when equal in every
+        lane (an embedding row per ``xindex``), else as each lane's own (True: per lane)."""
+        found = [s for s in index.free_symbols if s.name.startswith("indirect")]
+        if not found:
+            return index, False
+        if any(s not in self._indirect for s in found):
             raise CannotVectorize("indirect indexing")
+        per_lane = False
+        for sym in found:
+            var = self._indirect[sym]
+            lane = "0" if var.name in self._uniform else "lane"
+            per_lane |= lane == "lane"
+            index = index.subs(sym, sympy.Symbol(f"{var}[{lane}]", integer=True, nonnegative=True))
+        return index, per_lane
 
-    def _vector_load(self, name: str, index: sympy.Expr, dtype: torch.dtype) -> str:
+    def _vector_load(self, name: str, index: sympy.Expr, dtype: torch.dtype, per_lane: bool) -> str:
         lane_read = self._read(name, self._lane_index(index))
-        plain = self._plain_vector_load(name, index, dtype)
+        plain = None if per_lane else self._plain_vector_load(name, index, dtype)
         if self._mask is None:
             return plain or self._lanewise_load(lane_read, dtype)
         if plain is None:
@@ -371,7 +391,9 @@ class KernelWriter:
             return
         if mode is not None:
             raise CannotVectorize("accumulating store")
-        self._require_lane_safe(index)
+        index, per_lane = self._vector_index(index)
+        if per_lane:
+            raise CannotVectorize("indirect store")
         self._body.lines += self._vector_store_lines(name, index, value, dtype)
         self._body.stored[(name, str(index))] = value
 
@@ -411,8 +433,8 @@ class KernelWriter:
         ctype = compute_ctype(dtype)
         if not self.vectorized:
             return self.cse(f"static_cast<{ctype}>({cpp_index(expr)})", dtype)
-        self._require_lane_safe(expr)
-        access = lane_analysis.lane_access(expr, self.vec_var, self.lanes)
+        expr, per_lane = self._vector_index(expr)
+        access = None if per_lane else lane_analysis.lane_access(expr, self.vec_var, self.lanes)
         if access is None:
             lane_value = f"static_cast<{ctype}>({self._lane_index(expr)})"
             return self.cse(
@@ -425,17 +447,21 @@ class KernelWriter:
         return self.cse(f"kiln::iota<{ctype}>({base}, {stride})", dtype)
 
     def indirect_indexing(self, x: CppVar, size: sympy.Expr, check: bool) -> sympy.Symbol:
-        if self.vectorized:
-            raise CannotVectorize("indirect indexing")
-        sym = sympy.Symbol(f"indirect{self._fresh()}", integer=True, nonnegative=True)
         bound = cpp_index(size)
-        if check:
-            self.checks_indices = True
-            value = f"kiln::checked_index({x}, {bound})"
-        else:
-            value = f"{x} < 0 ? {x} + {bound} : {x}"
-        self._body.lines.append(f"const int64_t {sym} = {value};")
-        self._body.variant.add(sym.name)
+        self.checks_indices |= check
+        if not self.vectorized:
+            fixed = (
+                f"kiln::checked_index({x}, {bound})" if check else f"{x} < 0 ? {x} + {bound} : {x}"
+            )
+            # Named like any value, so later loops of a row recognise what it indexes.
+            return sympy.Symbol(self.cse(fixed, torch.int64).name, integer=True, nonnegative=True)
+        if x.dtype != torch.int64:
+            raise CannotVectorize("indirect index of another dtype than int64")
+        fix = f"kiln::checked_index(t, {bound})" if check else f"t < 0 ? t + {bound} : t"
+        sym = sympy.Symbol(f"indirect{self._fresh()}", integer=True, nonnegative=True)
+        self._indirect[sym] = self.cse(
+            f"kiln::map({x}, [&](int64_t t) {{ return {fix}; }})", torch.int64
+        )
         return sym
 
     def masked(self, mask: CppVar, body: Callable[[], CppVar], other: bool | float) -> CppVar:
@@ -511,6 +537,14 @@ class KernelWriter:
             return
         converted = self._to_storage(value.name, value.dtype, dtype)
         self.segment.add_store(f"{self.pointers[name]}[{cpp_index(index)}] = {converted};")
+
+
+def _is_uniform(expr: str, uniform: set[str]) -> bool:
+    """An invariant vector expression equal in every lane: no per-lane construction, and
+    every value it uses is uniform too."""
+    if re.search(r"\blane\b|kiln::iota", expr):
+        return False
+    return all(name in uniform for name in re.findall(r"\btmp\d+\b", expr))
 
 
 def size_bindings(group: KernelGroup) -> dict[str, tuple[int, int]]:

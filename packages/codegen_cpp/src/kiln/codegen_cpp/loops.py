@@ -287,10 +287,11 @@ class LoopNests:
                 segment.reset()  # forget the failed vector pass's accumulators
                 if w.row_cache is not None:
                     w.row_cache.valid = False  # its loop stores nothing another could load
-            elif w.row_cache is not None:
-                vec.lines = drop_unused(vec.lines, "")
-                vec.hoisted = drop_unused(vec.hoisted, "\n".join(vec.lines))
             scalar = w.scalar_pass(run, "rindex")
+            for code in (vec, scalar) if w.row_cache is not None else ():
+                if code is not None:
+                    code.lines = drop_unused(code.lines, "")
+                    code.hoisted = drop_unused(code.hoisted, "\n".join(code.lines))
         finally:
             w.segment = None
         accs = segment.accumulators

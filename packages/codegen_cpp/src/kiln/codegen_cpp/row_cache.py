@@ -5,7 +5,8 @@ layer norm computes it in four. Loopir inlines those values into each reduction 
 reads them, so the kernel writer sees the same expression again in every loop. The
 kernel is therefore generated twice. The first time records, for each loop of the
 row (a segment), the vector values it computes inside the loop, keyed by what they
-compute: the expression with each operand replaced by the operand's own key. The
+compute: the expression with each operand replaced by the operand's own key (vector
+values of the vector loop and scalar ones of its tail are recorded apart). The
 second time, a value involving an expensive op (exp, log, tanh...) that an
 earlier loop of the row already computed is loaded from a row-sized array on the
 stack, which that loop stores, instead of being recomputed. Only the largest such
@@ -27,8 +28,10 @@ ROW_CACHE_BYTES = 32768
 """Stack bytes per thread for the row arrays (they stay in the L1 cache)."""
 
 _TMP = re.compile(r"\btmp\d+\b")
-_EXPENSIVE = re.compile(r"kiln::(exp|log|tanh|sigmoid|erf|sin|cos|map|map2)\(")
-_DECLARATION = re.compile(r"auto (tmp\d+) = ")
+_EXPENSIVE = re.compile(
+    r"kiln::(exp|log|tanh|sigmoid|erf|sin|cos|map|map2|from_lanes)\b|std::(exp|log|tanh|erf)"
+)
+_DECLARATION = re.compile(r"(?:auto|const [\w:]+) (tmp\d+) = ")
 
 
 @dataclasses.dataclass
@@ -41,20 +44,24 @@ class _Value:
 class RowCache:
     """Records values per segment (first generation), then plans and applies loads."""
 
-    def __init__(self, rnumel: int) -> None:
+    def __init__(self, rnumel: int, tail: bool) -> None:
         self.rnumel = rnumel
+        self.tail = tail  # rnumel is not whole vectors: the scalar tail loops share values too
         self.segment = -1
         """Which loop of the row is being generated; -1 outside them (nothing recorded)."""
         self.valid = True  # a loop that did not vectorize turns sharing off
         self._ids: dict[str, int] = {}  # canonical text -> key
         self._values: list[_Value] = []
         self._keys: dict[str, int] = {}  # C++ variable -> key
-        self._computed: dict[int, list[int]] = {}  # segment -> keys computed in its loop
+        # (segment, vectorized) -> keys computed in its loop, in order
+        self._computed: dict[tuple[int, bool], list[int]] = {}
         self._stores: dict[tuple[int, int], str] = {}  # (segment, key) -> array
         self._loads: dict[tuple[int, int], str] = {}
         self._arrays: dict[str, str] = {}  # array -> element type
 
-    def value(self, var: str, expr: str, dtype: torch.dtype, in_loop: bool) -> tuple[str, str]:
+    def value(
+        self, var: str, expr: str, dtype: torch.dtype, in_loop: bool, vectorized: bool
+    ) -> tuple[str, str]:
         """``(expression, line after it)`` for ``var = expr``: a load from the row's array
         where planned, a store into it where planned, else ``(expr, "")``."""
         text = _TMP.sub(lambda m: f"#{self._keys.get(m.group(0), m.group(0))}", expr)
@@ -66,14 +73,19 @@ class RowCache:
             )
             self._values.append(_Value(operands, expensive, dtype))
         self._keys[var] = key
-        if self.segment < 0 or not in_loop:
+        if self.segment < 0 or not in_loop or not (vectorized or self.tail):
             return expr, ""
-        self._computed.setdefault(self.segment, []).append(key)
+        self._computed.setdefault((self.segment, vectorized), []).append(key)
         array = self._loads.get((self.segment, key))
         if array is not None:
-            return f"{vector_ctype(dtype)}::loadu({array} + rindex)", ""
+            load = f"{vector_ctype(dtype)}::loadu({array} + rindex)"
+            return (load if vectorized else f"{array}[rindex]"), ""
         array = self._stores.get((self.segment, key))
-        return expr, (f"{var}.store({array} + rindex);" if array is not None else "")
+        if array is None:
+            return expr, ""
+        return expr, (
+            f"{var}.store({array} + rindex);" if vectorized else f"{array}[rindex] = {var};"
+        )
 
     def plan(self) -> bool:
         """Decide loads and stores from what the first generation recorded (True: some)."""
@@ -81,8 +93,9 @@ class RowCache:
             return False
         first: dict[int, int] = {}
         budget = ROW_CACHE_BYTES
-        for segment in sorted(self._computed):
-            keys = self._computed[segment]
+        # Each kind (vector loop, scalar tail) in loop order; their keys never coincide.
+        for segment, vectorized in sorted(self._computed, key=lambda sv: (sv[1], sv[0])):
+            keys = self._computed[(segment, vectorized)]
             shared = {k for k in keys if k in first and self._values[k].expensive}
             inner = {op for k in shared for op in self._values[k].operands}
             for key in dict.fromkeys(k for k in keys if k in shared - inner):
