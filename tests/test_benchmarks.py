@@ -125,3 +125,11 @@ def test_float32_training_on_cuda_runs_convolutions_without_tf32():
     assert not strict_float32("cuda", "float32", "inference")
     assert not strict_float32("cuda", "bfloat16", "training")
     assert not strict_float32("cpu", "float32", "training")
+
+
+def test_timm_models_train_without_dropout():
+    """Swin's stochastic depth made two eager training steps differ by 0.29."""
+    pytest.importorskip("timm")
+    built = models.get("swin_tiny_patch4_window7_224").build("cpu")
+    model = built.model.train()
+    torch.testing.assert_close(model(*built.args), model(*built.args))

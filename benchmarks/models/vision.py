@@ -33,9 +33,20 @@ def _build(name: str, preset: str) -> Built:
     import timm
 
     torch.manual_seed(0)
-    model = timm.create_model(name, pretrained=False)
+    model = _without_dropout(timm.create_model(name, pretrained=False))
     size = model.default_cfg.get("input_size", (3, 224, 224))
     return Built(model, (torch.randn(_BATCH[preset], *size),))
+
+
+def _without_dropout(model: torch.nn.Module) -> torch.nn.Module:
+    """No dropout or stochastic depth (Swin's default drop-path rate is 0.1): a training step
+    must be comparable with eager's, and random masks differ between generators."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if hasattr(module, "drop_prob"):  # timm's DropPath
+            module.drop_prob = 0.0
+    return model
 
 
 def specs() -> list[ModelSpec]:
