@@ -87,16 +87,15 @@ class GraphLowering:
 
     # -- naming and registration --------------------------------------------
     def register_buffer(self, buf: Buffer) -> str:
-        if not buf.name:
-            buf.name = f"buf{next(self._ids)}"
+        self.register_storage(buf)
         self.buffers.append(buf)
-        self.name_to_buffer[buf.name] = buf
         return buf.name
 
     def register_storage(self, buf: Buffer) -> str:
         """Name a buffer that no step computes: kernels of ``SliceBuffer`` s fill it,
         and the wrapper allocates it before the first of them."""
-        buf.name = f"buf{next(self._ids)}"
+        if not buf.name:
+            buf.name = f"buf{next(self._ids)}"
         self.name_to_buffer[buf.name] = buf
         return buf.name
 

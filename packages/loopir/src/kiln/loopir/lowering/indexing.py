@@ -68,9 +68,9 @@ def _cat(tensors: Sequence[TensorBox], dim: int = 0) -> TensorBox:
         offset += n
     size = list(parts[0].get_size())
     size[dim] = S(offset)
-    device = parts[0].get_device()
     if len(pieces) > MAX_POINTWISE_CAT_INPUTS:
         return _cat_into_slices(parts, pieces, dim, result, tuple(size))
+    device = parts[0].get_device()
 
     def inner(index: Index) -> Any:
         value = None
