@@ -39,17 +39,23 @@ class CaptureLog:
 
 @dataclasses.dataclass
 class Column:
-    """One backend: how to compile a model, reset between models, and what it reports."""
+    """One backend: how to compile a model, reset between models, and what it reports.
+
+    ``reset`` drops everything its compiler compiled, including other columns' work (Kiln's
+    backends share one cache, as torch.compile's do), so it runs once per model before any
+    column compiles; ``clear_stats`` zeroes only the counters ``stats`` reads.
+    """
 
     name: str
     compile: Callable[[torch.nn.Module], Callable[..., Any]]
     reset: Callable[[], None]
+    clear_stats: Callable[[], None]
     stats: Callable[[], dict[str, Any]]
     log: CaptureLog
 
 
 def _eager(name: str) -> Column:
-    return Column(name, lambda m: m, lambda: None, dict, CaptureLog())
+    return Column(name, lambda m: m, lambda: None, lambda: None, dict, CaptureLog())
 
 
 def _loopir_kernels(kiln: Any) -> int:
@@ -81,7 +87,9 @@ def _kiln(name: str, backend: str) -> Column:
             "break_kinds": dict(get("graph_break_kinds") or {}),
         }
 
-    return Column(name, lambda m: kiln.compile(m, backend=chosen), kiln.reset, stats, log)
+    return Column(
+        name, lambda m: kiln.compile(m, backend=chosen), kiln.reset, kiln.counters.clear, stats, log
+    )
 
 
 def _torch_compile(name: str, backend: str) -> Column:
@@ -111,8 +119,7 @@ def _torch_compile(name: str, backend: str) -> Column:
             "break_kinds": breaks,
         }
 
-    def reset() -> None:
-        torch._dynamo.reset()
+    def clear_stats() -> None:
         counters.clear()
         try:
             from torch._inductor import metrics
@@ -121,7 +128,11 @@ def _torch_compile(name: str, backend: str) -> Column:
         except ImportError:
             pass
 
-    return Column(name, lambda m: torch.compile(m, backend=chosen), reset, stats, log)
+    def reset() -> None:
+        torch._dynamo.reset()
+        clear_stats()
+
+    return Column(name, lambda m: torch.compile(m, backend=chosen), reset, clear_stats, stats, log)
 
 
 def make_column(name: str) -> Column:

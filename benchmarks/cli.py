@@ -46,7 +46,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--budget", type=float, help="seconds for the run; later models are skipped")
     p.add_argument("--cache-dir", type=Path, help="compile caches (default: OUT/cache)")
     p.add_argument("--shard", type=_shard, help="i/n: run every n-th model starting at i")
-    p.add_argument("--iters", type=int, default=10, help="timed steps per backend")
+    p.add_argument(
+        "--iters", type=int, default=10, help="timed rounds, each one step of every backend"
+    )
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--no-warm", action="store_true", help="skip warm compile times")
     p.add_argument("--no-progress", action="store_true")

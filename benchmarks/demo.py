@@ -26,7 +26,7 @@ from benchmarks import models  # noqa: E402
 from benchmarks.measure import (  # noqa: E402
     TOLERANCES,
     flat_tensors,
-    median_step_s,
+    interleaved_medians,
     relative_error,
 )
 
@@ -64,11 +64,15 @@ def main() -> int:
         return 1
     first_call_s = time.perf_counter() - start
     err = relative_error(out, expected)
-    # Alternating rounds, best of each: a busy machine slows one side less by chance.
+    # Interleaved rounds, so a busy machine slows both alike; the best of three.
+    steps = {"eager": lambda: run(model), "kiln": lambda: run(compiled)}
+    for _ in range(2):
+        for step in steps.values():
+            step()
     eager_s = kiln_s = float("inf")
     for _ in range(3):
-        eager_s = min(eager_s, median_step_s(lambda: run(model), "cpu", 2, 10, 2.0))
-        kiln_s = min(kiln_s, median_step_s(lambda: run(compiled), "cpu", 2, 10, 2.0))
+        medians = interleaved_medians(steps, "cpu", 10, 2.0)
+        eager_s, kiln_s = min(eager_s, medians["eager"]), min(kiln_s, medians["kiln"])
     s = kiln.stats()
     files = [p for p in Path(debug_dir).rglob("*") if p.is_file()]
     ok = err <= TOLERANCES["float32"]

@@ -1,4 +1,8 @@
-"""Measuring one step: median time (CUDA events on GPU), peak memory, and closeness to eager.
+"""Measuring steps: median times, peak memory, and closeness to eager.
+
+Backends are timed interleaved, each called once per round: load on a shared machine drifts
+over seconds, and backends timed one after another each saw their own stretch of it, so their
+ratios swung by up to 30% between runs. Interleaved, they share the drift.
 
 Closeness is the relative error ``|a - b| / |b|`` in the 2-norm per output tensor: robust for
 large models where elementwise tolerances trip on a few tiny entries, and readable across dtypes.
@@ -24,7 +28,7 @@ __all__ = [
     "TOLERANCES",
     "MemoryMeter",
     "flat_tensors",
-    "median_step_s",
+    "interleaved_medians",
     "relative_error",
     "timed_call",
 ]
@@ -81,27 +85,39 @@ def timed_call(fn: Callable[[], Any], device: str) -> tuple[Any, float]:
     return out, time.perf_counter() - start
 
 
-def median_step_s(
-    fn: Callable[[], Any], device: str, warmup: int, iters: int, budget_s: float
-) -> float:
-    """Median step time after ``warmup`` calls; stops early (after 3 steps) past ``budget_s``."""
-    for _ in range(warmup):
-        fn()
-    times: list[float] = []
+def _step_s(fn: Callable[[], Any], device: str) -> float:
+    """One call's time in seconds: CUDA events on GPU, wall time on CPU."""
+    if device != "cuda":
+        return timed_call(fn, device)[1]
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
+def interleaved_medians(
+    steps: dict[str, Callable[[], Any]], device: str, iters: int, budget_s: float
+) -> dict[str, float]:
+    """Median seconds per step, timed in rounds that call every step once (see above).
+
+    Round ``r`` starts at step ``r mod n``, so no step always runs right after the same one (and
+    inherits its caches). Stops after ``iters`` rounds, or after 3 once ``budget_s`` per step is
+    spent.
+    """
+    names = list(steps)
+    if not names:
+        return {}
+    times: dict[str, list[float]] = {name: [] for name in names}
     began = time.perf_counter()
-    for _ in range(iters):
-        if device == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            times.append(timed_call(fn, device)[1])
-        if len(times) >= 3 and time.perf_counter() - began > budget_s:
+    for r in range(iters):
+        first = r % len(names)
+        for name in names[first:] + names[:first]:
+            times[name].append(_step_s(steps[name], device))
+        if r >= 2 and time.perf_counter() - began > budget_s * len(names):
             break
-    return statistics.median(times)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def _rss_bytes() -> int:

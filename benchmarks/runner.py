@@ -1,11 +1,15 @@
 """Runs the suite: one child process per model and phase, with a timeout per backend.
 
 A crash or hang is recorded as that backend's failure with its reason, and a fresh child runs
-the backends still to go, so one broken model never stops the run. Compile caches live under
-``CACHE/<model>`` (default ``OUT/cache``): emptied before the cold run, reused by the warm run
-(a fresh process), which measures compile time with on-disk caches. ``budget_s`` is a hard cap
-on the whole run: a backend still running when it is spent is stopped and recorded as timed
-out. Results are rewritten after every model.
+the backends still to go, so one broken model never stops the run. A child times its backends
+together, interleaved, after compiling them all (see ``worker``): the runner writes those times
+into the rows, a crash or hang while timing leaves the rows without times (the reason says so),
+and one before it has the next child time again the backends it had finished.
+
+Compile caches live under ``CACHE/<model>`` (default ``OUT/cache``): emptied before the cold
+run, reused by the warm run (a fresh process), which measures compile time with on-disk caches.
+``budget_s`` is a hard cap on the whole run: a backend still running when it is spent is stopped
+and recorded as timed out. Results are rewritten after every model.
 """
 
 from __future__ import annotations
@@ -62,49 +66,88 @@ class RunConfig:
 
 
 def _child(cfg: RunConfig, job: Job, workdir: Path, env: dict[str, str]) -> list[dict[str, Any]]:
-    """Run ``job`` in child processes until every backend has a result row."""
-    rows: list[dict[str, Any]] = []
+    """Run ``job`` in child processes until every backend has a result row.
+
+    The backends are timed together after the last one compiles, so a child that dies earlier
+    takes the times of those it had finished: the next child compiles them again, to time them
+    with the backends still to go, and only their ``ms`` is kept. A child that dies while
+    timing is not run again; its rows stand without ``ms``, and their reason says so.
+    """
+    rows: dict[str, dict[str, Any]] = {}
+    lost: dict[str, str] = {}  # finished backends without a time, and why
+    spent: set[str] = set()  # compiled again to be timed and died there: not tried a third time
     todo = list(job.backends)
     attempt = 0
     while todo:
         if cfg.left_s() <= 0:
-            rows += [_skipped(cfg, b) for b in todo]
+            rows |= {b: _skipped(cfg, b) for b in todo}
             break
         attempt += 1
-        events = workdir / f"{job.model}.{job.phase}.{attempt}.jsonl"
-        log = workdir / f"{job.model}.{job.phase}.{attempt}.log"
-        events.unlink(missing_ok=True)
-        spec = {**dataclasses.asdict(job), "backends": todo, "events": str(events)}
-        spec["threads"] = cfg.threads
-        job_file = workdir / f"{job.model}.{job.phase}.{attempt}.json"
-        job_file.write_text(json.dumps(spec))
-        with log.open("w") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "benchmarks.worker", str(job_file)],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=ROOT,
-                start_new_session=True,
-            )
-            got, in_flight, timed_out = _watch(proc, events, cfg)
-        rows += got
-        done = {r["backend"] for r in got}
-        todo = [b for b in todo if b not in done]
+        again = [b for b in lost if b not in spent]
+        run = [b for b in job.backends if b in todo or b in again]
+        evs, in_flight, (status, reason) = _attempt(cfg, job, run, attempt, workdir, env)
+        for row in _results(evs):
+            b = row["backend"]
+            if b in todo:
+                rows[b] = row
+            elif row.get("ms") is not None:
+                rows[b]["ms"] = row["ms"]
+        timed = any(e["event"] == "timing" for e in evs)
+        for b in run:
+            if rows.get(b, {}).get("ms") is not None:
+                lost.pop(b, None)
+            elif not timed and _untimed(rows.get(b)):
+                lost[b] = f"timing did not finish: {reason}"
+        todo = [b for b in todo if b not in rows]
         if not todo:
             break
+        if in_flight in again:
+            spent.add(in_flight)
+            continue
         current = in_flight if in_flight in todo else todo[0]
-        if timed_out:
-            status, reason = "timeout", f"no result within {cfg.timeout_s:g} s"
-            if cfg.left_s() <= 0:
-                reason = f"stopped: the run budget of {cfg.budget_s:g} s is spent"
-        else:
-            tail = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
-            status = "crashed"
-            reason = f"child exited with code {proc.returncode}" + (f": {tail[-1]}" if tail else "")
-        rows.append({"backend": current, "status": status, "reason": reason[:400]})
+        rows[current] = {"backend": current, "status": status, "reason": reason[:400]}
         todo.remove(current)
-    return rows
+    for b, why in lost.items():
+        _note(rows[b], why)
+    return list(rows.values())
+
+
+def _attempt(
+    cfg: RunConfig,
+    job: Job,
+    backends: list[str],
+    attempt: int,
+    workdir: Path,
+    env: dict[str, str],
+) -> tuple[list[dict[str, Any]], str | None, tuple[str, str]]:
+    """One child over ``backends``: its events, the backend in flight when it ended, and the
+    status and reason to give that backend should the child have ended early.
+    """
+    stem = f"{job.model}.{job.phase}.{attempt}"
+    events, log, job_file = (workdir / f"{stem}.{ext}" for ext in ("jsonl", "log", "json"))
+    events.unlink(missing_ok=True)
+    spec = {**dataclasses.asdict(job), "backends": backends, "events": str(events)}
+    spec["threads"] = cfg.threads
+    job_file.write_text(json.dumps(spec))
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.worker", str(job_file)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=ROOT,
+            start_new_session=True,
+        )
+        evs, in_flight, timed_out = _watch(proc, events, cfg)
+    if timed_out:
+        status, reason = "timeout", f"no result within {cfg.timeout_s:g} s"
+        if cfg.left_s() <= 0:
+            reason = f"stopped: the run budget of {cfg.budget_s:g} s is spent"
+    else:
+        tail = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+        status = "crashed"
+        reason = f"child exited with code {proc.returncode}" + (f": {tail[-1]}" if tail else "")
+    return evs, in_flight, (status, reason)
 
 
 def _skipped(cfg: RunConfig, backend: str) -> dict[str, Any]:
@@ -122,7 +165,10 @@ def _read_events(path: Path) -> list[dict[str, Any]]:
 def _watch(
     proc: subprocess.Popen[bytes], events: Path, cfg: RunConfig
 ) -> tuple[list[dict[str, Any]], str | None, bool]:
-    """Wait for the child; the clock restarts at each backend's start event."""
+    """Wait for the child; the clock restarts at each start event (a backend, or the timing).
+
+    Returns the child's events, the backend in flight when it ended, and whether it timed out.
+    """
     deadline = time.monotonic() + cfg.left_s()
     seen = 0
     in_flight: str | None = None
@@ -136,18 +182,42 @@ def _watch(
         if time.monotonic() > deadline:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-            results = [e for e in _read_events(events) if e["event"] == "result"]
-            return results, in_flight, True
+            return _read_events(events), in_flight, True
         time.sleep(0.2)
     evs = _read_events(events)
     in_flight = next((e["backend"] for e in reversed(evs) if e["event"] == "start"), in_flight)
-    return [e for e in evs if e["event"] == "result"], in_flight, False
+    return evs, in_flight, False
+
+
+def _untimed(row: dict[str, Any] | None) -> bool:
+    """Whether ``row`` is of a backend that ran in the cold phase and should have a time."""
+    if row is None or row.get("phase") != "cold" or row.get("ms") is not None:
+        return False
+    return row.get("status") in ("ok", "incorrect")
+
+
+def _note(row: dict[str, Any], why: str) -> None:
+    row["reason"] = "; ".join(filter(None, [row.get("reason"), why]))
+
+
+def _results(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The result rows, with ``ms`` from the timing event; if timing raised, its reason."""
+    timing = next((e for e in events if e["event"] == "timing"), None)
+    rows = [e for e in events if e["event"] == "result"]
+    if timing is None:
+        return rows
+    for row in rows:
+        if row["backend"] in timing["ms"]:
+            row["ms"] = timing["ms"][row["backend"]]
+        elif _untimed(row):
+            _note(row, timing.get("reason", "not timed"))
+    return rows
 
 
 def _in_process(job: Job) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = []
     run_job(job, events.append)
-    return [e for e in events if e["event"] == "result"]
+    return _results(events)
 
 
 def _run(cfg: RunConfig, job: Job, env: dict[str, str]) -> list[dict[str, Any]]:

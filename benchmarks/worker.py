@@ -1,9 +1,13 @@
 """Runs one model under several backends; the runner starts it in a child process per model.
 
 ``python -m benchmarks.worker JOB.json`` appends one JSON line per event to the job's events
-file: ``start`` before each backend (the runner's timeout clock) and ``result`` after it. So a
+file: ``start`` before each backend (the runner's timeout clock) and ``result`` after it, so a
 crash or hang loses only the backend in flight. The eager reference is computed once, before
-anything is compiled; every backend is then checked against it and timed.
+anything is compiled; each backend is compiled, checked against it and warmed up in turn.
+Then (cold phase only) a ``start`` of ``(timing)`` and one ``timing`` event with every working
+backend's median step in ms: they are timed together, interleaved (``interleaved_medians``),
+because load on a shared machine drifts between timings taken one after another. The runner
+writes those times into the result rows.
 """
 
 from __future__ import annotations
@@ -25,15 +29,18 @@ from benchmarks.measure import (
     TOLERANCES,
     MemoryMeter,
     flat_tensors,
-    median_step_s,
+    interleaved_medians,
     relative_error,
     timed_call,
 )
 from benchmarks.models import Built, ModelSpec
 
-__all__ = ["Job", "run_job", "strict_float32"]
+__all__ = ["TIMING", "Job", "run_job", "strict_float32"]
 
 Emit = Callable[[dict[str, Any]], None]
+Step = Callable[[], Any]
+# The ``start`` event's backend for the timing phase, after every backend's result.
+TIMING = "(timing)"
 
 
 @dataclasses.dataclass
@@ -98,8 +105,9 @@ def _step(spec: ModelSpec, built: Built, fn: Callable[..., Any], job: Job) -> Ca
 
 def _run_column(
     spec: ModelSpec, built: Built, column: Column, reference: list[torch.Tensor], job: Job
-) -> dict[str, Any]:
-    column.reset()
+) -> tuple[dict[str, Any], Step | None]:
+    """The column's result row, less its time, and its step to time (None in the warm phase)."""
+    column.clear_stats()
     meter = MemoryMeter(job.device)
     with meter.measure():
         step = _step(spec, built, column.compile(built.model), job)
@@ -111,8 +119,7 @@ def _run_column(
                 step()
     row: dict[str, Any] = {"first_call_s": first_call_s, "rel_error": err}
     if job.phase == "warm":
-        return row
-    row["ms"] = 1e3 * median_step_s(step, job.device, 0, job.iters, job.budget_s)
+        return row, None
     row["peak_mem_mb"] = meter.peak_mb
     row.update(column.stats())
     ops = column.log.ops_per_graph
@@ -124,7 +131,34 @@ def _run_column(
         row["reason"] = f"relative error {err:.3g} > {TOLERANCES[job.dtype]:g} against eager"
     else:
         row["status"] = "ok"
-    return row
+    return row, step
+
+
+def _columns(names: list[str]) -> dict[str, Column | Exception]:
+    """Each backend's column, or what making it raised; every compiler is reset once, here.
+
+    Resetting before each column instead would make the columns compiled before it (Kiln's
+    backends share one cache, as torch.compile's do) recompile in the timing phase.
+    """
+    columns: dict[str, Column | Exception] = {}
+    for name in names:
+        try:
+            column = make_column(name)
+            column.reset()
+        except Exception as e:
+            columns[name] = e
+        else:
+            columns[name] = column
+    return columns
+
+
+def _timing(steps: dict[str, Step], job: Job) -> dict[str, Any]:
+    """The timing event: median ms per backend, or none and why."""
+    try:
+        seconds = interleaved_medians(steps, job.device, job.iters, job.budget_s)
+    except Exception as e:
+        return {"event": "timing", "ms": {}, "reason": f"timing failed: {_reason(e)}"}
+    return {"event": "timing", "ms": {name: 1e3 * s for name, s in seconds.items()}}
 
 
 def _reason(exc: BaseException) -> str:
@@ -145,7 +179,7 @@ def strict_float32(device: str, dtype: str, mode: str) -> bool:
 
 
 def run_job(job: Job, emit: Emit) -> None:
-    """Run every backend of the job, emitting start/result events; never raises for a backend."""
+    """Run every backend of the job, then time them together; never raises for a backend."""
     spec = models.get(job.model)
     if strict_float32(job.device, job.dtype, job.mode):
         torch.backends.cudnn.allow_tf32 = False
@@ -160,14 +194,24 @@ def run_job(job: Job, emit: Emit) -> None:
         for name in job.backends:
             emit({"event": "result", **base, "backend": name, "reason": f"eager: {_reason(e)}"})
         return
+    columns = _columns(job.backends)
+    steps: dict[str, Step] = {}
     for i, name in enumerate(job.backends):
         if i:
             emit({"event": "start", "backend": name})
         try:
-            row = _run_column(spec, built, make_column(name), reference, job)
+            column = columns[name]
+            if isinstance(column, Exception):
+                raise column
+            row, step = _run_column(spec, built, column, reference, job)
         except Exception as e:
-            row = {"status": "failed", "reason": _reason(e)}
+            row, step = {"status": "failed", "reason": _reason(e)}, None
+        if step is not None:
+            steps[name] = step
         emit({"event": "result", **base, "backend": name, "phase": job.phase, **row})
+    if steps:
+        emit({"event": "start", "backend": TIMING})
+        emit(_timing(steps, job))
 
 
 def main(argv: list[str]) -> int:

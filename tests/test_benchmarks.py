@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 from pathlib import Path
@@ -12,11 +13,12 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks import models  # noqa: E402
-from benchmarks.measure import relative_error  # noqa: E402
+from benchmarks import models, runner  # noqa: E402
+from benchmarks.measure import interleaved_medians, relative_error  # noqa: E402
 from benchmarks.report import geomean, write_reports  # noqa: E402
 from benchmarks.results import read_csv  # noqa: E402
 from benchmarks.runner import RunConfig, run_suite  # noqa: E402
+from benchmarks.worker import TIMING  # noqa: E402
 
 
 def test_suite_has_the_promised_models():
@@ -46,6 +48,90 @@ def test_relative_error_and_geomean():
     assert relative_error([a, a], [a]) == math.inf
     assert geomean([2.0, 8.0]) == pytest.approx(4.0)
     assert geomean([]) is None
+
+
+def test_interleaved_medians_rotate_the_order():
+    calls: list[str] = []
+    steps = {name: functools.partial(calls.append, name) for name in "abc"}
+    medians = interleaved_medians(steps, "cpu", iters=4, budget_s=60.0)
+    assert list(medians) == ["a", "b", "c"] and all(t > 0 for t in medians.values())
+    assert "".join(calls) == "abc" + "bca" + "cab" + "abc"
+    calls.clear()
+    interleaved_medians(steps, "cpu", iters=10, budget_s=0.0)
+    assert len(calls) == 9  # three rounds at least, then the spent budget stops it
+
+
+@pytest.mark.slow
+def test_in_process_run_times_eager_and_kiln(tmp_path):
+    import kiln
+
+    backends = ["eager", "kiln", "aot_eager"]
+    cfg = RunConfig(backends, tmp_path, warm=False, iters=3, isolate=False)
+    rows = run_suite([models.get("debug_tiny")], cfg)
+    assert [(r.backend, r.status) for r in rows] == [(b, "ok") for b in backends]
+    assert all(r.ms and r.ms > 0 for r in rows)
+    assert rows[1].speedup == pytest.approx(rows[0].ms / rows[1].ms)
+    # Only aot_eager's compile since its counters were zeroed: the timing compiled nothing again.
+    assert kiln.stats().cache_misses == 1
+
+
+def _fake_children(monkeypatch, script):
+    """Replace the child processes with ``script``: per attempt, the backends it is asked for,
+    then its events (each a backend's result, a start, or a timing), in flight and failure."""
+    asked: list[list[str]] = []
+
+    def attempt(cfg, job, backends, n, workdir, env):
+        asked.append(backends)
+        events, failure = script[n - 1]
+        evs = [e if "event" in e else {"event": "result", "phase": "cold", **e} for e in events]
+        in_flight = next((e["backend"] for e in reversed(evs) if e["event"] == "start"), None)
+        return evs, in_flight, failure
+
+    monkeypatch.setattr(runner, "_attempt", attempt)
+    return asked
+
+
+def test_a_child_dying_before_timing_is_followed_by_one_that_times_again(tmp_path, monkeypatch):
+    ok = {"status": "ok", "rel_error": 0.0}
+    script = [
+        (
+            [
+                {"backend": "eager", **ok, "first_call_s": 0.1},
+                {"event": "start", "backend": "kiln"},
+            ],
+            ("crashed", "child exited with code -11"),
+        ),
+        (
+            [
+                {"backend": "eager", **ok, "first_call_s": 0.2},
+                {"backend": "torch_compile", **ok, "first_call_s": 3.0},
+                {"event": "start", "backend": TIMING},
+                {"event": "timing", "ms": {"eager": 2.0, "torch_compile": 1.0}},
+            ],
+            ("crashed", "child exited with code 0"),
+        ),
+    ]
+    asked = _fake_children(monkeypatch, script)
+    cfg = RunConfig(["eager", "kiln", "torch_compile"], tmp_path, warm=False)
+    eager, kiln, compiled = run_suite([models.get("debug_tiny")], cfg)
+    assert asked == [["eager", "kiln", "torch_compile"], ["eager", "torch_compile"]]
+    assert (eager.ms, eager.first_call_s, eager.reason) == (2.0, 0.1, "")
+    assert kiln.status == "crashed" and "-11" in kiln.reason
+    assert compiled.ms == 1.0 and compiled.speedup == 2.0
+
+
+def test_a_child_dying_while_timing_keeps_its_rows_untimed(tmp_path, monkeypatch):
+    ok = {"status": "ok", "rel_error": 0.0, "first_call_s": 1.0}
+    events = [{"backend": "eager", **ok}, {"backend": "kiln", **ok}]
+    script = [([*events, {"event": "start", "backend": TIMING}], ("timeout", "no result in 5 s"))]
+    asked = _fake_children(monkeypatch, script)
+    rows = run_suite([models.get("debug_tiny")], RunConfig(["kiln"], tmp_path, warm=False))
+    assert len(asked) == 1
+    for row in rows:
+        assert row.status == "ok" and row.ms is None and row.first_call_s == 1.0
+        assert row.reason == "timing did not finish: no result in 5 s"
+    assert rows[1].speedup is None and rows[1].compile_s is None
+    write_reports(tmp_path, rows, {"device": "cpu"})
 
 
 def test_runner_records_failures_and_goes_on(tmp_path):
