@@ -132,6 +132,8 @@ def test_stats_and_reset():
     assert kiln.stats().frames_captured == 1
     kiln.reset()
     assert kiln.stats().frames_captured == 0
+    f(torch.randn(2), torch.randn(2))  # the function remembered its cache: reset dropped it
+    assert kiln.stats().frames_captured == 1
 
 
 def test_closures_of_one_def_never_share_entries():

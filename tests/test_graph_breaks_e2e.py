@@ -176,8 +176,9 @@ def test_a_method_of_a_fresh_array_is_not_captured_again_on_every_call():
             torch.testing.assert_close(compiled(x), model(x))
     assert not [w for w in caught if "recompile limit" in str(w.message)]
     stats = kiln.stats()
-    # the module's wrapper frame and its continuation, forward and one continuation per break
-    assert (stats.recompiles, stats.graphs_compiled, stats.frames_captured) == (0, 3, 8)
+    # the module's wrapper frame (its continuation only returns forward's result, so it is
+    # called directly, never captured), forward and one continuation per break
+    assert (stats.recompiles, stats.graphs_compiled, stats.frames_captured) == (0, 3, 7)
 
 
 def numpy_then_branch(x):

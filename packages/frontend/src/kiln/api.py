@@ -38,6 +38,8 @@ _disabled: contextvars.ContextVar[bool] = contextvars.ContextVar("kiln_disabled"
 # keys of frames that run eagerly because capturing them failed.
 _caches: dict[tuple[Any, ...], guards.CodeCache] = {}
 _skipped: set[tuple[Any, ...]] = set()
+#: Bumped by ``kiln.reset()``: a compiled function's remembered cache is stale after it.
+_generation = [0]
 _trampoline_ids = itertools.count()
 
 
@@ -126,6 +128,9 @@ class CompiledFunction:
             config.mode,
             tuple(sorted(config.options.items())),
         )
+        self._cache_key = self._key()
+        # (generation, cache): every call after the first skips hashing the key
+        self._cache_ref: tuple[int, guards.CodeCache] | None = None
         functools.update_wrapper(self, fn)
 
     @property
@@ -143,13 +148,20 @@ class CompiledFunction:
         return f"<kiln compiled {getattr(self._orig, '__qualname__', self._orig)!r}>"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        key = self._key()
-        if _disabled.get() or key in _skipped:
+        # The hot path of every compiled call, graph breaks' continuations included.
+        key = self._cache_key
+        if _disabled.get() or (_skipped and key in _skipped):
             return self._orig(*args, **kwargs)
         full = (*self._self, *args)
-        cache = _caches.get(key)
-        if cache is None:
-            cache = _caches[key] = guards.CodeCache(self._target.__code__)
+        ref = self._cache_ref
+        if ref is not None and ref[0] == _generation[0]:
+            cache = ref[1]
+        else:
+            found = _caches.get(key)
+            if found is None:
+                found = _caches[key] = guards.CodeCache(self._target.__code__)
+            cache = found
+            self._cache_ref = (_generation[0], cache)
         entry: guards.CacheEntry | None
         if self._skip_guards and cache.entries:
             entry = cache.entries[0]  # unsafe by request: the inputs are promised not to change
@@ -358,3 +370,4 @@ def reset_frontend() -> None:
         cache.clear()
     _caches.clear()
     _skipped.clear()
+    _generation[0] += 1

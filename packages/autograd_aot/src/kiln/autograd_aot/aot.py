@@ -67,6 +67,9 @@ class AotCompiled:
         ]
         # The non-tensor inputs (baked into the graphs); tensors are not kept alive.
         self.constants = [None if isinstance(a, torch.Tensor) else a for a in example_inputs]
+        self.constant_positions = [
+            i for i, a in enumerate(example_inputs) if not isinstance(a, torch.Tensor)
+        ]
         self.partition_stats: PartitionStats | None = None
         self._compiled: dict[bool, CompiledProgram] = {}
         primals = self._primals(example_inputs)
@@ -81,7 +84,8 @@ class AotCompiled:
         return torch.is_grad_enabled() and any(p.requires_grad for p in primals)
 
     def __call__(self, *args: Any) -> Any:
-        self._check_constants(args)
+        if self.constant_positions or len(args) != len(self.constants):
+            self._check_constants(args)
         primals = self._primals(args)
         compiled = self._get(self._needs_grad(primals), primals)
         primals = compiled.layout.prepare(primals)
@@ -94,9 +98,9 @@ class AotCompiled:
         if len(args) != len(self.constants):
             msg = f"compiled for {len(self.constants)} inputs, called with {len(args)}"
             raise AotError(msg)
-        tensors = set(self.tensor_positions)
-        for i, (arg, example) in enumerate(zip(args, self.constants, strict=True)):
-            if i not in tensors and arg != example:
+        for i in self.constant_positions:
+            arg, example = args[i], self.constants[i]
+            if arg != example:
                 msg = (
                     f"input {i} was {example!r} when compiled and is {arg!r} now; non-tensor "
                     "inputs are constants of the compiled graphs (the caller must guard them)"

@@ -12,6 +12,7 @@ them as views of the real inputs (:class:`OutputSpec` ``kind="alias"``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -64,6 +65,19 @@ class TracedProgram:
     @property
     def is_joint(self) -> bool:
         return bool(self.grad_inputs)
+
+    @functools.cached_property
+    def direct_outputs(self) -> tuple[int, ...] | None:
+        """The graph outputs returned as they are, as one flat tuple, if that is all there is.
+
+        Frames that break into several graphs call each graph per call, so the runtime takes
+        this path instead of rebuilding the outputs through pytree.
+        """
+        if not all(spec.kind == "graph" for spec in self.outputs):
+            return None
+        if self.out_spec != pytree.tree_structure((0,) * len(self.outputs)):
+            return None
+        return tuple(spec.index for spec in self.outputs)
 
 
 def _tangent_like(t: torch.Tensor) -> FakeTensor:

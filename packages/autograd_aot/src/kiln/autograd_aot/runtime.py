@@ -80,6 +80,9 @@ def _finish(program: TracedProgram, primals: Sequence[torch.Tensor], outputs: li
         # A mutated input that requires grad keeps its history through the copy, as in eager.
         with torch.set_grad_enabled(value.requires_grad):
             primals[i].copy_(value)
+    direct = program.direct_outputs
+    if direct is not None:
+        return tuple([outputs[i] for i in direct])
     flat: list[Any] = []
     for spec in program.outputs:
         if spec.kind == "graph":

@@ -163,6 +163,44 @@ class Frame:
         return w.value(v)
 
 
+#: Instructions that only move references around: they call no user code and touch no tensor.
+_PLAIN_OPS = frozenset(
+    {
+        "RESUME",
+        "NOP",
+        "CACHE",
+        "EXTENDED_ARG",
+        "COPY_FREE_VARS",
+        "MAKE_CELL",
+        "LOAD_FAST",
+        "LOAD_FAST_CHECK",
+        "STORE_FAST",
+        "LOAD_CONST",
+        "LOAD_DEREF",
+        "STORE_DEREF",
+        "LOAD_CLOSURE",
+        "POP_TOP",
+        "PUSH_NULL",
+        "COPY",
+        "SWAP",
+        "BUILD_TUPLE",
+        "BUILD_LIST",
+        "JUMP_FORWARD",
+        "RETURN_VALUE",
+        "RETURN_CONST",
+    }
+)
+
+
+def _nothing_to_compile(code: types.CodeType) -> bool:
+    """Whether a continuation only returns what it is given (a break at a frame's last call).
+
+    Such a one is called directly: compiling it finds no graph, and going through a compiled
+    wrapper would cost a cache lookup on every call for nothing.
+    """
+    return all(ins.opname in _PLAIN_OPS for ins in dis.get_instructions(code))
+
+
 def _writes_cell(code: types.CodeType, name: str) -> bool:
     """Whether ``code`` (or code nested in it) assigns or deletes the closure variable ``name``."""
     for ins in dis.get_instructions(code):
@@ -273,7 +311,7 @@ class Continuations:
         args = [self.frame.expr(v) for v in stack if v is not NULL]
         args.extend(self.frame.expr(self.values[n]) for n in rf.locals)
         w = self.frame.writer
-        if not compiled:
+        if not compiled or _nothing_to_compile(rf.code):
             return f"return {w.const(fn)}({', '.join(args)})"
         targets = [w.const(self.wrap_callable(fn)), w.const(fn)]
         return f"return {w.const(_continue)}({', '.join([*targets, *args])})"
