@@ -17,6 +17,16 @@ import copy
 import torch
 
 
+def first_layers(name: str, children: int, batch: int) -> tuple[torch.nn.Module, torch.Tensor]:
+    """The first ``children`` of a timm model's ``features`` on CUDA, and an input batch."""
+    import timm
+
+    torch.manual_seed(0)
+    full = timm.create_model(name, pretrained=False)
+    model = torch.nn.Sequential(*list(full.features.children())[:children]).cuda()
+    return model, torch.randn(batch, 3, 224, 224, device="cuda")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("model")
@@ -24,8 +34,6 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--config", help="XBLOCK,RBLOCK,num_warps for looped reductions")
     args = p.parse_args()
-
-    import timm
 
     import kiln
     from kiln.codegen_triton import autotune
@@ -41,10 +49,7 @@ def main() -> None:
         autotune.Autotuner.choose = choose  # type: ignore[method-assign]
 
     torch.backends.cudnn.allow_tf32 = False
-    torch.manual_seed(0)
-    full = timm.create_model(args.model, pretrained=False)
-    model = torch.nn.Sequential(*list(full.features.children())[: args.children]).cuda()
-    x = torch.randn(args.batch, 3, 224, 224, device="cuda")
+    model, x = first_layers(args.model, args.children, args.batch)
 
     def grads(
         fn: torch.nn.Module, module: torch.nn.Module, inp: torch.Tensor
