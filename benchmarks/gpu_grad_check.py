@@ -27,6 +27,12 @@ def first_layers(name: str, children: int, batch: int) -> tuple[torch.nn.Module,
     return model, torch.randn(batch, 3, 224, 224, device="cuda")
 
 
+def weighted_loss(out: torch.Tensor) -> torch.Tensor:
+    """A loss whose gradient differs per output element (a plain sum's would be all ones)."""
+    weights = torch.linspace(-1, 1, out.numel(), device=out.device, dtype=out.dtype)
+    return (out * weights.view(out.shape)).sum()
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("model")
@@ -57,8 +63,7 @@ def main() -> None:
         for q in module.parameters():
             q.grad = None
         out = fn(inp)
-        weights = torch.linspace(-1, 1, out.numel(), device="cuda", dtype=out.dtype)
-        (out * weights.view(out.shape)).sum().backward()
+        weighted_loss(out).backward()
         return [q.grad.double() for q in module.parameters()]  # type: ignore[union-attr]
 
     state = copy.deepcopy(model.state_dict())
