@@ -75,3 +75,25 @@ def test_looped_welford_and_argmax_match_reference():
     assert src.count("for roffset") == 1 and "kh.welford_update" in src
     backend = TritonBackend(TritonOptions(persistent_reduction_limit=64))
     run_case(Case("welford", g, lambda: [random_tensor(F32, [5, 300])], 1e-4, 1e-4), backend)
+
+
+def test_a_later_loop_reading_what_an_earlier_loop_stored_waits_at_a_barrier():
+    # y = relu(x) is stored by the first loop (it is an output) and read back by the
+    # second, which also needs the row sum: without a barrier other threads' stores
+    # of y may not be visible yet (the DenseNet backward kernel, wrong on the H100)
+    x = inp("x", F32, [6, 300])
+    load = x.make_loader()
+    y = pointwise("buf0", F32, [6, 300], lambda i: ops.relu(load(i)))
+    ly = y.make_loader()
+    s = reduction("buf1", F32, [6], [300], "sum", F32, lambda i, r: ly([i[0], r[0]]))
+    ls = s.make_loader()
+    z = pointwise("buf2", F32, [6, 300], lambda i: ops.sub(ly(i), ls([i[0]])))
+    g = group("k", [x], [(y, "xr"), (s, "xr"), (z, "xr")], 6, 300)
+    src = _src(g, persistent_limit=64)
+    first, second = src.split("for roffset")[1:]
+    assert second.count("tl.load(out_ptr0") == 1
+    # one barrier, right before the second loop starts
+    assert src.count("tl.debug_barrier()") == 1
+    assert first.rstrip().endswith("tl.debug_barrier()")
+    backend = TritonBackend(TritonOptions(persistent_reduction_limit=64))
+    run_case(Case("reload", g, lambda: [random_tensor(F32, [6, 300])], 1e-4, 1e-4), backend)

@@ -196,3 +196,30 @@ def test_pooled_values_read_by_many_consumers_are_stored_once():
         n for s in compiled.steps for n in s.group.nodes if "max_pool" in n.buffer.data.origin
     ]
     assert len(window_loads) == 1 and len(names) == 5
+
+
+def test_a_costly_gradient_read_at_each_window_tap_is_stored_once():
+    """Max-pool backward reads its gradient at up to four output positions per input:
+    a producer with many ops (DenseNet's dense-block gradients and their batch-norm
+    backward) is stored first instead of being recomputed at every tap."""
+    x = torch.randn(2, 3, 9, 9)
+    idx = aten.max_pool2d_with_indices.default(x, [3, 3], [2, 2], [1, 1])[1]
+    g = torch.randn(idx.shape)
+
+    def pool_backward(grad, x, idx):
+        args = [[3, 3], [2, 2], [1, 1], [1, 1], False, idx]
+        return (aten.max_pool2d_with_indices_backward.default(grad, x, *args),)
+
+    def plain(x, g, idx):
+        return pool_backward(g, x, idx)
+
+    def costly(x, g, idx):
+        grad = aten.mul.Tensor(aten.add.Tensor(aten.tanh.default(g), aten.sin.default(g)), g)
+        grad = aten.sub.Tensor(aten.mul.Tensor(grad, aten.cos.default(g)), aten.exp.default(g))
+        return pool_backward(grad, x, idx)
+
+    for fn, kernels in [(plain, 1), (costly, 2)]:
+        with no_fallbacks():
+            compiled = check(fn, x, g, idx, **_tol(torch.float32))
+        nodes = [n for s in compiled.steps for n in getattr(s, "group", None).nodes]
+        assert len(nodes) == kernels, [n.buffer.data.origin for n in nodes]

@@ -10,7 +10,10 @@ a new loop when a node reads a reduction the current loop is still computing
 
 Values go through a scoped CSE table; a store records its value so later reads
 of the same element are forwarded, and stores of ``internal`` buffers nobody
-reads from memory are dropped when the source is rendered.
+reads from memory are dropped when the source is rendered. A read of memory the
+kernel itself wrote that cannot be forwarded (a later loop, another index) waits
+at a ``tl.debug_barrier()``: the elements may have been stored by other threads
+of the block, and only a barrier makes their stores visible.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from kiln.loopir.virtualized import set_ops_handler
 __all__ = ["TritonKernel", "KernelSource", "INT32_LIMIT"]
 
 INT32_LIMIT = 2**31 - 1
+BARRIER = "tl.debug_barrier()"
 
 
 @dataclasses.dataclass
@@ -124,6 +128,8 @@ class TritonKernel:
         self.mode = "x"
         self.masks: list[str] = []
         self.loaded_from_memory: set[str] = set()
+        self.written: dict[str, _Loop | None] = {}  # buffer -> loop whose body stores it
+        self.fenced = False  # a barrier was emitted in line since the last store
         self.reductions = Reductions(self)
         self._names = itertools.count()
         self._indirect = itertools.count()
@@ -206,6 +212,8 @@ class TritonKernel:
         if forwarded is not None:
             return forwarded  # type: ignore[no-any-return]
         self.loaded_from_memory.add(name)
+        if name in self.written:
+            self._wait_for_stores(name)
         dtype = self.group.buffers[name].dtype
         mask = self._load_mask(expr)
         if not self.masks and self._may_leave(name, expr):
@@ -216,6 +224,25 @@ class TritonKernel:
             mask = guard if mask is None else f"{mask} & {guard}"
         args = f"{self.params[name]} + ({text})" + (f", {mask}, other=0" if mask else "")
         return self.cse(f"tl.load({args})", dtype)
+
+    def _wait_for_stores(self, name: str) -> None:
+        """Put a barrier between this kernel's stores of ``name`` and a read of them.
+
+        Triton gives a load and a store of the same tile their own thread layouts, so
+        an element read here may have been written by another thread. A read in a
+        later loop waits once, before that loop starts; a read where the store was
+        (same loop, other index; or straight-line code) waits in line.
+        """
+        if self.loop is not None and self.written[name] is not self.loop:
+            if BARRIER not in self.loop.pre:
+                self.loop.pre.append(BARRIER)
+        elif not self.fenced:
+            self.emit(BARRIER)
+            self.fenced = True
+
+    def _written(self, name: str, loop: _Loop | None) -> None:
+        self.written[name] = loop
+        self.fenced = False
 
     def _may_leave(self, name: str, expr: sympy.Expr) -> bool:
         """True when a load's address can fall outside its buffer on some lane.
@@ -238,6 +265,7 @@ class TritonKernel:
         expr, text = self._index(index)
         value = self._as_buffer_dtype(name, value)
         ptr = self._pointer(name, expr, text)
+        self._written(name, self.loop)
         if mode == "atomic_add":
             self.loaded_from_memory.add(name)
             self.emit(f"tl.atomic_add({ptr}, {value}, {self.full_mask()}, sem='relaxed')")
@@ -253,6 +281,7 @@ class TritonKernel:
             line = _Store(name, f"tl.store({self._pointer(name, expr, text)}, {value}, xmask)")
             (self.loop.post if self.loop is not None else self.top).append(line)
             self.scopes[0][("stored", name, text)] = value
+            self._written(name, None)
         finally:
             self.mode = saved
 
@@ -319,11 +348,13 @@ class TritonKernel:
         )  # fmt: skip
 
     def _open_loop(self) -> None:
+        self.fenced = False
         self.loop = _Loop()
         self.top.append(self.loop)
         self.scopes.append({})
 
     def _close_loop(self) -> None:
+        self.fenced = False
         if self.loop is not None:
             self.scopes.pop()
             self.loop = None

@@ -21,8 +21,6 @@ import torch.fx
 from torch.utils import _pytree as pytree
 
 from kiln.capture import counters
-from kiln.loopir import sizes
-from kiln.loopir.analysis import ReadWriteHandler
 from kiln.loopir.decompose import run_decomposition
 from kiln.loopir.decompositions import declined_decomposition
 from kiln.loopir.errors import LoweringError, Unlowerable
@@ -40,16 +38,11 @@ from kiln.loopir.ir.views import StorageBox, TensorBox, pointwise_copy
 from kiln.loopir.kernel import SEEDS
 from kiln.loopir.lowering.fallback import fallback, is_convolution
 from kiln.loopir.lowering.registry import LOWERINGS
-from kiln.loopir.virtualized import V, set_ops_handler
+from kiln.loopir.virtualized import V
 
-__all__ = ["GraphLowering", "REALIZE_DUPLICATED_OPS", "REALIZE_MAX_OPS", "prefers_channels_last"]
+__all__ = ["GraphLowering", "prefers_channels_last"]
 
 log = logging.getLogger(__name__)
-
-REALIZE_DUPLICATED_OPS = 24
-"""Realize a pointwise value once inlining it would repeat more than this many ops."""
-REALIZE_MAX_OPS = 96
-"""Realize a pointwise value with several users whose body grew beyond this many ops."""
 
 
 class GraphLowering:
@@ -231,12 +224,7 @@ class GraphLowering:
             if not isinstance(value, TensorBox):
                 continue
             box = value.storage()
-            if box is None or not isinstance(box.data, Pointwise):
-                continue
-            if users <= 1:
-                continue  # inlined once: nothing is duplicated
-            ops_count = _op_count(box.data)
-            if ops_count * (users - 1) > REALIZE_DUPLICATED_OPS or ops_count > REALIZE_MAX_OPS:
+            if box is not None and box.repeats_too_much(users):
                 realize_like(value, traced)
                 box.realize()
 
@@ -287,14 +275,6 @@ def _strides_match(layout: Layout, meta: Any) -> bool:
         n == 1 or s == want
         for n, s, want in zip(meta.shape, layout.stride, meta.stride(), strict=True)
     )
-
-
-def _op_count(loops: Pointwise) -> int:
-    handler = ReadWriteHandler()
-    index = [sizes.index_symbol("i", n) for n in range(len(loops.ranges))]
-    with set_ops_handler(handler):
-        loops.inner_fn(index)
-    return handler.compute_ops()
 
 
 def prefers_channels_last(gm: torch.fx.GraphModule, device: torch.device) -> bool:

@@ -17,12 +17,21 @@ import sympy
 import torch
 
 from kiln.loopir import sizes
+from kiln.loopir.analysis import ReadWriteHandler
 from kiln.loopir.ir.buffers import Buffer, ComputedBuffer
 from kiln.loopir.ir.layout import Layout
 from kiln.loopir.ir.loops import Loops, Pointwise
-from kiln.loopir.virtualized import V, ops
+from kiln.loopir.virtualized import V, ops, set_ops_handler
 
-__all__ = ["View", "ReinterpretView", "StorageBox", "TensorBox", "IRNode", "Reindex"]
+__all__ = [
+    "View", "ReinterpretView", "StorageBox", "TensorBox", "IRNode", "Reindex",
+    "REALIZE_DUPLICATED_OPS", "REALIZE_MAX_OPS",
+]  # fmt: skip
+
+REALIZE_DUPLICATED_OPS = 24
+"""Realize a pointwise value once inlining it would repeat more than this many ops."""
+REALIZE_MAX_OPS = 96
+"""Realize a pointwise value read several times whose body grew beyond this many ops."""
 
 Reindex = Callable[[Sequence[sympy.Expr]], Sequence[sympy.Expr]]
 
@@ -95,6 +104,22 @@ class StorageBox:
 
     def is_realized(self) -> bool:
         return isinstance(self.data, Buffer)
+
+    def repeats_too_much(self, reads: int) -> bool:
+        """Whether inlining this unrealized pointwise body ``reads`` times costs too much.
+
+        Each inlined copy recomputes the body: a value with several users, or one a
+        gather reads at several positions (max-pool backward's window taps), is
+        stored once instead when the copies would repeat many ops.
+        """
+        if not isinstance(self.data, Pointwise) or reads <= 1:
+            return False
+        handler = ReadWriteHandler()
+        index = [sizes.index_symbol("i", n) for n in range(len(self.data.ranges))]
+        with set_ops_handler(handler):
+            self.data.inner_fn(index)
+        count = handler.compute_ops()
+        return count * (reads - 1) > REALIZE_DUPLICATED_OPS or count > REALIZE_MAX_OPS
 
     def realize(self) -> Buffer:
         """Store the computation in a buffer (registered with ``V.graph``); idempotent."""

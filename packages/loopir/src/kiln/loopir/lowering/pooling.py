@@ -143,6 +143,19 @@ def _loader(x: TensorBox) -> Callable[[Index], Any]:
     return load if want == src else (lambda i: ops.to_dtype(load(i), want, src))
 
 
+def _gathered(grad: TensorBox, window: Sequence[int]) -> Callable[[Index], Any]:
+    """``_loader(grad)`` for a gradient each input position reads at ``window`` places.
+
+    Every read inlines the gradient's producer again (the sum of a dense block's
+    concatenated gradients and its batch-norm backward, in DenseNet's stem); when
+    that would repeat too many ops, the gradient is stored once instead.
+    """
+    box = grad.storage()
+    if box is not None and box.repeats_too_much(math.prod(window)):
+        box.realize()
+    return _loader(grad)
+
+
 def _lowest(dtype: torch.dtype) -> float:
     return float("-inf") if dtype.is_floating_point else float(torch.iinfo(dtype).min)
 
@@ -227,8 +240,8 @@ def _max_pool2d_backward(
     h, w = _dims(x.get_size(), grad.get_size(), kernel_size, stride, padding, dilation)
     if h.d != 1 or w.d != 1:
         raise Unlowerable("dilated max pooling backward: the decomposition scatters")
-    load_grad, load_index = _loader(grad), indices.make_loader()
     window = (math.ceil(h.k / h.s), math.ceil(w.k / w.s))
+    load_grad, load_index = _gathered(grad, window), indices.make_loader()
 
     def term(index: Index, offsets: Index) -> Any:
         *lead, ih, iw = index
@@ -304,7 +317,8 @@ def _avg_pool(
 def _avg_pool_backward(
     grad: TensorBox, x: TensorBox, h: _Dim, w: _Dim, include_pad: bool, override: Any
 ) -> TensorBox:
-    load = _loader(grad)
+    window = (math.ceil(h.k / h.s), math.ceil(w.k / w.s))
+    load = _gathered(grad, window)
     math_dtype = compute_dtype(grad.get_dtype())
 
     def term(index: Index, offsets: Index) -> Any:
@@ -315,7 +329,6 @@ def _avg_pool_backward(
         body = lambda: _divide(load([*lead, oh, ow]), counts, math_dtype)  # noqa: E731
         return ops.masked(ops.logical_and(mask_h, mask_w), body, 0.0)
 
-    window = (math.ceil(h.k / h.s), math.ceil(w.k / w.s))
     total = _fold(grad, x.get_size(), window, "sum", term)
     dtype = x.get_dtype()
     return _pointwise(x, dtype, x.get_size(), lambda i: _store(total(i), dtype))
@@ -429,7 +442,8 @@ def _adaptive_avg_pool2d_backward(grad: TensorBox, x: TensorBox) -> TensorBox:
         return _avg_pool_backward(grad, x, *uniform, True, None)
     n = [sizes.evaluate_int(e) for e in x.get_size()[-2:]]
     out = [sizes.evaluate_int(e) for e in grad.get_size()[-2:]]
-    load = _loader(grad)
+    window = (_adaptive_cover(n[0], out[0]), _adaptive_cover(n[1], out[1]))
+    load = _gathered(grad, window)
     math_dtype = compute_dtype(grad.get_dtype())
 
     def term(index: Index, offsets: Index) -> Any:
@@ -445,7 +459,6 @@ def _adaptive_avg_pool2d_backward(grad: TensorBox, x: TensorBox) -> TensorBox:
         counts = _adaptive_counts(at[-2:], n, out)
         return ops.masked(_all(masks), lambda: _divide(load(at), counts, math_dtype), 0.0)
 
-    window = (_adaptive_cover(n[0], out[0]), _adaptive_cover(n[1], out[1]))
     total = _fold(grad, x.get_size(), window, "sum", term)
     dtype = x.get_dtype()
     return _pointwise(x, dtype, x.get_size(), lambda i: _store(total(i), dtype))
