@@ -31,6 +31,7 @@ class Result:
     status: str = "failed"
     reason: str = ""
     rel_error: float | None = None
+    rel_error_f64: float | None = None  # measured only when rel_error is above the tolerance
     eager_ms: float | None = None
     ms: float | None = None
     speedup: float | None = None

@@ -219,3 +219,24 @@ def test_timm_models_train_without_dropout():
     built = models.get("swin_tiny_patch4_window7_224").build("cpu")
     model = built.model.train()
     torch.testing.assert_close(model(*built.args), model(*built.args))
+
+
+def test_an_output_far_from_eager_is_judged_against_float64():
+    from benchmarks.worker import Job, Reference, _judge, _prepare
+
+    spec, job = models.get("debug_tiny"), Job("debug_tiny", ["eager"], mode="training")
+    reference = Reference(spec, _prepare(spec, job), job)
+    # debug_tiny is well conditioned: eager float32 is near float64, an output 1% off is not
+    off = [t * 1.01 if t.is_floating_point() else t for t in reference.eager]
+    row = {"rel_error": relative_error(off, reference.eager)}
+    _judge(row, off, reference, job)
+    assert row["status"] == "incorrect" and "against float64" in row["reason"]
+    assert row["rel_error_f64"] == pytest.approx(1e-2, rel=1e-3)
+
+    class IllConditioned:  # eager float32 itself 1.5e-2 from float64 (densenet121 training)
+        def float64_errors(self, out):
+            return 2e-2, 1.5e-2
+
+    row = {"rel_error": 1e-2}
+    _judge(row, [], IllConditioned(), job)
+    assert row["status"] == "ok" and row["rel_error_f64"] == 2e-2
