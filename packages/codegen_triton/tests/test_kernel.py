@@ -1,5 +1,6 @@
 """The kernel writer's structure: CSE, store forwarding, dropped stores, 64-bit indexing."""
 
+import sympy
 import torch
 from triton_corpus import Case, group, inp, pointwise, random_tensor, reduction, run_case
 
@@ -97,3 +98,23 @@ def test_a_later_loop_reading_what_an_earlier_loop_stored_waits_at_a_barrier():
     assert first.rstrip().endswith("tl.debug_barrier()")
     backend = TritonBackend(TritonOptions(persistent_reduction_limit=64))
     run_case(Case("reload", g, lambda: [random_tensor(F32, [6, 300])], 1e-4, 1e-4), backend)
+
+
+def test_a_masked_load_of_one_fixed_element_gets_a_block_pointer():
+    # BART's shift_tokens_right: out[:, 0] = start token (one element), the rest shifted;
+    # Triton refuses a scalar pointer under a block mask
+    start, ids = inp("start", torch.int64, [1]), inp("ids", torch.int64, [2, 8])
+    lstart, lids = start.make_loader(), ids.make_loader()
+
+    def fn(i):
+        col = ops.index_expr(i[1], torch.int64)
+        first = ops.eq(col, ops.constant(0, torch.int64))
+        head = ops.masked(first, lambda: lstart([sympy.Integer(0)]), 0)
+        return ops.where(first, head, lids(i))
+
+    out = pointwise("buf0", torch.int64, [2, 8], fn)
+    g = group("k", [start, ids], [(out, "x")], 16)
+    src = _src(g)
+    assert "in_ptr0 + tl.full([XBLOCK], 0" in src
+    ints = lambda: [torch.tensor([7]), torch.randint(1, 50, (2, 8))]  # noqa: E731
+    run_case(Case("scalar_masked", g, ints))

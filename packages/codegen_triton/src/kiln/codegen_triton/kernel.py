@@ -222,7 +222,10 @@ class TritonKernel:
             size = sizes.evaluate_int(self.group.buffers[name].storage_size())
             guard = f"({text} >= 0) & ({text} < {size})"
             mask = guard if mask is None else f"{mask} & {guard}"
-        args = f"{self.params[name]} + ({text})" + (f", {mask}, other=0" if mask else "")
+        pointer = f"{self.params[name]} + ({text})"
+        if mask and not expr.free_symbols:  # Triton wants a block pointer under a block mask
+            pointer = self._pointer(name, expr, text)
+        args = pointer + (f", {mask}, other=0" if mask else "")
         return self.cse(f"tl.load({args})", dtype)
 
     def _wait_for_stores(self, name: str) -> None:
