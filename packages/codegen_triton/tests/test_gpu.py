@@ -237,3 +237,18 @@ def test_direct_launch_respecialises_on_pointer_alignment():
     (launcher,) = [s.code.fn for s in compiled.steps if isinstance(s, KernelStep)]
     # keys: (config, input aligned, output aligned); autotuning adds other configs' entries
     assert {key[1:] for key in launcher._binaries} == {(True, True), (False, True)}
+
+
+START = torch.tensor(2)  # a CPU scalar the traced graph holds as a constant
+
+
+def test_a_cpu_scalar_constant_fills_a_cuda_tensor():
+    # BART's shift_tokens_right: ``ids[:, 0] = start`` fills from a 0-dim CPU tensor
+    ids = torch.randint(0, 50, (2, 8), device="cuda")
+
+    def fn(ids):
+        filled = aten.fill.Tensor(aten.select.int(ids, 1, 0), START)
+        return (aten.select_scatter.default(ids, filled, 1, 0),)
+
+    compiled = check(fn, ids)
+    assert len(kernel_sources(compiled)) == 1

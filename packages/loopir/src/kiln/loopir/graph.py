@@ -93,7 +93,14 @@ class GraphLowering:
         return buf.name
 
     def add_constant(self, value: torch.Tensor) -> TensorBox:
-        """A tensor the graph holds (``get_attr`` or made inside a decomposition)."""
+        """A tensor the graph holds (``get_attr`` or made inside a decomposition).
+
+        A 0-dim CPU constant in a graph on another device (``x[:, 0] = 2`` fills from
+        one) is a scalar ATen accepts on any device, but a kernel there cannot read CPU
+        memory: it moves to the graph's device once, here.
+        """
+        if value.dim() == 0 and value.device.type == "cpu" and self.default_device.type != "cpu":
+            value = value.to(self.default_device)
         name = f"const{next(self._const_ids)}"
         layout = self._fix_device(layout_of_tensor(value))
         buf = InputBuffer(name, layout, constant=value)
