@@ -95,3 +95,19 @@ def test_reduce_overhead_records_cuda_graphs(train):
     x = torch.randn(8, 64, device="cuda")
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_cpu_random_op_in_a_cuda_graph_reads_seeds_on_the_cpu():
+    # BART's layerdrop draws torch.rand([]) on the CPU in a CUDA model: its C++ kernel
+    # must get CPU seeds (it read the CUDA seeds tensor and crashed)
+    def fn(x):
+        p = torch.rand([])
+        return x * 2 + 1, p + 1
+
+    x = torch.randn(8, device="cuda")
+    out, p = kiln.compile(fn, fullgraph=True)(x)
+    torch.testing.assert_close(out, x * 2 + 1)
+    assert p.device.type == "cpu" and 1 <= float(p) < 2
+    assert counters.snapshot()["kernels"] == {"triton": 1, "cpp": 1}

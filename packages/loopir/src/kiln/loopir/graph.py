@@ -68,6 +68,7 @@ class GraphLowering:
         self.outputs: list[Any] = []
         self.output_spec: pytree.TreeSpec | None = None
         self.seed_count = 0
+        self.seed_devices: dict[str, torch.device] = {}
         self.current_meta: Any = None
         self.current_op: Any = None
         self.layout_hints: dict[int, Any] = {}
@@ -108,16 +109,22 @@ class GraphLowering:
         self.name_to_buffer[name] = buf
         return TensorBox(StorageBox(buf))
 
-    def next_seed(self) -> int:
-        """The index of a fresh seed for one random op."""
+    def next_seed(self, device: torch.device) -> tuple[str, int]:
+        """The seeds buffer a random op on ``device`` reads, and its fresh seed's index.
+
+        The wrapper draws one seeds tensor per device a random op runs on: ``SEEDS`` on
+        the graph's device, ``SEEDS_<type>`` on another (BART's CPU ``torch.rand([])``
+        in a CUDA graph), since a kernel reads only memory of its own device.
+        """
         index = self.seed_count
         self.seed_count += 1
-        layout = Layout(
-            self.default_device, torch.int64, (sympy.Integer(self.seed_count),), (sympy.S.One,)
-        )
-        seeds = InputBuffer(SEEDS, layout)
-        self.name_to_buffer[SEEDS] = seeds
-        return index
+        name = SEEDS if device == self.default_device else f"{SEEDS}_{device.type}"
+        self.seed_devices[name] = device
+        for seeds, where in self.seed_devices.items():
+            size = (sympy.Integer(self.seed_count),)
+            layout = Layout(where, torch.int64, size, (sympy.S.One,))
+            self.name_to_buffer[seeds] = InputBuffer(seeds, layout)
+        return name, index
 
     def new_layout(
         self, device: torch.device, dtype: torch.dtype, size: Sequence[sympy.Expr]

@@ -25,7 +25,6 @@ from kiln.loopir.graph import GraphLowering
 from kiln.loopir.ir.buffers import InputBuffer
 from kiln.loopir.ir.layout import Layout
 from kiln.loopir.ir.views import ReinterpretView
-from kiln.loopir.kernel import SEEDS
 from kiln.loopir.memory import MemoryPlan, plan_memory
 from kiln.loopir.printing import render_buffers, render_group
 from kiln.loopir.reference import ReferenceBackend
@@ -141,7 +140,7 @@ def compile_graph(
             finalize = getattr(found, "finalize", None)
             if callable(finalize):
                 finalize()
-    external = set(graph.input_buffers) | keep | {SEEDS}
+    external = set(graph.input_buffers) | keep | set(graph.seed_devices)
     with _pass("plan_memory"):
         plan = plan_memory(steps, layout_of, external)
     constants = {
@@ -152,7 +151,7 @@ def compile_graph(
     with _pass("wrapper"):
         wrapper = generate_wrapper(
             steps, plan, graph.graph_inputs, graph.outputs, graph.output_spec,
-            constants, graph.seed_count, graph.default_device,
+            constants, graph.seed_count, graph.seed_devices,
         )  # fmt: skip
     compiled = CompiledGraph(wrapper, steps, plan)
     for step in steps:

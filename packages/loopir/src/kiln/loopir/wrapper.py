@@ -23,7 +23,6 @@ from kiln.loopir import random_bits, sizes
 from kiln.loopir.ir.buffers import Buffer, ExternBuffer
 from kiln.loopir.ir.layout import Layout
 from kiln.loopir.ir.views import ReinterpretView
-from kiln.loopir.kernel import SEEDS
 from kiln.loopir.memory import MemoryPlan
 from kiln.loopir.scheduler.order import ExternStep, KernelStep, NopStep, Step
 
@@ -128,7 +127,7 @@ def generate_wrapper(
     output_spec: Any,
     constants: dict[str, torch.Tensor],
     seed_count: int,
-    seed_device: torch.device,
+    seed_devices: dict[str, torch.device],
 ) -> WrapperCode:
     w = _Writer()
     params = [name or f"_unused{i}" for i, name in enumerate(graph_inputs)]
@@ -138,8 +137,8 @@ def generate_wrapper(
     w.line("args.clear()")
     for name, value in constants.items():
         w.line(f"{name} = {w.const(value, 'const')}")
-    if seed_count:
-        w.line(f"{SEEDS} = draw_seeds({seed_count}, {str(seed_device)!r})")
+    for name, device in seed_devices.items():
+        w.line(f"{name} = draw_seeds({seed_count}, {str(device)!r})")
     for i, step in enumerate(steps):
         for name, layout in plan.allocate.get(i, []):
             w.line(f"{name} = {_alloc(layout)}")

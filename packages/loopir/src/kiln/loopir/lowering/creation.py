@@ -12,7 +12,6 @@ from kiln.loopir import sizes
 from kiln.loopir.errors import Unlowerable
 from kiln.loopir.ir.loops import Pointwise
 from kiln.loopir.ir.views import TensorBox
-from kiln.loopir.kernel import SEEDS
 from kiln.loopir.lowering.common import (
     compute_dtype,
     expand_to,
@@ -108,10 +107,10 @@ def _arange(*args: Any, **kwargs: Any) -> TensorBox:
 def random_tensor(kind: str) -> TensorBox:
     """``rand``/``randn`` values from the seeds buffer and each element's flat index."""
     device, dtype, shape = _target()
-    seed_index = V.graph.next_seed()
+    seeds, seed_index = V.graph.next_seed(device)
 
     def inner(idx: Sequence[sympy.Expr]) -> Any:
-        seed = ops.load_seed(SEEDS, seed_index)
+        seed = ops.load_seed(seeds, seed_index)
         offset = ops.index_expr(sizes.flat_index(idx, shape), torch.int64)
         value = getattr(ops, kind)(seed, offset)
         return ops.to_dtype(value, dtype, torch.float32) if dtype != torch.float32 else value
