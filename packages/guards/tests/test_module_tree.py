@@ -351,3 +351,36 @@ def test_captured_method_checks_the_same_at_any_depth():
         assert not check(model, x)
     assert mains[0] == mains[1].replace("== 40)", "== 4)")  # len(self.blocks) differs
     assert "_parameters" not in mains[0] and "_modules['0']" not in mains[0]
+
+
+class _Remaining:
+    """What a resume function gets for an interrupted ``for layer in self.layers``."""
+
+    def __init__(self, items):
+        self.items = items
+
+
+def test_a_group_rooted_inside_a_container_reads_only_its_root():
+    # BART's layer loop broken by layerdrop: the tree of the next layer hangs under the
+    # resume iterator's list; its group must not read that list (the check's local),
+    # or it raised once the stamp moved and the frame recompiled on every call
+    model = Block()
+    items = LocalSource("state").attr("items")
+    root = items.item(0)
+    specs = capture_like_guards(root, model)
+    specs += [
+        GuardSpec(items, GuardKind.SEQUENCE_LENGTH, 1),
+        GuardSpec(root, GuardKind.MODULE_TREE, model),
+    ]
+
+    def resume(state, x):
+        return x
+
+    check = guards.build_check(specs, resume)
+    state = _Remaining([model])
+    assert check(state, None)
+    torch.nn.Linear(1, 1).eval()  # any module changing moves the stamp
+    assert check.failure_reason(state, None) is None
+    assert check(state, None)
+    model.fc.eval()
+    assert check(state, None) is False

@@ -200,8 +200,9 @@ class CheckSource:
             chain.append(source)
             source = source.base if isinstance(source, (AttrSource, ItemSource)) else None
         chain.reverse()
-        held = [i for i, s in enumerate(chain) if str(s) in self.bound]
-        start = held[-1] + 1 if held else 0  # a held submodule: nothing above it is read
+        # nothing above a held submodule or a local (a tree group's root) is read
+        held = [i for i, s in enumerate(chain) if str(s) in self.bound or str(s) in self._locals]
+        start = held[-1] + 1 if held else 0
         for i, s in enumerate(chain):
             key = str(s)
             if i < start:
