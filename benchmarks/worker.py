@@ -109,8 +109,9 @@ def _step(spec: ModelSpec, built: Built, fn: Callable[..., Any], job: Job) -> Ca
     return train if job.mode == "training" else infer
 
 
-def _float64(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    return [t.double() if t.is_floating_point() else t for t in tensors]
+def _double(x: Any) -> Any:
+    """``x`` in float64 when it is a floating tensor, else as it is."""
+    return x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
 
 
 class Reference:
@@ -128,17 +129,12 @@ class Reference:
         out = [t.to(device) for t in out]
         if self._f64 is None:
             model = copy.deepcopy(self.built.model).double()
-
-            def cast(x: Any) -> Any:
-                floating = isinstance(x, torch.Tensor) and x.is_floating_point()
-                return x.double() if floating else x
-
-            args = tuple(map(cast, self.built.args))
-            built = Built(model, args, {k: cast(v) for k, v in self.built.kwargs.items()})
+            args = tuple(map(_double, self.built.args))
+            built = Built(model, args, {k: _double(v) for k, v in self.built.kwargs.items()})
             job = dataclasses.replace(self.job, dtype="float32")  # no autocast to bfloat16
-            self._f64 = _float64(flat_tensors(_step(self.spec, built, model, job)()))
-            self._eager_f64_error = relative_error(_float64(self.eager), self._f64)
-        return relative_error(_float64(out), self._f64), self._eager_f64_error
+            self._f64 = [_double(t) for t in flat_tensors(_step(self.spec, built, model, job)())]
+            self._eager_f64_error = relative_error([_double(t) for t in self.eager], self._f64)
+        return relative_error([_double(t) for t in out], self._f64), self._eager_f64_error
 
 
 def _judge(row: dict[str, Any], out: list[torch.Tensor], reference: Reference, job: Job) -> None:

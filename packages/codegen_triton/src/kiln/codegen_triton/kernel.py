@@ -351,7 +351,6 @@ class TritonKernel:
         )  # fmt: skip
 
     def _open_loop(self) -> None:
-        self.fenced = False
         self.loop = _Loop()
         self.top.append(self.loop)
         self.scopes.append({})
