@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kiln.capture import builtin_calls, calls, torch_calls
+from kiln.capture import builtin_calls, calls, numpy_calls, torch_calls
 from kiln.capture.break_reasons import UserException, raised, unsupported
 from kiln.capture.guard_data import GuardKind
 from kiln.capture.source import MODULE_STORES, Source
@@ -30,6 +30,7 @@ from kiln.capture.values.functions import (
     ReplayedCallValue,
     UserFunctionValue,
 )
+from kiln.capture.values.ndarray import NdarrayValue
 from kiln.capture.values.objects import NewObjectValue, ObjectValue, SuperValue
 from kiln.capture.values.tensor import TensorMethodValue, TensorValue
 from kiln.capture.wrap import function_value, wrap
@@ -54,6 +55,8 @@ def get_attr(tr: Tracer, v: Value, name: str) -> Value:
     if isinstance(v, TensorValue):
         found = torch_calls.tensor_attribute(tr, v, name)
         return found if found is not None else TensorMethodValue(v, name)
+    if isinstance(v, NdarrayValue):
+        return numpy_calls.attribute(tr, v, name)
     if isinstance(v, ObjectValue):
         return _object_attr(tr, v, name)
     if isinstance(v, NewObjectValue):
@@ -412,6 +415,8 @@ def get_item(tr: Tracer, v: Value, index: Value) -> Value:
     """``v[index]``."""
     if isinstance(v, TensorValue):
         return torch_calls.call_function(tr, operator.getitem, [v, index], {})
+    if isinstance(v, NdarrayValue):
+        return numpy_calls.get_item(tr, v, index)
     if isinstance(v, (ListValue, TupleValue)):
         key = index.as_constant() if isinstance(index, ConstantValue) else None
         if isinstance(key, slice):

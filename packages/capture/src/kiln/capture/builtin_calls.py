@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kiln.capture import attributes, calls, operators, torch_calls
+from kiln.capture import attributes, calls, numpy_calls, operators, torch_calls
 from kiln.capture.break_reasons import raised, unsupported
 from kiln.capture.guard_data import GuardKind
 from kiln.capture.source import Source
@@ -35,6 +35,7 @@ from kiln.capture.values.iterators import (
     MapIterator,
     ZipIterator,
 )
+from kiln.capture.values.ndarray import NdarrayValue
 from kiln.capture.values.objects import NewObjectValue, ObjectValue, SuperValue
 from kiln.capture.values.tensor import TensorValue
 from kiln.capture.wrap import wrap
@@ -190,6 +191,8 @@ def length(tr: Tracer, v: Value) -> int:
         return len(v.items)
     if isinstance(v, ConstantValue):
         return len(v.value)
+    if isinstance(v, NdarrayValue):
+        v = v.tensor  # numpy scalars have no len(): the 0-d check below raises for them too
     if isinstance(v, TensorValue):
         if v.fake.dim() == 0:
             raise unsupported("user_exception", "len() of a 0-d tensor")
@@ -564,6 +567,8 @@ def _all(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
 def _abs(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
     if isinstance(args[0], TensorValue):
         return torch_calls.call_function(tr, operator.abs, args, {})
+    if isinstance(args[0], NdarrayValue):
+        return numpy_calls.unary_op(tr, "abs", args[0])
     return fold(abs, args, kwargs)
 
 
@@ -574,8 +579,10 @@ def _bool(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
 
 def _scalar_handler(fn: Callable[..., Any]) -> Handler:
     def handler(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
-        if any(isinstance(a, TensorValue) for a in args):
-            raise unsupported("data_dependent_value", f"{fn.__name__}() of a tensor")
+        for a in args:
+            if isinstance(a, TensorValue | NdarrayValue):
+                kind = a.python_type().__name__
+                raise unsupported("data_dependent_value", f"{fn.__name__}() of a {kind}")
         return fold(fn, args, kwargs)
 
     return handler

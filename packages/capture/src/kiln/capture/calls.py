@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kiln.capture import builtin_calls, container_methods, contexts, torch_calls
+from kiln.capture import builtin_calls, container_methods, contexts, numpy_calls, torch_calls
 from kiln.capture.break_reasons import unsupported
 from kiln.capture.guard_data import GuardKind
 from kiln.capture.values.base import ConstantValue, Value, is_constant
@@ -111,6 +111,8 @@ def _call_object(tr: Tracer, fv: ObjectValue, args: list[Value], kwargs: dict[st
     handler = builtin_calls.handler_for(obj)
     if handler is not None:
         return handler(tr, args, kwargs)
+    if numpy_calls.is_numpy_function(obj):
+        return numpy_calls.call_function(tr, fv, args, kwargs)
     ctx = contexts.make_context(obj, args, kwargs)
     if ctx is not None:
         if isinstance(ctx, contexts.ContextValue) and ctx.applied_at_creation:

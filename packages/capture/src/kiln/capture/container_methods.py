@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kiln.capture import attributes, builtin_calls, operators
+from kiln.capture import attributes, builtin_calls, numpy_calls, operators
 from kiln.capture.break_reasons import raised, unsupported
 from kiln.capture.values.base import ConstantValue, Value
 from kiln.capture.values.containers import DictValue, ListValue, SetValue, TupleValue, dict_key
+from kiln.capture.values.ndarray import NdarrayValue
 
 if TYPE_CHECKING:
     from kiln.capture.tracer import Tracer
@@ -22,7 +23,9 @@ __all__ = ["call_builtin_method"]
 def call_builtin_method(
     tr: Tracer, receiver: Value, name: str, args: list[Value], kwargs: dict[str, Value]
 ) -> Value:
-    """``receiver.name(*args)`` for a list, tuple, dict or set receiver."""
+    """``receiver.name(*args)`` for a list, tuple, dict, set or numpy array receiver."""
+    if isinstance(receiver, NdarrayValue):
+        return numpy_calls.call_method(tr, receiver, name, args, kwargs)
     if isinstance(receiver, ListValue):
         return _list_method(tr, receiver, name, args)
     if isinstance(receiver, DictValue):

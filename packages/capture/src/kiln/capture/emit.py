@@ -33,6 +33,7 @@ from kiln.capture.source import (
 from kiln.capture.values.base import ConstantValue, Value
 from kiln.capture.values.containers import CellValue, DictValue, ListValue, SetValue, TupleValue
 from kiln.capture.values.functions import BoundMethodValue, UserFunctionValue
+from kiln.capture.values.ndarray import NdarrayValue, as_numpy
 from kiln.capture.values.objects import NewObjectValue, ObjectValue
 from kiln.capture.values.tensor import TensorValue
 from kiln.capture.wrap import is_namedtuple
@@ -73,6 +74,8 @@ def graph_outputs(result: Value, effects: SideEffects) -> list[TensorValue]:
         if isinstance(v, TensorValue):
             if v.node.op != "placeholder":
                 found.setdefault(id(v.node), v)
+        elif isinstance(v, NdarrayValue):
+            visit(v.tensor)
         elif isinstance(v, (TupleValue, ListValue)) and v.source is None:
             for x in v.items:
                 visit(x)
@@ -237,6 +240,8 @@ class _Writer:
             if v.node.op == "placeholder" and v.source is not None:
                 return self.source(v.source)
             return f"__kiln_out[{self.output_index[id(v.node)]}]"
+        if isinstance(v, NdarrayValue):
+            return f"{self.const(as_numpy)}({self.value(v.tensor)}, {v.scalar})"
         if isinstance(v, ConstantValue):
             return self.constant(v.value)
         if v.source is not None and isinstance(v, _RELOADED):

@@ -13,12 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from kiln.capture import calls, torch_calls
+from kiln.capture import calls, numpy_calls, torch_calls
 from kiln.capture.break_reasons import raised, unsupported
 from kiln.capture.guard_data import GuardKind
 from kiln.capture.values.base import ConstantValue, Value
 from kiln.capture.values.containers import DictValue, ListValue, SetValue, TupleValue, dict_key
 from kiln.capture.values.functions import UserFunctionValue
+from kiln.capture.values.ndarray import NdarrayValue
 from kiln.capture.values.objects import NewObjectValue, ObjectValue
 from kiln.capture.values.tensor import TensorValue
 from kiln.capture.wrap import function_value
@@ -86,6 +87,8 @@ def binary_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value:
         if sym.endswith("=") and not isinstance(a, TensorValue):
             fn = BINARY[sym[:-1]]  # ``n += t`` for a number n is ``n + t``: nothing is updated
         return torch_calls.call_function(tr, fn, [a, b], {})
+    if isinstance(a, NdarrayValue) or isinstance(b, NdarrayValue):
+        return numpy_calls.binary_op(tr, sym, a, b)
     if isinstance(a, ConstantValue) and isinstance(b, ConstantValue):
         return _fold(fn, a.value, b.value)
     inplace = sym.endswith("=")
@@ -183,6 +186,8 @@ def compare_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value:
     fn = COMPARE[sym]
     if isinstance(a, TensorValue) or isinstance(b, TensorValue):
         return torch_calls.call_function(tr, fn, [a, b], {})
+    if isinstance(a, NdarrayValue) or isinstance(b, NdarrayValue):
+        return numpy_calls.binary_op(tr, sym, a, b)
     if isinstance(a, ConstantValue) and isinstance(b, ConstantValue):
         return _fold(fn, a.value, b.value)
     if (
@@ -253,8 +258,8 @@ def truth(tr: Tracer, v: Value) -> bool:
     """``bool(v)`` when it is known at capture time; tensors refuse (data-dependent)."""
     if isinstance(v, ConstantValue):
         return bool(v.value)
-    if isinstance(v, TensorValue):
-        raise unsupported("data_dependent_branch", "the truth of a tensor")
+    if isinstance(v, TensorValue | NdarrayValue):
+        raise unsupported("data_dependent_branch", f"the truth of a {v.python_type().__name__}")
     if isinstance(v, (ListValue, TupleValue, DictValue, SetValue)):
         return bool(v.items)
     if isinstance(v, (NewObjectValue, ObjectValue)):
@@ -287,6 +292,8 @@ def unary_op(tr: Tracer, name: str, v: Value) -> Value:
     fn = getattr(operator, name)
     if isinstance(v, TensorValue):
         return torch_calls.call_function(tr, fn, [v], {})
+    if isinstance(v, NdarrayValue):
+        return numpy_calls.unary_op(tr, name, v)
     if isinstance(v, ConstantValue):
         try:
             return ConstantValue(fn(v.value))

@@ -16,10 +16,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import fx
 
+from kiln.capture import numpy_calls
 from kiln.capture.break_reasons import unsupported
 from kiln.capture.errors import Unsupported
 from kiln.capture.values.base import ConstantValue, Value, is_constant
 from kiln.capture.values.containers import DictValue, ListValue, TupleValue
+from kiln.capture.values.ndarray import NdarrayValue
 from kiln.capture.values.objects import ObjectValue
 from kiln.capture.values.tensor import TensorValue
 
@@ -39,7 +41,6 @@ _DATA_METHODS = frozenset(
     {
         "item",
         "tolist",
-        "numpy",
         "__bool__",
         "__int__",
         "__float__",
@@ -151,6 +152,8 @@ def _unpack(v: Value) -> tuple[Any, Any]:
     if isinstance(v, TensorValue):
         return v.node, v.fake
     if isinstance(v, ConstantValue):
+        if type(v.value).__module__ == "numpy":  # numpy.float64 is a float, but fx prints it
+            return v.value.item(), v.value  # as ``np.float64(...)``, a name the graph lacks
         return v.value, v.value
     if isinstance(v, (ListValue, TupleValue)):
         pairs = [_unpack(x) for x in v.items]
@@ -244,6 +247,8 @@ def call_function(tr: Tracer, fn: Any, args: list[Value], kwargs: dict[str, Valu
         if args and isinstance(args[0], TensorValue):
             return call_method(tr, args[0], fn.__name__, args[1:], kwargs)
         raise unsupported("unsupported_call", f"Tensor.{fn.__name__} on a non-tensor")
+    if any(isinstance(a, NdarrayValue) for a in [*args, *kwargs.values()]):
+        return numpy_calls.to_tensor(tr, fn, args, kwargs)
     return _run(tr, "call_function", fn, fn, args, kwargs)
 
 
@@ -253,6 +258,8 @@ def call_method(
     """``tensor.name(*args, **kwargs)`` as a ``call_method`` node."""
     if name in _DATA_METHODS:
         raise unsupported("data_dependent_value", f"Tensor.{name}()")
+    if name == "numpy" and not args:
+        return numpy_calls.from_tensor(tr, tensor, kwargs)
     method = getattr(torch.Tensor, name)
     return _run(tr, "call_method", name, method, [tensor, *args], kwargs)
 
