@@ -13,6 +13,7 @@ key bias under softmax) is measured against 1% of the largest norm instead, an a
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import resource
 import statistics
@@ -37,6 +38,9 @@ __all__ = [
 TOLERANCES = {"float32": 1e-3, "amp": 3e-2, "bfloat16": 5e-2}
 # Norms below this fraction of the largest expected tensor's norm are compared against it.
 _FLOOR = 1e-2
+# A timed call lasts at least this long: shorter steps are repeated (at most _MAX_REPEAT times).
+MIN_CALL_S = 5e-3
+_MAX_REPEAT = 50
 
 
 def flat_tensors(value: Any) -> list[torch.Tensor]:
@@ -97,24 +101,43 @@ def _step_s(fn: Callable[[], Any], device: str) -> float:
     return start.elapsed_time(end) / 1e3
 
 
+def _repeated(fn: Callable[[], Any], n: int) -> Callable[[], Any]:
+    if n == 1:
+        return fn
+
+    def calls() -> None:
+        for _ in range(n):
+            fn()
+
+    return calls
+
+
 def interleaved_medians(
-    steps: dict[str, Callable[[], Any]], device: str, iters: int, budget_s: float
+    steps: dict[str, Callable[[], Any]],
+    device: str,
+    iters: int,
+    budget_s: float,
+    min_call_s: float = MIN_CALL_S,
 ) -> dict[str, float]:
     """Median seconds per step, timed in rounds that call every step once (see above).
 
     Round ``r`` starts at step ``r mod n``, so no step always runs right after the same one (and
     inherits its caches). Stops after ``iters`` rounds, or after 3 once ``budget_s`` per step is
-    spent.
+    spent. A step shorter than ``min_call_s`` is timed as the mean of back-to-back calls, the
+    same number for every step (as a model runs in a loop): single calls of a sub-millisecond
+    step, each after another backend's, mostly measured cold caches and timer noise.
     """
     names = list(steps)
     if not names:
         return {}
+    fastest = min(_step_s(steps[name], device) for name in names)
+    repeat = max(1, min(_MAX_REPEAT, math.ceil(min_call_s / max(fastest, 1e-9))))
     times: dict[str, list[float]] = {name: [] for name in names}
     began = time.perf_counter()
     for r in range(iters):
         first = r % len(names)
         for name in names[first:] + names[:first]:
-            times[name].append(_step_s(steps[name], device))
+            times[name].append(_step_s(_repeated(steps[name], repeat), device) / repeat)
         if r >= 2 and time.perf_counter() - began > budget_s * len(names):
             break
     return {name: statistics.median(t) for name, t in times.items()}

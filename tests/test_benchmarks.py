@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import math
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -53,12 +54,24 @@ def test_relative_error_and_geomean():
 def test_interleaved_medians_rotate_the_order():
     calls: list[str] = []
     steps = {name: functools.partial(calls.append, name) for name in "abc"}
-    medians = interleaved_medians(steps, "cpu", iters=4, budget_s=60.0)
+    medians = interleaved_medians(steps, "cpu", iters=4, budget_s=60.0, min_call_s=0.0)
     assert list(medians) == ["a", "b", "c"] and all(t > 0 for t in medians.values())
-    assert "".join(calls) == "abc" + "bca" + "cab" + "abc"
+    assert "".join(calls) == "abc" + "abc" + "bca" + "cab" + "abc"  # one call each to size
     calls.clear()
-    interleaved_medians(steps, "cpu", iters=10, budget_s=0.0)
-    assert len(calls) == 9  # three rounds at least, then the spent budget stops it
+    interleaved_medians(steps, "cpu", iters=10, budget_s=0.0, min_call_s=0.0)
+    assert len(calls) == 3 + 9  # three rounds at least, then the spent budget stops it
+
+
+def test_short_steps_are_timed_over_back_to_back_calls():
+    calls: list[str] = []
+    steps = {
+        "fast": lambda: calls.append("f"),
+        "slow": lambda: (time.sleep(2e-3), calls.append("s")),
+    }
+    medians = interleaved_medians(steps, "cpu", iters=3, budget_s=60.0, min_call_s=0.01)
+    assert medians["slow"] == pytest.approx(2e-3, rel=0.5)
+    # the fastest step sets one count for all: 50 calls (the cap) per step and round
+    assert calls.count("f") == calls.count("s") == 1 + 3 * 50
 
 
 @pytest.mark.slow

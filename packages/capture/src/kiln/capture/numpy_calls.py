@@ -242,7 +242,8 @@ def _fold(fn: Any, args: list[Value], kwargs: dict[str, Value]) -> Value:
     result = builtin_calls.fold(fn, args, kwargs)
     if isinstance(result, ConstantValue):
         return result
-    raise unsupported("unsupported_call", f"numpy.{fn.__name__} giving a {type(result)}")
+    kind = result.python_type().__name__
+    raise unsupported("unsupported_call", f"numpy.{fn.__name__} giving a {kind}")
 
 
 def _bind(
