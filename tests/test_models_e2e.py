@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 
@@ -162,3 +163,21 @@ def test_attention_models_on_cuda(device, mode):
     snap = _check(_Logits(_gpt2()), (ids,), mode, "kiln", device=device)
     assert "fallback_ops" not in snap
     assert any("scaled_dot_product" in k for k in snap["extern_kernels"]), snap["extern_kernels"]
+
+
+def _numpy_statistic(x: torch.Tensor) -> torch.Tensor:
+    h = torch.relu(x)
+    scale = float(np.tanh(h.detach().cpu().numpy().mean())) + 1.0
+    return h * scale
+
+
+@pytest.mark.parametrize("device", ["cpu", *CUDA])
+def test_a_statistic_taken_through_numpy_compiles_up_to_float(device):
+    """The numpy calls join the graph (on the GPU: a device copy to the CPU inside it), and
+    only ``float()`` breaks it. On CUDA the copy once ran ``prims.device_put`` on meta data."""
+    x = torch.randn(64, 64, device=device)
+    compiled = kiln.compile(_numpy_statistic)
+    torch.testing.assert_close(compiled(x), _numpy_statistic(x))
+    stats = kiln.stats()
+    assert stats.eager_fallbacks == 0
+    assert stats.graph_breaks == 1

@@ -98,6 +98,9 @@ def test_device_propagation():
     assert (x * to_fake(torch.tensor(2.0))).device == x.device  # CPU scalar
     assert (to_fake(torch.tensor(2.0)) * x).device == x.device
     assert x.to("cpu").device == torch.device("cpu")
+    # a device passed positionally (torch._refs._to_copy decomposes to this) is not run for real
+    moved = torch.ops.prims.device_put.default(x, torch.device("cpu"))
+    assert moved.device == torch.device("cpu") and moved.shape == x.shape
     assert x.new_zeros(3).device == x.device
     assert x.sum().device == x.device
 

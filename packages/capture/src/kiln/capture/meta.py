@@ -52,6 +52,7 @@ initializes CUDA before dispatch); ops on CUDA fakes need neither.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -296,8 +297,18 @@ def to_fake(real: torch.Tensor, mode: FakeMode | None = None) -> FakeTensor:
     return FakeTensor(_plain_meta(real), real.device, requires_grad=real.requires_grad)
 
 
+@functools.cache
+def _device_position(func: Any) -> int | None:
+    """Where ``func`` takes its device positionally (``prims.device_put(a, device)``), if it does."""
+    for i, a in enumerate(func._schema.arguments):
+        if a.name == "device" and not a.kwarg_only:
+            return i
+    return None
+
+
 def _result_device(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device:
-    device = kwargs.get("device")
+    at = _device_position(func)
+    device = args[at] if at is not None and at < len(args) else kwargs.get("device")
     if device is not None:
         return _normalize(torch.device(device))
     cpu_scalar = None
@@ -362,6 +373,9 @@ def run_fake(
     meta_args, meta_kwargs = pytree.tree_map(unwrap, (args, kwargs))
     if _is_factory(func) or meta_kwargs.get("device") is not None:
         meta_kwargs["device"] = torch.device("meta")
+    at = _device_position(func)
+    if at is not None and at < len(meta_args) and meta_args[at] is not None:
+        meta_args = (*meta_args[:at], torch.device("meta"), *meta_args[at + 1 :])
     try:
         with _disable_current_modes():
             out = func(*meta_args, **meta_kwargs)
