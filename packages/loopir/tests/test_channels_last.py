@@ -42,8 +42,13 @@ def _inputs():
 
 @pytest.mark.parametrize(
     ("fn", "device", "want"),
-    [(conv_net, CUDA, True), (conv_net, CPU, False), (conv_net_features, CUDA, False)],
-    ids=["cuda", "cpu", "nchw-output"],
+    [
+        (conv_net, CUDA, True),
+        (conv_net, CPU, torch.backends.mkldnn.is_available()),  # oneDNN runs NHWC faster
+        (conv_net_features, CUDA, False),
+        (conv_net_features, CPU, False),
+    ],
+    ids=["cuda", "cpu", "nchw-output", "nchw-output-cpu"],
 )
 def test_which_graphs_prefer_channels_last(fn, device, want):
     assert prefers_channels_last(aten_graph(fn, *_inputs()), device) is want
@@ -75,3 +80,4 @@ def test_forced_channels_last_matches_eager_with_nhwc_buffers_and_no_copies():
         assert tuple(int(v) for v in layout.stride) == (h * w * c, 1, w * c, c)
     snapshot = counters.snapshot()
     assert "extern_copies" not in snapshot and "output_copies" not in snapshot
+

@@ -6,15 +6,17 @@ from collections.abc import Sequence
 from typing import Any
 
 import sympy
+import torch
 
 from kiln.loopir import sizes
 from kiln.loopir.errors import Unlowerable
 from kiln.loopir.ir.buffers import Buffer
 from kiln.loopir.ir.layout import Layout
 from kiln.loopir.ir.strided import as_strided_view
-from kiln.loopir.ir.views import ReinterpretView, TensorBox, View
+from kiln.loopir.ir.views import ReinterpretView, TensorBox, View, pointwise_copy
 from kiln.loopir.lowering.common import canonical_dim, expand_to
 from kiln.loopir.lowering.registry import overloads, register_lowering
+from kiln.loopir.virtualized import V
 
 __all__ = ["view", "permute", "slice_", "unsqueeze", "squeeze_dims", "flat_view"]
 
@@ -233,6 +235,16 @@ def _roll(x: TensorBox, shifts: Sequence[int], dims: Sequence[int] = ()) -> Tens
     return _remap(x, size, reindex, "roll")
 
 
+def _laid_out_like(layout: Layout, traced: torch.Tensor) -> bool:
+    """Whether ``layout`` puts every element where ``traced`` (eager's tensor) has it."""
+    if tuple(sizes.static_int(n) for n in layout.size) != tuple(traced.shape):
+        return False
+    return sizes.static_int(layout.offset) == traced.storage_offset() and all(
+        n == 1 or sizes.static_int(s) == w
+        for n, s, w in zip(traced.shape, layout.stride, traced.stride(), strict=True)
+    )
+
+
 @register_lowering(*overloads("as_strided", "default"))
 def _as_strided(
     x: TensorBox, size: Sequence[int], stride: Sequence[int], storage_offset: int | None = None
@@ -241,6 +253,15 @@ def _as_strided(
     if box is None:
         raise Unlowerable("as_strided of a computed view")
     buf = box.realize()
+    traced = V.graph.layout_hint(x)
+    if isinstance(traced, torch.Tensor) and not _laid_out_like(buf.layout, traced):
+        # the strides address storage as eager laid it out: a buffer Kiln laid out otherwise
+        # (NHWC in a channels-last graph) is read through a copy with eager's strides
+        copy = pointwise_copy(x, "as_strided input").storage()
+        assert copy is not None
+        buf = copy.realize()
+        traced_stride = tuple(S(s) for s in traced.stride())
+        buf.layout = Layout(buf.layout.device, buf.layout.dtype, buf.layout.size, traced_stride)
     offset = S(storage_offset) if storage_offset is not None else buf.layout.offset
     lay = Layout(
         buf.layout.device,
