@@ -80,4 +80,3 @@ def test_forced_channels_last_matches_eager_with_nhwc_buffers_and_no_copies():
         assert tuple(int(v) for v in layout.stride) == (h * w * c, 1, w * c, c)
     snapshot = counters.snapshot()
     assert "extern_copies" not in snapshot and "output_copies" not in snapshot
-
