@@ -30,6 +30,13 @@ def conv_net_features(x, w1, w2, scale, lin):
     return (aten.relu.default(y),)
 
 
+def grouped_conv_net(x, w1, w2, scale, lin):
+    """A depthwise-separable block (MobileNet's): a grouped convolution, then a dense 1x1."""
+    y = aten.convolution.default(x, w1, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    y = aten.convolution.default(y, w2[:, :1], None, [1, 1], [1, 1], [1, 1], False, [0, 0], 8)
+    return (aten.mm.default(aten.mean.dim(y, [2, 3]), lin),)
+
+
 def _inputs():
     return (
         torch.randn(2, 3, 16, 16),
@@ -44,11 +51,12 @@ def _inputs():
     ("fn", "device", "want"),
     [
         (conv_net, CUDA, True),
-        (conv_net, CPU, torch.backends.mkldnn.is_available()),  # oneDNN runs NHWC faster
+        (conv_net, CPU, False),  # dense convolutions: oneDNN is no faster in NHWC
+        (grouped_conv_net, CPU, torch.backends.mkldnn.is_available()),
         (conv_net_features, CUDA, False),
         (conv_net_features, CPU, False),
     ],
-    ids=["cuda", "cpu", "nchw-output", "nchw-output-cpu"],
+    ids=["cuda", "cpu", "cpu-grouped", "nchw-output", "nchw-output-cpu"],
 )
 def test_which_graphs_prefer_channels_last(fn, device, want):
     assert prefers_channels_last(aten_graph(fn, *_inputs()), device) is want
