@@ -1456,7 +1456,7 @@ CASES: list[tuple[Callable[..., Any], Callable[[], tuple[Any, ...]]]] = [
     (isinstance_numpy, lambda: (r(2),)),
     (sort_with_item, lambda: ([r(2), r(2), r(2)],)),
     (sorted_key_mutates, lambda: ([r(2), r(2), r(2)], [])),
-    (call_mutating_helper, lambda: (r(2), Box())),
+    (call_mutating_helper, lambda: (r(2).abs() + 0.1, Box())),  # the positive branch: 3 graphs
     (str_format_tensor, lambda: (r(2),)),
     (slice_break, lambda: (r(2),)),
     (fstring_conversion_break, lambda: (r(2),)),
