@@ -33,10 +33,10 @@ from kiln.loopir.ir.layout import (
     layout_of_tensor,
 )
 from kiln.loopir.ir.loops import Pointwise
-from kiln.loopir.ir.strided import as_strided_view, realize_as_tensor, realize_like
-from kiln.loopir.ir.views import StorageBox, TensorBox, pointwise_copy
+from kiln.loopir.ir.strided import as_strided_view, copy_like, realize_as_tensor, realize_like
+from kiln.loopir.ir.views import StorageBox, TensorBox
 from kiln.loopir.kernel import SEEDS
-from kiln.loopir.lowering.fallback import fallback, is_convolution
+from kiln.loopir.lowering.fallback import fallback, is_convolution, packet_name
 from kiln.loopir.lowering.registry import LOWERINGS
 from kiln.loopir.virtualized import V
 
@@ -260,9 +260,7 @@ class GraphLowering:
         if isinstance(box, StorageBox) and isinstance(box.data, Pointwise):
             buf = box.realize()
             if isinstance(meta, torch.Tensor) and is_dense(meta):
-                stride = tuple(buf.layout.stride)
-                stride = tuple(sympy.Integer(n) for n in meta.stride()) if meta.dim() else stride
-                buf.layout = Layout(buf.layout.device, buf.layout.dtype, buf.layout.size, stride)
+                buf.layout = buf.layout.with_strides(meta.stride())
             return buf
         found = as_strided_view(value)
         if found is not None and _strides_match(found.layout, meta):
@@ -274,21 +272,13 @@ class GraphLowering:
         if found is not None:
             counters.bump("output_copies", found.get_name())
             log.debug("output %s copied to its traced strides %s", found.get_name(), meta.stride())
-        copy = pointwise_copy(value, "output relayout").storage()
-        assert copy is not None
-        buf = copy.realize()
-        stride = tuple(sympy.Integer(n) for n in meta.stride())
-        buf.layout = Layout(buf.layout.device, buf.layout.dtype, buf.layout.size, stride)
-        return buf
+        return copy_like(value, meta, "output relayout")
 
 
 def _strides_match(layout: Layout, meta: Any) -> bool:
     if not isinstance(meta, torch.Tensor) or meta.dim() != len(layout.size):
         return True
-    return all(
-        n == 1 or s == want
-        for n, s, want in zip(meta.shape, layout.stride, meta.stride(), strict=True)
-    )
+    return layout.strides_match(meta)
 
 
 def prefers_channels_last(gm: torch.fx.GraphModule, device: torch.device) -> bool:
@@ -332,11 +322,7 @@ def _cpu_prefers_nhwc(nodes: list[torch.fx.Node], convs: list[torch.fx.Node]) ->
     if not torch.backends.mkldnn.is_available():
         return False
     grouped = any(len(n.args) > 8 and n.args[8] != 1 for n in convs)
-    products = [
-        n
-        for n in nodes
-        if getattr(getattr(n.target, "overloadpacket", None), "__name__", "") in _MATRIX_PRODUCTS
-    ]
+    products = [n for n in nodes if packet_name(n.target) in _MATRIX_PRODUCTS]
     return grouped and len(convs) >= len(products)
 
 

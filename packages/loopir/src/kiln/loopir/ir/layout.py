@@ -51,6 +51,17 @@ class Layout:
     def as_fixed(self) -> Layout:
         return dataclasses.replace(self, flexible=False)
 
+    def with_strides(self, stride: Sequence[int | sympy.Expr]) -> Layout:
+        """This layout fixed to ``stride`` (a new buffer given eager's strides)."""
+        strides = tuple(sizes.sympify(s) for s in stride)
+        return dataclasses.replace(self, stride=strides, flexible=False)
+
+    def strides_match(self, t: torch.Tensor) -> bool:
+        """Whether every dim longer than 1 steps through storage as ``t``'s does."""
+        return t.dim() == len(self.size) and all(
+            n == 1 or s == w for n, s, w in zip(t.shape, self.stride, t.stride(), strict=True)
+        )
+
     def is_contiguous(self) -> bool:
         want = sizes.contiguous_strides(self.size)
         return all(n == 1 or s == w for n, s, w in zip(self.size, self.stride, want, strict=True))

@@ -20,7 +20,7 @@ from kiln.loopir.ir.loops import Pointwise
 from kiln.loopir.ir.views import ReinterpretView, StorageBox, TensorBox, View, pointwise_copy
 from kiln.loopir.virtualized import V
 
-__all__ = ["as_strided_view", "realize_as_tensor", "realize_like", "affine_layout"]
+__all__ = ["as_strided_view", "copy_like", "realize_as_tensor", "realize_like", "affine_layout"]
 
 
 def _base_and_index(node: Any, index: list[sympy.Expr]) -> tuple[Buffer, sympy.Expr] | None:
@@ -117,5 +117,13 @@ def realize_like(x: TensorBox, traced: Any) -> None:
     if tuple(traced.shape) != tuple(sizes.static_int(n) for n in x.get_size()):
         return
     buf = box.realize()
-    stride = tuple(sizes.sympify(s) for s in traced.stride())
-    buf.layout = Layout(buf.layout.device, buf.layout.dtype, buf.layout.size, stride)
+    buf.layout = buf.layout.with_strides(traced.stride())
+
+
+def copy_like(x: TensorBox, traced: torch.Tensor, origin: str) -> Buffer:
+    """A new buffer holding ``x``'s values with ``traced``'s (eager's) strides."""
+    copy = pointwise_copy(x, origin).storage()
+    assert copy is not None
+    buf = copy.realize()
+    buf.layout = buf.layout.with_strides(traced.stride())
+    return buf

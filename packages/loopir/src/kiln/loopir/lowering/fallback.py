@@ -36,7 +36,14 @@ from kiln.loopir.ir.views import ReinterpretView, StorageBox, TensorBox
 from kiln.loopir.lowering.registry import overloads, register_lowering
 from kiln.loopir.virtualized import V
 
-__all__ = ["fallback", "extern_call", "VENDOR_KERNELS", "is_vendor_kernel", "is_convolution"]
+__all__ = [
+    "fallback",
+    "extern_call",
+    "VENDOR_KERNELS",
+    "is_vendor_kernel",
+    "is_convolution",
+    "packet_name",
+]
 
 log = logging.getLogger(__name__)
 
@@ -64,11 +71,14 @@ VENDOR_KERNELS: dict[str, tuple[str, ...]] = {
 """ATen ops (packet → overloads) that stay library calls on purpose, and why (comments)."""
 
 
+def packet_name(op: Any) -> str:
+    """The ATen op's name without its overload (``convolution``), or "" for other callables."""
+    return str(getattr(getattr(op, "overloadpacket", None), "__name__", ""))
+
+
 def is_vendor_kernel(op: Any) -> bool:
     """Whether ``op`` (an ``OpOverload``) is one of ``VENDOR_KERNELS``."""
-    packet = getattr(op, "overloadpacket", None)
-    name = getattr(packet, "__name__", "")
-    return getattr(op, "_overloadname", None) in VENDOR_KERNELS.get(name, ())
+    return getattr(op, "_overloadname", None) in VENDOR_KERNELS.get(packet_name(op), ())
 
 
 def _layout(meta: torch.Tensor, device: torch.device) -> Layout:
@@ -114,8 +124,7 @@ def _planned_outputs(op: Any, args: Any, kwargs: Any, traced: Any) -> Any:
 
 def is_convolution(op: Any) -> bool:
     """Whether ``op`` is ATen's (forward) convolution, whichever overload."""
-    name = getattr(getattr(op, "overloadpacket", None), "__name__", "")
-    return name in ("convolution", "_convolution")
+    return packet_name(op) in ("convolution", "_convolution")
 
 
 def _nhwc(t: torch.Tensor) -> bool:

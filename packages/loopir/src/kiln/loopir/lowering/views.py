@@ -12,8 +12,8 @@ from kiln.loopir import sizes
 from kiln.loopir.errors import Unlowerable
 from kiln.loopir.ir.buffers import Buffer
 from kiln.loopir.ir.layout import Layout
-from kiln.loopir.ir.strided import as_strided_view
-from kiln.loopir.ir.views import ReinterpretView, TensorBox, View, pointwise_copy
+from kiln.loopir.ir.strided import as_strided_view, copy_like
+from kiln.loopir.ir.views import ReinterpretView, TensorBox, View
 from kiln.loopir.lowering.common import canonical_dim, expand_to
 from kiln.loopir.lowering.registry import overloads, register_lowering
 from kiln.loopir.virtualized import V
@@ -237,11 +237,10 @@ def _roll(x: TensorBox, shifts: Sequence[int], dims: Sequence[int] = ()) -> Tens
 
 def _laid_out_like(layout: Layout, traced: torch.Tensor) -> bool:
     """Whether ``layout`` puts every element where ``traced`` (eager's tensor) has it."""
-    if tuple(sizes.static_int(n) for n in layout.size) != tuple(traced.shape):
-        return False
-    return sizes.static_int(layout.offset) == traced.storage_offset() and all(
-        n == 1 or sizes.static_int(s) == w
-        for n, s, w in zip(traced.shape, layout.stride, traced.stride(), strict=True)
+    return (
+        tuple(sizes.static_int(n) for n in layout.size) == tuple(traced.shape)
+        and sizes.static_int(layout.offset) == traced.storage_offset()
+        and layout.strides_match(traced)
     )
 
 
@@ -257,11 +256,7 @@ def _as_strided(
     if isinstance(traced, torch.Tensor) and not _laid_out_like(buf.layout, traced):
         # the strides address storage as eager laid it out: a buffer Kiln laid out otherwise
         # (NHWC in a channels-last graph) is read through a copy with eager's strides
-        copy = pointwise_copy(x, "as_strided input").storage()
-        assert copy is not None
-        buf = copy.realize()
-        traced_stride = tuple(S(s) for s in traced.stride())
-        buf.layout = Layout(buf.layout.device, buf.layout.dtype, buf.layout.size, traced_stride)
+        buf = copy_like(x, traced, "as_strided input")
     offset = S(storage_offset) if storage_offset is not None else buf.layout.offset
     lay = Layout(
         buf.layout.device,
