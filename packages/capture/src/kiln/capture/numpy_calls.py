@@ -144,8 +144,7 @@ def from_tensor(tr: Tracer, t: TensorValue, kwargs: dict[str, Value]) -> Ndarray
     except TypeError as e:  # bfloat16 has no numpy dtype: the real call raises
         raise unsupported("data_dependent_value", f"Tensor.numpy() of {fake.dtype}") from e
     if force:
-        t = _tensor(torch_calls.call_method(tr, t, "detach", [], {}))
-        t = _tensor(torch_calls.call_method(tr, t, "cpu", [], {}))
+        t = _method(tr, _method(tr, t, "detach"), "cpu")
     elif fake.requires_grad or fake.device.type != "cpu":
         # eager raises here; the break runs the call for real so the user sees that error
         raise unsupported("data_dependent_value", "Tensor.numpy() of a tensor that "
@@ -167,7 +166,7 @@ def to_tensor(tr: Tracer, fn: Any, args: list[Value], kwargs: dict[str, Value]) 
         raise unsupported("unsupported_call", f"{fn.__name__} with these arguments")
     out: Value = args[0].tensor
     if fn is torch.tensor:  # a copy; the others share the array's memory
-        out = torch_calls.call_method(tr, args[0].tensor, "clone", [], {})
+        out = _method(tr, args[0].tensor, "clone")
     if kwargs:
         return torch_calls.call_method(tr, _tensor(out), "to", [], kwargs)
     return out
@@ -324,10 +323,13 @@ def _tensor(v: Value) -> TensorValue:
     return v
 
 
+def _method(tr: Tracer, t: TensorValue, name: str, *args: Any) -> TensorValue:
+    """``t.name(*args)`` for constant ``args``, as a tensor."""
+    return _tensor(torch_calls.call_method(tr, t, name, [ConstantValue(a) for a in args], {}))
+
+
 def _cast(tr: Tracer, t: TensorValue, dtype: torch.dtype) -> TensorValue:
-    if t.fake.dtype == dtype:
-        return t
-    return _tensor(torch_calls.call_method(tr, t, "to", [ConstantValue(dtype)], {}))
+    return t if t.fake.dtype == dtype else _method(tr, t, "to", dtype)
 
 
 def _finish(tr: Tracer, out: Value, result: _Result) -> NdarrayValue:
@@ -395,29 +397,26 @@ def _reduce(
 def _reshape(tr: Tracer, name: str, arr: NdarrayValue, bound: dict[str, Any]) -> NdarrayValue:
     x = arr.tensor
     ndim = x.fake.dim()
-    margs: list[Value] = [ConstantValue(-1)]
+    margs: list[Any] = [-1]
     method = "reshape"  # ravel, flatten
     if name == "reshape":
         shape = bound.get("shape")
-        margs = [ConstantValue(tuple(shape) if isinstance(shape, (list, tuple)) else (shape,))]
+        margs = [tuple(shape) if isinstance(shape, (list, tuple)) else (shape,)]
     elif name == "transpose":
-        axes = bound.get("axes")
-        method, margs = "permute", [ConstantValue(tuple(axes or reversed(range(ndim))))]
+        method, margs = "permute", [tuple(bound.get("axes") or reversed(range(ndim)))]
     elif name == "squeeze":
         axis = bound.get("axis")
-        method, margs = "squeeze", [] if axis is None else [ConstantValue(_axes(axis))]
+        method, margs = "squeeze", [] if axis is None else [_axes(axis)]
     elif name == "expand_dims":
-        out: Value = x
         axes = _axes(bound.get("axis")) or ()
-        total = ndim + len(axes)
-        for a in sorted(a % total for a in axes):
-            out = torch_calls.call_method(tr, _tensor(out), "unsqueeze", [ConstantValue(a)], {})
-        return NdarrayValue(_tensor(out))
+        for a in sorted(a % (ndim + len(axes)) for a in axes):
+            x = _method(tr, x, "unsqueeze", a)
+        return NdarrayValue(x)
     elif name == "copy":
         method, margs = "clone", []
     elif name == "astype":
-        method, margs = "to", [ConstantValue(torch_dtype(bound["dtype"]))]
-    return NdarrayValue(_tensor(torch_calls.call_method(tr, x, method, margs, {})))
+        method, margs = "to", [torch_dtype(bound["dtype"])]
+    return NdarrayValue(_method(tr, x, method, *margs))
 
 
 def _sequence(
@@ -433,8 +432,7 @@ def _sequence(
     arrays = [x for x in seq.items if isinstance(x, NdarrayValue)]
     tensors: list[Value] = [_cast(tr, x.tensor, result.dtype) for x in arrays]
     if axis is None:  # concatenate flattened arrays
-        tensors = [torch_calls.call_method(tr, _tensor(t), "reshape", [ConstantValue(-1)], {})
-                   for t in tensors]  # fmt: skip
+        tensors = [_method(tr, _tensor(t), "reshape", -1) for t in tensors]
         axis = 0
     func = torch.cat if name == "concatenate" else torch.stack
     out = torch_calls.call_function(tr, func, [ListValue(tensors)], {"dim": ConstantValue(axis)})

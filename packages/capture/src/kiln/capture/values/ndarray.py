@@ -8,6 +8,8 @@ output back into the numpy object wherever Python code sees it.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from kiln.capture.values.base import Value
@@ -16,6 +18,7 @@ from kiln.capture.values.tensor import TensorValue
 __all__ = ["NdarrayValue", "as_numpy", "numpy_dtype"]
 
 
+@functools.cache
 def numpy_dtype(dtype: torch.dtype) -> type:
     """The numpy scalar type of a torch dtype (``torch.float32`` -> ``numpy.float32``)."""
     return type(torch.empty((), dtype=dtype).numpy()[()])
