@@ -84,6 +84,8 @@ def test_ufuncs_reductions_and_operators_are_one_graph():
         lambda x: x.numpy().reshape(2, -1).T.copy(),
         lambda x: np.expand_dims(x.numpy(), (0, 2)).squeeze(0),
         lambda x: np.concatenate([x.numpy(), x.numpy() * 2], axis=1),
+        lambda x: np.concatenate((x.numpy(), x.numpy()), axis=None),  # flattens first
+        lambda x: x.numpy().sum(axis=None, out=None),
         lambda x: np.stack((x.numpy(), x.numpy()), axis=0).astype(np.float64),
         lambda x: (
             x.reshape(x.numpy().shape[::-1]) * x.numpy().ndim + x.numpy().size + len(x.numpy())

@@ -214,7 +214,7 @@ def call_method(
     if name in _REDUCTIONS:
         func, params = _REDUCTIONS[name]
         bound = _bind(name, params, args, kwargs)
-        if "out" in bound:
+        if bound.get("out") is not None:
             raise unsupported("unsupported_call", f"numpy.{name} with out=")
         result = _numpy_result(_numpy_callable(name, function, arr), [arr, *args], kwargs)
         return _reduce(tr, func, arr, bound, result)
@@ -248,19 +248,14 @@ def _fold(fn: Any, args: list[Value], kwargs: dict[str, Value]) -> Value:
 def _bind(
     name: str, params: tuple[str, ...], args: list[Value], kwargs: dict[str, Value]
 ) -> dict[str, Any]:
-    """Numpy's arguments by name, as constants (tracked arrays are refused here)."""
+    """Numpy's arguments by name, as constants (tracked arrays are refused here).
+
+    An explicit ``None`` is kept: ``concatenate(..., axis=None)`` flattens, unlike its default.
+    """
     if len(args) > len(params) or set(kwargs) - set(params) - {"keepdims"}:
         raise unsupported("unsupported_call", f"numpy.{name} with these arguments")
     bound = {**dict(zip(params, args, strict=False)), **kwargs}
-    out = {}
-    for key, v in bound.items():
-        if isinstance(v, ObjectValue):
-            out[key] = v.obj  # a dtype
-        else:
-            value = _literal(v)
-            if value is not None:
-                out[key] = value
-    return out
+    return {k: v.obj if isinstance(v, ObjectValue) else _literal(v) for k, v in bound.items()}
 
 
 def _literal(v: Value) -> Any:
@@ -379,7 +374,7 @@ def _reduce(
     keep = bool(bound.get("keepdims", False))
     kw: dict[str, Value] = {"keepdim": ConstantValue(keep)}
     if func in (torch.std, torch.var):
-        kw["correction"] = ConstantValue(bound.get("ddof", 0))
+        kw["correction"] = ConstantValue(bound.get("ddof") or 0)
     if func is torch.prod:  # one dim at a time: torch.prod takes a single dim
         out: Value = x
         for d in sorted(range(x.fake.dim()) if dims is None else dims, reverse=True):
