@@ -253,3 +253,30 @@ def test_an_output_far_from_eager_is_judged_against_float64():
     row = {"rel_error": 1e-2}
     _judge(row, [], IllConditioned(), job)
     assert row["status"] == "ok" and row["rel_error_f64"] == 2e-2
+
+
+@pytest.mark.parametrize("nhwc_error", [3.3e-3, None, 1e-5])
+def test_a_channels_last_result_is_judged_against_eager_in_channels_last(nhwc_error):
+    """mobilenetv3_small training: one ReLU flip, eager's own in channels-last (3.3e-3)."""
+    from benchmarks.worker import Job, _judge
+
+    class FlipsInChannelsLast:
+        def float64_errors(self, out):
+            return 3.3e-3, 7.6e-6
+
+        def channels_last_error(self):
+            return nhwc_error
+
+    row = {"rel_error": 3.3e-3}
+    _judge(row, [], FlipsInChannelsLast(), Job("m", ["kiln"], mode="training"))
+    if nhwc_error == 3.3e-3:
+        assert row["status"] == "ok" and "eager in channels-last: 0.0033" in row["reason"]
+    else:
+        assert row["status"] == "incorrect" and "against float64" in row["reason"]
+
+
+def test_channels_last_eager_runs_only_for_4d_inputs():
+    from benchmarks.worker import Job, Reference, _prepare
+
+    spec, job = models.get("debug_tiny"), Job("debug_tiny", ["eager"], mode="training")
+    assert Reference(spec, _prepare(spec, job), job).channels_last_error() is None
