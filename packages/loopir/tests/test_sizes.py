@@ -63,3 +63,29 @@ def test_scaled_digits_rejoin():
     assert sizes.simplify_with_ranges(wrapped, {i: 100}) == 32768 * sizes.ModularIndexing(
         i, S(1), S(24)
     )
+
+
+def test_a_digit_of_a_digit_is_a_digit():
+    inner = sizes.ModularIndexing(x, S(1), S(256))
+    assert sizes.ModularIndexing(inner, S(1), S(64)) == sizes.ModularIndexing(x, S(1), S(64))
+    assert sizes.ModularIndexing(inner, S(4), S(16)) == sizes.ModularIndexing(x, S(4), S(16))
+    kept = sizes.ModularIndexing(inner, S(1), S(48))  # 48 does not divide 256
+    assert kept.args[0] == inner
+    for d, m_in, a, m in [(1, 12, 2, 3), (2, 48, 4, 4), (3, 256, 1, 16)]:
+        e = sizes.ModularIndexing(sizes.ModularIndexing(x, S(d), S(m_in)), S(a), S(m))
+        for v in range(0, 2000, 7):
+            assert int(e.subs(x, v)) == ((v // d % m_in) // a) % m
+
+
+def test_reshape_index_splits_only_the_dims_that_change():
+    b, t, c = sizes.index_symbol("x", 1), sizes.index_symbol("x", 2), sizes.index_symbol("x", 3)
+    # (4, 128, 4, 64) seen as (4, 128, 256), indexed at a cat piece's shifted c - 512
+    got = sizes.reshape_index([b, t, c - 512], [S(4), S(128), S(256)], [S(4), S(128), S(4), S(64)])
+    assert got == [b, t, sizes.FloorDiv(c, S(64)) - 8, sizes.ModularIndexing(c, S(1), S(64))]
+    # no common runs but the whole: the flat position is split
+    assert sizes.reshape_index([b, t], [S(6), S(4)], [S(4), S(6)]) == sizes.unflatten_index(
+        4 * b + t, [S(4), S(6)]
+    )
+    # size-1 dims on either side
+    assert sizes.reshape_index([b], [S(4)], [S(4), S(1)]) == [b, 0]
+    assert sizes.reshape_index([b, t], [S(4), S(1)], [S(4)]) == [b]

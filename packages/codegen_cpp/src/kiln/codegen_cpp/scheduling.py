@@ -124,6 +124,8 @@ class CppBackend:
     """loopir's :class:`~kiln.loopir.backend.Backend` for ``device="cpu"``."""
 
     name = "cpp"
+    pointwise_cat = False
+    """Each ``cat`` input stored into its window: vector lanes compute masked loads too."""
 
     def __init__(self, threads: int | None = None, simd: bool = True) -> None:
         self.threads = threads

@@ -11,7 +11,10 @@ generated (to build queued kernels in one batch, so errors surface at compile
 time). If it has a ``with_options(options)`` method, loopir calls it once per
 compiled graph with the user's options (``kiln.compile(options=...)``, e.g.
 ``max_autotune`` or ``cpp.threads``) and uses the backend it returns for that
-graph; a backend without one takes no options.
+graph; a backend without one takes no options. A ``pointwise_cat = False``
+attribute asks lowering to store each ``cat`` input into its window of the
+result rather than compute the result as one masked loop over every input
+(where a masked load costs as much as a load, as in C++ vector lanes).
 
 Finding a backend for a device type, first match wins:
 

@@ -21,6 +21,7 @@ import torch.fx
 from torch.utils import _pytree as pytree
 
 from kiln.capture import counters
+from kiln.loopir.backend import Backend, get_backend
 from kiln.loopir.decompose import run_decomposition
 from kiln.loopir.decompositions import declined_decomposition
 from kiln.loopir.errors import LoweringError, Unlowerable
@@ -56,8 +57,11 @@ class GraphLowering:
         default_device: torch.device,
         *,
         channels_last: bool | None = None,
+        backend: Backend | None = None,
     ) -> None:
         self.gm = gm
+        self.backend = backend
+        """The backend forced for every device, else None: each device type's own."""
         self.example_inputs = list(example_inputs)
         self.decompositions = decompositions
         self.default_device = default_device
@@ -78,6 +82,11 @@ class GraphLowering:
             prefers_channels_last(gm, default_device) if channels_last is None else channels_last
         )
         """New 4-D buffers are laid out NHWC (see :func:`prefers_channels_last`)."""
+
+    def pointwise_cat(self, device: torch.device) -> bool:
+        """Whether a ``cat`` on ``device`` is one masked loop (see :mod:`kiln.loopir.backend`)."""
+        backend = self.backend if self.backend is not None else get_backend(device.type)
+        return bool(getattr(backend, "pointwise_cat", True))
 
     # -- naming and registration --------------------------------------------
     def register_buffer(self, buf: Buffer) -> str:

@@ -104,6 +104,7 @@ def compile_graph(
             decompositions(),
             _default_device(aten_gm, example_inputs),
             channels_last=channels_last,
+            backend=backend,
         )
         graph.run()
     with _pass("verify"):

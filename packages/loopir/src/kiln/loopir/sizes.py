@@ -26,6 +26,7 @@ __all__ = [
     "contiguous_strides",
     "flat_index",
     "unflatten_index",
+    "reshape_index",
     "static_int",
     "evaluate_int",
     "linear_index",
@@ -77,6 +78,11 @@ class ModularIndexing(sympy.Function):
             return sympy.Integer(0)
         if base.is_Integer and divisor.is_Integer and modulus.is_Integer:
             return sympy.Integer((int(base) // int(divisor)) % int(modulus))
+        if isinstance(base, ModularIndexing) and (divisor * modulus).is_Integer:
+            # a digit of a digit: (e // d % M) // a % m is e // (d*a) % m when a*m divides M
+            inner, step, span = base.args
+            if span.is_Integer and int(span) % int(divisor * modulus) == 0:
+                return ModularIndexing(inner, step * divisor, modulus)
         if isinstance(base, sympy.Add):
             # drop terms that are multiples of divisor*modulus: they never change the digit
             span = divisor * modulus
@@ -142,6 +148,54 @@ def flat_index(index: Sequence[sympy.Expr], sizes: Sequence[sympy.Expr]) -> symp
 def unflatten_index(flat: sympy.Expr, sizes: Sequence[sympy.Expr]) -> list[sympy.Expr]:
     """Split a row-major flat index into one index per dimension."""
     return list(_unflatten(flat, tuple(sizes)))
+
+
+def reshape_index(
+    index: Sequence[sympy.Expr], new: Sequence[sympy.Expr], old: Sequence[sympy.Expr]
+) -> list[sympy.Expr]:
+    """The index into shape ``old`` of the element at ``index`` of its reshape to ``new``.
+
+    Dims are split into runs whose sizes multiply to the same product on both sides, and
+    each run is flattened and split on its own: the dims a reshape leaves alone keep their
+    index, so a shifted index (a ``cat`` piece's ``c - 512``) is not pushed through floor
+    divisions and modulos of the whole flat position, which do not simplify.
+    """
+    runs = _reshape_runs(tuple(old), tuple(new))
+    if runs is None:
+        return unflatten_index(flat_index(index, new), old)
+    out: list[sympy.Expr] = []
+    for (o0, o1), (n0, n1) in runs:
+        out += unflatten_index(flat_index(index[n0:n1], new[n0:n1]), old[o0:o1])
+    return out
+
+
+Run = tuple[tuple[int, int], tuple[int, int]]
+
+
+@functools.lru_cache(maxsize=1024)
+def _reshape_runs(old: tuple[sympy.Expr, ...], new: tuple[sympy.Expr, ...]) -> list[Run] | None:
+    """Pairs of (old dims, new dims) ranges with equal products; None for symbolic or empty."""
+    known = [static_int(s) for s in (*old, *new)]
+    if any(v is None or v == 0 for v in known):
+        return None
+    olds, news = [int(v or 0) for v in known[: len(old)]], [int(v or 0) for v in known[len(old) :]]
+    runs: list[Run] = []
+    i = j = 0
+    while i < len(olds) or j < len(news):
+        i0, j0, po, pn = i, j, 1, 1
+        if i < len(olds):
+            po, i = olds[i], i + 1
+        if j < len(news):
+            pn, j = news[j], j + 1
+        while po != pn:
+            if po < pn and i < len(olds):
+                po, i = po * olds[i], i + 1
+            elif pn < po and j < len(news):
+                pn, j = pn * news[j], j + 1
+            else:
+                return None
+        runs.append(((i0, i), (j0, j)))
+    return runs
 
 
 @functools.lru_cache(maxsize=8192)

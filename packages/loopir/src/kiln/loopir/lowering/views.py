@@ -82,7 +82,7 @@ def view(x: TensorBox, size: Sequence[Any]) -> TensorBox:
             return TensorBox(ReinterpretView(target, lay))
 
     def reindex(index: Index) -> list[sympy.Expr]:
-        return sizes.unflatten_index(sizes.flat_index(index, new), old)
+        return sizes.reshape_index(index, new, old)
 
     return _remap(x, new, reindex, "view")
 
