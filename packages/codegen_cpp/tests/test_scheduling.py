@@ -68,12 +68,21 @@ def gelu_and_column_sum(a, g):
     return (aten.gelu.default(a), grad, aten.sum.dim_IntList(grad, [0]))
 
 
+def row_and_column_sums(g, x):
+    """LayerNorm's backward on a square matrix: a row sum feeds the input gradient, column
+    sums make the affine gradients; one loop order cannot serve both in one kernel."""
+    gx = aten.mul.Tensor(g, x)
+    dx = aten.sub.Tensor(g, aten.mul.Tensor(x, aten.sum.dim_IntList(gx, [1], True)))
+    return (dx, aten.sum.dim_IntList(g, [0]), aten.sum.dim_IntList(gx, [0]))
+
+
 PROGRAMS = [
     (softmax_mul, lambda: [torch.randn(40, 100), torch.randn(100)], {}),
     (column_sum_and_var, lambda: [torch.randn(37, 70)], {"atol": 1e-4, "rtol": 1e-4}),
     (transposed_gelu, lambda: [torch.randn(30, 50)], {}),
     (bf16_layer, lambda: [torch.randn(9, 33).to(torch.bfloat16), torch.randn(33)], {}),
     (argmax_rows, lambda: [torch.randn(11, 29)], {}),
+    (row_and_column_sums, lambda: [torch.randn(64, 64), torch.randn(64, 64)], {}),
     (gelu_and_column_sum, lambda: [torch.randn(64, 96), torch.randn(64, 96)], {}),
     (cat_of_head_views, lambda: [torch.randn(2, 2, 8, 16), torch.randn(2, 2, 8, 16)], {}),
 ]

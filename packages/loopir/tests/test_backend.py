@@ -113,3 +113,35 @@ def test_finalize_is_called_once_per_graph(fresh_registry):
     gm = aten_graph(lambda x: (aten.sin.default(x), aten.sum.dim_IntList(x, [0])), x)
     compile_graph(gm, [to_meta(x)], backend=Batching())
     assert Batching.finalized == 1
+
+
+class PrefersAten(Recording):
+    """A backend whose lanes make gathers and masked loads slow (the C++ backend's traits)."""
+
+    pointwise_cat = False
+    extern_ops = frozenset({"max_pool2d_with_indices_backward"})
+
+
+def test_backend_traits_steer_lowering():
+    from kiln.loopir.ir.buffers import SliceBuffer
+    from kiln.loopir.scheduler.order import ExternStep, KernelStep
+
+    x, a, b = torch.randn(1, 2, 8, 8), torch.randn(3, 4), torch.randn(3, 5)
+
+    def fn(x, a, b):
+        out, idx = aten.max_pool2d_with_indices.default(x, [3, 3], [2, 2], [1, 1])
+        grad = aten.max_pool2d_with_indices_backward.default(
+            aten.sin.default(out), x, [3, 3], [2, 2], [1, 1], [1, 1], False, idx
+        )
+        return grad, aten.cat.default([aten.cos.default(a), b], 1)
+
+    for backend, extern, slices in [(Recording(), 0, 0), (PrefersAten(), 1, 2)]:
+        compiled = compile_graph(aten_graph(fn, x, a, b), [to_meta(t) for t in (x, a, b)],
+                                 backend=backend)  # fmt: skip
+        for got, want in zip(compiled(x, a, b), fn(x, a, b), strict=True):
+            torch.testing.assert_close(got, want)
+        externs = [s for s in compiled.steps if isinstance(s, ExternStep)]
+        assert sum("max_pool2d" in s.buffer.describe() for s in externs) == extern
+        kernels = [s for s in compiled.steps if isinstance(s, KernelStep)]
+        nodes = [n for s in kernels for n in s.group.nodes]
+        assert sum(isinstance(n.buffer, SliceBuffer) for n in nodes) == slices

@@ -14,7 +14,9 @@ compiled graph with the user's options (``kiln.compile(options=...)``, e.g.
 graph; a backend without one takes no options. A ``pointwise_cat = False``
 attribute asks lowering to store each ``cat`` input into its window of the
 result rather than compute the result as one masked loop over every input
-(where a masked load costs as much as a load, as in C++ vector lanes).
+(where a masked load costs as much as a load, as in C++ vector lanes). An
+``extern_ops`` collection of ATen op names (``"max_pool2d_with_indices_backward"``)
+makes those ATen calls rather than loopir lowerings on the backend's device.
 
 Finding a backend for a device type, first match wins:
 

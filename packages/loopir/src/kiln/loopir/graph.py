@@ -37,7 +37,7 @@ from kiln.loopir.ir.loops import Pointwise
 from kiln.loopir.ir.strided import as_strided_view, copy_like, realize_as_tensor, realize_like
 from kiln.loopir.ir.views import StorageBox, TensorBox
 from kiln.loopir.kernel import SEEDS
-from kiln.loopir.lowering.fallback import fallback, is_convolution, packet_name
+from kiln.loopir.lowering.fallback import chosen_extern, fallback, is_convolution, packet_name
 from kiln.loopir.lowering.registry import LOWERINGS
 from kiln.loopir.virtualized import V
 
@@ -83,10 +83,10 @@ class GraphLowering:
         )
         """New 4-D buffers are laid out NHWC (see :func:`prefers_channels_last`)."""
 
-    def pointwise_cat(self, device: torch.device) -> bool:
-        """Whether a ``cat`` on ``device`` is one masked loop (see :mod:`kiln.loopir.backend`)."""
+    def backend_trait(self, device: torch.device, name: str, default: Any) -> Any:
+        """An optional attribute of ``device``'s backend (see :mod:`kiln.loopir.backend`)."""
         backend = self.backend if self.backend is not None else get_backend(device.type)
-        return bool(getattr(backend, "pointwise_cat", True))
+        return getattr(backend, name, default)
 
     # -- naming and registration --------------------------------------------
     def register_buffer(self, buf: Buffer) -> str:
@@ -206,6 +206,8 @@ class GraphLowering:
         self.current_meta, self.current_op = meta, op
         try:
             decomposition = self.decompositions.get(op)
+            if packet_name(op) in self.backend_trait(self._device_of(args), "extern_ops", ()):
+                return chosen_extern(op, args, kwargs)
             if op in LOWERINGS:
                 try:
                     return LOWERINGS[op](*args, **kwargs)
@@ -219,6 +221,13 @@ class GraphLowering:
             return fallback(op, args, kwargs)
         finally:
             self.current_meta, self.current_op = saved
+
+    def _device_of(self, args: Any) -> torch.device:
+        """The device of an op's first tensor argument (the graph's default without one)."""
+        for arg in pytree.tree_leaves(args):
+            if isinstance(arg, TensorBox):
+                return arg.get_device()
+        return self.default_device
 
     def layout_hint(self, value: Any) -> Any:
         """The traced value (a meta tensor) of an argument of the node being lowered, or

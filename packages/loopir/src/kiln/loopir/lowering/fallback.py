@@ -7,7 +7,8 @@ They differ in why:
 * **Vendor kernels** (``VENDOR_KERNELS``): GEMMs, convolutions and fused attention,
   where a tuned library (oneDNN/MKL, cuBLAS, cuDNN, FlashAttention, CUTLASS) beats
   a generated loop nest. Calling them is the design, as in Inductor. Counted in
-  ``extern_kernels`` for reports, not as missing work.
+  ``extern_kernels`` for reports, not as missing work; so are the ops a backend
+  names in ``extern_ops`` (ATen's max-pool backward scatter on CPUs).
 * **Fallbacks**: every other op loopir can neither lower nor decompose (``sort``,
   ``topk``, ``_cdist_forward``, upsampling backwards...). Counted in
   ``fallback_ops`` and logged: each is a lowering still to write.
@@ -193,9 +194,15 @@ def fallback(op: Any, args: Any, kwargs: Any) -> Any:
     return extern_call(op, args, kwargs, is_fallback=True)
 
 
+def chosen_extern(op: Any, args: Any, kwargs: Any) -> Any:
+    """Call ``op`` from the wrapper on purpose: a vendor kernel, or an op the backend
+    would rather leave to ATen (its ``extern_ops``, see :mod:`kiln.loopir.backend`)."""
+    counters.bump("extern_kernels", str(op))
+    return extern_call(op, args, kwargs, is_fallback=False)
+
+
 def _vendor_kernel(*args: Any, **kwargs: Any) -> Any:
-    counters.bump("extern_kernels", str(V.graph.current_op))
-    return extern_call(V.graph.current_op, args, kwargs, is_fallback=False)
+    return chosen_extern(V.graph.current_op, args, kwargs)
 
 
 register_lowering(*[op for n, ovls in VENDOR_KERNELS.items() for op in overloads(n, *ovls)])(

@@ -71,7 +71,9 @@ def _cat(tensors: Sequence[TensorBox], dim: int = 0) -> TensorBox:
     size = list(parts[0].get_size())
     size[dim] = S(offset)
     device = parts[0].get_device()
-    if len(pieces) > MAX_POINTWISE_CAT_INPUTS or not V.graph.pointwise_cat(device):
+    if len(pieces) > MAX_POINTWISE_CAT_INPUTS or not V.graph.backend_trait(
+        device, "pointwise_cat", True
+    ):
         return _cat_into_slices(parts, pieces, dim, result, tuple(size))
 
     def inner(index: Index) -> Any:

@@ -143,15 +143,16 @@ def _loader(x: TensorBox) -> Callable[[Index], Any]:
     return load if want == src else (lambda i: ops.to_dtype(load(i), want, src))
 
 
-def _gathered(grad: TensorBox, window: Sequence[int]) -> Callable[[Index], Any]:
-    """``_loader(grad)`` for a gradient each input position reads at ``window`` places.
+def _gathered(grad: TensorBox, fanout: int) -> Callable[[Index], Any]:
+    """``_loader(grad)`` for a gradient whose every element ``fanout`` input positions read.
 
-    Every read inlines the gradient's producer again (the sum of a dense block's
-    concatenated gradients and its batch-norm backward, in DenseNet's stem); when
-    that would repeat too many ops, the gradient is stored once instead.
+    Each read inlines the gradient's producer again (the sum of a dense block's
+    concatenated gradients and its batch-norm backward, in DenseNet's stem and
+    transitions); when that would repeat too many ops, the gradient is stored once.
+    A 2x2 average pool's backward reads each element at 4 positions, one per position.
     """
     box = grad.storage()
-    if box is not None and box.repeats_too_much(math.prod(window)):
+    if box is not None and box.repeats_too_much(fanout):
         box.realize()
     return _loader(grad)
 
@@ -241,7 +242,7 @@ def _max_pool2d_backward(
     if h.d != 1 or w.d != 1:
         raise Unlowerable("dilated max pooling backward: the decomposition scatters")
     window = (math.ceil(h.k / h.s), math.ceil(w.k / w.s))
-    load_grad, load_index = _gathered(grad, window), indices.make_loader()
+    load_grad, load_index = _gathered(grad, h.k * w.k), indices.make_loader()
 
     def term(index: Index, offsets: Index) -> Any:
         *lead, ih, iw = index
@@ -318,7 +319,7 @@ def _avg_pool_backward(
     grad: TensorBox, x: TensorBox, h: _Dim, w: _Dim, include_pad: bool, override: Any
 ) -> TensorBox:
     window = (math.ceil(h.k / h.s), math.ceil(w.k / w.s))
-    load = _gathered(grad, window)
+    load = _gathered(grad, h.k * w.k)
     math_dtype = compute_dtype(grad.get_dtype())
 
     def term(index: Index, offsets: Index) -> Any:
@@ -443,7 +444,7 @@ def _adaptive_avg_pool2d_backward(grad: TensorBox, x: TensorBox) -> TensorBox:
     n = [sizes.evaluate_int(e) for e in x.get_size()[-2:]]
     out = [sizes.evaluate_int(e) for e in grad.get_size()[-2:]]
     window = (_adaptive_cover(n[0], out[0]), _adaptive_cover(n[1], out[1]))
-    load = _gathered(grad, window)
+    load = _gathered(grad, math.prod(-(-a // b) + 1 for a, b in zip(n, out, strict=True)))
     math_dtype = compute_dtype(grad.get_dtype())
 
     def term(index: Index, offsets: Index) -> Any:

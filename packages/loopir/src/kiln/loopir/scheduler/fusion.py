@@ -164,7 +164,11 @@ def _check_pair(a: FusionGroup, b: FusionGroup, veto: Veto) -> _Verdict:
     horizontal = not (a.writes & b.reads or b.writes & a.reads)
     if shape[1] != 1 and horizontal and not _reads_meet(a.nodes, b.nodes, *shape, orders):
         reordered = _reduction_orders(nodes, *shape, orders)
-        if reordered is None or not _reads_meet(a.nodes, b.nodes, *shape, reordered):
+        if (
+            reordered is None
+            or not _reads_meet(a.nodes, b.nodes, *shape, reordered)
+            or _check_addresses(nodes, *shape, reordered) is not None
+        ):
             return "they read their shared buffers in different orders: no traffic saved"
         orders = reordered
     refused = veto(nodes, *shape, orders)
