@@ -12,6 +12,7 @@ from kiln.capture import artifacts
 from kiln.codegen_cpp import CppBackend, CppBuildError
 from kiln.codegen_cpp.scheduling import LazyKernel
 from kiln.loopir.backend import clear_backend_cache, get_backend
+from kiln.loopir.ir.buffers import SliceBuffer
 from kiln.loopir.pipeline import compile_graph
 from kiln.loopir.scheduler.order import KernelStep
 
@@ -115,6 +116,17 @@ def test_cat_stores_each_piece_with_contiguous_vector_loads(compiled):
     source = kernel.code.source
     assert "from_lanes" not in source and "masked" not in source
     assert source.count(".store(") == 3
+
+
+def test_a_cat_read_by_pointwise_ops_is_never_stored():
+    """DenseNet's pattern: the concatenated features only feed a batch norm; stored piece by
+    piece first, its inference ran 108 ms instead of 89."""
+    a, b = torch.randn(2, 3, 4, 4), torch.randn(2, 5, 4, 4)
+    gm = _aten_graph(lambda a, b: (aten.relu.default(aten.cat.default([a, b], 1)),), [a, b])
+    graph = compile_graph(gm, [_meta(a), _meta(b)], backend=CppBackend())
+    torch.testing.assert_close(graph(a, b)[0], torch.relu(torch.cat([a, b], 1)))
+    (kernel,) = [s for s in graph.steps if isinstance(s, KernelStep)]
+    assert not any(isinstance(n.buffer, SliceBuffer) for n in kernel.group.nodes)
 
 
 def test_a_pointwise_partner_of_a_column_sum_iterates_like_it(compiled):

@@ -276,10 +276,8 @@ class GraphLowering:
             return value
         box = value.data
         if isinstance(box, StorageBox) and isinstance(box.data, Pointwise):
-            buf = box.realize()
-            if isinstance(meta, torch.Tensor) and is_dense(meta):
-                buf.layout = buf.layout.with_strides(meta.stride())
-            return buf
+            dense = isinstance(meta, torch.Tensor) and is_dense(meta)
+            return box.realize(meta.stride() if dense else None)
         found = as_strided_view(value)
         if found is not None and _strides_match(found.layout, meta):
             return found

@@ -116,14 +116,11 @@ def realize_like(x: TensorBox, traced: Any) -> None:
         return  # the graph keeps 4-D buffers NHWC, whatever eager chose
     if tuple(traced.shape) != tuple(sizes.static_int(n) for n in x.get_size()):
         return
-    buf = box.realize()
-    buf.layout = buf.layout.with_strides(traced.stride())
+    box.realize(traced.stride())
 
 
 def copy_like(x: TensorBox, traced: torch.Tensor, origin: str) -> Buffer:
     """A new buffer holding ``x``'s values with ``traced``'s (eager's) strides."""
     copy = pointwise_copy(x, origin).storage()
     assert copy is not None
-    buf = copy.realize()
-    buf.layout = buf.layout.with_strides(traced.stride())
-    return buf
+    return copy.realize(traced.stride())

@@ -89,6 +89,10 @@ class StorageBox:
     """Unrealized ``Loops`` until someone needs memory, then a ``ComputedBuffer``."""
 
     data: Loops | Buffer
+    split: Callable[[Layout], Buffer] | None = None
+    """Another way to store the value, given the buffer's layout: a ``cat``'s pieces each
+    copied into its window (backends with ``pointwise_cat = False``). Until then the
+    value stays one loop that consumers may inline."""
 
     def get_size(self) -> tuple[sympy.Expr, ...]:
         return tuple(self.data.get_size())
@@ -121,14 +125,20 @@ class StorageBox:
         count = handler.compute_ops()
         return count * (reads - 1) > REALIZE_DUPLICATED_OPS or count > REALIZE_MAX_OPS
 
-    def realize(self) -> Buffer:
-        """Store the computation in a buffer (registered with ``V.graph``); idempotent."""
+    def realize(self, strides: Sequence[int] | None = None) -> Buffer:
+        """Store the computation in a buffer (registered with ``V.graph``), with ``strides``
+        if given (eager's, for an output); idempotent."""
         if isinstance(self.data, Buffer):
             return self.data
         loops = self.data
         layout = V.graph.new_layout(loops.get_device(), loops.get_dtype(), loops.get_size())
-        buf = ComputedBuffer(name="", layout=layout, data=loops)
-        V.graph.register_buffer(buf)
+        if strides is not None:
+            layout = layout.with_strides(strides)
+        if self.split is not None:
+            buf = self.split(layout)
+        else:
+            buf = ComputedBuffer(name="", layout=layout, data=loops)
+            V.graph.register_buffer(buf)
         self.data = buf
         return buf
 

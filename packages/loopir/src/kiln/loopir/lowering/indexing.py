@@ -31,9 +31,11 @@ Index = Sequence[sympy.Expr]
 
 MAX_POINTWISE_CAT_INPUTS = 8
 """A ``cat`` of more inputs is stored piece by piece into one buffer: as one
-pointwise loop, every element would test every piece's range. Every ``cat`` is where
-the backend says ``pointwise_cat = False`` (C++: a vector lane computes each piece's
-load, the masked ones too; a backward ``cat`` of three matmul outputs took 2.2 ms)."""
+pointwise loop, every element would test every piece's range. Where the backend says
+``pointwise_cat = False`` a ``cat`` that gets stored is stored so too (C++: a vector lane
+computes each piece's load, the masked ones too; a backward ``cat`` of three matmul
+outputs took 2.2 ms); inlined into a pointwise consumer (DenseNet's batch norms), it
+stays one loop and is never stored."""
 
 
 def _in_range(expr: sympy.Expr, lo: int, hi: int) -> Any:
@@ -71,10 +73,13 @@ def _cat(tensors: Sequence[TensorBox], dim: int = 0) -> TensorBox:
     size = list(parts[0].get_size())
     size[dim] = S(offset)
     device = parts[0].get_device()
-    if len(pieces) > MAX_POINTWISE_CAT_INPUTS or not V.graph.backend_trait(
-        device, "pointwise_cat", True
-    ):
-        return _cat_into_slices(parts, pieces, dim, result, tuple(size))
+
+    def into_slices(layout: Layout) -> Buffer:
+        return _cat_into_slices(parts, pieces, dim, layout)
+
+    if len(pieces) > MAX_POINTWISE_CAT_INPUTS:
+        layout = V.graph.new_layout(device, result, tuple(size)).as_fixed()
+        return TensorBox(StorageBox(into_slices(layout)))
 
     def inner(index: Index) -> Any:
         value = None
@@ -88,20 +93,19 @@ def _cat(tensors: Sequence[TensorBox], dim: int = 0) -> TensorBox:
             value = ops.where(mask, part, value)
         return value
 
-    return TensorBox.from_loops(Pointwise(device, result, tuple(size), origin(), inner))
+    box = StorageBox(Pointwise(device, result, tuple(size), origin(), inner))
+    if not V.graph.backend_trait(device, "pointwise_cat", True):
+        box.split = into_slices  # once stored; inlined into consumers it stays one loop
+    return TensorBox(box)
 
 
 def _cat_into_slices(
-    parts: Sequence[TensorBox],
-    pieces: Sequence[tuple[int, int, Any]],
-    dim: int,
-    dtype: torch.dtype,
-    size: tuple[sympy.Expr, ...],
-) -> TensorBox:
-    """Each input copied into its window of the result (Inductor's ``ConcatKernel``);
-    a copy fuses into the kernel that produces its input."""
-    device = parts[0].get_device()
-    layout = V.graph.new_layout(device, dtype, size).as_fixed()
+    parts: Sequence[TensorBox], pieces: Sequence[tuple[int, int, Any]], dim: int, layout: Layout
+) -> Buffer:
+    """Each input copied into its window of a buffer of ``layout`` (Inductor's
+    ``ConcatKernel``); a copy fuses into the kernel that produces its input."""
+    device, dtype = layout.device, layout.dtype
+    layout = layout.as_fixed()
     target = Buffer("", layout)
     name = V.graph.register_storage(target)
     for t, (lo, hi, load) in zip(parts, pieces, strict=True):
@@ -113,7 +117,7 @@ def _cat_into_slices(
         )
         copy = Pointwise(device, dtype, piece_size, origin(), load)
         V.graph.register_buffer(SliceBuffer("", window, data=copy, target=name))
-    return TensorBox(StorageBox(target))
+    return target
 
 
 @register_lowering(*overloads("constant_pad_nd", "default"))
