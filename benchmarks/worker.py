@@ -122,6 +122,7 @@ class Reference:
         self.eager = flat_tensors(_step(spec, built, built.model, job)())
         self._f64: list[torch.Tensor] | None = None
         self._eager_f64_error = 0.0
+        self._nhwc64: float | None = None
 
     def float64_errors(self, out: list[torch.Tensor]) -> tuple[float, float]:
         """``out``'s relative error against the float64 step, and eager's own."""
@@ -145,6 +146,8 @@ class Reference:
         """
         if not any(isinstance(a, torch.Tensor) and a.dim() == 4 for a in self.built.args):
             return None
+        if self._nhwc64 is not None:  # every failing column of the model asks
+            return self._nhwc64
 
         def nhwc(x: Any) -> Any:
             if isinstance(x, torch.Tensor) and x.dim() == 4:
@@ -154,7 +157,9 @@ class Reference:
         model = copy.deepcopy(self.built.model).to(memory_format=torch.channels_last)
         args = tuple(map(nhwc, self.built.args))
         built = Built(model, args, {k: nhwc(v) for k, v in self.built.kwargs.items()})
-        return self.float64_errors(flat_tensors(_step(self.spec, built, model, self.job)()))[0]
+        out = flat_tensors(_step(self.spec, built, model, self.job)())
+        self._nhwc64 = self.float64_errors(out)[0]
+        return self._nhwc64
 
 
 def _judge(row: dict[str, Any], out: list[torch.Tensor], reference: Reference, job: Job) -> None:
