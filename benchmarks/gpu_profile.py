@@ -1,10 +1,11 @@
 """Where a model's GPU time goes: the top CUDA kernels of Kiln and torch.compile, side by side.
 
-``python benchmarks/gpu_profile.py resnet50 vit_base_patch16_224 [--dtype bfloat16] [--top 12]``
-builds each model at the ``gpu`` preset (inference), compiles it with both, profiles a few
-steps with ``torch.profiler`` and prints, per compiler, device time per step, kernels per step
-and the kernels that take the most time. Used to decide what to optimise; numbers for reports
-come from ``python -m benchmarks``.
+``python benchmarks/gpu_profile.py resnet50 vit_base_patch16_224 [--dtype bfloat16]
+[--mode training] [--top 12]`` builds each model at the ``gpu`` preset, compiles it with both,
+and prints per compiler the wall time of a step, the device time of its kernels and how many
+it launches (a wall time well above the device time means the GPU waits on the host), then the
+kernels that take the most time. Used to decide what to optimise; numbers for reports come
+from ``python -m benchmarks``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import argparse
 import collections
 import re
+import statistics
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -21,8 +24,20 @@ from torch.profiler import ProfilerActivity, profile
 
 import kiln
 from benchmarks import models
+from benchmarks.worker import Job, _prepare, _step, strict_float32
 
 STEPS = 5
+
+
+def _wall_ms(step: Callable[[], Any]) -> float:
+    times = []
+    for _ in range(20):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
 
 
 def _profile(step: Callable[[], Any]) -> tuple[float, int, list[tuple[str, float, int]]]:
@@ -51,31 +66,32 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("models", nargs="+")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--mode", default="inference", choices=["inference", "training"])
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--debug-dir", help="Kiln writes each graph's generated code here")
     args = parser.parse_args()
-    dtype = getattr(torch, args.dtype)
+    # the harness's precision setting (worker.run_job)
+    torch.backends.cudnn.allow_tf32 = not strict_float32("cuda", args.dtype, args.mode)
     for name in args.models:
-        built = models.get(name).build("gpu")
-        model = built.model.to("cuda", dtype).eval()
-
-        def move(x: Any) -> Any:
-            if isinstance(x, torch.Tensor):
-                x = x.to("cuda")
-                return x.to(dtype) if x.is_floating_point() else x
-            return x
-
-        inputs = [move(a) for a in built.args]
-        kwargs = {k: move(v) for k, v in built.kwargs.items()}
-        with torch.no_grad():
-            want = models.first_tensor(model(*inputs, **kwargs)).float()
-        for label, make in (("kiln", kiln.compile), ("torch.compile", torch.compile)):
-            compiled = make(model)
-            with torch.no_grad():
-                got = models.first_tensor(compiled(*inputs, **kwargs)).float()
-                total, launches, top = _profile(lambda c=compiled, a=inputs, k=kwargs: c(*a, **k))
+        spec = models.get(name)
+        job = Job(name, [], device="cuda", dtype=args.dtype, mode=args.mode, preset="gpu")
+        built = _prepare(spec, job)
+        want = models.first_tensor(_step(spec, built, built.model, job)()).float()
+        eager_ms = _wall_ms(_step(spec, built, built.model, job))
+        print(f"\n# {name} {args.dtype} {args.mode}: eager {eager_ms:.2f} ms wall")
+        options = {"debug_dir": f"{args.debug_dir}/{name}"} if args.debug_dir else {}
+        compilers: list[tuple[str, Callable[[Any], Any]]] = [
+            ("kiln", lambda m, o=options: kiln.compile(m, options=o)),
+            ("torch.compile", torch.compile),
+        ]
+        for label, make in compilers:
+            step = _step(spec, built, make(built.model), job)
+            got = models.first_tensor(step()).float()
+            wall = _wall_ms(step)
+            total, launches, top = _profile(step)
             err = ((got - want).norm() / want.norm()).item()
             print(
-                f"\n## {name} {args.dtype} {label}: {total / 1e3:.2f} ms device, "
+                f"\n## {name} {label}: {wall:.2f} ms wall, {total / 1e3:.2f} ms device, "
                 f"{launches} launches, relative error {err:.2e}"
             )
             for kernel, us, count in top[: args.top]:
