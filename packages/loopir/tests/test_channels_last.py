@@ -88,3 +88,52 @@ def test_forced_channels_last_matches_eager_with_nhwc_buffers_and_no_copies():
         assert tuple(int(v) for v in layout.stride) == (h * w * c, 1, w * c, c)
     snapshot = counters.snapshot()
     assert "extern_copies" not in snapshot and "output_copies" not in snapshot
+
+
+def convnext_block(x, wdw, lnw, lnb, w1, b1, w2, b2):
+    """ConvNeXt's block: depthwise convolution, then LayerNorm and an MLP over NHWC."""
+    c = x.shape[1]
+    y = aten.convolution.default(x, wdw, None, [1, 1], [3, 3], [1, 1], False, [0, 0], c)
+    y = aten.native_layer_norm.default(aten.permute.default(y, [0, 2, 3, 1]), [c], lnw, lnb, 1e-6)
+    n, h, w, _ = y[0].shape
+    y = aten.addmm.default(b1, aten.view.default(y[0], [n * h * w, c]), aten.t.default(w1))
+    y = aten.addmm.default(b2, aten.gelu.default(y), aten.t.default(w2))
+    y = aten.permute.default(aten.view.default(y, [n, h, w, c]), [0, 3, 1, 2])
+    return (aten.add.Tensor(x, y),)
+
+
+def test_a_buffer_read_in_another_dim_order_is_laid_out_in_that_order():
+    """The LayerNorm over ``x.permute(0, 2, 3, 1)`` is stored row-major (N, H, W, C), in
+    the order it reads: the MLP's matrix product takes it as a plain view, with no copy.
+    An NHWC layout of that (N, H, W, C) tensor would put H innermost."""
+    c = 8
+    x = torch.randn(2, c, 6, 5).contiguous(memory_format=torch.channels_last)
+    inputs = (x, torch.randn(c, 1, 7, 7), torch.randn(c), torch.randn(c))
+    inputs += (torch.randn(4 * c, c), torch.randn(4 * c), torch.randn(c, 4 * c), torch.randn(c))
+    gm = aten_graph(convnext_block, *inputs)
+    compiled = compile_graph(
+        gm, [to_meta(t) for t in inputs], backend=suite_backend(), channels_last=True
+    )
+    torch.testing.assert_close(compiled(*inputs), convnext_block(*inputs), atol=1e-4, rtol=1e-4)
+    written = [
+        s.group.buffers[n] for s in compiled.steps if hasattr(s, "group") for n in s.group.outputs
+    ]
+    normed, out = (b for b in written if len(b.size) == 4)  # LayerNorm's, the block's
+    assert [int(v) for v in normed.stride] == [6 * 5 * c, 5 * c, c, 1]
+    assert [int(v) for v in out.stride] == [6 * 5 * c, 1, 5 * c, c]
+    # no kernel copies the LayerNorm's result into a (N*H*W, C) matrix for the product
+    assert not any([int(v) for v in b.size] == [2 * 6 * 5, c] for b in written)
+
+
+def test_an_nchw_image_is_copied_channels_last_before_the_stem():
+    counters.clear()
+    inputs = _inputs()
+    gm = aten_graph(conv_net, *inputs)
+    compiled = compile_graph(
+        gm, [to_meta(t) for t in inputs], backend=suite_backend(), channels_last=True
+    )
+    torch.testing.assert_close(compiled(*inputs), conv_net(*inputs), atol=1e-4, rtol=1e-4)
+    first = next(s for s in compiled.steps if hasattr(s, "group"))
+    assert "channels-last convolution input" in first.group.name or any(
+        "channels-last convolution input" in str(n.origin) for n in first.group.nodes
+    )

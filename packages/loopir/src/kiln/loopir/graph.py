@@ -32,6 +32,7 @@ from kiln.loopir.ir.layout import (
     contiguous_layout,
     is_dense,
     layout_of_tensor,
+    ordered_layout,
 )
 from kiln.loopir.ir.loops import Pointwise
 from kiln.loopir.ir.strided import as_strided_view, copy_like, realize_as_tensor, realize_like
@@ -136,10 +137,22 @@ class GraphLowering:
         return name, index
 
     def new_layout(
-        self, device: torch.device, dtype: torch.dtype, size: Sequence[sympy.Expr]
+        self,
+        device: torch.device,
+        dtype: torch.dtype,
+        size: Sequence[sympy.Expr],
+        read_order: Sequence[int] | None = None,
     ) -> Layout:
-        """The (flexible) layout of a buffer a kernel will fill."""
+        """The (flexible) layout of a buffer a kernel will fill.
+
+        In a channels-last graph a 4-D buffer is NHWC, unless the kernel reads a 4-D
+        source in another dim order (``read_order``, outermost first: ConvNeXt's
+        LayerNorm over an NHWC permutation, attention heads): then it is laid out in that
+        order, so its reads and writes both walk memory in order.
+        """
         if self.channels_last and len(size) == 4:
+            if read_order is not None:
+                return ordered_layout(device, dtype, size, read_order)
             return channels_last_layout(device, dtype, size)
         return contiguous_layout(device, dtype, size)
 

@@ -11,7 +11,14 @@ import torch
 from kiln.loopir import sizes
 from kiln.loopir.errors import IRVerificationError
 
-__all__ = ["Layout", "contiguous_layout", "channels_last_layout", "layout_of_tensor", "is_dense"]
+__all__ = [
+    "Layout",
+    "contiguous_layout",
+    "channels_last_layout",
+    "ordered_layout",
+    "layout_of_tensor",
+    "is_dense",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +104,18 @@ def channels_last_layout(
     return Layout(
         device, dtype, tuple(size), (order[0], order[3], order[1], order[2]), flexible=True
     )
+
+
+def ordered_layout(
+    device: torch.device, dtype: torch.dtype, size: Sequence[sympy.Expr], order: Sequence[int]
+) -> Layout:
+    """A dense layout (flexible) whose dims lie in memory in ``order``, outermost first."""
+    stride: list[sympy.Expr] = [sympy.S.One] * len(size)
+    step: sympy.Expr = sympy.S.One
+    for d in reversed(order):
+        stride[d] = step
+        step = step * size[d]
+    return Layout(device, dtype, tuple(size), tuple(stride), flexible=True)
 
 
 def layout_of_tensor(t: torch.Tensor) -> Layout:

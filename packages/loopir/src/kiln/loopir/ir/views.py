@@ -125,13 +125,33 @@ class StorageBox:
         count = handler.compute_ops()
         return count * (reads - 1) > REALIZE_DUPLICATED_OPS or count > REALIZE_MAX_OPS
 
+    def read_order(self) -> list[int] | None:
+        """The dim order (outermost first) in which this unrealized 4-D pointwise body
+        reads a source it walks along every dim (steps of one fixed size per dim, all
+        different), or None: the order that makes that read walk memory in order."""
+        if not isinstance(self.data, Pointwise) or len(self.data.ranges) != 4:
+            return None
+        index = [sizes.index_symbol("i", n) for n in range(4)]
+        handler = ReadWriteHandler()
+        with set_ops_handler(handler):
+            self.data.inner_fn(index)
+        long = [d for d, n in enumerate(self.data.ranges) if sizes.static_int(n) != 1]
+        for dep in handler.reads:
+            steps = _linear_steps(dep.index, index)
+            if steps is None or any(steps[d] <= 0 for d in long):
+                continue
+            if len({steps[d] for d in long}) == len(long):
+                return sorted(range(4), key=lambda d: (-steps[d], d))
+        return None
+
     def realize(self, strides: Sequence[int] | None = None) -> Buffer:
         """Store the computation in a buffer (registered with ``V.graph``), with ``strides``
         if given (eager's, for an output); idempotent."""
         if isinstance(self.data, Buffer):
             return self.data
         loops = self.data
-        layout = V.graph.new_layout(loops.get_device(), loops.get_dtype(), loops.get_size())
+        order = self.read_order() if V.graph.channels_last and strides is None else None
+        layout = V.graph.new_layout(loops.get_device(), loops.get_dtype(), loops.get_size(), order)
         if strides is not None:
             layout = layout.with_strides(strides)
         if self.split is not None:
@@ -141,6 +161,16 @@ class StorageBox:
             V.graph.register_buffer(buf)
         self.data = buf
         return buf
+
+
+def _linear_steps(index: sympy.Expr, symbols: Sequence[sympy.Symbol]) -> list[int] | None:
+    """How far ``index`` moves per unit of each symbol, if it is linear in them."""
+    expr = sympy.expand(index)
+    steps = [expr.coeff(s) for s in symbols]
+    rest = expr - sum(c * s for c, s in zip(steps, symbols, strict=True))
+    if rest.free_symbols & set(symbols) or not all(c.is_Integer for c in steps):
+        return None
+    return [int(c) for c in steps]
 
 
 IRNode = Union[View, ReinterpretView, StorageBox, Buffer, Loops]  # noqa: UP007

@@ -32,7 +32,7 @@ from kiln.capture import counters
 from kiln.loopir import sizes
 from kiln.loopir.ir.buffers import Buffer, ExternBuffer, MultiOutput
 from kiln.loopir.ir.layout import Layout
-from kiln.loopir.ir.strided import realize_as_tensor, realize_like
+from kiln.loopir.ir.strided import copy_like, realize_as_tensor, realize_like
 from kiln.loopir.ir.views import ReinterpretView, StorageBox, TensorBox
 from kiln.loopir.lowering.registry import overloads, register_lowering
 from kiln.loopir.virtualized import V
@@ -136,6 +136,30 @@ def _nhwc(t: torch.Tensor) -> bool:
     )
 
 
+_ACTIVATION_ARGS = {"convolution": (0,), "_convolution": (0,), "convolution_backward": (0, 1)}
+"""A 2-D convolution's arguments laid out like activations (input; gradient and input)."""
+
+
+def _activations_nhwc(op: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``args`` with a convolution's NCHW activations copied channels-last.
+
+    In a channels-last graph an NCHW input (the image into the stem) would make the
+    convolution answer NCHW, and the kernels after it follow that layout: one copy of
+    the input keeps the whole graph NHWC, as cuDNN wants.
+    """
+    found = list(args)
+    for i in _ACTIVATION_ARGS.get(packet_name(op), ()):
+        x = found[i]
+        if not isinstance(x, (Buffer, ReinterpretView)) or len(x.layout.size) != 4:
+            continue
+        meta = _planned_meta(x)
+        if meta.is_contiguous() and not meta.is_contiguous(memory_format=torch.channels_last):
+            box = TensorBox(StorageBox(x) if isinstance(x, Buffer) else x)
+            nhwc = meta.contiguous(memory_format=torch.channels_last)
+            found[i] = copy_like(box, nhwc, "channels-last convolution input")
+    return tuple(found)
+
+
 def _nhwc_if_conv_would_be(op: Any, margs: Sequence[Any], found: Any) -> Any:
     """A 2-D convolution's result laid out as cuDNN and oneDNN lay it out.
 
@@ -161,6 +185,8 @@ def extern_call(op: Any, args: Any, kwargs: Any, *, is_fallback: bool) -> Any:
         return x
 
     rargs, rkwargs = pytree.tree_map(realize, (tuple(args), dict(kwargs)))
+    if V.graph.channels_last:
+        rargs = _activations_nhwc(op, rargs)
     meta = _planned_outputs(op, rargs, rkwargs, traced)
     single = isinstance(meta, torch.Tensor)
     # a multi-output call's own buffer is only a handle; its parts carry layouts
