@@ -177,3 +177,39 @@ def test_pool_window_across_channels():
         return (aten.max_pool2d_with_indices.default(y, [3, 3], [2, 2], [1, 1])[0],)
 
     check(fn, x, scale, backend=TritonBackend())
+
+
+def _channel_statistics(x):
+    """BatchNorm's per-channel statistics and its backward's sums, and whole-tensor ones."""
+    var, mean = aten.var_mean.correction(x, [0, 2, 3], correction=0, keepdim=True)
+    # in float32: eager rounds each 16-bit factor, and 12288 roundings multiply up
+    small = aten.mul.Tensor(aten._to_copy.default(x, dtype=torch.float32), 1e-3)
+    return (
+        var,
+        mean,
+        aten.var.correction(x, [0, 2, 3], correction=1),
+        aten.sum.dim_IntList(aten.mul.Tensor(x, mean), [0, 2, 3]),
+        aten.amax.default(x, [0, 2, 3]),
+        aten.amin.default(x, [0, 2, 3], True),
+        aten.prod.dim_int(aten.reshape.default(aten.exp.default(small), [4, -1]), 1),
+        aten.any.dim(aten.reshape.default(aten.gt.Scalar(x, 4.3), [4, -1]), 1),
+        aten.mean.default(x),
+    )
+
+
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_long_reductions_with_few_rows_run_in_two_steps(layout, dtype):
+    """3 channels of 16384 elements: each row is cut in 4 pieces (12 programs rather than
+    3), then the partial results are folded; the values are eager's."""
+    backend = TritonBackend()
+    backend.reduction_split_rows = 64
+    x = (_r(4, 3, 64, 64) * 2 + 1).to(dtype).contiguous(memory_format=layout)
+    tol = {"atol": 1e-4, "rtol": 1e-4} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
+    compiled = check(_channel_statistics, x, backend=backend, **tol)
+    shapes = {
+        (int(s.group.numel), int(s.group.rnumel)) for s in compiled.steps if s.group.rnumel != 1
+    }
+    assert (12, 4096) in shapes  # 3 channels x 4 pieces
+    assert (3, 4) in shapes  # the pieces folded
+    assert all(r < 16384 for _, r in shapes), shapes  # no row folded whole

@@ -2,7 +2,10 @@
 
 import pytest
 import torch
-from loopir_testing import check
+from loopir_testing import aten_graph, check, to_meta
+
+from kiln.loopir import ReferenceBackend
+from kiln.loopir.pipeline import compile_graph
 
 aten = torch.ops.aten
 
@@ -125,3 +128,24 @@ def test_broadcast_input_reduction():
         return (aten.sum.dim_IntList(y, [0]), aten.mean.dim(y, [1]))
 
     check(fn, x)
+
+
+class _SplittingBackend(ReferenceBackend):
+    reduction_split_rows = 32  # the trait a GPU backend sets (kiln.loopir.backend)
+
+
+def test_a_backend_can_ask_for_long_reductions_in_two_steps():
+    """Two channels of 8192 elements: each row is cut into 2 pieces (a piece holds at
+    least 4096), the whole tensor into 4; then the pieces are folded."""
+    x = torch.randn(2, 2, 64, 64) * 3 + 1
+
+    def fn(x):
+        var, mean = aten.var_mean.correction(x, [0, 2, 3], correction=1)
+        return var, mean, aten.sum.dim_IntList(x, [0, 2, 3], True), aten.amax.default(x)
+
+    gm = aten_graph(fn, x)
+    compiled = compile_graph(gm, [to_meta(x)], backend=_SplittingBackend())
+    torch.testing.assert_close(compiled(x), fn(x), atol=1e-4, rtol=1e-4)
+    shapes = {(int(s.group.numel), int(s.group.rnumel)) for s in compiled.steps}
+    assert {(4, 4096), (2, 2), (1, 4)} <= shapes, shapes
+    assert all(r < 8192 for _, r in shapes), shapes

@@ -42,6 +42,8 @@ class TritonBackend:
 
     def __init__(self, opts: TritonOptions | None = None) -> None:
         self.options = opts if opts is not None else options
+        self.reduction_split_rows = _rows_at_once()
+        """Reduction rows (one program each) to run at once: 8 per multiprocessor."""
         if self._compile_ahead():
             compile_pool(self.options.compile_workers).start()
 
@@ -83,6 +85,12 @@ class TritonBackend:
 
     def _compile_ahead(self) -> bool:
         return self.options.parallel_compile and not INTERPRET and torch.cuda.is_available()
+
+
+def _rows_at_once() -> int:
+    if INTERPRET or not torch.cuda.is_available():
+        return 1024
+    return 8 * torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
 
 
 def make_backend(device_type: str = "cuda") -> TritonBackend:

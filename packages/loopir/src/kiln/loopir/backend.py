@@ -16,7 +16,10 @@ attribute asks lowering to store each ``cat`` input into its window of the
 result rather than compute the result as one masked loop over every input
 (where a masked load costs as much as a load, as in C++ vector lanes). An
 ``extern_ops`` collection of ATen op names (``"max_pool2d_with_indices_backward"``)
-makes those ATen calls rather than loopir lowerings on the backend's device.
+makes those ATen calls rather than loopir lowerings on the backend's device. A
+``reduction_split_rows`` number asks for reductions with fewer rows than a quarter of it
+to be cut into pieces, reduced in two steps, so that about that many rows run at once
+(a GPU runs one program per row; 0 or missing: never).
 
 Finding a backend for a device type, first match wins:
 

@@ -14,8 +14,8 @@ from kiln.loopir.ir.loops import Reduction
 from kiln.loopir.ir.views import StorageBox, TensorBox
 from kiln.loopir.lowering.common import compute_dtype, make_pointwise, origin, out_dtype
 from kiln.loopir.lowering.registry import overloads, register_lowering
-from kiln.loopir.lowering.views import flat_view, unsqueeze
-from kiln.loopir.virtualized import ops
+from kiln.loopir.lowering.views import flat_view, permute, unsqueeze, view
+from kiln.loopir.virtualized import V, ops
 
 __all__ = ["reduce", "cast", "welford"]
 
@@ -46,11 +46,33 @@ def reduce(
     output_index: int | None = None,
     with_index: bool = False,
 ) -> TensorBox:
-    """A realized ``Reduction`` of ``x`` over ``dim`` with accumulator/result ``dtype``."""
+    """A realized ``Reduction`` of ``x`` over ``dim`` with accumulator/result ``dtype``;
+    a long one with few results in two steps (see :func:`_pieces`)."""
     if x.dim() == 0:
         x = unsqueeze(x, 0)
         dim = [0]
     rdims = _dims(x, dim)
+    pieces = 1 if with_index or output_index is not None else _pieces(x, rdims)
+    if pieces > 1:
+        kept = len(x.get_size()) - len(rdims)
+        partial = _reduction(_split(x, rdims, pieces), [kept + 1], reduction_type, dtype)
+        out = _reduction(partial, [kept], reduction_type, dtype)
+    else:
+        out = _reduction(x, rdims, reduction_type, dtype, output_index, with_index)
+    if keepdim:
+        for d in rdims:
+            out = unsqueeze(out, d)
+    return out
+
+
+def _reduction(
+    x: TensorBox,
+    rdims: list[int],
+    reduction_type: str,
+    dtype: torch.dtype,
+    output_index: int | None = None,
+    with_index: bool = False,
+) -> TensorBox:
     kept = [i for i in range(x.dim()) if i not in rdims]
     size = x.get_size()
     ranges = tuple(size[i] for i in kept)
@@ -73,11 +95,49 @@ def reduce(
     )  # fmt: skip
     box = StorageBox(red)
     box.realize()
-    out = TensorBox(box)
-    if keepdim:
-        for d in rdims:
-            out = unsqueeze(out, d)
-    return out
+    return TensorBox(box)
+
+
+_MIN_PIECE = 4096
+"""Elements one piece of a split reduction folds at least: fewer would spend more on the
+second step and the partial results than the split gains."""
+
+
+def _pieces(x: TensorBox, rdims: list[int]) -> int:
+    """How many pieces to cut each row of a long reduction with few rows into.
+
+    One program folds one row, so BatchNorm's per-channel statistics (64 rows of 400k
+    elements) would keep a few dozen GPU cores busy. The backend's
+    ``reduction_split_rows`` (see :mod:`kiln.loopir.backend`) says how many rows it wants
+    to run at once; each row is cut into a power of two of equal pieces (none ragged),
+    reduced to partial results, which a second, small reduction folds (Inductor's split
+    reduction). 1: not cut.
+    """
+    rows = V.graph.backend_trait(x.get_device(), "reduction_split_rows", 0)
+    size = x.get_size()
+    numel = sizes.static_int(sizes.product(s for i, s in enumerate(size) if i not in rdims))
+    rnumel = sizes.static_int(sizes.product(size[i] for i in rdims))
+    if not rows or numel is None or rnumel is None or numel * 4 > rows:
+        return 1
+    pieces = 1
+    while (
+        numel * pieces * 2 <= rows
+        and rnumel % (pieces * 2) == 0
+        and rnumel // (pieces * 2) >= _MIN_PIECE
+    ):
+        pieces *= 2
+    return pieces
+
+
+def _split(x: TensorBox, rdims: list[int], pieces: int) -> TensorBox:
+    """``x`` viewed as ``(kept dims..., pieces, rest)``: each row cut into equal pieces."""
+    kept = [i for i in range(x.dim()) if i not in rdims]
+    order = kept + rdims
+    if order != list(range(x.dim())):
+        x = permute(x, order)
+    size = x.get_size()
+    rnumel = sizes.product(size[len(kept) :])
+    return view(x, [*size[: len(kept)], pieces, sympy.simplify(rnumel / pieces)])
 
 
 def cast(x: TensorBox, dtype: torch.dtype) -> TensorBox:
@@ -168,8 +228,12 @@ def welford(
 ) -> tuple[TensorBox, TensorBox, torch.dtype]:
     result = out_dtype()
     math = compute_dtype(result)
-    mean = reduce(x, dim, keepdim, "welford_reduce", math, output_index=0)
-    m2 = reduce(x, dim, keepdim, "welford_reduce", math, output_index=1)
+    pieces = _pieces(x, _dims(x, dim)) if x.dim() else 1
+    if pieces > 1:
+        mean, m2 = _split_welford(x, _dims(x, dim), keepdim, pieces, math)
+    else:
+        mean = reduce(x, dim, keepdim, "welford_reduce", math, output_index=0)
+        m2 = reduce(x, dim, keepdim, "welford_reduce", math, output_index=1)
     count = (
         sizes.evaluate_int(sizes.product(x.get_size()[d] for d in _dims(x, dim))) if x.dim() else 1
     )
@@ -180,6 +244,31 @@ def welford(
 
     var = make_pointwise(var_fn, [m2], dtype=math)
     return var, mean, result
+
+
+def _split_welford(
+    x: TensorBox, rdims: list[int], keepdim: bool, pieces: int, math: torch.dtype
+) -> tuple[TensorBox, TensorBox]:
+    """Mean and m2 from each piece's (Chan et al.): pieces are equal, so the mean is the
+    pieces' mean and m2 adds each piece's spread around it."""
+    kept = x.dim() - len(rdims)
+    parts = _split(x, rdims, pieces)
+    means = _reduction(parts, [kept + 1], "welford_reduce", math, output_index=0)
+    m2s = _reduction(parts, [kept + 1], "welford_reduce", math, output_index=1)
+    total = _reduction(means, [kept], "sum", math)
+    mean = make_pointwise(lambda v: ops.mul(v, ops.constant(1 / pieces, math)), [total], dtype=math)
+    length = float(sizes.evaluate_int(parts.get_size()[-1]))
+
+    def spread(m2: Any, piece_mean: Any, whole_mean: Any) -> Any:
+        d = ops.sub(piece_mean, whole_mean)
+        return ops.add(m2, ops.mul(ops.constant(length, math), ops.mul(d, d)))
+
+    terms = make_pointwise(spread, [m2s, means, unsqueeze(mean, kept)], dtype=math)
+    m2 = _reduction(terms, [kept], "sum", math)
+    if keepdim:
+        for d in rdims:
+            mean, m2 = unsqueeze(mean, d), unsqueeze(m2, d)
+    return mean, m2
 
 
 def _correction(correction: Any, unbiased: Any = None) -> float:
