@@ -35,6 +35,13 @@ def test_looped_and_tiled_configs():
     assert tiled[0].grid(_ks(64 * 4096, tile=64)) == (2, 128)
 
 
+def test_outer_reductions_take_wide_short_tiles():
+    ks = dataclasses.replace(_ks(2048, 3136, persistent=False), outer=True)
+    cfgs = candidate_configs(ks)
+    assert cfgs[0] == Config(64, 16, 4)
+    assert all(c.XBLOCK >= 8 for c in cfgs)
+
+
 def test_next_power_of_2():
     assert [next_power_of_2(n) for n in (0, 1, 2, 3, 1000, 1024)] == [1, 1, 2, 4, 1024, 1024]
 

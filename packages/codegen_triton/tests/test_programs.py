@@ -213,3 +213,19 @@ def test_long_reductions_with_few_rows_run_in_two_steps(layout, dtype):
     assert (12, 4096) in shapes  # 3 channels x 4 pieces
     assert (3, 4) in shapes  # the pieces folded
     assert all(r < 16384 for _, r in shapes), shapes  # no row folded whole
+
+
+def test_per_channel_statistics_of_an_nhwc_tensor_loop_over_short_wide_tiles():
+    """Channels are contiguous and rows are not: the kernel reads blocks of neighbouring
+    channels in a loop rather than one channel's 2048 elements at once."""
+    x = _r(8, 32, 16, 16).contiguous(memory_format=torch.channels_last)
+
+    def fn(x):
+        return aten.var_mean.correction(x, [0, 2, 3], correction=0, keepdim=True)
+
+    compiled = check(fn, x, atol=1e-4, rtol=1e-4)
+    (source,) = (s.code.fn.ks for s in compiled.steps)
+    assert source.outer and not source.persistent
+    nchw = check(fn, x.contiguous(), atol=1e-4, rtol=1e-4)
+    (source,) = (s.code.fn.ks for s in nchw.steps)
+    assert not source.outer and source.persistent

@@ -105,6 +105,19 @@ def _looped(numel: int, rnumel: int, wide: bool) -> list[Config]:
     return seen
 
 
+def _outer(numel: int, rnumel: int, wide: bool) -> list[Config]:
+    """Wide, short tiles first: each row of a load reads ``XBLOCK`` neighbours at once."""
+    xcap, rcap = next_power_of_2(numel), next_power_of_2(rnumel)
+    pairs = [(64, 16), (32, 32), (16, 64), (8, 128), (8, 512)]
+    pairs += [(128, 8), (4, 256)] if wide else []
+    seen: list[Config] = []
+    for x, r in pairs:
+        cfg = Config(min(x, xcap), min(r, rcap), 4 if x * r <= 1024 else 8)
+        if cfg not in seen:
+            seen.append(cfg)
+    return seen
+
+
 def candidate_configs(
     ks: KernelSource, *, max_autotune: bool = False, rblock: int | None = None
 ) -> list[Config]:
@@ -115,7 +128,7 @@ def candidate_configs(
         return _pointwise(ks.numel, max_autotune)
     if ks.persistent:
         return _persistent(ks.numel, ks.rnumel, max_autotune)
-    configs = _looped(ks.numel, ks.rnumel, max_autotune)
+    configs = (_outer if ks.outer else _looped)(ks.numel, ks.rnumel, max_autotune)
     if rblock is not None:
         configs = [dataclasses.replace(c, RBLOCK=rblock) for c in configs]
     return configs

@@ -72,6 +72,9 @@ class KernelSource:
     int64: bool
     tile: int = 0
     """The inner size of a 2-D tiled pointwise kernel (0: not tiled)."""
+    outer: bool = False
+    """A reduction whose loads are contiguous along x, not r (per-channel statistics of
+    an NHWC tensor): it wants wide ``XBLOCK`` and short ``RBLOCK`` to read coalesced."""
 
     @property
     def kind(self) -> str:
@@ -128,6 +131,7 @@ class TritonKernel:
         self.mode = "x"
         self.masks: list[str] = []
         self.loaded_from_memory: set[str] = set()
+        self.contiguous_along = {XINDEX: 0, RINDEX: 0}  # loads contiguous in x, in r
         self.written: dict[str, _Loop | None] = {}  # buffer -> loop whose body stores it
         self.fenced = False  # a barrier was emitted in line since the last store
         self.reductions = Reductions(self)
@@ -215,6 +219,7 @@ class TritonKernel:
         if name in self.written:
             self._wait_for_stores(name)
         dtype = self.group.buffers[name].dtype
+        self._count_contiguity(expr)
         mask = self._load_mask(expr)
         if not self.masks and self._may_leave(name, expr):
             # name the address once, then keep discarded lanes inside the buffer
@@ -227,6 +232,19 @@ class TritonKernel:
             pointer = self._pointer(name, expr, text)
         args = pointer + (f", {mask}, other=0" if mask else "")
         return self.cse(f"tl.load({args})", dtype)
+
+    def _count_contiguity(self, expr: sympy.Expr) -> None:
+        """Note whether a tile load steps by one element along x or along r."""
+        if self.mode != "xr" or not {XINDEX, RINDEX} <= expr.free_symbols:
+            return
+        at = {XINDEX: 0, RINDEX: 0}
+        try:
+            base = int(expr.subs(at))
+            steps = {s: int(expr.subs(at | {s: 1})) - base for s in at}
+        except TypeError:  # an indirect index: no fixed step
+            return
+        for symbol, step in steps.items():
+            self.contiguous_along[symbol] += step == 1
 
     def _wait_for_stores(self, name: str) -> None:
         """Put a barrier between this kernel's stores of ``name`` and a read of them.
@@ -348,6 +366,7 @@ class TritonKernel:
         return KernelSource(
             self.name, self.render(), self.is_reduction, self.persistent,
             self.numel, self.rnumel, self.int64, self.tile,
+            self.contiguous_along[XINDEX] > self.contiguous_along[RINDEX],
         )  # fmt: skip
 
     def _open_loop(self) -> None:

@@ -35,6 +35,11 @@ log = logging.getLogger(__name__)
 output_log = logging.getLogger("kiln.codegen_triton.output_code")
 
 
+_OUTER_PERSISTENT_LIMIT = 256
+"""The longest row an outer reduction (``KernelSource.outer``) folds in one block: with
+at most 4096 elements a block, longer rows leave fewer than 16 contiguous columns."""
+
+
 class TritonBackend:
     """loopir's :class:`~kiln.loopir.backend.Backend` for Triton."""
 
@@ -66,6 +71,10 @@ class TritonBackend:
         """The kernel writer after generation, its kernel, and the full module text."""
         writer = TritonKernel(group, persistent_limit=self.options.persistent_reduction_limit)
         ks = writer.generate()
+        if ks.outer and ks.persistent and ks.rnumel > _OUTER_PERSISTENT_LIMIT:
+            # a whole row per block leaves room for a few columns only: loop instead
+            writer = TritonKernel(group, persistent_limit=_OUTER_PERSISTENT_LIMIT)
+            ks = writer.generate()
         return writer, ks, MODULE_HEADER + "\n" + ks.source
 
     def codegen_kernel(self, group: KernelGroup) -> KernelCode:

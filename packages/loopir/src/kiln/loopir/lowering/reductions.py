@@ -54,9 +54,9 @@ def reduce(
     rdims = _dims(x, dim)
     pieces = 1 if with_index or output_index is not None else _pieces(x, rdims)
     if pieces > 1:
-        kept = len(x.get_size()) - len(rdims)
-        partial = _reduction(_split(x, rdims, pieces), [kept + 1], reduction_type, dtype)
-        out = _reduction(partial, [kept], reduction_type, dtype)
+        parts = _split(x, rdims, pieces)
+        partial = _reduction(parts, [parts.dim() - 1], reduction_type, dtype)
+        out = _reduction(partial, [0], reduction_type, dtype)
     else:
         out = _reduction(x, rdims, reduction_type, dtype, output_index, with_index)
     if keepdim:
@@ -130,14 +130,20 @@ def _pieces(x: TensorBox, rdims: list[int]) -> int:
 
 
 def _split(x: TensorBox, rdims: list[int], pieces: int) -> TensorBox:
-    """``x`` viewed as ``(kept dims..., pieces, rest)``: each row cut into equal pieces."""
+    """``x`` viewed as ``(pieces, kept dims..., rest)``: each row cut into equal pieces.
+
+    The pieces are the outer dim of the partial results, so neighbouring rows of the first
+    step are neighbouring kept elements: channels, contiguous in an NHWC tensor.
+    """
     kept = [i for i in range(x.dim()) if i not in rdims]
     order = kept + rdims
     if order != list(range(x.dim())):
         x = permute(x, order)
     size = x.get_size()
-    rnumel = sizes.product(size[len(kept) :])
-    return view(x, [*size[: len(kept)], pieces, sympy.simplify(rnumel / pieces)])
+    n = len(kept)
+    rnumel = sizes.product(size[n:])
+    x = view(x, [*size[:n], pieces, sympy.simplify(rnumel / pieces)])
+    return permute(x, [n, *range(n), n + 1])
 
 
 def cast(x: TensorBox, dtype: torch.dtype) -> TensorBox:
@@ -251,11 +257,11 @@ def _split_welford(
 ) -> tuple[TensorBox, TensorBox]:
     """Mean and m2 from each piece's (Chan et al.): pieces are equal, so the mean is the
     pieces' mean and m2 adds each piece's spread around it."""
-    kept = x.dim() - len(rdims)
     parts = _split(x, rdims, pieces)
-    means = _reduction(parts, [kept + 1], "welford_reduce", math, output_index=0)
-    m2s = _reduction(parts, [kept + 1], "welford_reduce", math, output_index=1)
-    total = _reduction(means, [kept], "sum", math)
+    last = [parts.dim() - 1]
+    means = _reduction(parts, last, "welford_reduce", math, output_index=0)
+    m2s = _reduction(parts, last, "welford_reduce", math, output_index=1)
+    total = _reduction(means, [0], "sum", math)
     mean = make_pointwise(lambda v: ops.mul(v, ops.constant(1 / pieces, math)), [total], dtype=math)
     length = float(sizes.evaluate_int(parts.get_size()[-1]))
 
@@ -263,8 +269,8 @@ def _split_welford(
         d = ops.sub(piece_mean, whole_mean)
         return ops.add(m2, ops.mul(ops.constant(length, math), ops.mul(d, d)))
 
-    terms = make_pointwise(spread, [m2s, means, unsqueeze(mean, kept)], dtype=math)
-    m2 = _reduction(terms, [kept], "sum", math)
+    terms = make_pointwise(spread, [m2s, means, unsqueeze(mean, 0)], dtype=math)
+    m2 = _reduction(terms, [0], "sum", math)
     if keepdim:
         for d in rdims:
             mean, m2 = unsqueeze(mean, d), unsqueeze(m2, d)
