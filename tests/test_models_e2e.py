@@ -182,3 +182,25 @@ def test_a_statistic_taken_through_numpy_compiles_up_to_float(device):
     stats = kiln.stats()
     assert stats.eager_fallbacks == 0
     assert stats.graph_breaks == 1
+
+
+class _ChannelsLastHead(torch.nn.Module):
+    """ConvNeXt's head: a channels-last feature map (permuted back from NHWC), pooled."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(8)
+        self.pool = torch.nn.AdaptiveAvgPool2d(1)
+        self.fc = torch.nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        return self.fc(self.pool(x).flatten(1))
+
+
+@pytest.mark.parametrize("mode", ["inference", "training"])
+def test_pooling_a_channels_last_map_to_one_pixel_is_one_graph(mode):
+    """ATen pools it with a mean and an ``as_strided_`` that only restrides size-1 dims:
+    no graph break, no eager fallback."""
+    _check(_ChannelsLastHead(), (torch.randn(2, 8, 5, 6),), mode, "kiln")
+    assert kiln.stats().graphs_compiled == 1

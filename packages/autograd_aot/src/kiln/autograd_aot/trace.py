@@ -32,7 +32,7 @@ from kiln.autograd_aot.mutation import (
     scatter_into,
     unhide_mutation,
 )
-from kiln.capture.meta import FakeMode, is_fake, meta_of, run_fake, to_fake
+from kiln.capture.meta import FakeMode, is_fake, is_noop_restride, meta_of, run_fake, to_fake
 
 __all__ = ["AtenTracer", "trace_aten", "verify_aten_graph"]
 
@@ -179,6 +179,8 @@ class AtenTracer(TorchDispatchMode):
     ) -> Any:
         kwargs = kwargs or {}
         func = unhide_mutation(func, args)
+        if is_noop_restride(func, args, kwargs):
+            return args[0]
         if is_mutation(func):
             return self._mutation(func, args, kwargs)
         decomp = self.decompositions.get(func)

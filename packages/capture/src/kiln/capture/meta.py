@@ -72,6 +72,7 @@ __all__ = [
     "NoMetaKernel",
     "fake_like",
     "is_fake",
+    "is_noop_restride",
     "meta_of",
     "run_fake",
     "storage_key",
@@ -341,6 +342,24 @@ def _is_factory(func: Any) -> bool:
     return any(a.name == "device" and a.kwarg_only for a in func._schema.arguments)
 
 
+def is_noop_restride(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """An ``as_strided_`` that changes nothing but the strides of size-1 dims: a no-op.
+
+    ATen's ``adaptive_avg_pool2d`` to 1x1 of a channels-last input takes the mean and
+    marks the ``(N, C, 1, 1)`` result channels-last this way (ConvNeXt's head).
+    """
+    if func.overloadpacket is not aten.as_strided_ or len(args) < 3:
+        return False
+    t, size, stride = args[0], args[1], args[2]
+    offset = args[3] if len(args) > 3 else kwargs.get("storage_offset")
+    return (
+        isinstance(t, torch.Tensor)
+        and tuple(size) == tuple(t.shape)
+        and (offset is None or offset == t.storage_offset())
+        and all(n == 1 or a == b for n, a, b in zip(size, stride, t.stride(), strict=True))
+    )
+
+
 def run_fake(
     func: Any,
     args: tuple[Any, ...],
@@ -356,6 +375,8 @@ def run_fake(
     if _is_data_dependent(func, args):
         raise DataDependentOp(str(func))
     if func.overloadpacket in _METADATA_MUTATING:
+        if is_noop_restride(func, args, kwargs):
+            return args[0]
         raise MetadataMutation(str(func))
     device = _result_device(func, args, kwargs)
     if func.overloadpacket in _MASKED_WRITES and _has_mask_index(args):
