@@ -136,28 +136,22 @@ def _nhwc(t: torch.Tensor) -> bool:
     )
 
 
-_ACTIVATION_ARGS = {"convolution": (0,), "_convolution": (0,), "convolution_backward": (0, 1)}
-"""A 2-D convolution's arguments laid out like activations (input; gradient and input)."""
-
-
-def _activations_nhwc(op: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
-    """``args`` with a convolution's NCHW activations copied channels-last.
+def _activation_nhwc(op: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``args`` with a convolution's NCHW input copied channels-last.
 
     In a channels-last graph an NCHW input (the image into the stem) would make the
     convolution answer NCHW, and the kernels after it follow that layout: one copy of
     the input keeps the whole graph NHWC, as cuDNN wants.
     """
-    found = list(args)
-    for i in _ACTIVATION_ARGS.get(packet_name(op), ()):
-        x = found[i]
-        if not isinstance(x, (Buffer, ReinterpretView)) or len(x.layout.size) != 4:
-            continue
-        meta = _planned_meta(x)
-        if meta.is_contiguous() and not meta.is_contiguous(memory_format=torch.channels_last):
-            box = TensorBox(StorageBox(x) if isinstance(x, Buffer) else x)
-            nhwc = meta.contiguous(memory_format=torch.channels_last)
-            found[i] = copy_like(box, nhwc, "channels-last convolution input")
-    return tuple(found)
+    x = args[0] if is_convolution(op) and args else None
+    if not isinstance(x, (Buffer, ReinterpretView)) or len(x.layout.size) != 4:
+        return args
+    meta = _planned_meta(x)
+    if not meta.is_contiguous() or meta.is_contiguous(memory_format=torch.channels_last):
+        return args
+    box = TensorBox(StorageBox(x) if isinstance(x, Buffer) else x)
+    nhwc = meta.contiguous(memory_format=torch.channels_last)
+    return (copy_like(box, nhwc, "channels-last convolution input"), *args[1:])
 
 
 def _nhwc_if_conv_would_be(op: Any, margs: Sequence[Any], found: Any) -> Any:
@@ -186,7 +180,7 @@ def extern_call(op: Any, args: Any, kwargs: Any, *, is_fallback: bool) -> Any:
 
     rargs, rkwargs = pytree.tree_map(realize, (tuple(args), dict(kwargs)))
     if V.graph.channels_last:
-        rargs = _activations_nhwc(op, rargs)
+        rargs = _activation_nhwc(op, rargs)
     meta = _planned_outputs(op, rargs, rkwargs, traced)
     single = isinstance(meta, torch.Tensor)
     # a multi-output call's own buffer is only a handle; its parts carry layouts
