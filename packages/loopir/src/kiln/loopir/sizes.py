@@ -27,6 +27,7 @@ __all__ = [
     "flat_index",
     "unflatten_index",
     "reshape_index",
+    "affine_strides",
     "static_int",
     "evaluate_int",
     "linear_index",
@@ -213,6 +214,22 @@ def _unflatten(flat: sympy.Expr, sizes: tuple[sympy.Expr, ...]) -> tuple[sympy.E
             out.append(ModularIndexing(flat, divisor, size))
         divisor = divisor * size
     return tuple(reversed(out))
+
+
+def affine_strides(
+    expr: sympy.Expr, symbols: Sequence[sympy.Symbol]
+) -> tuple[sympy.Expr, list[sympy.Expr]] | None:
+    """``expr`` as ``offset + sum(stride * symbol)`` with ``offset`` and each stride free
+    of ``symbols``, or None when ``expr`` is not affine in them."""
+    expr = sympy.expand(expr)
+    offset = expr.subs(dict.fromkeys(symbols, 0))
+    strides = [expr.coeff(s) for s in symbols]
+    if any(c.free_symbols & set(symbols) for c in strides) or offset.free_symbols & set(symbols):
+        return None
+    rebuilt = offset + sympy.Add(*[c * s for c, s in zip(strides, symbols, strict=True)])
+    if sympy.expand(rebuilt - expr) != 0:
+        return None
+    return offset, strides
 
 
 def static_int(expr: sympy.Expr | int) -> int | None:

@@ -45,19 +45,11 @@ def affine_layout(
     expr: sympy.Expr, symbols: list[sympy.Symbol], template: Layout, size: tuple[sympy.Expr, ...]
 ) -> Layout | None:
     """The strided layout with position ``expr``, or None when ``expr`` is not affine."""
-    expr = sympy.expand(expr)
-    zero = dict.fromkeys(symbols, 0)
-    offset = expr.subs(zero)
-    strides = []
-    for sym in symbols:
-        coeff = expr.coeff(sym)
-        if coeff.free_symbols & set(symbols):
-            return None
-        strides.append(coeff)
-    rebuilt = offset + sympy.Add(*[c * s for c, s in zip(strides, symbols, strict=True)])
-    if sympy.expand(rebuilt - expr) != 0 or offset.free_symbols & set(symbols):
+    found = sizes.affine_strides(expr, symbols)
+    if found is None:
         return None
-    strides = [sympy.S.Zero if n == 1 else s for n, s in zip(size, strides, strict=True)]
+    offset, steps = found
+    strides = [sympy.S.Zero if n == 1 else s for n, s in zip(size, steps, strict=True)]
     if any(s.is_negative for s in strides):
         return None  # torch has no negative strides (flip is a copy there)
     return Layout(template.device, template.dtype, size, tuple(strides), offset)

@@ -118,11 +118,7 @@ class StorageBox:
         """
         if not isinstance(self.data, Pointwise) or reads <= 1:
             return False
-        handler = ReadWriteHandler()
-        index = [sizes.index_symbol("i", n) for n in range(len(self.data.ranges))]
-        with set_ops_handler(handler):
-            self.data.inner_fn(index)
-        count = handler.compute_ops()
+        count = _traced(self.data)[1].compute_ops()
         return count * (reads - 1) > REALIZE_DUPLICATED_OPS or count > REALIZE_MAX_OPS
 
     def read_order(self) -> list[int] | None:
@@ -131,16 +127,14 @@ class StorageBox:
         different), or None: the order that makes that read walk memory in order."""
         if not isinstance(self.data, Pointwise) or len(self.data.ranges) != 4:
             return None
-        index = [sizes.index_symbol("i", n) for n in range(4)]
-        handler = ReadWriteHandler()
-        with set_ops_handler(handler):
-            self.data.inner_fn(index)
+        index, handler = _traced(self.data)
         long = [d for d, n in enumerate(self.data.ranges) if sizes.static_int(n) != 1]
         for dep in handler.reads:
-            steps = _linear_steps(dep.index, index)
-            if steps is None or any(steps[d] <= 0 for d in long):
+            found = sizes.affine_strides(dep.index, index)
+            if found is None or not all(s.is_Integer for s in found[1]):
                 continue
-            if len({steps[d] for d in long}) == len(long):
+            steps = [int(s) for s in found[1]]
+            if all(steps[d] > 0 for d in long) and len({steps[d] for d in long}) == len(long):
                 return sorted(range(4), key=lambda d: (-steps[d], d))
         return None
 
@@ -163,14 +157,13 @@ class StorageBox:
         return buf
 
 
-def _linear_steps(index: sympy.Expr, symbols: Sequence[sympy.Symbol]) -> list[int] | None:
-    """How far ``index`` moves per unit of each symbol, if it is linear in them."""
-    expr = sympy.expand(index)
-    steps = [expr.coeff(s) for s in symbols]
-    rest = expr - sum(c * s for c, s in zip(steps, symbols, strict=True))
-    if rest.free_symbols & set(symbols) or not all(c.is_Integer for c in steps):
-        return None
-    return [int(c) for c in steps]
+def _traced(body: Pointwise) -> tuple[list[sympy.Symbol], ReadWriteHandler]:
+    """``body`` run once over symbolic indices: its reads and op counts."""
+    index = [sizes.index_symbol("i", n) for n in range(len(body.ranges))]
+    handler = ReadWriteHandler()
+    with set_ops_handler(handler):
+        body.inner_fn(index)
+    return index, handler
 
 
 IRNode = Union[View, ReinterpretView, StorageBox, Buffer, Loops]  # noqa: UP007

@@ -234,15 +234,14 @@ def welford(
 ) -> tuple[TensorBox, TensorBox, torch.dtype]:
     result = out_dtype()
     math = compute_dtype(result)
-    pieces = _pieces(x, _dims(x, dim)) if x.dim() else 1
+    rdims = _dims(x, dim) if x.dim() else []
+    pieces = _pieces(x, rdims) if x.dim() else 1
     if pieces > 1:
-        mean, m2 = _split_welford(x, _dims(x, dim), keepdim, pieces, math)
+        mean, m2 = _split_welford(x, rdims, keepdim, pieces, math)
     else:
         mean = reduce(x, dim, keepdim, "welford_reduce", math, output_index=0)
         m2 = reduce(x, dim, keepdim, "welford_reduce", math, output_index=1)
-    count = (
-        sizes.evaluate_int(sizes.product(x.get_size()[d] for d in _dims(x, dim))) if x.dim() else 1
-    )
+    count = sizes.evaluate_int(sizes.product(x.get_size()[d] for d in rdims))
     denom = float(max(0, count - correction))
 
     def var_fn(v: Any) -> Any:
