@@ -1,10 +1,11 @@
 """Where a model's GPU time goes: the top CUDA kernels of Kiln and torch.compile, side by side.
 
 ``python benchmarks/gpu_profile.py resnet50 vit_base_patch16_224 [--dtype bfloat16]
-[--mode training] [--top 12]`` builds each model at the ``gpu`` preset, compiles it with both,
+[--mode training] [--top 12] [--host 30]`` builds each model at the ``gpu`` preset, compiles it with both,
 and prints per compiler the wall time of a step, the device time of its kernels and how many
 it launches (a wall time well above the device time means the GPU waits on the host), then the
-kernels that take the most time. Used to decide what to optimise; numbers for reports come
+kernels that take the most time, and with ``--host`` the Python functions a step spends its
+host time in. Used to decide what to optimise; numbers for reports come
 from ``python -m benchmarks``.
 """
 
@@ -12,6 +13,9 @@ from __future__ import annotations
 
 import argparse
 import collections
+import cProfile
+import io
+import pstats
 import re
 import statistics
 import time
@@ -62,12 +66,26 @@ def _profile(step: Callable[[], Any]) -> tuple[float, int, list[tuple[str, float
     return total_us, launches, top
 
 
+def _host(step: Callable[[], Any], top: int) -> str:
+    """Where a step's host time goes: the ``top`` functions by own time over 20 steps."""
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(20):
+        step()
+    torch.cuda.synchronize()
+    profiler.disable()
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(top)
+    return out.getvalue()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("models", nargs="+")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--mode", default="inference", choices=["inference", "training"])
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--host", type=int, default=0, help="print this many host functions")
     parser.add_argument("--debug-dir", help="Kiln writes each graph's generated code here")
     args = parser.parse_args()
     # the harness's precision setting (worker.run_job)
@@ -96,6 +114,8 @@ def main() -> None:
             )
             for kernel, us, count in top[: args.top]:
                 print(f"{us / 1e3:8.3f} ms  x{count:<4d} {kernel[:110]}")
+            if args.host:
+                print(_host(step, args.host))
             kiln.reset()
             torch._dynamo.reset()
 
