@@ -166,6 +166,29 @@ def test_attention_models_on_cuda(device, mode):
     assert any("scaled_dot_product" in k for k in snap["extern_kernels"]), snap["extern_kernels"]
 
 
+class _WrittenAttention(torch.nn.Module):
+    """Self-attention with the softmax written out, as many models still have it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = torch.nn.Linear(32, 96)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = (z.unflatten(-1, (4, 8)).transpose(1, 2) for z in self.qkv(x).chunk(3, -1))
+        probs = torch.softmax(q @ k.transpose(-2, -1) / 8**0.5, dim=-1)
+        return (probs @ v).transpose(1, 2).flatten(2)
+
+
+@pytest.mark.parametrize("device", ["cpu", *CUDA])
+@pytest.mark.parametrize("mode", ["inference", "training"])
+def test_written_out_attention_runs_as_one_fused_attention(device, mode):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    snap = _check(_WrittenAttention(), (torch.randn(3, 10, 32),), mode, "kiln", device=device)
+    fused = [k for k in snap["extern_kernels"] if "scaled_dot_product" in k]
+    assert len(fused) == (1 if mode == "inference" else 2), snap["extern_kernels"]
+    assert "fallback_ops" not in snap
+
+
 def _numpy_statistic(x: torch.Tensor) -> torch.Tensor:
     h = torch.relu(x)
     scale = float(np.tanh(h.detach().cpu().numpy().mean())) + 1.0

@@ -136,6 +136,7 @@ def _aot_loopir(
     backend: loopir.Backend | None,
 ) -> Callable[..., Any]:
     compile_graph = _loopir_compiler(options, backend)
+    loopir.fuse_attention(gm)
     return autograd_aot.aot_compile(
         gm,
         example_inputs,

@@ -2,6 +2,7 @@
 
 from kiln.loopir import backend, sizes
 from kiln.loopir.__about__ import __version__
+from kiln.loopir.attention import fuse_attention
 from kiln.loopir.backend import Backend, get_backend, register_backend
 from kiln.loopir.decompositions import decompositions
 from kiln.loopir.errors import BackendError, IRVerificationError, LoopIRError, LoweringError
@@ -33,6 +34,7 @@ __all__ = [
     "compile_graph",
     "compile_graph_reference",
     "decompositions",
+    "fuse_attention",
     "get_backend",
     "ops",
     "register_backend",
