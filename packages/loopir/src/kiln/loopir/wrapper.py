@@ -76,7 +76,6 @@ class _Writer:
             "reinterpret": _reinterpret,
             "draw_seeds": random_bits.draw_seeds,
             "device": torch.device,
-            "leaves": pytree.tree_leaves,
             "as_layout": _as_layout,
         }
         self._consts = itertools.count()
@@ -190,7 +189,6 @@ def _emit_step(w: _Writer, step: Step) -> None:
             call = f"as_layout({call}, {_strides(buf.layout)}, {str(buf.op)!r})"
         w.line(f"{buf.name} = {call}  # {note} {buf.op}")
     elif isinstance(step, NopStep):
-        (leaf,) = step.buffer.index
-        part = f"leaves({step.buffer.parent.name})[{leaf}]"
+        part = step.buffer.parent.name + "".join(f"[{i}]" for i in step.buffer.index)
         op = repr(str(step.buffer.parent.op))
         w.line(f"{step.buffer.name} = as_layout({part}, {_strides(step.buffer.layout)}, {op})")

@@ -156,7 +156,7 @@ class ExternBuffer(Buffer):
 
 @dataclasses.dataclass(eq=False)
 class MultiOutput(Buffer):
-    """Element ``index`` (a pytree path of ints) of an extern call's result."""
+    """The tensor at ``result[i][j]...`` (``index`` is ``(i, j, ...)``) of an extern call's result."""
 
     parent: ExternBuffer = dataclasses.field(default=None)  # type: ignore[assignment]
     index: tuple[int, ...] = ()

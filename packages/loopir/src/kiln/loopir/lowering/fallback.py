@@ -196,14 +196,22 @@ def extern_call(op: Any, args: Any, kwargs: Any, *, is_fallback: bool) -> Any:
     leaves, spec = pytree.tree_flatten(meta)
     devices = [V.graph.device_of(t) for t in pytree.tree_leaves(traced)]  # meta's real ones
     outs: list[Any] = []
-    for i, leaf in enumerate(leaves):
+    for i, (leaf, path) in enumerate(zip(leaves, _leaf_paths(meta), strict=True)):
         if not isinstance(leaf, torch.Tensor):
             outs.append(leaf)
             continue
-        part = MultiOutput("", _layout(leaf, devices[i]), parent=buf, index=(i,))
+        part = MultiOutput("", _layout(leaf, devices[i]), parent=buf, index=path)
         V.graph.register_buffer(part)
         outs.append(TensorBox(StorageBox(part)))
     return pytree.tree_unflatten(outs, spec)
+
+
+def _leaf_paths(value: Any) -> list[tuple[int, ...]]:
+    """The subscripts that reach each leaf of an op's result (tuples and lists of tensors), in
+    pytree order: the wrapper indexes the result directly instead of flattening it per call."""
+    if not isinstance(value, (tuple, list)):
+        return [()]
+    return [(i, *path) for i, item in enumerate(value) for path in _leaf_paths(item)]
 
 
 def fallback(op: Any, args: Any, kwargs: Any) -> Any:
