@@ -239,6 +239,39 @@ def test_direct_launch_respecialises_on_pointer_alignment():
     assert {key[1:] for key in launcher._binaries} == {(True, True), (False, True)}
 
 
+def test_direct_launch_bypasses_tritons_runner_unless_a_launch_hook_is_installed(monkeypatch):
+    """Kiln's launch calls Triton's driver launcher itself; a profiler's launch hook installed
+    before the first launch still sees every launch."""
+    from triton import knobs  # noqa: PLC0415
+    from triton.compiler.compiler import CompiledKernel  # noqa: PLC0415
+
+    x = _cuda(1024)
+    compiled = compile_fn(lambda t: (aten.cos.default(t),), x)
+    compiled(x)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("launched through Triton's runner")
+
+    monkeypatch.setattr(CompiledKernel, "launch_metadata", refuse)
+    torch.testing.assert_close(compiled(x)[0], x.cos())
+    monkeypatch.undo()
+
+    seen = []
+
+    def hook(metadata):
+        seen.append(metadata)
+
+    chain = knobs.runtime.launch_enter_hook
+    if hasattr(chain, "calls"):  # a chain of hooks (newer Triton)
+        monkeypatch.setattr(chain, "calls", [hook])
+    else:
+        monkeypatch.setattr(knobs.runtime, "launch_enter_hook", hook)
+    hooked = compile_fn(lambda t: (aten.exp.default(t),), x)
+    for _ in range(2):
+        torch.testing.assert_close(hooked(x)[0], x.exp())
+    assert len(seen) >= 2
+
+
 START = torch.tensor(2)  # a CPU scalar the traced graph holds as a constant
 
 

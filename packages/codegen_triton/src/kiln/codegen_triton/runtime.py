@@ -120,7 +120,7 @@ def _binary_launch(
     launch are kept by launching the usual way."""
     gx, gy, gz = (*grid, 1, 1)[:3]
     runner = compiled[(gx, gy, gz)]
-    if knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None:
+    if _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook):
         return lambda *tensors: runner(*tensors, *trailing)
     run, function, packed = compiled.run, compiled.function, compiled.packed_metadata
     raw_stream = torch._C._cuda_getCurrentRawStream
@@ -130,3 +130,9 @@ def _binary_launch(
         run(gx, gy, gz, raw_stream(index), function, packed, None, None, None, *tensors, *trailing)
 
     return launch
+
+
+def _hooked(hook: Any) -> bool:
+    """Whether a launch hook is installed: a function, or Triton's chain of them with any in it
+    (newer Triton keeps an empty chain, which Triton's launcher would call on every launch)."""
+    return hook is not None and bool(getattr(hook, "calls", True))

@@ -19,6 +19,7 @@ from kiln.loopir.lowering.common import (
     origin,
     out_meta,
 )
+from kiln.loopir.lowering.fallback import extern_call
 from kiln.loopir.lowering.registry import overloads, register_lowering
 from kiln.loopir.virtualized import V, ops
 
@@ -140,14 +141,15 @@ def _bernoulli(x: TensorBox, p: float = 0.5, **kwargs: Any) -> TensorBox:
 
 
 def _convert(x: TensorBox) -> TensorBox:
-    meta = out_meta()
-    if V.graph.device_of(meta) != x.get_device():
-        raise Unlowerable("a device copy is an ATen call")
-    return make_pointwise(lambda v: v, [x], math_dtype=meta.dtype)
+    return make_pointwise(lambda v: v, [x], math_dtype=out_meta().dtype)
 
 
 @register_lowering(*overloads("_to_copy", "default"), *overloads("clone", "default"))
 def _to_copy(x: TensorBox, **kwargs: Any) -> TensorBox:
+    if V.graph.device_of(out_meta()) != x.get_device():
+        # ATen's copy between devices; torch's decomposition of it (prims.device_put) would
+        # be run on meta data to find its result's shape, which a device copy refuses
+        return extern_call(V.graph.current_op, (x,), kwargs, is_fallback=False)  # type: ignore[no-any-return]
     return _convert(x)
 
 
