@@ -28,6 +28,22 @@ def test_inference_path_under_no_grad(context):
     assert not out.requires_grad
 
 
+def test_running_statistics_are_written_back_in_one_foreach_copy(monkeypatch):
+    model = _bn_model()
+    gm, ref = fx.symbolic_trace(model), _bn_model()
+    compiled = aot_eager_decomp_partition(gm, [torch.randn(5, 4)])
+    calls = []
+    copy = torch._foreach_copy_
+    monkeypatch.setattr(torch, "_foreach_copy_", lambda d, s: calls.append(len(d)) or copy(d, s))
+    for _ in range(2):
+        x = torch.randn(5, 4)
+        compiled(x).sum().backward()
+        ref(x).sum().backward()
+    # running_mean, running_var and num_batches_tracked, each step in one call
+    assert calls == [3, 3]
+    torch.testing.assert_close(dict(gm.named_buffers()), dict(ref.named_buffers()))
+
+
 def test_switching_grad_mode_compiles_both_variants():
     gm = fx.symbolic_trace(nn.Linear(3, 2))
     x = torch.randn(4, 3)

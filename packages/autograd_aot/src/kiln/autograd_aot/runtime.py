@@ -76,10 +76,8 @@ def run_inference(compiled: CompiledProgram, primals: Sequence[torch.Tensor]) ->
 
 def _finish(program: TracedProgram, primals: Sequence[torch.Tensor], outputs: list[Any]) -> Any:
     n = program.num_user_outputs
-    for i, value in zip(program.mutated_inputs, outputs[n:], strict=True):
-        # A mutated input that requires grad keeps its history through the copy, as in eager.
-        with torch.set_grad_enabled(value.requires_grad):
-            primals[i].copy_(value)
+    if program.mutated_inputs:
+        _write_back(primals, program.mutated_inputs, outputs[n:])
     direct = program.direct_outputs
     if direct is not None:
         return tuple([outputs[i] for i in direct])
@@ -100,3 +98,22 @@ def _finish(program: TracedProgram, primals: Sequence[torch.Tensor], outputs: li
             view = primals[spec.index].as_strided(spec.size, spec.stride, spec.offset)
             flat.append(view if spec.requires_grad else view.detach())
     return pytree.tree_unflatten(flat, program.out_spec)
+
+
+def _write_back(
+    primals: Sequence[torch.Tensor], mutated: Sequence[int], values: Sequence[torch.Tensor]
+) -> None:
+    """Copy the new values of mutated inputs into them. Those without history (BatchNorm's
+    running statistics: three per layer) go in one foreach copy, a launch or two for all
+    of them instead of one each. Mutated inputs never share memory here (aliased ones are
+    traced over their bases), so the order of the copies does not matter."""
+    dsts, srcs = [], []
+    for i, value in zip(mutated, values, strict=True):
+        if value.requires_grad:  # keeps its history through the copy, as in eager
+            primals[i].copy_(value)
+        else:
+            dsts.append(primals[i])
+            srcs.append(value)
+    if dsts:
+        with torch.no_grad():
+            torch._foreach_copy_(dsts, srcs)
