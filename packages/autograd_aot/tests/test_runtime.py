@@ -44,6 +44,33 @@ def test_running_statistics_are_written_back_in_one_foreach_copy(monkeypatch):
     torch.testing.assert_close(dict(gm.named_buffers()), dict(ref.named_buffers()))
 
 
+class _TwoOutputs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = _bn_model()
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.net(x)
+        return y, y.exp()
+
+
+def test_backward_makes_zeros_only_for_tangents_the_loss_does_not_reach():
+    """Outputs the loss ignores (a second result, BatchNorm's new statistics) get no
+    materialized zero gradient; a missing tangent of a differentiable output is made."""
+    model, ref = _TwoOutputs(), _TwoOutputs()
+    x = torch.randn(5, 4, requires_grad=True)
+    compiled = aot_eager_decomp_partition(fx.symbolic_trace(model), [x])
+    first, _ = compiled(x)
+    with torch.profiler.profile() as prof:
+        first.sum().backward()
+    zeros = [e.name for e in prof.events() if e.name == "aten::zeros"]
+    assert len(zeros) == 1  # the exp output's tangent
+    got = x.grad
+    x.grad = None
+    ref(x)[0].sum().backward()
+    torch.testing.assert_close(got, x.grad)
+
+
 def test_switching_grad_mode_compiles_both_variants():
     gm = fx.symbolic_trace(nn.Linear(3, 2))
     x = torch.randn(4, 3)

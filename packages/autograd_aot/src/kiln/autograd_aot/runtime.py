@@ -47,6 +47,13 @@ class _AotFunction(torch.autograd.Function):
         ctx.compiled = compiled
         ctx.save_for_backward(*saved)
         ctx.mark_non_differentiable(*(outputs[i] for i in program.non_differentiable))
+        # Autograd would hand backward a zero tensor for every output the loss does not
+        # reach, non-differentiable ones included (BatchNorm's new running statistics: three
+        # allocations and fills per layer and step); only the tangents are made, when missing.
+        ctx.set_materialize_grads(False)
+        ctx.tangent_specs = [
+            (o.shape, o.dtype, o.device) for o in map(outputs.__getitem__, program.diff_outputs)
+        ]
         return tuple(outputs)
 
     @staticmethod
@@ -55,7 +62,12 @@ class _AotFunction(torch.autograd.Function):
         compiled: CompiledProgram = ctx.compiled
         program = compiled.program
         assert compiled.backward is not None
-        tangents = [grads[i].contiguous() for i in program.diff_outputs]
+        tangents = [
+            torch.zeros(shape, dtype=dtype, device=device) if g is None else g.contiguous()
+            for g, (shape, dtype, device) in zip(
+                map(grads.__getitem__, program.diff_outputs), ctx.tangent_specs, strict=True
+            )
+        ]
         results = compiled.backward(*ctx.saved_tensors, *tangents)
         out: list[torch.Tensor | None] = [None] * program.num_primals
         for i, g in zip(program.grad_inputs, results, strict=True):
