@@ -6,6 +6,7 @@ import torch
 from loopir_testing import aten_graph, suite_backend, to_meta
 
 from kiln.capture import counters
+from kiln.loopir import ReferenceBackend
 from kiln.loopir.graph import prefers_channels_last
 from kiln.loopir.pipeline import compile_graph
 
@@ -131,3 +132,54 @@ def test_an_nchw_image_is_copied_channels_last_before_the_stem():
     compiled = _forced(conv_net, _inputs())
     first = next(s for s in compiled.steps if hasattr(s, "group"))
     assert [n.origin for n in first.group.nodes] == ["channels-last convolution input"]
+
+
+class _DepthwiseNHWCBackend(ReferenceBackend):
+    """The reference backend asking for NHWC depthwise convolutions, as Triton's does."""
+
+    depthwise_nhwc = True
+
+
+def depthwise_step(x, w, scale, grad):
+    """A depthwise convolution after a pointwise op, and its backward (a training graph)."""
+    y = aten.mul.Tensor(x, scale)
+    out = aten.convolution.default(y, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 8)
+    back = aten.convolution_backward.default(
+        aten.mul.Tensor(grad, scale), y, w, [0], [1, 1], [1, 1], [1, 1], False, [0, 0], 8,
+        [True, True, False],
+    )  # fmt: skip
+    return (out, aten.mul.Tensor(back[0], scale), back[1])
+
+
+@pytest.mark.parametrize("wanted", [True, False])
+def test_depthwise_backward_activations_are_nhwc_where_the_backend_asks(wanted):
+    """Not a channels-last graph (its outputs are NCHW), yet a depthwise convolution's
+    backward gets NHWC activations when the backend sets ``depthwise_nhwc``; the forward
+    keeps NCHW."""
+    inputs = (torch.randn(2, 8, 6, 5), torch.randn(8, 1, 3, 3), torch.randn(1, 8, 1, 1))
+    inputs += (torch.randn(2, 8, 6, 5),)
+    counters.clear()
+    backend = _DepthwiseNHWCBackend() if wanted else ReferenceBackend()
+    gm = aten_graph(depthwise_step, *inputs)
+    compiled = compile_graph(gm, [to_meta(t) for t in inputs], backend=backend)
+    for got, want in zip(compiled(*inputs), depthwise_step(*inputs), strict=True):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    copies = [
+        n.origin
+        for s in compiled.steps
+        if hasattr(s, "group")
+        for n in s.group.nodes
+        if n.origin == "channels-last convolution input"
+    ]
+    # the input, stored NCHW for the forward, is copied; the gradient, not stored yet, is
+    # stored NHWC by the kernel that computes it
+    assert len(copies) == (1 if wanted else 0)
+    written = [
+        tuple(int(v) for v in s.group.buffers[n].stride)
+        for s in compiled.steps
+        if hasattr(s, "group")
+        for n in s.group.outputs
+    ]
+    assert written.count((240, 1, 40, 8)) == (2 if wanted else 0)  # the copy, the gradient
+    snapshot = counters.snapshot()
+    assert "extern_copies" not in snapshot and "output_copies" not in snapshot

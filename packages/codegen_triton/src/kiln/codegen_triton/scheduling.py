@@ -49,6 +49,8 @@ class TritonBackend:
         self.options = opts if opts is not None else options
         self.reduction_split_rows = _rows_at_once()
         """Reduction rows (one program each) to run at once: 8 per multiprocessor."""
+        self.depthwise_nhwc = True
+        """cuDNN runs depthwise convolutions in NHWC only; ATen's NCHW kernels are slow."""
         if self._compile_ahead():
             compile_pool(self.options.compile_workers).start()
 

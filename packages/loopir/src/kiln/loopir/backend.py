@@ -19,7 +19,9 @@ result rather than compute the result as one masked loop over every input
 makes those ATen calls rather than loopir lowerings on the backend's device. A
 ``reduction_split_rows`` number asks for reductions with fewer rows than a quarter of it
 to be cut into pieces, reduced in two steps, so that about that many rows run at once
-(a GPU runs one program per row; 0 or missing: never).
+(a GPU runs one program per row; 0 or missing: never). ``depthwise_nhwc = True`` asks for a
+depthwise convolution's activations, and its backward's, in NHWC in every graph (copied
+where they are not), for a library that runs depthwise convolutions fast only in NHWC.
 
 Finding a backend for a device type, first match wins:
 
