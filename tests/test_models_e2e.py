@@ -189,6 +189,32 @@ def test_written_out_attention_runs_as_one_fused_attention(device, mode):
     assert "fallback_ops" not in snap
 
 
+def _depthwise_block():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3, padding=1),
+        torch.nn.BatchNorm2d(16),
+        torch.nn.SiLU(),
+        torch.nn.Conv2d(16, 16, 3, padding=1, groups=16),  # depthwise
+        torch.nn.BatchNorm2d(16),
+        torch.nn.SiLU(),
+        torch.nn.Conv2d(16, 8, 1),
+        torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(),
+    )
+
+
+@pytest.mark.parametrize("device", ["cpu", *CUDA])
+@pytest.mark.parametrize("mode", ["inference", "training"])
+def test_depthwise_separable_block(device, mode):
+    """MobileNet's block. On CUDA the depthwise convolution's backward runs NHWC (cuDNN)
+    in a training graph that is otherwise NCHW: its results' planned strides must be
+    cuDNN's (no extern copies)."""
+    torch.backends.cudnn.allow_tf32 = False
+    snap = _check(_depthwise_block(), (torch.randn(4, 3, 12, 10),), mode, "kiln", device=device)
+    assert "fallback_ops" not in snap
+
+
 def _numpy_statistic(x: torch.Tensor) -> torch.Tensor:
     h = torch.relu(x)
     scale = float(np.tanh(h.detach().cpu().numpy().mean())) + 1.0
