@@ -45,13 +45,17 @@ class TritonLauncher:
         self.ks = ks
         self.path = path
         unique = list(dict.fromkeys(arg_names))
-        self.positions = [list(arg_names).index(n) for n in unique]
+        positions = [list(arg_names).index(n) for n in unique]
+        self.positions = None if positions == list(range(len(arg_names))) else positions
+        """Where each distinct argument is in a call's arguments; None: all of them, in order."""
         self.scalars = ks.sizes
         written_pos = [i for i, n in enumerate(unique) if n in set(written)]
         self.tuner = Autotuner(ks.source, configs, cache_dir, written_pos)
         self.fn: Any = None
         self.warming: list[concurrent.futures.Future[None]] = []
         self._binaries: dict[tuple[Any, ...], Any] = {}
+        self._tuned: dict[tuple[bool, ...], Any] = {}
+        """The tuned config's binaries by alignment of the pointers: the launch path."""
 
     def start_parallel_compile(self, dtypes: Sequence[torch.dtype], workers: int) -> None:
         """Begin compiling every candidate config, one worker job each (GPU only)."""
@@ -103,11 +107,19 @@ class TritonLauncher:
             self._binaries[key] = _binary_launch(compiled, grid, tensors[0].device, trailing)
 
     def __call__(self, *args: torch.Tensor) -> None:
+        tensors = args if self.positions is None else [args[i] for i in self.positions]
+        aligned = tuple([t.data_ptr() % 16 == 0 for t in tensors])
+        launch = self._tuned.get(aligned)
+        if launch is not None:  # every call after the first: one lookup, one launch
+            launch(*tensors)
+            return
         if self.ks.numel == 0:
             return
-        tensors = [args[i] for i in self.positions]
         cfg = self.tuner.choose(self.run, tensors)
         self.run(cfg, tensors)
+        found = self._binaries.get((cfg, *aligned))
+        if found is not None:
+            self._tuned[aligned] = found
 
 
 def _binary_launch(
