@@ -122,6 +122,12 @@ FLOAT_ONLY = [
     lambda a, b: aten.pow.Tensor_Scalar(aten.abs.default(a), 2.5),
     lambda a, b: aten.pow.Tensor_Tensor(aten.abs.default(a), b),
     lambda a, b: aten.pow.Tensor_Scalar(a, 2),
+    # the exponents computed without a general power, as ATen's kernels do
+    lambda a, b: aten.pow.Tensor_Scalar(a, 3.0),
+    lambda a, b: aten.pow.Tensor_Scalar(aten.abs.default(a), 0.5),
+    lambda a, b: aten.pow.Tensor_Scalar(aten.abs.default(b), -0.5),
+    lambda a, b: aten.pow.Tensor_Scalar(b, -1),
+    lambda a, b: aten.pow.Tensor_Scalar(b, -2.0),
     lambda a, b: aten.pow.Scalar(2.0, a),
     lambda a, b: aten.atan2.default(a, b),
     lambda a, b: aten.hypot.default(a, b),

@@ -122,7 +122,7 @@ _SIMPLE_BINARY = {
     "bitwise_xor": ("bitwise_xor", ("Tensor", "Scalar", "Scalar_Tensor")),
     "bitwise_left_shift": ("bitwise_left_shift", ("Tensor", "Tensor_Scalar", "Scalar_Tensor")),
     "bitwise_right_shift": ("bitwise_right_shift", ("Tensor", "Tensor_Scalar", "Scalar_Tensor")),
-    "pow": ("pow", ("Tensor_Tensor", "Tensor_Scalar", "Scalar")),
+    "pow": ("pow", ("Tensor_Tensor", "Scalar")),
 }
 
 
@@ -135,6 +135,26 @@ def _binary(op_name: str) -> Callable[..., TensorBox]:
 
 for _aten, (_op, _ovls) in _SIMPLE_BINARY.items():
     register_lowering(*overloads(_aten, *_ovls))(_binary(_op))
+
+
+# Exponents ATen's pow kernels compute without a general power (exp and log per element),
+# and so does loopir: GPT-2's GELU takes x ** 3.0, which was a libdevice pow per element.
+_POWERS: dict[float, Callable[[Any], Any]] = {
+    2: lambda x: ops.mul(x, x),
+    3: lambda x: ops.mul(ops.mul(x, x), x),
+    0.5: ops.sqrt,
+    -0.5: ops.rsqrt,
+    -1: ops.reciprocal,
+    -2: lambda x: ops.reciprocal(ops.mul(x, x)),
+}
+
+
+@register_lowering(*overloads("pow", "Tensor_Scalar"))
+def _pow_scalar(a: Value, b: Any) -> TensorBox:
+    floating = isinstance(a, TensorBox) and a.get_dtype().is_floating_point
+    if floating and isinstance(b, (int, float)) and not isinstance(b, bool) and b in _POWERS:
+        return make_pointwise(_POWERS[b], [a])
+    return make_pointwise(ops.pow, [a, b])
 
 
 def _scaled(b: Value, alpha: Any) -> tuple[Value, bool]:
