@@ -1,13 +1,11 @@
 """Extern kernels (ATen calls from the wrapper) with generated kernels around them."""
 
-import pytest
 import torch
-from loopir_testing import aten_graph, check, to_meta
+from loopir_testing import check
 
 from kiln.capture import counters
-from kiln.loopir import ReferenceBackend
 from kiln.loopir.lowering.fallback import is_vendor_kernel
-from kiln.loopir.pipeline import KernelStep, compile_graph
+from kiln.loopir.pipeline import KernelStep
 from kiln.loopir.scheduler.order import ExternStep
 
 aten = torch.ops.aten
@@ -220,32 +218,3 @@ def test_batched_matmul_reads_heads_cloned_contiguous_as_views():
 
     c = check(fn, x, atol=1e-5, rtol=1e-5)
     assert c.kernel_count == 2  # the clones (one kernel) and the softmax
-
-
-class _PaddingBackend(ReferenceBackend):
-    """The reference backend asking for 16-byte GEMM rows, as Triton's does."""
-
-    matmul_row_bytes = 16
-
-
-@pytest.mark.parametrize("with_bias", [False, True])
-def test_gemm_rows_are_padded_where_the_backend_asks(monkeypatch, with_bias):
-    """A (64, 30) float32 result (120-byte rows) gets 32-column rows through mm's out=
-    overload; the kernel after it reads the padded rows, the graph output has eager's."""
-    from kiln.loopir.lowering import fallback  # noqa: PLC0415
-
-    monkeypatch.setattr(fallback, "PAD_MATMUL_NUMEL", 1)
-
-    def fn(a, b, bias):
-        prod = aten.addmm.default(bias, a, b) if with_bias else aten.mm.default(a, b)
-        return (aten.relu.default(prod), prod)
-
-    inputs = (torch.randn(64, 16), torch.randn(16, 30), torch.randn(30))
-    gm = aten_graph(fn, *inputs)
-    compiled = compile_graph(gm, [to_meta(t) for t in inputs], backend=_PaddingBackend())
-    for got, want in zip(compiled(*inputs), fn(*inputs), strict=True):
-        torch.testing.assert_close(got, want)
-        assert got.stride() == want.stride()
-    (extern,) = [s.buffer for s in compiled.steps if isinstance(s, ExternStep)]
-    assert [int(v) for v in extern.layout.stride] == [32, 1]
-    assert f"out={extern.name})" in compiled.wrapper.source

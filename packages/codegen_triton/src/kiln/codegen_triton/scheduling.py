@@ -51,8 +51,6 @@ class TritonBackend:
         """Reduction rows (one program each) to run at once: 8 per multiprocessor."""
         self.depthwise_nhwc = True
         """cuDNN runs depthwise convolutions in NHWC only; ATen's NCHW kernels are slow."""
-        self.matmul_row_bytes = 16
-        """cuBLAS's tensor-core GEMMs want every matrix row 16-byte aligned."""
         if self._compile_ahead():
             compile_pool(self.options.compile_workers).start()
 

@@ -22,8 +22,6 @@ to be cut into pieces, reduced in two steps, so that about that many rows run at
 (a GPU runs one program per row; 0 or missing: never). ``depthwise_nhwc = True`` asks for a
 depthwise convolution's activations, and its backward's, in NHWC in every graph (copied
 where they are not), for a library that runs depthwise convolutions fast only in NHWC.
-``matmul_row_bytes`` (e.g. 16) pads the rows of large GEMM results (``mm``, ``addmm``,
-called through their ``out=`` overloads) to a multiple of that many bytes.
 
 Finding a backend for a device type, first match wins:
 

@@ -183,15 +183,11 @@ def _emit_step(w: _Writer, step: Step) -> None:
         w.line(f"{step.code.name}({', '.join(step.group.args)})")
     elif isinstance(step, ExternStep):
         buf: ExternBuffer = step.buffer
+        op = w.const(buf.op, "op")
         args = [w.expr(a) for a in buf.args]
         args += [f"{k}={w.expr(v)}" for k, v in buf.kwargs.items()]
         note = "fallback" if buf.fallback else "extern"
-        if buf.out_op is not None:
-            w.line(f"{buf.name} = {_alloc(w, buf.layout)}")
-            out_op = w.const(buf.out_op, "op")
-            w.line(f"{out_op}({', '.join([*args, f'out={buf.name}'])})  # {note} {buf.out_op}")
-            return
-        call = f"{w.const(buf.op, 'op')}({', '.join(args)})"
+        call = f"{op}({', '.join(args)})"
         if not buf.multi_output:
             call = f"as_layout({call}, {_strides(buf.layout)}, {str(buf.op)!r})"
         w.line(f"{buf.name} = {call}  # {note} {buf.op}")

@@ -140,9 +140,7 @@ class ExternBuffer(Buffer):
 
     ``args``/``kwargs`` hold buffers (passed as tensors), views of buffers
     (``ReinterpretView``, passed through ``as_strided``) and Python constants.
-    ``fallback`` marks ops loopir has no lowering for (counted and logged). With
-    ``out_op`` (the op's ``out=`` overload) the wrapper allocates the result with
-    ``layout``, one ATen would not choose (rows padded for a GEMM), and calls that.
+    ``fallback`` marks ops loopir has no lowering for (counted and logged).
     """
 
     op: Any = None
@@ -150,7 +148,6 @@ class ExternBuffer(Buffer):
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     fallback: bool = False
     multi_output: bool = False
-    out_op: Any = None
 
     def describe(self) -> str:
         kind = "Fallback" if self.fallback else "Extern"

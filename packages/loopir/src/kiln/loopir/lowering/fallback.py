@@ -227,16 +227,12 @@ def extern_call(op: Any, args: Any, kwargs: Any, *, is_fallback: bool) -> Any:
     rargs = tuple(_copied_nhwc(a) if i in nhwc else a for i, a in enumerate(rargs))
     meta = _planned_outputs(op, rargs, rkwargs, traced)
     single = isinstance(meta, torch.Tensor)
-    padded = _padded_rows(op, meta, V.graph.device_of(traced)) if single else None
     # a multi-output call's own buffer is only a handle; its parts carry layouts
     handle = Layout(V.graph.default_device, torch.uint8, (), ())
-    planned = padded if padded is not None else meta
-    layout = _layout(planned, V.graph.device_of(traced)) if single else handle
+    layout = _layout(meta, V.graph.device_of(traced)) if single else handle
     buf = ExternBuffer(
         "", layout, op=op, args=rargs, kwargs=rkwargs, fallback=is_fallback, multi_output=not single
     )
-    if padded is not None:
-        buf.out_op = op.overloadpacket.out
     V.graph.register_buffer(buf)
     if single:
         return TensorBox(StorageBox(buf))
@@ -252,28 +248,6 @@ def extern_call(op: Any, args: Any, kwargs: Any, *, is_fallback: bool) -> Any:
         V.graph.register_buffer(part)
         outs.append(TensorBox(StorageBox(part)))
     return pytree.tree_unflatten(outs, spec)
-
-
-# Results smaller than this are left as ATen lays them out: padding pays off on big GEMMs.
-PAD_MATMUL_NUMEL = 1 << 20
-
-
-def _padded_rows(op: Any, meta: torch.Tensor, device: torch.device) -> torch.Tensor | None:
-    """A GEMM result's layout with its rows padded to the backend's ``matmul_row_bytes``,
-    where they are not a multiple of it (None otherwise).
-
-    cuBLAS picks its fast tensor-core kernels only when every matrix's rows start 16-byte
-    aligned: GPT-2's logits, 30522 bfloat16 columns, took 1.6 ms on the H100 as they were
-    and 0.55 ms with 30528-column rows. Inputs are left alone (a copy costs what it saves).
-    """
-    if packet_name(op) not in ("mm", "addmm") or meta.dim() != 2 or meta.numel() < PAD_MATMUL_NUMEL:
-        return None
-    align = V.graph.backend_trait(device, "matmul_row_bytes", 0) // meta.element_size()
-    rows, cols = meta.shape
-    if align <= 1 or cols % align == 0 or meta.stride() != (cols, 1):
-        return None
-    pitch = -(-cols // align) * align
-    return torch.empty_strided((rows, cols), (pitch, 1), dtype=meta.dtype, device="meta")
 
 
 def _leaf_paths(value: Any) -> list[tuple[int, ...]]:
