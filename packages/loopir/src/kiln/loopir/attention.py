@@ -70,7 +70,7 @@ def _softmax_input(node: fx.Node) -> fx.Node | None:
 
 
 def _scaled(node: fx.Node) -> tuple[fx.Node, float | None] | None:
-    """``x * s`` or ``x / s`` with a Python number ``s``: (x, the scale); else (node, None)."""
+    """``x * s`` or ``x / s`` with a Python number ``s``: (x, the scale); else None."""
     target = _target(node)
     if len(node.args) == 2 and not node.kwargs:
         x, s = node.args
