@@ -69,7 +69,7 @@ def _softmax_input(node: fx.Node) -> fx.Node | None:
     return src if isinstance(src, fx.Node) else None
 
 
-def _scaled(node: fx.Node) -> tuple[fx.Node, float | None] | None:
+def _scaled(node: fx.Node) -> tuple[fx.Node, float] | None:
     """``x * s`` or ``x / s`` with a Python number ``s``: (x, the scale); else None."""
     target = _target(node)
     if len(node.args) == 2 and not node.kwargs:
@@ -102,7 +102,7 @@ def _match(softmax: fx.Node) -> dict[str, Any] | None:
             return None
         chain.append(scores)
         scores, mask = left, right
-    scale = None
+    scale = 1.0  # softmax(q @ k^T) unscaled; SDPA's own default would be 1/sqrt(E)
     found = _scaled(scores)
     if found is not None:
         chain.append(scores)
@@ -166,8 +166,6 @@ def fuse_attention(gm: fx.GraphModule) -> int:
         with graph.inserting_before(out):
             k = graph.call_function(torch.transpose, (found["kt"], -2, -1))
             kwargs = {"attn_mask": found["mask"], "scale": found["scale"]}
-            if found["scale"] is None:  # softmax(q @ k^T): SDPA's default scale is 1/sqrt(E)
-                kwargs["scale"] = 1.0
             fused = graph.call_function(
                 F.scaled_dot_product_attention, (found["q"], k, found["v"]), kwargs
             )
