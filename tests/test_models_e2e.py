@@ -77,11 +77,12 @@ def test_multihead_attention(backend, mode, need_weights):
     assert "fallback_ops" not in snap
 
 
-def _gpt2():
+def _gpt2(vocab: int = 100):
     transformers = pytest.importorskip("transformers")
     config = transformers.GPT2Config(
-        n_layer=2, n_embd=64, n_head=4, vocab_size=100, n_positions=64,
+        n_layer=2, n_embd=64, n_head=4, vocab_size=vocab, n_positions=64,
         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        bos_token_id=vocab - 1, eos_token_id=vocab - 1,
     )  # fmt: skip
     torch.manual_seed(0)
     return transformers.GPT2LMHeadModel(config)
@@ -104,6 +105,26 @@ def test_gpt2(backend, mode):
     snap = _check(model, (ids,), mode, backend)
     assert "fallback_ops" not in snap
     assert snap["extern_kernels"]  # GEMMs (and attention when SDPA is used)
+
+
+@pytest.mark.parametrize("mode", ["inference", "training"])
+def test_gpt2_logits_on_a_padded_width(mode, monkeypatch):
+    """With a backend asking for 16-byte GEMM rows (Triton's), the 98 float32 logits per
+    token are computed 100 wide (TF32 on) and narrowed: graph outputs keep the padded rows
+    and no copy is made; gradients agree."""
+    from kiln.loopir import ReferenceBackend, matmul_padding  # noqa: PLC0415
+
+    monkeypatch.setattr(ReferenceBackend, "matmul_align_bytes", 16, raising=False)
+    monkeypatch.setattr(matmul_padding, "MIN_ROWS", 8)
+    monkeypatch.setattr(matmul_padding, "MIN_OUTPUT", 64)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)  # no effect on CPU
+    model, ids = _Logits(_gpt2(vocab=98)), torch.randint(0, 98, (2, 16))
+    snap = _check(model, (ids,), mode, "loopir_reference")
+    assert "output_copies" not in snap
+    if mode == "inference":
+        with torch.no_grad():
+            logits = kiln.compile(model, backend="loopir_reference")(ids)
+        assert logits.stride() == (16 * 100, 100, 1)
 
 
 def _convnet():
@@ -187,6 +208,22 @@ def test_written_out_attention_runs_as_one_fused_attention(device, mode):
     fused = [k for k in snap["extern_kernels"] if "scaled_dot_product" in k]
     assert len(fused) == (1 if mode == "inference" else 2), snap["extern_kernels"]
     assert "fallback_ops" not in snap
+
+
+@pytest.mark.parametrize("device", CUDA)
+def test_unaligned_bfloat16_logits_on_cuda(device, monkeypatch):
+    """Triton's backend asks for 16-byte GEMM rows: 98 bfloat16 logits are computed 104 wide."""
+    from kiln.loopir import matmul_padding  # noqa: PLC0415
+
+    monkeypatch.setattr(matmul_padding, "MIN_ROWS", 8)
+    monkeypatch.setattr(matmul_padding, "MIN_OUTPUT", 64)
+    torch.manual_seed(0)
+    head = torch.nn.Linear(64, 98).to(device, torch.bfloat16)
+    x = torch.randn(2, 16, 64, device=device, dtype=torch.bfloat16)
+    with torch.no_grad():
+        got, want = kiln.compile(head)(x), head(x)
+    assert got.stride() == (16 * 104, 104, 1)
+    torch.testing.assert_close(got, want, atol=1e-2, rtol=1e-2)
 
 
 def _depthwise_block():

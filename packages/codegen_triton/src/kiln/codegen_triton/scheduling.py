@@ -51,6 +51,8 @@ class TritonBackend:
         """Reduction rows (one program each) to run at once: 8 per multiprocessor."""
         self.depthwise_nhwc = True
         """cuDNN runs depthwise convolutions in NHWC only; ATen's NCHW kernels are slow."""
+        self.matmul_align_bytes = 16
+        """cuBLAS's tensor-core GEMMs want every matrix's rows in whole 16-byte units."""
         if self._compile_ahead():
             compile_pool(self.options.compile_workers).start()
 

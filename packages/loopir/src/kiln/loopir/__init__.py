@@ -7,6 +7,7 @@ from kiln.loopir.backend import Backend, get_backend, register_backend
 from kiln.loopir.decompositions import decompositions
 from kiln.loopir.errors import BackendError, IRVerificationError, LoopIRError, LoweringError
 from kiln.loopir.kernel import RINDEX, SEEDS, XINDEX, KernelCode, KernelGroup, KernelNode
+from kiln.loopir.matmul_padding import pad_matmuls
 from kiln.loopir.ops import OpsHandler, OpsHandlerBase
 from kiln.loopir.pipeline import CompiledGraph, compile_graph, compile_graph_reference
 from kiln.loopir.reference import ReferenceBackend
@@ -37,6 +38,7 @@ __all__ = [
     "fuse_attention",
     "get_backend",
     "ops",
+    "pad_matmuls",
     "register_backend",
     "set_ops_handler",
     "sizes",
