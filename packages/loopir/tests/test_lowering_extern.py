@@ -1,9 +1,10 @@
 """Extern kernels (ATen calls from the wrapper) with generated kernels around them."""
 
 import torch
-from loopir_testing import check
+from loopir_testing import aten_graph, check, to_meta
 
 from kiln.capture import counters
+from kiln.loopir import ReferenceBackend, compile_graph
 from kiln.loopir.lowering.fallback import is_vendor_kernel
 from kiln.loopir.pipeline import KernelStep
 from kiln.loopir.scheduler.order import ExternStep
@@ -218,3 +219,24 @@ def test_batched_matmul_reads_heads_cloned_contiguous_as_views():
 
     c = check(fn, x, atol=1e-5, rtol=1e-5)
     assert c.kernel_count == 2  # the clones (one kernel) and the softmax
+
+
+class _BiasAfter(ReferenceBackend):
+    """The reference backend asking for convolution biases as pointwise adds, as Triton's does."""
+
+    convolution_bias_pointwise = True
+
+
+def test_convolution_bias_joins_the_kernel_after_it_where_the_backend_asks():
+    img, k, bias = torch.randn(2, 3, 6, 6), torch.randn(4, 3, 3, 3), torch.randn(4)
+
+    def fn(img, k, bias):
+        conv = aten.convolution.default(img, k, bias, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+        return (aten.relu.default(conv),)
+
+    gm = aten_graph(fn, img, k, bias)
+    compiled = compile_graph(gm, [to_meta(t) for t in (img, k, bias)], backend=_BiasAfter())
+    torch.testing.assert_close(compiled(img, k, bias), fn(img, k, bias), atol=1e-5, rtol=1e-5)
+    (extern,) = [s.buffer for s in compiled.steps if isinstance(s, ExternStep)]
+    assert extern.args[2] is None  # the library convolves without the bias
+    assert sum(isinstance(s, KernelStep) for s in compiled.steps) == 1  # bias add and relu

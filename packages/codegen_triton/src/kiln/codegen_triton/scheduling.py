@@ -53,6 +53,8 @@ class TritonBackend:
         """cuDNN runs depthwise convolutions in NHWC only; ATen's NCHW kernels are slow."""
         self.matmul_align_bytes = 16
         """cuBLAS's tensor-core GEMMs want every matrix's rows in whole 16-byte units."""
+        self.convolution_bias_pointwise = True
+        """ATen adds a cuDNN convolution's bias with a kernel launch of its own."""
         if self._compile_ahead():
             compile_pool(self.options.compile_workers).start()
 

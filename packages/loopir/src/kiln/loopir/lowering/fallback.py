@@ -34,7 +34,7 @@ from kiln.loopir.ir.buffers import Buffer, ExternBuffer, MultiOutput
 from kiln.loopir.ir.layout import Layout
 from kiln.loopir.ir.strided import copy_like, realize_as_tensor, realize_like
 from kiln.loopir.ir.views import ReinterpretView, StorageBox, TensorBox
-from kiln.loopir.lowering.registry import overloads, register_lowering
+from kiln.loopir.lowering.registry import LOWERINGS, overloads, register_lowering
 from kiln.loopir.virtualized import V
 
 __all__ = [
@@ -47,6 +47,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+aten = torch.ops.aten
 
 _ATTENTION = (
     "_scaled_dot_product_flash_attention_for_cpu",  # ATen's CPU flash attention
@@ -280,3 +281,21 @@ def _vendor_kernel(*args: Any, **kwargs: Any) -> Any:
 register_lowering(*[op for n, ovls in VENDOR_KERNELS.items() for op in overloads(n, *ovls)])(
     _vendor_kernel
 )
+
+
+@register_lowering(*overloads("convolution", "default"))
+def _convolution(x: Any, weight: Any, bias: Any, *rest: Any) -> Any:
+    """A convolution; its bias added by the kernel after it where the backend asks
+    (``convolution_bias_pointwise``).
+
+    cuDNN's convolutions through ATen add a bias with a kernel of its own, one launch per
+    convolution more (26 a step in regnety_002's squeeze-excitation blocks); as a pointwise
+    add the bias joins the activation that follows, as in Inductor.
+    """
+    op = V.graph.current_op
+    device = V.graph.device_of(V.graph.current_meta)
+    if bias is None or not V.graph.backend_trait(device, "convolution_bias_pointwise", False):
+        return chosen_extern(op, (x, weight, bias, *rest), {})
+    out = chosen_extern(op, (x, weight, None, *rest), {})
+    shape = [-1] + [1] * (len(out.get_size()) - 2)  # bias over dim 1, the channels
+    return LOWERINGS[aten.add.Tensor](out, LOWERINGS[aten.view.default](bias, shape))
