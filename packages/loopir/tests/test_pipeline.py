@@ -207,3 +207,18 @@ def test_ir_logs_name_their_passes(caplog):
     assert "# loopir IR after pass 'lower'" in caplog.text
     assert "# loopir kernels after pass 'schedule'" in caplog.text
     assert "Extern aten.mm.default" in caplog.text
+
+
+def test_a_sum_of_many_buffers_read_twice_is_stored_once():
+    """A residual stream: each reader of ``a + b + c + d + e`` inlined would load all five
+    inputs again; the sum is stored once instead and the second reduction reads only it."""
+
+    def fn(a, b, c, d, e):
+        h = aten.add.Tensor(aten.add.Tensor(aten.add.Tensor(aten.add.Tensor(a, b), c), d), e)
+        return (aten.sum.dim_IntList(h, [0]), aten.amax.default(h, [1]))
+
+    inputs = [torch.randn(6, 40) for _ in range(5)]
+    c = check(fn, *inputs, atol=1e-5, rtol=1e-5)
+    kernels = [s for s in c.steps if isinstance(s, KernelStep)]
+    reads_of_inputs = [len(s.reads & set("abcde")) for s in kernels]
+    assert sorted(reads_of_inputs) == [0] * (len(kernels) - 1) + [5], reads_of_inputs

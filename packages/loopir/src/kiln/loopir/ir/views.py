@@ -25,13 +25,15 @@ from kiln.loopir.virtualized import V, ops, set_ops_handler
 
 __all__ = [
     "View", "ReinterpretView", "StorageBox", "TensorBox", "IRNode", "Reindex",
-    "REALIZE_DUPLICATED_OPS", "REALIZE_MAX_OPS",
+    "REALIZE_DUPLICATED_OPS", "REALIZE_MAX_OPS", "REALIZE_MAX_READS",
 ]  # fmt: skip
 
 REALIZE_DUPLICATED_OPS = 24
 """Realize a pointwise value once inlining it would repeat more than this many ops."""
 REALIZE_MAX_OPS = 96
 """Realize a pointwise value read several times whose body grew beyond this many ops."""
+REALIZE_MAX_READS = 4
+"""Realize a pointwise value read several times whose body loads more buffers than this."""
 
 Reindex = Callable[[Sequence[sympy.Expr]], Sequence[sympy.Expr]]
 
@@ -114,11 +116,14 @@ class StorageBox:
 
         Each inlined copy recomputes the body: a value with several users, or one a
         gather reads at several positions (max-pool backward's window taps), is
-        stored once instead when the copies would repeat many ops.
+        stored once instead when the copies would repeat many ops or load many buffers.
         """
         if not isinstance(self.data, Pointwise) or reads <= 1:
             return False
-        count = _traced(self.data)[1].compute_ops()
+        handler = _traced(self.data)[1]
+        count = handler.compute_ops()
+        if len({dep.name for dep in handler.reads}) > REALIZE_MAX_READS:
+            return True  # each copy would load them all again (a residual stream's sum)
         return count * (reads - 1) > REALIZE_DUPLICATED_OPS or count > REALIZE_MAX_OPS
 
     def read_order(self) -> list[int] | None:
