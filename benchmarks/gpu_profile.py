@@ -4,8 +4,8 @@
 [--mode training] [--top 12] [--host 30]`` builds each model at the ``gpu`` preset, compiles it with both,
 and prints per compiler the wall time of a step, the device time of its kernels and how many
 it launches (a wall time well above the device time means the GPU waits on the host), then the
-kernels that take the most time, and with ``--host`` the Python functions a step spends its
-host time in. Used to decide what to optimise; numbers for reports come
+kernels that take the most time, and with ``--host`` the ATen ops and Python functions a step
+spends its host time in. Used to decide what to optimise; numbers for reports come
 from ``python -m benchmarks``.
 """
 
@@ -67,7 +67,13 @@ def _profile(step: Callable[[], Any]) -> tuple[float, int, list[tuple[str, float
 
 
 def _host(step: Callable[[], Any], top: int) -> str:
-    """Where a step's host time goes: the ``top`` functions by own time over 20 steps."""
+    """Where a step's host time goes: the ``top`` ATen ops by host time (which library calls
+    launch what), then the ``top`` Python functions by own time, over 20 steps."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(20):
+            step()
+        torch.cuda.synchronize()
+    ops = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
     profiler = cProfile.Profile()
     profiler.enable()
     for _ in range(20):
@@ -76,7 +82,7 @@ def _host(step: Callable[[], Any], top: int) -> str:
     profiler.disable()
     out = io.StringIO()
     pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(top)
-    return out.getvalue()
+    return f"{ops}\n{out.getvalue()}"
 
 
 def main() -> None:
