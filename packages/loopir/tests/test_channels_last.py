@@ -134,6 +134,29 @@ def test_an_nchw_image_is_copied_channels_last_before_the_stem():
     assert [n.origin for n in first.group.nodes] == ["channels-last convolution input"]
 
 
+class _WeightNHWCBackend(ReferenceBackend):
+    """The reference backend asking for channels-last convolution weights, as Triton's does."""
+
+    convolution_weight_nhwc = True
+
+
+def test_weights_are_copied_channels_last_where_the_backend_asks():
+    """Both 3x3 weights of ``conv_net`` are copied NHWC by kernels of the graph (ATen's cuDNN
+    path would copy them on every call itself); the image too, as without the trait."""
+    inputs = _inputs()
+    gm = aten_graph(conv_net, *inputs)
+    compiled = compile_graph(
+        gm, [to_meta(t) for t in inputs], backend=_WeightNHWCBackend(), channels_last=True
+    )
+    torch.testing.assert_close(compiled(*inputs), conv_net(*inputs), atol=1e-4, rtol=1e-4)
+    copied = [
+        s.reads
+        for s in compiled.steps
+        if hasattr(s, "group") and s.group.nodes[0].origin == "channels-last convolution input"
+    ]
+    assert sorted(copied) == sorted([frozenset({"x"}), frozenset({"w1"}), frozenset({"w2"})])
+
+
 class _DepthwiseNHWCBackend(ReferenceBackend):
     """The reference backend asking for NHWC depthwise convolutions, as Triton's does."""
 

@@ -138,7 +138,8 @@ def _nhwc(t: torch.Tensor) -> bool:
 
 
 def _nhwc_activations(op: Any, args: Sequence[Any]) -> tuple[int, ...]:
-    """Which of a convolution's arguments (its activations) to give it channels-last.
+    """Which of a convolution's arguments (its activations, and its weight where the backend
+    asks: ``convolution_weight_nhwc``) to give it channels-last.
 
     In a channels-last graph an NCHW input (the image into the stem) would make the
     convolution answer NCHW, and the kernels after it follow that layout: one copy of
@@ -151,7 +152,13 @@ def _nhwc_activations(op: Any, args: Sequence[Any]) -> tuple[int, ...]:
     for a kernel ATen runs well enough.
     """
     if V.graph.channels_last:
-        return (0,) if is_convolution(op) else ()
+        if not is_convolution(op):
+            return ()
+        weight = args[1]
+        asks = isinstance(weight, TensorBox) and V.graph.backend_trait(
+            weight.get_device(), "convolution_weight_nhwc", False
+        )
+        return (0, 1) if asks else (0,)
     if packet_name(op) != "convolution_backward":
         return ()
     weight, groups = args[2], args[9]
