@@ -201,7 +201,8 @@ def _channel_statistics(x):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_long_reductions_with_few_rows_run_in_two_steps(layout, dtype):
     """3 channels of 16384 elements: each row is cut in 4 pieces (12 programs rather than
-    3), then the partial results are folded; the values are eager's."""
+    3), then the partial results are folded; the values are eager's. Channels-last, the
+    reads run along the channels, which one program folds together: 8 pieces."""
     backend = TritonBackend()
     backend.reduction_split_rows = 64
     x = (_r(4, 3, 64, 64) * 2 + 1).to(dtype).contiguous(memory_format=layout)
@@ -210,8 +211,9 @@ def test_long_reductions_with_few_rows_run_in_two_steps(layout, dtype):
     shapes = {
         (int(s.group.numel), int(s.group.rnumel)) for s in compiled.steps if s.group.rnumel != 1
     }
-    assert (12, 4096) in shapes  # 3 channels x 4 pieces
-    assert (3, 4) in shapes  # the pieces folded
+    pieces = 8 if layout == torch.channels_last else 4
+    assert (3 * pieces, 16384 // pieces) in shapes  # 3 channels x the pieces
+    assert (3, pieces) in shapes  # the pieces folded
     assert all(r < 16384 for _, r in shapes), shapes  # no row folded whole
 
 
@@ -219,13 +221,15 @@ def test_per_channel_statistics_of_an_nhwc_tensor_loop_over_short_wide_tiles():
     """Channels are contiguous and rows are not: the kernel reads blocks of neighbouring
     channels in a loop rather than one channel's 2048 elements at once."""
     x = _r(8, 32, 16, 16).contiguous(memory_format=torch.channels_last)
+    backend = TritonBackend()
+    backend.reduction_split_rows = 0  # in one step (a GPU would cut each channel in 8)
 
     def fn(x):
         return aten.var_mean.correction(x, [0, 2, 3], correction=0, keepdim=True)
 
-    compiled = check(fn, x, atol=1e-4, rtol=1e-4)
+    compiled = check(fn, x, atol=1e-4, rtol=1e-4, backend=backend)
     (source,) = (s.code.fn.ks for s in compiled.steps)
     assert source.outer and not source.persistent
-    nchw = check(fn, x.contiguous(), atol=1e-4, rtol=1e-4)
+    nchw = check(fn, x.contiguous(), atol=1e-4, rtol=1e-4, backend=backend)
     (source,) = (s.code.fn.ks for s in nchw.steps)
     assert not source.outer and source.persistent

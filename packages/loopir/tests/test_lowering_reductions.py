@@ -149,3 +149,19 @@ def test_a_backend_can_ask_for_long_reductions_in_two_steps():
     shapes = {(int(s.group.numel), int(s.group.rnumel)) for s in compiled.steps}
     assert {(4, 4096), (2, 2), (1, 4)} <= shapes, shapes
     assert all(r < 8192 for _, r in shapes), shapes
+
+
+def test_an_outer_reduction_is_split_by_the_programs_it_runs():
+    """Column sums of a (4096, 64) matrix (a bias gradient) read along the 64 results: a GPU
+    folds 32 of them per program, so 2 programs would run; each column is cut into 16
+    pieces instead. Row sums of a (64, 4096) matrix run 64 programs already: not cut."""
+    x, y = torch.randn(4096, 64), torch.randn(64, 4096)
+
+    def fn(x, y):
+        return aten.sum.dim_IntList(x, [0]), aten.sum.dim_IntList(y, [1])
+
+    gm = aten_graph(fn, x, y)
+    compiled = compile_graph(gm, [to_meta(x), to_meta(y)], backend=_SplittingBackend())
+    torch.testing.assert_close(compiled(x, y), fn(x, y), atol=1e-3, rtol=1e-4)
+    shapes = sorted((int(s.group.numel), int(s.group.rnumel)) for s in compiled.steps)
+    assert shapes == [(64, 16), (64, 4096), (1024, 256)], shapes

@@ -10,12 +10,13 @@ import sympy
 import torch
 
 from kiln.loopir import sizes
+from kiln.loopir.analysis import ReadWriteHandler
 from kiln.loopir.ir.loops import Reduction
 from kiln.loopir.ir.views import StorageBox, TensorBox
 from kiln.loopir.lowering.common import compute_dtype, make_pointwise, origin, out_dtype
 from kiln.loopir.lowering.registry import overloads, register_lowering
 from kiln.loopir.lowering.views import flat_view, permute, unsqueeze, view
-from kiln.loopir.virtualized import V, ops
+from kiln.loopir.virtualized import V, ops, set_ops_handler
 
 __all__ = ["reduce", "cast", "welford"]
 
@@ -102,13 +103,42 @@ _MIN_PIECE = 4096
 """Elements one piece of a split reduction folds at least: fewer would spend more on the
 second step and the partial results than the split gains."""
 
+_OUTER_WIDTH = 32
+"""Results one program of an outer reduction folds at once (see :func:`_reads_along_kept`)."""
+
+
+def _reads_along_kept(x: TensorBox, rdims: list[int]) -> bool:
+    """Whether more of ``x``'s loads step by one along a kept dim than along a reduced one.
+
+    Such an outer reduction (a bias gradient: the column sums of a (tokens, features)
+    matrix) folds about ``_OUTER_WIDTH`` neighbouring results per GPU program, to read
+    them coalesced; so it runs that many times fewer programs than it has results.
+    """
+    size = x.get_size()
+    index = [sizes.index_symbol("i", n) for n in range(len(size))]
+    handler = ReadWriteHandler()
+    with set_ops_handler(handler):
+        x.make_loader()(index)
+    along_kept = along_reduced = 0
+    for dep in handler.reads:
+        found = sizes.affine_strides(dep.index, index)
+        if found is None:
+            continue
+        unit = [d for d, step in enumerate(found[1]) if step == 1 and size[d] != 1]
+        if unit and unit[0] in rdims:
+            along_reduced += 1
+        elif unit:
+            along_kept += 1
+    return along_kept > along_reduced
+
 
 def _pieces(x: TensorBox, rdims: list[int]) -> int:
-    """How many pieces to cut each row of a long reduction with few rows into.
+    """How many pieces to cut each row of a long reduction with few programs into.
 
-    One program folds one row, so BatchNorm's per-channel statistics (64 rows of 400k
-    elements) would keep a few dozen GPU cores busy. The backend's
-    ``reduction_split_rows`` (see :mod:`kiln.loopir.backend`) says how many rows it wants
+    One program folds one row (an outer reduction: ``_OUTER_WIDTH`` rows), so BatchNorm's
+    per-channel statistics (64 rows of 400k elements) would keep a few dozen GPU cores busy,
+    as would the bias gradients of a transformer (768 columns of 8192 tokens). The backend's
+    ``reduction_split_rows`` (see :mod:`kiln.loopir.backend`) says how many programs it wants
     to run at once; each row is cut into a power of two of equal pieces (none ragged),
     reduced to partial results, which a second, small reduction folds (Inductor's split
     reduction). 1: not cut.
@@ -117,13 +147,17 @@ def _pieces(x: TensorBox, rdims: list[int]) -> int:
     size = x.get_size()
     numel = sizes.static_int(sizes.product(s for i, s in enumerate(size) if i not in rdims))
     rnumel = sizes.static_int(sizes.product(size[i] for i in rdims))
-    if not rows or numel is None or rnumel is None or numel * 4 > rows:
+    if not rows or numel is None or rnumel is None:
+        return 1
+    width = min(_OUTER_WIDTH, numel) if _reads_along_kept(x, rdims) else 1
+    programs = -(-numel // width)
+    if programs * 4 > rows:
         return 1
     pieces = 1
     while (
-        numel * pieces * 2 <= rows
+        programs * pieces * 2 <= rows
         and rnumel % (pieces * 2) == 0
-        and rnumel // (pieces * 2) >= _MIN_PIECE
+        and rnumel // (pieces * 2) * width >= _MIN_PIECE
     ):
         pieces *= 2
     return pieces
