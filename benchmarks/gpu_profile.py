@@ -2,10 +2,10 @@
 
 ``python benchmarks/gpu_profile.py resnet50 vit_base_patch16_224 [--dtype bfloat16]
 [--mode training] [--top 12] [--host 30]`` builds each model at the ``gpu`` preset, compiles it with both,
-and prints per compiler the wall time of a step, the device time of its kernels and how many
-it launches (a wall time well above the device time means the GPU waits on the host), then the
-kernels that take the most time, and with ``--host`` the ATen ops and Python functions a step
-spends its host time in. Used to decide what to optimise; numbers for reports come
+and prints per compiler the wall time of a step, its host time, its time run back to back, the
+device time of its kernels and how many it launches (a wall time well above the device time
+means the GPU waits on the host), then the kernels that take the most time, and with
+``--host`` the ATen ops and Python functions a step spends its host time in. Used to decide what to optimise; numbers for reports come
 from ``python -m benchmarks``.
 """
 
@@ -42,6 +42,24 @@ def _wall_ms(step: Callable[[], Any]) -> float:
         torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     return statistics.median(times) * 1e3
+
+
+def _host_ms(step: Callable[[], Any]) -> tuple[float, float]:
+    """(host time of a step, time per step run back to back): the first is what the Python
+    side costs (measured without waiting for the GPU, whose queue stays short here); the
+    second what the benchmark times for short steps. Equal: the step is host-bound."""
+    torch.cuda.synchronize()
+    host = []
+    for _ in range(30):
+        start = time.perf_counter()
+        step()
+        host.append(time.perf_counter() - start)
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(50):
+        step()
+    torch.cuda.synchronize()
+    return statistics.median(host) * 1e3, (time.perf_counter() - start) / 50 * 1e3
 
 
 def _profile(step: Callable[[], Any]) -> tuple[float, int, list[tuple[str, float, int]]]:
@@ -112,10 +130,12 @@ def main() -> None:
             step = _step(spec, built, make(built.model), job)
             got = models.first_tensor(step()).float()
             wall = _wall_ms(step)
+            host, back_to_back = _host_ms(step)
             total, launches, top = _profile(step)
             err = ((got - want).norm() / want.norm()).item()
             print(
-                f"\n## {name} {label}: {wall:.2f} ms wall, {total / 1e3:.2f} ms device, "
+                f"\n## {name} {label}: {wall:.2f} ms wall, {host:.2f} ms host, "
+                f"{back_to_back:.2f} ms back to back, {total / 1e3:.2f} ms device, "
                 f"{launches} launches, relative error {err:.2e}"
             )
             for kernel, us, count in top[: args.top]:
