@@ -50,6 +50,22 @@ def test_matmul_output_is_saved_not_recomputed(check):
     assert len(mms) == 2  # the two gradient matmuls; the forward one is not recomputed
 
 
+def test_an_activation_a_backward_matmul_reads_is_saved_not_recomputed(check):
+    """An MLP's GELU output feeds the second layer's weight gradient (a matmul): recomputed,
+    the backward would store it again; it is saved, with GELU's derivative (computed in the
+    forward, the same bytes as the matmul's output it would otherwise save)."""
+
+    def fn(x, w1, w2):
+        return torch.nn.functional.gelu(x @ w1) @ w2
+
+    x, w1 = torch.randn(4, 8, requires_grad=True), torch.randn(8, 16, requires_grad=True)
+    w2 = torch.randn(16, 8, requires_grad=True)
+    compiled = check(fn, [x, w1, w2], backend=aot_eager_decomp_partition)
+    bw = compiled._compiled[True].backward
+    assert not any(n.target is aten.erf.default for n in bw.graph.nodes)  # no GELU recomputed
+    assert compiled.partition_stats.saved_bytes == 2 * 4 * 16 * 4
+
+
 def test_random_ops_are_not_recomputed():
     g = fx.Graph()
     x = g.placeholder("x")

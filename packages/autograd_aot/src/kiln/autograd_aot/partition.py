@@ -3,7 +3,7 @@
 The policy decides what may be recomputed in the backward (pointwise ops, views,
 broadcasts, casts, constant factories: cheap, and fusible by the loop compiler)
 and what must not (matmuls, convolutions, reductions, random ops, whose bits
-must match the forward's); :mod:`kiln.autograd_aot.mincut` then picks the
+must match the forward's, and values a backward matmul or convolution reads); :mod:`kiln.autograd_aot.mincut` then picks the
 cheapest set of values to save. ``save_all`` saves every forward value the
 backward uses, the baseline the statistics compare against.
 """
@@ -76,9 +76,13 @@ class PartitionStats:
         )
 
 
+def _is_view_node(node: fx.Node) -> bool:
+    return node.op == "call_function" and hasattr(node.target, "_schema") and is_view(node.target)
+
+
 def _is_input_view(node: fx.Node) -> bool:
     """A graph input or a view of one: saving it keeps no extra memory alive."""
-    while node.op == "call_function" and hasattr(node.target, "_schema") and is_view(node.target):
+    while _is_view_node(node):
         node = node.all_input_nodes[0]
     return node.op == "placeholder"
 
@@ -108,6 +112,37 @@ def recomputable(node: fx.Node) -> bool:
     if torch.Tag.pointwise in tags or is_view(target):
         return True
     return getattr(target, "overloadpacket", None) in _CHEAP
+
+
+_UNFUSED = frozenset(
+    {
+        aten.mm,
+        aten.bmm,
+        aten.addmm,
+        aten.baddbmm,
+        aten.convolution,
+        aten.convolution_backward,
+    }
+)
+"""Library calls: a value they read is stored, whichever graph computes it."""
+
+
+def materialized_in_backward(node: fx.Node, backward: set[fx.Node]) -> bool:
+    """Whether recomputing ``node`` would store it in the backward anyway: a backward
+    matrix product or convolution reads it (directly or through views), as a weight
+    gradient reads the activation that went into the layer. Saving it then costs memory
+    only (the forward stores it for its own product), where recomputing it costs a write
+    and a read more per step (Inductor bans that recomputation too)."""
+    if _is_view_node(node):
+        return False
+    todo = [node]
+    while todo:
+        for user in todo.pop().users:
+            if user in backward and getattr(user.target, "overloadpacket", None) in _UNFUSED:
+                return True
+            if _is_view_node(user):
+                todo.append(user)
+    return False
 
 
 def _closure(start: Iterable[fx.Node], step: str) -> set[fx.Node]:
@@ -202,7 +237,12 @@ class _Joint:
     def min_cut(self, overwritten: set[fx.Node]) -> set[fx.Node]:
         """The cheapest values to save, recomputing what the policy allows."""
         unsavable = overwritten | {n for n in self.relevant if n.op == "get_attr"}
-        forward = {n for n in self.relevant if n not in self.tangent_side and not recomputable(n)}
+        forward = {
+            n
+            for n in self.relevant
+            if n not in self.tangent_side
+            and (not recomputable(n) or materialized_in_backward(n, self.tangent_side))
+        }
         problem = CutProblem(
             nodes=self.relevant,
             cost=lambda n: math.inf if n in unsavable else saved_bytes(n),
