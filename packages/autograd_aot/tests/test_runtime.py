@@ -1,11 +1,13 @@
 """The runtime wrapper: grad modes, retain_graph, double backward, RNG, module state."""
 
+import weakref
+
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from kiln.autograd_aot import aot_eager, aot_eager_decomp_partition
+from kiln.autograd_aot import aot_compile, aot_eager, aot_eager_decomp_partition
 
 
 def _bn_model():
@@ -100,6 +102,45 @@ def test_retain_graph_and_second_backward():
     first = x.grad.clone()
     y.backward()
     torch.testing.assert_close(x.grad, 2 * first)
+
+
+class _Boxed:
+    """A compiled backward that takes its arguments as a list (as loopir's does), and counts
+    how many of them died once it let go of them."""
+
+    def __init__(self, gm: fx.GraphModule, died: list[int]) -> None:
+        self.gm, self.died = gm, died
+
+    def __call__(self, *args):
+        raise AssertionError("the runtime should hand a boxed backward its arguments as a list")
+
+    def call_boxed(self, args):
+        values = list(args)
+        args.clear()
+        out = self.gm(*values)
+        refs = [weakref.ref(v) for v in values if isinstance(v, torch.Tensor)]
+        del values
+        self.died.append(sum(r() is None for r in refs))
+        return out
+
+
+@pytest.mark.parametrize("retain", [False, True])
+def test_backward_frees_saved_activations_unless_the_graph_is_retained(retain):
+    """The activations saved for the backward die as soon as the backward drops them, as in
+    eager, rather than when autograd's node does; with retain_graph autograd keeps them."""
+    died: list[int] = []
+
+    def fn(x, w):
+        return ((x @ w).relu() @ w).sum()
+
+    x, w = torch.randn(4, 6, requires_grad=True), torch.randn(6, 6, requires_grad=True)
+    compiled = aot_compile(
+        fx.symbolic_trace(fn), [x, w], fw_compiler=lambda gm, ex: gm,
+        bw_compiler=lambda gm, ex: _Boxed(gm, died),
+    )  # fmt: skip
+    compiled(x, w).backward(retain_graph=retain)
+    torch.testing.assert_close(x.grad, torch.func.grad(fn)(x, w))
+    assert (died[0] == 0) if retain else (died[0] >= 1), died
 
 
 def test_double_backward_raises_clearly():

@@ -49,3 +49,20 @@ def test_plan_reports_peak_and_never_frees_outputs():
     assert not any(re.search(rf"\b{name}\b", returned) for name in freed)
     assert plan.peak_bytes >= 32 * 32 * 4
     assert plan_memory([], lambda n: None, set()).peak_bytes == 0
+
+
+def test_inputs_are_let_go_after_their_last_use_unless_returned():
+    """The wrapper drops its reference to an input after the last step that reads it (a
+    backward's saved activation can then die there); an input returned, or viewed by what
+    is returned, is kept."""
+
+    def fn(x, y, z):
+        a = aten.mm.default(x, y)  # x and y are read here last
+        b = aten.relu.default(aten.mm.default(a, a))
+        return (b, z, aten.t.default(x))
+
+    compiled = check(fn, torch.randn(8, 8), torch.randn(8, 8), torch.randn(8))
+    dropped = {n for names in compiled.memory.free.values() for n in names}
+    assert "y" in dropped
+    assert not {"x", "z"} & dropped
+    assert compiled.call_boxed([torch.eye(8), torch.eye(8), torch.ones(8)])[1].sum() == 8

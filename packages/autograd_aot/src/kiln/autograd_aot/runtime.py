@@ -68,7 +68,14 @@ class _AotFunction(torch.autograd.Function):
                 map(grads.__getitem__, program.diff_outputs), ctx.tangent_specs, strict=True
             )
         ]
-        results = compiled.backward(*ctx.saved_tensors, *tangents)
+        args = [*ctx.saved_tensors, *tangents]
+        del tangents
+        # autograd's references go now, not when backward returns (unless the graph is
+        # retained); a compiled backward that takes its arguments as a list (``call_boxed``)
+        # then frees each activation after its last use, as eager's backward does
+        ctx.maybe_clear_saved_tensors()
+        boxed = getattr(compiled.backward, "call_boxed", None)
+        results = boxed(args) if boxed is not None else compiled.backward(*args)
         out: list[torch.Tensor | None] = [None] * program.num_primals
         for i, g in zip(program.grad_inputs, results, strict=True):
             out[i] = g

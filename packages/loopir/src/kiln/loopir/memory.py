@@ -84,17 +84,23 @@ def plan_memory(
     steps: Sequence[Step],
     layout_of: Callable[[str], Layout],
     external: set[str],
+    released: set[str] | None = None,
 ) -> MemoryPlan:
     """Plan allocations; ``external`` names inputs, constants and outputs (never freed).
 
     A dead buffer that a later allocation takes over is not deleted when it dies;
-    the wrapper renames it at the reuse (``new = old; del old``).
+    the wrapper renames it at the reuse (``new = old; del old``). ``released`` names
+    inputs whose reference the wrapper drops after their last use (never reused: the
+    caller may hold them too); a caller that hands over its own list of arguments
+    frees them there, as a backward does with the activations saved for it.
     """
     last_use: dict[str, int] = {}
     for i, step in enumerate(steps):
         for name in step.reads | step.writes:
             last_use[name] = i
-    external = _extend_for_aliases(steps, last_use, external)
+    widened = _extend_for_aliases(steps, last_use, external)
+    dropped = (released or set()) - (widened - external)  # not the base of a kept view
+    external = widened
     allocate: dict[int, list[tuple[str, Layout]]] = {}
     reuse: dict[int, list[tuple[str, str, str]]] = {}
     free: dict[int, list[str]] = {}
@@ -122,7 +128,9 @@ def plan_memory(
         else:
             produced |= step.writes
         for name in sorted(step.reads | step.writes):
-            if last_use.get(name) == i and name not in external and name in produced:
+            if last_use.get(name) == i and name in dropped:
+                free.setdefault(i, []).append(name)
+            elif last_use.get(name) == i and name not in external and name in produced:
                 free.setdefault(i, []).append(name)
                 if name not in taken:
                     pool.append((name, layout_of(name)))

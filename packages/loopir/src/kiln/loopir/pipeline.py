@@ -57,6 +57,11 @@ class CompiledGraph:
     def __call__(self, *args: Any) -> Any:
         return self.wrapper.fn(list(args))
 
+    def call_boxed(self, args: list[Any]) -> Any:
+        """Run on ``args``, a list the call empties: each input dies after its last use
+        unless the caller holds it elsewhere (a backward's saved activations)."""
+        return self.wrapper.fn(args)
+
     @property
     def source(self) -> str:
         return self.wrapper.source
@@ -143,7 +148,8 @@ def compile_graph(
                 finalize()
     external = set(graph.input_buffers) | keep | set(graph.seed_devices)
     with _pass("plan_memory"):
-        plan = plan_memory(steps, layout_of, external)
+        inputs = {name for name in graph.graph_inputs if name is not None}
+        plan = plan_memory(steps, layout_of, external, inputs - keep)
     constants = {
         name: buf.constant
         for name, buf in graph.input_buffers.items()
