@@ -167,3 +167,19 @@ def test_index_non_adjacent_advanced_indices():
         return (aten.index.Tensor(x, [i, None, k]), aten.index.Tensor(x, [None, None, k]))
 
     check(fn, x, i, k)
+
+
+def test_a_window_partition_feeds_a_matmul_as_a_view():
+    """Swin's window partition: the (2, 8, 8, 7, 7, 96) clone read as (6272, 96) rows by the
+    matmul is the clone's buffer itself (a copy per block before)."""
+
+    def fn(x, w):
+        y = aten.view.default(x, [2, 8, 7, 8, 7, 96])
+        y = aten.clone.default(
+            aten.permute.default(y, [0, 1, 3, 2, 4, 5]), memory_format=torch.contiguous_format
+        )
+        y = aten.view.default(aten.view.default(y, [-1, 49, 96]), [6272, 96])
+        return (aten.mm.default(y, w),)
+
+    c = check(fn, torch.randn(2, 56, 56, 96), torch.randn(96, 32), atol=1e-3, rtol=1e-3)
+    assert c.kernel_count == 1

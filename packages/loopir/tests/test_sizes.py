@@ -77,6 +77,35 @@ def test_a_digit_of_a_digit_is_a_digit():
             assert int(e.subs(x, v)) == ((v // d % m_in) // a) % m
 
 
+def test_digits_of_quotients_and_quotients_of_digits_take_one_form():
+    """``(e // a) // d % m`` and ``(e // s % M) // d`` (d dividing M) are digits of ``e``, so
+    the digits of a window partition's reshape rejoin: Swin's (2, 8, 8, 7, 7, 96) windows read
+    as (6272, 96) rows are the buffer itself, not a copy."""
+    assert sizes.ModularIndexing(sizes.FloorDiv(x, S(49)), S(1), S(64)) == (
+        sizes.ModularIndexing(x, S(49), S(64))
+    )
+    assert sizes.FloorDiv(sizes.ModularIndexing(x, S(1), S(49)), S(7)) == (
+        sizes.ModularIndexing(x, S(7), S(7))
+    )
+    kept = sizes.FloorDiv(sizes.ModularIndexing(x, S(1), S(48)), S(5))  # 5 does not divide 48
+    assert isinstance(kept, sizes.FloorDiv)
+    for v in range(0, 3000, 11):
+        assert int(sizes.ModularIndexing(sizes.FloorDiv(x, S(6)), S(4), S(5)).subs(x, v)) == (
+            (v // 6) // 4 % 5
+        )
+        assert int(sizes.FloorDiv(sizes.ModularIndexing(x, S(3), S(24)), S(4)).subs(x, v)) == (
+            (v // 3 % 24) // 4
+        )
+    v = sizes.index_symbol("v", 0)
+    windows = (
+        301056 * sizes.FloorDiv(v, S(3136))
+        + 672 * sizes.FloorDiv(sizes.ModularIndexing(v, S(1), S(49)), S(7))
+        + 96 * sizes.ModularIndexing(v, S(1), S(7))
+        + 4704 * sizes.ModularIndexing(sizes.FloorDiv(v, S(49)), S(1), S(64))
+    )
+    assert sizes.simplify_with_ranges(windows, {v: 6272}) == 96 * v
+
+
 def test_reshape_index_splits_only_the_dims_that_change():
     b, t, c = sizes.index_symbol("x", 1), sizes.index_symbol("x", 2), sizes.index_symbol("x", 3)
     # (4, 128, 4, 64) seen as (4, 128, 256), indexed at a cat piece's shifted c - 512

@@ -54,6 +54,11 @@ class FloorDiv(sympy.Function):
             return sympy.Integer(int(base) // int(divisor))
         if isinstance(base, FloorDiv):
             return FloorDiv(base.args[0], base.args[1] * divisor)
+        if isinstance(base, ModularIndexing) and divisor.is_Integer:
+            # a digit's high part: (e // s % M) // d is e // (s*d) % (M/d) when d divides M
+            inner, step, span = base.args
+            if span.is_Integer and int(span) % int(divisor) == 0:
+                return ModularIndexing(inner, step * divisor, span / divisor)
         if isinstance(base, sympy.Add):
             # (a*d + b) // d == a + b // d when every term but b is a multiple of d
             whole = [t for t in base.args if (t / divisor).is_integer]
@@ -79,6 +84,9 @@ class ModularIndexing(sympy.Function):
             return sympy.Integer(0)
         if base.is_Integer and divisor.is_Integer and modulus.is_Integer:
             return sympy.Integer((int(base) // int(divisor)) % int(modulus))
+        if isinstance(base, FloorDiv):
+            # (e // a) // d % m is e // (a*d) % m: one form for a digit, so digits merge
+            return ModularIndexing(base.args[0], base.args[1] * divisor, modulus)
         if isinstance(base, ModularIndexing) and (divisor * modulus).is_Integer:
             # a digit of a digit: (e // d % M) // a % m is e // (d*a) % m when a*m divides M
             inner, step, span = base.args
