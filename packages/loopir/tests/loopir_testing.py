@@ -26,7 +26,7 @@ def to_meta(t):
 
 
 def aten_graph(fn, *inputs) -> torch.fx.GraphModule:
-    """``fn`` (calling ``torch.ops.aten.*``) traced, ``meta['val']`` on every node."""
+    """``fn`` (ATen or torch-level calls) traced, a meta ``meta["val"]`` on every node."""
     gm = torch.fx.symbolic_trace(fn)
     metas = [to_meta(t) for t in inputs]
 

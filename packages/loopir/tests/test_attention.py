@@ -1,27 +1,14 @@
 """The attention rewrite: which written-out attentions become scaled_dot_product_attention."""
 
 import math
-from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
+from loopir_testing import aten_graph
 from torch import fx
 
 from kiln.loopir import fuse_attention
-
-
-def _traced(fn: Any, *args: torch.Tensor) -> fx.GraphModule:
-    """``fn`` as a torch-level graph with ``meta["val"]`` on every node, as capture gives it."""
-    gm = fx.symbolic_trace(fn)
-
-    class Record(fx.Interpreter):
-        def run_node(self, n: fx.Node) -> Any:
-            n.meta["val"] = result = super().run_node(n)
-            return result
-
-    Record(gm).run(*args)
-    return gm
 
 
 def _sdpa_calls(gm: fx.GraphModule) -> int:
@@ -51,7 +38,7 @@ def _masked(q, k, v, mask):
 @pytest.mark.parametrize("fn", [_div, _mul, _unscaled], ids=["div", "mul", "unscaled"])
 def test_written_out_attention_is_one_fused_call(fn):
     args = _qkv(s=12)
-    gm = _traced(fn, *args)
+    gm = aten_graph(fn, *args)
     assert fuse_attention(gm) == 1
     assert _sdpa_calls(gm) == 1
     assert not any(n.target in (torch.softmax, F.softmax, "softmax") for n in gm.graph.nodes)
@@ -60,7 +47,7 @@ def test_written_out_attention_is_one_fused_call(fn):
 
 def test_additive_mask_becomes_attn_mask():
     args = [*_qkv(), torch.randn(1, 1, 8, 8)]
-    gm = _traced(_masked, *args)
+    gm = aten_graph(_masked, *args)
     assert fuse_attention(gm) == 1
     fused = next(n for n in gm.graph.nodes if n.target is F.scaled_dot_product_attention)
     assert fused.kwargs["attn_mask"] is not None and fused.kwargs["scale"] == 0.25
@@ -69,7 +56,7 @@ def test_additive_mask_becomes_attn_mask():
 
 def test_gradients_match():
     args = [t.requires_grad_() for t in _qkv()]
-    gm = _traced(_div, *args)
+    gm = aten_graph(_div, *args)
     assert fuse_attention(gm) == 1
     grads = torch.autograd.grad(gm(*args).sum(), args)
     want = torch.autograd.grad(_div(*args).sum(), args)
@@ -105,6 +92,6 @@ def _scores_reused(q, k, v):
 )
 def test_other_shapes_are_left_alone(fn):
     args = _qkv()
-    gm = _traced(fn, *args)
+    gm = aten_graph(fn, *args)
     assert fuse_attention(gm) == 0
     assert _sdpa_calls(gm) == 0

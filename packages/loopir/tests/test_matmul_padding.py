@@ -1,11 +1,9 @@
 """The matmul padding: which products compute on a padded width, and that they still agree."""
 
-from typing import Any
-
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import fx
+from loopir_testing import aten_graph
 
 from kiln.loopir import ReferenceBackend, matmul_padding, pad_matmuls
 
@@ -21,19 +19,6 @@ def _small(monkeypatch):
     """Products this small are left alone in real graphs; here they keep the tests fast."""
     monkeypatch.setattr(matmul_padding, "MIN_ROWS", 8)
     monkeypatch.setattr(matmul_padding, "MIN_OUTPUT", 64)
-
-
-def _traced(fn: Any, *args: torch.Tensor) -> fx.GraphModule:
-    """``fn`` as a torch-level graph with ``meta["val"]`` on every node, as capture gives it."""
-    gm = fx.symbolic_trace(fn)
-
-    class Record(fx.Interpreter):
-        def run_node(self, n: fx.Node) -> Any:
-            n.meta["val"] = result = super().run_node(n)
-            return result
-
-    Record(gm).run(*args)
-    return gm
 
 
 def _linear(x, w, b):
@@ -54,7 +39,7 @@ def test_unaligned_products_compute_a_padded_width(fn):
     args = (torch.randn(2, 16, 24), torch.randn(30, 24), torch.randn(30))
     args = tuple(a.bfloat16() for a in args)
     want = fn(*args)
-    gm = _traced(fn, *args)
+    gm = aten_graph(fn, *args)
     assert pad_matmuls(gm, _Aligning()) == 1
     (narrow,) = [n for n in gm.graph.nodes if n.target is torch.narrow]
     assert narrow.args[1:] == (-1, 0, 30)
@@ -64,7 +49,7 @@ def test_unaligned_products_compute_a_padded_width(fn):
 
 def test_the_result_is_a_view_of_the_padded_product():
     x, w = torch.randn(16, 24).bfloat16(), torch.randn(30, 24).bfloat16()
-    gm = _traced(lambda x, w: F.linear(x, w), x, w)
+    gm = aten_graph(lambda x, w: F.linear(x, w), x, w)
     assert pad_matmuls(gm, _Aligning()) == 1
     out = gm(x, w)
     assert out.shape == (16, 30) and out.stride() == (32, 1)
@@ -75,7 +60,7 @@ def test_gradients_flow_through_the_padding():
     x = torch.randn(16, 24, dtype=torch.bfloat16, requires_grad=True)
     w = torch.randn(30, 24, dtype=torch.bfloat16, requires_grad=True)
     b = torch.randn(30, dtype=torch.bfloat16, requires_grad=True)
-    gm = _traced(_linear, x.detach(), w.detach(), b.detach())
+    gm = aten_graph(_linear, x.detach(), w.detach(), b.detach())
     assert pad_matmuls(gm, _Aligning()) == 1
     gm(x, w, b).float().square().sum().backward()
     got = [t.grad for t in (x, w, b)]
@@ -98,7 +83,7 @@ def test_gradients_flow_through_the_padding():
 )
 def test_products_left_alone(cols, dtype, backend, rows):
     x, w = torch.randn(rows, 24, dtype=dtype), torch.randn(cols, 24, dtype=dtype)
-    gm = _traced(lambda x, w: F.linear(x, w), x, w)
+    gm = aten_graph(lambda x, w: F.linear(x, w), x, w)
     assert pad_matmuls(gm, backend) == 0
 
 
@@ -107,6 +92,6 @@ def test_float32_is_padded_only_where_tensor_cores_run_it(monkeypatch, tf32):
     """Without TF32 a float32 GEMM does not run on tensor cores, which want the alignment."""
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", tf32)
     x, w = torch.randn(16, 24), torch.randn(30, 24)
-    gm = _traced(lambda x, w: F.linear(x, w), x, w)
+    gm = aten_graph(lambda x, w: F.linear(x, w), x, w)
     assert pad_matmuls(gm, _Aligning()) == (1 if tf32 else 0)
     torch.testing.assert_close(gm(x, w), F.linear(x, w))
