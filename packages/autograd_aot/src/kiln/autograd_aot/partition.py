@@ -3,8 +3,8 @@
 The policy decides what may be recomputed in the backward (pointwise ops, views,
 broadcasts, casts, constant factories: cheap, and fusible by the loop compiler)
 and what must not (matmuls, convolutions, reductions, random ops, whose bits
-must match the forward's, and values a backward matmul or convolution reads); :mod:`kiln.autograd_aot.mincut` then picks the
-cheapest set of values to save. ``save_all`` saves every forward value the
+must match the forward's, and values a backward matmul or convolution reads);
+:mod:`kiln.autograd_aot.mincut` then picks the cheapest set of values to save. ``save_all`` saves every forward value the
 backward uses, the baseline the statistics compare against.
 """
 

@@ -22,10 +22,11 @@ to be cut into pieces, reduced in two steps, so that about that many rows run at
 (a GPU runs one program per row; 0 or missing: never). ``depthwise_nhwc = True`` asks for a
 depthwise convolution's activations, and its backward's, in NHWC in every graph (copied
 where they are not), for a library that runs depthwise convolutions fast only in NHWC.
-``convolution_weight_nhwc = True`` gives the convolutions of a channels-last graph their weights
-channels-last too, copied by a kernel of the graph, for a library that would copy them itself
-on every call, more slowly. ``convolution_bias_pointwise = True`` leaves a convolution's bias to the kernel after it (a
-pointwise add) rather than to the library, which would add it with a launch of its own.
+``convolution_weight_nhwc = True`` gives the convolutions of a channels-last graph their
+weights channels-last too, copied by a kernel of the graph, for a library that would copy them
+itself on every call, more slowly. ``convolution_bias_pointwise = True`` leaves a convolution's
+bias to the kernel after it (a pointwise add) rather than to the library, which would add it
+with a launch of its own.
 ``matmul_align_bytes`` (e.g. 16) asks :func:`~kiln.loopir.pad_matmuls` to compute large
 matrix products whose output rows are not whole units of that many bytes on a padded width.
 
