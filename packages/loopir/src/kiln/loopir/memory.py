@@ -98,9 +98,8 @@ def plan_memory(
     for i, step in enumerate(steps):
         for name in step.reads | step.writes:
             last_use[name] = i
-    widened = _extend_for_aliases(steps, last_use, external)
-    dropped = (released or set()) - (widened - external)  # not the base of a kept view
-    external = widened
+    external = _extend_for_aliases(steps, last_use, external)  # last uses of aliased bases
+    dropped = released or set()  # a view that outlives its input's name keeps the storage
     allocate: dict[int, list[tuple[str, Layout]]] = {}
     reuse: dict[int, list[tuple[str, str, str]]] = {}
     free: dict[int, list[str]] = {}
