@@ -107,16 +107,24 @@ def test_gpt2(backend, mode):
     assert snap["extern_kernels"]  # GEMMs (and attention when SDPA is used)
 
 
+@pytest.fixture
+def small_products_padded(monkeypatch):
+    """The matmul padding for products this small (real graphs pad only large ones)."""
+    from kiln.loopir import matmul_padding  # noqa: PLC0415
+
+    monkeypatch.setattr(matmul_padding, "MIN_ROWS", 8)
+    monkeypatch.setattr(matmul_padding, "MIN_OUTPUT", 64)
+
+
+@pytest.mark.usefixtures("small_products_padded")
 @pytest.mark.parametrize("mode", ["inference", "training"])
 def test_gpt2_logits_on_a_padded_width(mode, monkeypatch):
     """With a backend asking for 16-byte GEMM rows (Triton's), the 98 float32 logits per
     token are computed 100 wide (TF32 on) and narrowed: graph outputs keep the padded rows
     and no copy is made; gradients agree."""
-    from kiln.loopir import ReferenceBackend, matmul_padding  # noqa: PLC0415
+    from kiln.loopir import ReferenceBackend  # noqa: PLC0415
 
     monkeypatch.setattr(ReferenceBackend, "matmul_align_bytes", 16, raising=False)
-    monkeypatch.setattr(matmul_padding, "MIN_ROWS", 8)
-    monkeypatch.setattr(matmul_padding, "MIN_OUTPUT", 64)
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)  # no effect on CPU
     model, ids = _Logits(_gpt2(vocab=98)), torch.randint(0, 98, (2, 16))
     snap = _check(model, (ids,), mode, "loopir_reference")
@@ -210,13 +218,10 @@ def test_written_out_attention_runs_as_one_fused_attention(device, mode):
     assert "fallback_ops" not in snap
 
 
+@pytest.mark.usefixtures("small_products_padded")
 @pytest.mark.parametrize("device", CUDA)
-def test_unaligned_bfloat16_logits_on_cuda(device, monkeypatch):
+def test_unaligned_bfloat16_logits_on_cuda(device):
     """Triton's backend asks for 16-byte GEMM rows: 98 bfloat16 logits are computed 104 wide."""
-    from kiln.loopir import matmul_padding  # noqa: PLC0415
-
-    monkeypatch.setattr(matmul_padding, "MIN_ROWS", 8)
-    monkeypatch.setattr(matmul_padding, "MIN_OUTPUT", 64)
     torch.manual_seed(0)
     head = torch.nn.Linear(64, 98).to(device, torch.bfloat16)
     x = torch.randn(2, 16, 64, device=device, dtype=torch.bfloat16)

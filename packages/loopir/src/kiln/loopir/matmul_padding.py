@@ -105,8 +105,10 @@ def pad_matmuls(gm: fx.GraphModule, backend: Backend | None = None) -> int:
     count = 0
     for node in list(graph.nodes):
         found = _operands(node)
-        pad = _padding(node, backend) if found is not None else 0
-        if found is None or pad == 0:
+        if found is None:
+            continue
+        pad = _padding(node, backend)
+        if pad == 0:
             continue
         x, w, bias, transposed = found
         cols = node.meta["val"].shape[-1]
