@@ -15,6 +15,7 @@ from kiln.codegen_triton.autotune import Autotuner
 from kiln.codegen_triton.cudagraphs import CudaGraphRunner, cudagraphify
 from kiln.codegen_triton.matmul import Epilogue, TritonMatmul, pick_matmul
 from kiln.codegen_triton.runtime import TritonLauncher
+from kiln.codegen_triton.timing import bench_ms
 from kiln.loopir import ReferenceBackend, compile_graph
 from kiln.loopir.ops import BINARY_OPS, UNARY_OPS
 from kiln.loopir.scheduler.order import KernelStep
@@ -95,6 +96,20 @@ def test_autotune_benchmarks_once_and_caches(tmp_path, monkeypatch):
     assert len(cached) == 1
     again = Autotuner(launcher.ks.source, launcher.tuner.configs, tmp_path, [])
     assert again.load_cached() == launcher.tuner.best
+
+
+def test_autotune_peak_memory_is_an_l2_flush_not_256_mb(tmp_path, monkeypatch):
+    """Timing candidates flushes the cache with an L2-sized buffer, freed afterwards."""
+    monkeypatch.setattr(options, "cache_dir", tmp_path)
+    backend = TritonBackend(dataclasses.replace(options, cache_dir=tmp_path))
+    x = _cuda(1024, 256)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    check(lambda t: (aten.sum.dim_IntList(aten.exp.default(t), [1]),), x, backend=backend)
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    assert torch.cuda.max_memory_allocated() - before < l2 + (16 << 20)
+    assert bench_ms(lambda: x.exp()) > 0
 
 
 def test_parallel_compile_in_worker_processes(tmp_path):

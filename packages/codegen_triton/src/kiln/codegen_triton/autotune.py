@@ -11,6 +11,7 @@ interpreter) the heuristic pick, the first candidate, is used.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -20,10 +21,10 @@ from typing import Any
 
 import torch
 import triton
-from triton.testing import do_bench
 
 from kiln.codegen_triton.kernel import KernelSource
 from kiln.codegen_triton.tiling import MAX_GRID_Y
+from kiln.codegen_triton.timing import bench_ms
 
 __all__ = ["Config", "candidate_configs", "Autotuner", "next_power_of_2"]
 
@@ -200,7 +201,7 @@ class Autotuner:
         timings = {}
         for cfg in self.configs:
             try:
-                timings[cfg] = do_bench(lambda c=cfg: run(c, scratch), warmup=5, rep=20)
+                timings[cfg] = bench_ms(functools.partial(run, cfg, scratch))
             except Exception as exc:  # a config that fails to compile just loses
                 log.info("config %s failed: %s", cfg, exc)
         if not timings:

@@ -14,6 +14,7 @@ hook for templates, so this is driven directly (``TritonMatmul``) until it does.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import logging
 from collections.abc import Callable, Sequence
@@ -21,11 +22,11 @@ from typing import Any
 
 import torch
 import triton
-from triton.testing import do_bench
 
 from kiln.codegen_triton.config import options
 from kiln.codegen_triton.module_cache import MODULE_HEADER, load_module, write_module
 from kiln.codegen_triton.ops import triton_type
+from kiln.codegen_triton.timing import bench_ms
 
 __all__ = ["Epilogue", "TritonMatmul", "pick_matmul", "MATMUL_CONFIGS"]
 
@@ -134,11 +135,11 @@ def pick_matmul(
     mm: TritonMatmul, a: torch.Tensor, b: torch.Tensor, *extras: torch.Tensor
 ) -> Callable[..., torch.Tensor]:
     """The faster of the template's configs and the vendor library, timed on these operands."""
-    timings: dict[str, float] = {"vendor": do_bench(lambda: mm.vendor(a, b, *extras))}
+    timings: dict[str, float] = {"vendor": bench_ms(lambda: mm.vendor(a, b, *extras))}
     best_cfg: Sequence[int] = MATMUL_CONFIGS[0]
     for cfg in MATMUL_CONFIGS:
         try:
-            t = do_bench(lambda c=cfg: mm(a, b, *extras, config=c))
+            t = bench_ms(functools.partial(mm, a, b, *extras, config=cfg))
         except Exception as exc:  # a config the device cannot hold loses
             log.info("matmul config %s failed: %s", cfg, exc)
             continue
