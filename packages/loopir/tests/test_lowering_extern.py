@@ -8,6 +8,7 @@ from kiln.loopir import ReferenceBackend, compile_graph
 from kiln.loopir.lowering.fallback import is_vendor_kernel
 from kiln.loopir.pipeline import KernelStep
 from kiln.loopir.scheduler.order import ExternStep
+from kiln.loopir.wrapper import _binding
 
 aten = torch.ops.aten
 
@@ -32,7 +33,23 @@ def test_matmuls_and_convolutions():
             grads[2],
         )
 
-    check(fn, a, b, bias, ba, bb, base, img, k, go, atol=1e-4, rtol=1e-4)
+    compiled = check(fn, a, b, bias, ba, bb, base, img, k, go, atol=1e-4, rtol=1e-4)
+    # torch's own bindings where they must run the same overload (C++ argument parsing, not
+    # the OpOverload's boxed path); convolution_backward has none
+    called = {v for v in compiled.wrapper.globals.values() if callable(v)}
+    assert {torch.mm, torch.addmm, torch.bmm, torch.baddbmm, torch.convolution} <= called
+    assert aten.convolution_backward.default in called
+
+
+def test_extern_bindings_only_where_no_other_overload_fits():
+    assert _binding(aten.convolution.default, []) is torch.convolution
+    assert _binding(aten.addmm.default, ["beta", "alpha"]) is torch.addmm
+    # self is positional in the schema and named input in the binding
+    assert _binding(aten.addmm.default, ["self"]) is aten.addmm.default
+    # index_put.hacked_twin takes the default's arguments: the binding might pick it
+    assert _binding(aten.index_put.default, []) is aten.index_put.default
+    assert _binding(aten.add.Tensor, []) is aten.add.Tensor
+    assert _binding(aten.convolution_backward.default, []) is aten.convolution_backward.default
 
 
 def test_decomposed_former_externs_do_not_fall_back():
