@@ -106,6 +106,7 @@ class _Writer:
             "torch": torch,
             "empty_strided": torch.empty_strided,
             "reinterpret": _reinterpret,
+            "as_strided": torch.as_strided,
             "draw_seeds": random_bits.draw_seeds,
             "device": torch.device,
             "as_layout": _as_layout,
@@ -129,6 +130,8 @@ class _Writer:
             size = tuple(sizes.evaluate_int(s) for s in lay.size)
             stride = tuple(sizes.evaluate_int(s) for s in lay.stride)
             off = sizes.evaluate_int(lay.offset)
+            if off == 0:  # as_strided keeps the base's storage offset: no Python frame
+                return f"as_strided({value.get_name()}, {size}, {stride})"
             return f"reinterpret({value.get_name()}, {size}, {stride}, {off})"
         if isinstance(value, Buffer):
             return value.get_name()
