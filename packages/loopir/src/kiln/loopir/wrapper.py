@@ -53,7 +53,8 @@ def _binding(op: Any, kwargs: Iterable[str]) -> Any:
     if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten":
         return op
     packet = op.overloadpacket
-    fn = getattr(torch._C._VariableFunctions, packet.__name__, None)
+    name = packet.__name__
+    fn = getattr(torch._C._VariableFunctions, name, None) or getattr(torch._C._nn, name, None)
     if op._overloadname != "default" or fn is None:
         return op
     schema = op._schema
