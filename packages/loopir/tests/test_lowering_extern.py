@@ -51,7 +51,9 @@ def test_extern_bindings_only_where_no_other_overload_fits():
     assert _binding(aten.add.Tensor, []) is aten.add.Tensor
     assert _binding(aten.convolution_backward.default, []) is aten.convolution_backward.default
     # torch.nn.functional's own ops bind in torch._C._nn
-    assert _binding(aten.max_pool2d_with_indices.default, []) is torch._C._nn.max_pool2d_with_indices
+    assert (
+        _binding(aten.max_pool2d_with_indices.default, []) is torch._C._nn.max_pool2d_with_indices
+    )
 
 
 def test_decomposed_former_externs_do_not_fall_back():
