@@ -218,6 +218,39 @@ def test_written_out_attention_runs_as_one_fused_attention(device, mode):
     assert "fallback_ops" not in snap
 
 
+class _PositionMaskedAttention(torch.nn.Module):
+    """Masks built from positions, as HuggingFace builds them while a compiler captures:
+    an all-true padding mask and a causal one (both constants of the graph)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = torch.nn.Linear(32, 96)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = (z.unflatten(-1, (4, 8)).transpose(1, 2) for z in self.qkv(x).chunk(3, -1))
+        i = torch.arange(x.shape[1], device=x.device)
+        keep = (i[:, None] >= 0).expand(x.shape[0], 1, -1, -1)
+        causal = i[None, :] <= i[:, None]
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+        out = torch.nn.functional.scaled_dot_product_attention(a, k, v, attn_mask=causal)
+        return out.transpose(1, 2).flatten(2)
+
+
+@pytest.mark.parametrize("device", ["cpu", *CUDA])
+@pytest.mark.parametrize("mode", ["inference", "training"])
+def test_constant_attention_masks_are_dropped(device, mode):
+    """No kernel builds either mask: the all-true one is dropped, the causal one becomes
+    ``is_causal`` (so CUDA can run FlashAttention); gradients still match eager's."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    snap = _check(
+        _PositionMaskedAttention(), (torch.randn(3, 10, 32),), mode, "kiln", device=device
+    )
+    if mode == "inference":  # (training has kernels of its own: the qkv gradient's)
+        assert "kernels" not in snap, snap["kernels"]  # without the rewrite: one per mask
+    fused = [k for k in snap["extern_kernels"] if "scaled_dot_product" in k]
+    assert fused, snap["extern_kernels"]
+
+
 @pytest.mark.usefixtures("small_products_padded")
 @pytest.mark.parametrize("device", CUDA)
 def test_unaligned_bfloat16_logits_on_cuda(device):

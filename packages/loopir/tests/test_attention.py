@@ -1,6 +1,7 @@
 """The attention rewrite: which written-out attentions become scaled_dot_product_attention."""
 
 import math
+import operator
 
 import pytest
 import torch
@@ -8,7 +9,7 @@ import torch.nn.functional as F
 from loopir_testing import aten_graph
 from torch import fx
 
-from kiln.loopir import fuse_attention
+from kiln.loopir import fuse_attention, simplify_attention_masks
 
 
 def _sdpa_calls(gm: fx.GraphModule) -> int:
@@ -95,3 +96,81 @@ def test_other_shapes_are_left_alone(fn):
     gm = aten_graph(fn, *args)
     assert fuse_attention(gm) == 0
     assert _sdpa_calls(gm) == 0
+
+
+def _masked_attention_graph(make_mask, calls: int = 1) -> fx.GraphModule:
+    """``scaled_dot_product_attention(q, k, v, attn_mask=make_mask(g, q))`` ``calls``
+    times on one mask, built by hand: tracing would fold a mask of constants away."""
+    g = fx.Graph()
+    q, k, v = (g.placeholder(name) for name in "qkv")
+    mask = make_mask(g, q)
+    outs = [
+        g.call_function(F.scaled_dot_product_attention, (q, k, v), {"attn_mask": mask})
+        for _ in range(calls)
+    ]
+    g.output(tuple(outs))
+    return fx.GraphModule(torch.nn.Module(), g)
+
+
+def _positions(g: fx.Graph, *where: tuple) -> list[fx.Node]:
+    i = g.call_function(torch.arange, (8,))
+    return [g.call_function(operator.getitem, (i, index)) for index in where]
+
+
+_ROWS = (None, None, slice(None), None)
+_COLS = (None, None, None, slice(None))
+
+
+def _all_true(g, q):
+    (rows,) = _positions(g, _ROWS)
+    return g.call_method("expand", (g.call_function(operator.ge, (rows, 0)), 2, 1, 8, 8))
+
+
+def _causal(g, q):
+    rows, cols = _positions(g, _ROWS, _COLS)
+    return g.call_function(operator.le, (cols, rows))
+
+
+def _zeros(g, q):
+    return g.call_function(torch.zeros, (1, 1, 8, 8))
+
+
+def _padding(g, q):  # the last three keys masked: a real mask, kept
+    (cols,) = _positions(g, _COLS)
+    return g.call_function(operator.lt, (cols, 5))
+
+
+def _from_input(g, q):  # depends on a graph input: not a constant
+    return g.call_function(operator.gt, (q, 0.0))
+
+
+def _random(g, q):
+    return g.call_function(operator.gt, (g.call_function(torch.rand, (8, 8)), -1.0))
+
+
+@pytest.mark.parametrize(
+    ("make_mask", "kwargs"),
+    [(_all_true, {"attn_mask": None}), (_causal, {"attn_mask": None, "is_causal": True}),
+     (_zeros, {"attn_mask": None})],
+    ids=["all-true", "causal", "zeros"],
+)  # fmt: skip
+def test_constant_masks_are_dropped_or_made_causal(make_mask, kwargs):
+    args = _qkv()
+    gm = _masked_attention_graph(make_mask, calls=2)
+    expected = gm(*args)
+    assert simplify_attention_masks(gm) == 2
+    calls = [n for n in gm.graph.nodes if n.target is F.scaled_dot_product_attention]
+    assert all(n.kwargs == kwargs for n in calls)
+    # the mask's nodes go with its last use
+    assert [n.op for n in gm.graph.nodes] == ["placeholder"] * 3 + ["call_function"] * 2 + [
+        "output"
+    ]
+    torch.testing.assert_close(gm(*args), expected)
+
+
+@pytest.mark.parametrize("make_mask", [_padding, _from_input, _random])
+def test_masks_that_mask_or_vary_are_kept(make_mask):
+    gm = _masked_attention_graph(make_mask)
+    assert simplify_attention_masks(gm) == 0
+    call = next(n for n in gm.graph.nodes if n.target is F.scaled_dot_product_attention)
+    assert call.kwargs["attn_mask"] is not None

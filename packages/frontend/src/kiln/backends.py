@@ -137,6 +137,7 @@ def _aot_loopir(
 ) -> Callable[..., Any]:
     compile_graph = _loopir_compiler(options, backend)
     loopir.fuse_attention(gm)
+    loopir.simplify_attention_masks(gm)
     loopir.pad_matmuls(gm, backend)
     return autograd_aot.aot_compile(
         gm,

@@ -3,6 +3,7 @@
 from kiln.loopir import backend, sizes
 from kiln.loopir.__about__ import __version__
 from kiln.loopir.attention import fuse_attention
+from kiln.loopir.attention_masks import simplify_attention_masks
 from kiln.loopir.backend import Backend, get_backend, register_backend
 from kiln.loopir.decompositions import decompositions
 from kiln.loopir.errors import BackendError, IRVerificationError, LoopIRError, LoweringError
@@ -41,5 +42,6 @@ __all__ = [
     "pad_matmuls",
     "register_backend",
     "set_ops_handler",
+    "simplify_attention_masks",
     "sizes",
 ]

@@ -1,0 +1,113 @@
+"""Attention masks that are constants of the graph: dropped, or made ``is_causal``.
+
+Libraries build attention masks from positions even where nothing is masked: HuggingFace,
+while a compiler captures, makes an all-true (B, 1, L, S) mask instead of looking at the
+padding mask's values (which eager does, and then passes no mask). A mask computed from
+factories alone (``arange``, ``ones``, ... with constant arguments; no graph input reaches
+it) is the same on every call, so it is evaluated once, here: an all-true boolean or
+all-zero additive mask is dropped, and the lower-triangular boolean one becomes
+``is_causal=True``. Without a mask tensor, scaled dot product attention runs FlashAttention
+(or cuDNN's) instead of a kernel that reads a (B, H, L, S) bias, and the mask is never built.
+A torch-level rewrite of the captured graph, run before autograd_aot like ``fuse_attention``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import fx
+from torch.utils import _pytree as pytree
+
+__all__ = ["simplify_attention_masks"]
+
+log = logging.getLogger("kiln.loopir")
+
+_FACTORIES = {torch.arange, torch.ones, torch.zeros, torch.full, torch.eye, torch.linspace}
+# ops whose results differ between calls (or are uninitialised) never make a constant
+_UNSTABLE = ("rand", "dropout", "bernoulli", "normal", "uniform", "multinomial", "empty")
+_MAX_NODES = 64  # a mask is a handful of ops; larger subgraphs are not worth evaluating
+
+
+class _NotConstant(Exception):
+    pass
+
+
+def _evaluate(node: fx.Node, memo: dict[fx.Node, Any]) -> Any:
+    """``node``'s value, computed from factories and constants alone; else _NotConstant."""
+    if node in memo:
+        return memo[node]
+    if len(memo) > _MAX_NODES or node.op not in ("call_function", "call_method"):
+        raise _NotConstant
+    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    if any(word in name.lower() for word in _UNSTABLE) or name.endswith("_"):
+        raise _NotConstant
+    inputs = [a for a in pytree.tree_leaves((node.args, node.kwargs)) if isinstance(a, fx.Node)]
+    if not inputs and node.target not in _FACTORIES:
+        raise _NotConstant
+    values = {a: _evaluate(a, memo) for a in inputs}
+    args, kwargs = pytree.tree_map(
+        lambda a: values[a] if isinstance(a, fx.Node) else a, (node.args, node.kwargs)
+    )
+    if isinstance(node.target, str):  # call_method
+        result = getattr(args[0], node.target)(*args[1:], **kwargs)
+    else:
+        result = node.target(*args, **kwargs)
+    memo[node] = result
+    return result
+
+
+def _constant(node: Any) -> tuple[torch.Tensor, list[fx.Node]] | None:
+    """The value of ``node`` if it is a constant tensor, with the nodes that computed it."""
+    if not isinstance(node, fx.Node):
+        return None
+    memo: dict[fx.Node, Any] = {}
+    try:
+        value = _evaluate(node, memo)
+    except _NotConstant:
+        return None
+    except Exception as exc:  # an op that fails outside the graph: leave the mask as it is
+        log.debug("attention mask %s not evaluated: %s", node.name, exc)
+        return None
+    return (value, list(memo)) if isinstance(value, torch.Tensor) else None
+
+
+def _causal(mask: torch.Tensor) -> bool:
+    """Whether ``mask`` is SDPA's ``is_causal`` mask (square, lower-triangular) broadcast."""
+    if mask.dim() < 2 or mask.shape[-1] != mask.shape[-2]:
+        return False
+    size = mask.shape[-1]
+    tril = torch.ones(size, size, dtype=torch.bool, device=mask.device).tril()
+    return bool(torch.equal(mask, tril.expand_as(mask)))
+
+
+def simplify_attention_masks(gm: fx.GraphModule) -> int:
+    """Drop constant all-pass masks of ``scaled_dot_product_attention`` calls in ``gm`` and
+    make constant causal ones ``is_causal``; return how many calls changed."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.target is not F.scaled_dot_product_attention or len(node.args) > 3:
+            continue
+        found = None if node.kwargs.get("is_causal") else _constant(node.kwargs.get("attn_mask"))
+        if found is None:
+            continue
+        mask, computed = found
+        kwargs = dict(node.kwargs)
+        passes_all = bool(mask.all()) if mask.dtype == torch.bool else not bool(mask.any())
+        if passes_all and (mask.dtype == torch.bool or mask.is_floating_point()):
+            kwargs["attn_mask"] = None
+        elif mask.dtype == torch.bool and _causal(mask):
+            kwargs["attn_mask"], kwargs["is_causal"] = None, True
+        else:
+            continue
+        node.kwargs = kwargs
+        for dead in reversed(computed):  # memo order: every node after its inputs
+            if not dead.users:
+                gm.graph.erase_node(dead)
+        count += 1
+    if count:
+        gm.recompile()
+        log.debug("attention: %d constant masks dropped or made is_causal", count)
+    return count
