@@ -131,6 +131,17 @@ def _causal(g, q):
     return g.call_function(operator.le, (cols, rows))
 
 
+def _causal_and_all_true(g, q):  # HuggingFace's causal mask and its packed-sequence check
+    rows, cols = _positions(g, _ROWS, _COLS)
+    same = g.call_function(operator.ge, (cols, -1))
+    return g.call_function(operator.and_, (g.call_function(operator.le, (cols, rows)), same))
+
+
+def _in_place(g, q):  # written in place: evaluated out of graph order it could differ
+    rows, cols = _positions(g, _ROWS, _COLS)
+    return g.call_function(operator.iand, (g.call_function(operator.le, (cols, rows)), True))
+
+
 def _zeros(g, q):
     return g.call_function(torch.zeros, (1, 1, 8, 8))
 
@@ -151,8 +162,9 @@ def _random(g, q):
 @pytest.mark.parametrize(
     ("make_mask", "kwargs"),
     [(_all_true, {"attn_mask": None}), (_causal, {"attn_mask": None, "is_causal": True}),
+     (_causal_and_all_true, {"attn_mask": None, "is_causal": True}),
      (_zeros, {"attn_mask": None})],
-    ids=["all-true", "causal", "zeros"],
+    ids=["all-true", "causal", "causal-and", "zeros"],
 )  # fmt: skip
 def test_constant_masks_are_dropped_or_made_causal(make_mask, kwargs):
     args = _qkv()
@@ -168,7 +180,7 @@ def test_constant_masks_are_dropped_or_made_causal(make_mask, kwargs):
     torch.testing.assert_close(gm(*args), expected)
 
 
-@pytest.mark.parametrize("make_mask", [_padding, _from_input, _random])
+@pytest.mark.parametrize("make_mask", [_padding, _from_input, _random, _in_place])
 def test_masks_that_mask_or_vary_are_kept(make_mask):
     gm = _masked_attention_graph(make_mask)
     assert simplify_attention_masks(gm) == 0

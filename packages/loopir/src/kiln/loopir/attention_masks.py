@@ -14,6 +14,7 @@ A torch-level rewrite of the captured graph, run before autograd_aot like ``fuse
 from __future__ import annotations
 
 import logging
+import operator
 from typing import Any
 
 import torch
@@ -28,11 +29,24 @@ log = logging.getLogger("kiln.loopir")
 _FACTORIES = {torch.arange, torch.ones, torch.zeros, torch.full, torch.eye, torch.linspace}
 # ops whose results differ between calls (or are uninitialised) never make a constant
 _UNSTABLE = ("rand", "dropout", "bernoulli", "normal", "uniform", "multinomial", "empty")
+_OPERATOR_IN_PLACE = {
+    operator.iadd, operator.iand, operator.ifloordiv, operator.ilshift, operator.imatmul,
+    operator.imod, operator.imul, operator.ior, operator.ipow, operator.irshift, operator.isub,
+    operator.itruediv, operator.ixor,
+}  # fmt: skip
 _MAX_NODES = 64  # a mask is a handful of ops; larger subgraphs are not worth evaluating
 
 
 class _NotConstant(Exception):
     pass
+
+
+def _in_place(target: Any, name: str) -> bool:
+    """``x.add_(y)``, ``torch.relu_(x)``, ``x += y``: evaluated out of graph order, a write
+    would reach other uses of ``x`` (``operator.and_`` is plain ``&``)."""
+    if getattr(target, "__module__", None) in ("_operator", "operator"):
+        return target in _OPERATOR_IN_PLACE
+    return name.endswith("_") and not name.startswith("__")
 
 
 def _evaluate(node: fx.Node, memo: dict[fx.Node, Any]) -> Any:
@@ -42,7 +56,7 @@ def _evaluate(node: fx.Node, memo: dict[fx.Node, Any]) -> Any:
     if len(memo) > _MAX_NODES or node.op not in ("call_function", "call_method"):
         raise _NotConstant
     name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
-    if any(word in name.lower() for word in _UNSTABLE) or name.endswith("_"):
+    if any(word in name.lower() for word in _UNSTABLE) or _in_place(node.target, name):
         raise _NotConstant
     inputs = [a for a in pytree.tree_leaves((node.args, node.kwargs)) if isinstance(a, fx.Node)]
     if not inputs and node.target not in _FACTORIES:
