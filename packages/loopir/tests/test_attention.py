@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from loopir_testing import aten_graph
 from torch import fx
 
-from kiln.loopir import fuse_attention, simplify_attention_masks
+from kiln.loopir import attention_masks, fuse_attention, simplify_attention_masks
 
 
 def _sdpa_calls(gm: fx.GraphModule) -> int:
@@ -186,3 +186,10 @@ def test_masks_that_mask_or_vary_are_kept(make_mask):
     assert simplify_attention_masks(gm) == 0
     call = next(n for n in gm.graph.nodes if n.target is F.scaled_dot_product_attention)
     assert call.kwargs["attn_mask"] is not None
+
+
+def test_masks_too_large_to_evaluate_are_kept(monkeypatch):
+    """Evaluating holds every intermediate: a long sequence's (L, S) masks would not fit."""
+    monkeypatch.setattr(attention_masks, "_MAX_BYTES", 32)  # its arange alone holds 64
+    gm = _masked_attention_graph(_all_true)
+    assert simplify_attention_masks(gm) == 0

@@ -35,6 +35,8 @@ _OPERATOR_IN_PLACE = {
     operator.itruediv, operator.ixor,
 }  # fmt: skip
 _MAX_NODES = 64  # a mask is a handful of ops; larger subgraphs are not worth evaluating
+# results held while evaluating: masks of long sequences (L * S bytes each) stay in the graph
+_MAX_BYTES = 256 << 20
 
 
 class _NotConstant(Exception):
@@ -49,43 +51,68 @@ def _in_place(target: Any, name: str) -> bool:
     return name.endswith("_") and not name.startswith("__")
 
 
-def _evaluate(node: fx.Node, memo: dict[fx.Node, Any]) -> Any:
-    """``node``'s value, computed from factories and constants alone; else _NotConstant."""
-    if node in memo:
-        return memo[node]
-    if len(memo) > _MAX_NODES or node.op not in ("call_function", "call_method"):
-        raise _NotConstant
-    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
-    if any(word in name.lower() for word in _UNSTABLE) or _in_place(node.target, name):
-        raise _NotConstant
-    inputs = [a for a in pytree.tree_leaves((node.args, node.kwargs)) if isinstance(a, fx.Node)]
-    if not inputs and node.target not in _FACTORIES:
-        raise _NotConstant
-    values = {a: _evaluate(a, memo) for a in inputs}
-    args, kwargs = pytree.tree_map(
-        lambda a: values[a] if isinstance(a, fx.Node) else a, (node.args, node.kwargs)
-    )
-    if isinstance(node.target, str):  # call_method
-        result = getattr(args[0], node.target)(*args[1:], **kwargs)
-    else:
-        result = node.target(*args, **kwargs)
-    memo[node] = result
-    return result
+def _nbytes(value: Any) -> int:
+    """Bytes of storage a (real or fake) tensor holds; an expanded view holds its base's."""
+    if not isinstance(value, torch.Tensor):
+        return 0
+    try:
+        return int(value.untyped_storage().nbytes())
+    except (RuntimeError, NotImplementedError):
+        return value.numel() * value.element_size()
+
+
+class _Evaluator:
+    """Values of nodes computed from factories and constants alone (``_NotConstant`` for
+    any other), within ``_MAX_NODES`` nodes and ``_MAX_BYTES`` of results."""
+
+    def __init__(self) -> None:
+        self.memo: dict[fx.Node, Any] = {}
+        self.nbytes = 0
+
+    def __call__(self, node: fx.Node) -> Any:
+        if node in self.memo:
+            return self.memo[node]
+        if len(self.memo) >= _MAX_NODES or node.op not in ("call_function", "call_method"):
+            raise _NotConstant
+        target = node.target
+        name = target if isinstance(target, str) else getattr(target, "__name__", "")
+        if any(word in name.lower() for word in _UNSTABLE) or _in_place(target, name):
+            raise _NotConstant
+        leaves = pytree.tree_leaves((node.args, node.kwargs))
+        inputs = [a for a in leaves if isinstance(a, fx.Node)]
+        if not inputs and target not in _FACTORIES:
+            raise _NotConstant
+        # the traced value says how large the result is before it is computed
+        if self.nbytes + _nbytes(node.meta.get("val")) > _MAX_BYTES:
+            raise _NotConstant
+        values = {a: self(a) for a in inputs}
+        args, kwargs = pytree.tree_map(
+            lambda a: values[a] if isinstance(a, fx.Node) else a, (node.args, node.kwargs)
+        )
+        if isinstance(target, str):  # call_method
+            result = getattr(args[0], target)(*args[1:], **kwargs)
+        else:
+            result = target(*args, **kwargs)
+        self.memo[node] = result
+        self.nbytes += _nbytes(result)
+        if self.nbytes > _MAX_BYTES:
+            raise _NotConstant
+        return result
 
 
 def _constant(node: Any) -> tuple[torch.Tensor, list[fx.Node]] | None:
     """The value of ``node`` if it is a constant tensor, with the nodes that computed it."""
     if not isinstance(node, fx.Node):
         return None
-    memo: dict[fx.Node, Any] = {}
+    evaluate = _Evaluator()
     try:
-        value = _evaluate(node, memo)
+        value = evaluate(node)
     except _NotConstant:
         return None
     except Exception as exc:  # an op that fails outside the graph: leave the mask as it is
         log.debug("attention mask %s not evaluated: %s", node.name, exc)
         return None
-    return (value, list(memo)) if isinstance(value, torch.Tensor) else None
+    return (value, list(evaluate.memo)) if isinstance(value, torch.Tensor) else None
 
 
 def _causal(mask: torch.Tensor) -> bool:
