@@ -8,6 +8,7 @@ from loopir_testing import aten_graph, suite_backend, to_meta
 from kiln.capture import counters
 from kiln.loopir import ReferenceBackend
 from kiln.loopir.graph import prefers_channels_last
+from kiln.loopir.lowering.fallback import _nhwc_if_conv_would_be
 from kiln.loopir.pipeline import compile_graph
 
 aten = torch.ops.aten
@@ -206,3 +207,31 @@ def test_depthwise_backward_activations_are_nhwc_where_the_backend_asks(wanted):
     assert written.count((240, 1, 40, 8)) == (2 if wanted else 0)  # the copy, the gradient
     snapshot = counters.snapshot()
     assert "extern_copies" not in snapshot and "output_copies" not in snapshot
+
+
+def test_convolution_gradients_follow_input_and_weight_not_grad_output():
+    """Swin's stem permutes its convolution's output NHWC, so the gradient reaching the
+    backward is NHWC while the image and weight are NCHW: ATen answers NCHW gradients, and
+    so must the plan, even where torch's meta function (before 2.14) followed grad_output."""
+    grad = torch.randn(2, 4, 4, 6).permute(0, 3, 1, 2)  # NHWC strides
+    x, w = torch.randn(2, 3, 16, 16), torch.randn(6, 3, 4, 4)
+    args = ([6], [4, 4], [0, 0], [1, 1], False, [0, 0], 1, [True, True, True])
+    meta = [to_meta(t) for t in (grad, x, w)]
+    older = tuple(  # what the older meta answered
+        t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t
+        for t in aten.convolution_backward.default(*meta, *args)
+    )
+    planned = _nhwc_if_conv_would_be(aten.convolution_backward.default, meta, older)
+    real = aten.convolution_backward.default(grad, x, w, *args)
+    assert [t.stride() for t in planned] == [t.stride() for t in real]
+    assert planned[1].is_contiguous()
+
+    def fn(grad, x, w):
+        return aten.convolution_backward.default(grad, x, w, *args)
+
+    counters.clear()
+    gm = aten_graph(fn, grad, x, w)
+    compiled = compile_graph(gm, [to_meta(t) for t in (grad, x, w)], backend=ReferenceBackend())
+    for got, want in zip(compiled(grad, x, w), fn(grad, x, w), strict=True):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    assert "extern_copies" not in counters.snapshot()

@@ -72,6 +72,9 @@ def _binding(op: Any, kwargs: Iterable[str]) -> Any:
     return fn
 
 
+_copies_warned: set[tuple[str, tuple[int, ...], tuple[int, ...]]] = set()
+
+
 def _as_layout(t: Any, stride: tuple[int, ...], op: str = "") -> Any:
     """``t`` with the strides loopir planned for it; a safety net that should never copy.
 
@@ -86,7 +89,10 @@ def _as_layout(t: Any, stride: tuple[int, ...], op: str = "") -> Any:
     if all(n == 1 or s == w for n, s, w in zip(t.shape, t.stride(), stride, strict=True)):
         return t
     counters.bump("extern_copies", op)
-    log.warning("%s returned strides %s, planned %s: copied", op, t.stride(), tuple(stride))
+    key = (op, t.stride(), tuple(stride))
+    if key not in _copies_warned:  # once, not on every call
+        _copies_warned.add(key)
+        log.warning("%s returned strides %s, planned %s: copied", op, t.stride(), tuple(stride))
     out = torch.empty_strided(t.shape, stride, device=t.device, dtype=t.dtype)
     return out.copy_(t)
 

@@ -200,12 +200,14 @@ def _nhwc_if_conv_would_be(op: Any, margs: Sequence[Any], found: Any) -> Any:
     in graphs that prefer channels-last (``graph.prefers_channels_last``).
     """
     if packet_name(op) == "convolution_backward" and isinstance(found, (tuple, list)):
-        # grad_input and grad_weight follow input and weight (older metas answered NCHW)
-        if not (_nhwc(margs[1]) or _nhwc(margs[2])):
-            return found
+        # grad_input and grad_weight take the format of input and weight alone, whatever
+        # grad_output's (ATen makes grad_output contiguous in it); older metas followed
+        # grad_output, so Swin's stem, whose output is permuted NHWC, got an NHWC plan
+        # for an NCHW weight gradient and a copy on every call
+        nhwc = _nhwc(margs[1]) or _nhwc(margs[2])
+        fmt = torch.channels_last if nhwc else torch.contiguous_format
         return type(found)(
-            t.contiguous(memory_format=torch.channels_last) if i < 2 and _4d(t) else t
-            for i, t in enumerate(found)
+            t.contiguous(memory_format=fmt) if i < 2 and _4d(t) else t for i, t in enumerate(found)
         )
     if not is_convolution(op) or not _4d(found):
         return found
