@@ -165,3 +165,23 @@ def test_an_outer_reduction_is_split_by_the_programs_it_runs():
     torch.testing.assert_close(compiled(x, y), fn(x, y), atol=1e-3, rtol=1e-4)
     shapes = sorted((int(s.group.numel), int(s.group.rnumel)) for s in compiled.steps)
     assert shapes == [(64, 16), (64, 4096), (1024, 256)], shapes
+
+
+def test_an_outer_reduction_through_views_and_rolls_is_split_too():
+    """The bias gradient of a linear layer on (batch, tokens, features) sums a 3-D gradient
+    viewed 2-D, and Swin's LayerNorm gradients read rolled windows: the features still step
+    by one, so both are cut as a plain (4096, 64) matrix is."""
+    g, w = torch.randn(16, 256, 64), torch.randn(16, 16, 16, 64)
+
+    def fn(g, w):
+        rolled = aten.roll.default(w, [3, 3], [1, 2])
+        return (
+            aten.sum.dim_IntList(aten.view.default(g, [4096, 64]), [0]),
+            aten.sum.dim_IntList(aten.view.default(rolled, [4096, 64]), [0]),
+        )
+
+    gm = aten_graph(fn, g, w)
+    compiled = compile_graph(gm, [to_meta(g), to_meta(w)], backend=_SplittingBackend())
+    torch.testing.assert_close(compiled(g, w), fn(g, w), atol=1e-3, rtol=1e-4)
+    shapes = sorted((int(s.group.numel), int(s.group.rnumel)) for s in compiled.steps)
+    assert shapes.count((1024, 256)) == 2 and (64, 4096) not in shapes, shapes

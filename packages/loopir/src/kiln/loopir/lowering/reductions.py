@@ -119,12 +119,13 @@ def _reads_along_kept(x: TensorBox, rdims: list[int]) -> bool:
     handler = ReadWriteHandler()
     with set_ops_handler(handler):
         x.make_loader()(index)
+    ranges = {s: n for s, n in zip(index, map(sizes.static_int, size), strict=True) if n}
     along_kept = along_reduced = 0
     for dep in handler.reads:
-        found = sizes.affine_strides(dep.index, index)
-        if found is None:
-            continue
-        unit = [d for d, step in enumerate(found[1]) if step == 1 and size[d] != 1]
+        # a view's digits rejoined ((64, 49, C) read as (3136, C)); a dim stepping by one
+        # outside any division counts, whatever the others do (Swin's rolled windows)
+        expr = sympy.expand(sizes.simplify_with_ranges(dep.index, ranges))
+        unit = [d for d, s in enumerate(index) if size[d] != 1 and expr.coeff(s) == 1]
         if unit and unit[0] in rdims:
             along_reduced += 1
         elif unit:
