@@ -85,6 +85,18 @@ def test_batch_norm_training_is_one_kernel():
     assert c.kernel_count == 1
 
 
+def test_one_element_kernels_are_one_launch():
+    """BatchNorm's ``num_batches_tracked + 1``, one per layer in training: independent
+    one-element kernels share no buffer, yet run as one kernel."""
+    counts = [torch.tensor(n) for n in range(4)]
+
+    def fn(a, b, c, d):
+        return tuple(aten.add.Tensor(n, 1) for n in (a, b, c, d))
+
+    c = check(fn, *counts)
+    assert c.kernel_count == 1
+
+
 def test_extern_matmul_with_fused_epilogue():
     x, w, b = torch.randn(4, 6), torch.randn(5, 6), torch.randn(5)
     bx, by = torch.randn(2, 3, 4), torch.randn(2, 4, 5)

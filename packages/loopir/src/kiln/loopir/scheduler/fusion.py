@@ -12,6 +12,7 @@ closer in the graph. Every decision is logged on ``kiln.loopir.fusion``.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 from collections.abc import Callable
 
@@ -297,8 +298,15 @@ def _singleton(node: SchedNode) -> FusionGroup:
     return FusionGroup([node], numel, rnumel)
 
 
+def _scalar(g: FusionGroup) -> bool:
+    """A kernel of one element: BatchNorm's ``num_batches_tracked + 1`` in training, one
+    per layer (densenet121 has 121). Alone, each costs a launch for one add."""
+    return g.kind == "kernel" and g.numel == 1 and g.rnumel == 1
+
+
 def _candidate_pairs(groups: list[FusionGroup]) -> list[tuple[FusionGroup, FusionGroup]]:
-    """Pairs of kernel groups that share a buffer (the only fusions that save traffic)."""
+    """Pairs of kernel groups that share a buffer (the only fusions that save traffic),
+    and neighbouring one-element kernels (which save launches)."""
     by_name: dict[str, list[FusionGroup]] = {}
     for g in groups:
         if g.kind != "kernel":
@@ -311,4 +319,7 @@ def _candidate_pairs(groups: list[FusionGroup]) -> list[tuple[FusionGroup, Fusio
             for b in members[i + 1 :]:
                 first, second = (a, b) if a.index <= b.index else (b, a)
                 pairs[(first.uid, second.uid)] = (first, second)
+    scalars = sorted((g for g in groups if _scalar(g)), key=lambda g: g.index)
+    for first, second in itertools.pairwise(scalars):
+        pairs[(first.uid, second.uid)] = (first, second)
     return sorted(pairs.values(), key=lambda p: (p[0].index, p[1].index))
