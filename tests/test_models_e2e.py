@@ -218,6 +218,46 @@ def test_written_out_attention_runs_as_one_fused_attention(device, mode):
     assert "fallback_ops" not in snap
 
 
+class _ShiftedWindowAttention(torch.nn.Module):
+    """Swin's window attention of a shifted block, as timm writes it: q scaled first, a
+    learned relative position bias, the shift's window mask through a 5-D view of the
+    scores, and a dropout of rate 0 before ``@ v``."""
+
+    windows, heads, tokens = 4, 2, 9
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = torch.nn.Linear(16, 48)
+        self.bias = torch.nn.Parameter(torch.randn(self.heads, self.tokens, self.tokens))
+        mask = torch.where(torch.rand(self.windows, self.tokens, self.tokens) > 0.3, 0.0, -100.0)
+        self.register_buffer("window_mask", mask)
+        self.drop = torch.nn.Dropout(0.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, c = x.shape
+        qkv = self.qkv(x).reshape(b, n, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        attn = (q * 0.25) @ k.transpose(-2, -1) + self.bias.unsqueeze(0)
+        shape = (-1, self.windows, self.heads, n, n)
+        attn = attn.view(shape) + self.window_mask.unsqueeze(1).unsqueeze(0)
+        attn = self.drop(attn.view(-1, self.heads, n, n).softmax(dim=-1))
+        return (attn @ v).transpose(1, 2).reshape(b, n, c)
+
+
+@pytest.mark.parametrize("device", ["cpu", *CUDA])
+@pytest.mark.parametrize("mode", ["inference", "training"])
+def test_shifted_window_attention_runs_as_one_fused_attention(device, mode):
+    """The bias and the window mask are added into one mask; the bias's gradient matches
+    eager's. (CPU's fused kernel has no gradient for a mask: its training step runs ATen's
+    composite.)"""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model, x = _ShiftedWindowAttention(), torch.randn(8, 9, 16)
+    snap = _check(model, (x,), mode, "kiln", device=device)
+    fused = [k for k in snap["extern_kernels"] if "scaled_dot_product" in k]
+    assert fused or (mode == "training" and device == "cpu"), snap["extern_kernels"]
+    assert "fallback_ops" not in snap
+
+
 class _PositionMaskedAttention(torch.nn.Module):
     """Masks built from positions, as HuggingFace builds them while a compiler captures:
     an all-true padding mask and a causal one (both constants of the graph)."""

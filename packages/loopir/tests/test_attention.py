@@ -193,3 +193,64 @@ def test_masks_too_large_to_evaluate_are_kept(monkeypatch):
     monkeypatch.setattr(attention_masks, "_MAX_BYTES", 32)  # its arange alone holds 64
     gm = _masked_attention_graph(_all_true)
     assert simplify_attention_masks(gm) == 0
+
+
+def _dropout_kept(q, k, v):
+    return F.dropout(torch.softmax(q @ k.transpose(-2, -1) * 0.25, dim=-1), 0.0, False) @ v
+
+
+def _dropout_eval(q, k, v):
+    return torch.dropout(torch.softmax(q @ k.transpose(-2, -1), dim=-1), 0.1, False) @ v
+
+
+def _dropout_live(q, k, v):
+    return F.dropout(torch.softmax(q @ k.transpose(-2, -1), dim=-1), 0.1, True) @ v
+
+
+def test_a_dropout_that_keeps_every_value_is_stepped_over():
+    """timm's attention blocks apply ``attn_drop`` between the softmax and ``@ v``: with
+    ``p == 0`` or outside training it is the identity; a live one keeps the pattern."""
+    args = _qkv()
+    for fn, fused in ((_dropout_kept, 1), (_dropout_eval, 1), (_dropout_live, 0)):
+        gm = aten_graph(fn, *args)
+        assert fuse_attention(gm) == fused, fn.__name__
+        if fused:
+            torch.testing.assert_close(gm(*args), fn(*args))
+
+
+_WINDOWS, _HEADS, _TOKENS = 4, 3, 9
+
+
+def _swin(q, k, v, bias, window_mask):
+    """timm's WindowAttention of a shifted block: q scaled first, a relative position bias,
+    then the shift's window mask through a 5-D view of the scores."""
+    attn = (q * 0.25) @ k.transpose(-2, -1)
+    attn = attn + bias.unsqueeze(0)
+    attn = attn.view(-1, _WINDOWS, _HEADS, _TOKENS, _TOKENS) + window_mask.unsqueeze(1).unsqueeze(0)
+    attn = attn.view(-1, _HEADS, _TOKENS, _TOKENS)
+    return F.dropout(attn.softmax(dim=-1), 0.0, False) @ v
+
+
+def _swin_without_bias(q, k, v, bias, window_mask):
+    attn = q @ k.transpose(-2, -1)
+    attn = attn.view(-1, _WINDOWS, _HEADS, _TOKENS, _TOKENS) + window_mask.unsqueeze(1).unsqueeze(0)
+    return attn.view(-1, _HEADS, _TOKENS, _TOKENS).softmax(dim=-1) @ v
+
+
+@pytest.mark.parametrize("fn", [_swin, _swin_without_bias], ids=["bias", "no-bias"])
+def test_shifted_window_attention_is_one_fused_call(fn):
+    """The window mask repeats over the batch: it is added to the bias into one mask of the
+    scores' shape. Values and gradients (the bias is a parameter) match the written-out
+    attention."""
+    q, k, v = _qkv(b=2 * _WINDOWS, h=_HEADS, t=_TOKENS, s=_TOKENS)
+    bias = torch.randn(_HEADS, _TOKENS, _TOKENS)
+    window_mask = torch.where(torch.rand(_WINDOWS, _TOKENS, _TOKENS) > 0.3, 0.0, -100.0)
+    args = [q, k, v, bias, window_mask]
+    gm = aten_graph(fn, *args)
+    assert fuse_attention(gm) == 1
+    assert not any(n.target in (torch.softmax, F.softmax, "softmax") for n in gm.graph.nodes)
+    torch.testing.assert_close(gm(*args), fn(*args))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v, bias)]
+    got = torch.autograd.grad(gm(*leaves, window_mask).sum(), leaves, allow_unused=True)
+    want = torch.autograd.grad(fn(*leaves, window_mask).sum(), leaves, allow_unused=True)
+    torch.testing.assert_close(got, want)

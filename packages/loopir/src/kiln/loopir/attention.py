@@ -6,7 +6,10 @@ times per head and the two matmuls cannot share it; ``scaled_dot_product_attenti
 it on chip (FlashAttention on CUDA, a blocked kernel on CPU). The pattern matches only
 where nothing else reads the scores, the softmax runs over the last dim in the inputs'
 dtype, and ``q``, ``k``, ``v`` are 4-D with the same batch and head dims: the shapes every
-fused kernel accepts.
+fused kernel accepts. A dropout that keeps every value may sit between the softmax and the
+second matmul, and Swin's shifted windows add their mask through a 5-D view of the scores
+(``(s.view(B, nW, H, L, S) + m).view(B * nW, H, L, S)``): that mask and the others are then
+added up front into one (B * nW, H, L, S) mask.
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ log = logging.getLogger("kiln.loopir")
 
 _MATMULS = {operator.matmul, torch.matmul, "matmul"}
 _SOFTMAXES = {torch.softmax, F.softmax, torch.Tensor.softmax, "softmax"}
+_DROPOUTS = {F.dropout, torch.dropout}
+_ADDS = {operator.add, torch.add, "add"}
+_VIEWS = {"view", "reshape", torch.reshape}
 _FLOATS = {torch.float32, torch.float16, torch.bfloat16}
 
 
@@ -82,26 +88,90 @@ def _scaled(node: fx.Node) -> tuple[fx.Node, float] | None:
     return None
 
 
+def _identity_dropout(node: fx.Node) -> fx.Node | None:
+    """The input of a dropout that keeps every value (``p == 0`` or not training), else None."""
+    if _target(node) not in _DROPOUTS:
+        return None
+    args, kwargs = list(node.args), dict(node.kwargs)
+    names = ("input", "p", "train" if node.target is torch.dropout else "training", "inplace")
+    given = dict(zip(names, args, strict=False)) | kwargs
+    src, p = given.get("input"), given.get("p", 0.5)
+    if not isinstance(src, fx.Node) or given.get("inplace", False):
+        return None
+    keeps = (isinstance(p, (int, float)) and p == 0) or given.get(names[2], True) is False
+    return src if keeps else None
+
+
+def _added(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
+    """``a + b`` of two nodes: (a, b); else None."""
+    if _target(node) not in _ADDS or len(node.args) != 2 or node.kwargs:
+        return None
+    a, b = node.args
+    return (a, b) if isinstance(a, fx.Node) and isinstance(b, fx.Node) else None
+
+
+def _viewed(node: fx.Node) -> fx.Node | None:
+    """The source of ``x.view(...)`` or ``x.reshape(...)``, else None."""
+    if _target(node) not in _VIEWS or not node.args or not isinstance(node.args[0], fx.Node):
+        return None
+    return node.args[0]
+
+
+def _windowed(scores: fx.Node) -> dict[str, Any] | None:
+    """``(s.view(B, nW, H, L, S) + m).view(B * nW, H, L, S)`` (Swin's shifted windows):
+    ``s``, ``m``, both shapes and the nodes in between (the outermost first), else None."""
+    added = _viewed(scores)
+    pair = _added(added) if added is not None else None
+    inner = _viewed(pair[0]) if pair is not None else None
+    if added is None or pair is None or inner is None:
+        return None
+    outer_v, five_v, inner_v, mask_v = _val(scores), _val(pair[0]), _val(inner), _val(pair[1])
+    if outer_v is None or five_v is None or inner_v is None or mask_v is None:
+        return None
+    shape, five = tuple(outer_v.shape), tuple(five_v.shape)
+    if tuple(inner_v.shape) != shape or len(shape) != 4 or len(five) != 5:
+        return None
+    if five[0] * five[1] != shape[0] or five[2:] != shape[1:] or mask_v.dtype != outer_v.dtype:
+        return None
+    try:
+        if torch.broadcast_shapes(mask_v.shape, five) != five:
+            return None
+    except RuntimeError:
+        return None
+    return {"scores": inner, "mask": pair[1], "shape": shape, "five": five,
+            "chain": [scores, added, pair[0]]}  # fmt: skip
+
+
 def _match(softmax: fx.Node) -> dict[str, Any] | None:
     """The pieces of the attention whose softmax is ``softmax``, or None.
 
-    Walks back from the softmax through an optional ``+ mask`` and an optional scale to
-    ``q @ k^T``; every node on the way has the next one as its only reader, so all of them
+    Walks back from the softmax through Swin's windowed mask, an optional ``+ mask`` and
+    an optional scale to ``q @ k^T``, and forward through a dropout that keeps every value
+    to ``@ v``; every node on the way has the next one as its only reader, so all of them
     go once the fused call replaces ``softmax @ v``.
     """
     scores = _softmax_input(softmax)
     out = _only_user(softmax)
+    kept = _identity_dropout(out) if out is not None else None
+    dropout = out if kept is softmax else None
+    if dropout is not None:
+        out = _only_user(dropout)
     operands = _matmul_operands(out) if out is not None else None
-    if scores is None or out is None or operands is None or operands[0] is not softmax:
+    probs = dropout if dropout is not None else softmax
+    if scores is None or out is None or operands is None or operands[0] is not probs:
         return None
     chain = [softmax]
+    windowed = _windowed(scores)
+    if windowed is not None:
+        chain += windowed["chain"]
+        scores = windowed["scores"]
     mask = None
-    if _target(scores) in (operator.add, torch.add, "add") and len(scores.args) == 2:
-        left, right = scores.args
-        if scores.kwargs or not isinstance(left, fx.Node) or not isinstance(right, fx.Node):
+    if _target(scores) in _ADDS:
+        pair = _added(scores)
+        if pair is None:
             return None
         chain.append(scores)
-        scores, mask = left, right
+        scores, mask = pair
     scale = 1.0  # softmax(q @ k^T) unscaled; SDPA's own default would be 1/sqrt(E)
     found = _scaled(scores)
     if found is not None:
@@ -116,15 +186,14 @@ def _match(softmax: fx.Node) -> dict[str, Any] | None:
     if qk is None:
         return None
     q, kt = qk
-    return {
-        "q": q,
-        "kt": kt,
-        "v": operands[1],
-        "mask": mask,
-        "scale": scale,
-        "out": out,
-        "dead": [out, *chain],
-    }
+    prescaled = _scaled(q) if _only_user(q) is scores else None
+    if prescaled is not None:  # (q * s) @ k^T, as timm scales: one pass over q less
+        chain.append(q)
+        q, first = prescaled
+        scale *= first
+    dead = [out, *([dropout] if dropout is not None else []), *chain]
+    return {"q": q, "kt": kt, "v": operands[1], "mask": mask, "scale": scale, "out": out,
+            "windowed": windowed, "dead": dead}  # fmt: skip
 
 
 def _fits(q: Any, kt: Any, v: Any, mask: Any) -> bool:
@@ -154,6 +223,19 @@ def _fits(q: Any, kt: Any, v: Any, mask: Any) -> bool:
     return shape_ok and mv is not None and mv.dtype == qv.dtype and mv.device == qv.device
 
 
+def _window_mask(graph: fx.Graph, mask: fx.Node | None, windowed: dict[str, Any]) -> fx.Node:
+    """The windowed attention's masks added into one of the scores' shape (B * nW, H, L, S):
+    the window mask repeats over the batch, which no broadcast of a 4-D mask expresses."""
+    shape, five = windowed["shape"], windowed["five"]
+    if mask is None:
+        total = graph.call_method("expand", (windowed["mask"], *five))
+    else:
+        spread = graph.call_method("expand", (mask, *shape))
+        parts = graph.call_method("reshape", (spread, *five))
+        total = graph.call_function(operator.add, (parts, windowed["mask"]))
+    return graph.call_method("reshape", (total, *shape))
+
+
 def fuse_attention(gm: fx.GraphModule) -> int:
     """Rewrite each written-out attention in ``gm`` in place; return how many were rewritten."""
     graph = gm.graph
@@ -165,7 +247,10 @@ def fuse_attention(gm: fx.GraphModule) -> int:
         out = found["out"]
         with graph.inserting_before(out):
             k = graph.call_function(torch.transpose, (found["kt"], -2, -1))
-            kwargs = {"attn_mask": found["mask"], "scale": found["scale"]}
+            mask = found["mask"]
+            if found["windowed"] is not None:
+                mask = _window_mask(graph, mask, found["windowed"])
+            kwargs = {"attn_mask": mask, "scale": found["scale"]}
             fused = graph.call_function(
                 F.scaled_dot_product_attention, (found["q"], k, found["v"]), kwargs
             )
