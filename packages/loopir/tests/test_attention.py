@@ -240,7 +240,7 @@ def _swin_without_bias(q, k, v, bias, window_mask):
 @pytest.mark.parametrize("fn", [_swin, _swin_without_bias], ids=["bias", "no-bias"])
 def test_shifted_window_attention_is_one_fused_call(fn):
     """The window mask repeats over the batch: it is added to the bias into one mask of the
-    scores' shape. Values and gradients (the bias is a parameter) match the written-out
+    scores' shape, its rows padded as CUDA's memory-efficient kernel wants them. Values and gradients (the bias is a parameter) match the written-out
     attention."""
     q, k, v = _qkv(b=2 * _WINDOWS, h=_HEADS, t=_TOKENS, s=_TOKENS)
     bias = torch.randn(_HEADS, _TOKENS, _TOKENS)
@@ -249,6 +249,8 @@ def test_shifted_window_attention_is_one_fused_call(fn):
     gm = aten_graph(fn, *args)
     assert fuse_attention(gm) == 1
     assert not any(n.target in (torch.softmax, F.softmax, "softmax") for n in gm.graph.nodes)
+    fused = next(n for n in gm.graph.nodes if n.target is F.scaled_dot_product_attention)
+    assert fused.kwargs["attn_mask"].target == "narrow"  # rows of 9 written 16 apart
     torch.testing.assert_close(gm(*args), fn(*args))
     leaves = [t.clone().requires_grad_() for t in (q, k, v, bias)]
     got = torch.autograd.grad(gm(*leaves, window_mask).sum(), leaves, allow_unused=True)

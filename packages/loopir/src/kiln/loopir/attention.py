@@ -223,9 +223,15 @@ def _fits(q: Any, kt: Any, v: Any, mask: Any) -> bool:
     return shape_ok and mv is not None and mv.dtype == qv.dtype and mv.device == qv.device
 
 
+_MASK_ROW_ALIGN = 8
+"""Elements a mask row of the memory-efficient CUDA kernel is padded to: ATen copies a mask
+whose strides are not multiples of it into a padded one on every call."""
+
+
 def _window_mask(graph: fx.Graph, mask: fx.Node | None, windowed: dict[str, Any]) -> fx.Node:
     """The windowed attention's masks added into one of the scores' shape (B * nW, H, L, S):
-    the window mask repeats over the batch, which no broadcast of a 4-D mask expresses."""
+    the window mask repeats over the batch, which no broadcast of a 4-D mask expresses. Its
+    rows are written padded (Swin's 49 keys to 56), so ATen takes the mask as it is."""
     shape, five = windowed["shape"], windowed["five"]
     if mask is None:
         total = graph.call_method("expand", (windowed["mask"], *five))
@@ -233,7 +239,12 @@ def _window_mask(graph: fx.Graph, mask: fx.Node | None, windowed: dict[str, Any]
         spread = graph.call_method("expand", (mask, *shape))
         parts = graph.call_method("reshape", (spread, *five))
         total = graph.call_function(operator.add, (parts, windowed["mask"]))
-    return graph.call_method("reshape", (total, *shape))
+    flat = graph.call_method("reshape", (total, *shape))
+    pad = -shape[-1] % _MASK_ROW_ALIGN
+    if not pad:
+        return flat
+    padded = graph.call_function(F.pad, (flat, (0, pad)))
+    return graph.call_method("narrow", (padded, -1, 0, shape[-1]))
 
 
 def fuse_attention(gm: fx.GraphModule) -> int:
