@@ -4,6 +4,8 @@ import pytest
 import torch
 from loopir_testing import check
 
+from kiln.capture import counters
+
 aten = torch.ops.aten
 
 
@@ -93,3 +95,21 @@ def test_scatter_views_and_copies():
         )
 
     check(fn, x, s, r)
+
+
+def test_as_strided_scatter_of_a_1d_tensor_is_a_kernel():
+    """Autograd's ``as_strided`` backward writes the gradient over all of a flat zero
+    tensor (ConvNeXt's pooled head): lowered, as is a contiguous run at an offset; a
+    strided view of a 2-D tensor depends on its memory layout and stays ATen's."""
+    flat, g, run, m = torch.randn(24), torch.randn(4, 6), torch.randn(2, 5), torch.randn(4, 6)
+
+    def fn(flat, g, run, m):
+        return (
+            aten.as_strided_scatter.default(flat, g, [4, 6], [6, 1], 0),
+            aten.as_strided_scatter.default(flat, run, [2, 5], [5, 1], 3),
+            aten.as_strided_scatter.default(m, run, [2, 5], [5, 1], 3),
+        )
+
+    counters.clear()
+    check(fn, flat, g, run, m)
+    assert counters.snapshot()["fallback_ops"] == {"aten.as_strided_scatter.default": 1}

@@ -1,5 +1,5 @@
 """Functionalized views and scatters: ``*_copy`` views, ``slice_scatter``,
-``select_scatter``, ``fill``, ``zero``, ``tril``/``triu`` and ``detach``.
+``select_scatter``, ``as_strided_scatter`` (of a 1-D tensor), ``fill``, ``zero``, ``tril``/``triu`` and ``detach``.
 
 A functionalization pass turns in-place writes through views into these; each
 is a ``Pointwise`` choosing, per output element, the new or the old value.
@@ -18,8 +18,9 @@ from kiln.loopir.ir.loops import Pointwise
 from kiln.loopir.ir.views import TensorBox, pointwise_copy
 from kiln.loopir.lowering import views
 from kiln.loopir.lowering.common import canonical_dim, expand_to, origin
+from kiln.loopir.lowering.fallback import fallback
 from kiln.loopir.lowering.registry import LOWERINGS, overloads, register_lowering
-from kiln.loopir.virtualized import ops
+from kiln.loopir.virtualized import V, ops
 
 __all__: list[str] = []
 
@@ -134,6 +135,37 @@ def _select_scatter(x: TensorBox, src: TensorBox, dim: int, index: int) -> Tenso
         return ops.eq(ops.index_expr(idx[dim], torch.int64), ops.constant(pos, torch.int64))
 
     return _select_values(x, lambda idx: load([*idx[:dim], *idx[dim + 1 :]]), take)
+
+
+@register_lowering(*overloads("as_strided_scatter", "default"))
+def _as_strided_scatter(
+    x: TensorBox,
+    src: TensorBox,
+    size: Sequence[int],
+    stride: Sequence[int],
+    storage_offset: int | None = None,
+) -> Any:
+    """``src`` written over a contiguous run of a 1-D ``x`` (autograd's ``as_strided``
+    backward: the run is all of a zero tensor, as in ConvNeXt's pooled head). A strided
+    view of an n-D tensor depends on its memory layout: ATen's op then."""
+    offset = storage_offset or 0
+    shape = [sizes.sympify(n) for n in size]
+    numel = sizes.static_int(sizes.product(x.get_size()))
+    run = sizes.static_int(sizes.product(shape))
+    steps = zip(size, stride, sizes.contiguous_strides(shape), strict=True)
+    dense = all(n == 1 or s == c for n, s, c in steps)
+    if x.dim() != 1 or numel is None or run is None or offset + run > numel or not dense:
+        return fallback(V.graph.current_op, (x, src, size, stride, storage_offset), {})
+    load = _converted(src, x.get_dtype())
+
+    def take(index: Index) -> Any:
+        pos = ops.index_expr(index[0], torch.int64)
+        return ops.logical_and(
+            ops.ge(pos, ops.constant(offset, torch.int64)),
+            ops.lt(pos, ops.constant(offset + run, torch.int64)),
+        )
+
+    return _select_values(x, lambda i: load(sizes.unflatten_index(i[0] - offset, shape)), take)
 
 
 @register_lowering(*overloads("fill", "Scalar", "Tensor"))
