@@ -1,6 +1,6 @@
 import sympy
 
-from kiln.codegen_cpp.lanes import lane_access, merge_digits
+from kiln.codegen_cpp.lanes import lane_access
 from kiln.loopir.sizes import FloorDiv, ModularIndexing
 
 x = sympy.Symbol("xindex", integer=True, nonnegative=True)
@@ -22,17 +22,7 @@ def test_digits_that_lanes_cannot_cross():
     assert lane_access(ModularIndexing(x, 2, 64), x, 16) is None
 
 
-def test_merge_digits_rejoins_flat_indices():
-    assert merge_digits(24 * FloorDiv(x, 24) + ModularIndexing(x, 1, 24)) == x
-    three = 960 * FloorDiv(x, 960) + 24 * ModularIndexing(x, 24, 40) + ModularIndexing(x, 1, 24)
-    assert merge_digits(three) == x
-    transposed = FloorDiv(x, 24) + 40 * ModularIndexing(x, 1, 24)
-    assert merge_digits(transposed) == transposed
-    s = sympy.Symbol("s1", integer=True, positive=True)
-    assert merge_digits(s * FloorDiv(x, s) + ModularIndexing(x, 1, s)) == x
-
-
-def test_merge_digits_sees_through_a_digit_of_a_digit():
+def test_a_digit_of_a_digit_is_one_contiguous_lane_run():
     # a contiguous (4, 4, 128, 64) buffer read as (16, 128, 64): loopir's index of the view
     view = (
         32768 * FloorDiv(x, 32768)
@@ -40,8 +30,4 @@ def test_merge_digits_sees_through_a_digit_of_a_digit():
         + ModularIndexing(x, 1, 64)
         + 8192 * ModularIndexing(x, 8192, 4)
     )
-    assert merge_digits(view) == x
     assert lane_access(view, x, 16).stride == 1
-    assert merge_digits(FloorDiv(ModularIndexing(x, 1, 100), 8)) == FloorDiv(
-        ModularIndexing(x, 1, 100), 8
-    )

@@ -118,3 +118,31 @@ def test_reshape_index_splits_only_the_dims_that_change():
     # size-1 dims on either side
     assert sizes.reshape_index([b], [S(4)], [S(4), S(1)]) == [b, 0]
     assert sizes.reshape_index([b, t], [S(4), S(1)], [S(4)]) == [b]
+
+
+def test_merge_digits_rejoins_flat_indices():
+    assert sizes.merge_digits(24 * sizes.FloorDiv(x, 24) + sizes.ModularIndexing(x, 1, 24)) == x
+    three = (
+        960 * sizes.FloorDiv(x, 960)
+        + 24 * sizes.ModularIndexing(x, 24, 40)
+        + sizes.ModularIndexing(x, 1, 24)
+    )
+    assert sizes.merge_digits(three) == x
+    transposed = sizes.FloorDiv(x, 24) + 40 * sizes.ModularIndexing(x, 1, 24)
+    assert sizes.merge_digits(transposed) == transposed
+    s = sympy.Symbol("s1", integer=True, positive=True)
+    assert sizes.merge_digits(s * sizes.FloorDiv(x, s) + sizes.ModularIndexing(x, 1, s)) == x
+
+
+def test_merge_digits_sees_through_a_digit_of_a_digit():
+    # a contiguous (4, 4, 128, 64) buffer read as (16, 128, 64): loopir's index of the view
+    view = (
+        32768 * sizes.FloorDiv(x, 32768)
+        + 64 * sizes.FloorDiv(sizes.ModularIndexing(x, 1, 8192), 64)
+        + sizes.ModularIndexing(x, 1, 64)
+        + 8192 * sizes.ModularIndexing(x, 8192, 4)
+    )
+    assert sizes.merge_digits(view) == x
+    assert sizes.merge_digits(
+        sizes.FloorDiv(sizes.ModularIndexing(x, 1, 100), 8)
+    ) == sizes.FloorDiv(sizes.ModularIndexing(x, 1, 100), 8)

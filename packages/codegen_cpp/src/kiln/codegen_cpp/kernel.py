@@ -237,7 +237,7 @@ class KernelWriter:
         """Drop digits the loop ranges make trivial, then rejoin split ones."""
         if self.index_ranges:
             index = sizes.simplify_with_ranges(sympy.expand(index), self.index_ranges)
-        return lane_analysis.merge_digits(index)
+        return sizes.merge_digits(index)
 
     def _fresh(self) -> int:
         self._next_name += 1

@@ -11,13 +11,12 @@ answer is None and the kernel computes the index lane by lane.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 
 import sympy
 
-from kiln.loopir.sizes import FloorDiv, ModularIndexing
+from kiln.loopir.sizes import FloorDiv, ModularIndexing, merge_digits
 
-__all__ = ["LaneAccess", "lane_access", "merge_digits"]
+__all__ = ["LaneAccess", "lane_access"]
 
 _CHUNK = sympy.Symbol("kiln_chunk", integer=True, nonnegative=True)
 
@@ -28,65 +27,6 @@ class LaneAccess:
 
     base: sympy.Expr
     stride: sympy.Expr
-
-
-def _digit(term: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr, sympy.Expr, sympy.Expr | None] | None:
-    """``term`` as ``coeff * ((base // div) % mod)`` (mod None for a plain FloorDiv)."""
-    digits = [f for f in sympy.Mul.make_args(term) if isinstance(f, (FloorDiv, ModularIndexing))]
-    if len(digits) != 1:
-        return None
-    rest = digits[0]
-    coeff = sympy.Mul(*[f for f in sympy.Mul.make_args(term) if f is not rest])
-    if isinstance(rest, ModularIndexing):
-        return coeff, rest.args[0], rest.args[1], rest.args[2]
-    if isinstance(rest, FloorDiv):
-        return coeff, rest.args[0], rest.args[1], None
-    return None
-
-
-def _flatten_digit(expr: sympy.Expr) -> sympy.Expr:
-    """``(e // a % M) // d`` as ``e // (a*d) % (M/d)`` when ``d`` divides ``M``: a digit of a
-    digit (a view of a view) becomes a digit of ``e``, which :func:`merge_digits` can rejoin."""
-    base, divisor = expr.args
-    if not (isinstance(base, ModularIndexing) and divisor.is_Integer):
-        return expr
-    inner, step, modulus = base.args
-    if not (modulus.is_Integer and int(modulus) % int(divisor) == 0):
-        return expr
-    return ModularIndexing(inner, step * divisor, sympy.Integer(int(modulus) // int(divisor)))
-
-
-def merge_digits(expr: sympy.Expr) -> sympy.Expr:
-    """Rejoin the digits a flat index was split into: ``24*(x//24) + x%24`` is ``x``.
-
-    Two terms ``c*m*digit(e, d*m, M) + c*digit(e, d, m)`` make ``c*digit(e, d, m*M)``;
-    loopir emits such pairs whenever a contiguous buffer is indexed by several dims.
-    """
-    expr = sympy.sympify(expr)
-    if not isinstance(expr, sympy.Add):
-        return expr
-    expr = expr.replace(lambda e: isinstance(e, FloorDiv), _flatten_digit)
-    if not isinstance(expr, sympy.Add):
-        return expr
-    terms = list(expr.args)
-    changed = True
-    while changed:
-        changed = False
-        for i, j in itertools.permutations(range(len(terms)), 2):
-            hi, lo = _digit(terms[i]), _digit(terms[j])
-            if hi is None or lo is None or lo[3] is None or hi[1] != lo[1]:
-                continue
-            c_hi, base, d_hi, m_hi = hi
-            c_lo, _, d_lo, m_lo = lo
-            if sympy.expand(d_hi - d_lo * m_lo) != 0 or sympy.expand(c_hi - c_lo * m_lo) != 0:
-                continue
-            merged = (
-                FloorDiv(base, d_lo) if m_hi is None else ModularIndexing(base, d_lo, m_lo * m_hi)
-            )
-            terms = [t for k, t in enumerate(terms) if k not in (i, j)] + [c_lo * merged]
-            changed = True
-            break
-    return sympy.Add(*terms)
 
 
 def lane_access(index: sympy.Expr, var: sympy.Symbol, lanes: int) -> LaneAccess | None:

@@ -152,7 +152,7 @@ class LoopNests:
         numel = w.numel.static
         if numel is None:
             return None
-        indices = [lane_analysis.merge_digits(i) for n in w.group.nodes for i in load_indices(n)]
+        indices = [sizes.merge_digits(i) for n in w.group.nodes for i in load_indices(n)]
         flat = all(_unit_or_broadcast(i, XINDEX, w.lanes) for i in indices)
         digits = [
             m

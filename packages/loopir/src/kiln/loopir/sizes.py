@@ -9,6 +9,7 @@ index symbols, and the simplifications the IR relies on.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import operator
 from collections.abc import Iterable, Sequence
@@ -32,6 +33,8 @@ __all__ = [
     "evaluate_int",
     "linear_index",
     "simplify_with_ranges",
+    "merge_digits",
+    "same",
     "bounds",
 ]
 
@@ -332,7 +335,7 @@ def _simplify(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sympy.Expr:
             return expr
         return _simplify(ModularIndexing(*factored, mod), ranges)
     if isinstance(expr, sympy.Add):
-        return _merge_digits(expr)
+        return merge_digits(expr)
     return expr
 
 
@@ -360,26 +363,71 @@ def _factor_divisor(
     return None
 
 
-def _merge_digits(expr: sympy.Expr) -> sympy.Expr:
-    """Put split digits back together: ``c*d*(e // d) + c*(e % d)`` is ``c*e``, and
-    ``c*d*((e // d) % m) + c*(e % d)`` is ``c*(e % (d*m))`` (``c`` a number: a view
-    of ``e``'s buffer with a stride, like ``(24, 512, 64)`` over ``(2, 12, 512, 64)``)."""
+def _digit(term: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr, sympy.Expr, sympy.Expr | None] | None:
+    """``term`` as ``coeff * ((base // div) % mod)`` (mod None for a plain FloorDiv)."""
+    digits = [f for f in sympy.Mul.make_args(term) if isinstance(f, (FloorDiv, ModularIndexing))]
+    if len(digits) != 1:
+        return None
+    rest = digits[0]
+    coeff = sympy.Mul(*[f for f in sympy.Mul.make_args(term) if f is not rest])
+    if isinstance(rest, ModularIndexing):
+        return coeff, rest.args[0], rest.args[1], rest.args[2]
+    if isinstance(rest, FloorDiv):
+        return coeff, rest.args[0], rest.args[1], None
+    return None
+
+
+def _flatten_digit(expr: sympy.Expr) -> sympy.Expr:
+    """``(e // a % M) // d`` as ``e // (a*d) % (M/d)`` when ``d`` divides ``M``: a digit of a
+    digit (a view of a view) becomes a digit of ``e``, which :func:`merge_digits` can rejoin."""
+    base, divisor = expr.args
+    if not (isinstance(base, ModularIndexing) and divisor.is_Integer):
+        return expr
+    inner, step, modulus = base.args
+    if not (modulus.is_Integer and int(modulus) % int(divisor) == 0):
+        return expr
+    return ModularIndexing(inner, step * divisor, sympy.Integer(int(modulus) // int(divisor)))
+
+
+def merge_digits(expr: sympy.Expr) -> sympy.Expr:
+    """Rejoin the digits a flat index was split into: ``24*(x//24) + x%24`` is ``x``.
+
+    Two terms ``c*m*digit(e, d*m, M) + c*digit(e, d, m)`` make ``c*digit(e, d, m*M)``;
+    loopir emits such pairs whenever a contiguous buffer is indexed by several dims.
+    """
+    expr = sympy.sympify(expr)
+    if not isinstance(expr, sympy.Add) or not expr.has(FloorDiv, ModularIndexing):
+        return expr  # the simplifier calls this on every sum: most have no digits
+    if expr.has(FloorDiv):
+        expr = expr.replace(lambda e: isinstance(e, FloorDiv), _flatten_digit)
+        if not isinstance(expr, sympy.Add):
+            return expr
     terms = list(expr.args)
-    for i, low_term in enumerate(terms):
-        scale, low = low_term.as_coeff_Mul()
-        if not (isinstance(low, ModularIndexing) and low.args[1] == 1):
-            continue
-        e, d = low.args[0], low.args[2]
-        for j, high in enumerate(terms):
-            coeff, rest = high.as_coeff_Mul()
-            if j == i or coeff != scale * d:
+    digits = [_digit(t) for t in terms]
+    changed = True
+    while changed:
+        changed = False
+        for i, j in itertools.permutations(range(len(terms)), 2):
+            hi, lo = digits[i], digits[j]
+            if hi is None or lo is None or lo[3] is None or hi[1] != lo[1]:
                 continue
-            if isinstance(rest, FloorDiv) and rest.args == (e, d):
-                merged = e
-            elif isinstance(rest, ModularIndexing) and rest.args[:2] == (e, d):
-                merged = ModularIndexing(e, 1, d * rest.args[2])
-            else:
+            c_hi, base, d_hi, m_hi = hi
+            c_lo, _, d_lo, m_lo = lo
+            if not (same(d_hi, d_lo * m_lo) and same(c_hi, c_lo * m_lo)):
                 continue
-            others = [t for k, t in enumerate(terms) if k not in (i, j)]
-            return _merge_digits(sympy.Add(*others, scale * merged))
-    return expr
+            merged = (
+                FloorDiv(base, d_lo) if m_hi is None else ModularIndexing(base, d_lo, m_lo * m_hi)
+            )
+            kept = [k for k in range(len(terms)) if k not in (i, j)]
+            terms = [terms[k] for k in kept] + [c_lo * merged]
+            digits = [digits[k] for k in kept] + [_digit(terms[-1])]
+            changed = True
+            break
+    return sympy.Add(*terms)
+
+
+def same(a: sympy.Expr, b: sympy.Expr) -> bool:
+    """Whether two sizes or indices are equal: structurally, else after expanding."""
+    if a == b:
+        return True
+    return not (a.is_Integer and b.is_Integer) and sympy.expand(a - b) == 0

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 import sympy
 
+from kiln.loopir import sizes
 from kiln.loopir.ir.layout import Layout
 from kiln.loopir.kernel import KernelGroup, KernelNode, NodeMode
 from kiln.loopir.scheduler.nodes import SchedNode
@@ -49,14 +50,6 @@ class FusionGroup:
         return self.uid
 
 
-def _same(a: sympy.Expr, b: sympy.Expr) -> bool:
-    if a == b:
-        return True
-    if a.is_Integer and b.is_Integer:
-        return False
-    return bool(sympy.expand(a - b) == 0)
-
-
 def fused_shape(nodes: Iterable[SchedNode]) -> tuple[sympy.Expr, sympy.Expr] | str:
     """The (numel, rnumel) a kernel of ``nodes`` iterates, or why there is none."""
     nodes = list(nodes)
@@ -83,10 +76,10 @@ def node_mode(node: SchedNode, numel: sympy.Expr, rnumel: sympy.Expr) -> NodeMod
         return "xr"
     n = node.group_key()[0]
     if rnumel == 1:
-        return "x" if _same(n, numel) else None
-    if _same(n, numel * rnumel):
+        return "x" if sizes.same(n, numel) else None
+    if sizes.same(n, numel * rnumel):
         return "xr"
-    return "x" if _same(n, numel) else None
+    return "x" if sizes.same(n, numel) else None
 
 
 def node_modes(
