@@ -51,8 +51,10 @@ def _only_user(node: fx.Node) -> fx.Node | None:
     return users[0] if len(users) == 1 else None
 
 
-def _matmul_operands(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
-    if _target(node) not in _MATMULS or len(node.args) != 2 or node.kwargs:
+def _operands(node: fx.Node, targets: set[Any]) -> tuple[fx.Node, fx.Node] | None:
+    """The two operands of ``a @ b`` or ``a + b`` (``node`` calls one of ``targets``), both
+    nodes; else None."""
+    if _target(node) not in targets or len(node.args) != 2 or node.kwargs:
         return None
     a, b = node.args
     return (a, b) if isinstance(a, fx.Node) and isinstance(b, fx.Node) else None
@@ -102,14 +104,6 @@ def _identity_dropout(node: fx.Node) -> fx.Node | None:
     return src if keeps else None
 
 
-def _added(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
-    """``a + b`` of two nodes: (a, b); else None."""
-    if _target(node) not in _ADDS or len(node.args) != 2 or node.kwargs:
-        return None
-    a, b = node.args
-    return (a, b) if isinstance(a, fx.Node) and isinstance(b, fx.Node) else None
-
-
 def _viewed(node: fx.Node) -> fx.Node | None:
     """The source of ``x.view(...)`` or ``x.reshape(...)``, else None."""
     if _target(node) not in _VIEWS or not node.args or not isinstance(node.args[0], fx.Node):
@@ -121,7 +115,7 @@ def _windowed(scores: fx.Node) -> dict[str, Any] | None:
     """``(s.view(B, nW, H, L, S) + m).view(B * nW, H, L, S)`` (Swin's shifted windows):
     ``s``, ``m``, both shapes and the nodes in between (the outermost first), else None."""
     added = _viewed(scores)
-    pair = _added(added) if added is not None else None
+    pair = _operands(added, _ADDS) if added is not None else None
     inner = _viewed(pair[0]) if pair is not None else None
     if added is None or pair is None or inner is None:
         return None
@@ -156,7 +150,7 @@ def _match(softmax: fx.Node) -> dict[str, Any] | None:
     dropout = out if kept is softmax else None
     if dropout is not None:
         out = _only_user(dropout)
-    operands = _matmul_operands(out) if out is not None else None
+    operands = _operands(out, _MATMULS) if out is not None else None
     probs = dropout if dropout is not None else softmax
     if scores is None or out is None or operands is None or operands[0] is not probs:
         return None
@@ -167,7 +161,7 @@ def _match(softmax: fx.Node) -> dict[str, Any] | None:
         scores = windowed["scores"]
     mask = None
     if _target(scores) in _ADDS:
-        pair = _added(scores)
+        pair = _operands(scores, _ADDS)
         if pair is None:
             return None
         chain.append(scores)
@@ -182,7 +176,7 @@ def _match(softmax: fx.Node) -> dict[str, Any] | None:
         _only_user(node) is not after for node, after in zip(chain[1:], chain[:-1], strict=True)
     ):
         return None
-    qk = _matmul_operands(scores)
+    qk = _operands(scores, _MATMULS)
     if qk is None:
         return None
     q, kt = qk
