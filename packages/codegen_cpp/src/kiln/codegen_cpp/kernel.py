@@ -234,9 +234,10 @@ class KernelWriter:
             self._body, self.vectorized = saved
 
     def simplify_index(self, index: sympy.Expr) -> sympy.Expr:
-        """Drop digits the loop ranges make trivial, then rejoin split ones."""
+        """Drop digits the loop ranges make trivial, then rejoin split ones (the range-aware
+        simplifier rejoins them itself)."""
         if self.index_ranges:
-            index = sizes.simplify_with_ranges(sympy.expand(index), self.index_ranges)
+            return sizes.simplify_with_ranges(sympy.expand(index), self.index_ranges)
         return sizes.merge_digits(index)
 
     def _fresh(self) -> int:

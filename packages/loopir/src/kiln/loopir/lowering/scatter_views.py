@@ -1,5 +1,6 @@
 """Functionalized views and scatters: ``*_copy`` views, ``slice_scatter``,
-``select_scatter``, ``as_strided_scatter`` (of a 1-D tensor), ``fill``, ``zero``, ``tril``/``triu`` and ``detach``.
+``select_scatter``, ``as_strided_scatter`` (of a 1-D tensor), ``fill``, ``zero``,
+``tril``/``triu`` and ``detach``.
 
 A functionalization pass turns in-place writes through views into these; each
 is a ``Pointwise`` choosing, per output element, the new or the old value.
