@@ -269,7 +269,7 @@ class _PositionMaskedAttention(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = (z.unflatten(-1, (4, 8)).transpose(1, 2) for z in self.qkv(x).chunk(3, -1))
         i = torch.arange(x.shape[1], device=x.device)
-        keep = (i[:, None] >= 0).expand(x.shape[0], 1, -1, -1)
+        keep = (i[None, :] >= 0).expand(x.shape[0], 1, x.shape[1], -1)  # rows contiguous (CUDA)
         causal = i[None, :] <= i[:, None]
         a = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep)
         out = torch.nn.functional.scaled_dot_product_attention(a, k, v, attn_mask=causal)
