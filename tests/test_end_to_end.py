@@ -204,6 +204,36 @@ def test_recompile_limit_runs_eagerly_with_one_warning():
         g(torch.randn(3), torch.randn(3))
 
 
+class _LayerDropStack(torch.nn.Module):
+    """HuggingFace's LayerDrop: a data-dependent branch in every iteration of the loop."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(12))
+        self.layerdrop = 0.0
+
+    def forward(self, x):
+        for layer in self.layers:
+            if torch.rand([]) < self.layerdrop:
+                continue
+            x = torch.relu(layer(x))
+        return x
+
+
+@pytest.mark.parametrize("backend", ["eager", "kiln"])
+def test_a_loop_breaking_in_every_layer_compiles_every_layer(backend, recwarn):
+    """Each layer's continuation is an entry for another module object: 12 layers stay
+    under a recompile limit of 8, so none of them runs eagerly."""
+    model = _LayerDropStack()
+    f = kiln.compile(model, backend=backend)
+    for _ in range(2):
+        x = torch.randn(4, 8)
+        torch.testing.assert_close(f(x), model(x))
+    assert not [w for w in recwarn if "recompile limit" in str(w.message)]
+    assert "limit_eager_runs" not in kiln.counters.snapshot().get("guards", {})
+    assert kiln.stats().graph_breaks >= 12 and kiln.stats().eager_fallbacks == 0
+
+
 def test_debug_dir_gets_one_folder_per_frame_with_artifacts(tmp_path):
     f = kiln.compile(toy_body, options={"debug_dir": str(tmp_path)})
     f(torch.randn(4), torch.randn(4))

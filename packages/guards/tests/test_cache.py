@@ -87,6 +87,30 @@ def test_limit_warns_once_naming_the_guard():
     assert record[0].filename == __file__  # pointed at the first caller outside kiln
 
 
+def apply(m, x):
+    return m(x)
+
+
+def test_limit_counts_entries_per_module_object():
+    """Each layer of a loop that breaks in every iteration gets its entry (as Dynamo
+    counts entries per module object); ``accumulated_recompile_limit`` bounds them all."""
+    guards.config.recompile_limit = 2
+    cache = guards.cache_for(apply.__code__)
+    layers = [torch.nn.Linear(2, 2) for _ in range(5)]
+    for m in layers:
+        assert not cache.over_limit((m, torch.randn(3)))
+        spec = GuardSpec(LocalSource("m"), GuardKind.MODULE_MATCH, id(m))
+        cache.insert(guards.build_check([spec], apply), apply)
+    assert cache.lookup(layers[3], torch.randn(3)) is not None
+    assert not cache.over_limit((torch.nn.Linear(2, 2), torch.randn(3)))
+    x = torch.randn(4)
+    spec = GuardSpec(LocalSource("x"), GuardKind.TENSOR_MATCH, TensorMeta.of(x))
+    cache.insert(guards.build_check([spec], apply), apply)  # no module: counts for every call
+    assert cache.over_limit((layers[0], x)) and not cache.over_limit((layers[0], x), limit=3)
+    guards.config.accumulated_recompile_limit = 6
+    assert cache.over_limit((torch.nn.Linear(2, 2), torch.randn(3)))
+
+
 def test_limit_can_raise():
     guards.config.recompile_limit = 1
     cache = guards.cache_for(double.__code__)

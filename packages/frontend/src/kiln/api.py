@@ -170,7 +170,7 @@ class CompiledFunction:
         if entry is not None:
             counters.bump("stats", "cache_hits")
             return entry.fn(*full, **kwargs)
-        if cache.over_limit(self._config.option("recompile_limit")):
+        if cache.over_limit(full, kwargs, self._config.option("recompile_limit")):
             return self._over_limit(cache, full, kwargs)
         counters.bump("stats", "cache_misses")
         return self._compile_and_run(cache, key, full, kwargs)

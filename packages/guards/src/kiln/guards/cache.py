@@ -4,7 +4,8 @@ The hot path is :meth:`CodeCache.lookup`: call each entry's generated check with
 frame's own arguments until one passes. A miss returns None and the caller
 captures and :meth:`~CodeCache.insert`\\ s; each insert after the first is a
 recompile, logged on ``kiln.guards.recompiles`` with the guard that failed. Past
-the limit the caller runs the frame eagerly (:meth:`~CodeCache.over_limit`), warned
+the limit (counted per module object) the caller runs the frame eagerly
+(:meth:`~CodeCache.over_limit`), warned
 once (:meth:`~CodeCache.warn_limit_once`) or raising
 (:meth:`~CodeCache.raise_limit_error`).
 """
@@ -100,9 +101,27 @@ class CodeCache:
             reasons.append(reason if len(self.entries) == 1 else f"entry {i}: {reason}")
         return "; ".join(reasons)
 
-    def over_limit(self, limit: int | None = None) -> bool:
-        """Whether the cache holds ``limit`` (default ``config.recompile_limit``) entries."""
-        return len(self.entries) >= (config.recompile_limit if limit is None else limit)
+    def over_limit(
+        self,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+        limit: int | None = None,
+    ) -> bool:
+        """Whether this call may not compile another entry.
+
+        ``limit`` (default ``config.recompile_limit``) bounds the entries for the call's own
+        modules (:meth:`GuardCheck.same_modules`): the layers of a loop that breaks in every
+        iteration each get theirs, as Dynamo counts entries per module object.
+        ``config.accumulated_recompile_limit`` bounds all of them.
+        """
+        if len(self.entries) >= config.accumulated_recompile_limit:
+            return True
+        return self._entries_for(args, kwargs or {}) >= (
+            config.recompile_limit if limit is None else limit
+        )
+
+    def _entries_for(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+        return sum(e.check.same_modules(*args, **kwargs) for e in self.entries)
 
     def _newest_reason(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         """Why the newest entry failed, and how many older ones did too (all, on a miss)."""
@@ -112,8 +131,11 @@ class CodeCache:
         return f"{newest or 'unknown'}{more}"
 
     def _limit_message(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-        newest = self.entries[0].check.failure_reason(*args, **kwargs) if self.entries else None
-        return newest or "unknown"
+        """Why the newest entry for the call's own modules fails."""
+        mine = [e for e in self.entries if e.check.same_modules(*args, **kwargs)]
+        newest = (mine or self.entries)[:1]
+        reason = newest[0].check.failure_reason(*args, **kwargs) if newest else None
+        return reason or "unknown"
 
     def warn_limit_once(self, *args: Any, **kwargs: Any) -> None:
         """Warn, the first time only, that this code now runs eagerly, naming the failing guard."""
@@ -123,7 +145,8 @@ class CodeCache:
         self._warned = True
         reason = self._limit_message(args, kwargs)
         msg = (
-            f"kiln: {self.name} hit the recompile limit ({len(self.entries)} entries); calls that "
+            f"kiln: {self.name} hit the recompile limit ({self._entries_for(args, kwargs)} "
+            f"entries for these modules, {len(self.entries)} in all); calls that "
             f"match no entry now run eagerly. The guard that keeps failing: {reason}. "
             f"Raise kiln.guards.config.recompile_limit or make that value stable."
         )

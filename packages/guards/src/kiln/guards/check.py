@@ -40,7 +40,7 @@ def _target(fn: Callable[..., Any]) -> types.FunctionType:
 class GuardCheck:
     """One cache entry's guards as a function: ``check(*args, **kwargs) -> bool``."""
 
-    __slots__ = ("fn", "guards", "signature", "source", "target")
+    __slots__ = ("fn", "guards", "module_guards", "signature", "source", "target")
 
     def __init__(
         self,
@@ -54,6 +54,7 @@ class GuardCheck:
         self.guards = guards  # in evaluation order, after dedup
         self.target = target
         self.signature = code_signature(target)
+        self.module_guards = [g for g in guards if g.kind is GuardKind.MODULE_MATCH and g.source]
 
     def __call__(self, *args: Any, **kwargs: Any) -> bool:
         """Whether every guard holds; arguments that cannot bind raise TypeError as ``fn`` would."""
@@ -62,14 +63,35 @@ class GuardCheck:
     def __repr__(self) -> str:
         return f"<GuardCheck of {self.target.__qualname__}: {len(self.guards)} guards>"
 
+    def same_modules(self, *args: Any, **kwargs: Any) -> bool:
+        """Whether every module this entry matched by identity is the one this call reaches.
+
+        An entry for another layer of a loop is no sign of a value that keeps changing, so
+        the recompile limit counts only the entries for the call's own modules.
+        """
+        if not self.module_guards:
+            return True
+        try:
+            f_locals = self._locals(args, kwargs)
+            return all(
+                id(frame.resolve(g.source, f_locals, self.target)) == g.expected
+                for g in self.module_guards
+                if g.source is not None
+            )
+        except Exception:
+            return False  # the path to a module is not there: another structure's entry
+
+    def _locals(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return dict(bound.arguments)
+
     def failure_reason(self, *args: Any, **kwargs: Any) -> str | None:
         """The first guard that fails for these arguments, in words; None if all hold."""
         try:
-            bound = self.signature.bind(*args, **kwargs)
+            f_locals = self._locals(args, kwargs)
         except TypeError as e:
             return f"the arguments do not fit {self.target.__qualname__}{self.signature}: {e}"
-        bound.apply_defaults()
-        f_locals = dict(bound.arguments)
         for g in self.guards:
             value = None
             if g.source is not None:

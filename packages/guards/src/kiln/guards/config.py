@@ -16,7 +16,9 @@ __all__ = ["GuardsConfig", "config"]
 
 @dataclasses.dataclass
 class GuardsConfig:
-    """``recompile_limit``: cache entries per code object before the frame runs eagerly.
+    """``recompile_limit``: cache entries per code object and module objects (the modules
+    an entry matched by identity) before the frame runs eagerly;
+    ``accumulated_recompile_limit``: entries per code object in all.
 
     ``fail_on_recompile_limit``: raise :class:`RecompileLimitExceeded` instead.
     ``skip_guards``: UNSAFE; run the newest entry without checking (serving loops whose
@@ -26,6 +28,7 @@ class GuardsConfig:
     """
 
     recompile_limit: int = 8
+    accumulated_recompile_limit: int = 256
     fail_on_recompile_limit: bool = False
     skip_guards: bool = False
     trust_module_stamps: bool = True
