@@ -235,3 +235,25 @@ def test_convolution_gradients_follow_input_and_weight_not_grad_output():
     for got, want in zip(compiled(grad, x, w), fn(grad, x, w), strict=True):
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     assert "extern_copies" not in counters.snapshot()
+
+
+def padded_bias_attention(q, k, v, table):
+    """Swin's position bias (gathered keys-first, heads last, then permuted) padded to
+    8-element rows, as ATen's CUDA attention pads its mask."""
+    bias = aten.permute.default(aten.mul.Tensor(table, 2.0), [2, 0, 1])
+    bias = aten.unsqueeze.default(bias, 0)
+    mask = aten.slice.Tensor(aten.constant_pad_nd.default(bias, [0, 7], 0.0), -1, 0, 9)
+    mask = aten.expand.default(mask, [3, 2, 9, 9])
+    return (aten._scaled_dot_product_flash_attention_for_cpu.default(q, k, v, attn_mask=mask)[0],)
+
+
+def test_an_attention_mask_is_stored_with_rows_innermost():
+    """Fused attention kernels need their operands' last dim contiguous: the padded bias
+    is stored row-major (1, 2, 9, 16), never NHWC, in a channels-last graph."""
+    q, k, v = (torch.randn(3, 2, 9, 4) for _ in range(3))
+    compiled = _forced(padded_bias_attention, (q, k, v, torch.randn(9, 9, 2)))
+    (padded,) = (
+        s.group.buffers[n] for s in compiled.steps if hasattr(s, "group") for n in s.group.outputs
+    )
+    assert [int(v) for v in padded.size] == [1, 2, 9, 16]
+    assert [int(v) for v in padded.stride] == [2 * 9 * 16, 9 * 16, 16, 1]

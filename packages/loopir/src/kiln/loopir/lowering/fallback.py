@@ -224,9 +224,13 @@ def extern_call(op: Any, args: Any, kwargs: Any, *, is_fallback: bool) -> Any:
     """An ``ExternBuffer`` calling ``op``; results as IR shaped like the op's."""
     traced = V.graph.current_meta
 
+    rows = _is_attention(op)
+
     def realize(x: Any) -> Any:
         if isinstance(x, TensorBox):
             realize_like(x, V.graph.layout_hint(x))
+            if rows:
+                _store_rows_innermost(x)
             return realize_as_tensor(x, f"input of {op}")
         return x
 
@@ -266,6 +270,25 @@ def _leaf_paths(value: Any) -> list[tuple[int, ...]]:
     if not isinstance(value, (tuple, list)):
         return [()]
     return [(i, *path) for i, item in enumerate(value) for path in _leaf_paths(item)]
+
+
+def _is_attention(op: Any) -> bool:
+    return packet_name(op).removesuffix("_backward") in _ATTENTION
+
+
+def _store_rows_innermost(x: TensorBox) -> None:
+    """Store the value under ``x``'s views row-major if it is not stored yet.
+
+    Fused attention kernels need each operand's last dim contiguous (CUDA's raises
+    "last dimension must be contiguous"), but a channels-last graph would lay a new 4-D
+    buffer out NHWC: Swin's padded position bias, (1, heads, 49, 56), had heads innermost.
+    """
+    box = x.storage()
+    if not V.graph.channels_last or box is None or isinstance(box.data, Buffer):
+        return
+    shape = [sizes.static_int(n) for n in box.data.get_size()]
+    if len(shape) == 4 and all(n is not None for n in shape):
+        box.realize(torch.empty(shape, device="meta").stride())  # type: ignore[arg-type]
 
 
 def fallback(op: Any, args: Any, kwargs: Any) -> Any:
