@@ -4,9 +4,8 @@ The hot path is :meth:`CodeCache.lookup`: call each entry's generated check with
 frame's own arguments until one passes. A miss returns None and the caller
 captures and :meth:`~CodeCache.insert`\\ s; each insert after the first is a
 recompile, logged on ``kiln.guards.recompiles`` with the guard that failed. Past
-the limit (counted per module object) the caller runs the frame eagerly
-(:meth:`~CodeCache.over_limit`), warned
-once (:meth:`~CodeCache.warn_limit_once`) or raising
+the limit, counted per module object (:meth:`~CodeCache.over_limit`), the caller runs
+the frame eagerly, warned once (:meth:`~CodeCache.warn_limit_once`) or raising
 (:meth:`~CodeCache.raise_limit_error`).
 """
 
