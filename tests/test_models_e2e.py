@@ -258,6 +258,37 @@ def test_shifted_window_attention_runs_as_one_fused_attention(device, mode):
     assert "fallback_ops" not in snap
 
 
+class _StemThenBiasedAttention(torch.nn.Module):
+    """A convolution stem, then attention with a relative position bias gathered keys-first
+    and permuted heads-first (timm's Swin): on CUDA the inference graph is channels-last."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.qkv = torch.nn.Linear(16, 48)
+        self.table = torch.nn.Parameter(torch.randn(17, 2))
+        self.register_buffer("index", torch.randint(0, 17, (81,)))
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        x = self.stem(image).flatten(2).transpose(1, 2)
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, 2, -1).permute(2, 0, 3, 1, 4).unbind(0)
+        bias = self.table[self.index].view(n, n, -1).permute(2, 0, 1).contiguous().unsqueeze(0)
+        attn = (q * 0.25) @ k.transpose(-2, -1) + bias
+        return (attn.softmax(dim=-1) @ v).transpose(1, 2).reshape(b, n, c)
+
+
+@pytest.mark.parametrize("device", ["cpu", *CUDA])
+def test_attention_bias_in_a_channels_last_graph(device):
+    """CUDA's memory-efficient kernel pads the bias's rows (9 keys to 16); the padded buffer
+    must keep its rows innermost though the graph lays 4-D buffers out NHWC."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model, image = _StemThenBiasedAttention(), torch.randn(4, 3, 3, 3)
+    snap = _check(model, (image,), "inference", "kiln", device=device)
+    assert [k for k in snap["extern_kernels"] if "scaled_dot_product" in k]
+    assert "fallback_ops" not in snap
+
+
 class _PositionMaskedAttention(torch.nn.Module):
     """Masks built from positions, as HuggingFace builds them while a compiler captures:
     an all-true padding mask and a causal one (both constants of the graph)."""
