@@ -223,7 +223,6 @@ def _4d(t: Any) -> bool:
 def extern_call(op: Any, args: Any, kwargs: Any, *, is_fallback: bool) -> Any:
     """An ``ExternBuffer`` calling ``op``; results as IR shaped like the op's."""
     traced = V.graph.current_meta
-
     rows = _is_attention(op)
 
     def realize(x: Any) -> Any:
@@ -286,9 +285,9 @@ def _store_rows_innermost(x: TensorBox) -> None:
     box = x.storage()
     if not V.graph.channels_last or box is None or isinstance(box.data, Buffer):
         return
-    shape = [sizes.static_int(n) for n in box.data.get_size()]
-    if len(shape) == 4 and all(n is not None for n in shape):
-        box.realize(torch.empty(shape, device="meta").stride())  # type: ignore[arg-type]
+    strides = [sizes.static_int(s) for s in sizes.contiguous_strides(box.data.get_size())]
+    if len(strides) == 4 and all(s is not None for s in strides):
+        box.realize(strides)  # type: ignore[arg-type]
 
 
 def fallback(op: Any, args: Any, kwargs: Any) -> Any:
