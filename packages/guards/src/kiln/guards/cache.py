@@ -113,14 +113,22 @@ class CodeCache:
         iteration each get theirs, as Dynamo counts entries per module object.
         ``config.accumulated_recompile_limit`` bounds all of them.
         """
+        limit = config.recompile_limit if limit is None else limit
         if len(self.entries) >= config.accumulated_recompile_limit:
             return True
-        return self._entries_for(args, kwargs or {}) >= (
-            config.recompile_limit if limit is None else limit
-        )
+        if len(self.entries) < limit:
+            return False  # too few to reach it, whichever modules they are for
+        return len(self._entries_for(args, kwargs or {})) >= limit
 
-    def _entries_for(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
-        return sum(e.check.same_modules(*args, **kwargs) for e in self.entries)
+    def _entries_for(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[CacheEntry]:
+        """The entries for the call's own modules (the arguments are bound once for all)."""
+        if not self.entries:
+            return []
+        try:
+            f_locals: dict[str, Any] | None = self.entries[0].check.bind(args, kwargs)
+        except TypeError:
+            f_locals = None
+        return [e for e in self.entries if e.check.same_modules(f_locals)]
 
     def _newest_reason(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         """Why the newest entry failed, and how many older ones did too (all, on a miss)."""
@@ -131,8 +139,7 @@ class CodeCache:
 
     def _limit_message(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         """Why the newest entry for the call's own modules fails."""
-        mine = [e for e in self.entries if e.check.same_modules(*args, **kwargs)]
-        newest = (mine or self.entries)[:1]
+        newest = (self._entries_for(args, kwargs) or self.entries)[:1]
         reason = newest[0].check.failure_reason(*args, **kwargs) if newest else None
         return reason or "unknown"
 
@@ -144,7 +151,7 @@ class CodeCache:
         self._warned = True
         reason = self._limit_message(args, kwargs)
         msg = (
-            f"kiln: {self.name} hit the recompile limit ({self._entries_for(args, kwargs)} "
+            f"kiln: {self.name} hit the recompile limit ({len(self._entries_for(args, kwargs))} "
             f"entries for these modules, {len(self.entries)} in all); calls that "
             f"match no entry now run eagerly. The guard that keeps failing: {reason}. "
             f"Raise kiln.guards.config.recompile_limit or make that value stable."

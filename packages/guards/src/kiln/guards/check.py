@@ -63,16 +63,24 @@ class GuardCheck:
     def __repr__(self) -> str:
         return f"<GuardCheck of {self.target.__qualname__}: {len(self.guards)} guards>"
 
-    def same_modules(self, *args: Any, **kwargs: Any) -> bool:
-        """Whether every module this entry matched by identity is the one this call reaches.
+    def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The frame's arguments by name (defaults applied); TypeError if they do not fit."""
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return dict(bound.arguments)
+
+    def same_modules(self, f_locals: dict[str, Any] | None) -> bool:
+        """Whether every module this entry matched by identity is the one the call with
+        arguments ``f_locals`` (from :meth:`bind`; None if they did not fit) reaches.
 
         An entry for another layer of a loop is no sign of a value that keeps changing, so
         the recompile limit counts only the entries for the call's own modules.
         """
         if not self.module_guards:
             return True
+        if f_locals is None:
+            return False
         try:
-            f_locals = self._locals(args, kwargs)
             return all(
                 id(frame.resolve(g.source, f_locals, self.target)) == g.expected
                 for g in self.module_guards
@@ -81,15 +89,10 @@ class GuardCheck:
         except Exception:
             return False  # the path to a module is not there: another structure's entry
 
-    def _locals(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-        bound = self.signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        return dict(bound.arguments)
-
     def failure_reason(self, *args: Any, **kwargs: Any) -> str | None:
         """The first guard that fails for these arguments, in words; None if all hold."""
         try:
-            f_locals = self._locals(args, kwargs)
+            f_locals = self.bind(args, kwargs)
         except TypeError as e:
             return f"the arguments do not fit {self.target.__qualname__}{self.signature}: {e}"
         for g in self.guards:
