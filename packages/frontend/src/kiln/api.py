@@ -38,6 +38,8 @@ _disabled: contextvars.ContextVar[bool] = contextvars.ContextVar("kiln_disabled"
 # keys of frames that run eagerly because capturing them failed.
 _caches: dict[tuple[Any, ...], guards.CodeCache] = {}
 _skipped: set[tuple[Any, ...]] = set()
+# The objects whose ids a key holds (see CompiledFunction._key), kept alive with it.
+_held: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 #: Bumped by ``kiln.reset()``: a compiled function's remembered cache is stale after it.
 _generation = [0]
 _trampoline_ids = itertools.count()
@@ -149,6 +151,13 @@ class CompiledFunction:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # The hot path of every compiled call, graph breaks' continuations included.
+        target = self._target
+        if (
+            target.__defaults__ is not self._defaults
+            or target.__kwdefaults__ is not self._kwdefaults
+            or target.__code__ is not self._code
+        ):
+            self._cache_key, self._cache_ref = self._key(), None
         key = self._cache_key
         if _disabled.get() or (_skipped and key in _skipped):
             return self._orig(*args, **kwargs)
@@ -176,16 +185,32 @@ class CompiledFunction:
         return self._compile_and_run(cache, key, full, kwargs)
 
     def _key(self) -> tuple[Any, ...]:
-        """Which cache this function's calls look up.
+        """Which cache this function's calls look up, as of now.
 
-        Entries are per code object as in CPython's own design, but also per closure and per
-        compile settings: closures made by one ``def`` share a code object while their guard
-        checks are bound to their own cells, and two ``kiln.compile`` calls with different
-        backends must never run each other's artifacts. The check holds the cells alive, so
-        their ids stay unique while the cache exists.
+        Entries are per code object as in CPython's own design, but also per everything a
+        function object adds to its code that the check and the compiled function take from
+        it: globals, closure cells, defaults and keyword defaults (by identity: the check binds
+        the very default objects, so a default mutated in place meets its guards), and per
+        compile settings, so two ``kiln.compile`` calls with different backends never run each
+        other's artifacts. Functions made by one ``def`` or ``lambda`` share a cache only when
+        all of these are the same objects. ``__code__``, ``__defaults__`` and
+        ``__kwdefaults__`` are writable: ``__call__`` compares them by identity on every call
+        and looks the key up again when one was replaced. The objects are held while the
+        key exists, so their ids stay unique.
         """
-        cells = tuple(map(id, self._target.__closure__ or ()))
-        return (self._target.__code__, cells, self._settings)
+        target = self._target
+        self._code = target.__code__
+        self._defaults = target.__defaults__
+        self._kwdefaults = target.__kwdefaults__
+        held = (
+            target.__globals__,
+            *(target.__closure__ or ()),
+            self._defaults,
+            self._kwdefaults,
+        )
+        key = (self._code, tuple(map(id, held)), self._settings)
+        _held.setdefault(key, held)
+        return key
 
     def _over_limit(self, cache: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self._config.option("fail_on_recompile_limit", False):
@@ -370,4 +395,5 @@ def reset_frontend() -> None:
         cache.clear()
     _caches.clear()
     _skipped.clear()
+    _held.clear()
     _generation[0] += 1
