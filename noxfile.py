@@ -190,6 +190,46 @@ def demo(session: nox.Session) -> None:
 
 
 @nox.session(python=PY311)
+@nox.parametrize("mode", ["float32", "bfloat16", "grad"])
+def opinfo(session: nox.Session, mode: str) -> None:
+    """PyTorch's CPU OpInfos compiled with the default backend and compared with eager.
+
+    `nox -s opinfo` runs the three modes; `nox -s "opinfo(mode='grad')" -- --ops 'linalg.*'`
+    one, on some ops. Extra arguments go to `python -m opinfo` (`--workers`, `--samples`, ...).
+    """
+    _all_installed(session)
+    workers = ["--workers", "2"] if (os.cpu_count() or 1) > 1 else []
+    session.run(
+        "python",
+        "-m",
+        "opinfo",
+        "--mode",
+        mode,
+        *workers,
+        *session.posargs,
+        env={"PYTHONPATH": str(ROOT)},
+    )
+
+
+@nox.session(python=PY311)
+def fuzz(session: nox.Session) -> None:
+    """The differential fuzzer's long run: `nox -s fuzz -- --examples 20000 [--seed N]`.
+
+    Findings are shrunk and written as self-contained repro files under `fuzz-findings/`.
+    """
+    _all_installed(session)
+    session.run(
+        "python",
+        "-m",
+        "fuzz.run",
+        "--out",
+        str(ROOT / "fuzz-findings"),
+        *session.posargs,
+        env={"PYTHONPATH": str(ROOT / "tests")},
+    )
+
+
+@nox.session(python=PY311)
 def bench(session: nox.Session) -> None:
     """Benchmarks: Kiln against eager and torch.compile, side by side in one run."""
     _all_installed(session)

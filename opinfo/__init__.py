@@ -1,0 +1,1 @@
+"""PyTorch's OpInfo database swept through Kiln's default backend (``python -m opinfo``)."""
