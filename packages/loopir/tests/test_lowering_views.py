@@ -99,6 +99,27 @@ def test_cat_with_empty_and_zero_size():
     check(fn, a, e, z)
 
 
+def test_rotary_cats_load_only_inside_their_pieces():
+    """Partial rotary embeddings (transformers' Phi): ``rotate_half`` cats the negated second
+    half of the rotated slice before the first, the angles are a cat of the frequencies with
+    themselves, and a last cat passes the rest of the head through. A piece's load shifted
+    back by its start reads before its input on the lanes of the pieces before it: every
+    load is masked to its piece (the reference backend checks each load on the lanes no
+    mask turns off)."""
+    q = torch.randn(2, 4, 8, 16)  # batch, heads, sequence, head size; rotary size 8
+
+    def fn(q, freqs):
+        angles = aten.cat.default([freqs, freqs], -1)
+        rot, rest = aten.slice.Tensor(q, 3, 0, 8), aten.slice.Tensor(q, 3, 8, 16)
+        x1, x2 = aten.slice.Tensor(rot, 3, 0, 4), aten.slice.Tensor(rot, 3, 4, 8)
+        rotated = aten.cat.default([aten.neg.default(x2), x1], -1)
+        cos = aten.mul.Tensor(rot, aten.cos.default(angles))
+        embedded = aten.add.Tensor(cos, aten.mul.Tensor(rotated, aten.sin.default(angles)))
+        return aten.cat.default([embedded, rest], -1)
+
+    check(fn, q, torch.randn(8, 4))
+
+
 def test_cat_of_many_inputs_fills_windows_of_one_buffer():
     """More than eight pieces: each is stored into its window of the result, by the
     kernel that computes it, instead of one loop testing every piece's range."""

@@ -4,6 +4,13 @@ Every index symbol becomes an int64 tensor (``xindex`` of shape ``[X, 1]``,
 ``rindex`` of shape ``[1, R]``), every ``ops`` call the matching torch call over
 the whole iteration space at once. Slow-ish, but it makes every lowering and
 fusion testable inside loopir, and defines what generated code must compute.
+
+It also defines what generated code may touch: a generated kernel loads every lane
+that is not masked off (by ``ops.masked`` or the loop bounds), whatever a later
+``where`` discards, so every load and store here is checked against its buffer at
+the lanes ``ops.masked`` leaves active, and one outside raises
+:class:`~kiln.loopir.errors.IRVerificationError` (on a GPU it would be a read of
+memory that may not be mapped: an illegal memory access).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import torch
 
 from kiln.capture import artifacts
 from kiln.loopir import random_bits, sizes
+from kiln.loopir.errors import IRVerificationError
 from kiln.loopir.kernel import RINDEX, XINDEX, KernelCode, KernelGroup, KernelNode
 from kiln.loopir.ops import BINARY_OPS, UNARY_OPS, OpsHandlerBase
 from kiln.loopir.printing import render_group
@@ -85,6 +93,8 @@ class TorchOpsHandler(OpsHandlerBase[Any]):
         self.env: dict[sympy.Symbol, torch.Tensor] = {}
         self.shape: tuple[int, ...] = ()
         self._indirect = itertools.count()
+        self._active: torch.Tensor | None = None
+        """The lanes the enclosing ``ops.masked`` calls leave on; None: every lane."""
 
     # -- memory --
     def _positions(self, name: str, index: sympy.Expr) -> torch.Tensor:
@@ -93,12 +103,29 @@ class TorchOpsHandler(OpsHandlerBase[Any]):
             pos = torch.tensor(pos, dtype=torch.int64, device=self.device)
         return pos
 
+    def _check_bounds(self, what: str, name: str, index: sympy.Expr, pos: torch.Tensor) -> None:
+        """Every active lane's position lies inside ``name``'s elements."""
+        n = self.flat[name].numel()
+        if self._active is not None:
+            pos, active = torch.broadcast_tensors(pos, self._active)
+            pos = pos[active]
+        if pos.numel() == 0:
+            return
+        low, high = int(pos.min()), int(pos.max())
+        if low < 0 or high >= n:
+            msg = (
+                f"kernel {self.group.name} {what} {name} at {index} outside its {n} elements "
+                f"(positions {low}..{high} on lanes no ops.masked turns off)"
+            )
+            raise IRVerificationError(msg)
+
     def load(self, name: str, index: sympy.Expr) -> torch.Tensor:
         flat = self.flat[name]
         pos = self._positions(name, index)
+        self._check_bounds("reads", name, index, pos)
         if flat.numel() == 0:
             return torch.zeros(pos.shape, dtype=flat.dtype, device=self.device)
-        # masked-off lanes may hold wild indices: clamp, the mask discards them
+        # masked-off lanes may hold wild indices (checked above): clamp, the mask discards them
         return flat[pos.clamp(0, flat.numel() - 1)]
 
     def store(
@@ -106,6 +133,7 @@ class TorchOpsHandler(OpsHandlerBase[Any]):
     ) -> None:
         flat = self.flat[name]
         pos = self._positions(name, index)
+        self._check_bounds("writes", name, index, pos)
         value = torch.as_tensor(value, device=self.device)
         pos, value = torch.broadcast_tensors(pos, value)
         pos = pos.expand(torch.broadcast_shapes(pos.shape, self.shape)).reshape(-1)
@@ -173,7 +201,13 @@ class TorchOpsHandler(OpsHandlerBase[Any]):
         return sym
 
     def masked(self, mask: Any, body: Callable[[], Any], other: bool | float) -> torch.Tensor:
-        result = torch.as_tensor(body(), device=self.device)
+        outer = self._active
+        inner = torch.as_tensor(mask, device=self.device).to(torch.bool)
+        self._active = inner if outer is None else outer & inner
+        try:
+            result = torch.as_tensor(body(), device=self.device)
+        finally:
+            self._active = outer
         fill = torch.tensor(other, dtype=result.dtype, device=self.device)
         return torch.where(torch.as_tensor(mask, device=self.device), result, fill)
 

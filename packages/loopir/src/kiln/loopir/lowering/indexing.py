@@ -82,15 +82,17 @@ def _cat(tensors: Sequence[TensorBox], dim: int = 0) -> TensorBox:
         return TensorBox(StorageBox(into_slices(layout)))
 
     def inner(index: Index) -> Any:
+        if len(pieces) == 1:
+            return pieces[0][2](index)
+        # Every piece's load is masked to its range, the last one's too: a kernel loads every
+        # lane the mask leaves on, and the ``where`` that discards the other lanes comes after
+        # the load (shifted back by ``lo``, they read before the piece's first element).
         value = None
         for lo, hi, load in reversed(pieces):
             shifted = [e - lo if i == dim else e for i, e in enumerate(index)]
-            if value is None:
-                value = load(shifted)
-                continue
             mask = _in_range(index[dim], lo, hi)
             part = ops.masked(mask, _bind(load, shifted), 0)
-            value = ops.where(mask, part, value)
+            value = part if value is None else ops.where(mask, part, value)
         return value
 
     box = StorageBox(Pointwise(device, result, tuple(size), origin(), inner))
