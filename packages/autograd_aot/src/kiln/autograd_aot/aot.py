@@ -24,6 +24,7 @@ from kiln.autograd_aot.joint import TracedProgram, trace_program
 from kiln.autograd_aot.partition import PartitionStats, partition_joint
 from kiln.autograd_aot.runtime import CompiledProgram, run_inference, run_training
 from kiln.capture import artifacts
+from kiln.capture.isolation import no_user_hooks
 
 __all__ = ["AotCompiled", "aot_compile"]
 
@@ -110,7 +111,9 @@ class AotCompiled:
     def _get(self, needs_grad: bool, primals: Sequence[torch.Tensor]) -> CompiledProgram:
         found = self._compiled.get(needs_grad)
         if found is None:
-            found = self._compiled[needs_grad] = self._compile(needs_grad, primals)
+            # compiled where first called: maybe under the user's saved-tensor hooks
+            with no_user_hooks():
+                found = self._compiled[needs_grad] = self._compile(needs_grad, primals)
         return found
 
     def _call_module(self, *fakes: torch.Tensor) -> Any:

@@ -31,6 +31,7 @@ from kiln.capture.emit import emit_code, graph_outputs
 from kiln.capture.errors import Unsupported
 from kiln.capture.graph import OutputGraph
 from kiln.capture.guard_data import GlobalState, GuardKind, GuardSpec
+from kiln.capture.isolation import no_user_hooks
 from kiln.capture.source import ClosureSource, LocalSource
 from kiln.capture.tracer import CO_GENERATOR_LIKE
 from kiln.capture.values.base import Value
@@ -146,6 +147,18 @@ def capture(
     fullgraph: bool = False,
 ) -> CaptureResult:
     """Capture one call of ``fn`` (a function or bound method); see the package README."""
+    with no_user_hooks():
+        return _capture(fn, args, kwargs, compile_graph, wrap_callable, fullgraph)
+
+
+def _capture(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...] | list[Any],
+    kwargs: dict[str, Any] | None,
+    compile_graph: Callable[[fx.GraphModule, list[torch.Tensor]], Callable[..., Any]],
+    wrap_callable: Callable[[Callable[..., Any]], Callable[..., Any]],
+    fullgraph: bool,
+) -> CaptureResult:
     start = time.perf_counter()
     try:
         traced = trace_frame(fn, tuple(args), dict(kwargs or {}))

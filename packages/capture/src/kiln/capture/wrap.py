@@ -43,7 +43,15 @@ _ID_MATCHED = (
 
 
 def is_namedtuple(cls: type) -> bool:
-    return issubclass(cls, tuple) and hasattr(cls, "_fields")
+    """A namedtuple class built as ``collections.namedtuple`` builds it: ``cls(*fields)``.
+
+    A subclass with its own ``__new__`` (``inspect.Traceback``) takes other arguments,
+    so it is an ordinary object to capture.
+    """
+    if not (issubclass(cls, tuple) and hasattr(cls, "_fields")):
+        return False
+    owner = next(k for k in cls.__mro__ if "__new__" in vars(k))
+    return "_fields" in vars(owner)
 
 
 def wrap(out: OutputGraph, obj: Any, source: Source | None) -> Value:
@@ -95,7 +103,7 @@ def _wrap(out: OutputGraph, obj: Any, source: Source | None) -> Value:
     if isinstance(obj, types.FunctionType):
         if source is not None:
             out.guard(source, GuardKind.ID_MATCH, id(obj))
-        if torch_calls.is_special(obj) or torch_calls.is_torch_callable(obj):
+        if torch_calls.is_special(obj) or torch_calls.is_torch_callable(obj) or _runs_natively(obj):
             return ObjectValue(obj, source)
         if _is_compile_disable_wrapper(obj):
             inner_src = source.attr("__wrapped__") if source is not None else None
@@ -131,6 +139,30 @@ def function_value(fn: types.FunctionType, source: Source | None) -> UserFunctio
         source=source,
         globals_source=source.attr("__globals__") if source is not None else None,
     )
+
+
+def _runs_natively(fn: types.FunctionType) -> bool:
+    """Functions called as they are (a graph break), never traced or compiled.
+
+    Functions that look at the call stack must see the program's frames, not Kiln's.
+    Activation checkpointing recomputes its region with the original Python function
+    during backward and checks that it saves the same tensors as the forward did: a
+    compiled forward saves others, so the region runs eagerly on both passes.
+    """
+    inner = getattr(fn, "__wrapped__", fn)
+    where = (getattr(inner, "__module__", None), getattr(inner, "__name__", None))
+    return where in _NATIVE_FUNCTIONS
+
+
+_NATIVE_FUNCTIONS = frozenset(
+    [
+        ("torch.utils.checkpoint", "checkpoint"),
+        ("torch.utils.checkpoint", "checkpoint_sequential"),
+        # they read the running frames: under capture these are Kiln's own
+        *(("inspect", n) for n in ("stack", "currentframe", "getouterframes", "trace")),
+        *(("traceback", n) for n in ("extract_stack", "format_stack", "print_stack", "walk_stack")),
+    ]
+)
 
 
 def _is_compile_disable_wrapper(fn: types.FunctionType) -> bool:

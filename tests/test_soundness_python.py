@@ -1,0 +1,134 @@
+"""Python-level behaviour through kiln.compile: user hooks, stack introspection, seeding.
+
+Compilation runs where a compiled function is first called, possibly inside the
+user's saved-tensor hooks (activation checkpointing); it must neither call those
+hooks nor let them see fake tensors. Functions that read the call stack run on the
+program's frames.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+
+import pytest
+import torch
+from torch.utils.checkpoint import checkpoint
+
+import kiln
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    kiln.reset()
+    yield
+    kiln.reset()
+
+
+class Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(8, 16)
+        self.fc2 = torch.nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.nn.functional.gelu(self.fc1(x))).sin()
+
+
+class Checkpointed(torch.nn.Module):
+    def __init__(self, reentrant: bool) -> None:
+        super().__init__()
+        self.block = Block()
+        self.head = torch.nn.Linear(8, 4)
+        self.reentrant = reentrant
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x * 2
+        h = checkpoint(self.block, h, use_reentrant=self.reentrant)
+        return self.head(h).relu().sum(-1)
+
+
+def _grads(model: torch.nn.Module, x: torch.Tensor, fn) -> tuple[torch.Tensor, ...]:
+    model.zero_grad(set_to_none=True)
+    x = x.detach().requires_grad_(True)
+    out = fn(x)
+    out.sum().backward()
+    assert x.grad is not None
+    return (out.detach(), x.grad, *(p.grad for p in model.parameters()))
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_checkpoint_matches_eager(reentrant: bool) -> None:
+    torch.manual_seed(0)
+    model = Checkpointed(reentrant)
+    compiled = kiln.compile(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback to eager
+        for _ in range(3):
+            x = torch.randn(5, 8)
+            got = _grads(model, x, compiled)
+            want = _grads(model, x, model)
+            for a, b in zip(got, want, strict=True):
+                torch.testing.assert_close(a, b)
+
+
+def test_compiling_under_saved_tensor_hooks_calls_no_hook() -> None:
+    """The hooks see exactly the tensors eager saves, all of them real."""
+    model = Block()
+    compiled = kiln.compile(model)
+
+    def run(fn, x: torch.Tensor) -> list[torch.Tensor]:
+        seen: list[torch.Tensor] = []
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            seen.append(t)
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            fn(x).sum().backward()
+        return seen
+
+    x = torch.randn(4, 8, requires_grad=True)
+    packed = run(compiled, x)  # compiles under the hooks
+    assert all(type(t) in (torch.Tensor, torch.nn.Parameter) for t in packed)
+    assert all(t.device.type != "meta" for t in packed)
+    assert len(run(compiled, x)) == len(packed)  # compiled code saves the same on every call
+    # compiling again (a new shape) inside the hooks adds no saves of its own
+    y = torch.randn(6, 8, requires_grad=True)
+    assert len(run(compiled, y)) == len(packed)
+
+
+def test_inspect_stack_sees_the_program_frames() -> None:
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, str, str]:
+        here = inspect.stack()[0]
+        frame = inspect.currentframe()
+        assert frame is not None
+        return x + 1, here.function, frame.f_code.co_filename
+
+    compiled = kiln.compile(fn)
+    x = torch.randn(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = compiled(x)
+    want = fn(x)
+    torch.testing.assert_close(got[0], want[0])
+    assert got[1] == want[1] == "fn"
+    # a continuation after a graph break is a function of its own, made from this file's
+    assert __file__ in got[2] and want[2] == __file__
+
+
+def test_manual_seed_inside_makes_calls_reproducible() -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        torch.manual_seed(7)
+        return torch.nn.functional.dropout(x, 0.5) + torch.rand_like(x)
+
+    compiled = kiln.compile(fn)
+    x = torch.randn(64)
+    first = compiled(x)
+    torch.rand(5)  # the generator moves on outside
+    torch.testing.assert_close(compiled(x), first)
+    torch.manual_seed(7)
+    after_eager = torch.rand(3)
+    compiled(x)
+    torch.manual_seed(7)
+    torch.testing.assert_close(torch.rand(3), after_eager)
