@@ -45,6 +45,7 @@ from kiln.loopir.virtualized import V
 __all__ = ["GraphLowering", "prefers_channels_last"]
 
 log = logging.getLogger(__name__)
+aten = torch.ops.aten
 
 
 class GraphLowering:
@@ -218,6 +219,8 @@ class GraphLowering:
         saved = self.current_meta, self.current_op
         self.current_meta, self.current_op = meta, op
         try:
+            if _touches_complex(args, kwargs, meta):
+                return _complex_call(op, args, kwargs, meta)
             decomposition = self.decompositions.get(op)
             if packet_name(op) in self.backend_trait(self._device_of(args), "extern_ops", ()):
                 return chosen_extern(op, args, kwargs)
@@ -302,6 +305,32 @@ class GraphLowering:
             counters.bump("output_copies", found.get_name())
             log.debug("output %s copied to its traced strides %s", found.get_name(), meta.stride())
         return copy_like(value, meta, "output relayout")
+
+
+def _touches_complex(args: Any, kwargs: Any, meta: Any) -> bool:
+    """Whether a call reads or makes a complex tensor (or takes a complex scalar)."""
+    for x in pytree.tree_leaves((args, kwargs, meta)):
+        if isinstance(x, complex):
+            return True
+        dtype = x.get_dtype() if isinstance(x, TensorBox) else getattr(x, "dtype", None)
+        if isinstance(dtype, torch.dtype) and dtype.is_complex:
+            return True
+    return False
+
+
+def _complex_call(op: Any, args: Any, kwargs: Any, meta: Any) -> Any:
+    """A call on complex values, left to ATen: no kernel computes complex numbers.
+
+    ATen's complex tensors carry lazy conjugate and negative bits (``_conj``, ``imag`` of
+    a conjugate) that only ATen resolves; a kernel loading the storage would drop them.
+    Every consumer of a complex value is an ATen call here too, and ``imag`` (a view
+    with the negative bit when its input is a conjugate) is copied before a kernel
+    loads it: IR layouts carry no such bit.
+    """
+    result = fallback(op, args, kwargs)
+    if op is not aten.imag.default:
+        return result
+    return chosen_extern(aten.clone.default, (result,), {})
 
 
 def _strides_match(layout: Layout, meta: Any) -> bool:

@@ -76,6 +76,23 @@ def _extend_for_aliases(
     return external
 
 
+def _shared_storage(steps: Sequence[Step]) -> set[str]:
+    """Names that may share storage with another name: an aliasing ATen call's results
+    (``view_as_real``, ``resolve_neg``: often their input itself) and what they read.
+
+    None of them may be overwritten in place or handed to a later allocation: writing
+    a view writes its base (a graph input, or a buffer read elsewhere), and the view
+    dies with its base only when the base dies after it.
+    """
+    shared: set[str] = set()
+    for step in steps:
+        if isinstance(step, NopStep) and not step.reads & shared:
+            continue  # one result of a multi-result call that returns no view
+        if _may_alias(step):
+            shared |= step.reads | step.writes
+    return shared
+
+
 def _same(a: Layout, b: Layout) -> bool:
     return a.as_fixed() == b.as_fixed()
 
@@ -99,6 +116,7 @@ def plan_memory(
         for name in step.reads | step.writes:
             last_use[name] = i
     external = _extend_for_aliases(steps, last_use, external)  # last uses of aliased bases
+    pinned = external | _shared_storage(steps)  # never overwritten by another name
     dropped = released or set()  # a view that outlives its input's name keeps the storage
     allocate: dict[int, list[tuple[str, Layout]]] = {}
     reuse: dict[int, list[tuple[str, str, str]]] = {}
@@ -114,7 +132,7 @@ def plan_memory(
                     continue
                 produced.add(name)
                 layout = layout_of(name)
-                donor = _donor(step, name, layout, pool, last_use, i, external, layout_of)
+                donor = _donor(step, name, layout, pool, last_use, i, pinned, layout_of)
                 if donor is None:
                     allocate.setdefault(i, []).append((name, layout))
                 else:
@@ -131,7 +149,7 @@ def plan_memory(
                 free.setdefault(i, []).append(name)
             elif last_use.get(name) == i and name not in external and name in produced:
                 free.setdefault(i, []).append(name)
-                if name not in taken:
+                if name not in taken and name not in pinned:
                     pool.append((name, layout_of(name)))
     # a reused name is deleted at the hand-over, not when it died; an in-place donor
     # is deleted after the kernel that overwrote it, as planned
