@@ -39,6 +39,9 @@ extern "C" void to_bf16(const float* in, uint16_t* scalar, uint16_t* vec, int64_
 extern "C" void float_div(const double* a, const double* b, double* q, double* r, int64_t n) {
   for (int64_t i = 0; i < n; ++i) { q[i] = kiln::floordiv(a[i], b[i]); r[i] = kiln::pymod(a[i], b[i]); }
 }
+extern "C" void sign(const double* in, double* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = kiln::sign(in[i]);
+}
 extern "C" int64_t lanes() { return kiln::kLanes; }
 """
 
@@ -89,6 +92,14 @@ def test_float_floor_division_and_remainder_follow_torch(lib):
         q, torch.div(a, b, rounding_mode="floor"), equal_nan=True, rtol=0, atol=0
     )
     torch.testing.assert_close(r[b != 0], torch.remainder(a, b)[b != 0], rtol=0, atol=0)
+
+
+def test_sign_of_nan_and_zeros_follows_torch(lib):
+    x = torch.tensor([math.nan, -math.nan, 0.0, -0.0, math.inf, -math.inf, 2.5, -1e-300])
+    out = torch.empty_like(x, dtype=torch.float64)
+    x = x.double()
+    lib.sign(*(ctypes.c_void_p(t.data_ptr()) for t in (x, out)), ctypes.c_int64(x.numel()))
+    assert out.tolist() == torch.sign(x).tolist()  # NaN's sign is 0, as in torch
 
 
 def test_bfloat16_rounding_matches_torch(lib):

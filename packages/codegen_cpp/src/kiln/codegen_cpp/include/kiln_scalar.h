@@ -96,10 +96,7 @@ inline T scalar_min(T a, T b) {
 template <typename T>
 inline T sigmoid(T x) { return T(1) / (T(1) + std::exp(-x)); }
 template <typename T>
-inline T sign(T x) {
-  if constexpr (std::is_floating_point_v<T>) {
-    if (x != x) return x;
-  }
+inline T sign(T x) {  // 0 for NaN (every comparison is false), as torch.sign
   return static_cast<T>((T(0) < x) - (x < T(0)));
 }
 template <typename T>
