@@ -36,7 +36,7 @@ def run_check(
     e_in = [_clone(x) for x in inputs]
     c_in = [_clone(x) for x in inputs]
     compiled = backend(compiled_mod, c_in)
-    for program in compiled._compiled.values():
+    for program in compiled.variants():
         graphs = [program.forward, program.backward] if program.backward else [program.forward]
         for graph in graphs:
             if isinstance(graph, fx.GraphModule):

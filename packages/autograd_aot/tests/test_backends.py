@@ -7,7 +7,7 @@ from kiln.autograd_aot import aot_eager, aot_eager_decomp_partition
 
 
 def _targets(compiled):
-    fw = compiled._compiled[True].forward
+    fw = compiled.variant(joint=True).forward
     return {n.target for n in fw.graph.nodes if n.op == "call_function"}
 
 

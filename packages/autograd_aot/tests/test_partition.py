@@ -16,7 +16,7 @@ def _chain(x):
 
 
 def _saved_inputs(compiled):
-    fw = compiled._compiled[True].forward
+    fw = compiled.variant(joint=True).forward
     out = next(n for n in fw.graph.nodes if n.op == "output").args[0]
     return out[1:]  # after the one user output
 
@@ -29,7 +29,7 @@ def test_sin_cos_chain_saves_only_x(check):
     stats = compiled.partition_stats
     assert stats.num_saved == 1 and stats.saved_input_bytes == 8 * 8 * 4
     assert stats.saved_bytes == 0 and stats.save_all_bytes == 5 * 8 * 8 * 4
-    bw = compiled._compiled[True].backward
+    bw = compiled.variant(joint=True).backward
     assert sum(n.target is aten.sin.default for n in bw.graph.nodes) >= 2  # recomputed
 
 
@@ -45,7 +45,7 @@ def test_matmul_output_is_saved_not_recomputed(check):
 
     x, w = torch.randn(4, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True)
     compiled = check(fn, [x, w], backend=aot_eager_decomp_partition)
-    bw = compiled._compiled[True].backward
+    bw = compiled.variant(joint=True).backward
     mms = [n for n in bw.graph.nodes if n.target is aten.mm.default]
     assert len(mms) == 2  # the two gradient matmuls; the forward one is not recomputed
 
@@ -61,7 +61,7 @@ def test_an_activation_a_backward_matmul_reads_is_saved_not_recomputed(check):
     x, w1 = torch.randn(4, 8, requires_grad=True), torch.randn(8, 16, requires_grad=True)
     w2 = torch.randn(16, 8, requires_grad=True)
     compiled = check(fn, [x, w1, w2], backend=aot_eager_decomp_partition)
-    bw = compiled._compiled[True].backward
+    bw = compiled.variant(joint=True).backward
     assert not any(n.target is aten.erf.default for n in bw.graph.nodes)  # no GELU recomputed
     assert compiled.partition_stats.saved_bytes == 2 * 4 * 16 * 4
 

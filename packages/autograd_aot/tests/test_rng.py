@@ -35,7 +35,7 @@ def test_seed_follows_manual_seed():
 def test_dropout_saves_a_seed_and_recomputes_the_mask():
     x = (torch.rand(32, 32) + 0.5).requires_grad_()
     compiled = aot_eager_decomp_partition(fx.symbolic_trace(lambda x: F.dropout(x, 0.3)), [x])
-    program = compiled._compiled[True]
+    program = compiled.variant(joint=True)
     bw_targets = [n.target for n in program.backward.graph.nodes]
     assert seeded_random in bw_targets
     assert compiled.partition_stats.saved_bytes == 8  # one int64 seed, no mask

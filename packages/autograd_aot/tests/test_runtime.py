@@ -1,5 +1,6 @@
 """The runtime wrapper: grad modes, retain_graph, double backward, RNG, module state."""
 
+import operator
 import weakref
 
 import pytest
@@ -24,7 +25,7 @@ def test_inference_path_under_no_grad(context):
         compiled = aot_eager_decomp_partition(gm, [x])
         out = compiled(x)
         expect = ref(x)
-    assert not compiled._compiled[False].program.is_joint
+    assert not compiled.variant(joint=False).program.is_joint
     torch.testing.assert_close(out, expect)
     torch.testing.assert_close(dict(gm.named_buffers()), dict(ref.named_buffers()))
     assert not out.requires_grad
@@ -80,7 +81,7 @@ def test_switching_grad_mode_compiles_both_variants():
     with torch.no_grad():
         compiled(x)
     compiled(x).sum().backward()
-    assert set(compiled._compiled) == {True, False}
+    assert {p.program.is_joint for p in compiled.variants()} == {True, False}
     assert gm.weight.grad is not None
 
 
@@ -143,29 +144,115 @@ def test_backward_frees_saved_activations_unless_the_graph_is_retained(retain):
     assert (died[0] == 0) if retain else (died[0] >= 1), died
 
 
-def test_double_backward_raises_clearly():
+@pytest.mark.parametrize("backend", [aot_eager, aot_eager_decomp_partition])
+def test_double_backward_differentiates_the_program_again(backend):
+    def fn(x, w):
+        return (x.sin() * w).pow(3).sum()
+
+    x, w = torch.randn(5, requires_grad=True), torch.randn(5, requires_grad=True)
+    compiled = backend(fx.symbolic_trace(fn), [x, w])
+    for _ in range(2):
+        x, w = torch.randn(5, requires_grad=True), torch.randn(5, requires_grad=True)
+        got = torch.autograd.grad(compiled(x, w), (x, w), create_graph=True)
+        expect = torch.autograd.grad(fn(x, w), (x, w), create_graph=True)
+        assert all(g.requires_grad for g in got)
+        torch.testing.assert_close(got, expect)
+        penalty_got = torch.autograd.grad(got[0].pow(2).sum() + got[1].sum(), (x, w))
+        penalty_expect = torch.autograd.grad(expect[0].pow(2).sum() + expect[1].sum(), (x, w))
+        torch.testing.assert_close(penalty_got, penalty_expect)
+
+
+def test_double_backward_through_a_non_leaf_input_and_a_tangent():
+    def fn(h):
+        return h.tanh() * 3
+
+    x = torch.randn(4, requires_grad=True)
+    compiled = aot_eager(fx.symbolic_trace(fn), [x * 2])
+    v = torch.randn(4, requires_grad=True)  # a tangent with history: Hessian-vector style
+    (got,) = torch.autograd.grad(compiled(x * 2), x, v, create_graph=True)
+    (expect,) = torch.autograd.grad(fn(x * 2), x, v, create_graph=True)
+    torch.testing.assert_close(got, expect)
+    got_second = torch.autograd.grad(got.sum(), (x, v))
+    expect_second = torch.autograd.grad(expect.sum(), (x, v))
+    torch.testing.assert_close(got_second, expect_second)
+
+
+@pytest.mark.parametrize(
+    ("fn", "why"),
+    [
+        (lambda x, b: (x * b.add_(1)).sum(), "mutates an input"),
+        (lambda x, b: (F.dropout(x, 0.5) * x).sum(), "random numbers"),
+    ],
+)
+def test_double_backward_raises_where_the_program_cannot_run_again(fn, why):
+    from kiln.autograd_aot import AotError
+
     x = torch.randn(5, requires_grad=True)
-    compiled = aot_eager(fx.symbolic_trace(lambda x: (x**3).sum()), [x])
-    (g,) = torch.autograd.grad(compiled(x), x, create_graph=True)
-    with pytest.raises(RuntimeError, match="once_differentiable|does not require grad"):
-        g.sum().backward()
+    compiled = aot_eager(fx.symbolic_trace(fn), [x, torch.zeros(5)])
+    with pytest.raises(AotError, match=why):
+        torch.autograd.grad(compiled(x, torch.zeros(5)), x, create_graph=True)
+    (g,) = torch.autograd.grad(compiled(x, torch.zeros(5)), x)  # first order still works
+    assert not g.requires_grad
 
 
-def test_outputs_that_do_not_require_grad():
-    x = torch.randn(3, 4, requires_grad=True)
-    compiled = aot_eager(fx.symbolic_trace(lambda x: (x * 2, x.argmax(), x.detach() + 1)), [x])
-    a, b, c = compiled(x)
-    assert a.requires_grad and not b.requires_grad and not c.requires_grad
-    assert b.dtype == torch.int64
+def test_double_backward_raises_after_an_input_changed_in_place():
+    from kiln.autograd_aot import AotError
+
+    x = torch.randn(5, requires_grad=True)
+    h = x * 1
+    compiled = aot_eager(fx.symbolic_trace(lambda h: (h * h).sum()), [h])
+    out = compiled(h)
+    with torch.no_grad():
+        h.add_(1)
+    with pytest.raises(AotError, match="modified in place"):
+        torch.autograd.grad(out, x, create_graph=True)
 
 
-def test_alias_output_is_a_view_of_the_input():
-    x = torch.randn(3, 4, requires_grad=True)
-    compiled = aot_eager(fx.symbolic_trace(lambda x: (x.t(), x * 2)), [x])
-    view, _ = compiled(x)
-    assert view._base is x
-    view.sum().backward()
-    torch.testing.assert_close(x.grad, torch.ones(3, 4))
+def _with_grad_mode(region: bool, after: bool) -> fx.GraphModule:
+    """``(x, w) -> (x * w, x + w, (x * w).view(-1))`` with the product in a ``region`` grad-mode
+    block, as capture records ``with torch.enable_grad()`` (fx.symbolic_trace cannot)."""
+    g = fx.Graph()
+    x, w = g.placeholder("x"), g.placeholder("w")
+    g.call_function(torch._C._set_grad_enabled, (region,))
+    y = g.call_function(operator.mul, (x, w))
+    g.call_function(torch._C._set_grad_enabled, (after,))
+    z = g.call_function(operator.add, (x, w))
+    g.output((y, z, g.call_method("view", (y, -1))))
+    return fx.GraphModule(nn.Module(), g)
+
+
+@pytest.mark.parametrize("backend", [aot_eager, aot_eager_decomp_partition])
+@pytest.mark.parametrize("caller", [torch.no_grad, torch.enable_grad])
+def test_grad_mode_regions_inside_the_program(backend, caller):
+    region = caller is torch.no_grad  # the program flips the caller's mode
+    gm = _with_grad_mode(region, not region)
+    x, w = torch.randn(3), torch.randn(3, requires_grad=True)
+    with caller():
+        compiled = backend(gm, [x, w])
+    for _ in range(2):
+        x, w = torch.randn(3), torch.randn(3, requires_grad=True)
+        with caller():
+            got, expect = compiled(x, w), gm(x, w)
+            assert torch.is_grad_enabled() is not region  # the program restored the mode
+        assert [t.requires_grad for t in got] == [t.requires_grad for t in expect]
+        assert [t.requires_grad for t in expect] == [region, not region, region]
+        torch.testing.assert_close(got, expect)
+        if region:
+            (gw,) = torch.autograd.grad(got[0].sum() + got[2].sum(), w)
+            torch.testing.assert_close(gw, 2 * x)
+
+
+def test_no_output_differentiable_under_grad_mode():
+    g = fx.Graph()
+    x, w = g.placeholder("x"), g.placeholder("w")
+    g.call_function(torch._C._set_grad_enabled, (False,))
+    y = g.call_function(operator.mul, (x, w))
+    g.call_function(torch._C._set_grad_enabled, (True,))
+    g.output((y,))
+    w = torch.randn(3, requires_grad=True)
+    compiled = aot_eager(fx.GraphModule(nn.Module(), g), [torch.randn(3), w])
+    (got,) = compiled(torch.randn(3), w)
+    assert not got.requires_grad and not compiled.variants()[0].program.is_joint
 
 
 @pytest.mark.parametrize("backend", [aot_eager, aot_eager_decomp_partition])
@@ -179,7 +266,7 @@ def test_mutated_input_sharing_memory_with_another(backend):
     w = torch.randn(1, requires_grad=True)
     expect_base, got_base = base.clone(), base.clone()
     compiled = backend(fx.symbolic_trace(fn), [got_base[:4].view(2, 2), got_base[2:6], w])
-    assert compiled._compiled[True].layout.groups == ((0, 1),)
+    assert compiled.variant(joint=True).layout.groups == ((0, 1),)
     expect = fn(expect_base[:4].view(2, 2), expect_base[2:6], w)
     got = compiled(got_base[:4].view(2, 2), got_base[2:6], w)
     torch.testing.assert_close(got, expect)
@@ -190,17 +277,17 @@ def test_mutated_input_sharing_memory_with_another(backend):
     torch.testing.assert_close(gg, ge)
 
 
-def test_mutated_input_sharing_memory_with_a_grad_input_is_rejected():
+def test_mutated_input_sharing_memory_with_inputs_of_another_dtype_is_rejected():
     from kiln.autograd_aot import AotError
 
-    base = torch.randn(6, requires_grad=True) * 1
+    base = torch.zeros(6)
 
     def fn(a, b):
         a.add_(1)
         return b * 2
 
     with pytest.raises(AotError, match="share memory"):
-        aot_eager(fx.symbolic_trace(fn), [base[:3], base[3:]])
+        aot_eager(fx.symbolic_trace(fn), [base, base.view(torch.int32)])
 
 
 @pytest.mark.parametrize("backend", [aot_eager, aot_eager_decomp_partition])
@@ -226,7 +313,7 @@ def test_training_on_cuda(check):
     model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.GELU(), nn.Linear(16, 4)).cuda()
     x = torch.randn(4, 8, device="cuda", requires_grad=True)
     compiled = check(model, [x], backend=aot_eager_decomp_partition)
-    fw = compiled._compiled[True].forward
+    fw = compiled.variant(joint=True).forward
     vals = [n.meta["val"] for n in fw.graph.nodes if n.op == "call_function"]
     assert all(v.device.type == "cuda" for v in vals if isinstance(v, torch.Tensor))
 
@@ -258,4 +345,127 @@ def test_outputs_viewing_another_output_alias_it(backend):
     expect = torch.zeros(2, 3)
     expect[:, 0] = 6
     torch.testing.assert_close(x.grad, expect)
-    assert compiled._compiled[True].program.num_user_outputs == 1
+    assert compiled.variant(joint=True).program.num_user_outputs == 1
+
+
+def _add_then_sum(a, b):
+    a.add_(1)
+    return a + b
+
+
+def _calls(kind, n=8):
+    """A maker of input pairs of ``kind``, over fresh memory on every call."""
+    views = {
+        "distinct": (2 * n, lambda b: (b[:n], b[n:].clone())),
+        "same": (n, lambda b: (b, b)),
+        "overlapping": (n + 2, lambda b: (b[:n], b[2 : n + 2])),
+        "view_and_base": (n, lambda b: (b.view(n), b)),
+        "base_and_view": (n, lambda b: (b, b[:])),
+        "interleaved": (2 * n, lambda b: (b[::2], b[1::2])),
+        "disjoint": (2 * n, lambda b: (b[:n], b[n:])),
+    }
+    size, split = views[kind]
+    return lambda: split(torch.randn(size))
+
+
+def _twins(make):
+    """The same call twice over separate memory: one for eager, one for the compiled program."""
+    state = torch.random.get_rng_state()
+    a = make()
+    torch.random.set_rng_state(state)
+    return a, make()
+
+
+@pytest.mark.parametrize("backend", [aot_eager, aot_eager_decomp_partition])
+@pytest.mark.parametrize("first", ["distinct", "same", "overlapping"])
+def test_aliasing_of_mutated_inputs_selects_the_program(backend, first):
+    _, args = _twins(_calls(first))
+    compiled = backend(fx.symbolic_trace(_add_then_sum), list(args))
+    kinds = ["distinct", "same", "overlapping", "view_and_base", "base_and_view"]
+    for kind in [*kinds, "interleaved", "disjoint", *kinds]:
+        expect_in, got_in = _twins(_calls(kind))
+        expect = _add_then_sum(*expect_in)
+        got = compiled(*got_in)
+        torch.testing.assert_close(got, expect, msg=kind)
+        torch.testing.assert_close(got_in, expect_in, msg=kind)
+    # one program per pattern: disjoint views run the distinct one, a view of the whole
+    # base the one for the same tensor twice
+    assert len(compiled.variants()) == 4
+
+
+def test_inputs_that_share_memory_without_a_mutation_share_the_program():
+    compiled = aot_eager(fx.symbolic_trace(lambda a, b: a * b), [torch.randn(3)] * 2)
+    z = torch.randn(3)
+    torch.testing.assert_close(compiled(z, z), z * z)
+    torch.testing.assert_close(compiled(z, z[:]), z * z)
+    assert len(compiled.variants()) == 1
+
+
+def _scale_then_product(a, b):
+    a.mul_(2)
+    return (a * b).sum()
+
+
+def _view_and_base(y):
+    return y.view(8), y
+
+
+def _overlapping(y):
+    return y[:8], y[2:]
+
+
+@pytest.mark.parametrize("backend", [aot_eager, aot_eager_decomp_partition])
+def test_aliased_mutated_inputs_that_require_grad(backend):
+    makers = {
+        "distinct": lambda x: (x[:8] * 1, x[2:] * 1),
+        "same": lambda x: (x[:8] * 1,) * 2,
+        "overlapping": lambda x: _overlapping(x * 1),
+        "view_and_base": lambda x: _view_and_base(x[:8] * 1),
+    }
+    x = torch.randn(10, requires_grad=True)
+    compiled = backend(fx.symbolic_trace(_scale_then_product), list(makers["distinct"](x)))
+    for kind in [*makers, *makers]:
+        x = torch.randn(10, requires_grad=True)
+        a, b = makers[kind](x)
+        expect = _scale_then_product(a, b)
+        (expect_grad,) = torch.autograd.grad(expect, x)
+        expect_a = a.detach().clone()
+        a, b = makers[kind](x)
+        got = compiled(a, b)
+        (got_grad,) = torch.autograd.grad(got, x)
+        torch.testing.assert_close(got, expect, msg=kind)
+        torch.testing.assert_close(got_grad, expect_grad, msg=kind)
+        torch.testing.assert_close(a, expect_a, msg=kind)
+    assert len(compiled.variants()) == 3
+
+
+def test_aliased_views_of_a_leaf_that_requires_grad_raise_as_in_eager():
+    compiled = aot_eager(fx.symbolic_trace(_scale_then_product), [torch.randn(8)] * 2)
+    x = torch.randn(10, requires_grad=True)
+    with pytest.raises(RuntimeError, match="leaf Variable"):
+        _scale_then_product(x[:8], x[2:])
+    with pytest.warns(RuntimeWarning, match="runs? eagerly"):
+        with pytest.raises(RuntimeError, match="leaf Variable"):
+            compiled(x[:8], x[2:])
+
+
+class _Accumulate(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("total", torch.zeros(4))
+
+    def forward(self, x):
+        self.total.add_(x)
+        return self.total * x
+
+
+def test_a_buffer_passed_as_the_argument_it_is_mutated_with():
+    model, ref = _Accumulate(), _Accumulate()
+    compiled = aot_eager(fx.symbolic_trace(model), [torch.ones(4)])
+    gm = compiled.gm
+    for step in range(4):
+        x = torch.randn(4)
+        got = compiled(gm.total if step % 2 else x.clone())
+        expect = ref(ref.total if step % 2 else x.clone())
+        torch.testing.assert_close(got, expect)
+        torch.testing.assert_close(gm.total, ref.total)

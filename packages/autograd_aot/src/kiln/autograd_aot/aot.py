@@ -6,11 +6,19 @@ the backward when inputs need grad) → ``partition_joint`` (min-cut) →
 ``fw_compiler``/``bw_compiler`` → the runtime wrapper. Parameters and buffers of
 the module are lifted into graph inputs, so their gradients and in-place
 updates (BatchNorm's running statistics) go through the same machinery.
+
+A compiled program assumes the grad mode it was called in, whether any input
+requires grad, and, when it mutates an input, which inputs share memory with the
+mutated ones (``inputs.shared_memory``). Each call checks those (the last only for
+programs that mutate an input) and runs the program compiled for them, compiling
+another when none is; one that cannot be compiled then runs eagerly, with a warning.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -19,7 +27,7 @@ from torch import fx
 
 from kiln.autograd_aot.decomp import default_decompositions, describe_table, for_training
 from kiln.autograd_aot.errors import AotError
-from kiln.autograd_aot.inputs import InputLayout, fakes_of
+from kiln.autograd_aot.inputs import Aliasing, InputLayout, fakes_of, shared_memory
 from kiln.autograd_aot.joint import TracedProgram, trace_program
 from kiln.autograd_aot.partition import PartitionStats, partition_joint
 from kiln.autograd_aot.runtime import CompiledProgram, run_inference, run_training
@@ -35,6 +43,26 @@ Compiler = Callable[[fx.GraphModule, list[torch.Tensor]], Callable[..., Any]]
 
 def _fake_inputs(gm: fx.GraphModule) -> list[torch.Tensor]:
     return [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def _has_random_op(gm: fx.GraphModule) -> bool:
+    return any(
+        torch.Tag.nondeterministic_seeded in getattr(n.target, "tags", ())
+        for n in gm.graph.nodes
+        if n.op == "call_function"
+    )
+
+
+# (grad mode of the call, whether any input requires grad)
+Mode = tuple[bool, bool]
+
+
+@dataclasses.dataclass
+class _ModePrograms:
+    """The programs compiled for one mode, by how inputs share memory with mutated ones."""
+
+    mutated: tuple[int, ...]  # the inputs the program writes (traced without shared memory)
+    programs: dict[Aliasing, CompiledProgram | None]  # None: could not compile, runs eagerly
 
 
 class AotCompiled:
@@ -72,23 +100,36 @@ class AotCompiled:
             i for i, a in enumerate(example_inputs) if not isinstance(a, torch.Tensor)
         ]
         self.partition_stats: PartitionStats | None = None
-        self._compiled: dict[bool, CompiledProgram] = {}
+        self._modes: dict[Mode, _ModePrograms] = {}
+        self._warned = False
         primals = self._primals(example_inputs)
-        self._get(self._needs_grad(primals), primals)
+        self._get(self._mode(primals), primals, initial=True)
 
     def _primals(self, args: Sequence[Any]) -> list[torch.Tensor]:
         state = [getattr(module, attr) for module, attr in self._state_slots]
         return state + [args[i] for i in self.tensor_positions]
 
     @staticmethod
-    def _needs_grad(primals: Sequence[torch.Tensor]) -> bool:
-        return torch.is_grad_enabled() and any(p.requires_grad for p in primals)
+    def _mode(primals: Sequence[torch.Tensor]) -> Mode:
+        # Under no_grad the program may still enable grad itself, so whether inputs require
+        # grad matters in both modes (params come first: usually one look).
+        return torch.is_grad_enabled(), any(p.requires_grad for p in primals)
+
+    def variants(self) -> list[CompiledProgram]:
+        """Every program compiled so far (per grad mode and input aliasing)."""
+        return [p for m in self._modes.values() for p in m.programs.values() if p is not None]
+
+    def variant(self, joint: bool) -> CompiledProgram:
+        """The first compiled program with (or without) a backward."""
+        return next(p for p in self.variants() if p.program.is_joint == joint)
 
     def __call__(self, *args: Any) -> Any:
         if self.constant_positions or len(args) != len(self.constants):
             self._check_constants(args)
         primals = self._primals(args)
-        compiled = self._get(self._needs_grad(primals), primals)
+        compiled = self._get(self._mode(primals), primals)
+        if compiled is None:
+            return self.gm(*args)
         primals = compiled.layout.prepare(primals)
         if compiled.program.is_joint:
             return run_training(compiled, primals)
@@ -108,13 +149,33 @@ class AotCompiled:
                 )
                 raise AotError(msg)
 
-    def _get(self, needs_grad: bool, primals: Sequence[torch.Tensor]) -> CompiledProgram:
-        found = self._compiled.get(needs_grad)
-        if found is None:
+    def _get(
+        self, mode: Mode, primals: Sequence[torch.Tensor], *, initial: bool = False
+    ) -> CompiledProgram | None:
+        """The program for this call; None when it could not be compiled (run eagerly)."""
+        known = self._modes.get(mode)
+        aliasing = shared_memory(primals, known.mutated) if known and known.mutated else ()
+        if known is not None and aliasing in known.programs:
+            return known.programs[aliasing]
+        try:
             # compiled where first called: maybe under the user's saved-tensor hooks
             with no_user_hooks():
-                found = self._compiled[needs_grad] = self._compile(needs_grad, primals)
-        return found
+                return self._compile_variant(mode, primals)
+        except Exception as e:
+            if initial:
+                raise
+            if not self._warned:
+                self._warned = True
+                warnings.warn(
+                    f"kiln: compiling a variant of a graph failed ({type(e).__name__}: {e}); "
+                    "calls like this one run eagerly",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+            known = self._modes.setdefault(mode, _ModePrograms((), {}))
+            aliasing = shared_memory(primals, known.mutated) if known.mutated else ()
+            known.programs[aliasing] = None
+            return None
 
     def _call_module(self, *fakes: torch.Tensor) -> Any:
         n = len(self.state_names)
@@ -125,24 +186,48 @@ class AotCompiled:
         return torch.func.functional_call(self.gm, state, tuple(args))
 
     def _trace(
-        self, needs_grad: bool, primals: Sequence[torch.Tensor], layout: InputLayout
+        self, mode: Mode, primals: Sequence[torch.Tensor], layout: InputLayout
     ) -> TracedProgram:
-        fakes, leaves = fakes_of(layout.prepare(primals), needs_grad)
-        table = for_training(self.decompositions) if needs_grad else self.decompositions
+        grad_enabled, wants_grad = mode
+        fakes, leaves = fakes_of(layout.prepare(primals), wants_grad)
         fn = layout.wrap(self._call_module)
-        return trace_program(fn, fakes, table, joint=needs_grad, grad_leaves=leaves)
 
-    def _compile(self, needs_grad: bool, primals: Sequence[torch.Tensor]) -> CompiledProgram:
-        layout = InputLayout.identity(len(primals))
-        program = self._trace(needs_grad, primals, layout)
-        with_bases = InputLayout.for_mutations(primals, program.mutated_inputs)
-        if with_bases is not None:
+        def trace(table: Mapping[Any, Callable[..., Any]]) -> TracedProgram:
+            return trace_program(fn, fakes, table, joint=wants_grad, grad_leaves=leaves)
+
+        if grad_enabled and wants_grad:
+            return trace(for_training(self.decompositions))
+        program = trace(self.decompositions)
+        if program.is_joint:  # grad enabled inside a program called under no_grad
+            program = trace(for_training(self.decompositions))
+        return program
+
+    def _compile_variant(self, mode: Mode, primals: Sequence[torch.Tensor]) -> CompiledProgram:
+        """Compile for this call's mode and aliasing; the first program of a mode is traced
+        without shared memory, which tells the inputs it mutates."""
+        known = self._modes.get(mode)
+        if known is None:
+            program = self._trace(mode, primals, InputLayout.identity(len(primals)))
+            known = self._modes[mode] = _ModePrograms(tuple(program.mutated_inputs), {})
+            aliasing = shared_memory(primals, known.mutated) if known.mutated else ()
+            if not aliasing:
+                compiled = self._compile(program, InputLayout.identity(len(primals)))
+                known.programs[aliasing] = compiled
+                return compiled
+        aliasing = shared_memory(primals, known.mutated) if known.mutated else ()
+        layout = InputLayout.for_aliasing(primals, aliasing) or InputLayout.identity(len(primals))
+        if aliasing:
             log.info(
-                "inputs %s share memory with a mutated input: traced again over bases",
-                with_bases.groups,
+                "inputs %s share memory with a mutated input: traced over bases", layout.groups
             )
-            layout = with_bases
-            program = self._trace(needs_grad, primals, layout)
+        compiled = self._compile(self._trace(mode, primals, layout), layout)
+        known.programs[aliasing] = compiled
+        return compiled
+
+    def _compile(self, program: TracedProgram, layout: InputLayout) -> CompiledProgram:
+        eager = None if program.mutated_inputs else layout.wrap(self._call_module)
+        if eager is not None and _has_random_op(program.gm):
+            eager = None
         if not program.is_joint:
             log.debug("forward-only graph:\n%s", program.gm.code)
             artifacts.dump("aot_inference.py", program.gm.code)
@@ -164,7 +249,7 @@ class AotCompiled:
         artifacts.dump("aot_backward.py", bw.code)
         forward = self.fw_compiler(fw, _fake_inputs(fw))
         backward = self.bw_compiler(bw, _fake_inputs(bw))
-        return CompiledProgram(program, forward, backward, layout)
+        return CompiledProgram(program, forward, backward, layout, eager)
 
 
 def aot_compile(

@@ -97,12 +97,14 @@ def trace_program(
 
     Gradients are taken with respect to ``grad_leaves`` (default: ``fakes``): an
     input that requires grad and is mutated is traced as a clone of its leaf, so
-    autograd allows the mutation, as it does for the real non-leaf tensor.
+    autograd allows the mutation, as it does for the real non-leaf tensor. With
+    ``joint`` the program runs in the caller's grad mode, and its own
+    ``enable_grad``/``no_grad`` regions decide which outputs are differentiable.
     """
     tracer = AtenTracer(decompositions)
     for i, f in enumerate(fakes):
         tracer.placeholder(f, f"primals_{i + 1}")
-    with torch.set_grad_enabled(joint), tracer:
+    with torch.set_grad_enabled(joint and torch.is_grad_enabled()), tracer:
         out = fn(*fakes)
     leaves, out_spec = pytree.tree_flatten(out)
     specs, user = _output_specs(tracer, leaves, fakes)

@@ -4,6 +4,13 @@ Training runs the compiled forward and backward inside a
 ``torch.autograd.Function``. Around it (never inside a compiled graph), the
 wrapper copies new values into mutated inputs and rebuilds outputs that are
 views of inputs, so autograd sees them as eager would.
+
+A backward with ``create_graph=True`` must itself be differentiable, and the
+compiled backward is not (its saved values carry no history). It runs the
+program again eagerly on the inputs instead and differentiates that, so double
+backward (gradient penalties) gets eager's answer. The node keeps its inputs for
+that until a plain backward ran; a program that mutates an input or draws random
+numbers cannot be run again to the same values, and raises there instead.
 """
 
 from __future__ import annotations
@@ -13,9 +20,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch.autograd.function import once_differentiable
 from torch.utils import _pytree as pytree
 
+from kiln.autograd_aot.errors import AotError
 from kiln.autograd_aot.inputs import InputLayout
 from kiln.autograd_aot.joint import TracedProgram
 from kiln.autograd_aot.mutation import apply_view
@@ -33,6 +40,9 @@ class CompiledProgram:
     forward: Compiled
     backward: Compiled | None = None
     layout: InputLayout = dataclasses.field(default_factory=lambda: InputLayout.identity(0))
+    # The program itself, run eagerly on the graph inputs, for a differentiable backward;
+    # None when running it again would not give the same values (mutations, random ops).
+    eager: Compiled | None = None
 
 
 class _AotFunction(torch.autograd.Function):
@@ -54,14 +64,22 @@ class _AotFunction(torch.autograd.Function):
         ctx.tangent_specs = [
             (o.shape, o.dtype, o.device) for o in map(outputs.__getitem__, program.diff_outputs)
         ]
+        if compiled.eager is not None:
+            # for a backward with create_graph=True; the versions tell whether they changed
+            ctx.primals = primals
+            ctx.versions = [p._version for p in primals]
         return tuple(outputs)
 
     @staticmethod
-    @once_differentiable
     def backward(ctx: Any, *grads: torch.Tensor) -> Any:  # type: ignore[override]
         compiled: CompiledProgram = ctx.compiled
         program = compiled.program
         assert compiled.backward is not None
+        if torch.is_grad_enabled():  # create_graph=True: the result must be differentiable
+            return (None, *_differentiable_backward(ctx, grads))
+        # the inputs are kept for a differentiable backward only until a plain one ran
+        # (with retain_graph a later create_graph=True backward then raises)
+        ctx.primals = None
         tangents = [
             torch.zeros(shape, dtype=dtype, device=device) if g is None else g.contiguous()
             for g, (shape, dtype, device) in zip(
@@ -82,15 +100,74 @@ class _AotFunction(torch.autograd.Function):
         return (None, *out)
 
 
+def _differentiable_backward(ctx: Any, grads: Sequence[torch.Tensor | None]) -> list[Any]:
+    """The gradients of the program's inputs by eager autograd over the program run again,
+    with their own history (``create_graph=True``)."""
+    compiled: CompiledProgram = ctx.compiled
+    program = compiled.program
+    eager = compiled.eager
+    primals: Sequence[torch.Tensor] | None = getattr(ctx, "primals", None)
+    if eager is None:
+        why = "mutates an input or draws random numbers, so it cannot be run again"
+    elif primals is None:
+        why = "was already differentiated without create_graph=True (retain_graph)"
+    elif [p._version for p in primals] != ctx.versions:
+        why = "has an input that was modified in place after the forward"
+    else:
+        why = ""
+    if eager is None or primals is None or why:
+        msg = (
+            f"a backward with create_graph=True (double backward) reached a compiled graph that "
+            f"{why}; Kiln cannot differentiate its backward. Run that part eagerly "
+            "(kiln.disable) or compute the gradient penalty outside the compiled function."
+        )
+        raise AotError(msg)
+    with torch.enable_grad():
+        flat = pytree.tree_leaves(eager(*primals))
+    position: dict[int, int] = {}
+    for pos, spec in enumerate(program.outputs):
+        if spec.kind == "graph":
+            position.setdefault(spec.index, pos)
+    pairs = [
+        (flat[position[i]], grads[i])
+        for i in program.diff_outputs
+        if grads[i] is not None and flat[position[i]].requires_grad
+    ]
+    out: list[torch.Tensor | None] = [None] * program.num_primals
+    if not pairs:
+        return out
+    wanted = [primals[i] for i in program.grad_inputs]
+    found = torch.autograd.grad(
+        [o for o, _ in pairs],
+        wanted,
+        [g for _, g in pairs],
+        create_graph=True,
+        allow_unused=True,
+    )
+    for i, g in zip(program.grad_inputs, found, strict=True):
+        out[i] = g
+    return out
+
+
 def run_training(compiled: CompiledProgram, primals: Sequence[torch.Tensor]) -> Any:
-    """Call the compiled program with autograd recording one node for it."""
-    outputs = _AotFunction.apply(compiled, *primals)
+    """Call the compiled program with autograd recording one node for it (also under
+    ``no_grad``: the program enabled grad itself for the outputs that require it)."""
+    if torch.is_grad_enabled():
+        outputs = _AotFunction.apply(compiled, *primals)
+    else:
+        with torch.enable_grad():
+            outputs = _AotFunction.apply(compiled, *primals)
     return _finish(compiled.program, primals, list(outputs))
 
 
 def run_inference(compiled: CompiledProgram, primals: Sequence[torch.Tensor]) -> Any:
-    """Call the compiled forward graph (no autograd involved)."""
-    return _finish(compiled.program, primals, list(compiled.forward(*primals)))
+    """Call the compiled forward graph (no autograd involved: no output is differentiable,
+    even where its ATen ops would record history on inputs that require grad)."""
+    if not torch.is_grad_enabled():
+        return _finish(compiled.program, primals, list(compiled.forward(*primals)))
+    with torch.no_grad():
+        outputs = list(compiled.forward(*primals))
+    return _finish(compiled.program, primals, outputs)
 
 
 def _finish(program: TracedProgram, primals: Sequence[torch.Tensor], outputs: list[Any]) -> Any:
@@ -107,15 +184,19 @@ def _finish(program: TracedProgram, primals: Sequence[torch.Tensor], outputs: li
         elif spec.kind == "const":
             flat.append(spec.value)
         elif spec.kind == "view":
-            view = outputs[spec.index]
-            for step in spec.steps:
-                view = apply_view(step, view)
+            with torch.set_grad_enabled(spec.requires_grad or torch.is_grad_enabled()):
+                view = outputs[spec.index]
+                for step in spec.steps:
+                    view = apply_view(step, view)
             flat.append(view if spec.requires_grad else view.detach())
         elif spec.same_object:
             flat.append(primals[spec.index])
+        elif spec.requires_grad:
+            with torch.enable_grad():  # the program may have enabled grad itself
+                flat.append(primals[spec.index].as_strided(spec.size, spec.stride, spec.offset))
         else:
             view = primals[spec.index].as_strided(spec.size, spec.stride, spec.offset)
-            flat.append(view if spec.requires_grad else view.detach())
+            flat.append(view.detach())
     return pytree.tree_unflatten(flat, program.out_spec)
 
 
@@ -129,7 +210,8 @@ def _write_back(
     dsts, srcs = [], []
     for i, value in zip(mutated, values, strict=True):
         if value.requires_grad:  # keeps its history through the copy, as in eager
-            primals[i].copy_(value)
+            with torch.enable_grad():
+                primals[i].copy_(value)
         else:
             dsts.append(primals[i])
             srcs.append(value)
