@@ -31,7 +31,7 @@ from kiln.autograd_aot.inputs import Aliasing, InputLayout, fakes_of, shared_mem
 from kiln.autograd_aot.joint import TracedProgram, trace_program
 from kiln.autograd_aot.partition import PartitionStats, partition_joint
 from kiln.autograd_aot.runtime import CompiledProgram, run_inference, run_training
-from kiln.capture import artifacts
+from kiln.capture import artifacts, counters
 from kiln.capture.isolation import no_user_hooks
 
 __all__ = ["AotCompiled", "aot_compile"]
@@ -164,6 +164,7 @@ class AotCompiled:
         except Exception as e:
             if initial:
                 raise
+            counters.bump("stats", "eager_fallbacks")
             if not self._warned:
                 self._warned = True
                 warnings.warn(
@@ -217,6 +218,7 @@ class AotCompiled:
         aliasing = shared_memory(primals, known.mutated) if known.mutated else ()
         layout = InputLayout.for_aliasing(primals, aliasing) or InputLayout.identity(len(primals))
         if aliasing:
+            counters.bump("autograd_aot", "aliased_programs")
             log.info(
                 "inputs %s share memory with a mutated input: traced over bases", layout.groups
             )
@@ -225,6 +227,7 @@ class AotCompiled:
         return compiled
 
     def _compile(self, program: TracedProgram, layout: InputLayout) -> CompiledProgram:
+        counters.bump("autograd_aot", "programs")
         eager = None if program.mutated_inputs else layout.wrap(self._call_module)
         if eager is not None and _has_random_op(program.gm):
             eager = None

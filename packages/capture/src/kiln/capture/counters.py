@@ -7,7 +7,8 @@ without importing the frontend.
 
 Categories in use: ``stats`` (frames_captured, graphs_compiled, cache_hits, cache_misses,
 eager_fallbacks), ``guards`` (recompiles, misses, limit_eager_runs), ``graph_breaks`` (by break kind), ``kernels`` (by code generator,
-e.g. ``cpp``, ``triton``, ``reference``), ``fallback_ops`` (by ATen op name).
+e.g. ``cpp``, ``triton``, ``reference``), ``fallback_ops`` (by ATen op name), ``autograd_aot``
+(programs: ATen programs compiled, one per grad mode and input aliasing met; aliased_programs).
 """
 
 from __future__ import annotations

@@ -1,0 +1,285 @@
+"""Autograd-level assumptions of a compiled program, changed between calls: the answer is
+always eager's (or, for double backward through a program that cannot run again, an error).
+
+Aliasing: a program that mutates an input is traced for which inputs overlap the mutated one
+(the same tensor twice, a view and its base, overlapping views), and each call with another
+pattern runs the program compiled for it, in both directions. Double backward: a backward with
+``create_graph=True`` is differentiable, so a gradient penalty contributes what it does
+eagerly. Grad mode: the program's own ``enable_grad``/``no_grad`` regions decide which outputs
+require grad, whatever mode the caller is in.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import kiln
+
+BACKENDS = ["kiln", "aot_eager"]
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    kiln.reset()
+    yield
+    kiln.reset()
+
+
+def _programs() -> dict[str, int]:
+    return kiln.counters.snapshot().get("autograd_aot", {})
+
+
+# ---- inputs that share memory with a mutated input ------------------------------------------
+
+
+def add_then_sum(a, b):
+    a.add_(1)
+    return a + b
+
+
+def _pair(kind, n=8):
+    """Two inputs of shape (n,) of ``kind``, over fresh memory."""
+    if kind == "distinct":
+        return torch.randn(n), torch.randn(n)
+    if kind == "same":
+        z = torch.randn(n)
+        return z, z
+    if kind == "overlapping":
+        base = torch.randn(n + 2)
+        return base[:n], base[2:]
+    if kind == "view_and_base":
+        base = torch.randn(n)
+        return base.view(n), base
+    if kind == "base_and_view":
+        base = torch.randn(n)
+        return base, base[:]
+    if kind == "disjoint":
+        base = torch.randn(2 * n)
+        return base[:n], base[n:]
+    raise AssertionError(kind)
+
+
+def _twins(kind):
+    """The same inputs twice over separate memory (eager's and the compiled call's)."""
+    state = torch.random.get_rng_state()
+    first = _pair(kind)
+    torch.random.set_rng_state(state)
+    return first, _pair(kind)
+
+
+KINDS = ["distinct", "same", "overlapping", "view_and_base", "base_and_view", "disjoint"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("first", ["distinct", "same", "overlapping"])
+def test_aliased_inputs_with_a_mutation(backend, first):
+    cf = kiln.compile(add_then_sum, backend=backend)
+    for kind in [first, *KINDS, *reversed(KINDS)]:
+        (ea, eb), (ga, gb) = _twins(kind)
+        expect = add_then_sum(ea, eb)
+        got = cf(ga, gb)
+        torch.testing.assert_close(got, expect, msg=kind)
+        torch.testing.assert_close((ga, gb), (ea, eb), msg=kind)
+    assert kiln.stats().frames_captured == 1
+    # distinct and disjoint share a program, as do same/view_and_base/base_and_view
+    assert _programs()["programs"] == 3
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_disjoint_views_of_one_base_use_the_plain_program(backend):
+    cf = kiln.compile(add_then_sum, backend=backend)
+    for _ in range(3):
+        (ea, eb), (ga, gb) = _twins("disjoint")
+        torch.testing.assert_close(cf(ga, gb), add_then_sum(ea, eb))
+        torch.testing.assert_close((ga, gb), (ea, eb))
+    assert _programs() == {"programs": 1}
+
+
+def scale_then_product(a, b):
+    a.mul_(2)
+    return (a * b).sum()
+
+
+def _grad_pair(kind, x):
+    if kind == "distinct":
+        return x[:8] * 1, x[2:] * 1
+    y = x * 1
+    if kind == "same":
+        return y, y
+    if kind == "overlapping":
+        return y[:8], y[2:]
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("first", ["distinct", "same", "overlapping"])
+def test_aliased_inputs_with_a_mutation_and_gradients(backend, first):
+    cf = kiln.compile(scale_then_product, backend=backend)
+    for kind in [first, "distinct", "same", "overlapping", "same", "distinct"]:
+        n = 8 if kind == "same" else 10
+        x = torch.randn(n, requires_grad=True)
+        expect = scale_then_product(*_grad_pair(kind, x))
+        (expect_grad,) = torch.autograd.grad(expect, x)
+        got = cf(*_grad_pair(kind, x))
+        (got_grad,) = torch.autograd.grad(got, x)
+        torch.testing.assert_close(got, expect, msg=kind)
+        torch.testing.assert_close(got_grad, expect_grad, msg=kind)
+
+
+class Accumulate(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("total", torch.zeros(4))
+
+    def forward(self, x):
+        self.total.add_(x)
+        return self.total * x
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_buffer_passed_as_the_argument_it_is_mutated_with(backend):
+    model, ref = Accumulate(), Accumulate()
+    cm = kiln.compile(model, backend=backend)
+    for step in range(5):
+        x = torch.randn(4)
+        got = cm(model.total if step % 2 else x.clone())
+        expect = ref(ref.total if step % 2 else x.clone())
+        torch.testing.assert_close(got, expect)
+        torch.testing.assert_close(model.total, ref.total)
+
+
+# ---- double backward ------------------------------------------------------------------------
+
+
+class Critic(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1))
+
+    def forward(self, x):
+        return F.softplus(self.body(x)).sum()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gradient_penalty(backend):
+    torch.manual_seed(0)
+    model = Critic()
+    cm = kiln.compile(model, backend=backend)
+    for _ in range(3):
+        x = torch.randn(5, 6)
+        grads = {}
+        for name, run in (("eager", model), ("kiln", cm)):
+            model.zero_grad()
+            xi = x.clone().requires_grad_()
+            out = run(xi)
+            (g,) = torch.autograd.grad(out, xi, create_graph=True)
+            assert g.requires_grad
+            (out + g.pow(2).sum()).backward()
+            grads[name] = [p.grad.clone() for p in model.parameters()]
+        torch.testing.assert_close(grads["kiln"], grads["eager"])
+
+
+@pytest.mark.filterwarnings("ignore:Using backward\\(\\) with create_graph=True")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_backward_with_create_graph_then_a_second_order_gradient(backend):
+    def f(x, w):
+        return (x.sin() * w).pow(3).sum()
+
+    cf = kiln.compile(f, backend=backend)
+    for _ in range(3):
+        x, w = torch.randn(5, requires_grad=True), torch.randn(5, requires_grad=True)
+        cf(x, w).backward(create_graph=True)
+        got = (x.grad.clone(), w.grad.clone())
+        got_second = torch.autograd.grad(x.grad.sum(), (x, w))
+        x.grad = w.grad = None
+        f(x, w).backward(create_graph=True)
+        torch.testing.assert_close(got, (x.grad, w.grad))
+        torch.testing.assert_close(got_second, torch.autograd.grad(x.grad.sum(), (x, w)))
+
+
+def with_dropout(x):
+    return (F.dropout(x, 0.5, training=True) * x).sum()
+
+
+def mutating(x, buf):
+    buf.add_(1)
+    return (x * buf).pow(2).sum()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fn", [with_dropout, mutating])
+def test_double_backward_that_cannot_be_run_again_raises(backend, fn):
+    cf = kiln.compile(fn, backend=backend)
+    args = (torch.randn(4),) if fn is with_dropout else (torch.randn(4), torch.zeros(4))
+    x = args[0].requires_grad_()
+    with pytest.raises(kiln.KilnError, match="create_graph=True"):
+        torch.autograd.grad(cf(*args), x, create_graph=True)
+    (g,) = torch.autograd.grad(cf(*args), x)  # first order is unaffected
+    assert g.shape == x.shape
+
+
+# ---- grad mode regions inside the program ---------------------------------------------------
+
+
+def regions(x, w):
+    with torch.enable_grad():
+        y = x * w
+        with torch.no_grad():
+            z = y * 2
+        u = z * w
+    v = u + y
+    with torch.set_grad_enabled(True):
+        s = v * w
+    with torch.no_grad():
+        t = s + 1
+    return y, z, u, v, s, t
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    "caller",
+    [torch.no_grad, torch.enable_grad, torch.inference_mode, lambda: torch.set_grad_enabled(False)],
+    ids=["no_grad", "enable_grad", "inference_mode", "set_grad_enabled"],
+)
+def test_grad_mode_regions_whatever_the_callers_mode(backend, caller):
+    cf = kiln.compile(regions, backend=backend)
+    for _ in range(3):
+        x, w = torch.randn(3), torch.randn(3, requires_grad=True)
+        with caller():
+            expect = regions(x, w)
+            got = cf(x, w)
+        assert [t.requires_grad for t in got] == [t.requires_grad for t in expect]
+        torch.testing.assert_close(got, expect)
+        wanted = [(g, e) for g, e in zip(got, expect, strict=True) if e.requires_grad]
+        if wanted:
+            (gw,) = torch.autograd.grad(sum(g.sum() for g, _ in wanted), w)
+            (ew,) = torch.autograd.grad(sum(e.sum() for _, e in wanted), w)
+            torch.testing.assert_close(gw, ew)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_enable_grad_under_no_grad_trains_a_module(backend):
+    class Head(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 2)
+
+        def forward(self, x):
+            with torch.enable_grad():
+                return self.lin(x).pow(2).mean()
+
+    torch.manual_seed(0)
+    model = Head()
+    cm = kiln.compile(model, backend=backend)
+    for _ in range(3):
+        x = torch.randn(3, 4)
+        with torch.no_grad():
+            got = cm(x)
+            expect = model(x)
+        assert got.requires_grad and expect.requires_grad
+        got_grads = torch.autograd.grad(got, list(model.parameters()))
+        expect_grads = torch.autograd.grad(expect, list(model.parameters()))
+        torch.testing.assert_close(got_grads, expect_grads)
