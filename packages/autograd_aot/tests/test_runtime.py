@@ -469,3 +469,33 @@ def test_a_buffer_passed_as_the_argument_it_is_mutated_with():
         expect = ref(ref.total if step % 2 else x.clone())
         torch.testing.assert_close(got, expect)
         torch.testing.assert_close(gm.total, ref.total)
+
+
+_INPUT_VIEWS = {
+    "view_as_complex": (lambda x: torch.view_as_complex(x), torch.float32),
+    "view_as_real": (lambda z: torch.view_as_real(z), torch.complex64),
+    "view_dtype": (lambda x: x.view(torch.int32), torch.float32),
+    "view_narrower_dtype": (lambda x: x.view(torch.float16), torch.float32),
+    "real": (lambda z: z.real, torch.complex64),
+    "imag": (lambda z: z.imag, torch.complex64),
+    "conj": (lambda z: z.conj(), torch.complex64),
+    "conj_of_a_slice": (lambda z: z[1:].conj(), torch.complex64),
+    "neg_view": (lambda x: torch._neg_view(x), torch.float32),
+}
+
+
+@pytest.mark.parametrize("backend", [aot_eager, aot_eager_decomp_partition])
+@pytest.mark.parametrize("name", list(_INPUT_VIEWS))
+def test_views_of_inputs_keep_their_dtype_and_lazy_bits(backend, name):
+    """An output viewing an input in another dtype, or with a conjugate or negative bit,
+    is the input's view as eager makes it (``as_strided`` keeps the input's dtype and bits)."""
+    fn, dtype = _INPUT_VIEWS[name]
+    x = torch.randn(4, 2, dtype=dtype)
+    compiled = backend(fx.symbolic_trace(fn), [x])
+    for _ in range(2):
+        x = torch.randn(4, 2, dtype=dtype)
+        out, want = compiled(x), fn(x)
+        assert (out.dtype, out.shape, out.stride()) == (want.dtype, want.shape, want.stride())
+        assert (out.is_conj(), out.is_neg()) == (want.is_conj(), want.is_neg())
+        assert out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+        torch.testing.assert_close(out, want, rtol=0, atol=0, equal_nan=True)

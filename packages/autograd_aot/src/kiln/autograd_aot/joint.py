@@ -27,13 +27,18 @@ from kiln.capture.meta import FakeTensor
 
 __all__ = ["OutputSpec", "TracedProgram", "trace_program"]
 
+aten = torch.ops.aten
+_LAZY_BIT_VIEWS = frozenset({aten._conj.default, aten._neg_view.default})
+"""Views that set a lazy bit, which ``as_strided`` would not carry over."""
+
 
 @dataclasses.dataclass(frozen=True)
 class OutputSpec:
     """Where one (flattened) output of the program comes from at run time."""
 
-    kind: str  # "graph": graph output ``index``; "alias": view of input ``index``;
-    # "view": ``steps`` applied to graph output ``index``; "const": ``value``
+    kind: str  # "graph": graph output ``index``; "alias": view of input ``index`` (by
+    # ``steps`` if any, else as_strided); "view": ``steps`` applied to graph output ``index``;
+    # "const": ``value``
     index: int = -1
     value: Any = None
     size: tuple[int, ...] = ()
@@ -174,7 +179,8 @@ def _output_specs(
             continue
         source = tracer.input_root(leaf)
         if source is not None:
-            specs.append(_alias_spec(leaf, source, fakes[source]))
+            chain = (tracer.view_of(leaf) or (-1, ()))[1]
+            specs.append(_alias_spec(leaf, source, fakes[source], chain))
             continue
         root, chain = tracer.view_of(leaf) or (-1, ())
         base = bases.get(root)
@@ -186,7 +192,13 @@ def _output_specs(
     return specs, user
 
 
-def _alias_spec(leaf: torch.Tensor, source: int, base: torch.Tensor) -> OutputSpec:
+def _alias_spec(
+    leaf: torch.Tensor, source: int, base: torch.Tensor, chain: tuple[ViewStep, ...]
+) -> OutputSpec:
+    """A view of input ``source``: ``as_strided`` on it, or its view ops replayed where
+    ``as_strided`` cannot say what they do (another dtype: ``view_as_complex``, ``real``,
+    ``view(torch.int32)``; a lazy conjugate or negative bit: ``conj``)."""
+    replay = leaf.dtype != base.dtype or any(step.func in _LAZY_BIT_VIEWS for step in chain)
     return OutputSpec(
         "alias",
         index=source,
@@ -195,4 +207,5 @@ def _alias_spec(leaf: torch.Tensor, source: int, base: torch.Tensor) -> OutputSp
         offset=int(leaf.storage_offset()),
         requires_grad=leaf.requires_grad,
         same_object=leaf is base,
+        steps=chain if replay else (),
     )

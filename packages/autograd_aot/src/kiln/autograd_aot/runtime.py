@@ -183,9 +183,9 @@ def _finish(program: TracedProgram, primals: Sequence[torch.Tensor], outputs: li
             flat.append(outputs[spec.index])
         elif spec.kind == "const":
             flat.append(spec.value)
-        elif spec.kind == "view":
+        elif spec.kind == "view" or spec.steps:
             with torch.set_grad_enabled(spec.requires_grad or torch.is_grad_enabled()):
-                view = outputs[spec.index]
+                view = outputs[spec.index] if spec.kind == "view" else primals[spec.index]
                 for step in spec.steps:
                     view = apply_view(step, view)
             flat.append(view if spec.requires_grad else view.detach())
