@@ -194,3 +194,130 @@ def test_unchanged_function_does_not_recompile():
     assert kiln.stats().frames_captured == 1
     kiln.compile(f, backend="eager")(torch.randn(4))  # another wrapper: the same entry
     assert kiln.stats().frames_captured == 1
+
+
+# ---- module state: parameters and buffers are graph inputs ----------------------------------
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.register_buffer("buf", torch.randn(4))
+        self.alpha = 2.0
+
+    def forward(self, x):
+        return self.lin(x) * self.alpha + self.buf
+
+
+def set_data(get, make):
+    def change(m):
+        get(m).data = make()
+
+    return change
+
+
+def under_no_grad(fn):
+    def change(m):
+        with torch.no_grad():
+            fn(m)
+
+    return change
+
+
+CHANGES = {
+    "data transposed": set_data(lambda m: m.lin.weight, lambda: torch.randn(4, 4).t()),
+    "data other shape": set_data(lambda m: m.buf, lambda: torch.randn(1)),
+    "data offset": set_data(lambda m: m.lin.weight, lambda: torch.randn(20)[4:].view(4, 4)),
+    "data other dtype": set_data(lambda m: m.buf, lambda: torch.randn(4, dtype=torch.float64)),
+    "requires_grad_ one": lambda m: m.lin.weight.requires_grad_(False),
+    "requires_grad attr": lambda m: setattr(m.lin.bias, "requires_grad", False),
+    "set_": lambda m: m.buf.set_(torch.randn(8)[::2]),
+    "set_ other shape": lambda m: m.buf.set_(torch.randn(1)),
+    "resize_ smaller": lambda m: m.buf.resize_(1),
+    "t_": under_no_grad(lambda m: m.lin.weight.t_()),
+    "as_strided_": under_no_grad(lambda m: m.lin.weight.as_strided_((4, 4), (1, 4))),
+    "unsqueeze_": lambda m: m.buf.unsqueeze_(0),
+    "__dict__ attribute": lambda m: m.__dict__.__setitem__("alpha", 4.0),
+    "__dict__ update": lambda m: m.__dict__.update(alpha=-1.0),
+    "_parameters write": lambda m: m.lin._parameters.__setitem__(
+        "bias", torch.nn.Parameter(torch.randn(1))
+    ),
+    "_parameters none": lambda m: m.lin._parameters.__setitem__("bias", None),
+    "_buffers write": lambda m: m._buffers.__setitem__("buf", torch.randn(3, 4)),
+    "_modules write": lambda m: m._modules.__setitem__("lin", torch.nn.Linear(4, 4, bias=False)),
+}
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+@pytest.mark.parametrize("backend", ["eager", "kiln"])
+def test_module_state_changed_behind_setattr(backend, change):
+    m = Net()
+    c = kiln.compile(m, backend=backend)
+    make = lambda: (torch.randn(3, 4),)  # noqa: E731
+    agree(c, m, make=make)
+    CHANGES[change](m)
+    agree(c, m, make=make, calls=3)
+    # the graph no longer fits (the offset is no part of it: data pointers include it)
+    assert kiln.stats().frames_captured == (1 if change == "data offset" else 2)
+
+
+def test_unfrozen_parameter_gets_its_gradient():
+    m = Net()
+    m.lin.weight.requires_grad_(False)
+    c = kiln.compile(m, backend="aot_eager")
+    c(torch.randn(3, 4)).sum().backward()
+    assert m.lin.weight.grad is None
+    m.lin.weight.requires_grad_(True)
+    x = torch.randn(3, 4)
+    c(x).sum().backward()
+    got = m.lin.weight.grad
+    m.lin.weight.grad = None
+    m(x).sum().backward()
+    torch.testing.assert_close(got, m.lin.weight.grad)
+
+
+def test_submodule_added_later_is_watched():
+    m = Net()
+    c = kiln.compile(m, backend="eager")
+    make = lambda: (torch.randn(3, 4),)  # noqa: E731
+    agree(c, m, make=make)
+    m.lin = torch.nn.Linear(4, 4)  # seen by Module.__setattr__; the new one is watched
+    agree(c, m, make=make)
+    m.lin.weight.data = torch.randn(4, 4).t()
+    agree(c, m, make=make)
+    assert kiln.stats().frames_captured == 3  # one for the new module, one for its weight
+    m.lin.__dict__["training"] = False  # no effect on Linear, but must not break anything
+    agree(c, m, make=make)
+
+
+def test_compiled_as_argument_and_as_method():
+    m = Net()
+
+    def call(model, x):
+        return model(x)
+
+    as_argument = kiln.compile(call, backend="eager")
+    as_method = kiln.compile(m.forward, backend="eager")
+    for _ in range(2):
+        x = torch.randn(3, 4)
+        torch.testing.assert_close(as_argument(m, x), m(x))
+        torch.testing.assert_close(as_method(x), m(x))
+    m.buf.set_(torch.randn(1))
+    m.__dict__["alpha"] = 5.0
+    for _ in range(2):
+        x = torch.randn(3, 4)
+        torch.testing.assert_close(as_argument(m, x), m(x))
+        torch.testing.assert_close(as_method(x), m(x))
+
+
+def test_unchanged_module_state_does_not_recompile():
+    m = Net()
+    c = kiln.compile(m, backend="eager")
+    agree(c, m, make=lambda: (torch.randn(3, 4),), calls=3)
+    with torch.no_grad():
+        m.lin.weight.add_(1.0)  # in-place values: the same graph
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(c(x), m(x))
+    torch.randn(4).requires_grad_()  # another tensor's metadata: nothing to re-check
+    assert kiln.stats().frames_captured == 1

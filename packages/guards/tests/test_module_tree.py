@@ -170,18 +170,29 @@ def test_structure_dtype_requires_grad_hooks():
     assert not check(Net(), None)  # another instance of the same class
 
 
-def test_direct_param_flag_needs_escape_hatch():
+def test_direct_param_flag_is_seen():
     model = Net()
     check = tree_check(model)
     passes(check, model)
-    model.blocks[0].fc.weight.requires_grad = False  # invisible to stamps (documented)
+    model.blocks[0].fc.weight.requires_grad = False
+    changed(check, model, "requires_grad mismatch")
+    model.blocks[0].fc.weight.requires_grad_(True)
+    passes(check, model)
+
+
+def test_changes_below_python_need_the_escape_hatch():
+    model = Net()
+    check = tree_check(model)
+    passes(check, model)
+    weight = model.blocks[0].fc.weight
+    torch._C.TensorBase.requires_grad.__set__(weight, False)  # C-level: invisible (documented)
     assert check(model, None)
     guards.config.trust_module_stamps = False
     changed(check, model, "requires_grad mismatch")
-    model.blocks[0].fc.weight.requires_grad = True
+    torch._C.TensorBase.requires_grad.__set__(weight, True)
     passes(check, model)
     stamps.bump()
-    model.blocks[0].fc.weight.requires_grad = False
+    torch._C.TensorBase.requires_grad.__set__(weight, False)
     guards.config.trust_module_stamps = True
     changed(check, model, "requires_grad mismatch")  # re-trusting re-checks once
 

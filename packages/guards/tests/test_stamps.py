@@ -60,3 +60,88 @@ def test_install_is_idempotent():
     stamps.install()
     assert torch.nn.Module.__setattr__ is setattr_fn
     assert stamps.installed()
+
+
+def test_writes_into_watched_module_dicts_move_it():
+    m = torch.nn.Linear(2, 2)
+    stamps.install()
+    assert not stamps.watched(m)
+    assert stamps.watch(m) is True
+    assert stamps.watched(m) and stamps.watched(m.weight) and stamps.watched(m.bias)
+    assert moves(lambda: m.__dict__.__setitem__("alpha", 4.0))
+    assert moves(lambda: m.__dict__.update(alpha=5.0))
+    assert moves(lambda: m.__dict__.pop("alpha"))
+    assert moves(lambda: m._parameters.__setitem__("bias", torch.nn.Parameter(torch.ones(2))))
+    assert moves(lambda: m._buffers.setdefault("b", torch.ones(1)))
+    assert moves(lambda: m._buffers.__delitem__("b"))
+    assert moves(lambda: m._modules.__setitem__("c", torch.nn.ReLU()))
+    assert not moves(lambda: (m.__dict__["training"], m._parameters["weight"], dict(m._modules)))
+
+
+def test_watched_dicts_pickle_and_copy_as_plain_dicts():
+    import copy
+    import pickle
+
+    m = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    stamps.install()
+    stamps.watch(m)
+    for other in (pickle.loads(pickle.dumps(m)), copy.deepcopy(m)):
+        assert type(other.__dict__) is dict
+        assert type(other[0]._parameters) is dict
+    assert type(copy.copy(m).__dict__) is dict  # (shallow: its submodules are m's)
+
+
+def test_metadata_changes_of_watched_tensors_move_it():
+    m = torch.nn.Linear(4, 4)
+    m.register_buffer("buf", torch.randn(4))
+    stamps.install()
+    stamps.watch(m)
+    w, buf = m.weight, m.buf
+    assert moves(lambda: setattr(w, "data", torch.randn(4, 4).t()))
+    assert moves(lambda: setattr(w, "requires_grad", False))
+    assert moves(lambda: w.requires_grad_(True))
+    with torch.no_grad():
+        assert moves(w.t_)
+        assert moves(lambda: w.as_strided_((4, 4), (1, 4)))
+        assert moves(lambda: w.transpose_(0, 1))
+    assert moves(lambda: buf.set_(torch.randn(8)[::2]))
+    assert moves(lambda: buf.resize_(2))
+    assert moves(lambda: buf.unsqueeze_(0))
+    assert moves(lambda: buf.squeeze_(0))
+    assert moves(lambda: buf.untyped_storage().resize_(64))
+    assert not moves(lambda: buf.add_(1.0))  # values only: the graph still fits
+    assert w.data.shape == (4, 4) and w.requires_grad  # reads are torch's own
+
+
+def test_other_tensors_do_not_move_it():
+    stamps.install()
+    x = torch.randn(2, 3)
+    assert not moves(lambda: x.requires_grad_())
+    assert not moves(lambda: setattr(x, "requires_grad", False))
+    assert not moves(x.t_)
+    assert not moves(lambda: setattr(x, "data", torch.randn(5)))
+    assert not moves(lambda: x.resize_(7))
+
+
+def test_modules_added_later_are_watched_when_their_group_passes():
+    from kiln import guards
+    from kiln.capture.guard_data import GuardKind, GuardSpec
+    from kiln.capture.source import LocalSource
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+
+    def forward(self):
+        return self
+
+    root = LocalSource("self")
+    specs = [
+        GuardSpec(root, GuardKind.MODULE_MATCH, id(model)),
+        GuardSpec(root.attr("training"), GuardKind.BOOL, True),
+        GuardSpec(root, GuardKind.MODULE_TREE, model),
+    ]
+    check = guards.build_check(specs, forward)
+    assert stamps.watched(model) and stamps.watched(model[0])
+    model.append(torch.nn.Linear(2, 2))  # registered through add_module: moves the stamp
+    assert not stamps.watched(model[1])
+    assert check(model)
+    assert stamps.watched(model[1]) and stamps.watched(model[1].weight)

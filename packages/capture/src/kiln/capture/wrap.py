@@ -247,7 +247,10 @@ def _is_singleton(obj: Any) -> bool:
 
 
 def _plain_dict_type(cls: type) -> bool:
-    if cls in (dict, collections.OrderedDict):
+    """Dicts traced item by item. A dict subclass whose reads are dict's own and that only
+    observes writes (a class attribute ``__kiln_plain_dict__ = True``: the module dicts that
+    kiln.guards watches) is traced as a plain dict; its type is still guarded."""
+    if cls in (dict, collections.OrderedDict) or cls.__dict__.get("__kiln_plain_dict__"):
         return True
     return dataclasses.is_dataclass(cls) and issubclass(cls, collections.OrderedDict)
 
@@ -275,6 +278,7 @@ def _wrap_dict(out: OutputGraph, obj: dict[Any, Any], source: Source | None) -> 
         else:
             key = ConstantValue(k)
         items[k] = (key, wrap(out, v, source.item(k) if source else None))
-    d = DictValue(items, type(obj), source)
+    cls = dict if type(obj).__dict__.get("__kiln_plain_dict__") else type(obj)
+    d = DictValue(items, cls, source)
     d.detached = source is None
     return d

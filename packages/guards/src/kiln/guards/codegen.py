@@ -348,6 +348,7 @@ class CheckSource:
         few locals of the common path, not the group's hundreds)."""
         assert tree.source is not None
         stamps.install()
+        stamps.watch(tree.expected)
         stamp = self.bind(stamps.state, "stamp")
         seen = self.bind([-1], "seen")  # the stamp the group last passed at; -1: never
         name = f"{self.prefix}group{len(self.functions)}"
@@ -357,6 +358,8 @@ class CheckSource:
         self.lines, self._locals, self.indent = [], {str(tree.source): root}, 0
         self.line(f"{self.prefix}now = {stamp}[0]")
         emit_members()
+        # modules and tensors that joined the tree since it was last watched
+        self.line(f"{self.bind(stamps.watch, 'watch')}({root})")
         self.line(f"if {self.bind(config, 'config')}.trust_module_stamps:")
         self.line(f"    {seen}[0] = {self.prefix}now")
         self.line("return True")

@@ -24,7 +24,7 @@ class GuardsConfig:
     ``skip_guards``: UNSAFE; run the newest entry without checking (serving loops whose
     inputs never change). ``trust_module_stamps``: check ``MODULE_TREE`` guards by the
     module stamp; turn off to run every tree's guards on every call (when modules are
-    changed in ways the stamp cannot see, e.g. ``param.data = ...``).
+    changed in ways the stamp cannot see, e.g. ``torch.ops.aten.set_(param, t)``).
     """
 
     recompile_limit: int = 8
