@@ -31,6 +31,7 @@ class Call:
     seed: int
     set_g: float | None = None  # assign the global G before this call
     flip_flag: bool = False  # toggle CONFIG["flag"] before this call
+    s_by_keyword: bool = False  # call f(x, y, s=s) rather than f(x, y, s)
 
 
 @dataclass
@@ -153,14 +154,22 @@ def _state(ns: dict[str, Any]) -> tuple[Any, ...]:
     return (ns["G"], ns["COUNT"], list(ns["LOG"]), dict(ns["CONFIG"]), ns["GT"].clone())
 
 
-def _run(fn: Any, inputs: tuple[Any, ...]) -> tuple[Any, BaseException | None]:
+def _run(
+    fn: Any, inputs: tuple[Any, ...], kwargs: dict[str, Any] | None = None
+) -> tuple[Any, BaseException | None]:
     try:
         with warnings.catch_warnings():
             # torch's own warnings (var() of one element, ...) come from both runs alike.
             warnings.filterwarnings("ignore", category=UserWarning)
-            return fn(*inputs), None
+            return fn(*inputs, **(kwargs or {})), None
     except Exception as e:
         return None, e
+
+
+def _call(fn: Any, inputs: tuple[Any, ...], call: Call) -> tuple[Any, BaseException | None]:
+    if call.s_by_keyword:
+        return _run(fn, inputs[:2], {"s": inputs[2]})
+    return _run(fn, inputs)
 
 
 def _leaves_of(inputs: tuple[torch.Tensor, torch.Tensor, float]) -> tuple[torch.Tensor, ...]:
@@ -187,13 +196,13 @@ def run_program(
                 if call.flip_flag:
                     ns["CONFIG"]["flag"] = not ns["CONFIG"]["flag"]
             ins_e, ins_k = make_inputs(call, grad), make_inputs(call, grad)
-            out_e, err_e = _run(eager_fn, ins_e)
+            out_e, err_e = _call(eager_fn, ins_e, call)
             if index == 0 and err_e is not None:
                 outcome.invalid = True
                 return outcome
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                out_k, err_k = _run(compiled_fn, ins_k)
+                out_k, err_k = _call(compiled_fn, ins_k, call)
             outcome.fallbacks += [
                 str(w.message) for w in caught if str(w.message).startswith("kiln:")
             ]

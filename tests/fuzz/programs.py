@@ -33,6 +33,10 @@ DTYPES = {
 NAMES = {v: k for k, v in DTYPES.items()}
 FLOATS = ("f32", "f64", "bf16")
 BACKENDS = ("kiln", "aot_eager", "eager")
+# Known wrong, with an xfail test in tests/test_fuzz_regressions.py: a non-dense view input that
+# requires grad is read with dense strides by the default backend. Left on, nearly every grad
+# program with such an input fails the same way and hides the other findings.
+KNOWN_STRIDED_GRAD_BUG = True
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,8 @@ class Env:
     lines: list[str] = field(default_factory=list)
     fresh: itertools.count[int] = field(default_factory=itertools.count)
     uses_globals: bool = False
+    counts: bool = False  # writes the global COUNT (declared at the top of f)
+    funcs: list[str] = field(default_factory=list)  # closures t -> same shape, called later
 
     def name(self, prefix: str = "v") -> str:
         return f"{prefix}{next(self.fresh)}"
@@ -584,9 +590,13 @@ def closure(draw: st.DrawFn, env: Env) -> None:
 def global_effect(draw: st.DrawFn, env: Env) -> None:
     env.uses_globals = True
     a = draw(_tensor(env))
-    kind = draw(st.integers(0, 3))
+    kind = draw(st.integers(0, 4))
+    if kind == 4:
+        env.lines += ["GT.mul_(1.5)"]
+        return
     if kind == 0:
-        env.lines += ["global COUNT", "COUNT += 1"]
+        env.counts = True
+        env.lines += ["COUNT += 1"]
     elif kind == 1:
         env.lines += [f"LOG.append({a.name}.dim())"]
     elif kind == 2 and a.dtype in FLOATS:
@@ -684,6 +694,125 @@ def no_grad_def(draw: st.DrawFn, env: Env) -> None:
     env.tensors.append(_derived(a, out, dtype=_float(a.dtype), exact=False))
 
 
+@st.composite
+def later_closure(draw: st.DrawFn, env: Env) -> None:
+    """Define a closure now and call it later, maybe across a graph break, or call an old one."""
+    a = draw(_tensor(env, lambda v: v.dtype in FLOATS))
+    if env.funcs and draw(st.booleans()):
+        g = draw(st.sampled_from(env.funcs))
+        out = env.name()
+        env.lines.append(f"{out} = {g}({a.name})")
+        env.tensors.append(_derived(a, out, exact=False))
+        return
+    g = env.name("g")
+    kind = draw(st.integers(0, 3))
+    if kind == 0:
+        # The cell is rebound after the definition: the call must see the new value.
+        env.lines += [
+            f"scale = {draw(st.sampled_from(env.pyvars))}",
+            f"def {g}(t):",
+            "    return t * scale",
+        ]
+        env.lines += ["scale = scale + 1"]
+    elif kind == 1:
+        env.lines += [
+            "acc = []",
+            f"def {g}(t):",
+            "    acc.append(t.sum())",
+            "    return t + len(acc)",
+        ]
+    elif kind == 2:
+        env.lines += [f"{g} = functools.partial(torch.clamp, min=-0.5)"]
+    else:
+        env.lines += [f"def {g}(t, *, k=2):", "    return t ** k if k > 1 else t"]
+    env.funcs.append(g)
+
+
+@st.composite
+def graph_break(draw: st.DrawFn, env: Env) -> None:
+    """Something Kiln cannot put in a graph, with live containers and closures around it."""
+    a = draw(_tensor(env, lambda v: not v.lossy and v.dtype != "bool"))
+    kind = draw(st.integers(0, 4))
+    k = env.name("k")
+    if kind == 0:
+        env.lines += [f"{k} = {a.name}.tolist()", f"{k} = len({k}) + 1"]
+    elif kind == 1:
+        env.lines += [f"{k} = {a.name}.max().item() > 0.25"]
+    elif kind == 2:
+        env.lines += [f"{k} = [int(v > 0) for v in {a.name}.reshape(-1)[:3]]", f"{k} = sum({k})"]
+    elif kind == 3:
+        env.lines += [f"{k} = {a.name}.sum()", f"{k} = 2.0 if {k} > 0 else -2.0"]
+    else:
+        env.lines += [f"{k} = bool(({a.name} != {a.name}).any())", f"{k} = 1 - int({k})"]
+    env.pyvars.append(k)
+
+
+@st.composite
+def python_flow(draw: st.DrawFn, env: Env) -> None:
+    """Builtins and statements over Python values: zip, sorted, try/except, raise, asserts."""
+    a = draw(_tensor(env))
+    b = draw(_tensor(env, lambda v: v.shape == a.shape))
+    out = env.name()
+    kind = draw(st.integers(0, 6))
+    keep = replace(a, name=out, input_view=False)
+    if kind == 0:
+        env.lines += [f"{out} = [t for t, u in zip([{a.name}, {b.name}], [1, 2]) if u > 1][0]"]
+        keep = replace(b, name=out, input_view=False)
+    elif kind == 1:
+        env.lines += [
+            "try:",
+            f"    {out} = {a.name} + {b.name}.reshape({a.name}.shape[0] + 1)",
+            "except RuntimeError:",
+            f"    {out} = {a.name}",
+        ]
+    elif kind == 2:
+        env.lines += [
+            f"if {a.name}.dim() > 3:",
+            f"    raise ValueError('rank ' + str({a.name}.dim()))",
+            f"{out} = {a.name}",
+        ]
+    elif kind == 3:
+        env.lines += [
+            f"dims = sorted({a.name}.shape, reverse=True)",
+            f"{out} = {a.name} if dims[0] >= dims[-1] else {b.name}",
+        ]
+    elif kind == 4:
+        env.lines += [
+            f"assert {a.name}.shape == {b.name}.shape, 'shapes'",
+            f"{out} = max([{a.name}, {b.name}], key=lambda t: t.dim())",
+        ]
+    elif kind == 5:
+        env.lines += [f"{out} = {a.name}.new_zeros({a.name}.shape) if x.shape[0] > 4 else {a.name}"]
+        keep = replace(keep, exact=False)
+    else:
+        env.lines += [
+            "if s > 2.5:",
+            "    raise RuntimeError('s too large')",
+            f"{out} = {a.name}",
+        ]
+    env.tensors.append(keep)
+
+
+@st.composite
+def factory(draw: st.DrawFn, env: Env) -> None:
+    """New tensors sized from the inputs' metadata."""
+    choices = [
+        ("torch.ones(x.shape[0]) * s", ("n",), "f32"),
+        ("torch.arange(y.shape[1])", ("m",), "i64"),
+        ("torch.zeros_like(x, dtype=torch.float64)", ("n", "m"), "f64"),
+        ("torch.full((x.size(0), 1), 2.0)", ("n", "1"), "f32"),
+        ("x.new_ones(x.shape[1])", ("m",), "f32"),
+        ("torch.eye(x.shape[1])", ("m", "m"), "f32"),
+        ("torch.linspace(0, 1, y.shape[0])", ("n",), "f32"),
+        ("torch.tensor([float(x.shape[0]), s])", ("2",), "f32"),
+        ("torch.empty_like(y).fill_(s)", ("n", "m"), "f32"),
+    ]
+    op, shape, dtype = draw(st.sampled_from(choices))
+    out = env.name()
+    env.lines.append(f"{out} = {op}")
+    env.tensors.append(Var(out, shape, dtype, exact="s" not in op))
+
+
 STATEMENTS = [
     (unary, 4),
     (binary, 4),
@@ -701,6 +830,10 @@ STATEMENTS = [
     (global_effect, 1),
     (block, 3),
     (no_grad_def, 1),
+    (later_closure, 2),
+    (graph_break, 2),
+    (python_flow, 2),
+    (factory, 1),
 ]
 
 
@@ -741,6 +874,8 @@ def returned(draw: st.DrawFn, env: Env) -> str:
 
 
 PRELUDE = """\
+import functools
+
 import torch
 
 G = 1.5
@@ -776,9 +911,13 @@ def calls(draw: st.DrawFn, grad: bool) -> tuple[Call, ...]:
     for i in range(count):
         if i and draw(st.booleans()):
             n, m = draw(st.integers(1, 5)), draw(st.integers(1, 5))
+            if draw(st.integers(0, 15)) == 0:
+                n = 0  # empty inputs: reductions without identity must raise alike
         if i and draw(st.integers(0, 3)) == 0:
-            s = draw(st.sampled_from([0.5, -1.0, 2.0, 3.25]))
-        layouts = ["contiguous"] * 4 + ["transposed", "sliced"]
+            s = draw(st.sampled_from([0.5, -1.0, 2.0, 3.25, 2]))
+        layouts = ["contiguous"] * 4 + ["transposed"]
+        if not grad or not KNOWN_STRIDED_GRAD_BUG:
+            layouts += ["sliced"]
         if not grad:
             layouts += ["same", "siblings"]
         out.append(
@@ -791,6 +930,7 @@ def calls(draw: st.DrawFn, grad: bool) -> tuple[Call, ...]:
                 seed=draw(st.integers(0, 2**16)),
                 set_g=draw(st.sampled_from([None] * 5 + [2.5])) if i else None,
                 flip_flag=bool(i) and draw(st.integers(0, 6)) == 0,
+                s_by_keyword=draw(st.booleans()),
             )
         )
     return tuple(out)
@@ -810,6 +950,7 @@ def programs(
     for _ in range(draw(st.integers(1, 7))):
         draw(statement(env))
     ret = draw(returned(env))
-    body = "\n".join("    " + line for line in env.lines)
+    lines = ["global COUNT", *env.lines] if env.counts else env.lines
+    body = "\n".join("    " + line for line in lines)
     source = f"{PRELUDE}\n\ndef f(x, y, s):\n{body}\n    return {ret}\n"
     return Program(source=source, calls=draw(calls(grad)), backend=backend, grad=grad)

@@ -45,7 +45,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     @given(programs(backends=backends))
     def one(program: Program) -> None:
-        outcome = run_program(program.source, program.calls, program.backend, program.grad)
+        try:
+            outcome = run_program(program.source, program.calls, program.backend, program.grad)
+        except Exception as e:  # the harness's own failure: report it, keep going
+            counts["harness errors"] += 1
+            print(f"HARNESS ERROR {type(e).__name__}: {e}\n{program.describe()}", flush=True)
+            return
         counts["generated"] += 1
         counts["invalid" if outcome.invalid else "compared"] += 1
         counts[

@@ -67,7 +67,8 @@ def repro_text(source: str, calls: tuple[Call, ...], backend: str, grad: bool, f
     harness_text = inspect.getsource(harness)
     harness_text = re.sub(r'^"""(.|\n)*?"""\n', "", harness_text, count=1)
     call_list = ",\n    ".join(repr(c) for c in calls)
-    comment = "\n".join("# " + line for line in finding.splitlines()[:12])
+    lines = [f"backend={backend!r} grad={grad}", *finding.splitlines()[:12]]
+    comment = "\n".join("# " + line for line in lines)
     return (
         f'"""Kiln differential fuzzer repro: run with python; it prints the difference."""\n'
         f"{comment}\n{harness_text}\n\n"
