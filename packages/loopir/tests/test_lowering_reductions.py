@@ -120,6 +120,34 @@ def test_zero_size_and_scalar_reductions():
     check(fn, e, s)
 
 
+@pytest.mark.parametrize("dim", [0, -1])
+def test_scalar_reductions_over_a_dim_stay_scalar_with_keepdim(dim):
+    """A 0-d input reduced over dim 0 or -1 gives a 0-d result, keepdim or not (as eager)."""
+    s = torch.randn(())
+
+    def fn(s):
+        b = aten.gt.Scalar(s, 0)
+        outs = []
+        for keep in (False, True):
+            outs += [
+                aten.sum.dim_IntList(s, [dim], keep),
+                aten.prod.dim_int(s, dim, keep),
+                aten.mean.dim(s, [dim], keep),
+                aten.amax.default(s, [dim], keep),
+                aten.amin.default(s, [dim], keep),
+                aten.argmax.default(s, dim, keep),
+                aten.argmin.default(s, dim, keep),
+                aten.any.dim(b, dim, keep),
+                aten.all.dim(b, dim, keep),
+                aten.var.correction(s, [dim], correction=0, keepdim=keep),
+                *_pair(aten.max.dim(s, dim, keep)),
+                aten.logsumexp.default(s, [dim], keep),
+            ]
+        return tuple(outs)
+
+    check(fn, s)
+
+
 def test_broadcast_input_reduction():
     x = torch.randn(5, 1)
 

@@ -49,7 +49,8 @@ def reduce(
 ) -> TensorBox:
     """A realized ``Reduction`` of ``x`` over ``dim`` with accumulator/result ``dtype``;
     a long one with few results in two steps (see :func:`_pieces`)."""
-    if x.dim() == 0:
+    scalar = x.dim() == 0  # reduced as one element; its result stays 0-d, keepdim or not
+    if scalar:
         x = unsqueeze(x, 0)
         dim = [0]
     rdims = _dims(x, dim)
@@ -60,7 +61,7 @@ def reduce(
         out = _reduction(partial, [0], reduction_type, dtype)
     else:
         out = _reduction(x, rdims, reduction_type, dtype, output_index, with_index)
-    if keepdim:
+    if keepdim and not scalar:
         for d in rdims:
             out = unsqueeze(out, d)
     return out

@@ -149,6 +149,8 @@ def unsqueeze(x: TensorBox, dim: int) -> TensorBox:
 def squeeze_dims(x: TensorBox, dims: Sequence[int]) -> TensorBox:
     """``x`` without the listed dims of size 1 (others are kept, as torch does)."""
     n = x.dim()
+    if n == 0:  # a 0-d tensor squeezed over dim 0 or -1 is itself
+        return x
     drop = {canonical_dim(d, n) for d in dims if x.get_size()[canonical_dim(d, n)] == 1}
     if not drop:
         return x
