@@ -147,7 +147,10 @@ def _grads(out: Any, inputs: tuple[torch.Tensor, ...]) -> list[torch.Tensor | No
     if not terms:
         return None
     grads = torch.autograd.grad(sum(terms), inputs, allow_unused=True)
-    return list(grads)
+    # An input that reaches a compiled graph is an input of its autograd node, so its gradient
+    # is zeros where eager's is None when no output used depends on it (torch.compile does the
+    # same): both read as zeros here.
+    return [g if g is None or bool(g.any()) else None for g in grads]
 
 
 def _state(ns: dict[str, Any]) -> tuple[Any, ...]:
