@@ -1635,7 +1635,7 @@ GRAPHS: dict[str, int] = {
     "slice_break": 1,
     "fstring_conversion_break": 2,
     "id_call": 1,
-    "hash_tensor": 0,
+    "hash_tensor": 1,  # a tensor key hashes by identity
     "break_at_start": 1,
     "break_at_return": 1,
     "repeated_break_same_line": 3,

@@ -9,6 +9,7 @@ look in ``_parameters``, ``_buffers`` and ``_modules`` first, as Module does.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import logging
 import operator
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kiln.capture import builtin_calls, calls, numpy_calls, torch_calls
+from kiln.capture import builtin_calls, builtin_types, calls, numpy_calls, torch_calls
 from kiln.capture.break_reasons import UserException, raised, unsupported
 from kiln.capture.guard_data import GuardKind
 from kiln.capture.source import MODULE_STORES, Source
@@ -65,6 +66,9 @@ def get_attr(tr: Tracer, v: Value, name: str) -> Value:
         return _class_attr(tr, v, v.cls, name, None)
     if isinstance(v, ConstantValue):
         return _constant_attr(v, name)
+    own = builtin_types.python_method(tr, v, name)  # ``class Registry(dict)``'s methods
+    if own is not None:
+        return own
     if isinstance(v, DictValue):
         if v.cls is not dict and name in v.items and dataclasses.is_dataclass(v.cls):
             return v.items[name][1]
@@ -91,11 +95,24 @@ def get_attr(tr: Tracer, v: Value, name: str) -> Value:
         return receiver if name == "__self__" else ConstantValue(v.name)
     if isinstance(v, SuperValue):
         return _super_attr(tr, v, name)
-    if isinstance(v, PartialValue) and name in ("func", "args", "keywords"):
-        if name == "func":
-            return v.func
-        return TupleValue(list(v.args)) if name == "args" else _kwargs_dict(v.kwargs)
+    if isinstance(v, PartialValue):
+        return _partial_attr(v, name)
     return _builtin_method(v, name)
+
+
+def _partial_attr(v: PartialValue, name: str) -> Value:
+    if name == "func":
+        return v.func
+    if name in ("args", "keywords"):
+        return TupleValue(list(v.args)) if name == "args" else _kwargs_dict(v.kwargs)
+    if not _class_defines(functools.partial, name):  # ``__name__`` is the class's alone
+        raise raised(AttributeError(f"'functools.partial' object has no attribute {name!r}"))
+    return _builtin_method(v, name)
+
+
+def _class_defines(cls: type, name: str) -> bool:
+    """Whether instances of ``cls`` get ``name`` from their class (not from its metaclass)."""
+    return any(name in vars(k) for k in cls.__mro__)
 
 
 def _kwargs_dict(kwargs: dict[str, Value]) -> DictValue:
@@ -224,6 +241,8 @@ def _class_attr(
     if isinstance(static, types.FunctionType):
         fn_src = src.attr("__func__") if src is not None else None
         return BoundMethodValue(function_value(static, fn_src), v)
+    if builtin_types.descriptor(static) is not None:  # ``reg.keys`` of a dict subclass
+        return BoundMethodValue(ObjectValue(static), v)
     if isinstance(static, property):
         if not isinstance(static.fget, types.FunctionType):
             return _real_attr(tr, v, name, src)
@@ -329,7 +348,9 @@ def has_attr(tr: Tracer, v: Value, name: str) -> bool:
         return hasattr(v.value, name)
     if isinstance(v, DictValue) and dataclasses.is_dataclass(v.cls):
         return name in v.items or hasattr(v.cls, name)
-    return hasattr(v.python_type(), name)
+    if isinstance(v, UserFunctionValue) and v.real is not None:
+        return hasattr(v.real, name)
+    return _class_defines(v.python_type(), name)
 
 
 def delete_attr(tr: Tracer, v: Value, name: str) -> None:
@@ -383,8 +404,8 @@ def set_attr(tr: Tracer, v: Value, name: str, value: Value, *, plain: bool = Fal
     if isinstance(v, NewObjectValue):
         v.attrs[name] = value
         return
-    if isinstance(v, DictValue) and v.cls is not dict and v.source is None:
-        v.items[name] = (ConstantValue(name), value)
+    if isinstance(v, DictValue) and dataclasses.is_dataclass(v.cls) and v.source is None:
+        v.items[name] = (ConstantValue(name), value)  # a ModelOutput's fields are its items
         return
     if isinstance(v, ObjectValue) and v.source is not None and _plain_attribute(v.obj, name, plain):
         tr.out.side_effects.store_attr(v, v.obj, name, value)
@@ -417,6 +438,9 @@ def get_item(tr: Tracer, v: Value, index: Value) -> Value:
         return torch_calls.call_function(tr, operator.getitem, [v, index], {})
     if isinstance(v, NdarrayValue):
         return numpy_calls.get_item(tr, v, index)
+    own = builtin_types.call_override(tr, v, "__getitem__", [index])
+    if own is not None:
+        return own
     if isinstance(v, (ListValue, TupleValue)):
         key = index.as_constant() if isinstance(index, ConstantValue) else None
         if isinstance(key, slice):
@@ -515,6 +539,8 @@ def set_item(tr: Tracer, v: Value, index: Value, value: Value) -> None:
     if isinstance(v, TensorValue):
         torch_calls.call_function(tr, operator.setitem, [v, index, value], {})
         return
+    if builtin_types.call_override(tr, v, "__setitem__", [index, value]) is not None:
+        return
     if isinstance(v, ListValue):
         v.check_mutable()
         key = index.as_constant()
@@ -532,6 +558,8 @@ def set_item(tr: Tracer, v: Value, index: Value, value: Value) -> None:
 
 
 def delete_item(tr: Tracer, v: Value, index: Value) -> None:
+    if builtin_types.call_override(tr, v, "__delitem__", [index]) is not None:
+        return
     if isinstance(v, ListValue):
         v.check_mutable()
         del v.items[index.as_constant()]

@@ -21,12 +21,26 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kiln.capture import attributes, calls, numpy_calls, operators, torch_calls
+from kiln.capture import (
+    attributes,
+    builtin_types,
+    calls,
+    copies,
+    numpy_calls,
+    operators,
+    torch_calls,
+)
 from kiln.capture.break_reasons import raised, unsupported
 from kiln.capture.guard_data import GuardKind
-from kiln.capture.source import Source
 from kiln.capture.values.base import ConstantValue, Value, is_constant
-from kiln.capture.values.containers import DictValue, ListValue, SetValue, TupleValue, dict_key
+from kiln.capture.values.containers import (
+    DictValue,
+    DictViewValue,
+    ListValue,
+    SetValue,
+    TupleValue,
+    dict_key,
+)
 from kiln.capture.values.functions import BoundMethodValue, PartialValue
 from kiln.capture.values.iterators import (
     EnumerateIterator,
@@ -87,8 +101,12 @@ def literal(v: Value) -> Any:
         return [literal(x) for x in v.items]
     if isinstance(v, DictValue) and v.cls is dict:
         return {k: literal(x) for k, (_, x) in v.items.items()}
+    if isinstance(v, DictViewValue):  # a real view of a dict with the same items
+        return getattr(literal(DictValue(v.dict.items)), v.kind)()
     if isinstance(v, ObjectValue) and isinstance(v.obj, _IDENTITY_OBJECTS):
         return v.obj
+    if isinstance(v, ObjectValue) and isinstance(v.obj, BaseException) and v.source is None:
+        return v.obj  # raised and caught in the trace: nothing else holds it
     raise unsupported("unsupported_value", f"{v} is not a constant")
 
 
@@ -105,12 +123,15 @@ def iterate(tr: Tracer, v: Value) -> IteratorValue:
     """``iter(v)``: an iterator the loop can unroll."""
     if isinstance(v, IteratorValue):
         return v
-    if isinstance(v, (ListValue, TupleValue)):
+    own = builtin_types.call_override(tr, v, "__iter__", [])
+    if own is not None:
+        return iterate(tr, own)
+    if isinstance(v, (ListValue, TupleValue, DictViewValue)):
         return ItemsIterator(list(v.items))
     if isinstance(v, DictValue):
         return ItemsIterator([k for k, _ in v.items.values()])
     if isinstance(v, SetValue):
-        return ItemsIterator(list(v.items.values()))
+        return ItemsIterator(v.ordered())
     if isinstance(v, ConstantValue):
         try:
             return ItemsIterator([ConstantValue(x) for x in v.value])
@@ -143,8 +164,11 @@ def _iterate_object(tr: Tracer, v: ObjectValue) -> IteratorValue:
         )
     if isinstance(obj, (torch.nn.ModuleDict, torch.nn.ParameterDict)):
         return ItemsIterator([ConstantValue(k) for k in obj])
-    if isinstance(obj, (dict, list, tuple, set, frozenset, range, str)):
+    if type(obj) in (dict, list, tuple, set, frozenset, range, str):
         return iterate(tr, wrap(tr.out, obj, src))
+    items = builtin_types.snapshot(tr, v)  # a dict, list or tuple subclass
+    if items is not None:
+        return iterate(tr, items)
     method = attributes.get_attr(tr, v, "__iter__")
     return iterate(tr, calls.call(tr, method, [], {}))
 
@@ -185,9 +209,12 @@ def _truth(tr: Tracer) -> Callable[[Value], bool]:
 
 
 def length(tr: Tracer, v: Value) -> int:
+    own = builtin_types.call_override(tr, v, "__len__", [])
+    if own is not None:
+        return int(own.as_constant())
     if isinstance(v, (ListValue, TupleValue)):
         return len(v.items)
-    if isinstance(v, (DictValue, SetValue)):
+    if isinstance(v, (DictValue, SetValue, DictViewValue)):
         return len(v.items)
     if isinstance(v, ConstantValue):
         return len(v.value)
@@ -360,7 +387,8 @@ def _enumerate(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value
 
 @_handles(zip)
 def _zip(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
-    return ZipIterator([iterate(tr, a) for a in args])
+    strict = bool(kwargs["strict"].as_constant()) if "strict" in kwargs else False
+    return ZipIterator([iterate(tr, a) for a in args], strict)
 
 
 @_handles(map)
@@ -418,6 +446,7 @@ def make_dict(tr: Tracer, args: list[Value], kwargs: dict[str, Value], cls: type
 
 
 _HANDLERS[dict] = _dict_handler(dict)
+_HANDLERS[copy.copy], _HANDLERS[copy.deepcopy] = copies.shallow_copy, copies.deep_copy
 _HANDLERS[collections.OrderedDict] = _dict_handler(collections.OrderedDict)
 
 
@@ -447,58 +476,6 @@ def _sorted(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
     except TypeError as e:
         raise raised(e) from e
     return ListValue([item for _, _, item in ordered])
-
-
-@_handles(copy.copy)
-def _copy(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
-    """A shallow copy: a new container (or new object) holding the same values."""
-    v = args[0]
-    if isinstance(v, ListValue):
-        return ListValue(list(v.items))
-    if isinstance(v, DictValue):
-        return DictValue(dict(v.items), v.cls)
-    if isinstance(v, SetValue):
-        return SetValue(dict(v.items))
-    if isinstance(v, NewObjectValue):
-        return NewObjectValue(v.cls, dict(v.attrs))
-    if isinstance(v, (ConstantValue, TupleValue)):
-        return v
-    raise unsupported("unsupported_call", f"copy.copy of {v}")
-
-
-@_handles(copy.deepcopy)
-def _deepcopy(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
-    v = args[0]
-    if is_literal(v):
-        return fold(copy.deepcopy, args[:1], {})
-    if isinstance(v, ObjectValue) and v.source is not None and hasattr(v.obj, "__dict__"):
-        # a snapshot of a plain object (a config): its state is guarded, the copy is private
-        _guard_state(tr, v.obj, v.source, depth=2)
-        if tr.out.side_effects.attr_stores.get(id(v.obj)):
-            raise unsupported("unsupported_call", "copy.deepcopy of an object with pending stores")
-        try:
-            snapshot = copy.deepcopy(v.obj)
-        except Exception as e:
-            raise unsupported("unsupported_call", f"copy.deepcopy failed: {e}") from e
-        return ObjectValue(snapshot, private=True)
-    raise unsupported("unsupported_call", f"copy.deepcopy of {v}")
-
-
-def _guard_state(tr: Tracer, obj: Any, source: Source, depth: int) -> None:
-    """Guard every attribute of ``obj`` a copy would carry (nested objects to ``depth``)."""
-    for name, value in vars(obj).items():
-        if isinstance(value, torch.Tensor):
-            raise unsupported("unsupported_call", "copy.deepcopy of an object holding tensors")
-        if (
-            depth > 0
-            and not is_constant(value)
-            and hasattr(value, "__dict__")
-            and not callable(value)
-        ):
-            tr.out.guard(source.attr(name), GuardKind.TYPE_MATCH, type(value))
-            _guard_state(tr, value, source.attr(name), depth - 1)
-        else:
-            wrap(tr.out, value, source.attr(name))
 
 
 @_handles(functools.reduce)

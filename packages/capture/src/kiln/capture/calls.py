@@ -20,7 +20,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kiln.capture import builtin_calls, container_methods, contexts, numpy_calls, torch_calls
+from kiln.capture import (
+    builtin_calls,
+    builtin_types,
+    container_methods,
+    contexts,
+    numpy_calls,
+    torch_calls,
+)
 from kiln.capture.break_reasons import unsupported
 from kiln.capture.guard_data import GuardKind
 from kiln.capture.values.base import ConstantValue, Value, is_constant
@@ -111,6 +118,9 @@ def _call_object(tr: Tracer, fv: ObjectValue, args: list[Value], kwargs: dict[st
     handler = builtin_calls.handler_for(obj)
     if handler is not None:
         return handler(tr, args, kwargs)
+    owned = builtin_types.descriptor(obj)  # dict.get(d, k), super().__setitem__(k, v)
+    if owned is not None:
+        return builtin_types.call_descriptor(tr, *owned, args, kwargs)
     if numpy_calls.is_numpy_function(obj):
         return numpy_calls.call_function(tr, fv, args, kwargs)
     ctx = contexts.make_context(obj, args, kwargs)
@@ -206,6 +216,9 @@ def _construct(tr: Tracer, cv: ObjectValue, args: list[Value], kwargs: dict[str,
     )
     if foldable and all(builtin_calls.is_literal(a) for a in [*args, *kwargs.values()]):
         return builtin_calls.fold(cls, args, kwargs)
+    made = builtin_types.construct(tr, cls, args, kwargs)
+    if made is not None:
+        return made
     if _is_plain_python_class(cls):
         instance = NewObjectValue(cls)
         init = _find_python_method(cls, "__init__")

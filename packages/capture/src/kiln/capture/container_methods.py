@@ -11,7 +11,14 @@ from typing import TYPE_CHECKING
 from kiln.capture import attributes, builtin_calls, numpy_calls, operators
 from kiln.capture.break_reasons import raised, unsupported
 from kiln.capture.values.base import ConstantValue, Value
-from kiln.capture.values.containers import DictValue, ListValue, SetValue, TupleValue, dict_key
+from kiln.capture.values.containers import (
+    DictValue,
+    DictViewValue,
+    ListValue,
+    SetValue,
+    TupleValue,
+    dict_key,
+)
 from kiln.capture.values.ndarray import NdarrayValue
 
 if TYPE_CHECKING:
@@ -32,6 +39,10 @@ def call_builtin_method(
         return _dict_method(tr, receiver, name, args, kwargs)
     if isinstance(receiver, TupleValue) and name in ("index", "count"):
         return builtin_calls.fold(getattr(tuple, name), [TupleValue(receiver.items), *args], {})
+    if isinstance(receiver, TupleValue) and name == "__getitem__":  # the tuple's own
+        return attributes.get_item(tr, TupleValue(receiver.items), args[0])
+    if isinstance(receiver, TupleValue) and name == "__contains__":
+        return ConstantValue(operators.contains(tr, args[0], TupleValue(receiver.items)))
     if isinstance(receiver, SetValue):
         return _set_method(tr, receiver, name, args)
     raise unsupported("unsupported_call", f"{receiver.python_type().__name__}.{name}")
@@ -41,8 +52,8 @@ def _list_method(tr: Tracer, lst: ListValue, name: str, args: list[Value]) -> Va
     if name in ("index", "count", "copy", "__len__", "__getitem__", "__contains__"):
         if name == "copy":
             return ListValue(list(lst.items))
-        if name == "__getitem__":
-            return attributes.get_item(tr, lst, args[0])
+        if name == "__getitem__":  # the list's own item access, not a subclass's override
+            return attributes.get_item(tr, ListValue(lst.items), args[0])
         if name == "__len__":
             return ConstantValue(len(lst.items))
         if name == "__contains__":
@@ -67,7 +78,7 @@ def _list_method(tr: Tracer, lst: ListValue, name: str, args: list[Value]) -> Va
                 del lst.items[i]
                 break
     elif name == "__setitem__":
-        attributes.set_item(tr, lst, args[0], args[1])
+        attributes.set_item(tr, ListValue(lst.items), args[0], args[1])
     else:
         raise unsupported("unsupported_call", f"list.{name}")
     return ConstantValue(None)
@@ -76,12 +87,8 @@ def _list_method(tr: Tracer, lst: ListValue, name: str, args: list[Value]) -> Va
 def _dict_method(
     tr: Tracer, d: DictValue, name: str, args: list[Value], kwargs: dict[str, Value]
 ) -> Value:
-    if name == "items":
-        return ListValue([TupleValue([k, v]) for k, v in d.items.values()])
-    if name == "keys":
-        return ListValue([k for k, _ in d.items.values()])
-    if name == "values":
-        return ListValue([v for _, v in d.items.values()])
+    if name in ("keys", "values", "items"):
+        return DictViewValue(d, name)
     if name in ("get", "__getitem__"):
         found = d.get(args[0])
         if found is None:

@@ -11,6 +11,7 @@ user's globals.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import keyword
 import math
@@ -31,7 +32,14 @@ from kiln.capture.source import (
     Source,
 )
 from kiln.capture.values.base import ConstantValue, Value
-from kiln.capture.values.containers import CellValue, DictValue, ListValue, SetValue, TupleValue
+from kiln.capture.values.containers import (
+    CellValue,
+    DictValue,
+    DictViewValue,
+    ListValue,
+    SetValue,
+    TupleValue,
+)
 from kiln.capture.values.functions import BoundMethodValue, UserFunctionValue
 from kiln.capture.values.ndarray import NdarrayValue, as_numpy
 from kiln.capture.values.objects import NewObjectValue, ObjectValue
@@ -85,6 +93,8 @@ def graph_outputs(result: Value, effects: SideEffects) -> list[TensorValue]:
         elif isinstance(v, SetValue) and v.source is None:
             for x in v.items.values():
                 visit(x)
+        elif isinstance(v, DictViewValue):
+            visit(v.dict)
         elif isinstance(v, NewObjectValue):
             for x in v.attrs.values():
                 visit(x)
@@ -122,6 +132,14 @@ def _build_object(cls: type, attrs: dict[str, Any]) -> Any:
     obj: Any = object.__new__(cls)
     for name, value in attrs.items():
         object.__setattr__(obj, name, value)
+    return obj
+
+
+def _build_container(cls: Any, items: Any) -> Any:
+    """Recreate a dict or list subclass instance made during tracing, without its ``__init__``."""
+    obj: Any = cls.__new__(cls)
+    base = next(k for k in cls.__mro__ if k in (collections.OrderedDict, dict, list))
+    (base.extend if base is list else base.update)(obj, items)  # the base's own, not overrides
     return obj
 
 
@@ -254,7 +272,12 @@ class _Writer:
                 return f"{self.const(v.cls)}({items})"
             return f"{self.const(v.cls)}(({items}{',' if len(v.items) == 1 else ''}))"
         if isinstance(v, ListValue):
-            return f"[{', '.join(self.value(x) for x in v.items)}]"
+            items = f"[{', '.join(self.value(x) for x in v.items)}]"
+            return (
+                items
+                if v.cls is list
+                else f"{self.const(_build_container)}({self.const(v.cls)}, {items})"
+            )
         if isinstance(v, SetValue):
             return (
                 f"{{{', '.join(self.value(x) for x in v.items.values())}}}" if v.items else "set()"
@@ -263,11 +286,15 @@ class _Writer:
             pairs = ", ".join(f"{self.value(k)}: {self.value(x)}" for k, x in v.items.values())
             if v.cls is dict:
                 return f"{{{pairs}}}"
+            if not dataclasses.is_dataclass(v.cls) and v.cls is not collections.OrderedDict:
+                return f"{self.const(_build_container)}({self.const(v.cls)}, {{{pairs}}})"
             return (
                 f"{self.const(v.cls)}(**{{{pairs}}})"
                 if _kwargs_ctor(v)
                 else (f"{self.const(v.cls)}({{{pairs}}})")
             )
+        if isinstance(v, DictViewValue):  # dict's own method: a subclass may override it
+            return f"{self.const(getattr(dict, v.kind))}({self.value(v.dict)})"
         if isinstance(v, ObjectValue):
             return self.const(v.obj)
         if isinstance(v, NewObjectValue):

@@ -13,11 +13,18 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from kiln.capture import calls, numpy_calls, torch_calls
+from kiln.capture import builtin_types, calls, numpy_calls, torch_calls
 from kiln.capture.break_reasons import raised, unsupported
 from kiln.capture.guard_data import GuardKind
 from kiln.capture.values.base import ConstantValue, Value
-from kiln.capture.values.containers import DictValue, ListValue, SetValue, TupleValue, dict_key
+from kiln.capture.values.containers import (
+    DictValue,
+    DictViewValue,
+    ListValue,
+    SetValue,
+    TupleValue,
+    dict_key,
+)
 from kiln.capture.values.functions import UserFunctionValue
 from kiln.capture.values.ndarray import NdarrayValue
 from kiln.capture.values.objects import NewObjectValue, ObjectValue
@@ -94,6 +101,8 @@ def binary_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value:
     inplace = sym.endswith("=")
     base = sym[:-1] if inplace else sym
     seq = _sequence_op(base, a, b, inplace)
+    if seq is None:
+        seq = _set_op(base, a, b, inplace)
     if seq is not None:
         return seq
     return _dunder(tr, base, a, b, inplace)
@@ -123,6 +132,46 @@ def _sequence_op(sym: str, a: Value, b: Value, inplace: bool) -> Value | None:
             return a
         return DictValue({**a.items, **b.items})
     return None
+
+
+_SET_OPS: dict[str, Callable[[Any, Any], Any]] = {
+    "|": operator.or_,
+    "&": operator.and_,
+    "-": operator.sub,
+    "^": operator.xor,
+}
+
+
+def _set_keys(v: Value) -> dict[Any, Value] | None:
+    """The elements of a set, a keys or items view, or a constant set, by hashable key."""
+    if isinstance(v, SetValue):
+        return v.items
+    if isinstance(v, DictViewValue) and v.kind != "values":
+        return {_pair_key(x): x for x in v.items}
+    if isinstance(v, ConstantValue) and isinstance(v.value, (set, frozenset)):
+        return {x: ConstantValue(x) for x in v.value}
+    return None
+
+
+def _pair_key(v: Value) -> Any:
+    if isinstance(v, TupleValue):
+        return tuple(_pair_key(x) for x in v.items)
+    return dict_key(v)
+
+
+def _set_op(sym: str, a: Value, b: Value, inplace: bool) -> Value | None:
+    """``|``, ``&``, ``-``, ``^`` of sets and dict views (the result is a new set)."""
+    fn = _SET_OPS.get(sym)
+    left, right = _set_keys(a), _set_keys(b)
+    if fn is None or left is None or right is None:
+        return None
+    keys = fn(left.keys(), right.keys())
+    picked = {k: left[k] if k in left else right[k] for k in [*left, *right] if k in keys}
+    if inplace and isinstance(a, SetValue):
+        a.check_mutable()
+        a.items = picked
+        return a
+    return SetValue(picked)
 
 
 def _dunder(tr: Tracer, sym: str, a: Value, b: Value, inplace: bool) -> Value:
@@ -175,7 +224,8 @@ def _identity(a: Value, b: Value) -> bool | None:
             if a.node is not b.node and a.node.op == b.node.op == "placeholder":
                 # two inputs may or may not be one tensor, and guards do not check which
                 raise unsupported("unsupported_operator", "identity of two input tensors")
-            return a.node is b.node
+            # an in-place op makes a new node but returns the same (fake) tensor
+            return a.fake is b.fake
         if isinstance(a, ConstantValue) or isinstance(b, ConstantValue):
             return False
         return a is b if type(a) is type(b) else False
@@ -203,6 +253,9 @@ def compare_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value:
         return compare_op(tr, sym, a, TupleValue([ConstantValue(x) for x in b.value]))
     if isinstance(b, TupleValue) and isinstance(a, ConstantValue) and isinstance(a.value, tuple):
         return compare_op(tr, sym, TupleValue([ConstantValue(x) for x in a.value]), b)
+    left, right = _set_keys(a), _set_keys(b)
+    if left is not None and right is not None and sym in ("==", "!="):
+        return ConstantValue((left.keys() == right.keys()) == (sym == "=="))
     if isinstance(a, ObjectValue) and isinstance(b, ObjectValue) and sym in ("==", "!="):
         eq_type: Any = type(a.obj).__eq__
         if eq_type is object.__eq__ or isinstance(a.obj, type):
@@ -228,15 +281,23 @@ def _guard_identity(tr: Tracer, *values: Value) -> None:
 
 def contains(tr: Tracer, item: Value, container: Value) -> bool:
     """``item in container``."""
+    own = builtin_types.call_override(tr, container, "__contains__", [item])
+    if own is not None:
+        return truth(tr, own)
+    if isinstance(container, ObjectValue):
+        container = builtin_types.snapshot(tr, container) or container
     if isinstance(container, ConstantValue) and isinstance(item, ConstantValue):
         try:
             return item.value in container.value
         except TypeError as e:
             raise unsupported("user_exception", str(e)) from e
     if isinstance(container, (DictValue, SetValue)):
-        if isinstance(item, TensorValue):
-            raise unsupported("unsupported_operator", "a tensor as a dict key")
         return dict_key(item) in container.items
+    keys = _set_keys(container)
+    if keys is not None:  # a keys or items view
+        return _pair_key(item) in keys
+    if isinstance(container, DictViewValue):
+        container = ListValue(container.items)
     if isinstance(container, (ListValue, TupleValue)):
         return any(
             _identity(item, x) or truth(tr, compare_op(tr, "==", item, x)) for x in container.items
@@ -260,7 +321,11 @@ def truth(tr: Tracer, v: Value) -> bool:
         return bool(v.value)
     if isinstance(v, TensorValue | NdarrayValue):
         raise unsupported("data_dependent_branch", f"the truth of a {v.python_type().__name__}")
-    if isinstance(v, (ListValue, TupleValue, DictValue, SetValue)):
+    for name in ("__bool__", "__len__"):
+        own = builtin_types.call_override(tr, v, name, [])
+        if own is not None:
+            return truth(tr, own) if name == "__bool__" else bool(own.as_constant())
+    if isinstance(v, (ListValue, TupleValue, DictValue, SetValue, DictViewValue)):
         return bool(v.items)
     if isinstance(v, (NewObjectValue, ObjectValue)):
         for name in ("__bool__", "__len__"):

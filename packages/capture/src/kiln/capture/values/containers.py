@@ -13,7 +13,15 @@ from kiln.capture.break_reasons import unsupported
 from kiln.capture.source import Source
 from kiln.capture.values.base import ConstantValue, Value
 
-__all__ = ["CellValue", "DictValue", "ListValue", "SetValue", "TupleValue", "dict_key"]
+__all__ = [
+    "CellValue",
+    "DictValue",
+    "DictViewValue",
+    "ListValue",
+    "SetValue",
+    "TupleValue",
+    "dict_key",
+]
 
 
 class _Mutable(Value):
@@ -54,9 +62,15 @@ class ListValue(_Mutable):
 
 
 def dict_key(key: Value) -> Any:
-    """The hashable Python object that stands for ``key`` inside a tracked dict."""
+    """The hashable Python object that stands for ``key`` inside a tracked dict.
+
+    A tensor hashes by identity, so it stands as its fake: in-place ops keep the fake.
+    """
     if isinstance(key, ConstantValue):
         return key.value
+    fake = getattr(key, "fake", None)
+    if fake is not None:
+        return fake
     obj = getattr(key, "obj", None)
     if obj is not None:
         try:
@@ -93,6 +107,27 @@ class DictValue(_Mutable):
         self.items[dict_key(key)] = (key, value)
 
 
+class DictViewValue(Value):
+    """``d.keys()``, ``d.values()`` or ``d.items()``: a live view, reading ``d`` when used."""
+
+    def __init__(self, d: DictValue, kind: str) -> None:
+        self.dict = d
+        self.kind = kind
+
+    def python_type(self) -> type:
+        return type(getattr({}, self.kind)())
+
+    @property
+    def items(self) -> list[Value]:
+        """The view's elements as the dict holds them now."""
+        pairs = self.dict.items.values()
+        if self.kind == "keys":
+            return [k for k, _ in pairs]
+        if self.kind == "values":
+            return [v for _, v in pairs]
+        return [TupleValue([k, v]) for k, v in pairs]
+
+
 class SetValue(_Mutable):
     """A set; ``items`` maps the hashable key to its tracked value."""
 
@@ -102,6 +137,15 @@ class SetValue(_Mutable):
 
     def python_type(self) -> type:
         return set
+
+    def ordered(self) -> list[Value]:
+        """The items in the order a real set of the same keys iterates them.
+
+        Tensors hash by address, so a set of tensors has no order capture can know.
+        """
+        if any(getattr(v, "fake", None) is not None for v in self.items.values()):
+            raise unsupported("unsupported_operator", "iterating a set of tensors")
+        return [self.items[k] for k in set(self.items)]
 
 
 class CellValue(Value):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from kiln.capture.break_reasons import raised
 from kiln.capture.values.base import ConstantValue, Value
 from kiln.capture.values.containers import TupleValue
 
@@ -38,19 +39,33 @@ class ItemsIterator(IteratorValue):
 
 
 class ZipIterator(IteratorValue):
-    """``zip(*iterators)`` (stops at the shortest)."""
+    """``zip(*iterators)``: stops at the shortest, or with ``strict`` raises unless all end."""
 
-    def __init__(self, parts: list[IteratorValue]) -> None:
+    def __init__(self, parts: list[IteratorValue], strict: bool = False) -> None:
         self.parts = parts
+        self.strict = strict
 
     def next(self, call: CallFn, truth: TruthFn) -> Value | None:
         out = []
-        for part in self.parts:
+        for i, part in enumerate(self.parts):
             v = part.next(call, truth)
             if v is None:
+                if self.strict:
+                    self._check_all_ended(i, call, truth)
                 return None
             out.append(v)
         return TupleValue(out)
+
+    def _check_all_ended(self, ended: int, call: CallFn, truth: TruthFn) -> None:
+        """Python's ``zip(strict=True)`` ValueError when part ``ended`` ran out alone."""
+        if ended > 0:
+            first = "argument 1" if ended == 1 else f"arguments 1-{ended}"
+            msg = f"zip() argument {ended + 1} is shorter than {first}"
+            raise raised(ValueError(msg))
+        for i, part in enumerate(self.parts[1:], start=1):
+            if part.next(call, truth) is not None:
+                first = "argument 1" if i == 1 else f"arguments 1-{i}"
+                raise raised(ValueError(f"zip() argument {i + 1} is longer than {first}"))
 
 
 class EnumerateIterator(IteratorValue):

@@ -1,0 +1,210 @@
+"""Subclasses of dict, list and tuple, and builtin-type methods called on them.
+
+A class such as ``class Registry(dict)`` mixes Python methods with the builtin
+container's C methods: its own ``get`` calls ``super().get(key)``, or code calls
+``dict.get(obj, key)`` directly. Capture follows both:
+
+- instances made in the trace are tracked containers (:class:`DictValue`,
+  :class:`ListValue`) whose ``cls`` is the subclass; attribute reads and the
+  operators (``d[k]``, ``k in d``, ``len``, ``iter``) run the subclass's Python
+  methods where it defines them (:func:`python_method`) and the container's
+  behaviour otherwise;
+- the builtin types' method descriptors and slot wrappers (``dict.get``,
+  ``list.__getitem__``, ``dict.__setitem__``), reached through ``super()`` or
+  the type, are evaluated on the tracked container (:func:`call_descriptor`);
+- a real instance from the frame (an object capture does not track as a
+  container) is read through :func:`snapshot`: its items, guarded on keys or
+  length like a plain dict or list, and read-only (a mutation breaks the graph).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import inspect
+import types
+from typing import TYPE_CHECKING, Any
+
+from kiln.capture import builtin_calls, calls, container_methods
+from kiln.capture.break_reasons import raised, unsupported
+from kiln.capture.guard_data import GuardKind
+from kiln.capture.values.base import ConstantValue, Value, is_constant
+from kiln.capture.values.containers import DictValue, ListValue, SetValue, TupleValue, dict_key
+from kiln.capture.values.functions import BoundMethodValue
+from kiln.capture.values.objects import ObjectValue
+from kiln.capture.wrap import function_value, wrap
+
+if TYPE_CHECKING:
+    from kiln.capture.tracer import Tracer
+
+__all__ = [
+    "call_descriptor",
+    "call_override",
+    "construct",
+    "descriptor",
+    "python_method",
+    "snapshot",
+]
+
+_BASES: tuple[type, ...] = (collections.OrderedDict, dict, list, tuple, set, frozenset)
+# what the emitted code and the guards run on a snapshot's source: overridden, they differ
+_READ_PROTOCOL = ("__iter__", "__getitem__", "__len__", "keys")
+
+
+def _is_builtin(klass: type) -> bool:
+    return klass in _BASES or klass is object
+
+
+def _subclass(cls: type) -> bool:
+    """A Python subclass of a builtin container (ModelOutput-like dataclasses, named tuples
+    and structseqs such as ``torch.return_types.max`` excepted: capture models their fields)."""
+    return (
+        cls not in _BASES
+        and issubclass(cls, _BASES)
+        and not dataclasses.is_dataclass(cls)
+        and not hasattr(cls, "_fields")
+        and not hasattr(cls, "n_fields")
+    )
+
+
+def python_method(tr: Tracer, v: Value, name: str) -> Value | None:
+    """``v.name`` when ``v``'s class defines ``name`` in Python above its builtin base."""
+    cls = v.python_type()
+    if not isinstance(v, (DictValue, ListValue, TupleValue)) or not _subclass(cls):
+        return None
+    for klass in cls.__mro__:
+        if _is_builtin(klass):
+            return None
+        if name in vars(klass):
+            static = vars(klass)[name]
+            if isinstance(static, types.FunctionType):
+                return BoundMethodValue(function_value(static, None), v)
+            return ConstantValue(static) if is_constant(static) else None
+    return None
+
+
+def call_override(tr: Tracer, v: Value, name: str, args: list[Value]) -> Value | None:
+    """``type(v).name(v, *args)`` for a Python-level dunder of a container subclass."""
+    method = python_method(tr, v, name)
+    return calls.call(tr, method, args, {}) if method is not None else None
+
+
+def snapshot(tr: Tracer, v: ObjectValue) -> Value | None:
+    """A real dict, list or tuple subclass instance as its items: guarded, read-only."""
+    obj, src = v.obj, v.source
+    cls = type(obj)
+    if not isinstance(obj, (dict, list, tuple)) or any(
+        isinstance(inspect.getattr_static(cls, n, None), types.FunctionType) for n in _READ_PROTOCOL
+    ):
+        return None
+    if isinstance(obj, dict):
+        if src is not None:
+            tr.out.guard(src, GuardKind.DICT_KEYS, tuple(obj.keys()))
+        items: dict[Any, tuple[Value, Value]] = {}
+        for k, x in dict.items(obj):
+            key = ConstantValue(k) if is_constant(k) else ObjectValue(k)
+            items[k] = (key, wrap(tr.out, x, src.item(k) if src is not None else None))
+        d = DictValue(items, cls)
+        d.detached = True
+        return d
+    if src is not None:
+        tr.out.guard(src, GuardKind.SEQUENCE_LENGTH, len(obj))
+    values = [wrap(tr.out, x, src.item(i) if src is not None else None) for i, x in enumerate(obj)]
+    if isinstance(obj, tuple):
+        return TupleValue(values, cls)
+    lst = ListValue(values, cls=cls)
+    lst.detached = True
+    return lst
+
+
+def _receiver(tr: Tracer, v: Value, owner: type) -> Value:
+    if isinstance(v, ObjectValue) and isinstance(v.obj, owner):
+        found = snapshot(tr, v)
+        if found is not None:
+            return found
+    if isinstance(v, (DictValue, ListValue, TupleValue, SetValue)) and issubclass(
+        v.python_type(), owner
+    ):
+        return v
+    raise unsupported("unsupported_call", f"{owner.__name__} method on {v}")
+
+
+def call_descriptor(
+    tr: Tracer, owner: type, name: str, args: list[Value], kwargs: dict[str, Value]
+) -> Value:
+    """``owner.name(receiver, *args)``: a builtin container's method on a tracked container."""
+    if not args:
+        raise unsupported("unsupported_call", f"{owner.__name__}.{name} without a receiver")
+    receiver = _receiver(tr, args[0], owner)
+    rest = args[1:]
+    if name == "__init__":
+        return _init(tr, receiver, rest, kwargs)
+    if name == "__iter__":
+        return builtin_calls.iterate(tr, _plain(receiver))
+    if name == "__len__":
+        return ConstantValue(builtin_calls.length(tr, _plain(receiver)))
+    if name == "__delitem__" and isinstance(receiver, (DictValue, ListValue)):
+        receiver.check_mutable()
+        if isinstance(receiver, ListValue):
+            del receiver.items[int(rest[0].as_constant())]
+        elif receiver.items.pop(dict_key(rest[0]), None) is None:
+            raise raised(KeyError(dict_key(rest[0])))
+        return ConstantValue(None)
+    return container_methods.call_builtin_method(tr, receiver, name, rest, kwargs)
+
+
+def _plain(v: Value) -> Value:
+    """The same items under the builtin type, so no Python override runs again."""
+    if isinstance(v, DictValue):
+        return DictValue(v.items)
+    if isinstance(v, ListValue):
+        return ListValue(v.items)
+    if isinstance(v, TupleValue):
+        return TupleValue(v.items)
+    return v
+
+
+def _init(tr: Tracer, receiver: Value, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    if isinstance(receiver, DictValue):
+        filled = builtin_calls.make_dict(tr, args, kwargs)
+        assert isinstance(filled, DictValue)
+        receiver.check_mutable()
+        receiver.items.clear()
+        receiver.items.update(filled.items)
+    elif isinstance(receiver, ListValue) and not kwargs:
+        receiver.check_mutable()
+        receiver.items[:] = builtin_calls.unpack_iterable(tr, args[0]) if args else []
+    else:
+        raise unsupported("unsupported_call", f"__init__ of {receiver}")
+    return ConstantValue(None)
+
+
+def construct(tr: Tracer, cls: type, args: list[Value], kwargs: dict[str, Value]) -> Value | None:
+    """``cls(*args)`` for a Python subclass of dict or list; None for other classes."""
+    if not _subclass(cls) or not issubclass(cls, (dict, list)):
+        return None
+    if type(cls) is not type or cls.__new__ not in (dict.__new__, list.__new__):
+        return None
+    instance: Value = DictValue({}, cls) if issubclass(cls, dict) else ListValue([], cls=cls)
+    init = python_method(tr, instance, "__init__")
+    if init is not None:
+        calls.call(tr, init, args, kwargs)
+    else:
+        _init(tr, instance, args, kwargs)
+    return instance
+
+
+def descriptor(obj: Any) -> tuple[type, str] | None:
+    """(owner, name) when ``obj`` is a method descriptor of a builtin container type."""
+    try:
+        return _DESCRIPTORS.get(obj)
+    except TypeError:  # unhashable
+        return None
+
+
+_DESCRIPTORS: dict[Any, tuple[type, str]] = {
+    member: (owner, name)
+    for owner in reversed(_BASES)  # OrderedDict's own methods win over dict's
+    for name, member in vars(owner).items()
+    if isinstance(member, (types.MethodDescriptorType, types.WrapperDescriptorType))
+}
