@@ -1,4 +1,5 @@
-"""Kiln's sessions: tests on 3.11 and 3.12, lint, typecheck, per-package isolation, demo, bench.
+"""Kiln's sessions: tests on 3.11 and 3.12, lint, typecheck, per-package isolation, demo, bench,
+models-latest.
 
 torch with its CUDA libraries is ~5.7 GB, so no session gets its own copy: one dependency
 environment per Python version (`.nox/_deps-<version>`) holds every third-party package, and each
@@ -227,6 +228,35 @@ def fuzz(session: nox.Session) -> None:
         *session.posargs,
         env={"PYTHONPATH": str(ROOT / "tests")},
     )
+
+
+# The model libraries whose newest releases `models-latest` tries, and the dependencies
+# they move with (nothing that pulls torch).
+LATEST = ["timm", "transformers", "huggingface_hub", "tokenizers", "safetensors"]
+
+
+@nox.session(name="models-latest", python=PY311)
+def models_latest(session: nox.Session) -> None:
+    """The model tests against the newest timm and transformers (not part of CI).
+
+    The newest releases go into an overlay (`pip --target`, no dependencies) in front of the
+    shared environment on `PYTHONPATH`, so the pinned environment is neither copied nor
+    changed. `nox -s models-latest -- -k bert` picks tests.
+    """
+    _all_installed(session)
+    overlay = Path(session.virtualenv.location) / "latest"
+    session.run(
+        "python", "-m", "pip", "install", "-q", "--upgrade", "--no-deps", "--target",
+        str(overlay), *LATEST,
+    )  # fmt: skip
+    env = {"PYTHONPATH": str(overlay)}
+    versions = "import timm, transformers; print('timm', timm.__version__, 'transformers', transformers.__version__)"
+    session.run("python", "-c", versions, env=env)
+    tests = [
+        str(ROOT / "tests" / "test_models_e2e.py"),
+        str(ROOT / "packages" / "capture" / "tests" / "test_model_suite.py"),
+    ]
+    session.run(*PYTEST, *tests, *session.posargs, env=env)
 
 
 @nox.session(python=PY311)
