@@ -246,3 +246,18 @@ def test_options_set_threads_and_turn_simd_off():
     assert passed == [1] * len(kernels)
     plain = CppBackend()
     assert plain.with_options({"max_autotune": True}) is plain
+
+
+def test_products_are_rounded_before_they_are_added_as_in_aten():
+    """``1 - x * x`` near x = 1 cancels: a fused multiply-add (the compiler's contraction)
+    would keep the product's low bits, and asin's gradient would differ from eager's by
+    thousands of float32 ulps."""
+    aten = torch.ops.aten
+
+    def fn(x):
+        return aten.rsqrt.default(aten.add.Tensor(aten.mul.Tensor(aten.neg.default(x), x), 1))
+
+    x = 1 - torch.rand(4096) * 1e-4
+    gm = _aten_graph(fn, [x])
+    graph = compile_graph(gm, [_meta(x)], backend=CppBackend())
+    torch.testing.assert_close(graph(x), fn(x), rtol=0, atol=0)
