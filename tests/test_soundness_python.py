@@ -132,3 +132,48 @@ def test_manual_seed_inside_makes_calls_reproducible() -> None:
     compiled(x)
     torch.manual_seed(7)
     torch.testing.assert_close(torch.rand(3), after_eager)
+
+
+class _Interface(dict):
+    """A registry of functions read through ``super()``, as transformers' interfaces are."""
+
+    def get_interface(self, name: str, default):
+        if name not in self:
+            raise KeyError(name)
+        return super().get(name, default)
+
+
+class _Outputs(dict):
+    def __getitem__(self, key):
+        return super().__getitem__(key)
+
+    def collect(self, key, value):
+        super().setdefault(key, []).append(value)
+
+
+ATTENTION = _Interface(sdpa=torch.nn.functional.scaled_dot_product_attention)
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = torch.nn.Linear(16, 48)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).unflatten(-1, (3, 2, 8)).transpose(1, 3).unbind(2)
+        fn = ATTENTION.get_interface("sdpa", None)
+        outputs = _Outputs()
+        outputs.collect("attn", fn(q, k, v))
+        outputs.collect("attn", q)
+        return outputs["attn"][0].transpose(1, 2).flatten(2) + len(outputs)
+
+
+def test_dict_subclass_registry_compiles_without_breaks() -> None:
+    model = _Attention()
+    x = torch.randn(2, 5, 16)
+    explained = kiln.explain(model)(x)
+    assert explained.graph_break_count == 0, str(explained)
+    compiled = kiln.compile(model)
+    for _ in range(2):
+        x = torch.randn(2, 5, 16)
+        torch.testing.assert_close(compiled(x), model(x))
