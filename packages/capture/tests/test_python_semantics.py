@@ -10,9 +10,10 @@ import collections
 import functools
 import inspect
 
+import pytest
 import torch
 
-from kiln.capture import Unsupported, capture
+from kiln.capture import Unsupported, capture, export
 
 
 def r(*shape: int) -> torch.Tensor:
@@ -350,3 +351,45 @@ def test_writing_a_frame_subclass_object_is_never_silently_dropped():
     x, expected_reg = r(3), Registry(a=reg["a"])
     torch.testing.assert_close(result.function(x, reg), fn(x, expected_reg))
     assert sorted(reg) == sorted(expected_reg) == ["a", "b"]
+
+
+# export of programs whose effects cancel ---------------------------------------------
+class _Collector:
+    """transformers' compile-friendly context variable: set for the call, reset after."""
+
+    def __init__(self) -> None:
+        self.value = None
+
+    def set(self, value):
+        self.value = value
+
+    def reset(self):
+        self.value = None
+
+
+COLLECTOR = _Collector()
+
+
+def test_export_allows_stores_that_put_the_old_value_back():
+    def fn(x):
+        COLLECTOR.set("active")
+        try:
+            y = x * 2 if COLLECTOR.value == "active" else x
+        finally:
+            COLLECTOR.reset()
+        return y
+
+    exported = export(fn, r(3))
+    x = r(3)
+    torch.testing.assert_close(exported(x), x * 2)
+    assert COLLECTOR.value is None
+
+
+def test_export_refuses_a_store_that_stays():
+    def fn(x):
+        COLLECTOR.set("left")
+        return x + 1
+
+    with pytest.raises(Unsupported, match="mutate Python state"):
+        export(fn, r(3))
+    assert COLLECTOR.value is None

@@ -22,6 +22,8 @@ from kiln.capture.break_reasons import unsupported
 from kiln.capture.frame_capture import trace_frame
 from kiln.capture.graph import GraphInput
 from kiln.capture.guard_data import GlobalState, GuardKind, GuardSpec
+from kiln.capture.isolation import no_user_hooks
+from kiln.capture.side_effects import SideEffects
 from kiln.capture.source import MODULE_STORES, AttrSource, ItemSource, LocalSource, Source
 from kiln.capture.values.base import ConstantValue, Value
 from kiln.capture.values.containers import DictValue, ListValue, TupleValue
@@ -167,14 +169,34 @@ def _classify(
     return lifted_p, lifted_b, consts, by_index
 
 
+_ABSENT = object()
+
+
+def _changes_state(effects: SideEffects) -> bool:
+    """Whether replaying the recorded effects would change anything.
+
+    A store that leaves an attribute holding the constant it held before (a context
+    variable set for the call and reset in a ``finally``) changes nothing.
+    """
+    for target, stores in effects.attr_stores.values():
+        obj = getattr(target, "obj", _ABSENT)
+        for name, value in stores.items():
+            before = getattr(obj, name, _ABSENT)
+            if not isinstance(value, ConstantValue) or type(before) is not type(value.value):
+                return True
+            if before is not value.value and before != value.value:
+                return True
+    return bool(effects.mutated_containers() or effects.calls)
+
+
 def export(fn_or_module: Any, *args: Any, **kwargs: Any) -> ExportResult:
     """Export one call of a function or module as a single graph, or raise ``Unsupported``."""
     module = fn_or_module if isinstance(fn_or_module, torch.nn.Module) else None
     fn = fn_or_module.forward if module is not None else fn_or_module
-    traced = trace_frame(fn, args, kwargs)
+    with no_user_hooks():
+        traced = trace_frame(fn, args, kwargs)
     out = traced.out
-    effects = out.side_effects
-    if effects.attr_stores or effects.mutated_containers() or effects.calls:
+    if _changes_state(out.side_effects):
         raise unsupported("side_effect", "an exported program cannot mutate Python state")
     flat_out, out_spec = pytree.tree_flatten(_materialize(traced.result))
     flat_in, in_spec = pytree.tree_flatten((args, kwargs))
