@@ -261,3 +261,30 @@ def test_convolution_bias_joins_the_kernel_after_it_where_the_backend_asks():
     (extern,) = [s.buffer for s in compiled.steps if isinstance(s, ExternStep)]
     assert extern.args[2] is None  # the library convolves without the bias
     assert sum(isinstance(s, KernelStep) for s in compiled.steps) == 1  # bias add and relu
+
+
+@torch.library.custom_op("kiln_test::half_then_float", mutates_args=())
+def _half_then_float(x: torch.Tensor) -> torch.Tensor:
+    return (x * 2).to(torch.bfloat16)  # the real kernel answers bfloat16
+
+
+@_half_then_float.register_fake
+def _(x):
+    return torch.empty_like(x)  # its meta function says float32
+
+
+def test_an_extern_result_of_another_dtype_than_its_meta_says_is_converted():
+    """A kernel and its meta function disagreeing on a result's dtype (CPU batch norm's
+    statistics) would have the next kernel read bfloat16 bits as float32: the wrapper
+    converts the result, counts it and warns."""
+    x = torch.randn(6)
+
+    def fn(x):
+        return aten.add.Tensor(torch.ops.kiln_test.half_then_float.default(x), 1)
+
+    counters.clear()
+    compiled = compile_graph(aten_graph(fn, x), [to_meta(x)], backend=ReferenceBackend())
+    out = compiled(x)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, (x * 2).to(torch.bfloat16).float() + 1)
+    assert counters.snapshot()["extern_copies"] == {"kiln_test.half_then_float.default": 1}

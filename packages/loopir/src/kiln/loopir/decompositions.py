@@ -88,10 +88,47 @@ _EXTRA = [
 ]
 
 
+def _float_statistics(op: Any, training_at: int | None) -> Callable[..., Any]:
+    """torch's decomposition of a functional batch norm (``op``), with half-precision running
+    statistics updated in float32 (argument ``training_at`` says whether it trains; None:
+    always).
+
+    torch's computes ``(1 - momentum) * running_mean`` in the statistics' own dtype, rounding
+    it to bfloat16 before the sum; ATen's kernels round the updated statistic once. The
+    running statistics are the last two results.
+    """
+    torch_decomposition = decomposition_table[op]
+
+    def decomposition(
+        input: torch.Tensor,
+        weight: torch.Tensor | None,
+        bias: torch.Tensor | None,
+        running_mean: torch.Tensor,
+        running_var: torch.Tensor,
+        *rest: Any,
+    ) -> Any:
+        training = True if training_at is None else rest[training_at]
+        if not training or running_mean.dtype not in (torch.bfloat16, torch.float16):
+            return torch_decomposition(input, weight, bias, running_mean, running_var, *rest)
+        stats = running_mean.to(torch.float32), running_var.to(torch.float32)
+        *out, new_mean, new_var = torch_decomposition(input, weight, bias, *stats, *rest)
+        return (*out, new_mean.to(running_mean.dtype), new_var.to(running_var.dtype))
+
+    return decomposition
+
+
+_FLOAT_STATISTICS = {
+    aten._native_batch_norm_legit_functional.default: 0,  # (training, momentum, eps)
+    aten._batch_norm_with_update_functional.default: None,  # (momentum, eps): trains
+}
+
+
 @functools.cache
 def _table() -> dict[Any, Callable[..., Any]]:
     table: dict[Any, Callable[..., Any]] = dict(core_aten_decompositions())
     table.update(get_decompositions([op for op in _EXTRA if op is not None]))
+    for op, training_at in _FLOAT_STATISTICS.items():
+        table[op] = _float_statistics(op, training_at)
     return {op: fn for op, fn in table.items() if op not in LOWERINGS}
 
 
