@@ -407,3 +407,36 @@ def test_encoder_decoder_one_graph(make):
     actual = r.function(ids, decoder_input_ids=ids)
     expected = model(ids, decoder_input_ids=ids)
     torch.testing.assert_close(actual.last_hidden_state, expected.last_hidden_state)
+
+
+class _ObservedDict(dict):
+    """A dict subclass that only observes writes (as kiln.guards' watched module dicts do)."""
+
+    __kiln_plain_dict__ = True
+
+
+class IteratesItsDicts(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 4)
+
+    def forward(self, x):
+        for _, child in self._modules.items():
+            x = child(x)
+        return x + len(self._parameters) + len(self.__dict__)
+
+
+def test_dict_subclass_marked_plain_is_traced_as_a_dict():
+    m = IteratesItsDicts()
+    for child in (m, m.a, m.b):
+        state = _ObservedDict(vars(child))
+        state["_modules"] = _ObservedDict(child._modules)
+        state["_parameters"] = _ObservedDict(child._parameters)
+        object.__setattr__(child, "__dict__", state)
+    r = check(m, torch.randn(2, 4))  # one graph: no break on the subclass
+    assert any(
+        str(g.source) == "L['self']._modules" and g.expected is _ObservedDict
+        for g in r.guards
+        if g.kind is GuardKind.TYPE_MATCH
+    )
