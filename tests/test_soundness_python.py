@@ -177,3 +177,19 @@ def test_dict_subclass_registry_compiles_without_breaks() -> None:
     for _ in range(2):
         x = torch.randn(2, 5, 16)
         torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_dict_view_across_a_graph_break() -> None:
+    def fn(x: torch.Tensor) -> tuple[int, torch.Tensor]:
+        d = {"a": x}
+        keys = d.keys()
+        y = x + 1
+        if y.sum() > 0:  # a graph break: d and keys pass to the continuation
+            y = y * 2
+        d["b"] = x
+        return len(keys), y
+
+    compiled = kiln.compile(fn)
+    for _ in range(2):
+        x = torch.randn(4)
+        assert compiled(x)[0] == fn(x)[0] == 2

@@ -393,3 +393,29 @@ def test_export_refuses_a_store_that_stays():
     with pytest.raises(Unsupported, match="mutate Python state"):
         export(fn, r(3))
     assert COLLECTOR.value is None
+
+
+def test_dict_view_passed_in_stays_live(check):
+    def fn(x, d, keys, values):
+        d["b"] = x * 2
+        return len(keys), list(values), "b" in keys
+
+    d = {"a": r(3)}
+    check(fn, (r(3), d, d.keys(), d.values()))
+
+
+def test_dict_view_passed_before_its_dict_is_never_stale():
+    def fn(x, keys, d):
+        d["b"] = x * 2
+        return len(keys), sorted(keys)
+
+    d = {"a": r(3)}
+    try:
+        result = capture(
+            fn, (r(3), d.keys(), d), {}, compile_graph=lambda gm, ex: gm.forward,
+            wrap_callable=lambda f: f,
+        )  # fmt: skip
+    except Unsupported:
+        return  # runs eagerly
+    fresh = {"a": r(3)}
+    assert result.function(r(3), fresh.keys(), fresh) == (2, ["a", "b"])

@@ -32,7 +32,7 @@ from kiln.capture.resume import (
     make_resume,
 )
 from kiln.capture.values.base import NULL, ConstantValue, Value
-from kiln.capture.values.containers import CellValue, ListValue, TupleValue
+from kiln.capture.values.containers import CellValue, DictViewValue, ListValue, TupleValue
 from kiln.capture.values.functions import (
     BoundMethodValue,
     BuiltinMethodValue,
@@ -156,6 +156,8 @@ class Frame:
             return f"{w.const(functools.partial)}({', '.join(parts)})"
         if isinstance(v, CellValue):
             return w.cell(v)
+        if isinstance(v, DictViewValue):  # a view of the very dict the frame holds
+            return f"{w.const(getattr(dict, v.kind))}({self.expr(v.dict)})"
         if isinstance(v, ExitValue):
             # the block's mode is entered again for real; its __exit__ restores the outer one
             prev = v.ctx.previous[-1] if v.ctx.previous else torch.is_grad_enabled()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import enum
+import gc
 import inspect
 import types
 from typing import Any
@@ -25,8 +26,18 @@ from kiln.capture.graph import OutputGraph
 from kiln.capture.guard_data import GuardKind
 from kiln.capture.source import Source
 from kiln.capture.values.base import ConstantValue, Value, is_constant
-from kiln.capture.values.containers import CellValue, DictValue, ListValue, TupleValue
-from kiln.capture.values.functions import BoundMethodValue, BuiltinMethodValue, UserFunctionValue
+from kiln.capture.values.containers import (
+    CellValue,
+    DictValue,
+    DictViewValue,
+    ListValue,
+    TupleValue,
+)
+from kiln.capture.values.functions import (
+    BoundMethodValue,
+    BuiltinMethodValue,
+    UserFunctionValue,
+)
 from kiln.capture.values.objects import ObjectValue
 from kiln.capture.values.tensor import TensorMethodValue, TensorValue
 
@@ -75,12 +86,16 @@ def _wrap(out: OutputGraph, obj: Any, source: Source | None) -> Value:
     if isinstance(obj, torch.Tensor):
         if source is None:
             # a tensor the trace did not compute and cannot reload: never bake it in
-            raise unsupported("unsupported_value", "a tensor with no place in the frame")
+            raise unsupported(
+                "unsupported_value", "a tensor with no place in the frame"
+            )
         if type(obj) not in (torch.Tensor, torch.nn.Parameter) and not isinstance(
             obj, torch.nn.Parameter
         ):
             # a subclass may override ops (__torch_function__) in ways fakes do not see
-            raise unsupported("unsupported_value", f"a tensor of type {type(obj).__name__}")
+            raise unsupported(
+                "unsupported_value", f"a tensor of type {type(obj).__name__}"
+            )
         return out.add_input(source, obj)
     if is_constant(obj):
         if source is not None:
@@ -89,7 +104,9 @@ def _wrap(out: OutputGraph, obj: Any, source: Source | None) -> Value:
             else:
                 out.guard(source, GuardKind.EQUALS, obj)
         return ConstantValue(obj, source)
-    if type(obj) in (list, tuple) or (isinstance(obj, tuple) and is_namedtuple(type(obj))):
+    if type(obj) in (list, tuple) or (
+        isinstance(obj, tuple) and is_namedtuple(type(obj))
+    ):
         return _wrap_sequence(out, obj, source)
     if isinstance(obj, dict) and _plain_dict_type(type(obj)):
         return _wrap_dict(out, obj, source)
@@ -103,7 +120,11 @@ def _wrap(out: OutputGraph, obj: Any, source: Source | None) -> Value:
     if isinstance(obj, types.FunctionType):
         if source is not None:
             out.guard(source, GuardKind.ID_MATCH, id(obj))
-        if torch_calls.is_special(obj) or torch_calls.is_torch_callable(obj) or _runs_natively(obj):
+        if (
+            torch_calls.is_special(obj)
+            or torch_calls.is_torch_callable(obj)
+            or _runs_natively(obj)
+        ):
             return ObjectValue(obj, source)
         if _is_compile_disable_wrapper(obj):
             inner_src = source.attr("__wrapped__") if source is not None else None
@@ -113,6 +134,8 @@ def _wrap(out: OutputGraph, obj: Any, source: Source | None) -> Value:
         return _wrap_method(out, obj, source)
     if _is_c_method(obj):
         return _wrap_c_method(out, obj, source)
+    if type(obj) in _DICT_VIEWS:
+        return _wrap_view(out, obj, source)
     if source is not None:
         if _by_identity(obj):
             out.guard(source, GuardKind.ID_MATCH, id(obj))
@@ -121,13 +144,45 @@ def _wrap(out: OutputGraph, obj: Any, source: Source | None) -> Value:
     return ObjectValue(obj, source)
 
 
+_DICT_VIEWS = {type(getattr({}, kind)()): kind for kind in ("keys", "values", "items")}
+
+
+def _wrap_view(out: OutputGraph, view: Any, source: Source | None) -> Value:
+    """A dict view from the frame: a live view of its dict, read through ``view.mapping``.
+
+    The dict is reached through a read-only proxy, so the trace may read it but not write it
+    (a write breaks the graph); the dict read again elsewhere in the frame is this value.
+    """
+    (d,) = [r for r in gc.get_referents(view) if isinstance(r, dict)]
+    known = out.side_effects.known(d)
+    if isinstance(known, DictValue):
+        return DictViewValue(known, _DICT_VIEWS[type(view)])
+    if type(d) is not dict or source is None:
+        if source is not None:
+            out.guard(source, GuardKind.TYPE_MATCH, type(view))
+        return ObjectValue(view, source)
+    out.guard(source, GuardKind.TYPE_MATCH, type(view))
+    mapping = source.attr("mapping")
+    out.guard(mapping, GuardKind.DICT_KEYS, tuple(d))
+    items: dict[Any, tuple[Value, Value]] = {}
+    for k, v in d.items():
+        key: Value = ConstantValue(k) if is_constant(k) else ObjectValue(k)
+        items[k] = (key, wrap(out, v, mapping.item(k)))
+    value = DictValue(items)
+    value.detached = True
+    out.side_effects.remember(d, value)
+    return DictViewValue(value, _DICT_VIEWS[type(view)])
+
+
 def function_value(fn: types.FunctionType, source: Source | None) -> UserFunctionValue:
     """A real Python function; its closure cells are read through ``source`` when known."""
     closure: tuple[CellValue, ...] = ()
     if fn.__closure__:
         base = source.attr("__closure__") if source is not None else None
         closure = tuple(
-            CellValue(real=cell, source=base.item(i).attr("cell_contents") if base else None)
+            CellValue(
+                real=cell, source=base.item(i).attr("cell_contents") if base else None
+            )
             for i, cell in enumerate(fn.__closure__)
         )
     return UserFunctionValue(
@@ -160,7 +215,10 @@ _NATIVE_FUNCTIONS = frozenset(
         ("torch.utils.checkpoint", "checkpoint_sequential"),
         # they read the running frames: under capture these are Kiln's own
         *(("inspect", n) for n in ("stack", "currentframe", "getouterframes", "trace")),
-        *(("traceback", n) for n in ("extract_stack", "format_stack", "print_stack", "walk_stack")),
+        *(
+            ("traceback", n)
+            for n in ("extract_stack", "format_stack", "print_stack", "walk_stack")
+        ),
     ]
 )
 
@@ -179,7 +237,9 @@ def _wrap_method(out: OutputGraph, m: types.MethodType, source: Source | None) -
     Every read of ``obj.meth`` makes a new method object, so its identity would
     fail on the next call; ``__func__`` and ``__self__`` decide what it does.
     """
-    func = wrap(out, m.__func__, source.attr("__func__") if source is not None else None)
+    func = wrap(
+        out, m.__func__, source.attr("__func__") if source is not None else None
+    )
     receiver = _wrap_receiver(out, m.__self__, source)
     return BoundMethodValue(func, receiver, source)
 
@@ -227,8 +287,12 @@ def _is_c_method(obj: Any) -> bool:
     static = inspect.getattr_static(owner, obj.__name__, None)
     try:
         if isinstance(static, types.ClassMethodDescriptorType):
-            bound = static.__get__(None, owner if isinstance(owner, type) else type(owner))
-        elif isinstance(static, (types.MethodDescriptorType, types.WrapperDescriptorType)):
+            bound = static.__get__(
+                None, owner if isinstance(owner, type) else type(owner)
+            )
+        elif isinstance(
+            static, (types.MethodDescriptorType, types.WrapperDescriptorType)
+        ):
             bound = static.__get__(owner, type(owner))
         else:
             return False
@@ -243,14 +307,18 @@ def _by_identity(obj: Any) -> bool:
 
 
 def _is_singleton(obj: Any) -> bool:
-    return obj is NotImplemented or isinstance(obj, (torch.finfo, torch.iinfo, enum.Enum))
+    return obj is NotImplemented or isinstance(
+        obj, (torch.finfo, torch.iinfo, enum.Enum)
+    )
 
 
 def _plain_dict_type(cls: type) -> bool:
     """Dicts traced item by item. A dict subclass whose reads are dict's own and that only
     observes writes (a class attribute ``__kiln_plain_dict__ = True``: the module dicts that
     kiln.guards watches) is traced as a plain dict; its type is still guarded."""
-    if cls in (dict, collections.OrderedDict) or cls.__dict__.get("__kiln_plain_dict__"):
+    if cls in (dict, collections.OrderedDict) or cls.__dict__.get(
+        "__kiln_plain_dict__"
+    ):
         return True
     return dataclasses.is_dataclass(cls) and issubclass(cls, collections.OrderedDict)
 
@@ -259,7 +327,9 @@ def _wrap_sequence(out: OutputGraph, obj: Any, source: Source | None) -> Value:
     if source is not None:
         out.guard(source, GuardKind.TYPE_MATCH, type(obj))
         out.guard(source, GuardKind.SEQUENCE_LENGTH, len(obj))
-    items = [wrap(out, x, source.item(i) if source else None) for i, x in enumerate(obj)]
+    items = [
+        wrap(out, x, source.item(i) if source else None) for i, x in enumerate(obj)
+    ]
     if isinstance(obj, list):
         lst = ListValue(items, source)
         lst.detached = source is None
