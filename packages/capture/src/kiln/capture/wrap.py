@@ -33,11 +33,7 @@ from kiln.capture.values.containers import (
     ListValue,
     TupleValue,
 )
-from kiln.capture.values.functions import (
-    BoundMethodValue,
-    BuiltinMethodValue,
-    UserFunctionValue,
-)
+from kiln.capture.values.functions import BoundMethodValue, BuiltinMethodValue, UserFunctionValue
 from kiln.capture.values.objects import ObjectValue
 from kiln.capture.values.tensor import TensorMethodValue, TensorValue
 
@@ -86,16 +82,12 @@ def _wrap(out: OutputGraph, obj: Any, source: Source | None) -> Value:
     if isinstance(obj, torch.Tensor):
         if source is None:
             # a tensor the trace did not compute and cannot reload: never bake it in
-            raise unsupported(
-                "unsupported_value", "a tensor with no place in the frame"
-            )
+            raise unsupported("unsupported_value", "a tensor with no place in the frame")
         if type(obj) not in (torch.Tensor, torch.nn.Parameter) and not isinstance(
             obj, torch.nn.Parameter
         ):
             # a subclass may override ops (__torch_function__) in ways fakes do not see
-            raise unsupported(
-                "unsupported_value", f"a tensor of type {type(obj).__name__}"
-            )
+            raise unsupported("unsupported_value", f"a tensor of type {type(obj).__name__}")
         return out.add_input(source, obj)
     if is_constant(obj):
         if source is not None:
@@ -104,9 +96,7 @@ def _wrap(out: OutputGraph, obj: Any, source: Source | None) -> Value:
             else:
                 out.guard(source, GuardKind.EQUALS, obj)
         return ConstantValue(obj, source)
-    if type(obj) in (list, tuple) or (
-        isinstance(obj, tuple) and is_namedtuple(type(obj))
-    ):
+    if type(obj) in (list, tuple) or (isinstance(obj, tuple) and is_namedtuple(type(obj))):
         return _wrap_sequence(out, obj, source)
     if isinstance(obj, dict) and _plain_dict_type(type(obj)):
         return _wrap_dict(out, obj, source)
@@ -120,11 +110,7 @@ def _wrap(out: OutputGraph, obj: Any, source: Source | None) -> Value:
     if isinstance(obj, types.FunctionType):
         if source is not None:
             out.guard(source, GuardKind.ID_MATCH, id(obj))
-        if (
-            torch_calls.is_special(obj)
-            or torch_calls.is_torch_callable(obj)
-            or _runs_natively(obj)
-        ):
+        if torch_calls.is_special(obj) or torch_calls.is_torch_callable(obj) or _runs_natively(obj):
             return ObjectValue(obj, source)
         if _is_compile_disable_wrapper(obj):
             inner_src = source.attr("__wrapped__") if source is not None else None
@@ -180,9 +166,7 @@ def function_value(fn: types.FunctionType, source: Source | None) -> UserFunctio
     if fn.__closure__:
         base = source.attr("__closure__") if source is not None else None
         closure = tuple(
-            CellValue(
-                real=cell, source=base.item(i).attr("cell_contents") if base else None
-            )
+            CellValue(real=cell, source=base.item(i).attr("cell_contents") if base else None)
             for i, cell in enumerate(fn.__closure__)
         )
     return UserFunctionValue(
@@ -215,10 +199,7 @@ _NATIVE_FUNCTIONS = frozenset(
         ("torch.utils.checkpoint", "checkpoint_sequential"),
         # they read the running frames: under capture these are Kiln's own
         *(("inspect", n) for n in ("stack", "currentframe", "getouterframes", "trace")),
-        *(
-            ("traceback", n)
-            for n in ("extract_stack", "format_stack", "print_stack", "walk_stack")
-        ),
+        *(("traceback", n) for n in ("extract_stack", "format_stack", "print_stack", "walk_stack")),
     ]
 )
 
@@ -237,9 +218,7 @@ def _wrap_method(out: OutputGraph, m: types.MethodType, source: Source | None) -
     Every read of ``obj.meth`` makes a new method object, so its identity would
     fail on the next call; ``__func__`` and ``__self__`` decide what it does.
     """
-    func = wrap(
-        out, m.__func__, source.attr("__func__") if source is not None else None
-    )
+    func = wrap(out, m.__func__, source.attr("__func__") if source is not None else None)
     receiver = _wrap_receiver(out, m.__self__, source)
     return BoundMethodValue(func, receiver, source)
 
@@ -287,12 +266,8 @@ def _is_c_method(obj: Any) -> bool:
     static = inspect.getattr_static(owner, obj.__name__, None)
     try:
         if isinstance(static, types.ClassMethodDescriptorType):
-            bound = static.__get__(
-                None, owner if isinstance(owner, type) else type(owner)
-            )
-        elif isinstance(
-            static, (types.MethodDescriptorType, types.WrapperDescriptorType)
-        ):
+            bound = static.__get__(None, owner if isinstance(owner, type) else type(owner))
+        elif isinstance(static, (types.MethodDescriptorType, types.WrapperDescriptorType)):
             bound = static.__get__(owner, type(owner))
         else:
             return False
@@ -307,18 +282,14 @@ def _by_identity(obj: Any) -> bool:
 
 
 def _is_singleton(obj: Any) -> bool:
-    return obj is NotImplemented or isinstance(
-        obj, (torch.finfo, torch.iinfo, enum.Enum)
-    )
+    return obj is NotImplemented or isinstance(obj, (torch.finfo, torch.iinfo, enum.Enum))
 
 
 def _plain_dict_type(cls: type) -> bool:
     """Dicts traced item by item. A dict subclass whose reads are dict's own and that only
     observes writes (a class attribute ``__kiln_plain_dict__ = True``: the module dicts that
     kiln.guards watches) is traced as a plain dict; its type is still guarded."""
-    if cls in (dict, collections.OrderedDict) or cls.__dict__.get(
-        "__kiln_plain_dict__"
-    ):
+    if cls in (dict, collections.OrderedDict) or cls.__dict__.get("__kiln_plain_dict__"):
         return True
     return dataclasses.is_dataclass(cls) and issubclass(cls, collections.OrderedDict)
 
@@ -327,9 +298,7 @@ def _wrap_sequence(out: OutputGraph, obj: Any, source: Source | None) -> Value:
     if source is not None:
         out.guard(source, GuardKind.TYPE_MATCH, type(obj))
         out.guard(source, GuardKind.SEQUENCE_LENGTH, len(obj))
-    items = [
-        wrap(out, x, source.item(i) if source else None) for i, x in enumerate(obj)
-    ]
+    items = [wrap(out, x, source.item(i) if source else None) for i, x in enumerate(obj)]
     if isinstance(obj, list):
         lst = ListValue(items, source)
         lst.detached = source is None
