@@ -55,6 +55,7 @@ def _has_random_op(gm: fx.GraphModule) -> bool:
 
 # (grad mode of the call, whether any input requires grad)
 Mode = tuple[bool, bool]
+_MISSING: Any = object()
 
 
 @dataclasses.dataclass
@@ -63,6 +64,11 @@ class _ModePrograms:
 
     mutated: tuple[int, ...]  # the inputs the program writes (traced without shared memory)
     programs: dict[Aliasing, CompiledProgram | None]  # None: could not compile, runs eagerly
+
+
+def _aliasing(known: _ModePrograms, primals: Sequence[torch.Tensor]) -> Aliasing:
+    """How inputs overlap the mutated ones now; not looked at when nothing is mutated."""
+    return shared_memory(primals, known.mutated) if known.mutated else ()
 
 
 class AotCompiled:
@@ -154,9 +160,10 @@ class AotCompiled:
     ) -> CompiledProgram | None:
         """The program for this call; None when it could not be compiled (run eagerly)."""
         known = self._modes.get(mode)
-        aliasing = shared_memory(primals, known.mutated) if known and known.mutated else ()
-        if known is not None and aliasing in known.programs:
-            return known.programs[aliasing]
+        if known is not None:
+            found = known.programs.get(_aliasing(known, primals), _MISSING)
+            if found is not _MISSING:
+                return found
         try:
             # compiled where first called: maybe under the user's saved-tensor hooks
             with no_user_hooks():
@@ -174,8 +181,7 @@ class AotCompiled:
                     stacklevel=3,
                 )
             known = self._modes.setdefault(mode, _ModePrograms((), {}))
-            aliasing = shared_memory(primals, known.mutated) if known.mutated else ()
-            known.programs[aliasing] = None
+            known.programs[_aliasing(known, primals)] = None
             return None
 
     def _call_module(self, *fakes: torch.Tensor) -> Any:
@@ -206,24 +212,22 @@ class AotCompiled:
     def _compile_variant(self, mode: Mode, primals: Sequence[torch.Tensor]) -> CompiledProgram:
         """Compile for this call's mode and aliasing; the first program of a mode is traced
         without shared memory, which tells the inputs it mutates."""
+        identity = InputLayout.identity(len(primals))
         known = self._modes.get(mode)
+        program = None
         if known is None:
-            program = self._trace(mode, primals, InputLayout.identity(len(primals)))
+            program = self._trace(mode, primals, identity)
             known = self._modes[mode] = _ModePrograms(tuple(program.mutated_inputs), {})
-            aliasing = shared_memory(primals, known.mutated) if known.mutated else ()
-            if not aliasing:
-                compiled = self._compile(program, InputLayout.identity(len(primals)))
-                known.programs[aliasing] = compiled
-                return compiled
-        aliasing = shared_memory(primals, known.mutated) if known.mutated else ()
-        layout = InputLayout.for_aliasing(primals, aliasing) or InputLayout.identity(len(primals))
+        aliasing = _aliasing(known, primals)
+        layout = InputLayout.for_aliasing(primals, aliasing) or identity
         if aliasing:
             counters.bump("autograd_aot", "aliased_programs")
             log.info(
                 "inputs %s share memory with a mutated input: traced over bases", layout.groups
             )
-        compiled = self._compile(self._trace(mode, primals, layout), layout)
-        known.programs[aliasing] = compiled
+        if program is None or aliasing:
+            program = self._trace(mode, primals, layout)
+        compiled = known.programs[aliasing] = self._compile(program, layout)
         return compiled
 
     def _compile(self, program: TracedProgram, layout: InputLayout) -> CompiledProgram:
