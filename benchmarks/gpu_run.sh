@@ -5,6 +5,17 @@
 #   bash benchmarks/gpu_run.sh 3/10 [ARGS...]    # shard 3 of 10 of the whole suite
 #   bash benchmarks/gpu_run.sh tests             # the GPU tests (pytest -m gpu)
 #   bash benchmarks/gpu_run.sh micro             # bandwidth and reduce-overhead microbenchmarks
+#   bash benchmarks/gpu_run.sh memcheck [tests|models] [MODEL...]  # compute-sanitizer memcheck
+#
+# memcheck runs the GPU tests of codegen_triton, tests/test_models_e2e.py and
+# tests/test_gpu_memory_safety.py, then each MODEL (default: $MEMCHECK_MODELS below; `phi` is
+# transformers' Phi, the others benchmarks/models entries at the cpu preset) for two calls in
+# inference and two in training, each checked against eager (benchmarks/gpu_memcheck.py), every
+# process under `compute-sanitizer --tool memcheck` with PyTorch's caching allocator off, so an
+# access outside a tensor is an error rather than a read of its neighbour. Logs and summary.txt
+# land in $OUT/memcheck/; exits 1 if any run failed. MEMCHECK_TIMEOUT: seconds per process.
+# Everything takes longer than one 10-minute call: on the H200 the tests took 220 s and a
+# model 10 to 140 s a process, so run `memcheck tests` and `memcheck models A B ...` apart.
 #
 # The repository arrives as a copy without kiln installed, so every packages/*/src goes on
 # PYTHONPATH. Results land in $OUT/<run>/ (results.csv, summary.md, speedups.png, meta.json,
@@ -32,6 +43,50 @@ if [[ "$WHAT" == tests ]]; then
     for dir in packages/*/tests tests; do
         "$PY" -m pytest -m gpu -q -p no:cacheprovider "$dir" "$@" || [[ $? == 5 ]] || status=1
     done
+    exit $status
+elif [[ "$WHAT" == memcheck ]]; then
+    MEMCHECK_MODELS="phi hf_llama hf_bert hf_gpt2 hf_t5_encoder vit_tiny_patch16_224 \
+swin_tiny_patch4_window7_224 resnet18 attention_block mlp_layernorm_gelu"
+    part="${1:-all}"
+    shift || true
+    models="${*:-$MEMCHECK_MODELS}"
+    sanitizer="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
+    dir="$OUT/memcheck"
+    mkdir -p "$dir"
+    # every tensor its own cudaMalloc (else an access past a tensor lands in its segment
+    # unseen), padding between allocations, compiles in this process (workers run no kernels)
+    export PYTORCH_NO_CUDA_MEMORY_CACHING=1 KILN_TRITON_PARALLEL_COMPILE=0 PYTHONUNBUFFERED=1
+    san=("$sanitizer" --tool memcheck --padding 512 --error-exitcode 99 --print-limit 20)
+    status=0
+    check() {  # NAME COMMAND...: one process under memcheck, its log and a summary line
+        local name=$1 start=$SECONDS rc=0
+        shift
+        timeout "${MEMCHECK_TIMEOUT:-240}" "${san[@]}" "$@" >"$dir/$name.log" 2>&1 || rc=$?
+        local summary
+        summary="$(grep -m1 'ERROR SUMMARY' "$dir/$name.log" || echo 'no ERROR SUMMARY')"
+        echo "$name: rc=$rc $((SECONDS - start))s ${summary#========= }" | tee -a "$dir/summary.txt"
+        [[ $rc == 0 ]] || status=1
+    }
+    if [[ "$part" == all || "$part" == tests ]]; then
+        check tests-codegen_triton "$PY" -m pytest -m gpu -q -p no:cacheprovider \
+            packages/codegen_triton/tests/test_gpu.py -k "not cuda_graph"
+        # a CUDA graph's capture may not cudaMalloc: these run over the caching allocator
+        check tests-cuda_graphs env -u PYTORCH_NO_CUDA_MEMORY_CACHING "$PY" -m pytest -m gpu -q \
+            -p no:cacheprovider packages/codegen_triton/tests/test_gpu.py -k cuda_graph
+        check tests-models "$PY" -m pytest -m gpu -q -p no:cacheprovider \
+            tests/test_models_e2e.py tests/test_gpu_memory_safety.py
+    fi
+    if [[ "$part" == all || "$part" == models ]]; then
+        phi=(--layers 2 --batch 2 --seq 128 --hidden 256 --heads 4 --vocab 1024)
+        for model in $models; do
+            for mode in inference training; do
+                extra=()
+                [[ "$model" == phi ]] && extra=("${phi[@]}")
+                check "$model-$mode" "$PY" benchmarks/gpu_memcheck.py "$model" --mode "$mode" \
+                    --calls 2 "${extra[@]}"
+            done
+        done
+    fi
     exit $status
 elif [[ "$WHAT" == micro ]]; then
     exec "$PY" benchmarks/gpu_micro.py "$@"

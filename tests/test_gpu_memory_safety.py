@@ -1,0 +1,80 @@
+"""Models whose kernels once read outside their buffers, over repeated calls against eager.
+
+transformers' Phi (partial rotary embeddings: ``rotate_half`` cats the halves of a slice of
+each head, shifted) compiled with the default backend raised an illegal memory access on a
+GPU: a cat's last piece was loaded unmasked, its index shifted back before its input on the
+other pieces' lanes. On CPU the ``loopir_reference`` backend checks every load and store
+against its buffer (so these fail there without a GPU); on CUDA an out-of-bounds read lands in
+mapped memory most of the time, so ``bash benchmarks/gpu_run.sh memcheck`` runs this file under
+``compute-sanitizer``, where every one is an error.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import kiln
+
+transformers = pytest.importorskip("transformers")
+
+CUDA = pytest.param(
+    "cuda",
+    "kiln",
+    marks=[
+        pytest.mark.gpu,
+        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+    ],
+)
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    kiln.reset()
+    yield
+    kiln.reset()
+
+
+def _phi(vocab: int) -> torch.nn.Module:
+    config = transformers.PhiConfig(
+        vocab_size=vocab, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=128, max_position_embeddings=64, partial_rotary_factor=0.5,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return transformers.PhiForCausalLM(config)
+
+
+def _repeated_calls(model, device, backend, mode, calls=3, vocab=96):
+    """``calls`` calls on fresh token batches, each against eager: logits, or in training
+    the model's own causal-LM loss and every parameter's gradient."""
+    model = model.to(device)
+    reference = copy.deepcopy(model)
+    model.train(mode == "training")
+    reference.train(mode == "training")
+    compiled = kiln.compile(model, backend=backend)
+    tol = {"atol": 2e-4, "rtol": 2e-4}
+    for _ in range(calls):
+        ids = torch.randint(0, vocab, (2, 24), device=device)
+        if mode == "inference":
+            with torch.no_grad():
+                torch.testing.assert_close(compiled(ids).logits, reference(ids).logits, **tol)
+            continue
+        for m in (model, reference):
+            m.zero_grad(set_to_none=True)
+        loss = compiled(ids, labels=ids).loss
+        expected = reference(ids, labels=ids).loss
+        loss.backward()
+        expected.backward()
+        torch.testing.assert_close(loss, expected, **tol)
+        for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad, **tol, msg=lambda m, n=name: f"{n}: {m}")
+    assert kiln.stats().eager_fallbacks == 0
+
+
+@pytest.mark.parametrize("mode", ["inference", "training"])
+@pytest.mark.parametrize(("device", "backend"), [("cpu", "loopir_reference"), CUDA])
+def test_phi_partial_rotary(device, backend, mode, monkeypatch):
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    _repeated_calls(_phi(vocab=96), device, backend, mode)
