@@ -1,0 +1,260 @@
+"""Operators whose compiled answer must be eager's, end to end with the default backend.
+
+Complex tensors stay with ATen (no generated kernel computes them, and only ATen resolves their
+lazy conjugate and negative bits); outputs viewing an input keep the dtype and bits eager gives
+them; the inputs themselves are never written. Sign-like ops on NaN, reductions of 0-d tensors
+over a dim with keepdim, gradients near a domain edge (no fused multiply-add where ATen rounds
+the product) and half-precision batch-norm running statistics are compared over several calls
+with fresh inputs.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kiln
+
+aten = torch.ops.aten
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    kiln.reset()
+    yield
+    kiln.reset()
+
+
+def _same(got, want, **tol):
+    if isinstance(want, (tuple, list)):
+        assert len(got) == len(want)
+        for g, w in zip(got, want, strict=True):
+            _same(g, w, **tol)
+        return
+    assert (got.dtype, got.shape) == (want.dtype, want.shape)
+    assert (got.is_conj(), got.is_neg()) == (want.is_conj(), want.is_neg())
+    torch.testing.assert_close(got, want, equal_nan=True, **tol)
+
+
+def agree(fn, make, *, calls=3, **tol):
+    """``fn`` compiled, called on fresh inputs ``calls`` times: eager's answer each time, and
+    its inputs left as they were."""
+    compiled = kiln.compile(fn)
+    for _ in range(calls):
+        inputs = make()
+        before = [t.clone() for t in inputs]
+        got = compiled(*inputs)
+        for t, b in zip(inputs, before, strict=True):  # the inputs are unchanged
+            torch.testing.assert_close(t, b, rtol=0, atol=0, equal_nan=True)
+        _same(got, fn(*inputs), **tol)
+
+
+def _z():
+    return (torch.randn(6, dtype=torch.complex64),)
+
+
+# ---- complex tensors ---------------------------------------------------------------------------
+
+COMPLEX = {
+    "abs": lambda z: z.abs(),
+    "times_conj": lambda z: z * z.conj(),
+    "fft_abs": lambda z: torch.fft.fft(z).abs(),
+    "real_of_times_conj": lambda z: (z * z.conj()).real,
+    "imag_then_kernel": lambda z: (z * 2).imag * 3 + 1,
+    "view_as_real_then_kernel": lambda z: torch.view_as_real(z) * 2,
+    "angle_and_exp": lambda z: torch.exp(z).angle() + z.abs(),
+    "complex_sum": lambda z: (z * 1j).sum(),
+    "conj_physical": lambda z: torch.conj_physical(z) + z,
+}
+
+
+@pytest.mark.parametrize("name", list(COMPLEX))
+def test_complex_values(name, caplog):
+    with caplog.at_level(logging.WARNING):
+        agree(COMPLEX[name], _z)
+    assert "reference backend" not in caplog.text
+
+
+def test_complex_results_of_real_tensors_and_their_gradients():
+    def fn(r, t):
+        z = torch.polar(r, t) * torch.complex(t, r)
+        return z.real.sum() + z.imag.square().sum() + z.abs().sum()
+
+    compiled = kiln.compile(fn)
+    for _ in range(3):
+        r, t = torch.rand(5) + 0.1, torch.randn(5)
+        mine = [r.clone().requires_grad_(), t.clone().requires_grad_()]
+        theirs = [r.clone().requires_grad_(), t.clone().requires_grad_()]
+        got, want = compiled(*mine), fn(*theirs)
+        got.backward()
+        want.backward()
+        _same(got, want)
+        for m, e in zip(mine, theirs, strict=True):
+            _same(m.grad, e.grad)
+
+
+def test_eigen_decomposition():
+    agree(lambda a: torch.linalg.eig(a), lambda: (torch.randn(4, 4),), rtol=1e-5, atol=1e-5)
+    agree(lambda a: torch.linalg.eigvals(a).abs(), lambda: (torch.randn(4, 4),))
+
+
+# ---- outputs viewing an input in another dtype or with a lazy bit -------------------------------
+
+INPUT_VIEWS = {
+    "view_as_complex": (lambda x: torch.view_as_complex(x), torch.float32),
+    "view_as_real": (lambda z: torch.view_as_real(z), torch.complex64),
+    "view_dtype": (lambda x: x.view(torch.int32), torch.float32),
+    "real": (lambda z: z.real, torch.complex64),
+    "imag": (lambda z: z.imag, torch.complex64),
+    "conj": (lambda z: z.conj(), torch.complex64),
+}
+
+
+@pytest.mark.parametrize("name", list(INPUT_VIEWS))
+def test_outputs_viewing_an_input(name):
+    fn, dtype = INPUT_VIEWS[name]
+    agree(fn, lambda: (torch.randn(3, 2, dtype=dtype),))
+
+
+# ---- sign-like ops and NaN ---------------------------------------------------------------------
+
+NAN = [math.nan, -math.nan, 1.0, -2.0, 0.0, -0.0, math.inf, -math.inf, 3.5, -0.5]
+
+
+def _with_nans(dtype=torch.float32):
+    x = torch.tensor(NAN)[torch.randperm(len(NAN))]
+    y = torch.tensor(NAN)[torch.randperm(len(NAN))]
+    return x.to(dtype), y.to(dtype)
+
+
+NAN_OPS = {
+    "sign": lambda x, y: torch.sign(x),
+    "sgn": lambda x, y: torch.sgn(x),
+    "sign_times": lambda x, y: torch.sign(x) * y.nan_to_num(),
+    "heaviside": torch.heaviside,
+    "copysign": torch.copysign,
+    "clamp": lambda x, y: torch.clamp(x, -1, 1),
+    "clamp_tensor": lambda x, y: torch.clamp(x, y, y + 1),
+    "maximum": torch.maximum,
+    "minimum": torch.minimum,
+    "fmax": torch.fmax,
+    "fmin": torch.fmin,
+    "nan_to_num": lambda x, y: torch.nan_to_num(x, 1.0, 2.0, -3.0),
+    "hardtanh": lambda x, y: F.hardtanh(x),
+    "relu": lambda x, y: torch.relu(x),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", list(NAN_OPS))
+def test_nan_through_sign_like_ops(name, dtype):
+    agree(NAN_OPS[name], lambda: _with_nans(dtype))
+
+
+# ---- 0-d reductions over a dim --------------------------------------------------------------------
+
+REDUCTIONS = {
+    "sum": torch.sum,
+    "prod": torch.prod,
+    "mean": torch.mean,
+    "amax": torch.amax,
+    "amin": torch.amin,
+    "argmax": torch.argmax,
+    "argmin": torch.argmin,
+    "any": lambda x, **kw: torch.any(x > 0, **kw),
+    "all": lambda x, **kw: torch.all(x > 0, **kw),
+    "max": lambda x, **kw: torch.max(x, **kw),
+    "nansum": torch.nansum,
+    "logsumexp": torch.logsumexp,
+    "var": torch.var,
+}
+
+
+@pytest.mark.parametrize("keepdim", [False, True])
+@pytest.mark.parametrize("dim", [0, -1])
+@pytest.mark.parametrize("name", list(REDUCTIONS))
+def test_reductions_of_0d_tensors_after_1d_ones(name, dim, keepdim):
+    """Compiled for a vector, then called with 0-d tensors (a second compile): the results are
+    0-d, keepdim or not, as in eager."""
+    op = REDUCTIONS[name]
+
+    def fn(x):
+        return op(x, dim=dim, keepdim=keepdim)
+
+    compiled = kiln.compile(fn)
+    for x in (torch.randn(5), torch.tensor(2.5), torch.tensor(-1.5), torch.randn(())):
+        _same(compiled(x), fn(x))
+
+
+# ---- gradients near a domain edge ----------------------------------------------------------------
+
+EDGE = {
+    "asin": (torch.asin, lambda: 1 - torch.rand(256) * 1e-4),
+    "acos": (torch.acos, lambda: -1 + torch.rand(256) * 1e-4),
+    "atanh": (torch.atanh, lambda: (torch.rand(256) * 2 - 1) * 0.99999),
+    "acosh": (torch.acosh, lambda: 1 + torch.rand(256) * 1e-4),
+    "log1p": (torch.log1p, lambda: -1 + torch.rand(256) * 1e-4),
+    "sqrt": (torch.sqrt, lambda: torch.rand(256) * 1e-30),
+    "rsqrt": (torch.rsqrt, lambda: torch.rand(256) * 1e-10 + 1e-30),
+}
+
+
+@pytest.mark.parametrize("name", list(EDGE))
+def test_gradients_near_a_domain_edge(name):
+    """Within float32 rounding of eager's (the default tolerances of ``assert_close``)."""
+    op, make = EDGE[name]
+    compiled = kiln.compile(op)
+    for _ in range(3):
+        x = make()
+        mine, theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
+        got, want = compiled(mine), op(theirs)
+        got.sum().backward()
+        want.sum().backward()
+        _same(got, want)
+        _same(mine.grad, theirs.grad)
+
+
+# ---- batch norm running statistics in half precision -------------------------------------------
+
+
+def _half_ulps(dtype):
+    """Two units in the last place of values in [1, 2), relative or absolute."""
+    ulps = 2.0**-6 if dtype == torch.bfloat16 else 2.0**-9
+    return {"rtol": ulps, "atol": ulps}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_batch_norm_with_update_keeps_running_statistics(dtype):
+    """``_batch_norm_with_update`` (what ``F.batch_norm`` becomes in training) writes its
+    running statistics as eager does, to within two of their own ulps (eager rounds its
+    half-precision arithmetic step by step)."""
+
+    def fn(x, w, b, rm, rv):
+        return aten._batch_norm_with_update(x, w, b, rm, rv, 0.1, 1e-5)[0]
+
+    compiled = kiln.compile(fn)
+    stats = torch.randn(3).to(dtype), (torch.rand(3) + 0.5).to(dtype)
+    mine, theirs = [s.clone() for s in stats], [s.clone() for s in stats]
+    w, b = torch.randn(3).to(dtype), torch.randn(3).to(dtype)
+    for _ in range(3):
+        x = (torch.randn(4, 3, 5) * 2 + 1).to(dtype)
+        _same(compiled(x, w, b, *mine), fn(x, w, b, *theirs), **_half_ulps(dtype))
+        for m, t in zip(mine, theirs, strict=True):
+            _same(m, t, **_half_ulps(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_batch_norm_module_in_training(dtype):
+    torch.manual_seed(0)
+    mine, theirs = torch.nn.BatchNorm2d(8).to(dtype), torch.nn.BatchNorm2d(8).to(dtype)
+    compiled = kiln.compile(mine)
+    for _ in range(3):
+        x = (torch.randn(4, 8, 5, 5) * 3 + 1).to(dtype)
+        _same(compiled(x), theirs(x), **_half_ulps(dtype))
+    for name in ("running_mean", "running_var"):
+        _same(getattr(mine, name), getattr(theirs, name), **_half_ulps(dtype))
+    assert mine.num_batches_tracked.item() == theirs.num_batches_tracked.item() == 3
