@@ -419,3 +419,25 @@ def test_dict_view_passed_before_its_dict_is_never_stale():
         return  # runs eagerly
     fresh = {"a": r(3)}
     assert result.function(r(3), fresh.keys(), fresh) == (2, ["a", "b"])
+
+
+def test_set_methods(check):
+    def fn(x):
+        s = {1, 2, 3}
+        t = s.copy()
+        t.add(9)
+        u = s.union([4], (5,))
+        i = s.intersection({2, 3, 7}, [3, 2])
+        d = s.difference([1])
+        sd = s.symmetric_difference({3, 4})
+        rel = (s.issubset(u), u.issuperset(s), s.isdisjoint([8]), d.issubset([9]))
+        s.intersection_update([1, 2])
+        s.difference_update({2})
+        try:
+            s.remove(42)
+        except KeyError:
+            x = x + 1
+        s.discard(42)
+        return x, sorted(t), sorted(u), sorted(i), sorted(d), sorted(sd), rel, sorted(s)
+
+    check(fn, (r(2),))

@@ -134,17 +134,47 @@ def _dict_method(
     return ConstantValue(None)
 
 
+_SET_ALGEBRA = {"union": "|", "intersection": "&", "difference": "-", "symmetric_difference": "^"}
+_SET_RELATIONS = {"issubset": "<=", "issuperset": ">=", "isdisjoint": "isdisjoint"}
+
+
+def _as_set(tr: Tracer, v: Value) -> SetValue:
+    if isinstance(v, SetValue):
+        return v
+    return SetValue({dict_key(x): x for x in builtin_calls.unpack_iterable(tr, v)})
+
+
 def _set_method(tr: Tracer, s: SetValue, name: str, args: list[Value]) -> Value:
     if name == "__contains__":
         return ConstantValue(dict_key(args[0]) in s.items)
+    if name == "copy":
+        return SetValue(dict(s.items))
+    if name in _SET_ALGEBRA:  # ``s.union(a, b)`` takes any iterables
+        result: Value = SetValue(dict(s.items))
+        for other in args:
+            result = operators.binary_op(tr, _SET_ALGEBRA[name], result, _as_set(tr, other))
+        return result
+    if name in _SET_RELATIONS:
+        mine, theirs = s.items.keys(), _as_set(tr, args[0]).items.keys()
+        if name == "isdisjoint":
+            return ConstantValue(mine.isdisjoint(theirs))
+        return ConstantValue(mine <= theirs if name == "issubset" else mine >= theirs)
     s.check_mutable()
     if name == "add":
         s.items[dict_key(args[0])] = args[0]
     elif name == "update":
         for x in builtin_calls.unpack_iterable(tr, args[0]):
             s.items[dict_key(x)] = x
-    elif name in ("discard", "remove"):
+    elif name.endswith("_update") and name[: -len("_update")] in _SET_ALGEBRA:
+        updated = _set_method(tr, s, name[: -len("_update")], args)
+        assert isinstance(updated, SetValue)
+        s.items = updated.items
+    elif name == "discard" or (name == "remove" and dict_key(args[0]) in s.items):
         s.items.pop(dict_key(args[0]), None)
+    elif name == "remove":
+        raise raised(KeyError(dict_key(args[0])))
+    elif name == "clear":
+        s.items.clear()
     else:
         raise unsupported("unsupported_call", f"set.{name}")
     return ConstantValue(None)
