@@ -118,3 +118,17 @@ def test_conversions_and_where():
 
     out = pointwise("buf0", F32, [N], fn)
     run_case(Case("conv", group("conv", [x], [(out, "x")], N), lambda: [random_tensor(F32, [N])]))
+
+
+def test_sign_of_nan_and_signed_zeros_follows_torch():
+    x = inp("x", F32, [N])
+    load = x.make_loader()
+    out = pointwise("buf0", F32, [N], lambda i: ops.sign(load(i)))
+    special = torch.tensor([float("nan"), -float("nan"), 0.0, -0.0, float("inf"), -float("inf")])
+
+    def make() -> list[torch.Tensor]:
+        values = random_tensor(F32, [N])
+        values[: len(special)] = special  # NaN's sign is 0, as torch.sign's
+        return [values]
+
+    run_case(Case("sign_nan", group("sign_nan", [x], [(out, "x")], N), make))

@@ -225,11 +225,9 @@ class TritonOps(OpsHandlerBase[Any]):
         floating = _is_float(x.dtype)
         if name == "relu":
             return "tl.where({x} < 0, tl.zeros_like({x}), {x})"
-        if name == "sign":
-            sign = (
-                f"({{x}} > 0).to({triton_type(x.dtype)}) - ({{x}} < 0).to({triton_type(x.dtype)})"
-            )
-            return f"tl.where({{x}} != {{x}}, {{x}}, {sign})" if floating else sign
+        if name == "sign":  # 0 for NaN (both comparisons are false), as torch.sign
+            ty = triton_type(x.dtype)
+            return f"({{x}} > 0).to({ty}) - ({{x}} < 0).to({ty})"
         if name == "isnan":
             return "{x} != {x}"
         if name == "isinf":
