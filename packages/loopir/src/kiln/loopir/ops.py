@@ -21,7 +21,8 @@ Value semantics every handler must follow:
 * ``truediv`` only sees floating operands. ``floordiv`` floors (``torch.floor_divide``),
   ``mod`` takes the divisor's sign (``torch.remainder``), ``fmod`` the dividend's
   (C ``fmod``). ``maximum``/``minimum`` propagate NaN. ``round`` is half-to-even.
-  ``sign`` keeps the dtype. ``truediv``/``mod`` by an integer zero are undefined.
+  ``sign`` keeps the dtype and is 0 for NaN (``torch.sign``). ``truediv``/``mod`` by an
+  integer zero are undefined.
 * Index expressions are sympy integer expressions over the kernel's index symbols,
   built from ``+``, ``*``, integer constants, :class:`kiln.loopir.sizes.FloorDiv`,
   :class:`kiln.loopir.sizes.ModularIndexing` and the symbols returned by
