@@ -135,6 +135,12 @@ def test_partial_attributes(check):
             hasattr(fn, "__name__"),
             hasattr([], "append"),
             hasattr([], "nope"),
+            hasattr(q.func, "__name__"),
+            q.func is torch.add,
+            q.keywords,
+            len(q.args),
+            hasattr(torch.nn.Linear(2, 2).forward, "__name__"),
+            hasattr(x.add, "__name__"),
         )
 
     check(fn, (r(3),))

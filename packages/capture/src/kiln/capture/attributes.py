@@ -350,6 +350,8 @@ def has_attr(tr: Tracer, v: Value, name: str) -> bool:
         return name in v.items or hasattr(v.cls, name)
     if isinstance(v, UserFunctionValue) and v.real is not None:
         return hasattr(v.real, name)
+    if isinstance(v, BoundMethodValue):  # a method passes other reads on to its function
+        return _class_defines(types.MethodType, name) or has_attr(tr, v.func, name)
     return _class_defines(v.python_type(), name)
 
 

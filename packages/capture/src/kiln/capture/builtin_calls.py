@@ -672,7 +672,10 @@ def _super(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
 
 @_handles(functools.partial)
 def _partial(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
-    return PartialValue(args[0], list(args[1:]), dict(kwargs))
+    inner = args[0]
+    if isinstance(inner, PartialValue):  # partial flattens a partial of a partial
+        return PartialValue(inner.func, [*inner.args, *args[1:]], {**inner.kwargs, **kwargs})
+    return PartialValue(inner, list(args[1:]), dict(kwargs))
 
 
 @_handles(print)
