@@ -19,8 +19,8 @@ from fuzz.harness import run_program  # noqa: E402
 from fuzz.programs import Program, programs  # noqa: E402
 from fuzz.triage import repro_text, shrink  # noqa: E402
 
-# Sized to run in about two minutes on one core (the default backend compiles C++ per program).
-EXAMPLES = 80
+# About a minute of CPU time on one core (the default backend compiles C++ for a third of them).
+EXAMPLES = 300
 
 
 def _check(program: Program) -> None:
