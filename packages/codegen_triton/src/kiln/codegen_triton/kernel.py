@@ -268,10 +268,12 @@ class TritonKernel:
     def _may_leave(self, name: str, expr: sympy.Expr) -> bool:
         """True when a load's address can fall outside its buffer on some lane.
 
-        Lowerings select among loads with ``where`` (``cat``'s last piece), so lanes
-        whose value is discarded may still compute an address outside the buffer;
-        the reference backend clamps those, a GPU would fault. Loads inside
-        ``ops.masked`` and indirect loads are in bounds by contract.
+        A lowering that selects among loads with ``where`` and leaves one unmasked would
+        compute addresses outside the buffer on the lanes it discards: loopir's reference
+        backend rejects such a load in its tests, and this guard keeps one that the tests
+        do not reach from faulting. Loads inside ``ops.masked`` (every lane the mask
+        leaves on is in bounds: the reference backend checks it) and indirect loads are in
+        bounds by contract.
         """
         size = sizes.static_int(self.group.buffers[name].storage_size())
         if size is None or any(sizes.is_index_symbol(s, "indirect") for s in expr.free_symbols):
