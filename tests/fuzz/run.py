@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -18,6 +19,18 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from .harness import run_program
 from .programs import BACKENDS, Program, programs
 from .triage import shrink, signature, write_repro
+
+
+def _reproduces(repro: Path) -> bool:
+    """Whether a repro file fails on its own: a finding that needs earlier programs in the same
+    process points at state Kiln keeps between compilations."""
+    try:
+        done = subprocess.run(
+            [sys.executable, str(repro)], capture_output=True, text=True, timeout=600
+        )
+    except subprocess.TimeoutExpired:
+        return True
+    return "finding=None" not in done.stdout
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,7 +101,12 @@ def main(argv: list[str] | None = None) -> int:
                     program.grad,
                     outcome.finding,
                 )
-                print(f"FINDING {seen[key]}: {outcome.finding.splitlines()[0]}", flush=True)
+                fresh = "reproduces" if _reproduces(seen[key]) else "does NOT reproduce"
+                print(
+                    f"FINDING {seen[key]} ({fresh} in a fresh process): "
+                    f"{outcome.finding.splitlines()[0]}",
+                    flush=True,
+                )
         if counts["generated"] % 100 == 0:
             rate = counts["generated"] / (time.time() - start)
             print(f"{dict(counts)} ({rate:.2f} programs/s)", flush=True)
