@@ -255,6 +255,7 @@ def models_latest(session: nox.Session) -> None:
     tests = [
         str(ROOT / "tests" / "test_models_e2e.py"),
         str(ROOT / "packages" / "capture" / "tests" / "test_model_suite.py"),
+        str(ROOT / "packages" / "capture" / "tests" / "test_modules.py"),
     ]
     session.run(*PYTEST, *tests, *session.posargs, env=env)
 

@@ -281,6 +281,21 @@ def test_transformers_one_graph(make, mode):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("make", [_small_bert, _small_gpt2], ids=["bert", "gpt2"])
+def test_transformers_export(make):
+    """One exported graph, equal to eager on new inputs (also on the newest transformers)."""
+    from kiln.capture import export
+
+    m = make().eval()
+    exported = export(m, torch.randint(0, 100, (2, 8)), use_cache=False)
+    ids = torch.randint(0, 100, (2, 8))
+    with torch.no_grad():
+        expected = m(ids, use_cache=False).last_hidden_state
+        actual = exported(ids, use_cache=False).last_hidden_state
+    torch.testing.assert_close(actual, expected)
+
+
+@pytest.mark.slow
 def test_bert_with_mask_and_classification_loss():
     transformers = pytest.importorskip("transformers")
     bert = _small_bert()
