@@ -283,3 +283,32 @@ def test_enable_grad_under_no_grad_trains_a_module(backend):
         got_grads = torch.autograd.grad(got, list(model.parameters()))
         expect_grads = torch.autograd.grad(expect, list(model.parameters()))
         torch.testing.assert_close(got_grads, expect_grads)
+
+
+@torch.no_grad()
+def _tripled(x):
+    return x * 3
+
+
+@torch.enable_grad()
+def _scaled(x, w):
+    return x * w
+
+
+def decorated(x, w):
+    a = _tripled(x * w)
+    with torch.inference_mode():
+        b = x * 2
+    return a, b * 1, _scaled(x, w), x * w
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("caller", [torch.no_grad, torch.enable_grad])
+def test_grad_mode_decorators_and_inference_mode_inside(backend, caller):
+    cf = kiln.compile(decorated, backend=backend)
+    for _ in range(2):
+        x, w = torch.randn(3), torch.randn(3, requires_grad=True)
+        with caller():
+            expect, got = decorated(x, w), cf(x, w)
+        assert [t.requires_grad for t in got] == [t.requires_grad for t in expect]
+        torch.testing.assert_close(got, expect)
