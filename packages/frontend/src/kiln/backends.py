@@ -15,14 +15,18 @@ backend settings (``config.BACKEND_OPTIONS``), and refuses up front a backend th
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeAlias
 
+import torch
 from torch import fx
 
 from kiln import autograd_aot, codegen_triton, loopir
 
 __all__ = ["Backend", "register_backend", "list_backends", "lookup_backend", "takes_options"]
+
+log = logging.getLogger(__name__)
 
 Backend: TypeAlias = Callable[..., Callable[..., Any]]
 """``(gm, example_inputs) -> callable``, with an optional ``options=`` keyword."""
@@ -135,6 +139,8 @@ def _aot_loopir(
     options: Mapping[str, Any],
     backend: loopir.Backend | None,
 ) -> Callable[..., Any]:
+    if _has_lazy_bits(example_inputs):
+        return gm.forward
     compile_graph = _loopir_compiler(options, backend)
     loopir.fuse_attention(gm)
     loopir.simplify_attention_masks(gm)
@@ -146,6 +152,20 @@ def _aot_loopir(
         bw_compiler=compile_graph,
         decompositions=loopir.decompositions(),
     )
+
+
+def _has_lazy_bits(example_inputs: Sequence[Any]) -> bool:
+    """Whether an input carries a lazy conjugate or negative bit (``z.conj()``, its ``imag``).
+
+    Only ATen kernels resolve those bits: a generated kernel reads the storage, and the traced
+    program (over fake tensors without the bits) knows nothing of them. Such a graph runs as
+    captured, with ATen's kernels.
+    """
+    for t in example_inputs:
+        if isinstance(t, torch.Tensor) and (t.is_conj() or t.is_neg()):
+            log.info("an input has a lazy conjugate or negative bit: the graph runs eagerly")
+            return True
+    return False
 
 
 @register_backend
