@@ -12,6 +12,7 @@ written straight into ``__dict__``.
 from __future__ import annotations
 
 import types
+import warnings
 
 import pytest
 import torch
@@ -321,3 +322,25 @@ def test_unchanged_module_state_does_not_recompile():
     torch.testing.assert_close(c(x), m(x))
     torch.randn(4).requires_grad_()  # another tensor's metadata: nothing to re-check
     assert kiln.stats().frames_captured == 1
+
+
+class Scaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("scale", torch.randn(4))
+
+    def forward(self, x):
+        return x * self.scale.unsqueeze(0) + 1
+
+
+def test_storage_resized_under_a_buffer_is_never_read_past():
+    m = Scaled()
+    c = kiln.compile(m, backend="kiln")
+    agree(c, m, make=lambda: (torch.randn(3, 4),))
+    m.scale.untyped_storage().resize_(0)
+    x = torch.randn(3, 4)
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        m(x)
+    with pytest.raises(RuntimeError, match="out of bounds"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        c(x)

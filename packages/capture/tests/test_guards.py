@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 
+import pytest
 import torch
 from torch import nn
 
@@ -15,8 +16,10 @@ from kiln.capture import (
     ItemSource,
     LocalSource,
     TensorMeta,
+    Unsupported,
     capture,
 )
+from kiln.capture.guard_data import storage_fits
 from kiln.capture.source import root_of
 
 SCALE = 2
@@ -212,3 +215,19 @@ def test_an_assigned_signature_does_not_change_how_a_frame_binds(check):
     fn.__signature__ = inspect.signature(lambda x, y=None: None)  # type: ignore[attr-defined]
     result = check(fn, (torch.randn(2),), {"y": torch.randn(2)})
     assert {str(g.source) for g in result.guards} >= {"L['args'][0]", "L['kwargs']['y']"}
+
+
+def test_tensor_outgrowing_its_storage_is_refused():
+
+    x = torch.randn(4)
+    assert storage_fits(x) and storage_fits(x[2:]) and storage_fits(torch.empty(0))
+    x.untyped_storage().resize_(8)
+    assert not storage_fits(x)
+
+    def f(t):
+        return t + 1
+
+    with pytest.raises(Unsupported, match="storage is smaller"):
+        capture(
+            f, (x,), {}, compile_graph=lambda gm, _: gm, wrap_callable=lambda fn: fn, fullgraph=True
+        )

@@ -395,3 +395,13 @@ def test_a_group_rooted_inside_a_container_reads_only_its_root():
     assert check(state, None)
     model.fc.eval()
     assert check(state, None) is False
+
+
+def test_group_rechecks_that_storages_still_hold_their_tensors():
+    model = Net()
+    check = tree_check(model)
+    passes(check, model)
+    model.offset.untyped_storage().resize_(0)  # sizes and strides unchanged
+    assert check(model, None) is False
+    model.offset.untyped_storage().resize_(16)
+    assert check(model, None)

@@ -16,7 +16,8 @@ from typing import Any
 import torch
 from torch import fx
 
-from kiln.capture.guard_data import GuardKind, GuardSpec, TensorMeta, dedupe
+from kiln.capture.break_reasons import unsupported
+from kiln.capture.guard_data import GuardKind, GuardSpec, TensorMeta, dedupe, storage_fits
 from kiln.capture.meta import FakeMode, to_fake
 from kiln.capture.side_effects import SideEffects
 from kiln.capture.source import Source
@@ -65,6 +66,9 @@ class OutputGraph:
         placeholders with separate fakes: guards do not check aliasing, so the
         graph must not assume it.
         """
+        if real.device.type != "meta" and not storage_fits(real):
+            detail = f"{source}: its storage is smaller than its sizes and strides need"
+            raise unsupported("unsupported_value", detail)
         self.guard(source, GuardKind.TENSOR_MATCH, TensorMeta.of(real))
         known = self._by_source.get(str(source))
         if known is not None:

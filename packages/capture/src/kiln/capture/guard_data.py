@@ -15,7 +15,7 @@ import torch
 
 from kiln.capture.source import Source
 
-__all__ = ["GuardKind", "GuardSpec", "TensorMeta", "GlobalState", "dedupe"]
+__all__ = ["GuardKind", "GuardSpec", "TensorMeta", "GlobalState", "dedupe", "storage_fits"]
 
 
 class GuardKind(enum.Enum):
@@ -51,6 +51,10 @@ class TensorMeta:
     sizes: tuple[int, ...]
     strides: tuple[int, ...]
     dispatch_keys: frozenset[str] = frozenset()
+    # lazy bits ATen alone resolves (``z.conj()``, ``z.conj().imag``): a graph compiled for a
+    # tensor without them reads a tensor with them wrongly
+    conj: bool = False
+    neg: bool = False
 
     @classmethod
     def of(cls, t: torch.Tensor) -> TensorMeta:
@@ -61,7 +65,28 @@ class TensorMeta:
             t.requires_grad,
             tuple(t.shape),
             tuple(t.stride()),
+            conj=t.is_conj(),
+            neg=t.is_neg(),
         )
+
+
+def storage_fits(t: torch.Tensor) -> bool:
+    """Whether every element of ``t`` lies inside its storage.
+
+    A storage resized under its tensor (``t.untyped_storage().resize_(0)``) leaves sizes and
+    strides as they were; eager's views of it raise (``setStorage: ... out of bounds``) and
+    its kernels read freed memory. A compiled graph must never read past a storage's end:
+    capture refuses such an input, and kiln.guards re-checks module state, whose guards run
+    only after the module stamp moved. Tensors without a plain storage count as fitting.
+    """
+    if t.layout is not torch.strided or t.numel() == 0:
+        return True
+    try:
+        nbytes = t.untyped_storage().nbytes()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return True
+    last = t.storage_offset() + sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
+    return bool(nbytes >= (last + 1) * t.element_size())
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from kiln.capture.binding import code_signature
-from kiln.capture.guard_data import GlobalState, GuardKind, GuardSpec, TensorMeta
+from kiln.capture.guard_data import GlobalState, GuardKind, GuardSpec, TensorMeta, storage_fits
 from kiln.capture.source import (
     AttrSource,
     ClosureSource,
@@ -98,6 +98,7 @@ class CheckSource:
         self.functions: list[str] = []  # texts of the trees' group functions
         self.bound: dict[str, Any] = {}  # sources read from the namespace (Plan.bound)
         self.needs_locals = False  # whether the check starts with ``<prefix>L = locals()``
+        self.in_group = False  # emitting a tree's group (run only after the stamp moved)
 
     # ---- names and expressions -------------------------------------------------------
 
@@ -232,6 +233,12 @@ class CheckSource:
         ]
         if meta.dispatch_keys:
             parts.append(self._dispatch_keys_condition(v, meta.dispatch_keys))
+        if meta.dtype.is_floating_point or meta.dtype.is_complex:  # where lazy bits arise
+            parts.append(f"{v}.is_neg() is {meta.neg!r}")
+        if meta.dtype.is_complex:
+            parts.append(f"{v}.is_conj() is {meta.conj!r}")
+        if self.in_group:  # module state: its storage may have been resized under it
+            parts.append(f"{self.bind(storage_fits, 'storage_fits')}({v})")
         return " and ".join(parts)
 
     def _dispatch_keys_condition(self, v: str, names: frozenset[str]) -> str:
@@ -353,8 +360,9 @@ class CheckSource:
         seen = self.bind([-1], "seen")  # the stamp the group last passed at; -1: never
         name = f"{self.prefix}group{len(self.functions)}"
         root = f"{self.prefix}root"
-        outer = (self.lines, self._locals, self.indent)
+        outer = (self.lines, self._locals, self.indent, self.in_group)
         outer_bound, self.bound = self.bound, {}  # the group reads the real paths
+        self.in_group = True
         self.lines, self._locals, self.indent = [], {str(tree.source): root}, 0
         self.line(f"{self.prefix}now = {stamp}[0]")
         emit_members()
@@ -365,7 +373,7 @@ class CheckSource:
         self.line("return True")
         body = "\n".join(f"    {line}" for line in self.lines)
         self.functions.append(f"def {name}({root}):\n{body}\n")
-        self.lines, self._locals, self.indent = outer
+        self.lines, self._locals, self.indent, self.in_group = outer
         self.bound = outer_bound
         self.require(f"{stamp}[0] == {seen}[0] or {name}({self.expr(tree.source)})")
 

@@ -45,7 +45,16 @@ from torch.utils.hooks import RemovableHandle
 
 from kiln.capture.source import MODULE_STORES
 
-__all__ = ["WatchedDict", "bump", "current", "install", "installed", "state", "watch", "watched"]
+__all__ = [
+    "WatchedDict",
+    "bump",
+    "current",
+    "install",
+    "installed",
+    "state",
+    "watch",
+    "watched",
+]
 
 _counter = itertools.count(1)
 state: list[int] = [0]  # generated checks read ``state[0]``; a list keeps one shared cell
