@@ -20,11 +20,6 @@ def _fresh():
     kiln.reset()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="autograd_aot hands the forward compiler contiguous example inputs for primals; a "
-    "strided view input that requires grad is then read with the wrong strides",
-)
 def test_strided_view_input_requiring_grad():
     f = kiln.compile(lambda y: y.square())
     for rows in (6, 5):

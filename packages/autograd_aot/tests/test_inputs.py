@@ -73,3 +73,11 @@ def test_shared_memory_with_grad_uses_the_common_autograd_base():
     assert kind.startswith("inputs that require grad")
     ((_, kind),) = _groups([base := torch.zeros(4), base.view(torch.int32)], [0])
     assert kind == "inputs of several dtypes"
+
+
+def test_fakes_of_non_leaf_inputs_keep_their_strides():
+    base = torch.randn(6, 4, requires_grad=True)
+    y = base[:, 2:]  # not dense: clone() would make it contiguous
+    fakes, leaves = fakes_of([y], needs_grad=True)
+    assert fakes[0].stride() == y.stride() and fakes[0].shape == y.shape
+    assert fakes[0].requires_grad and fakes[0].grad_fn is not None and leaves[0].is_leaf

@@ -54,10 +54,16 @@ def fakes_of(
         leaves.append(leaf)
         if needs_grad and p.requires_grad and not p.is_leaf:
             with torch.enable_grad():
-                fakes.append(leaf.clone())
+                fakes.append(_strided_clone(leaf))
         else:
             fakes.append(leaf)
     return fakes, leaves
+
+
+def _strided_clone(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` laid out as ``t`` is (``clone`` makes non-dense views contiguous):
+    compilers specialize on the graph inputs' strides, and the real input keeps its own."""
+    return t.new_empty_strided(t.shape, t.stride()).copy_(t)
 
 
 def _storage_base(t: torch.Tensor) -> torch.Tensor:
