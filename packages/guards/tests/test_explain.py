@@ -28,6 +28,24 @@ def test_tensor_messages_name_the_first_difference():
     )
 
 
+def test_lazy_negative_and_conjugate_bits_are_checked_both_ways():
+    """A graph compiled for a plain tensor reads a negative view (``z.conj().imag``) wrongly:
+    the bits are part of the check, whichever the entry was compiled for."""
+    z = torch.randn(4, dtype=torch.complex64)
+    cases = [
+        (torch.randn(4), torch._neg_view(torch.randn(4)), "negative bit"),
+        (z, z.conj(), "conjugate bit"),
+    ]
+    for plain, lazy in ((a, b) for a, b, _ in cases):
+        for compiled_for, other in ((plain, lazy), (lazy, plain)):
+            spec = GuardSpec(LocalSource("x"), GuardKind.TENSOR_MATCH, TensorMeta.of(compiled_for))
+            check = guards.build_check([spec], lambda x: x)
+            assert check(compiled_for) and not check(other)
+    for plain, lazy, what in cases:
+        reason = explain.explain_tensor("L['x']", lazy, TensorMeta.of(plain))
+        assert reason == f"tensor L['x'] {what} mismatch: expected False, got True"
+
+
 def test_dispatch_keys_when_recorded():
     t = torch.randn(3)
     keys = explain.dispatch_key_names(t)

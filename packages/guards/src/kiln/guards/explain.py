@@ -62,6 +62,8 @@ def explain_tensor(where: str, value: Any, meta: TensorMeta) -> str | None:
         ("device", meta.device, value.device),
         ("requires_grad", meta.requires_grad, value.requires_grad),
         ("rank", len(meta.sizes), value.dim()),
+        ("negative bit", meta.neg, value.is_neg()),
+        ("conjugate bit", meta.conj, value.is_conj()),
     ]
     for what, expected, got in checks:
         if expected != got:
