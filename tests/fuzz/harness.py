@@ -72,11 +72,11 @@ def make_inputs(call: Call, grad: bool) -> tuple[torch.Tensor, torch.Tensor, flo
     return randn(n, m), randn(n, m), call.s
 
 
-def _tolerance(t: torch.Tensor, lossy: bool) -> dict[str, float]:
+def _tolerance(lossy: bool) -> dict[str, float]:
     if lossy:
         return {"rtol": 4e-2, "atol": 4e-2}
-    if t.dtype == torch.float64:
-        return {"rtol": 1e-7, "atol": 1e-7}
+    # float64 results too: they often hold float32 rounding (a float32 global, an .item() of a
+    # float32 sum that Kiln adds up in another order, a float32 value converted up).
     return {"rtol": 2e-4, "atol": 2e-4}
 
 
@@ -104,7 +104,7 @@ def _same_value(a: Any, b: Any, lossy: bool, where: str) -> str | None:
     ea, eb = a.detach(), b.detach()
     if a.dtype.is_floating_point or a.dtype.is_complex:
         try:
-            torch.testing.assert_close(eb, ea, equal_nan=True, **_tolerance(a, lossy))
+            torch.testing.assert_close(eb, ea, equal_nan=True, **_tolerance(lossy))
         except AssertionError as e:
             return f"{where}: values differ: {str(e).splitlines()[:4]}\neager {ea}\nkiln  {eb}"
         return None
