@@ -164,7 +164,7 @@ def test_reduction_then_pointwise_in_one_kernel(backend):
 def test_cat_with_empty_pieces_never_reads_outside_a_buffer():
     a, z = _r(2, 3), _r(0, 3)
     c = check(lambda a, z: (aten.cat.default([z, a, z], 0),), a, z)
-    assert " < 0)" in kernel_sources(c)[0]  # the empty piece's load is guarded off
+    assert kernel_sources(c)[0].count("tl.load(") == 1  # the empty pieces are never loaded
 
 
 def test_pool_window_across_channels():

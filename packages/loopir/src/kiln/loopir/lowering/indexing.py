@@ -81,14 +81,17 @@ def _cat(tensors: Sequence[TensorBox], dim: int = 0) -> TensorBox:
         layout = V.graph.new_layout(device, result, tuple(size)).as_fixed()
         return TensorBox(StorageBox(into_slices(layout)))
 
+    live = [p for p in pieces if p[1] > p[0]] or pieces[:1]  # empty pieces give no element
+
     def inner(index: Index) -> Any:
-        if len(pieces) == 1:
-            return pieces[0][2](index)
+        if len(live) == 1:
+            lo, _, load = live[0]
+            return load([e - lo if i == dim else e for i, e in enumerate(index)])
         # Every piece's load is masked to its range, the last one's too: a kernel loads every
         # lane the mask leaves on, and the ``where`` that discards the other lanes comes after
         # the load (shifted back by ``lo``, they read before the piece's first element).
         value = None
-        for lo, hi, load in reversed(pieces):
+        for lo, hi, load in reversed(live):
             shifted = [e - lo if i == dim else e for i, e in enumerate(index)]
             mask = _in_range(index[dim], lo, hi)
             part = ops.masked(mask, _bind(load, shifted), 0)
