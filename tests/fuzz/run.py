@@ -111,7 +111,10 @@ def main(argv: list[str] | None = None) -> int:
             rate = counts["generated"] / (time.time() - start)
             print(f"{dict(counts)} ({rate:.2f} programs/s)", flush=True)
 
-    one()
+    try:
+        one()
+    except KeyboardInterrupt:  # a long run stopped by hand still reports what it saw
+        print("interrupted")
     print(f"done in {time.time() - start:.0f} s: {dict(counts)}")
     for key, path in seen.items():
         print(f"  {path}: {key}")
