@@ -499,3 +499,11 @@ def test_views_of_inputs_keep_their_dtype_and_lazy_bits(backend, name):
         assert (out.is_conj(), out.is_neg()) == (want.is_conj(), want.is_neg())
         assert out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
         torch.testing.assert_close(out, want, rtol=0, atol=0, equal_nan=True)
+
+
+def test_without_inputs_requiring_grad_the_grad_mode_shares_one_program():
+    compiled = aot_eager(fx.symbolic_trace(lambda x: x.sin() * 2), [torch.randn(3)])
+    with torch.no_grad():
+        compiled(torch.randn(3))
+    out = compiled(torch.randn(3))
+    assert not out.requires_grad and len(compiled.variants()) == 1

@@ -118,8 +118,10 @@ class AotCompiled:
     @staticmethod
     def _mode(primals: Sequence[torch.Tensor]) -> Mode:
         # Under no_grad the program may still enable grad itself, so whether inputs require
-        # grad matters in both modes (params come first: usually one look).
-        return torch.is_grad_enabled(), any(p.requires_grad for p in primals)
+        # grad matters in both modes (params come first: usually one look); with none that
+        # does, the grad mode does not matter (both trace the same forward-only program).
+        wants_grad = any(p.requires_grad for p in primals)
+        return wants_grad and torch.is_grad_enabled(), wants_grad
 
     def variants(self) -> list[CompiledProgram]:
         """Every program compiled so far (per grad mode and input aliasing)."""
