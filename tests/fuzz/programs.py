@@ -33,10 +33,6 @@ DTYPES = {
 NAMES = {v: k for k, v in DTYPES.items()}
 FLOATS = ("f32", "f64", "bf16")
 BACKENDS = ("kiln", "aot_eager", "eager")
-# Known wrong, with an xfail test in tests/test_fuzz_regressions.py: a non-dense view input that
-# requires grad is read with dense strides by the default backend. Left on, nearly every grad
-# program with such an input fails the same way and hides the other findings.
-KNOWN_STRIDED_GRAD_BUG = True
 
 
 @dataclass(frozen=True)
@@ -915,9 +911,7 @@ def calls(draw: st.DrawFn, grad: bool) -> tuple[Call, ...]:
                 n = 0  # empty inputs: reductions without identity must raise alike
         if i and draw(st.integers(0, 3)) == 0:
             s = draw(st.sampled_from([0.5, -1.0, 2.0, 3.25, 2]))
-        layouts = ["contiguous"] * 4 + ["transposed"]
-        if not grad or not KNOWN_STRIDED_GRAD_BUG:
-            layouts += ["sliced"]
+        layouts = ["contiguous"] * 4 + ["transposed", "sliced"]
         if not grad:
             layouts += ["same", "siblings"]
         out.append(
