@@ -117,21 +117,35 @@ def test_inspect_stack_sees_the_program_frames() -> None:
     assert __file__ in got[2] and want[2] == __file__
 
 
-def test_manual_seed_inside_makes_calls_reproducible() -> None:
-    def fn(x: torch.Tensor) -> torch.Tensor:
-        torch.manual_seed(7)
-        return torch.nn.functional.dropout(x, 0.5) + torch.rand_like(x)
+def _reseed(seed: int) -> None:
+    torch.manual_seed(seed)
+
+
+@pytest.mark.parametrize("helper", [False, True], ids=["direct", "in_a_helper"])
+def test_manual_seed_inside_gives_eager_random_numbers(helper: bool) -> None:
+    """After the frame reseeds, its random ops draw what eager draws, and leave the
+    generator where eager leaves it."""
+
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = x.sin()
+        if helper:
+            _reseed(7)
+        else:
+            torch.manual_seed(7)
+        a = torch.nn.functional.dropout(y, 0.5) + torch.rand_like(y)
+        b = torch.empty(3).uniform_() * torch.randn(3)
+        return a * 2, b
 
     compiled = kiln.compile(fn)
-    x = torch.randn(64)
-    first = compiled(x)
-    torch.rand(5)  # the generator moves on outside
-    torch.testing.assert_close(compiled(x), first)
-    torch.manual_seed(7)
-    after_eager = torch.rand(3)
-    compiled(x)
-    torch.manual_seed(7)
-    torch.testing.assert_close(torch.rand(3), after_eager)
+    for _ in range(2):
+        x = torch.randn(16)
+        got = compiled(x)
+        after_got = torch.rand(4)
+        want = fn(x)
+        after_want = torch.rand(4)
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b)
+        torch.testing.assert_close(after_got, after_want)
 
 
 class _Interface(dict):

@@ -58,7 +58,7 @@ _STATE = 0
 CASES = [
     (data_branch, "data_dependent_branch", "if x.sum() > 0:"),
     (item_call, "data_dependent_value", "return x * x.sum().item()"),
-    (seeds, "side_effect", "torch.manual_seed(0)"),
+    (seeds, "rng_reseeded", "torch.manual_seed(0)"),
     (global_delete, "side_effect", "del _STATE"),
     (raises, "user_exception", 'raise ValueError("nope")'),
     (nonzero, "data-dependent operator", "return torch.nonzero(x)"),

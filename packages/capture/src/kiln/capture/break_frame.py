@@ -24,6 +24,7 @@ from kiln.capture.bytecode.format import log_code
 from kiln.capture.contexts import ExitValue
 from kiln.capture.emit import _Writer
 from kiln.capture.errors import CaptureError
+from kiln.capture.graph import EAGER_RANDOM
 from kiln.capture.resume import (
     CELLS_AS_CLOSURE,
     CELLS_AS_VALUES,
@@ -293,6 +294,8 @@ class Continuations:
         self.frame = frame
         self.wrap_callable = wrap_callable
         self.values = live_values(state)
+        # the continuations run after a reseeding: they keep random ops eager (graph.py)
+        self.eager_random = state.tracer.out.eager_random
         code = state.tracer.code
         self.cells_mode = CELLS_AS_VALUES if code.co_cellvars else CELLS_AS_CLOSURE
 
@@ -309,6 +312,8 @@ class Continuations:
             raise cannot(str(e)) from e
         by_name = dict(zip(code.co_freevars, self.func.__closure__ or (), strict=False))
         fn = rf.make_function(self.func.__globals__, [by_name[n] for n in rf.closure])
+        if self.eager_random:
+            setattr(fn, EAGER_RANDOM, True)
         log_code(rf.name, rf.code)
         args = [self.frame.expr(v) for v in stack if v is not NULL]
         args.extend(self.frame.expr(self.values[n]) for n in rf.locals)

@@ -41,6 +41,11 @@ REASONS: dict[str, BreakReason] = {
         "Kiln cannot trace into this callable",
         "call it outside the compiled function, or use a pure-Python or torch equivalent",
     ),
+    "rng_reseeded": BreakReason(
+        "the frame reseeds torch's random generator: the seeding and every random op after it "
+        "run eagerly, so they draw the numbers eager draws",
+        "seed outside the compiled function where eager's exact random numbers are not needed",
+    ),
     "side_effect": BreakReason(
         "the function mutates state that outlives the call (a global, an attribute or a "
         "container passed in)",

@@ -367,6 +367,7 @@ def _split(
     writer = _Writer(func, [])
     frame = Frame(state, func, writer)
     rest = Continuations(state, func, frame, wrap_callable)
+    rest.eager_random = rest.eager_random or e.kind == "rng_reseeded"
     in_block = tr._handler_for(state.instruction.offset) is not None
     exits = _grad_mode_exits(state) if in_block else None
     live = list(live_values(state).values())

@@ -29,7 +29,7 @@ from kiln.capture.break_tracer import BreakTracer
 from kiln.capture.bytecode.format import log_code
 from kiln.capture.emit import emit_code, graph_outputs
 from kiln.capture.errors import Unsupported
-from kiln.capture.graph import OutputGraph
+from kiln.capture.graph import EAGER_RANDOM, OutputGraph
 from kiln.capture.guard_data import GlobalState, GuardKind, GuardSpec
 from kiln.capture.isolation import no_user_hooks
 from kiln.capture.source import ClosureSource, LocalSource
@@ -103,6 +103,7 @@ def trace_frame(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Trace
         raise unsupported("unsupported_call", f"generator or coroutine {code.co_qualname}")
     grad_mode = torch.is_grad_enabled()
     out = OutputGraph()
+    out.eager_random = bool(getattr(func, EAGER_RANDOM, False))
     try:
         try:
             bound = code_signature(func).bind(*args, **kwargs)

@@ -23,7 +23,7 @@ from kiln.capture.side_effects import SideEffects
 from kiln.capture.source import Source
 from kiln.capture.values.tensor import TensorValue
 
-__all__ = ["GraphInput", "OutputGraph"]
+__all__ = ["EAGER_RANDOM", "GraphInput", "OutputGraph"]
 
 
 class GraphInput:
@@ -33,6 +33,10 @@ class GraphInput:
         self.source = source
         self.real = real
         self.value = value
+
+
+#: the attribute marking a continuation made after torch's generator was reseeded in the frame
+EAGER_RANDOM = "__kiln_eager_random__"
 
 
 class OutputGraph:
@@ -48,6 +52,9 @@ class OutputGraph:
         self.active: list[Any] = []  # the tracers running, innermost last
         self.side_effects = SideEffects()
         self.entered: list[Any] = []  # real context managers entered while tracing
+        # the frame runs after torch's generator was reseeded in it: random ops break the graph
+        # and run eagerly, so they draw eager's numbers (Kiln's compiled ones differ)
+        self.eager_random = False
         self.steps = 0  # instructions run, for the capture-wide budget
         self._names: set[str] = set()
 

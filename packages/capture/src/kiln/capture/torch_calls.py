@@ -77,12 +77,24 @@ _CONSTANT_FOLDED = {
         torch.are_deterministic_algorithms_enabled,
     )
 }
+# seeding: eager's random numbers are expected after it (see OutputGraph.eager_random)
+_RESEEDS = {
+    _unwrapped(f) for f in (torch.manual_seed, torch.random.manual_seed, torch.set_rng_state)
+}
+# ops that draw from torch's generator, by function or method name
+RANDOM_OPS = frozenset(
+    {
+        "rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like",
+        "bernoulli", "bernoulli_", "multinomial", "normal", "normal_", "poisson", "uniform_",
+        "random_", "exponential_", "geometric_", "log_normal_", "cauchy_", "dropout", "dropout_",
+        "alpha_dropout", "feature_alpha_dropout", "dropout1d", "dropout2d", "dropout3d",
+        "feature_dropout", "rrelu", "rrelu_", "native_dropout",
+    }
+)  # fmt: skip
 _REFUSED = {
     _unwrapped(f)
     for f in (
-        torch.manual_seed,
         torch.seed,
-        torch.set_rng_state,
         torch.get_rng_state,
         torch.set_default_dtype,
         torch.set_default_device,
@@ -122,7 +134,9 @@ def is_special(obj: Any) -> bool:
     """Torch functions with a fixed answer while capturing (``torch.compiler.is_compiling``)."""
     try:
         base = _unwrapped(obj)
-        return base in _COMPILING or base in _REFUSED or base in _CONSTANT_FOLDED
+        return (
+            base in _COMPILING or base in _REFUSED or base in _RESEEDS or base in _CONSTANT_FOLDED
+        )
     except TypeError:
         return False
 
@@ -239,8 +253,12 @@ def call_function(tr: Tracer, fn: Any, args: list[Value], kwargs: dict[str, Valu
     base = _unwrapped(fn)
     if base in _COMPILING:
         return ConstantValue(True)
+    if base in _RESEEDS:
+        raise unsupported("rng_reseeded", f"torch.{fn.__name__}")
     if base in _REFUSED:
         raise unsupported("side_effect", f"torch.{fn.__name__} changes process state")
+    if tr.out.eager_random and getattr(fn, "__name__", "") in RANDOM_OPS:
+        raise unsupported("rng_reseeded", f"{fn.__name__} after the generator was reseeded")
     if base in _CONSTANT_FOLDED:
         return ConstantValue(fn())
     if isinstance(fn, (types.MethodDescriptorType, types.WrapperDescriptorType)):
@@ -260,6 +278,8 @@ def call_method(
         raise unsupported("data_dependent_value", f"Tensor.{name}()")
     if name == "numpy" and not args:
         return numpy_calls.from_tensor(tr, tensor, kwargs)
+    if tr.out.eager_random and name in RANDOM_OPS:
+        raise unsupported("rng_reseeded", f"Tensor.{name} after the generator was reseeded")
     method = getattr(torch.Tensor, name)
     return _run(tr, "call_method", name, method, [tensor, *args], kwargs)
 
