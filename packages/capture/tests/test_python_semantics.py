@@ -447,3 +447,21 @@ def test_set_methods(check):
         return x, sorted(t), sorted(u), sorted(i), sorted(d), sorted(sd), rel, sorted(s)
 
     check(fn, (r(2),))
+
+
+class Tags(set):
+    def add(self, item):
+        super().add(item.lower())
+
+    def __contains__(self, item):
+        return super().__contains__(item.lower())
+
+
+def test_set_subclass_made_in_the_trace(check):
+    def fn(x):
+        tags = Tags(["a"])
+        tags.add("B")
+        set.add(tags, "c")
+        return x * len(tags), "b" in tags, "A" in tags, sorted(tags), tags
+
+    _no_breaks(check(fn, (r(2),)))

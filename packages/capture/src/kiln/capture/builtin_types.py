@@ -70,7 +70,7 @@ def _subclass(cls: type) -> bool:
 def python_method(tr: Tracer, v: Value, name: str) -> Value | None:
     """``v.name`` when ``v``'s class defines ``name`` in Python above its builtin base."""
     cls = v.python_type()
-    if not isinstance(v, (DictValue, ListValue, TupleValue)) or not _subclass(cls):
+    if not isinstance(v, (DictValue, ListValue, TupleValue, SetValue)) or not _subclass(cls):
         return None
     for klass in cls.__mro__:
         if _is_builtin(klass):
@@ -174,18 +174,26 @@ def _init(tr: Tracer, receiver: Value, args: list[Value], kwargs: dict[str, Valu
     elif isinstance(receiver, ListValue) and not kwargs:
         receiver.check_mutable()
         receiver.items[:] = builtin_calls.unpack_iterable(tr, args[0]) if args else []
+    elif isinstance(receiver, SetValue) and not kwargs:
+        receiver.check_mutable()
+        items = builtin_calls.unpack_iterable(tr, args[0]) if args else []
+        receiver.items = {dict_key(x): x for x in items}
     else:
         raise unsupported("unsupported_call", f"__init__ of {receiver}")
     return ConstantValue(None)
 
 
 def construct(tr: Tracer, cls: type, args: list[Value], kwargs: dict[str, Value]) -> Value | None:
-    """``cls(*args)`` for a Python subclass of dict or list; None for other classes."""
-    if not _subclass(cls) or not issubclass(cls, (dict, list)):
+    """``cls(*args)`` for a Python subclass of dict, list or set; None for other classes."""
+    if not _subclass(cls) or not issubclass(cls, (dict, list, set)):
         return None
-    if type(cls) is not type or cls.__new__ not in (dict.__new__, list.__new__):
+    if type(cls) is not type or cls.__new__ not in (dict.__new__, list.__new__, set.__new__):
         return None
-    instance: Value = DictValue({}, cls) if issubclass(cls, dict) else ListValue([], cls=cls)
+    instance: Value
+    if issubclass(cls, dict):
+        instance = DictValue({}, cls)
+    else:
+        instance = ListValue([], cls=cls) if issubclass(cls, list) else SetValue({}, cls=cls)
     init = python_method(tr, instance, "__init__")
     if init is not None:
         calls.call(tr, init, args, kwargs)

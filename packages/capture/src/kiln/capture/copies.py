@@ -35,7 +35,7 @@ def shallow_copy(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Val
     if isinstance(v, DictValue):
         return DictValue(dict(v.items), v.cls)
     if isinstance(v, SetValue):
-        return SetValue(dict(v.items))
+        return SetValue(dict(v.items), cls=v.cls)
     if isinstance(v, NewObjectValue):
         return NewObjectValue(v.cls, dict(v.attrs))
     if isinstance(v, (ConstantValue, TupleValue)):

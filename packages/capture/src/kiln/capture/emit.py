@@ -136,9 +136,9 @@ def _build_object(cls: type, attrs: dict[str, Any]) -> Any:
 
 
 def _build_container(cls: Any, items: Any) -> Any:
-    """Recreate a dict or list subclass instance made during tracing, without its ``__init__``."""
+    """Recreate a dict, list or set subclass instance made in the trace, without its ``__init__``."""
     obj: Any = cls.__new__(cls)
-    base = next(k for k in cls.__mro__ if k in (collections.OrderedDict, dict, list))
+    base = next(k for k in cls.__mro__ if k in (collections.OrderedDict, dict, list, set))
     (base.extend if base is list else base.update)(obj, items)  # the base's own, not overrides
     return obj
 
@@ -279,9 +279,10 @@ class _Writer:
                 else f"{self.const(_build_container)}({self.const(v.cls)}, {items})"
             )
         if isinstance(v, SetValue):
-            return (
-                f"{{{', '.join(self.value(x) for x in v.items.values())}}}" if v.items else "set()"
-            )
+            members = ", ".join(self.value(x) for x in v.items.values())
+            if v.cls is not set:
+                return f"{self.const(_build_container)}({self.const(v.cls)}, [{members}])"
+            return f"{{{members}}}" if v.items else "set()"
         if isinstance(v, DictValue):
             pairs = ", ".join(f"{self.value(k)}: {self.value(x)}" for k, x in v.items.values())
             if v.cls is dict:

@@ -129,14 +129,15 @@ class DictViewValue(Value):
 
 
 class SetValue(_Mutable):
-    """A set; ``items`` maps the hashable key to its tracked value."""
+    """A set or set subclass; ``items`` maps the hashable key to its tracked value."""
 
-    def __init__(self, items: dict[Any, Value], source: Source | None = None):
+    def __init__(self, items: dict[Any, Value], source: Source | None = None, cls: type = set):
         self.items = items
         self.source = source
+        self.cls = cls
 
     def python_type(self) -> type:
-        return set
+        return self.cls
 
     def ordered(self) -> list[Value]:
         """The items in the order a real set of the same keys iterates them.
