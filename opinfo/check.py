@@ -176,8 +176,9 @@ def _grads(out: Any, inputs: list[torch.Tensor], weights: list[torch.Tensor]) ->
     return list(torch.autograd.grad(loss, inputs, allow_unused=True))
 
 
-def _run(fn: Callable[..., Any], sample: Any, grad: bool, seed: int) -> tuple[Any, list[Any]]:
-    args = _clone((sample.input, sample.args, sample.kwargs))
+def _run(fn: Callable[..., Any], call: Any, grad: bool, seed: int) -> tuple[Any, list[Any]]:
+    """``fn`` on a copy of ``call`` (input, args, kwargs), and in ``grad`` the gradients."""
+    args = _clone(call)
     out = fn(args[0], *args[1], **args[2])
     if not grad:
         return out, []
@@ -319,18 +320,19 @@ def _check_samples(
     for index, sample in enumerate(_samples(op, dtype, grad, seed)):
         if result.samples >= samples:
             break
+        call = (sample.input, sample.args, sample.kwargs)
         try:
-            expected, expected_grads = _run(op.op, sample, grad, seed + index)
+            expected, expected_grads = _run(op.op, call, grad, seed + index)
         except Exception as exc:
             eager_errors.append(f"{type(exc).__name__}: {exc}"[:200])
             continue
         try:
-            ref, ref_grads = _run(op.op, _to_float64(sample), grad, seed + index)
+            ref, ref_grads = _run(op.op, _to_float64(call), grad, seed + index)
         except Exception:
             ref, ref_grads = None, None
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            actual, actual_grads = _run(compiled, sample, grad, seed + index)
+            actual, actual_grads = _run(compiled, call, grad, seed + index)
         failures = [str(w.message) for w in caught if "kiln: compiling" in str(w.message)]
         if failures:
             result.status, result.reason = "kiln-error", failures[0][:500]
