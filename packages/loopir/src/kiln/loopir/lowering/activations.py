@@ -178,16 +178,42 @@ def _mish(x: TensorBox) -> TensorBox:
     return make_pointwise(lambda v: ops.mul(v, ops.tanh(_softplus_of(c, v, 1.0, 20.0))), [x])
 
 
+def _logit_clamps(eps: float | None) -> bool:
+    """ATen clamps ``logit``'s input to ``[eps, 1 - eps]`` only for ``eps >= 0`` (None is -1)."""
+    return eps is not None and not math.isnan(eps) and eps >= 0
+
+
 @register_lowering(*overloads("logit", "default"))
 def _logit(x: TensorBox, eps: float | None = None) -> TensorBox:
     c = _consts()
 
     def fn(v: Any) -> Any:
-        if eps is not None:
-            v = ops.minimum(ops.maximum(v, c(eps)), c(1.0 - eps))
+        if _logit_clamps(eps):
+            assert eps is not None
+            # ATen's ``x < lo ? lo : (x > hi ? hi : x)``: past eps = 0.5 the bounds cross, and
+            # a clamp (max, then min) would give the other bound.
+            lo, hi = c(eps), c(1.0 - eps)
+            v = ops.where(ops.lt(v, lo), lo, ops.where(ops.gt(v, hi), hi, v))
         return ops.log(ops.truediv(v, _one_minus(c, v)))
 
     return make_pointwise(fn, [x])
+
+
+@register_lowering(*overloads("logit_backward", "default"))
+def _logit_backward(grad: TensorBox, x: TensorBox, eps: float | None = None) -> TensorBox:
+    c = _consts()
+
+    def fn(g: Any, v: Any) -> Any:
+        dx = ops.truediv(g, ops.mul(v, _one_minus(c, v)))
+        if _logit_clamps(eps):
+            assert eps is not None
+            outside = ops.logical_or(ops.lt(v, c(eps)), ops.gt(v, c(1.0 - eps)))
+            return ops.where(outside, c(0.0), dx)
+        # Unclamped, ATen's gradient is NaN outside [0, 1] whatever the forward gave.
+        outside = ops.logical_or(ops.lt(v, c(0.0)), ops.gt(v, c(1.0)))
+        return ops.where(outside, c(math.nan), dx)
+
+    return make_pointwise(fn, [grad, x])
 
 
 @register_lowering(*overloads("nan_to_num", "default"))
