@@ -29,3 +29,50 @@ def test_strided_view_input_requiring_grad():
         torch.testing.assert_close(out, y.square())
         (g,) = torch.autograd.grad(out.sum(), base)
         torch.testing.assert_close(g, torch.autograd.grad(y.square().sum(), base)[0])
+
+
+def _restores_grad_mode(gm, example_inputs):
+    """A backend that, like one tracing the graph ahead of time, does not leave the graph's
+    ``_set_grad_enabled`` calls in effect once it returns."""
+
+    def run(*args):
+        with torch.set_grad_enabled(torch.is_grad_enabled()):
+            return gm(*args)
+
+    return run
+
+
+def _break_inside_no_grad(x):
+    with torch.no_grad():
+        v = x * 2
+        k = v.sum().item()  # a graph break inside the block
+        w = v + k
+    return w * x, torch.is_grad_enabled()
+
+
+def _disables_grad(x):
+    torch.set_grad_enabled(False)  # left disabled for the caller, as eager does
+    return x * 2
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "kiln", _restores_grad_mode])
+@pytest.mark.parametrize("fn", [_break_inside_no_grad, _disables_grad])
+def test_grad_mode_after_a_graph_is_eagers(fn, backend):
+    f = kiln.compile(fn, backend=backend)
+    try:
+        for dtype in (torch.float32, torch.float32, torch.float64):
+            x = torch.randn(3, 4, dtype=dtype, requires_grad=True)
+            expected = fn(x)
+            mode_eager = torch.is_grad_enabled()
+            torch.set_grad_enabled(True)
+            out = f(x)
+            assert torch.is_grad_enabled() == mode_eager
+            torch.set_grad_enabled(True)
+            torch.testing.assert_close(out, expected)
+            leaves = out if isinstance(out, tuple) else (out,)
+            exp = expected if isinstance(expected, tuple) else (expected,)
+            assert [getattr(t, "requires_grad", None) for t in leaves] == [
+                getattr(t, "requires_grad", None) for t in exp
+            ]
+    finally:
+        torch.set_grad_enabled(True)

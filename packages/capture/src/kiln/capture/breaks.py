@@ -50,7 +50,7 @@ from kiln.capture.break_frame import (
 from kiln.capture.break_tracer import BreakState, break_state
 from kiln.capture.bytecode.format import log_code
 from kiln.capture.contexts import AutocastValue, ExitValue
-from kiln.capture.emit import _replay, _Writer, assemble, graph_outputs
+from kiln.capture.emit import _replay, _Writer, assemble, grad_mode_after, graph_outputs
 from kiln.capture.errors import CaptureError, Unsupported
 from kiln.capture.frame_capture import CaptureResult, GraphBreak, _split_method
 from kiln.capture.guard_data import GlobalState, GuardKind, GuardSpec
@@ -412,7 +412,7 @@ def _split(
         graph_log.debug("captured graph of %s (before a break):\n%s", func.__qualname__, gm.code)
         graphs.append(gm)
         compiled = compile_graph(gm, [i.real for i in out.inputs])
-        head.extend(writer.graph_call(compiled, out.inputs))
+        head.extend(writer.graph_call(compiled, out.inputs, grad_mode_after(gm)))
     compiled_at = time.perf_counter()
     body = [*head, *make_cells, *frame.lines, *fill_cells, *replay, *frame.after, *tail]
     code = _assemble(func, writer, body)

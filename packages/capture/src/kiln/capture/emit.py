@@ -19,6 +19,9 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+import torch
+from torch import fx
+
 from kiln.capture.break_reasons import unsupported
 from kiln.capture.errors import CaptureError
 from kiln.capture.graph import GraphInput
@@ -46,7 +49,13 @@ from kiln.capture.values.objects import NewObjectValue, ObjectValue
 from kiln.capture.values.tensor import TensorValue
 from kiln.capture.wrap import is_namedtuple
 
-__all__ = ["emit_code", "graph_outputs", "make_closure", "side_effect_values"]
+__all__ = [
+    "emit_code",
+    "grad_mode_after",
+    "graph_outputs",
+    "make_closure",
+    "side_effect_values",
+]
 
 CO_VARARGS = 0x04
 CO_VARKEYWORDS = 0x08
@@ -212,8 +221,12 @@ class _Writer:
         self.consts.append(obj)
         return f"__kiln_k{len(self.consts) - 1}"
 
-    def graph_call(self, compiled: Any, inputs: list[GraphInput]) -> list[str]:
+    def graph_call(
+        self, compiled: Any, inputs: list[GraphInput], mode_after: bool | None = None
+    ) -> list[str]:
         """Lines that load the graph's inputs and call it, leaving the result in ``__kiln_out``.
+
+        ``mode_after`` (see ``grad_mode_after``) is set once the graph returns.
 
         Paths that several inputs share are loaded once into locals (``__kiln_s0 =
         self._modules``, ``__kiln_s1 = __kiln_s0['0']._parameters``, then
@@ -229,7 +242,10 @@ class _Writer:
             self._hoisted[str(prefix)] = name
         args = ", ".join(self.source(s) for s in sources)
         self._hoisted.clear()
-        return [*lines, f"__kiln_out = {self.const(compiled)}({args})"]
+        lines.append(f"__kiln_out = {self.const(compiled)}({args})")
+        if mode_after is not None:
+            lines.append(f"{self.const(torch._C._set_grad_enabled)}({mode_after})")
+        return lines
 
     def source(self, src: Source) -> str:
         hoisted = self._hoisted.get(str(src)) if self._hoisted else None
@@ -390,6 +406,20 @@ def _signature(code: types.CodeType) -> str:
     return ", ".join(parts)
 
 
+def grad_mode_after(gm: fx.GraphModule) -> bool | None:
+    """The grad mode a graph leaves set, or None when it switches none.
+
+    Backends that trace the graph (autograd_aot) apply its ``_set_grad_enabled`` nodes while
+    tracing, not when the compiled graph runs, so the emitted code sets this mode after the
+    call, as the eager code would have left it (at a graph break or at the frame's return).
+    """
+    mode = None
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is torch._C._set_grad_enabled:
+            mode = bool(node.args[0])
+    return mode
+
+
 def emit_code(
     fn: types.FunctionType,
     compiled: Any,
@@ -397,13 +427,14 @@ def emit_code(
     outputs: list[TensorValue],
     result: Value,
     effects: SideEffects,
+    mode_after: bool | None = None,
 ) -> types.CodeType:
     """The code object that replaces ``fn.__code__`` for calls this capture covers."""
     code = fn.__code__
     writer = _Writer(fn, outputs)
     head: list[str] = []
     if compiled is not None:
-        head.extend(writer.graph_call(compiled, inputs))
+        head.extend(writer.graph_call(compiled, inputs, mode_after))
     replay = _replay(writer, effects)
     ret = f"return {writer.value(result)}"
     make_cells, fill_cells = writer.cell_lines()

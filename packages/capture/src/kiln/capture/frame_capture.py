@@ -27,7 +27,7 @@ from kiln.capture.binding import code_signature
 from kiln.capture.break_reasons import unsupported
 from kiln.capture.break_tracer import BreakTracer
 from kiln.capture.bytecode.format import log_code
-from kiln.capture.emit import emit_code, graph_outputs
+from kiln.capture.emit import emit_code, grad_mode_after, graph_outputs
 from kiln.capture.errors import Unsupported
 from kiln.capture.graph import EAGER_RANDOM, OutputGraph
 from kiln.capture.guard_data import GlobalState, GuardKind, GuardSpec
@@ -182,14 +182,15 @@ def _capture(
     effects = out.side_effects
     outputs = graph_outputs(traced.result, effects)
     graphs: list[fx.GraphModule] = []
-    compiled = None
+    compiled, mode_after = None, None
     if out.has_ops() or outputs:
         gm = out.finish(outputs)
         graph_log.debug("captured graph of %s:\n%s", func.__qualname__, gm.code)
         graphs.append(gm)
         compiled = compile_graph(gm, [i.real for i in out.inputs])
+        mode_after = grad_mode_after(gm)
     compiled_at = time.perf_counter()
-    code = emit_code(func, compiled, out.inputs, outputs, traced.result, effects)
+    code = emit_code(func, compiled, out.inputs, outputs, traced.result, effects, mode_after)
     log_code(f"original {func.__qualname__}", func.__code__)
     log_code(f"transformed {func.__qualname__}", code)
     guards = [*out.guards(), GuardSpec(None, GuardKind.GLOBAL_STATE, GlobalState.current())]
