@@ -26,8 +26,9 @@ What bumps the stamp (installed on first use by :func:`install`, narrowly):
 A group watches its tree (:func:`watch`) when its check is built and whenever it passes
 after the stamp moved, so modules and tensors added to the tree later are watched too.
 What it cannot see: metadata changes that bypass the Python methods above
-(``torch.ops.aten.set_(p, u)``, C++ extensions), ``p.__class__ = ...`` on a tensor, and
-modules whose ``__dict__`` is not a plain dict. Call :func:`bump` after such changes, or set
+(``torch.ops.aten.set_(p, u)``, C++ extensions), writes that skip both
+``Module.__setattr__`` and the dict's own methods (``object.__setattr__(m, "alpha", 4.0)``),
+``p.__class__ = ...`` on a tensor, and modules whose ``__dict__`` is not a plain dict. Call :func:`bump` after such changes, or set
 ``kiln.guards.config.trust_module_stamps = False`` to run the groups on every call.
 """
 
