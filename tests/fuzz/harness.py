@@ -200,17 +200,24 @@ def run_program(
                     ns["CONFIG"]["flag"] = not ns["CONFIG"]["flag"]
             ins_e, ins_k = make_inputs(call, grad), make_inputs(call, grad)
             out_e, err_e = _call(eager_fn, ins_e, call)
+            mode_e = torch.is_grad_enabled()
+            torch.set_grad_enabled(True)
             if index == 0 and err_e is not None:
                 outcome.invalid = True
                 return outcome
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 out_k, err_k = _call(compiled_fn, ins_k, call)
+            mode_k = torch.is_grad_enabled()
+            torch.set_grad_enabled(True)
             outcome.fallbacks += [
                 str(w.message) for w in caught if str(w.message).startswith("kiln:")
             ]
             outcome.calls_run += 1
             where = f"call {index}"
+            if mode_e != mode_k:
+                outcome.finding = f"grad mode: after {where}: eager left {mode_e}, kiln {mode_k}"
+                return outcome
             if err_e is not None or err_k is not None:
                 if type(err_e) is not type(err_k):
                     outcome.finding = (
@@ -254,4 +261,5 @@ def run_program(
                     return outcome
     finally:
         kiln.reset()
+        torch.set_grad_enabled(True)
     return outcome

@@ -686,7 +686,9 @@ def no_grad_def(draw: st.DrawFn, env: Env) -> None:
         st.sampled_from(["torch.no_grad()", "torch.enable_grad()", "torch.inference_mode(False)"])
     )
     out = env.name()
-    env.lines += [f"with {ctx}:", f"    {out} = {a.name} * 3 + 1"]
+    # Sometimes a graph break inside the block: the mode must hold across it and after it.
+    inner = draw(st.sampled_from(["", f"    {out} = {out} + {a.name}.sum().item()"]))
+    env.lines += [f"with {ctx}:", f"    {out} = {a.name} * 3 + 1", *([inner] if inner else [])]
     env.tensors.append(_derived(a, out, dtype=_float(a.dtype), exact=False))
 
 
