@@ -344,3 +344,24 @@ def test_storage_resized_under_a_buffer_is_never_read_past():
     with pytest.raises(RuntimeError, match="out of bounds"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         c(x)
+
+
+class Routed(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(2))
+        self.acts = torch.nn.ModuleDict({"a": torch.nn.ReLU(), "b": torch.nn.Tanh()})
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        for _, act in self.acts.items():  # reads the ModuleDict's own dict
+            x = act(x)
+        return x
+
+
+def test_watching_a_module_costs_no_recompile():
+    m = Routed()
+    c = kiln.compile(m, backend="eager")
+    agree(c, m, make=lambda: (torch.randn(2, 4),), calls=4)
+    assert kiln.stats().frames_captured == 1

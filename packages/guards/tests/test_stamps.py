@@ -145,3 +145,17 @@ def test_modules_added_later_are_watched_when_their_group_passes():
     assert not stamps.watched(model[1])
     assert check(model)
     assert stamps.watched(model[1]) and stamps.watched(model[1].weight)
+
+
+def test_a_watched_dict_passes_a_dict_type_guard():
+    from kiln import guards
+    from kiln.capture.guard_data import GuardKind, GuardSpec
+    from kiln.capture.source import LocalSource
+
+    def f(d):
+        return d
+
+    check = guards.build_check([GuardSpec(LocalSource("d"), GuardKind.TYPE_MATCH, dict)], f)
+    assert check({}) and check(stamps.WatchedDict()) and not check([])
+    assert check.failure_reason(stamps.WatchedDict()) is None
+    assert "type changed" in check.failure_reason([])

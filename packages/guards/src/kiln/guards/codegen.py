@@ -297,6 +297,8 @@ class CheckSource:
         if kind is GuardKind.TENSOR_MATCH:
             return self.tensor_condition(v, expected)
         if kind is GuardKind.TYPE_MATCH:
+            if expected in stamps.DICT_TYPES:
+                return f"type({v}) in {self.bind(stamps.DICT_TYPES, 'dict_types')}"
             return f"type({v}) is {self.bind(expected, 'T')}"
         if kind in (GuardKind.ID_MATCH, GuardKind.MODULE_MATCH):
             held = self._held(g.source, int(expected))

@@ -16,6 +16,7 @@ import torch
 
 from kiln.capture.guard_data import GlobalState, GuardKind, GuardSpec, TensorMeta
 from kiln.capture.source import ClosureSource, GlobalSource, Source, root_of
+from kiln.guards import stamps
 from kiln.guards.hooks import global_hook_dicts, module_hook_names
 
 __all__ = [
@@ -139,7 +140,9 @@ def explain(guard: GuardSpec, value: Any) -> str | None:
     if kind is GuardKind.TENSOR_MATCH:
         return explain_tensor(where, value, expected)
     if kind is GuardKind.TYPE_MATCH:
-        ok = type(value) is expected
+        ok = type(value) is expected or (
+            expected in stamps.DICT_TYPES and type(value) in stamps.DICT_TYPES
+        )
         return (
             None
             if ok

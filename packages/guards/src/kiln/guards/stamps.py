@@ -47,6 +47,7 @@ from torch.utils.hooks import RemovableHandle
 from kiln.capture.source import MODULE_STORES
 
 __all__ = [
+    "DICT_TYPES",
     "WatchedDict",
     "bump",
     "current",
@@ -176,6 +177,11 @@ class WatchedDict(dict[Any, Any]):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return dict, (dict(self),)
+
+
+#: dict and its watched form: the same type to a guard (watching must not fail a TYPE_MATCH
+#: recorded before a module's dicts were swapped, nor one recorded after a plain copy)
+DICT_TYPES = (dict, WatchedDict)
 
 
 def watch(root: torch.nn.Module) -> bool:
