@@ -191,8 +191,11 @@ def watch(root: torch.nn.Module) -> bool:
     for m in root.modules():
         state = object.__getattribute__(m, "__dict__")
         if type(state) is dict:
-            state = WatchedDict(state)
-            object.__setattr__(m, "__dict__", state)
+            try:
+                object.__setattr__(m, "__dict__", WatchedDict(state))
+                state = object.__getattribute__(m, "__dict__")
+            except (TypeError, AttributeError):
+                pass  # a class that manages its own __dict__: its attributes stay unwatched
         for store in MODULE_STORES:
             table = state.get(store)
             if type(table) is dict:
