@@ -159,7 +159,7 @@ def _outputs_for_grad(out: Any) -> list[torch.Tensor]:
     leaves = pytree.tree_leaves(out)
     outs = [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
     # A complex output weighs its real and imaginary parts (the loss must be real).
-    return [torch.view_as_real(t) if t.is_complex() else t for t in outs]
+    return [torch.view_as_real(t.resolve_conj()) if t.is_complex() else t for t in outs]
 
 
 def _weights(outs: list[torch.Tensor], seed: int) -> list[torch.Tensor]:
