@@ -32,6 +32,7 @@ class Call:
     set_g: float | None = None  # assign the global G before this call
     flip_flag: bool = False  # toggle CONFIG["flag"] before this call
     s_by_keyword: bool = False  # call f(x, y, s=s) rather than f(x, y, s)
+    under_no_grad: bool = False  # the caller is in a torch.no_grad() block
 
 
 @dataclass
@@ -169,10 +170,18 @@ def _run(
         return None, e
 
 
-def _call(fn: Any, inputs: tuple[Any, ...], call: Call) -> tuple[Any, BaseException | None]:
-    if call.s_by_keyword:
-        return _run(fn, inputs[:2], {"s": inputs[2]})
-    return _run(fn, inputs)
+def _call(fn: Any, inputs: tuple[Any, ...], call: Call) -> tuple[Any, BaseException | None, bool]:
+    """Call as the Call says; also the grad mode the function left set (before it is reset)."""
+    torch.set_grad_enabled(not call.under_no_grad)
+    try:
+        if call.s_by_keyword:
+            out, err = _run(fn, inputs[:2], {"s": inputs[2]})
+        else:
+            out, err = _run(fn, inputs)
+        mode = torch.is_grad_enabled()
+    finally:
+        torch.set_grad_enabled(True)
+    return out, err, mode
 
 
 def _leaves_of(inputs: tuple[torch.Tensor, torch.Tensor, float]) -> tuple[torch.Tensor, ...]:
@@ -199,17 +208,13 @@ def run_program(
                 if call.flip_flag:
                     ns["CONFIG"]["flag"] = not ns["CONFIG"]["flag"]
             ins_e, ins_k = make_inputs(call, grad), make_inputs(call, grad)
-            out_e, err_e = _call(eager_fn, ins_e, call)
-            mode_e = torch.is_grad_enabled()
-            torch.set_grad_enabled(True)
+            out_e, err_e, mode_e = _call(eager_fn, ins_e, call)
             if index == 0 and err_e is not None:
                 outcome.invalid = True
                 return outcome
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                out_k, err_k = _call(compiled_fn, ins_k, call)
-            mode_k = torch.is_grad_enabled()
-            torch.set_grad_enabled(True)
+                out_k, err_k, mode_k = _call(compiled_fn, ins_k, call)
             outcome.fallbacks += [
                 str(w.message) for w in caught if str(w.message).startswith("kiln:")
             ]

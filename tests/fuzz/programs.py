@@ -927,6 +927,7 @@ def calls(draw: st.DrawFn, grad: bool) -> tuple[Call, ...]:
                 set_g=draw(st.sampled_from([None] * 5 + [2.5])) if i else None,
                 flip_flag=bool(i) and draw(st.integers(0, 6)) == 0,
                 s_by_keyword=draw(st.booleans()),
+                under_no_grad=draw(st.integers(0, 7)) == 0,
             )
         )
     return tuple(out)
