@@ -1,7 +1,13 @@
 import os
 import stat
+import time
+import warnings
+
+import pytest
+import torch
 
 from kiln.codegen_cpp import cache
+from kiln.loopir import disk_cache
 
 
 def test_cache_dir_is_private_and_overridable(tmp_path, monkeypatch):
@@ -29,3 +35,112 @@ def test_atomic_write_leaves_no_temporaries(tmp_path):
     cache.atomic_write(target, "two")
     assert target.read_text() == "two"
     assert [p.name for p in tmp_path.iterdir()] == ["f.txt"]
+
+
+SOURCE = """
+extern "C" void plus_one(const float* in, float* out, long n) {
+  for (long i = 0; i < n; ++i) out[i] = in[i] + 1.0f;
+}
+"""
+FOREIGN = """
+extern "C" void something_else(void) {}
+"""
+
+
+def _corrupt(path, how, foreign_bytes):
+    data = path.read_bytes()
+    if how == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    elif how == "empty":
+        path.write_bytes(b"")
+    elif how == "garbage":
+        path.write_bytes(os.urandom(len(data)))
+    else:  # a valid library of another source under this key
+        path.write_bytes(foreign_bytes)
+
+
+@pytest.mark.parametrize("how", ["truncated", "empty", "garbage", "foreign"])
+def test_corrupt_library_is_rebuilt_not_loaded(tmp_path, monkeypatch, how):
+    from kiln.codegen_cpp import build
+    from kiln.codegen_cpp.errors import CodegenCppError
+    from kiln.codegen_cpp.loader import KernelFunction, load_library
+
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+    (lib,) = build.build_libraries([SOURCE])
+    (other,) = build.build_libraries([FOREIGN])
+    _corrupt(lib.path, how, other.path.read_bytes())
+    with pytest.raises(CodegenCppError, match="recorded size and hash"):
+        load_library(lib.path)  # a truncated file would SIGBUS inside dlopen
+    (again,) = build.build_libraries([SOURCE])
+    assert not again.cached and again.path == lib.path
+    assert cache.verified(again.path)
+    load_library.cache_clear()
+    kernel = KernelFunction(again.path, "plus_one", ["ptr", "ptr", "i64"])
+    x = torch.randn(11)
+    out = torch.empty_like(x)
+    kernel(x, out, x.numel())
+    torch.testing.assert_close(out, x + 1)
+    (third,) = build.build_libraries([SOURCE])
+    assert third.cached
+
+
+def test_missing_or_corrupt_sidecar_means_rebuild(tmp_path, monkeypatch):
+    from kiln.codegen_cpp import build
+
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+    (lib,) = build.build_libraries([SOURCE])
+    sidecar = lib.path.with_name(lib.path.name + ".sha256")
+    sidecar.write_text("{not json")
+    assert not build.build_libraries([SOURCE])[0].cached
+    sidecar.unlink()
+    assert not build.build_libraries([SOURCE])[0].cached
+    assert build.build_libraries([SOURCE])[0].cached
+
+
+def test_world_writable_cache_dir_refused(tmp_path, monkeypatch):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    monkeypatch.setenv("KILN_CACHE_DIR", str(shared))
+    with pytest.warns(disk_cache.CacheDirWarning, match="other users can write"):
+        folder = cache.cache_dir()
+    assert shared not in folder.parents
+    assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+    assert os.stat(folder).st_uid == os.geteuid()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert cache.cache_dir() == folder  # warned once
+
+
+def test_foreign_owned_cache_dir_refused(tmp_path, monkeypatch):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o700)
+    try:
+        os.chown(theirs, os.geteuid() + 4242, -1)
+    except PermissionError:
+        monkeypatch.setattr(os, "geteuid", lambda: os.stat(theirs).st_uid + 4242)
+    monkeypatch.setenv("KILN_CACHE_DIR", str(theirs))
+    with pytest.warns(disk_cache.CacheDirWarning, match="owned by another user"):
+        folder = cache.cache_dir()
+    assert theirs not in folder.parents
+
+
+def test_unusable_cache_location_falls_back(tmp_path, monkeypatch):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    monkeypatch.setenv("KILN_CACHE_DIR", str(blocker / "cache"))
+    with pytest.warns(disk_cache.CacheDirWarning, match="cannot be created"):
+        folder = cache.cache_dir()
+    assert folder.is_dir() and folder.name == "cpp"
+
+
+def test_stale_temporaries_removed_fresh_ones_kept(tmp_path):
+    stale = tmp_path / ".x.so.abc.tmp"
+    fresh = tmp_path / ".y.so.def.tmp"
+    keep = tmp_path / "z.so"
+    for path in (stale, fresh, keep):
+        path.write_bytes(b"")
+    old = time.time() - 2 * disk_cache.STALE_SECONDS
+    os.utime(stale, (old, old))
+    assert disk_cache.clean_stale(tmp_path) == [stale]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [fresh.name, keep.name]

@@ -3,7 +3,8 @@
 One compile of a graph yields one or a few sources; each becomes one shared
 library. Libraries missing from the cache are built by parallel compiler
 processes, each writing a temporary file that is renamed into place only when
-the compiler succeeded. The flags and compiler version are recorded in every
+the compiler succeeded, together with a sidecar recording its size and hash (a
+cached library whose sidecar disagrees is rebuilt). The flags and compiler version are recorded in every
 result and folded into its cache key.
 """
 
@@ -153,7 +154,9 @@ def build_libraries(sources: Sequence[str], max_jobs: int | None = None) -> list
     for index, source in enumerate(sources):
         key = library_key(source, tools)
         lib = BuiltLibrary(folder / f"{key}.so", folder / f"{key}.cpp", key, tools.flags, True)
-        if not lib.path.exists():
+        if not cache.verified(lib.path):
+            # Missing, or truncated / empty / foreign (its sidecar disagrees): rebuilt,
+            # and the new file replaces it by rename.
             lib = dataclasses.replace(lib, cached=False)
             cache.atomic_write(lib.source_path, source)
             pending.append((index, lib))
@@ -184,7 +187,11 @@ def _compile_all(libs: list[BuiltLibrary], tools: Toolchain, max_jobs: int) -> N
             tmp.unlink(missing_ok=True)
             failures.append(CppBuildError(lib.source_path, command, output))
             continue
-        os.replace(tmp, lib.path)
+        try:
+            cache.seal(tmp, lib.path)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
         build_log.debug("built %s", lib.path)
     if failures:
         raise failures[0]

@@ -14,6 +14,9 @@ from pathlib import Path
 
 import torch
 
+from kiln.codegen_cpp.cache import verified
+from kiln.codegen_cpp.errors import CodegenCppError
+
 __all__ = ["KernelFunction", "load_library"]
 
 _ARG_TYPES: dict[str, type] = {
@@ -25,7 +28,15 @@ _ARG_TYPES: dict[str, type] = {
 
 @functools.cache
 def load_library(path: Path) -> ctypes.CDLL:
-    """Open a shared library once per process (later calls reuse the handle)."""
+    """Open a shared library once per process (later calls reuse the handle).
+
+    Only a file its cache sidecar vouches for is opened: ``dlopen`` maps the
+    file, and a truncated one faults with SIGBUS (killing the process) when
+    touched, which no exception handler can turn into a fallback.
+    """
+    if not verified(path):
+        msg = f"the cached library {path} does not match its recorded size and hash"
+        raise CodegenCppError(msg)
     return ctypes.CDLL(str(path))
 
 
