@@ -14,24 +14,30 @@ e.g. ``cpp``, ``triton``, ``reference``), ``fallback_ops`` (by ATen op name), ``
 from __future__ import annotations
 
 import collections
+import threading
 
 __all__ = ["counters", "bump", "snapshot", "clear"]
 
 counters: collections.defaultdict[str, collections.Counter[str]] = collections.defaultdict(
     collections.Counter
 )
+# ``+=`` on a Counter item is a read and a write: two threads bumping at once would lose one.
+_lock = threading.Lock()
 
 
 def bump(category: str, key: str, n: int = 1) -> None:
-    """Add ``n`` to ``counters[category][key]``."""
-    counters[category][key] += n
+    """Add ``n`` to ``counters[category][key]`` (atomically: threads compile and call at once)."""
+    with _lock:
+        counters[category][key] += n
 
 
 def snapshot() -> dict[str, dict[str, int]]:
     """A plain-dict copy of every counter, safe to keep across ``clear()``."""
-    return {cat: dict(c) for cat, c in counters.items() if c}
+    with _lock:
+        return {cat: dict(c) for cat, c in counters.items() if c}
 
 
 def clear() -> None:
     """Forget every count."""
-    counters.clear()
+    with _lock:
+        counters.clear()
