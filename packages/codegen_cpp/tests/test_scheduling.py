@@ -261,3 +261,33 @@ def test_products_are_rounded_before_they_are_added_as_in_aten():
     gm = _aten_graph(fn, [x])
     graph = compile_graph(gm, [_meta(x)], backend=CppBackend())
     torch.testing.assert_close(graph(x), fn(x), rtol=0, atol=0)
+
+
+def test_the_same_kernel_queued_twice_is_defined_once():
+    backend = CppBackend()
+    first, second = (backend.codegen_kernel(_tiny_group()).fn for _ in range(2))
+    assert first.symbol == second.symbol
+    backend.finalize()
+    x = torch.randn(3, 20)
+    for kernel in (first, second):
+        outs = [torch.empty(3), torch.empty(3), torch.empty(3, 20)]
+        kernel(x, *outs)
+        torch.testing.assert_close(outs[2], torch.softmax(x, 1))
+
+
+def test_each_thread_builds_only_the_kernels_it_queued():
+    import threading
+
+    backend = CppBackend()
+    queued: list[LazyKernel] = []
+    other = threading.Thread(target=lambda: queued.append(backend.codegen_kernel(_tiny_group()).fn))
+    other.start()
+    other.join()
+    mine = backend.codegen_kernel(_tiny_group()).fn
+    backend.finalize()  # one definition of the shared symbol: the other thread's is not built
+    assert mine.function is not None and queued[0].function is None
+    x = torch.randn(3, 20)
+    outs = [torch.empty(3), torch.empty(3), torch.empty(3, 20)]
+    queued[0](x, *outs)  # its first call builds the queue it waits in, from any thread
+    assert queued[0].function is not None
+    torch.testing.assert_close(outs[2], torch.softmax(x, 1))

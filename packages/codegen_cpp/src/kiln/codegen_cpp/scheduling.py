@@ -5,6 +5,10 @@ library would run the compiler once per kernel. Instead :meth:`CppBackend.codege
 returns a lazy callable and queues the source; the first call of any queued
 kernel (or an explicit :meth:`CppBackend.finalize`) builds everything queued
 so far into one library, or a few built in parallel when there are many.
+
+The queue is per thread: one backend object serves every graph, and a graph is lowered on
+one thread, so two threads compiling at once each build only their own graph's kernels
+(sharing one queue put the same kernel into one library twice).
 """
 
 from __future__ import annotations
@@ -69,8 +73,17 @@ def library_source(kernels: list[str]) -> str:
 class LazyKernel:
     """What the wrapper calls: builds the pending batch on first use, then calls C."""
 
-    def __init__(self, backend: CppBackend, symbol: str, source: str, writer: KernelWriter) -> None:
+    def __init__(
+        self,
+        backend: CppBackend,
+        symbol: str,
+        source: str,
+        writer: KernelWriter,
+        batch: list[LazyKernel],
+    ) -> None:
         self.backend = backend
+        self.batch = batch
+        """The queue this kernel waits in until built (its compiling thread's)."""
         self.symbol = symbol
         self.source = source
         # Symbolic sizes are read from the shapes of the tensors passed: (arg, dim).
@@ -100,7 +113,7 @@ class LazyKernel:
     def _call_unbuilt(self, tensors: tuple[torch.Tensor, ...]) -> None:
         """The first call (build the pending batch), or every call after a failed build."""
         if self.fallback is None:
-            self.backend.build_on_first_call()
+            self.backend.build_on_first_call(self.batch)
         if self.fallback is not None:
             self.fallback(*tensors)
         else:
@@ -134,8 +147,16 @@ class CppBackend:
         self.threads = threads
         """OpenMP threads per kernel call; None: ``torch.get_num_threads()`` at each call."""
         self.simd = simd
-        self._pending: list[LazyKernel] = []
+        self._queues = threading.local()
         self._lock = threading.Lock()
+
+    @property
+    def _pending(self) -> list[LazyKernel]:
+        """The calling thread's queue of kernels not built yet."""
+        queue: list[LazyKernel] | None = getattr(self._queues, "pending", None)
+        if queue is None:
+            queue = self._queues.pending = []
+        return queue
 
     def with_options(self, options: Mapping[str, Any]) -> CppBackend:
         """A backend for one graph compiled with ``cpp.threads`` / ``cpp.simd`` options."""
@@ -165,23 +186,26 @@ class CppBackend:
         output_code_log.debug("C++ kernel %s:\n%s", symbol, text)
         artifacts.dump(f"{symbol}.cpp", text)
         counters.bump("codegen_cpp", "vectorized" if writer.used_vector else "scalar")
-        kernel = LazyKernel(self, symbol, text, writer)
+        pending = self._pending
+        kernel = LazyKernel(self, symbol, text, writer, pending)
         with self._lock:
-            self._pending.append(kernel)
+            pending.append(kernel)
         return KernelCode(group.name, text, kernel, "cpp")
 
-    def build_on_first_call(self) -> None:
-        """:meth:`finalize` for a kernel called before anyone finalized.
+    def build_on_first_call(self, batch: list[LazyKernel] | None = None) -> None:
+        """:meth:`finalize` for a kernel called before anyone finalized (``batch``: its queue).
 
         The graph is already running, too late for the frontend's eager fallback,
         so a failed build sends the queued kernels to loopir's reference backend
         (correct, slow) with one warning instead of failing the user's call.
         """
+        batch = self._pending if batch is None else batch
         try:
-            self.finalize()
+            self._build(batch)
         except CppBuildError as exc:
             with self._lock:
-                pending, self._pending = self._pending, []
+                pending = batch[:]
+                batch.clear()
             warnings.warn(
                 f"kiln: C++ build failed, {len(pending)} kernel(s) run on loopir's reference "
                 f"backend instead; generated source: {exc.source_path}",
@@ -195,33 +219,42 @@ class CppBackend:
     def finalize(self) -> None:
         """Build every queued kernel now, so a :class:`CppBuildError` surfaces at compile
         time (loopir should call this after generating a graph's kernels)."""
+        self._build(self._pending)
+
+    def _build(self, batch: list[LazyKernel]) -> None:
+        """Build the kernels queued in ``batch`` (emptied, or left whole if the build fails)."""
         with self._lock:
-            pending, self._pending = self._pending, []
+            pending = batch[:]
+            batch.clear()
             if not pending:
                 return
             jobs = os.cpu_count() or 1
             count = min(jobs, math.ceil(len(pending) / KERNELS_PER_LIBRARY))
             size = math.ceil(len(pending) / count)
             batches = [pending[i : i + size] for i in range(0, len(pending), size)]
-            sources = [library_source([k.source for k in batch]) for batch in batches]
+            # A graph may hold two kernels with the same code (and so the same symbol):
+            # each library defines it once.
+            sources = [
+                library_source(list(dict.fromkeys(k.source for k in part))) for part in batches
+            ]
             try:
                 libraries = build_libraries(sources)
             except BaseException:
-                self._pending = pending + self._pending
+                batch[:0] = pending
                 raise
-            for batch, library in zip(batches, libraries, strict=True):
+            for part, library in zip(batches, libraries, strict=True):
                 # Each kernel's source was dumped when generated, inside its frame's folder;
                 # the library only adds the prelude, so it is logged, not dumped again.
                 output_code_log.debug(
                     "library %s (%d kernels: %s)",
                     library.path,
-                    len(batch),
-                    ", ".join(k.symbol for k in batch),
+                    len(part),
+                    ", ".join(k.symbol for k in part),
                 )
                 counters.bump(
                     "codegen_cpp", "libraries_cached" if library.cached else "libraries_built"
                 )
-                for kernel in batch:
+                for kernel in part:
                     kernel.function = KernelFunction(library.path, kernel.symbol, kernel.signature)
 
 
