@@ -59,3 +59,13 @@ def test_cpu_picks_the_heuristic_and_the_cache_round_trips(tmp_path):
     assert other.load_cached() is None
     stale = Autotuner("source", [dataclasses.replace(c, num_warps=8) for c in cfgs], tmp_path, [])
     assert stale.load_cached() is None  # a cached config no longer offered is ignored
+
+
+def test_damaged_or_foreign_autotune_record_is_ignored(tmp_path):
+    cfgs = [Config(64), Config(128)]
+    tuner = Autotuner("source", cfgs, tmp_path, [])
+    tuner._save(Config(128))
+    record = tuner._cache_file()
+    for text in ('{"block": 12', '{"unknown_field": 1}', "[1, 2]", ""):
+        record.write_text(text)
+        assert Autotuner("source", cfgs, tmp_path, []).load_cached() is None

@@ -65,3 +65,28 @@ def test_compile_worker_reports_errors_as_replies(tmp_path):
         ]
     )
     assert reply["ok"] is False and "missing" in reply["error"]
+
+
+def test_damaged_module_file_is_rewritten(tmp_path):
+    text = "import triton\nVALUE = 11\n"
+    path = write_module(tmp_path, text, "kernel8")
+    for damaged in (text[: len(text) // 2], "", "VALUE = 12\n"):
+        path.write_text(damaged)
+        assert write_module(tmp_path, text, "kernel8") == path
+        assert path.read_text() == text
+    assert not list(path.parent.glob("*.tmp"))
+
+
+def test_world_writable_triton_cache_refused(tmp_path):
+    import os
+
+    import pytest
+
+    from kiln.loopir.disk_cache import CacheDirWarning
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    with pytest.warns(CacheDirWarning, match="other users can write"):
+        path = write_module(shared, "VALUE = 1\n", "kernel9")
+    assert shared not in path.parents and not list(shared.iterdir())

@@ -25,6 +25,7 @@ import triton
 from kiln.codegen_triton.kernel import KernelSource
 from kiln.codegen_triton.tiling import MAX_GRID_Y
 from kiln.codegen_triton.timing import bench_ms
+from kiln.loopir.disk_cache import atomic_write, private_dir
 
 __all__ = ["Config", "candidate_configs", "Autotuner", "next_power_of_2"]
 
@@ -159,23 +160,18 @@ class Autotuner:
         self.best: Config | None = self.configs[0] if len(self.configs) == 1 else None
 
     def _cache_file(self) -> Path:
-        return self.cache_dir / "autotune" / f"{self.key[:32]}.json"
+        return private_dir(self.cache_dir, "autotune") / f"{self.key[:32]}.json"
 
     def load_cached(self) -> Config | None:
-        path = self._cache_file()
+        """The recorded winner, if the record is readable and names one of ``configs``."""
         try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
+            cfg = Config(**json.loads(self._cache_file().read_text()))
+        except (OSError, ValueError, TypeError):  # missing, damaged, or another shape of record
             return None
-        cfg = Config(**data)
         return cfg if cfg in self.configs else None
 
     def _save(self, cfg: Config) -> None:
-        path = self._cache_file()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{id(self)}.tmp")
-        tmp.write_text(json.dumps(dataclasses.asdict(cfg)))
-        tmp.replace(path)
+        atomic_write(self._cache_file(), json.dumps(dataclasses.asdict(cfg)))
 
     def choose(self, run: Callable[[Config, Sequence[Any]], None], args: Sequence[Any]) -> Config:
         """The config to launch with; ``run(config, args)`` launches one candidate."""

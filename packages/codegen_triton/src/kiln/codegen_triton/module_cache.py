@@ -2,7 +2,10 @@
 
 ``<cache>/kernels/k<sha>.py`` holds a module's source (Triton reads kernel
 source from real files, and its own cache of compiled binaries is keyed by it);
-``<cache>/index.json`` records which Kiln kernel each file holds.
+``<cache>/index.json`` records which Kiln kernel each file holds. A file's name
+is the hash of its text, so an existing file is checked against its name before
+it is reused (a truncated or altered one is rewritten); the folders are checked
+private by :func:`kiln.loopir.disk_cache.private_dir`, since their code is run.
 """
 
 from __future__ import annotations
@@ -10,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
 import threading
 from pathlib import Path
 from types import ModuleType
@@ -18,6 +20,7 @@ from types import ModuleType
 import triton
 
 from kiln.codegen_triton.errors import TritonLaunchError
+from kiln.loopir.disk_cache import atomic_write, private_dir
 
 __all__ = ["MODULE_HEADER", "source_hash", "module_path", "write_module", "load_module"]
 
@@ -39,18 +42,23 @@ def source_hash(text: str) -> str:
 
 
 def module_path(cache_dir: Path, text: str) -> Path:
-    return cache_dir / "kernels" / f"k{source_hash(text)}.py"
+    """Where ``text`` is kept: under ``cache_dir`` or, if that is unsafe, its private fallback."""
+    return private_dir(cache_dir, "kernels") / f"k{source_hash(text)}.py"
+
+
+def _holds(path: Path, text: str) -> bool:
+    try:
+        return path.read_bytes() == text.encode()
+    except OSError:
+        return False
 
 
 def write_module(cache_dir: Path, text: str, kernel_name: str) -> Path:
-    """The module file holding ``text`` (written atomically if new) and its index entry."""
+    """The module file holding ``text`` (written atomically if new or damaged) and its index."""
     path = module_path(cache_dir, text)
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
-        _index_add(cache_dir, path.stem, kernel_name)
+    if not _holds(path, text):
+        atomic_write(path, text)
+        _index_add(path.parent.parent, path.stem, kernel_name)
     return path
 
 
@@ -61,10 +69,10 @@ def _index_add(cache_dir: Path, stem: str, kernel_name: str) -> None:
             data = json.loads(index.read_text())
         except (OSError, ValueError):
             data = {}
+        if not isinstance(data, dict):
+            data = {}
         data[stem] = {"kernel": kernel_name, "triton": triton.__version__}
-        tmp = index.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-        tmp.replace(index)
+        atomic_write(index, json.dumps(data, indent=1, sort_keys=True))
 
 
 def load_module(path: Path) -> ModuleType:
