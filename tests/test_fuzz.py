@@ -19,7 +19,7 @@ from fuzz.harness import run_program  # noqa: E402
 from fuzz.programs import Program, programs  # noqa: E402
 from fuzz.triage import repro_text, shrink  # noqa: E402
 
-# About a minute of CPU time on one core (the default backend compiles C++ for a third of them).
+# About two minutes of CPU time on one core (the default backend compiles C++ for a third of them).
 EXAMPLES = 300
 
 
