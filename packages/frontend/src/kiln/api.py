@@ -15,6 +15,7 @@ import itertools
 import logging
 import types
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,11 +36,15 @@ graph_break_log = logging.getLogger("kiln.frontend.graph_breaks")
 
 _disabled: contextvars.ContextVar[bool] = contextvars.ContextVar("kiln_disabled", default=False)
 # One cache per code object, closure and compile settings (see CompiledFunction._key), and the
-# keys of frames that run eagerly because capturing them failed.
-_caches: dict[tuple[Any, ...], guards.CodeCache] = {}
+# keys of frames that run eagerly because capturing them failed. The function objects own their
+# caches (``_OWNED`` in their ``__dict__``) and each cache holds the objects whose ids its key
+# names: a cache, its artifacts and what their checks bind die with the last function that uses
+# it, and this table only finds the cache of a key while one lives.
+_caches: weakref.WeakValueDictionary[tuple[Any, ...], guards.CodeCache] = (
+    weakref.WeakValueDictionary()
+)
 _skipped: set[tuple[Any, ...]] = set()
-# The objects whose ids a key holds (see CompiledFunction._key), kept alive with it.
-_held: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+_OWNED = "__kiln_caches__"
 #: Bumped by ``kiln.reset()``: a compiled function's remembered cache is stale after it.
 _generation = [0]
 _trampoline_ids = itertools.count()
@@ -166,10 +171,7 @@ class CompiledFunction:
         if ref is not None and ref[0] == _generation[0]:
             cache = ref[1]
         else:
-            found = _caches.get(key)
-            if found is None:
-                found = _caches[key] = guards.CodeCache(self._target.__code__)
-            cache = found
+            cache = self._own_cache(key)
             self._cache_ref = (_generation[0], cache)
         entry: guards.CacheEntry | None
         if self._skip_guards and cache.entries:
@@ -195,8 +197,8 @@ class CompiledFunction:
         other's artifacts. Functions made by one ``def`` or ``lambda`` share a cache only when
         all of these are the same objects. ``__code__``, ``__defaults__`` and
         ``__kwdefaults__`` are writable: ``__call__`` compares them by identity on every call
-        and looks the key up again when one was replaced. The objects are held while the
-        key exists, so their ids stay unique.
+        and looks the key up again when one was replaced. The cache holds the objects, so
+        their ids stay unique while the key finds it.
         """
         target = self._target
         self._code = target.__code__
@@ -208,9 +210,19 @@ class CompiledFunction:
             self._defaults,
             self._kwdefaults,
         )
-        key = (self._code, tuple(map(id, held)), self._settings)
-        _held.setdefault(key, held)
-        return key
+        self._key_held = held
+        return (self._code, tuple(map(id, held)), self._settings)
+
+    def _own_cache(self, key: tuple[Any, ...]) -> guards.CodeCache:
+        """The cache of ``key``, made the target's own (one per compile settings: the cache
+        of a replaced ``__code__`` or defaults goes once no function uses it)."""
+        cache = _caches.get(key)
+        if cache is None:
+            cache = _caches[key] = guards.CodeCache(self._code, keep=self._key_held)
+            # a skipped key's ids may be reused once its objects are gone
+            weakref.finalize(cache, _skipped.discard, key)
+        self._target.__dict__.setdefault(_OWNED, {})[self._settings] = cache
+        return cache
 
     def _over_limit(self, cache: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self._config.option("fail_on_recompile_limit", False):
@@ -395,5 +407,4 @@ def reset_frontend() -> None:
         cache.clear()
     _caches.clear()
     _skipped.clear()
-    _held.clear()
     _generation[0] += 1
