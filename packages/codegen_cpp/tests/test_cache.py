@@ -144,3 +144,44 @@ def test_stale_temporaries_removed_fresh_ones_kept(tmp_path):
     os.utime(stale, (old, old))
     assert disk_cache.clean_stale(tmp_path) == [stale]
     assert sorted(p.name for p in tmp_path.iterdir()) == [fresh.name, keep.name]
+
+
+def _entry(folder, stem, size, age):
+    for suffix in (".so", ".so.sha256"):
+        path = folder / f"{stem}{suffix}"
+        path.write_bytes(b"x" * (size if suffix == ".so" else 10))
+        os.utime(path, (time.time() - age, time.time() - age))
+
+
+def test_evict_removes_least_recently_used_whole_entries(tmp_path):
+    _entry(tmp_path, "old", 1000, 300)
+    _entry(tmp_path, "mid", 1000, 200)
+    _entry(tmp_path, "new", 1000, 100)
+    (tmp_path / ".pending.so.x.tmp").write_bytes(b"y" * 5000)  # a writer's, not an entry
+    assert [e.stem for e in disk_cache.entries(tmp_path)] == ["old", "mid", "new"]
+    disk_cache.touch(tmp_path / "old.so")  # used now: the most recent
+    removed = disk_cache.evict(tmp_path, limit=2100)
+    assert [e.stem for e in removed] == ["mid"]
+    assert not list(tmp_path.glob("mid*"))
+    removed = disk_cache.evict(tmp_path, limit=0, keep={"new"})
+    assert [e.stem for e in removed] == ["old"]
+    assert sorted(p.name for p in tmp_path.glob("new*")) == ["new.so", "new.so.sha256"]
+
+
+def test_build_trims_cache_to_size_limit(tmp_path, monkeypatch):
+    from kiln.codegen_cpp import build
+
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+    (first,) = build.build_libraries([SOURCE])
+    monkeypatch.setenv(disk_cache.SIZE_ENV, "0")  # nothing beyond what is being loaded
+    (second,) = build.build_libraries([FOREIGN])
+    assert not first.path.exists() and cache.verified(second.path)
+    (again,) = build.build_libraries([SOURCE])
+    assert not again.cached and cache.verified(again.path)
+
+
+def test_size_limit_from_environment(monkeypatch):
+    monkeypatch.setenv(disk_cache.SIZE_ENV, "2.5")
+    assert disk_cache.size_limit() == int(2.5 * 1024 * 1024)
+    monkeypatch.setenv(disk_cache.SIZE_ENV, "lots")
+    assert disk_cache.size_limit() == int(disk_cache.DEFAULT_SIZE_MB * 1024 * 1024)

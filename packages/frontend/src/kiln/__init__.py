@@ -10,7 +10,7 @@ import pkgutil
 # The other kiln distributions install kiln.capture, kiln.guards, ... into their own folders.
 __path__ = pkgutil.extend_path(__path__, __name__)
 
-from kiln import guards, logs
+from kiln import cache, guards, logs
 from kiln.__about__ import __version__
 from kiln.api import (
     CompiledFunction,
@@ -45,6 +45,7 @@ __all__ = [
     "Stats",
     "Unsupported",
     "__version__",
+    "cache",
     "compile",
     "disable",
     "explain",

@@ -4,7 +4,8 @@ One compile of a graph yields one or a few sources; each becomes one shared
 library. Libraries missing from the cache are built by parallel compiler
 processes, each writing a temporary file that is renamed into place only when
 the compiler succeeded, together with a sidecar recording its size and hash (a
-cached library whose sidecar disagrees is rebuilt). The flags and compiler version are recorded in every
+cached library whose sidecar disagrees is rebuilt). After new builds the
+folder is trimmed to ``KILN_CACHE_SIZE_MB``, least recently used first. The flags and compiler version are recorded in every
 result and folded into its cache key.
 """
 
@@ -161,9 +162,12 @@ def build_libraries(sources: Sequence[str], max_jobs: int | None = None) -> list
             cache.atomic_write(lib.source_path, source)
             pending.append((index, lib))
         else:
+            cache.touch(lib.path)
             build_log.debug("cache hit %s", lib.path)
         results.append(lib)
     _compile_all([lib for _, lib in pending], tools, max_jobs or os.cpu_count() or 1)
+    if pending:
+        cache.evict(folder, keep={lib.key for lib in results})
     return results
 
 

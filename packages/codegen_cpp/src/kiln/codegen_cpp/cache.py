@@ -15,15 +15,25 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from kiln.loopir.disk_cache import atomic_write, private_dir, seal, temporary_sibling, verified
+from kiln.loopir.disk_cache import (
+    atomic_write,
+    evict,
+    private_dir,
+    seal,
+    temporary_sibling,
+    touch,
+    verified,
+)
 
 __all__ = [
     "atomic_write",
     "cache_dir",
     "cache_key",
     "cache_root",
+    "evict",
     "seal",
     "temporary_sibling",
+    "touch",
     "verified",
 ]
 

@@ -4,7 +4,8 @@
 source from real files, and its own cache of compiled binaries is keyed by it);
 ``<cache>/index.json`` records which Kiln kernel each file holds. A file's name
 is the hash of its text, so an existing file is checked against its name before
-it is reused (a truncated or altered one is rewritten); the folders are checked
+it is reused (a truncated or altered one is rewritten), and a new one trims the folder to
+``KILN_CACHE_SIZE_MB``, least recently used first; the folders are checked
 private by :func:`kiln.loopir.disk_cache.private_dir`, since their code is run.
 """
 
@@ -20,7 +21,7 @@ from types import ModuleType
 import triton
 
 from kiln.codegen_triton.errors import TritonLaunchError
-from kiln.loopir.disk_cache import atomic_write, private_dir
+from kiln.loopir.disk_cache import atomic_write, evict, private_dir, touch
 
 __all__ = ["MODULE_HEADER", "source_hash", "module_path", "write_module", "load_module"]
 
@@ -59,6 +60,9 @@ def write_module(cache_dir: Path, text: str, kernel_name: str) -> Path:
     if not _holds(path, text):
         atomic_write(path, text)
         _index_add(path.parent.parent, path.stem, kernel_name)
+        evict(path.parent, keep={path.stem})
+    else:
+        touch(path)
     return path
 
 

@@ -18,32 +18,51 @@ wrong load).
 Writes go to a ``.<name>.<random>.tmp`` sibling and are renamed into place; a
 process killed mid-write leaves such a file behind, and :func:`clean_stale`
 removes those older than an hour.
+
+Each folder is bounded (``KILN_CACHE_SIZE_MB``, default 1024): an entry is the
+files sharing a name up to the first dot (``<key>.so``, its sidecar, its
+source), its last use is its newest modification time (a hit calls
+:func:`touch`), and :func:`evict` removes the least recently used entries until
+the folder fits.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
 import json
 import os
+import shutil
 import stat
 import tempfile
 import time
 import warnings
+from collections.abc import Collection
 from pathlib import Path
 
 __all__ = [
     "CacheDirWarning",
+    "Entry",
     "atomic_write",
     "clean_stale",
+    "clear",
+    "entries",
+    "evict",
     "private_dir",
     "seal",
+    "size_limit",
     "temporary_sibling",
+    "touch",
     "verified",
 ]
 
 SIDECAR_SUFFIX = ".sha256"
 STALE_SECONDS = 3600.0
 """A temporary file this old belongs to a writer that died (builds take seconds)."""
+
+SIZE_ENV = "KILN_CACHE_SIZE_MB"
+DEFAULT_SIZE_MB = 1024.0
 
 _warned: set[tuple[str, str]] = set()
 _cleaned: set[Path] = set()
@@ -203,3 +222,96 @@ def clean_stale(folder: Path, max_age: float = STALE_SECONDS) -> list[Path]:
         except OSError:
             continue  # another process removed or renamed it first
     return removed
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """The files of one cache entry, their total size and when it was last used."""
+
+    stem: str
+    files: tuple[Path, ...]
+    size: int
+    last_used: float
+
+
+def entries(folder: Path) -> list[Entry]:
+    """The entries of ``folder`` (its plain files, temporaries excepted), least recent first."""
+    groups: dict[str, list[tuple[Path, os.stat_result]]] = {}
+    try:
+        children = list(folder.iterdir())
+    except OSError:
+        return []
+    for path in children:
+        if path.name.startswith(".") or path.name.endswith(".tmp"):
+            continue
+        try:
+            info = path.lstat()
+        except OSError:
+            continue  # removed meanwhile
+        if stat.S_ISREG(info.st_mode):
+            groups.setdefault(path.name.split(".", 1)[0], []).append((path, info))
+    found = [
+        Entry(
+            stem,
+            tuple(sorted(path for path, _ in files)),
+            sum(info.st_size for _, info in files),
+            max(info.st_mtime for _, info in files),
+        )
+        for stem, files in groups.items()
+    ]
+    return sorted(found, key=lambda e: (e.last_used, e.stem))
+
+
+def touch(path: Path) -> None:
+    """Mark ``path``'s entry used now (the eviction order reads modification times)."""
+    with contextlib.suppress(OSError):  # evicted or unwritable: only the order suffers
+        os.utime(path)
+
+
+def size_limit() -> int:
+    """The bound on each cache folder in bytes, from ``KILN_CACHE_SIZE_MB``."""
+    try:
+        megabytes = float(os.environ.get(SIZE_ENV, DEFAULT_SIZE_MB))
+    except ValueError:
+        megabytes = DEFAULT_SIZE_MB
+    return max(0, int(megabytes * 1024 * 1024))
+
+
+def evict(folder: Path, limit: int | None = None, keep: Collection[str] = ()) -> list[Entry]:
+    """Remove least recently used entries until ``folder`` holds at most ``limit`` bytes.
+
+    ``limit`` defaults to :func:`size_limit`. Entries whose stem is in ``keep``
+    (what the caller is about to load) stay even past the bound. A removed library that a process
+    has loaded stays mapped there; a later lookup misses and rebuilds it.
+    """
+    bound = size_limit() if limit is None else limit
+    found = entries(folder)
+    total = sum(entry.size for entry in found)
+    removed: list[Entry] = []
+    for entry in found:
+        if total <= bound:
+            break
+        if entry.stem in keep:
+            continue
+        for path in entry.files:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        total -= entry.size
+        removed.append(entry)
+    return removed
+
+
+def clear(folder: Path) -> int:
+    """Remove everything inside ``folder`` (kept itself); the number of entries removed."""
+    count = len(entries(folder))
+    try:
+        children = list(folder.iterdir())
+    except OSError:
+        return 0
+    for path in children:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                path.unlink()
+    return count

@@ -1,0 +1,51 @@
+"""kiln.cache and ``python -m kiln cache``: the on-disk caches inspected and emptied."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import torch
+
+import kiln
+from kiln.codegen_triton.config import options as triton_options
+
+
+def test_info_and_clear(tmp_path, monkeypatch):
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "c"))
+    monkeypatch.setattr(triton_options, "cache_dir", tmp_path / "t")
+    kiln.reset()
+    f = kiln.compile(lambda x: x.cos() * 2, backend="kiln", fullgraph=True)
+    x = torch.randn(8)
+    torch.testing.assert_close(f(x), x.cos() * 2)
+    found = {c.name: c for c in kiln.cache.info()}
+    assert found["cpp"].entries >= 1 and found["cpp"].size > 0
+    assert found["cpp"].path == tmp_path / "c" / "cpp"
+    assert kiln.cache.clear() >= 1
+    assert all(c.entries == 0 for c in kiln.cache.info())
+    kiln.reset()
+    g = kiln.compile(lambda x: x.cos() * 2, backend="kiln", fullgraph=True)
+    torch.testing.assert_close(g(x), x.cos() * 2)  # rebuilt after the clear
+    assert {c.name: c for c in kiln.cache.info()}["cpp"].entries >= 1
+    kiln.reset()
+
+
+def test_command_line(tmp_path, monkeypatch):
+    env = {"KILN_CACHE_DIR": str(tmp_path / "c"), "KILN_TRITON_CACHE": str(tmp_path / "t")}
+    (tmp_path / "c" / "cpp").mkdir(parents=True, mode=0o700)
+    (tmp_path / "c").chmod(0o700)
+    (tmp_path / "c" / "cpp" / "abc.so").write_bytes(b"x" * 10)
+
+    def run(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "kiln", "cache", *args],
+            env={**os.environ, **env},
+            capture_output=True, text=True, check=True, timeout=120,
+        )  # fmt: skip
+        return done.stdout
+
+    out = run("info")
+    assert "cpp" in out and "1 entries" in out and str(tmp_path / "c" / "cpp") in out
+    assert "removed 1 entries" in run("clear")
+    assert not list((tmp_path / "c" / "cpp").iterdir())
