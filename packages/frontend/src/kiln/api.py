@@ -13,9 +13,9 @@ import contextvars
 import functools
 import itertools
 import logging
+import threading
 import types
 import warnings
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,15 +36,12 @@ graph_break_log = logging.getLogger("kiln.frontend.graph_breaks")
 
 _disabled: contextvars.ContextVar[bool] = contextvars.ContextVar("kiln_disabled", default=False)
 # One cache per code object, closure and compile settings (see CompiledFunction._key), and the
-# keys of frames that run eagerly because capturing them failed. The function objects own their
-# caches (``_OWNED`` in their ``__dict__``) and each cache holds the objects whose ids its key
-# names: a cache, its artifacts and what their checks bind die with the last function that uses
-# it, and this table only finds the cache of a key while one lives.
-_caches: weakref.WeakValueDictionary[tuple[Any, ...], guards.CodeCache] = (
-    weakref.WeakValueDictionary()
-)
+# keys of frames that run eagerly because capturing them failed.
+_caches: dict[tuple[Any, ...], guards.CodeCache] = {}
 _skipped: set[tuple[Any, ...]] = set()
-_OWNED = "__kiln_caches__"
+_new_cache_lock = threading.Lock()
+# The objects whose ids a key holds (see CompiledFunction._key), kept alive with it.
+_held: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 #: Bumped by ``kiln.reset()``: a compiled function's remembered cache is stale after it.
 _generation = [0]
 _trampoline_ids = itertools.count()
@@ -171,8 +168,15 @@ class CompiledFunction:
         if ref is not None and ref[0] == _generation[0]:
             cache = ref[1]
         else:
-            cache = self._own_cache(key)
+            found = _caches.get(key)
+            if found is None:
+                with _new_cache_lock:  # threads missing together must all get the one cache kept
+                    found = _caches.get(key)
+                    if found is None:
+                        found = _caches[key] = guards.CodeCache(self._target.__code__)
+            cache = found
             self._cache_ref = (_generation[0], cache)
+        seen = cache.version
         entry: guards.CacheEntry | None
         if self._skip_guards and cache.entries:
             entry = cache.entries[0]  # unsafe by request: the inputs are promised not to change
@@ -181,10 +185,7 @@ class CompiledFunction:
         if entry is not None:
             counters.bump("stats", "cache_hits")
             return entry.fn(*full, **kwargs)
-        if cache.over_limit(full, kwargs, self._config.option("recompile_limit")):
-            return self._over_limit(cache, full, kwargs)
-        counters.bump("stats", "cache_misses")
-        return self._compile_and_run(cache, key, full, kwargs)
+        return self._miss(cache, key, seen, full, kwargs)
 
     def _key(self) -> tuple[Any, ...]:
         """Which cache this function's calls look up, as of now.
@@ -197,8 +198,8 @@ class CompiledFunction:
         other's artifacts. Functions made by one ``def`` or ``lambda`` share a cache only when
         all of these are the same objects. ``__code__``, ``__defaults__`` and
         ``__kwdefaults__`` are writable: ``__call__`` compares them by identity on every call
-        and looks the key up again when one was replaced. The cache holds the objects, so
-        their ids stay unique while the key finds it.
+        and looks the key up again when one was replaced. The objects are held while the
+        key exists, so their ids stay unique.
         """
         target = self._target
         self._code = target.__code__
@@ -210,29 +211,50 @@ class CompiledFunction:
             self._defaults,
             self._kwdefaults,
         )
-        self._key_held = held
-        return (self._code, tuple(map(id, held)), self._settings)
+        key = (self._code, tuple(map(id, held)), self._settings)
+        _held.setdefault(key, held)
+        return key
 
-    def _own_cache(self, key: tuple[Any, ...]) -> guards.CodeCache:
-        """The cache of ``key``, made the target's own (one per compile settings: the cache
-        of a replaced ``__code__`` or defaults goes once no function uses it)."""
-        cache = _caches.get(key)
-        if cache is None:
-            cache = _caches[key] = guards.CodeCache(self._code, keep=self._key_held)
-            # a skipped key's ids may be reused once its objects are gone
-            weakref.finalize(cache, _skipped.discard, key)
-        self._target.__dict__.setdefault(_OWNED, {})[self._settings] = cache
-        return cache
-
-    def _over_limit(self, cache: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if self._config.option("fail_on_recompile_limit", False):
-            cache.raise_limit_error(*args, **kwargs)
-        cache.warn_limit_once(*args, **kwargs)
-        return self._target(*args, **kwargs)
-
-    def _compile_and_run(
-        self, cache: Any, key: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any]
+    def _miss(
+        self,
+        cache: guards.CodeCache,
+        key: tuple[Any, ...],
+        seen: int,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
     ) -> Any:
+        """No entry passed (as of ``seen``, the cache's version then): compile one, or run eagerly.
+
+        One thread compiles per cache at a time; the others wait, then look again, so threads
+        missing together on one input install one entry and share it. Compiled and eager
+        code runs after the lock is released (except the check that a failure was Kiln's).
+        """
+        with cache.lock:
+            entry = cache.lookup(*args, **kwargs) if cache.version != seen else None
+            if entry is not None:
+                counters.bump("stats", "cache_hits")
+                run = entry.fn
+            else:
+                run = self._compile_or_eager(cache, key, args, kwargs)
+        return run(*args, **kwargs)
+
+    def _compile_or_eager(
+        self,
+        cache: guards.CodeCache,
+        key: tuple[Any, ...],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Callable[..., Any]:
+        """What a miss runs (under the cache's lock): a new entry, or the frame uncompiled."""
+        if key in _skipped:  # another thread's compile of this frame failed meanwhile
+            return self._target
+        if cache.over_limit(args, kwargs, self._config.option("recompile_limit")):
+            if self._config.option("fail_on_recompile_limit", False):
+                cache.raise_limit_error(*args, **kwargs)
+            if cache.warn_limit_once(*args, **kwargs):
+                counters.bump("stats", "eager_fallbacks")
+            return self._target
+        counters.bump("stats", "cache_misses")
         root = self._config.option("debug_dir")
         name = self._target.__code__.co_qualname
         with artifacts.frame(name, Path(root) if root else None):
@@ -251,15 +273,18 @@ class CompiledFunction:
                 graph_break_log.info("running %s eagerly: %s", name, e)
                 counters.bump("graph_breaks", e.kind)
                 _skipped.add(key)
-                return self._target(*args, **kwargs)
+                return self._target
             except Exception as e:
                 if self._config.fullgraph:
                     raise CompileError(f"kiln failed to compile {name}: {e}") from e
-                return run_eagerly_after_failure(name, e, self._target, args, kwargs, key, _skipped)
+                outcome = run_eagerly_after_failure(
+                    name, e, self._target, args, kwargs, key, _skipped
+                )
+                return lambda *_args, **_kwargs: outcome
             counters.bump("stats", "frames_captured")
             check = guards.build_check(result.guards, self._target)
             cache.insert(check, result.function)
-        return result.function(*args, **kwargs)
+        return result.function
 
     def _compile_graph(
         self, gm: fx.GraphModule, example_inputs: Sequence[Any]
@@ -407,4 +432,5 @@ def reset_frontend() -> None:
         cache.clear()
     _caches.clear()
     _skipped.clear()
+    _held.clear()
     _generation[0] += 1

@@ -41,6 +41,6 @@ def run_eagerly_after_failure(
         f"kiln: compiling {name} failed ({type(error).__name__}: {error}); it runs eagerly "
         "from now on. Pass fullgraph=True to raise instead, or KILN_LOGS=+kiln for details.",
         RuntimeWarning,
-        stacklevel=4,
+        stacklevel=5,  # run_eagerly_after_failure, _compile_or_eager, _miss, __call__, user
     )
     return result

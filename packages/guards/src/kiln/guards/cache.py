@@ -7,6 +7,11 @@ recompile, logged on ``kiln.guards.recompiles`` with the guard that failed. Past
 the limit, counted per module object (:meth:`~CodeCache.over_limit`), the caller runs
 the frame eagerly, warned once (:meth:`~CodeCache.warn_limit_once`) or raising
 (:meth:`~CodeCache.raise_limit_error`).
+
+Threads: lookups read an immutable tuple of checks, so they never lock. Callers that miss hold
+:attr:`CodeCache.lock` while they compile and insert, and look again under it when
+:attr:`CodeCache.version` moved since their miss, so threads that miss together on one input
+install one entry, and the entry count toward the limit counts real recompiles only.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import sys
+import threading
 import types
 import warnings
 from collections.abc import Callable
@@ -45,13 +51,17 @@ class CacheEntry:
 class CodeCache:
     """The entries of one code object, newest first."""
 
-    def __init__(self, code: types.CodeType, keep: tuple[Any, ...] = ()) -> None:
+    def __init__(self, code: types.CodeType) -> None:
         self.code = code
-        self.keep = keep  # objects the owner needs alive while the cache lives
         self.entries: list[CacheEntry] = []
         self._checks: tuple[tuple[Callable[..., bool], CacheEntry], ...] = ()
         self._pending_reason: str | None = None
         self._warned = False
+        self.lock = threading.RLock()
+        """Held while compiling an entry; re-entrant, since a frame's compile or eager run
+        may call the same code again on the same thread."""
+        self.version = 0
+        """Bumped by every change of the entries: a miss is stale once it moved."""
 
     @property
     def name(self) -> str:
@@ -87,6 +97,7 @@ class CodeCache:
         self._pending_reason = None
         self.entries.insert(0, entry)
         self._checks = tuple((e.check.fn, e) for e in self.entries)
+        self.version += 1
         return entry
 
     def failure_reason(self, *args: Any, **kwargs: Any) -> str | None:
@@ -144,11 +155,14 @@ class CodeCache:
         reason = newest[0].check.failure_reason(*args, **kwargs) if newest else None
         return reason or "unknown"
 
-    def warn_limit_once(self, *args: Any, **kwargs: Any) -> None:
-        """Warn, the first time only, that this code now runs eagerly, naming the failing guard."""
+    def warn_limit_once(self, *args: Any, **kwargs: Any) -> bool:
+        """Warn, the first time only, that this code now runs eagerly, naming the failing guard.
+
+        True when it warned: the first call of this code that runs eagerly for the limit.
+        """
         counters.bump("guards", "limit_eager_runs")
         if self._warned:
-            return
+            return False
         self._warned = True
         reason = self._limit_message(args, kwargs)
         msg = (
@@ -159,6 +173,7 @@ class CodeCache:
         )
         recompiles_log.info("%s", msg)
         warnings.warn(msg, RuntimeWarning, stacklevel=_user_stacklevel())
+        return True
 
     def raise_limit_error(self, *args: Any, **kwargs: Any) -> None:
         """Raise :class:`RecompileLimitExceeded` naming the failing guard."""
@@ -171,6 +186,7 @@ class CodeCache:
         self._checks = ()
         self._pending_reason = None
         self._warned = False
+        self.version += 1
 
 
 def _user_stacklevel() -> int:
