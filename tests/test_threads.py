@@ -6,6 +6,7 @@ exactly one cache entry however many threads missed on it together.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import warnings
@@ -20,6 +21,9 @@ from kiln import api
 
 THREADS = 8
 SHAPES = (1, 2, 3, 4, 5, 6)
+# Calls per thread in the stress test (fewer for a quick local run: every shape still
+# compiles concurrently, as each thread starts on a different model and shape).
+CALLS = int(os.environ.get("KILN_THREAD_STRESS_CALLS", "200"))
 
 
 @pytest.fixture(autouse=True)
@@ -100,7 +104,7 @@ def test_many_threads_compile_and_call_three_models(backend):
     torch.manual_seed(0)
     models = [_MLP().eval(), _ConvNet().eval(), _Attention().eval()]
     compiled = [kiln.compile(m, backend=backend, dynamic=False) for m in models]
-    calls = 24
+    calls = CALLS
 
     def work(i: int) -> None:
         gen = torch.Generator().manual_seed(i)
