@@ -120,3 +120,29 @@ def test_bound_method_calls_share_one_cache():
     m.run(x)
     (cache,) = api._caches.values()
     assert len(cache.entries) == 1  # a fresh bound wrapper per access, one cache
+
+
+class _Layer(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(1024, 1024)
+
+    @kiln.compile(backend="eager")
+    def run(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x).relu()
+
+
+def test_instances_die_though_their_method_s_cache_lives():
+    """The class's function (and so its cache) lives on: its entries must not keep the
+    instances they were compiled for."""
+    refs = []
+    before = _rss()
+    for _ in range(CYCLES):
+        layer = _Layer()
+        x = torch.randn(2, 1024)
+        torch.testing.assert_close(layer.run(x), layer.lin(x).relu())
+        refs.append(weakref.ref(layer))
+        del layer
+    gc.collect()
+    assert all(r() is None for r in refs)
+    assert _rss() - before < 48 * 2**20

@@ -7,9 +7,11 @@ printable source, and the ordered guards it was made from, which
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 import types
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -179,4 +181,15 @@ def build_check(guards: Sequence[GuardSpec], fn: Callable[..., Any]) -> GuardChe
     )
     guards_log.info("%d guards:\n%s", len(ordered), text)
     artifacts.dump("guards.py", text)
-    return GuardCheck(check_fn, text, ordered, target)
+    return GuardCheck(check_fn, text, [_weak_module(g) for g in ordered], target)
+
+
+def _weak_module(g: GuardSpec) -> GuardSpec:
+    """``g``, holding its module weakly if it is a MODULE_TREE guard: a check that outlives
+    the module must not keep it alive (explain reads either form)."""
+    if g.kind is not GuardKind.MODULE_TREE:
+        return g
+    try:
+        return dataclasses.replace(g, expected=weakref.ref(g.expected))
+    except TypeError:
+        return g  # takes no weak reference

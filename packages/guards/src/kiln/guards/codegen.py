@@ -17,6 +17,7 @@ import inspect
 import keyword
 import math
 import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -117,6 +118,16 @@ class CheckSource:
             self.namespace[name] = obj
         return name
 
+    def held(self, obj: Any, stem: str) -> str:
+        """An expression for the user object ``obj``, through a weak reference where ``obj``
+        takes one: a check must not keep a module or tensor alive (its cache lives as long as
+        the function), and a dead one reads as None, which no ``is`` test below accepts."""
+        try:
+            ref = weakref.ref(obj)
+        except TypeError:
+            return self.bind(obj, stem)
+        return f"{self.bind(ref, stem)}()"
+
     def literal(self, value: Any, stem: str = "k") -> str:
         return repr(value) if _is_literal(value) else self.bind(value, stem)
 
@@ -160,7 +171,7 @@ class CheckSource:
         if key in self._locals:
             return self._locals[key]
         if key in self.bound:
-            return self.bind(self.bound[key], "module")
+            return self.held(self.bound[key], "module")
         if isinstance(source, LocalSource):
             if source.name not in self.params:
                 msg = f"guard on {source}, which is not a parameter of {self.fn.__qualname__}"
@@ -302,7 +313,9 @@ class CheckSource:
             return f"type({v}) is {self.bind(expected, 'T')}"
         if kind in (GuardKind.ID_MATCH, GuardKind.MODULE_MATCH):
             held = self._held(g.source, int(expected))
-            return f"{v} is {held}" if held is not None else f"id({v}) == {int(expected)}"
+            if held is None:
+                return f"id({v}) == {int(expected)}"
+            return f"{v} is {held} is not None"
         if kind is GuardKind.EQUALS:
             same_type = f"type({v}) is {self.bind(type(expected), 'T')}"
             if isinstance(expected, float) and math.isnan(expected):
@@ -328,21 +341,21 @@ class CheckSource:
             dicts += [self.bind(d, "global_hooks") for d in hooks.global_hook_dicts]
             return "not (" + " or ".join(dicts) + ")"
         if kind is GuardKind.MODULE_TREE:
-            return f"{v} is {self.bind(expected, 'module')}"
+            return f"{v} is {self.held(expected, 'module')} is not None"
         msg = f"kiln.guards has no check for guard kind {kind}"
         raise UnsupportedGuard(msg)
 
     def _held(self, source: Source, expected_id: int) -> str | None:
         """A name bound to the very object ``source`` held when the check was built, when it
         can be read without a frame and is the object capture saw: ``is`` beats ``id() ==``,
-        and holding it keeps its id from being reused."""
+        and a weak reference, unlike an id, never matches another object that took its id."""
         if not frame.frame_free(source):
             return None
         try:
             obj = frame.resolve(source, {}, self.fn)
         except Exception:
             return None
-        return self.bind(obj, "obj") if id(obj) == expected_id else None
+        return self.held(obj, "obj") if id(obj) == expected_id else None
 
     def line(self, text: str) -> None:
         self.lines.append("    " * self.indent + text)

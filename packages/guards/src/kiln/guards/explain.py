@@ -9,6 +9,7 @@ kind here mirrors the expression codegen emits for it.
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -187,5 +188,7 @@ def explain(guard: GuardSpec, value: Any) -> str | None:
     if kind is GuardKind.GLOBAL_STATE:
         return explain_global_state(expected)
     if kind is GuardKind.MODULE_TREE:
+        if isinstance(expected, weakref.ref):
+            expected = expected()  # a built check holds its modules weakly
         return None if value is expected else f"{where} is a different module object"
     return f"unknown guard kind {kind}"
