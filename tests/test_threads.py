@@ -220,3 +220,23 @@ def test_a_frame_past_the_recompile_limit_counts_as_an_eager_fallback():
     s = kiln.stats()
     assert s.frames_captured == 2
     assert s.eager_fallbacks == 1  # one frame runs eagerly (counted once, like a failed one)
+
+
+def test_a_backend_failure_seen_by_threads_missing_together_falls_back_once():
+    tried: list[int] = []
+
+    def failing(gm: torch.fx.GraphModule, example_inputs: Any) -> Callable[..., Any]:
+        tried.append(1)
+        time.sleep(0.3)
+        raise RuntimeError("backend broke")
+
+    f = kiln.compile(_body, backend=failing, dynamic=False)
+
+    def work(i: int) -> None:
+        x = torch.randn(5)
+        torch.testing.assert_close(f(x), _body(x))
+
+    with pytest.warns(RuntimeWarning, match="backend failed on a graph"):
+        _run_threads(work)
+    assert len(tried) == 1 and _entries(f) == 1
+    assert kiln.stats().eager_fallbacks == 1
