@@ -76,3 +76,21 @@ def test_grad_mode_after_a_graph_is_eagers(fn, backend):
             ]
     finally:
         torch.set_grad_enabled(True)
+
+
+def _inference_mode_false(x):
+    with torch.inference_mode(False):  # enables grad, even inside no_grad
+        v = x * 3 + 1
+    return v, torch.is_grad_enabled()
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "kiln"])
+@pytest.mark.parametrize("caller_grad", [False, True])
+def test_inference_mode_false_enables_grad(backend, caller_grad):
+    f = kiln.compile(_inference_mode_false, backend=backend)
+    for dtype in (torch.float32, torch.float64):
+        x = torch.randn(3, 2, dtype=dtype, requires_grad=True)
+        with torch.set_grad_enabled(caller_grad):
+            expected, out = _inference_mode_false(x), f(x)
+        torch.testing.assert_close(out, expected)
+        assert out[0].requires_grad == expected[0].requires_grad

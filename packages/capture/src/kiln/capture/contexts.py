@@ -125,7 +125,9 @@ def make_context(obj: Any, args: list[Value], kwargs: dict[str, Value]) -> Value
         return _applied(bool(mode))
     if obj is torch.inference_mode:
         mode = (args[0] if args else kwargs.get("mode", ConstantValue(True))).as_constant()
-        return ContextValue(not mode) if mode else ContextValue(torch.is_grad_enabled())
+        # c10's InferenceMode(enabled) sets grad mode to ``not enabled``: inference_mode(False)
+        # enables grad, even inside no_grad.
+        return ContextValue(not mode)
     if isinstance(obj, type) and issubclass(obj, torch.amp.autocast):
         plain = [builtin_calls.literal(a) for a in args]
         plain_kw = {k: builtin_calls.literal(v) for k, v in kwargs.items()}
