@@ -146,3 +146,5 @@ def test_instances_die_though_their_method_s_cache_lives():
     gc.collect()
     assert all(r() is None for r in refs)
     assert _rss() - before < 48 * 2**20
+    # the entries for the dead instances were dropped, not left to fail on every call
+    assert all(not c.entries for c in api._caches.values())

@@ -65,3 +65,25 @@ def test_module_tree_of_a_local_holds_the_module_weakly():
     gc.collect()
     assert r() is None
     assert check(other, x) is False
+
+
+def test_an_entry_whose_held_module_dies_is_dropped():
+    global model
+    model = torch.nn.Linear(4, 4)
+    cache = guards.CodeCache(uses_global.__code__)
+    check = guards.build_check(
+        [GuardSpec(GlobalSource("model"), GuardKind.ID_MATCH, id(model))], uses_global
+    )
+    cache.insert(check, uses_global)
+    keep = torch.nn.Linear(4, 4)
+    other = guards.build_check(
+        [GuardSpec(GlobalSource("model"), GuardKind.ID_MATCH, id(model))], uses_global
+    )
+    cache.insert(other, uses_global)
+    assert len(cache.entries) == 2
+    x = torch.randn(2, 4)
+    assert cache.lookup(x) is cache.entries[0]
+    model = keep
+    gc.collect()
+    assert cache.entries == []  # both checks held the dead module: neither can pass again
+    assert cache.lookup(x) is None

@@ -17,11 +17,13 @@ install one entry, and the entry count toward the limit counts real recompiles o
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import sys
 import threading
 import types
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -85,6 +87,7 @@ class CodeCache:
     def insert(self, check: GuardCheck, fn: Callable[..., Any]) -> CacheEntry:
         """Add a new newest entry; an insert into a non-empty cache is a recompile."""
         entry = CacheEntry(check, fn)
+        check.on_death.append(functools.partial(_drop, weakref.ref(self), weakref.ref(entry)))
         if self.entries:
             counters.bump("guards", "recompiles")
             if self._pending_reason is not None:
@@ -99,6 +102,13 @@ class CodeCache:
         self._checks = tuple((e.check.fn, e) for e in self.entries)
         self.version += 1
         return entry
+
+    def drop(self, entry: CacheEntry) -> None:
+        """Forget ``entry``: an object its check compares by identity died, so it can never
+        pass, and its artifacts need not live on."""
+        if any(e is entry for e in self.entries):
+            self.entries = [e for e in self.entries if e is not entry]
+            self._checks = tuple((e.check.fn, e) for e in self.entries)
 
     def failure_reason(self, *args: Any, **kwargs: Any) -> str | None:
         """Why no entry matches this call (the first failing guard of each), or None if one does."""
@@ -187,6 +197,12 @@ class CodeCache:
         self._pending_reason = None
         self._warned = False
         self.version += 1
+
+
+def _drop(cache: weakref.ref[CodeCache], entry: weakref.ref[CacheEntry]) -> None:
+    live_cache, live_entry = cache(), entry()
+    if live_cache is not None and live_entry is not None:
+        live_cache.drop(live_entry)
 
 
 def _user_stacklevel() -> int:

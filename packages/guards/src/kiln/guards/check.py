@@ -42,7 +42,7 @@ def _target(fn: Callable[..., Any]) -> types.FunctionType:
 class GuardCheck:
     """One cache entry's guards as a function: ``check(*args, **kwargs) -> bool``."""
 
-    __slots__ = ("fn", "guards", "module_guards", "signature", "source", "target")
+    __slots__ = ("fn", "guards", "module_guards", "on_death", "signature", "source", "target")
 
     def __init__(
         self,
@@ -57,6 +57,8 @@ class GuardCheck:
         self.target = target
         self.signature = code_signature(target)
         self.module_guards = [g for g in guards if g.kind is GuardKind.MODULE_MATCH and g.source]
+        # run when an object the check holds weakly dies: it can never pass again
+        self.on_death: list[Callable[[], None]] = []
 
     def __call__(self, *args: Any, **kwargs: Any) -> bool:
         """Whether every guard holds; arguments that cannot bind raise TypeError as ``fn`` would."""
@@ -181,7 +183,9 @@ def build_check(guards: Sequence[GuardSpec], fn: Callable[..., Any]) -> GuardChe
     )
     guards_log.info("%d guards:\n%s", len(ordered), text)
     artifacts.dump("guards.py", text)
-    return GuardCheck(check_fn, text, [_weak_module(g) for g in ordered], target)
+    check = GuardCheck(check_fn, text, [_weak_module(g) for g in ordered], target)
+    check.on_death = namespace[codegen.ON_DEATH]
+    return check
 
 
 def _weak_module(g: GuardSpec) -> GuardSpec:

@@ -39,7 +39,10 @@ from kiln.guards.config import config
 from kiln.guards.errors import UnsupportedGuard
 from kiln.guards.plan import Plan
 
-__all__ = ["CheckSource", "generate"]
+__all__ = ["ON_DEATH", "CheckSource", "generate"]
+
+#: The namespace key of the hooks run when an object the check holds weakly dies.
+ON_DEATH = "__kiln_on_death__"
 
 _LITERAL_TYPES = (bool, int, str, bytes, type(None))
 # Guards that read their source more than once: the source goes into a local first.
@@ -77,6 +80,11 @@ def _signature_text(fn: types.FunctionType, prefix: str) -> str:
     return ", ".join(parts)
 
 
+def _run_hooks(hooks: list[Callable[[], None]], _ref: object) -> None:
+    for hook in list(hooks):
+        hook()
+
+
 class CheckSource:
     """Builds the text and namespace of one check function."""
 
@@ -100,6 +108,10 @@ class CheckSource:
         self.bound: dict[str, Any] = {}  # sources read from the namespace (Plan.bound)
         self.needs_locals = False  # whether the check starts with ``<prefix>L = locals()``
         self.in_group = False  # emitting a tree's group (run only after the stamp moved)
+        # called when an object the check holds weakly dies (the entry can never pass again)
+        self.on_death: list[Callable[[], None]] = []
+        self.namespace[ON_DEATH] = self.on_death
+        self._refs: dict[int, str] = {}
 
     # ---- names and expressions -------------------------------------------------------
 
@@ -122,11 +134,14 @@ class CheckSource:
         """An expression for the user object ``obj``, through a weak reference where ``obj``
         takes one: a check must not keep a module or tensor alive (its cache lives as long as
         the function), and a dead one reads as None, which no ``is`` test below accepts."""
-        try:
-            ref = weakref.ref(obj)
-        except TypeError:
-            return self.bind(obj, stem)
-        return f"{self.bind(ref, stem)}()"
+        name = self._refs.get(id(obj))
+        if name is None:
+            try:
+                ref = weakref.ref(obj, functools.partial(_run_hooks, self.on_death))
+            except TypeError:
+                return self.bind(obj, stem)
+            name = self._refs[id(obj)] = self.bind(ref, stem)
+        return f"{name}()"
 
     def literal(self, value: Any, stem: str = "k") -> str:
         return repr(value) if _is_literal(value) else self.bind(value, stem)
