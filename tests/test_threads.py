@@ -240,3 +240,24 @@ def test_a_backend_failure_seen_by_threads_missing_together_falls_back_once():
         _run_threads(work)
     assert len(tried) == 1 and _entries(f) == 1
     assert kiln.stats().eager_fallbacks == 1
+
+
+def test_threads_compile_and_train_with_gradients_equal_to_eager():
+    torch.manual_seed(0)
+    model = _MLP()
+    compiled = kiln.compile(model, dynamic=False)
+    params = list(model.parameters())
+
+    def work(i: int) -> None:
+        for j in range(8):
+            x = torch.randn(SHAPES[(i + j) % 4], 8)
+            out, ref = compiled(x), model(x)
+            torch.testing.assert_close(out, ref)
+            got = torch.autograd.grad(out.square().sum(), params)
+            want = torch.autograd.grad(ref.square().sum(), params)
+            for a, b in zip(got, want, strict=True):
+                torch.testing.assert_close(a, b)
+
+    _run_threads(work, threads=4)
+    s = kiln.stats()
+    assert s.eager_fallbacks == 0 and s.frames_captured == 4 and _entries(compiled) == 4
