@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import signal
 import subprocess
 import sys
 import time
@@ -31,6 +32,10 @@ def _reproduces(repro: Path) -> bool:
     except subprocess.TimeoutExpired:
         return True
     return "finding=None" not in done.stdout
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
             rate = counts["generated"] / (time.time() - start)
             print(f"{dict(counts)} ({rate:.2f} programs/s)", flush=True)
 
+    # A run in the background ignores SIGINT; SIGTERM stops it with its summary too.
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         one()
     except KeyboardInterrupt:  # a long run stopped by hand still reports what it saw
