@@ -110,3 +110,18 @@ def test_roll_and_flip_over_a_size_one_dim_return_new_tensors(op):
     torch.testing.assert_close(out, op(before))
     out.add_(1)
     torch.testing.assert_close(x, before)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="autograd_aot: an output that is a view of a non-leaf input requiring grad is rebuilt "
+    "with the strides and offset of the traced copy, not of the input (wrong elements)",
+)
+@pytest.mark.parametrize("backend", ["aot_eager", "kiln"])
+@pytest.mark.parametrize("op", [lambda x: x[None], lambda x: x.t(), lambda x: (x * 2, x[0])])
+def test_view_output_of_an_offset_view_input_requiring_grad(backend, op):
+    f = kiln.compile(op, backend=backend)
+    base = torch.randn(2, 4, requires_grad=True)
+    x = base[1:, 1:-1]  # storage offset 5, strides (4, 1)
+    out, expected = f(x), op(x)
+    torch.testing.assert_close(out, expected)
