@@ -148,3 +148,25 @@ def test_instances_die_though_their_method_s_cache_lives():
     assert _rss() - before < 48 * 2**20
     # the entries for the dead instances were dropped, not left to fail on every call
     assert all(not c.entries for c in api._caches.values())
+
+
+def test_a_wrapper_with_a_copied_dict_does_not_take_the_wrapped_function_s_cache():
+    import functools
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+    cf = kiln.compile(f, backend="eager")
+    cf(torch.randn(3))
+
+    @functools.wraps(f)  # copies f.__dict__, the caches f owns included
+    def w(x: torch.Tensor) -> torch.Tensor:
+        return f(x) * 2
+
+    cw = kiln.compile(w, backend="eager")
+    x = torch.randn(3)
+    torch.testing.assert_close(cw(x), (x + 1) * 2)
+    del cf, cw
+    gc.collect()
+    # f's cache is still f's own, with its entry
+    assert any(c.code is f.__code__ and c.entries for c in api._caches.values())

@@ -16,6 +16,7 @@ import logging
 import threading
 import types
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,12 +37,16 @@ graph_break_log = logging.getLogger("kiln.frontend.graph_breaks")
 
 _disabled: contextvars.ContextVar[bool] = contextvars.ContextVar("kiln_disabled", default=False)
 # One cache per code object, closure and compile settings (see CompiledFunction._key), and the
-# keys of frames that run eagerly because capturing them failed.
-_caches: dict[tuple[Any, ...], guards.CodeCache] = {}
+# keys of frames that run eagerly because capturing them failed. The function objects own their
+# caches (``_OWNED`` in their ``__dict__``) and each cache holds the objects whose ids its key
+# names: a cache, its artifacts and what their checks bind die with the last function that uses
+# it, and this table only finds the cache of a key while one lives.
+_caches: weakref.WeakValueDictionary[tuple[Any, ...], guards.CodeCache] = (
+    weakref.WeakValueDictionary()
+)
 _skipped: set[tuple[Any, ...]] = set()
 _new_cache_lock = threading.Lock()
-# The objects whose ids a key holds (see CompiledFunction._key), kept alive with it.
-_held: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+_OWNED = "__kiln_caches__"
 #: Bumped by ``kiln.reset()``: a compiled function's remembered cache is stale after it.
 _generation = [0]
 _trampoline_ids = itertools.count()
@@ -168,13 +173,7 @@ class CompiledFunction:
         if ref is not None and ref[0] == _generation[0]:
             cache = ref[1]
         else:
-            found = _caches.get(key)
-            if found is None:
-                with _new_cache_lock:  # threads missing together must all get the one cache kept
-                    found = _caches.get(key)
-                    if found is None:
-                        found = _caches[key] = guards.CodeCache(self._target.__code__)
-            cache = found
+            cache = self._own_cache(key)
             self._cache_ref = (_generation[0], cache)
         seen = cache.version
         entry: guards.CacheEntry | None
@@ -198,8 +197,8 @@ class CompiledFunction:
         other's artifacts. Functions made by one ``def`` or ``lambda`` share a cache only when
         all of these are the same objects. ``__code__``, ``__defaults__`` and
         ``__kwdefaults__`` are writable: ``__call__`` compares them by identity on every call
-        and looks the key up again when one was replaced. The objects are held while the
-        key exists, so their ids stay unique.
+        and looks the key up again when one was replaced. The cache holds the objects, so
+        their ids stay unique while the key finds it.
         """
         target = self._target
         self._code = target.__code__
@@ -211,9 +210,23 @@ class CompiledFunction:
             self._defaults,
             self._kwdefaults,
         )
-        key = (self._code, tuple(map(id, held)), self._settings)
-        _held.setdefault(key, held)
-        return key
+        self._key_held = held
+        return (self._code, tuple(map(id, held)), self._settings)
+
+    def _own_cache(self, key: tuple[Any, ...]) -> guards.CodeCache:
+        """The cache of ``key``, made the target's own (one per code object and compile
+        settings: the cache of replaced defaults goes once no function uses it; a wrapper whose
+        ``__dict__`` was copied from the target by ``functools.wraps`` has other code)."""
+        cache = _caches.get(key)
+        if cache is None:
+            with _new_cache_lock:  # threads missing together must all get the one cache kept
+                cache = _caches.get(key)
+                if cache is None:
+                    cache = _caches[key] = guards.CodeCache(self._code, keep=self._key_held)
+                    # a skipped key's ids may be reused once its objects are gone
+                    weakref.finalize(cache, _skipped.discard, key)
+        self._target.__dict__.setdefault(_OWNED, {})[self._code, self._settings] = cache
+        return cache
 
     def _miss(
         self,
@@ -432,5 +445,4 @@ def reset_frontend() -> None:
         cache.clear()
     _caches.clear()
     _skipped.clear()
-    _held.clear()
     _generation[0] += 1

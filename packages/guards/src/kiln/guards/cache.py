@@ -53,8 +53,9 @@ class CacheEntry:
 class CodeCache:
     """The entries of one code object, newest first."""
 
-    def __init__(self, code: types.CodeType) -> None:
+    def __init__(self, code: types.CodeType, keep: tuple[Any, ...] = ()) -> None:
         self.code = code
+        self.keep = keep  # objects the owner needs alive while the cache lives
         self.entries: list[CacheEntry] = []
         self._checks: tuple[tuple[Callable[..., bool], CacheEntry], ...] = ()
         self._pending_reason: str | None = None
