@@ -125,3 +125,17 @@ def test_view_output_of_an_offset_view_input_requiring_grad(backend, op):
     x = base[1:, 1:-1]  # storage offset 5, strides (4, 1)
     out, expected = f(x), op(x)
     torch.testing.assert_close(out, expected)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="autograd_aot: a view output of an input, made under no_grad, is rebuilt connected to "
+    "the input's autograd graph (eager's view has no gradient path)",
+)
+@pytest.mark.parametrize("backend", ["aot_eager", "kiln"])
+def test_view_output_made_under_no_grad_has_no_gradient_path(backend):
+    f = kiln.compile(lambda y: y[1:], backend=backend)
+    base = torch.randn(5, 4, requires_grad=True)
+    with torch.no_grad():
+        out = f(base)
+    assert torch.autograd.grad(out.sum(), base, allow_unused=True)[0] is None
