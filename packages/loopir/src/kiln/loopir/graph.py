@@ -36,7 +36,7 @@ from kiln.loopir.ir.layout import (
 )
 from kiln.loopir.ir.loops import Pointwise
 from kiln.loopir.ir.strided import as_strided_view, copy_like, realize_as_tensor, realize_like
-from kiln.loopir.ir.views import StorageBox, TensorBox
+from kiln.loopir.ir.views import ReinterpretView, StorageBox, TensorBox
 from kiln.loopir.kernel import SEEDS
 from kiln.loopir.lowering.fallback import chosen_extern, fallback, is_convolution, packet_name
 from kiln.loopir.lowering.registry import LOWERINGS
@@ -71,6 +71,8 @@ class GraphLowering:
         self.name_to_buffer: dict[str, Buffer] = {}
         self.graph_inputs: list[str | None] = []
         self.input_buffers: dict[str, InputBuffer] = {}
+        self.input_metas: dict[str, torch.Tensor] = {}
+        """Each tensor placeholder's traced value, by name: which outputs may alias it."""
         self.outputs: list[Any] = []
         self.output_spec: pytree.TreeSpec | None = None
         self.seed_count = 0
@@ -198,6 +200,7 @@ class GraphLowering:
         buf = InputBuffer(node.name, self._fix_device(layout_of_tensor(val)))
         self.graph_inputs.append(node.name)
         self.input_buffers[node.name] = buf
+        self.input_metas[node.name] = val
         self.name_to_buffer[node.name] = buf
         return TensorBox(StorageBox(buf))
 
@@ -295,6 +298,10 @@ class GraphLowering:
             dense = isinstance(meta, torch.Tensor) and is_dense(meta)
             return box.realize(meta.stride() if dense else None)
         found = as_strided_view(value)
+        if found is not None and self._aliases_input_unlike_traced(found, meta):
+            # an op that is an identity read here (flip or roll over a size-1 dim) must
+            # still return a tensor of its own: writing to it must not change the input
+            return copy_like(value, meta, "output of a non-view op")
         if found is not None and _strides_match(found.layout, meta):
             return found
         if not isinstance(meta, torch.Tensor) or not is_dense(meta):
@@ -305,6 +312,14 @@ class GraphLowering:
             counters.bump("output_copies", found.get_name())
             log.debug("output %s copied to its traced strides %s", found.get_name(), meta.stride())
         return copy_like(value, meta, "output relayout")
+
+    def _aliases_input_unlike_traced(self, found: Buffer | ReinterpretView, meta: Any) -> bool:
+        """Whether ``found`` lies on a graph input whose traced value ``meta`` does not alias."""
+        buf = found.buffer if isinstance(found, ReinterpretView) else found
+        traced = self.input_metas.get(buf.get_name())
+        if not isinstance(traced, torch.Tensor) or not isinstance(meta, torch.Tensor):
+            return False
+        return not torch._C._is_alias_of(meta, traced)
 
 
 def _touches_complex(args: Any, kwargs: Any, meta: Any) -> bool:
