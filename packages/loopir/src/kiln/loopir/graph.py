@@ -319,7 +319,7 @@ class GraphLowering:
         traced = self.input_metas.get(buf.get_name())
         if not isinstance(traced, torch.Tensor) or not isinstance(meta, torch.Tensor):
             return False
-        return not torch._C._is_alias_of(meta, traced)
+        return not torch._C._is_alias_of(meta, traced)  # type: ignore[attr-defined]
 
 
 def _touches_complex(args: Any, kwargs: Any, meta: Any) -> bool:
