@@ -115,11 +115,6 @@ def test_roll_and_flip_over_a_size_one_dim_return_new_tensors(op):
     torch.testing.assert_close(x, before)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="autograd_aot: an output that is a view of a non-leaf input requiring grad is rebuilt "
-    "with the strides and offset of the traced copy, not of the input (wrong elements)",
-)
 @pytest.mark.parametrize("backend", ["aot_eager", "kiln"])
 @pytest.mark.parametrize("op", [lambda x: x[None], lambda x: x.t(), lambda x: (x * 2, x[0])])
 def test_view_output_of_an_offset_view_input_requiring_grad(backend, op):
@@ -128,6 +123,19 @@ def test_view_output_of_an_offset_view_input_requiring_grad(backend, op):
     x = base[1:, 1:-1]  # storage offset 5, strides (4, 1)
     out, expected = f(x), op(x)
     torch.testing.assert_close(out, expected)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "kiln"])
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_view_output_of_an_input_at_another_storage_offset(backend, requires_grad):
+    """Guards match sizes and strides, not offsets: a second call with a view of another
+    row of the same storage reuses the entry, and its view output must be of that row."""
+    f = kiln.compile(lambda x: (x * 2, x[None], x.t()), backend=backend)
+    base = torch.randn(3, 2, 4, requires_grad=requires_grad)
+    for row in (0, 2, 1):
+        x = base[row]
+        torch.testing.assert_close(f(x), (x * 2, x[None], x.t()))
+        assert f(x)[1].storage_offset() == x.storage_offset()
 
 
 @pytest.mark.xfail(

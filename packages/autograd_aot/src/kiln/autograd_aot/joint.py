@@ -43,7 +43,7 @@ class OutputSpec:
     value: Any = None
     size: tuple[int, ...] = ()
     stride: tuple[int, ...] = ()
-    offset: int = 0
+    offset: int = 0  # an alias's storage offset past its input's: calls pass other offsets
     requires_grad: bool = False
     same_object: bool = False
     steps: tuple[ViewStep, ...] = ()
@@ -204,7 +204,7 @@ def _alias_spec(
         index=source,
         size=tuple(leaf.shape),
         stride=tuple(leaf.stride()),
-        offset=int(leaf.storage_offset()),
+        offset=int(leaf.storage_offset()) - int(base.storage_offset()),
         requires_grad=leaf.requires_grad,
         same_object=leaf is base,
         steps=chain if replay else (),

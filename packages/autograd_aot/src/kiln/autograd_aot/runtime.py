@@ -191,12 +191,16 @@ def _finish(program: TracedProgram, primals: Sequence[torch.Tensor], outputs: li
             flat.append(view if spec.requires_grad else view.detach())
         elif spec.same_object:
             flat.append(primals[spec.index])
-        elif spec.requires_grad:
-            with torch.enable_grad():  # the program may have enabled grad itself
-                flat.append(primals[spec.index].as_strided(spec.size, spec.stride, spec.offset))
         else:
-            view = primals[spec.index].as_strided(spec.size, spec.stride, spec.offset)
-            flat.append(view.detach())
+            # guards match sizes and strides, not the storage offset: a view of another
+            # part of the same storage is at the traced distance from this call's input
+            primal = primals[spec.index]
+            offset = primal.storage_offset() + spec.offset
+            if spec.requires_grad:
+                with torch.enable_grad():  # the program may have enabled grad itself
+                    flat.append(primal.as_strided(spec.size, spec.stride, offset))
+            else:
+                flat.append(primal.as_strided(spec.size, spec.stride, offset).detach())
     return pytree.tree_unflatten(flat, program.out_spec)
 
 
