@@ -47,6 +47,9 @@ class OutputSpec:
     requires_grad: bool = False
     same_object: bool = False
     steps: tuple[ViewStep, ...] = ()
+    # whether an alias was made with grad enabled: one made under no_grad still requires
+    # grad (a view of a leaf that does) but has no path back to its input, as in eager
+    grad_path: bool = True
 
 
 @dataclasses.dataclass
@@ -208,4 +211,5 @@ def _alias_spec(
         requires_grad=leaf.requires_grad,
         same_object=leaf is base,
         steps=chain if replay else (),
+        grad_path=leaf is base or leaf.grad_fn is not None,
     )

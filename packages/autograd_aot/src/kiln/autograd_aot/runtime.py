@@ -197,7 +197,8 @@ def _finish(program: TracedProgram, primals: Sequence[torch.Tensor], outputs: li
             primal = primals[spec.index]
             offset = primal.storage_offset() + spec.offset
             if spec.requires_grad:
-                with torch.enable_grad():  # the program may have enabled grad itself
+                # the program may have enabled grad itself, or made the view under no_grad
+                with torch.set_grad_enabled(spec.grad_path):
                     flat.append(primal.as_strided(spec.size, spec.stride, offset))
             else:
                 flat.append(primal.as_strided(spec.size, spec.stride, offset).detach())
