@@ -81,7 +81,7 @@ def test_looped_welford_and_argmax_match_reference():
 def test_a_later_loop_reading_what_an_earlier_loop_stored_waits_at_a_barrier():
     # y = relu(x) is stored by the first loop (it is an output) and read back by the
     # second, which also needs the row sum: without a barrier other threads' stores
-    # of y may not be visible yet (the DenseNet backward kernel, wrong on the H100)
+    # of y may not be visible yet (Triton does not promise the same thread per element)
     x = inp("x", F32, [6, 300])
     load = x.make_loader()
     y = pointwise("buf0", F32, [6, 300], lambda i: ops.relu(load(i)))

@@ -199,8 +199,7 @@ def module_state_source(src: Source | None, store: str, name: str) -> Source | N
 
     ``L['self']._parameters['weight']`` rather than ``L['self'].weight``: the value is read
     straight from the dict it lives in, where the attribute goes through the Python-level
-    ``Module.__getattr__`` (about 0.6 us each, paid for every parameter on every call of
-    the output code). Capture resolved the name in that dict, so both read the same object.
+    ``Module.__getattr__``, paid for every parameter on every call of the output code). Capture resolved the name in that dict, so both read the same object.
     """
     return src.attr(store).item(name) if src is not None else None
 

@@ -87,9 +87,9 @@ class TritonLauncher:
     def run(self, cfg: Config, tensors: Sequence[Any]) -> None:
         """Launch with ``cfg``: the binary directly once the JIT has compiled it.
 
-        Triton's JIT re-binds and re-specialises every argument on each launch (about
-        60 us on the H100's host, and resnet50 launches 49 kernels a call, so the GPU
-        waited on Python). The specialisation that can change between calls of one
+        Triton's JIT re-binds and re-specialises every argument on each launch, which
+        costs more host time than the launch itself; a graph of dozens of small kernels
+        leaves the GPU waiting on Python. The specialisation that can change between calls of one
         graph is a pointer's 16-byte alignment (sizes and dtypes are static), so the
         compiled kernel is kept per config and alignment pattern and launched as is.
         """

@@ -357,16 +357,15 @@ def _strides_match(layout: Layout, meta: Any) -> bool:
 def prefers_channels_last(gm: torch.fx.GraphModule, device: torch.device) -> bool:
     """Whether the graph's 4-D buffers should be NHWC (Inductor's layout optimisation).
 
-    cuDNN runs convolutions in NHWC: fed NCHW it transposes every input and output
-    (on the H100, 1.4 of resnet50's 7 ms). So on CUDA a graph with 2-D convolutions
+    cuDNN runs convolutions in NHWC: fed NCHW it transposes every input and output,
+    a sizeable part of a convolution net's step. So on CUDA a graph with 2-D convolutions
     lays its new 4-D buffers out channels-last, unless a 4-D graph output must come
     back NCHW (a training forward's saved activations), which would cost a copy each.
     On CPU, oneDNN's NHWC grouped (depthwise) convolutions are much faster than its
     NCHW ones, but its dense ones are not, and NHWC slows the permutes around matrix
     products: a CPU graph goes channels-last only if it has a grouped convolution and
-    at least as many convolutions as matrix products (mobilenetv3_large 1.08x -> 1.64x,
-    where all of resnet50's dense convolutions went 1.15x -> 0.99x and convnext's
-    Linear layers 1.08x -> 0.81x).
+    at least as many convolutions as matrix products (depthwise nets gain from NHWC; nets
+    of dense convolutions, or of linear layers between convolutions, lose).
     """
     if device.type not in ("cuda", "cpu"):
         return False

@@ -2,10 +2,11 @@
 
 A torch-level rewrite of the captured graph, run before autograd_aot (so the backward's
 GEMMs are padded too). cuBLAS picks its fast tensor-core kernels only when every matrix's
-columns come in whole 16-byte units: GPT-2's bfloat16 logits (30522 columns) took 1.55 ms on
-the H100 on cuBLAS's 2-byte aligned kernel. Padding the row pitch of the result alone did not
-change the kernel (measured); computing 30528 columns from a zero-padded copy of the weight
-does, as Inductor's matmul padding does (0.54 ms there, plus 0.03 ms for the copy). The result is
+columns come in whole 16-byte units; otherwise it runs a 2-byte aligned kernel several times
+slower (a language model's bfloat16 logits over a vocabulary of odd size). Padding the row
+pitch of the result alone does not change cuBLAS's choice; computing the next multiple of the
+alignment's columns from a zero-padded copy of the weight does, as Inductor's matmul padding
+does, and the copy of the weight costs far less than the kernel saves. The result is
 the first ``N`` columns of the padded product: a view, so a graph output keeps the padded rows.
 
 Only the weight side is padded: the products this targets have a weight much smaller than

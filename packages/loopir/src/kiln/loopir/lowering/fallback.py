@@ -147,7 +147,7 @@ def _nhwc_activations(op: Any, args: Sequence[Any]) -> tuple[int, ...]:
     backward of a depthwise convolution gets its gradient and input NHWC where the backend
     asks (``depthwise_nhwc``): cuDNN runs depthwise convolutions only in NHWC, and ATen's
     own NCHW kernels for the backward are several times slower than cuDNN and a copy or
-    two (efficientnet_b0 on the H100: 8 of 34 ms a step). The forward stays NCHW: its
+    two (a large share of a depthwise net's training step). The forward stays NCHW: its
     result is saved for the backward in the traced layout, so NHWC would cost two copies
     for a kernel ATen runs well enough.
     """
@@ -320,7 +320,7 @@ def _convolution(x: Any, weight: Any, bias: Any, *rest: Any) -> Any:
     (``convolution_bias_pointwise``).
 
     cuDNN's convolutions through ATen add a bias with a kernel of its own, one launch per
-    convolution more (26 a step in regnety_002's squeeze-excitation blocks); as a pointwise
+    convolution more (dozens a step in nets with squeeze-excitation blocks); as a pointwise
     add the bias joins the activation that follows, as in Inductor.
     """
     op = V.graph.current_op

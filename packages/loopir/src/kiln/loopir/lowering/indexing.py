@@ -33,9 +33,9 @@ MAX_POINTWISE_CAT_INPUTS = 8
 """A ``cat`` of more inputs is stored piece by piece into one buffer: as one
 pointwise loop, every element would test every piece's range. Where the backend says
 ``pointwise_cat = False`` a ``cat`` that gets stored is stored so too (C++: a vector lane
-computes each piece's load, the masked ones too; a backward ``cat`` of three matmul
-outputs took 2.2 ms); inlined into a pointwise consumer (DenseNet's batch norms), it
-stays one loop and is never stored."""
+computes each piece's load, the masked ones too, so a stored ``cat`` of a few large
+pieces costs a multiple of their copy); inlined into a pointwise consumer (a batch norm
+over concatenated features), it stays one loop and is never stored."""
 
 
 def _in_range(expr: sympy.Expr, lo: int, hi: int) -> Any:

@@ -138,7 +138,8 @@ for _aten, (_op, _ovls) in _SIMPLE_BINARY.items():
 
 
 # Exponents ATen's pow kernels compute without a general power (exp and log per element),
-# and so does loopir: GPT-2's GELU takes x ** 3.0, which was a libdevice pow per element.
+# and so does loopir: the tanh form of GELU takes x ** 3.0, which a general power would
+# compute with a libdevice pow per element.
 _POWERS: dict[float, Callable[[Any], Any]] = {
     2: lambda x: ops.mul(x, x),
     3: lambda x: ops.mul(ops.mul(x, x), x),
