@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The long CPU correctness sweeps spread over a many-core machine (such as the GPU machine's CPU
+# cores) so that each fits one 10-minute call:
+#
+#   bash benchmarks/sweeps.sh opinfo MODE WORKERS [OPINFO ARGS...]  # python -m opinfo, one mode
+#   bash benchmarks/sweeps.sh fuzz PROCS EXAMPLES SEED              # PROCS fuzzers side by side,
+#                                                                   # seeds SEED, SEED+1, ...
+#
+# Every op's result (opinfo -v) and every fuzzer's progress and summary go to $OUT/sweeps/, so a
+# run stopped by its time limit still shows what it covered; `--json` results are written there
+# too. Each command stops itself after $BUDGET seconds (default 540): a fuzzer stopped by SIGTERM
+# prints its summary, and an OpInfo sweep's log lists the ops it finished (rerun the rest with
+# `--ops`). The repository may arrive without kiln installed, so every packages/*/src goes on
+# PYTHONPATH; EXTRA_PYTHONPATH adds more (e.g. hypothesis and expecttest where pip can't reach).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+path="$ROOT:$ROOT/tests${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH}"
+for src in "$ROOT"/packages/*/src; do
+    path="$src:$path"
+done
+export PYTHONPATH="$path${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+PY="${PYTHON:-python3}"
+OUT="${OUT:-$ROOT/bench-results}/sweeps"
+BUDGET="${BUDGET:-540}"
+mkdir -p "$OUT"
+
+what="${1:?opinfo or fuzz}"
+shift
+if [[ "$what" == opinfo ]]; then
+    mode="${1:?mode}" workers="${2:?workers}"
+    shift 2
+    timeout "$BUDGET" "$PY" -m opinfo --mode "$mode" --workers "$workers" -v \
+        --json "$OUT/opinfo-$mode.json" "$@" >"$OUT/opinfo-$mode.md" 2>"$OUT/opinfo-$mode.log"
+elif [[ "$what" == fuzz ]]; then
+    procs="${1:?procs}" examples="${2:?examples}" seed="${3:?seed}"
+    pids=()
+    for ((i = 0; i < procs; i++)); do
+        s=$((seed + i))
+        timeout "$BUDGET" "$PY" -m fuzz.run --examples "$examples" --seed "$s" \
+            --out "$OUT/fuzz-findings-$s" >"$OUT/fuzz-$s.log" 2>&1 &
+        pids+=($!)
+    done
+    status=0
+    for pid in "${pids[@]}"; do
+        wait "$pid" || status=1
+    done
+    grep -h "^done in\|^interrupted\|^FINDING" "$OUT"/fuzz-*.log || true
+    exit $status
+else
+    echo "usage: $0 opinfo MODE WORKERS [ARGS...] | fuzz PROCS EXAMPLES SEED" >&2
+    exit 2
+fi
