@@ -79,6 +79,12 @@ def machine_meta(args: argparse.Namespace) -> dict[str, Any]:
     }
     if args.device == "cuda" and torch.cuda.is_available():
         meta["gpu"] = torch.cuda.get_device_name()
+    try:
+        import triton
+
+        meta["triton"] = triton.__version__
+    except ImportError:
+        pass
     if strict_float32(args.device, args.dtype, args.mode):
         meta["cudnn"] = "float32 convolutions without TF32"
     try:
