@@ -5,8 +5,10 @@ import types
 import sympy
 import torch
 
-from kiln.codegen_triton.cudagraphs import cudagraphify, unsafe_reason, wrapper_inputs
+from kiln.codegen_triton.cudagraphs import cudagraphify, unsafe_reason
+from kiln.loopir import ReferenceBackend
 from kiln.loopir.kernel import SEEDS
+from kiln.loopir.pipeline import compile_graph
 from kiln.loopir.scheduler.order import ExternStep, KernelStep
 
 
@@ -58,9 +60,27 @@ def test_unsafe_steps():
     assert unsafe_reason([_extern("aten.mm.default")], ["x"], t) is None
 
 
-def test_wrapper_input_names():
-    assert wrapper_inputs("def call(args):\n    x, y, = args\n    args.clear()\n") == ["x", "y"]
-    assert wrapper_inputs("def call(args):\n    args.clear()\n") == []
+def test_input_names_come_from_the_compiled_graph(caplog):
+    def fn(x, scale, y):
+        return (torch.ops.aten.add.Tensor(x, y, alpha=scale),)
+
+    gm = torch.fx.symbolic_trace(fn)
+    gm.graph.find_nodes(op="placeholder")[0].meta["val"] = torch.empty(3, device="meta")
+    gm.graph.find_nodes(op="placeholder")[2].meta["val"] = torch.empty(3, device="meta")
+    x, y = torch.randn(3), torch.randn(3)
+    compiled = compile_graph(gm, [x, 2, y], backend=ReferenceBackend())
+    assert compiled.input_names == ("x", None, "y")
+    torch.testing.assert_close(compiled(x, 2, y)[0], x + 2 * y)
+
+    # the wrapper reads the names from there: a kernel writing into y is seen as such
+    def graph(*args):
+        return args[0]
+
+    graph.steps = [_kernel(outputs=("y",))]  # type: ignore[attr-defined]
+    graph.input_names = compiled.input_names  # type: ignore[attr-defined]
+    with caplog.at_level("INFO", logger="kiln.codegen_triton.cudagraphs"):
+        cudagraphify(graph)(_cuda_tensor(), _cuda_tensor(), _cuda_tensor())
+    assert "writes into graph input(s) ['y']" in caplog.text
 
 
 def test_unsafe_graph_runs_normally_and_logs_why(caplog):
@@ -71,7 +91,7 @@ def test_unsafe_graph_runs_normally_and_logs_why(caplog):
         return args[0] + 1
 
     fn.steps = [_kernel()]  # type: ignore[attr-defined]
-    fn.source = "def call(args):\n    x, = args\n"  # type: ignore[attr-defined]
+    fn.input_names = ("x",)  # type: ignore[attr-defined]
     with caplog.at_level("INFO", logger="kiln.codegen_triton.cudagraphs"):
         run = cudagraphify(fn)
         x = torch.randn(3)

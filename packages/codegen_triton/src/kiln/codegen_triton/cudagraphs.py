@@ -12,7 +12,6 @@ the reason and launches normally otherwise.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -24,7 +23,7 @@ from kiln.capture import counters
 from kiln.loopir.kernel import SEEDS
 from kiln.loopir.scheduler.order import ExternStep, KernelStep
 
-__all__ = ["SYNCING_OPS", "unsafe_reason", "CudaGraphRunner", "cudagraphify", "wrapper_inputs"]
+__all__ = ["SYNCING_OPS", "unsafe_reason", "CudaGraphRunner", "cudagraphify"]
 
 log = logging.getLogger("kiln.codegen_triton.cudagraphs")
 
@@ -33,12 +32,6 @@ SYNCING_OPS = (
     "repeat_interleave", "histc", "argwhere",
 )  # fmt: skip
 """ATen ops whose output size or value needs the host: they cannot be recorded."""
-
-
-def wrapper_inputs(source: str) -> list[str]:
-    """The graph input names of a loopir wrapper (its ``a, b, = args`` line)."""
-    match = re.search(r"^\s+(.*), = args$", source, re.MULTILINE)
-    return [n.strip() for n in match.group(1).split(",")] if match else []
 
 
 def _is_cuda(value: Any) -> bool:
@@ -145,7 +138,7 @@ def cudagraphify(compiled: Any, inputs: Sequence[Any] = ()) -> Callable[..., Any
     may be fake); when unsafe the reason is logged and ``compiled`` runs as is.
     """
     steps = getattr(compiled, "steps", ())
-    names = wrapper_inputs(getattr(compiled, "source", ""))
+    names = [n for n in getattr(compiled, "input_names", ()) if n is not None]
     runner: list[CudaGraphRunner | None] = []
 
     def run(*args: Any) -> Any:

@@ -53,6 +53,9 @@ class CompiledGraph:
     wrapper: WrapperCode
     steps: list[Step]
     memory: MemoryPlan
+    input_names: tuple[str | None, ...] = ()
+    """The buffer each positional input is bound to (None: a non-tensor input), so a graph
+    wrapper (:mod:`kiln.loopir.entry`) can tell which buffers are the caller's tensors."""
 
     def __call__(self, *args: Any) -> Any:
         return self.wrapper.fn(list(args))
@@ -160,7 +163,7 @@ def compile_graph(
             steps, plan, graph.graph_inputs, graph.outputs, graph.output_spec,
             constants, graph.seed_count, graph.seed_devices,
         )  # fmt: skip
-    compiled = CompiledGraph(wrapper, steps, plan)
+    compiled = CompiledGraph(wrapper, steps, plan, tuple(graph.graph_inputs))
     for step in steps:
         if isinstance(step, KernelStep):
             counters.bump("kernels", step.backend)
