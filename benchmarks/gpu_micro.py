@@ -1,4 +1,4 @@
-"""GPU microbenchmarks of issue #9, side by side with eager and torch.compile in one run.
+"""GPU microbenchmarks, side by side with eager and torch.compile in one run.
 
 - bandwidth: a fused pointwise chain over 2^26 float32 elements and a row softmax over
   32768x4096, as a fraction of the device-to-device copy bandwidth measured in the same run

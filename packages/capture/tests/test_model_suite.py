@@ -1,4 +1,4 @@
-"""The issue's model list captures as exactly one graph, in eval and train mode, equal to eager.
+"""Real models capture as exactly one graph, in eval and train mode, equal to eager.
 
 resnet18, BertModel and GPT2Model are covered in test_modules.py; these are the rest:
 timm mobilenetv3_small_100 and vit_tiny_patch16_224, transformers T5EncoderModel and

@@ -228,7 +228,7 @@ def test_root_source_names():
     assert any(g.source == LocalSource("x") for g in r.guards)
 
 
-# --- the acceptance bar: real models as one graph -----------------------
+# --- real models as one graph ----------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["eval", "train"])
 def test_timm_resnet18_one_graph(mode):
