@@ -8,10 +8,10 @@ creeps up. The run cycles through a few batch sizes, so it also exercises the ca
 over several entries, and trains an eager twin on the same inputs to check the answers.
 
 Resident memory catches leaks of buffers (a page a step); the count of objects the garbage
-collector tracks catches small ones (a dict or a tuple a step) that stay inside pages already
-resident. Each compiled step is timed against the eager twin's step right after it, so a busy
-machine slows both and their ratio stays put, while a cost that grows with the call count in
-Kiln's call path raises it.
+collector tracks catches small ones (a list, a closure or an instance a step) that stay in
+pages already resident. Each compiled step is timed against the eager twin's step right after
+it, so a busy machine slows both and their ratio stays put, while a cost that grows with the
+call count in Kiln's call path raises it.
 """
 
 from __future__ import annotations
