@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from kiln.capture import Unsupported, capture, counters
-from kiln.capture.break_frame import MAX_RESUME_NESTING
-from kiln.capture.break_tracer import GradModeExit, ResumeIterator
+from kiln.capture.breaks.frame import MAX_RESUME_NESTING
+from kiln.capture.breaks.rollback import GradModeExit, ResumeIterator
 
 
 def _capture(fn, *args, fullgraph=False, wrap=lambda f: f):
@@ -99,7 +99,7 @@ def test_unresumable_break_runs_eagerly_with_a_logged_reason(caplog):
                 return x
         return -x
 
-    with caplog.at_level(logging.INFO, logger="kiln.capture.breaks"):
+    with caplog.at_level(logging.INFO, logger="kiln.capture.breaks.split"):
         with pytest.raises(Unsupported):
             _capture(in_except, torch.randn(3))
     assert "the frame runs eagerly" in caplog.text

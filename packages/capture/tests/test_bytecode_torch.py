@@ -5,8 +5,8 @@ from pathlib import Path
 
 import torch
 
+from kiln.capture.breaks.resume import make_resume
 from kiln.capture.bytecode import decode
-from kiln.capture.resume import make_resume
 
 _spec = importlib.util.spec_from_file_location(
     "tools", Path(__file__).with_name("bytecode_corpus_tools.py")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kiln.capture import Unsupported, capture, counters
-from kiln.capture.break_reasons import REASONS
+from kiln.capture.breaks.reasons import REASONS
 
 
 def _capture(fn, *args, fullgraph=True):

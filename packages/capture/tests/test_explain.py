@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from kiln.capture import ExplainOutput, GuardKind, counters, explain
-from kiln.capture.break_reasons import REASONS
+from kiln.capture.breaks.reasons import REASONS
 
 
 def toy_example(a, b):

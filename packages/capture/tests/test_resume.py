@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from kiln.capture.breaks.resume import STACK_NULL, STACK_VALUE, make_resume
 from kiln.capture.bytecode import PY311, decode, stack_depths
 from kiln.capture.errors import CaptureError, Unsupported
-from kiln.capture.resume import STACK_NULL, STACK_VALUE, make_resume
 
 
 def _load(stem):
@@ -337,7 +337,7 @@ def late_closure(n):
 
 
 def test_cells_by_value_when_no_closure_exists_yet():
-    from kiln.capture.resume import CELLS_AS_VALUES
+    from kiln.capture.breaks.resume import CELLS_AS_VALUES
 
     off = offsets_of(late_closure, "LOAD_CLOSURE")[0]
     r = make_resume(late_closure.__code__, off, 0, cells=CELLS_AS_VALUES)

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from kiln.capture.breaks.resume import STACK_NULL, STACK_VALUE, make_resume
 from kiln.capture.bytecode import ExceptionEntry, Instr, assemble, code_info, decode
 from kiln.capture.bytecode.analysis import reachable
 from kiln.capture.bytecode.build import call, make_function
-from kiln.capture.resume import STACK_NULL, STACK_VALUE, make_resume
 
 
 def _load(stem):

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kiln.capture import builtin_calls, builtin_types, calls, numpy_calls, torch_calls
-from kiln.capture.break_reasons import UserException, raised, unsupported
+from kiln.capture.breaks.reasons import UserException, raised, unsupported
 from kiln.capture.guard_data import GuardKind
 from kiln.capture.source import MODULE_STORES, Source
 from kiln.capture.values.base import ConstantValue, Value, is_constant

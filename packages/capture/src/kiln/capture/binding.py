@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import types
 
-from kiln.capture.break_reasons import unsupported
+from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.values.base import ConstantValue, Value
 from kiln.capture.values.containers import DictValue, TupleValue
 

@@ -30,7 +30,7 @@ from kiln.capture import (
     operators,
     torch_calls,
 )
-from kiln.capture.break_reasons import raised, unsupported
+from kiln.capture.breaks.reasons import raised, unsupported
 from kiln.capture.guard_data import GuardKind
 from kiln.capture.values.base import ConstantValue, Value, is_constant
 from kiln.capture.values.containers import (

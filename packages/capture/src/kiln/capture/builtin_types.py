@@ -26,7 +26,7 @@ import types
 from typing import TYPE_CHECKING, Any
 
 from kiln.capture import builtin_calls, calls, container_methods
-from kiln.capture.break_reasons import raised, unsupported
+from kiln.capture.breaks.reasons import raised, unsupported
 from kiln.capture.guard_data import GuardKind
 from kiln.capture.values.base import ConstantValue, Value, is_constant
 from kiln.capture.values.containers import DictValue, ListValue, SetValue, TupleValue, dict_key

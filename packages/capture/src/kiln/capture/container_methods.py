@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kiln.capture import attributes, builtin_calls, numpy_calls, operators
-from kiln.capture.break_reasons import raised, unsupported
+from kiln.capture.breaks.reasons import raised, unsupported
 from kiln.capture.values.base import ConstantValue, Value
 from kiln.capture.values.containers import (
     DictValue,

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kiln.capture import builtin_calls
-from kiln.capture.break_reasons import unsupported
+from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.values.base import ConstantValue, Value
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kiln.capture import builtin_calls
-from kiln.capture.break_reasons import unsupported
+from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.guard_data import GuardKind
 from kiln.capture.source import Source
 from kiln.capture.values.base import ConstantValue, Value, is_constant

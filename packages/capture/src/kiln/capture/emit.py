@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from kiln.capture.break_reasons import unsupported
+from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.errors import CaptureError
 from kiln.capture.graph import GraphInput
 from kiln.capture.side_effects import SideEffects

@@ -18,7 +18,7 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
-from kiln.capture.break_reasons import unsupported
+from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.frame_capture import trace_frame
 from kiln.capture.graph import GraphInput
 from kiln.capture.guard_data import GlobalState, GuardKind, GuardSpec

@@ -4,7 +4,7 @@ This is the entry the frontend calls on a cache miss. It binds the real
 arguments, traces the function symbolically (inlining what it calls),
 closes the graph, hands it to ``compile_graph`` with the real tensors as
 example inputs, and emits a code object that calls the compiled graph.
-Where it meets something it cannot model, :mod:`kiln.capture.breaks` splits
+Where it meets something it cannot model, :mod:`kiln.capture.breaks.split` splits
 the frame (a graph break); what cannot be split soundly, or anything with
 ``fullgraph=True``, raises :class:`~kiln.capture.errors.Unsupported` and the
 caller runs the frame eagerly.
@@ -20,18 +20,24 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import fx
 
 from kiln.capture import counters
 from kiln.capture.binding import code_signature
-from kiln.capture.break_reasons import unsupported
-from kiln.capture.break_tracer import BreakTracer
-from kiln.capture.bytecode.format import log_code
-from kiln.capture.emit import emit_code, grad_mode_after, graph_outputs
+from kiln.capture.breaks.reasons import unsupported
+from kiln.capture.breaks.rollback import BreakTracer
+from kiln.capture.breaks.split import capture_after_break
+from kiln.capture.emit import emit_code, graph_outputs
 from kiln.capture.errors import Unsupported
 from kiln.capture.graph import EAGER_RANDOM, OutputGraph
-from kiln.capture.guard_data import GlobalState, GuardKind, GuardSpec
 from kiln.capture.isolation import no_user_hooks
+from kiln.capture.result import (
+    CaptureResult,
+    CompileGraph,
+    GraphBreak,
+    close_capture,
+    compile_partial,
+    split_method,
+)
 from kiln.capture.source import ClosureSource, LocalSource
 from kiln.capture.tracer import CO_GENERATOR_LIKE
 from kiln.capture.values.base import Value
@@ -41,30 +47,6 @@ from kiln.capture.wrap import wrap
 __all__ = ["CaptureResult", "GraphBreak", "capture", "trace_frame"]
 
 log = logging.getLogger(__name__)
-graph_log = logging.getLogger("kiln.capture.graph")
-
-
-@dataclasses.dataclass(frozen=True)
-class GraphBreak:
-    """Where and why a graph was split: the registry kind, its explanation and hint, the user line."""
-
-    kind: str
-    explanation: str
-    hint: str
-    frame: Any
-
-
-@dataclasses.dataclass
-class CaptureResult:
-    """What one capture produced; see the package README."""
-
-    code: types.CodeType
-    function: Callable[..., Any]
-    graphs: list[fx.GraphModule]
-    guards: list[GuardSpec]
-    graph_breaks: list[GraphBreak] = dataclasses.field(default_factory=list)
-    side_effects: list[str] = dataclasses.field(default_factory=list)
-    timings: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -74,14 +56,6 @@ class TracedFrame:
     out: OutputGraph
     result: Value
     func: types.FunctionType
-
-
-def _split_method(fn: Any, args: tuple[Any, ...]) -> tuple[types.FunctionType, tuple[Any, ...]]:
-    if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
-        return fn.__func__, (fn.__self__, *args)
-    if isinstance(fn, types.FunctionType):
-        return fn, args
-    raise unsupported("unsupported_call", f"capturing {type(fn).__name__} objects")
 
 
 def _fresh_containers(code: types.CodeType) -> list[str]:
@@ -97,7 +71,7 @@ def _fresh_containers(code: types.CodeType) -> list[str]:
 
 def trace_frame(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> TracedFrame:
     """Trace one call of ``fn`` symbolically; raise :class:`Unsupported` if it cannot."""
-    func, args = _split_method(fn, args)
+    func, args = split_method(fn, args)
     code = func.__code__
     if code.co_flags & CO_GENERATOR_LIKE:
         raise unsupported("unsupported_call", f"generator or coroutine {code.co_qualname}")
@@ -143,7 +117,7 @@ def capture(
     args: tuple[Any, ...] | list[Any],
     kwargs: dict[str, Any] | None,
     *,
-    compile_graph: Callable[[fx.GraphModule, list[torch.Tensor]], Callable[..., Any]],
+    compile_graph: CompileGraph,
     wrap_callable: Callable[[Callable[..., Any]], Callable[..., Any]],
     fullgraph: bool = False,
 ) -> CaptureResult:
@@ -156,7 +130,7 @@ def _capture(
     fn: Callable[..., Any],
     args: tuple[Any, ...] | list[Any],
     kwargs: dict[str, Any] | None,
-    compile_graph: Callable[[fx.GraphModule, list[torch.Tensor]], Callable[..., Any]],
+    compile_graph: CompileGraph,
     wrap_callable: Callable[[Callable[..., Any]], Callable[..., Any]],
     fullgraph: bool,
 ) -> CaptureResult:
@@ -167,8 +141,6 @@ def _capture(
         counters.bump("graph_break", e.kind)
         if fullgraph:
             raise
-        from kiln.capture.breaks import capture_after_break  # it builds on this module
-
         return capture_after_break(
             e,
             fn,
@@ -179,40 +151,21 @@ def _capture(
         )
     traced_at = time.perf_counter()
     out, func = traced.out, traced.func
-    effects = out.side_effects
-    outputs = graph_outputs(traced.result, effects)
-    graphs: list[fx.GraphModule] = []
-    compiled, mode_after = None, None
-    if out.has_ops() or outputs:
-        gm = out.finish(outputs)
-        graph_log.debug("captured graph of %s:\n%s", func.__qualname__, gm.code)
-        graphs.append(gm)
-        compiled = compile_graph(gm, [i.real for i in out.inputs])
-        mode_after = grad_mode_after(gm)
+    outputs = graph_outputs(traced.result, out.side_effects)
+    graph = compile_partial(out, outputs, func, compile_graph)
     compiled_at = time.perf_counter()
-    code = emit_code(func, compiled, out.inputs, outputs, traced.result, effects, mode_after)
-    log_code(f"original {func.__qualname__}", func.__code__)
-    log_code(f"transformed {func.__qualname__}", code)
-    guards = [*out.guards(), GuardSpec(None, GuardKind.GLOBAL_STATE, GlobalState.current())]
-    new_fn = types.FunctionType(
-        code, func.__globals__, func.__name__, func.__defaults__, func.__closure__
+    code = emit_code(
+        func,
+        graph.compiled,
+        out.inputs,
+        outputs,
+        traced.result,
+        out.side_effects,
+        graph.grad_mode_after,
     )
-    new_fn.__kwdefaults__ = func.__kwdefaults__
-    new_fn.__qualname__ = func.__qualname__
-    function: Callable[..., Any] = new_fn
-    if isinstance(fn, types.MethodType):
-        function = types.MethodType(new_fn, fn.__self__)
-    counters.bump("capture", "frames")
-    counters.bump("capture", "graphs", len(graphs))
-    return CaptureResult(
-        code=code,
-        function=function,
-        graphs=graphs,
-        guards=guards,
-        side_effects=effects.describe(),
-        timings={
-            "trace": traced_at - start,
-            "compile": compiled_at - traced_at,
-            "emit": time.perf_counter() - compiled_at,
-        },
-    )
+    timings = {
+        "trace": traced_at - start,
+        "compile": compiled_at - traced_at,
+        "emit": time.perf_counter() - compiled_at,
+    }
+    return close_capture(fn, func, code, out, graph.graphs, [], timings)

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from kiln.capture.break_reasons import unsupported
+from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.guard_data import GuardKind, GuardSpec, TensorMeta, dedupe, storage_fits
 from kiln.capture.meta import FakeMode, to_fake
 from kiln.capture.side_effects import SideEffects

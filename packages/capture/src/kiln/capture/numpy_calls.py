@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kiln.capture import builtin_calls, torch_calls
-from kiln.capture.break_reasons import unsupported
+from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.guard_data import GuardKind
 from kiln.capture.values.base import ConstantValue, Value
 from kiln.capture.values.containers import ListValue, TupleValue

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from kiln.capture import builtin_types, calls, numpy_calls, torch_calls
-from kiln.capture.break_reasons import raised, unsupported
+from kiln.capture.breaks.reasons import raised, unsupported
 from kiln.capture.guard_data import GuardKind
 from kiln.capture.values.base import ConstantValue, Value
 from kiln.capture.values.containers import (

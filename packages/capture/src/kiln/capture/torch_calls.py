@@ -17,7 +17,7 @@ import torch
 from torch import fx
 
 from kiln.capture import numpy_calls
-from kiln.capture.break_reasons import unsupported
+from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.errors import Unsupported
 from kiln.capture.values.base import ConstantValue, Value, is_constant
 from kiln.capture.values.containers import DictValue, ListValue, TupleValue

@@ -17,7 +17,7 @@ import types
 from typing import Any
 
 from kiln.capture.binding import bind_arguments
-from kiln.capture.break_reasons import UserException, unsupported
+from kiln.capture.breaks.reasons import UserException, unsupported
 from kiln.capture.bytecode.decode import decode
 from kiln.capture.errors import Unsupported, UserFrame
 from kiln.capture.graph import OutputGraph

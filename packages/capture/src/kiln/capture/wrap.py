@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from kiln.capture import torch_calls
-from kiln.capture.break_reasons import unsupported
+from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.graph import OutputGraph
 from kiln.capture.guard_data import GuardKind
 from kiln.capture.source import Source

@@ -10,12 +10,12 @@ from __future__ import annotations
 import dis
 
 from kiln.capture.opcodes import (
-    calls,
-    containers,
+    arithmetic,
+    building,
+    calling,
     control,
     exceptions,
     load_store,
-    operators,
     unsupported,
 )
 from kiln.capture.opcodes.common import Handler
@@ -23,7 +23,7 @@ from kiln.capture.opcodes.common import Handler
 __all__ = ["HANDLERS"]
 
 HANDLERS: dict[str, Handler] = {}
-for _family in (load_store, operators, calls, control, containers, exceptions, unsupported):
+for _family in (load_store, arithmetic, calling, control, building, exceptions, unsupported):
     HANDLERS.update(_family.HANDLERS)
 for _name in dis.opmap:
     HANDLERS.setdefault(_name, unsupported.refuse)

@@ -6,7 +6,7 @@ import dis
 from typing import TYPE_CHECKING
 
 from kiln.capture import builtin_calls, calls, operators
-from kiln.capture.break_reasons import unsupported
+from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.opcodes.common import registry
 from kiln.capture.values.base import NULL, ConstantValue, Value
 from kiln.capture.values.iterators import IteratorValue

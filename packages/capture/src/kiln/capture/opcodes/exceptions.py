@@ -2,7 +2,7 @@
 
 A Python exception the traced program raises at capture time (``raise``, a
 missing key, a failed attribute lookup) travels as
-:class:`~kiln.capture.break_reasons.UserException`; the tracer jumps to the
+:class:`~kiln.capture.breaks.reasons.UserException`; the tracer jumps to the
 handler the exception table names, and these handlers run the ``except``
 blocks symbolically. Uncaught, the exception ends the capture.
 """
@@ -13,7 +13,7 @@ import dis
 from typing import TYPE_CHECKING
 
 from kiln.capture import builtin_calls, calls, contexts
-from kiln.capture.break_reasons import raised, unsupported
+from kiln.capture.breaks.reasons import raised, unsupported
 from kiln.capture.opcodes.common import registry
 from kiln.capture.values.base import ConstantValue, Value
 from kiln.capture.values.objects import ObjectValue

@@ -6,7 +6,7 @@ import dis
 from typing import TYPE_CHECKING
 
 from kiln.capture import attributes
-from kiln.capture.break_reasons import unsupported
+from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.opcodes.common import registry
 from kiln.capture.values.base import NULL, ConstantValue, NullValue
 from kiln.capture.values.containers import CellValue

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dis
 from typing import TYPE_CHECKING
 
-from kiln.capture.break_reasons import unsupported
+from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.opcodes.common import registry
 
 if TYPE_CHECKING:

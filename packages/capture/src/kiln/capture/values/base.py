@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from kiln.capture.break_reasons import unsupported
+from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.source import Source
 
 __all__ = ["CONSTANT_TYPES", "NULL", "ConstantValue", "NullValue", "Value", "is_constant"]

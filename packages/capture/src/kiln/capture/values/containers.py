@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kiln.capture.break_reasons import unsupported
+from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.source import Source
 from kiln.capture.values.base import ConstantValue, Value
 

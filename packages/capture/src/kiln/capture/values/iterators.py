@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kiln.capture.break_reasons import raised
+from kiln.capture.breaks.reasons import raised
 from kiln.capture.values.base import ConstantValue, Value
 from kiln.capture.values.containers import TupleValue
 

@@ -1,0 +1,257 @@
+"""Continuation functions for graph breaks: ``resume_at_<offset>``.
+
+When capture stops at an instruction it cannot put in a graph, the rest of the
+user's function must still run. :func:`make_resume` builds that rest as a new
+function whose arguments are the values on the stack at the break and the
+locals still live there. Its code is a copy of the original with a prefix that
+pushes the stack values back (``PUSH_NULL`` where the stack held a NULL) and
+jumps to the break; code no longer reachable from there is dropped. Because
+3.11+ exception handling is table-driven, the copy keeps its exception table,
+so enclosing ``try``/``with`` blocks are re-entered just by restoring their
+stack items (a ``with`` block's ``__exit__``).
+
+Cells: the original's cell and free variables become free variables of the
+resume function; whoever creates it passes the original cells (in
+``ResumeFunction.closure``'s order) so closures already made keep sharing
+them. Code that cannot reach the cells may pass their contents instead
+(``cells=CELLS_AS_VALUES``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import types
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from kiln.capture.bytecode import PY312, Bytecode, CodeInfo, Instr, assemble, code_info
+from kiln.capture.bytecode.analysis import prune_unreachable, reachable
+from kiln.capture.bytecode.build import CO_GENERATOR_LIKE, make_function, prologue
+from kiln.capture.errors import CaptureError, Unsupported
+
+__all__ = [
+    "CELLS_AS_CLOSURE",
+    "CELLS_AS_VALUES",
+    "STACK_NULL",
+    "STACK_VALUE",
+    "ResumeFunction",
+    "make_resume",
+]
+
+STACK_VALUE = "value"
+STACK_NULL = "null"
+CELLS_AS_CLOSURE = "closure"
+CELLS_AS_VALUES = "values"
+
+_PROLOGUE_OPS = frozenset({"COPY_FREE_VARS", "MAKE_CELL", "RESUME"})
+#: Instructions before a call that only set interpreter state (KW_NAMES) or,
+#: on 3.11, that the compiler's stack accounting treats as taking the arguments
+#: (PRECALL): a break at the CALL resumes at them so they run again.
+_CALL_SETUP = frozenset({"KW_NAMES", "PRECALL"})
+
+
+@dataclasses.dataclass(frozen=True)
+class ResumeFunction:
+    """A continuation: call it with the stack values, then the live locals.
+
+    ``stack_args`` name the stack values (NULLs are not passed) bottom first;
+    ``locals`` the live locals after them. ``closure`` names the cells to
+    pass when building the function, in order. ``entry_offset`` is where in
+    the original the copy starts running (before ``offset`` when a call's
+    KW_NAMES/PRECALL setup must run again).
+    """
+
+    code: types.CodeType
+    offset: int
+    entry_offset: int
+    stack_kinds: tuple[str, ...]
+    stack_args: tuple[str, ...]
+    locals: tuple[str, ...]
+    closure: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return self.code.co_name
+
+    @property
+    def argnames(self) -> tuple[str, ...]:
+        return self.stack_args + self.locals
+
+    def make_function(
+        self, globals: dict[str, Any], cells: Sequence[types.CellType] = ()
+    ) -> types.FunctionType:
+        """The resume function over ``globals`` with ``cells`` for :attr:`closure`."""
+        return make_function(self.code, globals, closure=tuple(cells))
+
+
+def make_resume(
+    code: types.CodeType,
+    offset: int,
+    stack: Sequence[str] | int = 0,
+    live: Iterable[str] | None = None,
+    *,
+    cells: str = CELLS_AS_CLOSURE,
+) -> ResumeFunction:
+    """Build ``resume_at_<offset>`` for ``code``.
+
+    ``stack`` lists the kinds of the stack items at ``offset``, bottom first
+    (:data:`STACK_VALUE` or :data:`STACK_NULL`; an int means that many values).
+    ``live`` names the locals to pass (default: those live at ``offset``);
+    locals not passed start unbound. ``code``'s own cell variables are shared
+    through the closure (:data:`CELLS_AS_CLOSURE`), or with
+    :data:`CELLS_AS_VALUES` become fresh cells of the resume function whose
+    contents are passed like locals (default: all of them; leave empty ones
+    out of ``live``) — right only when no closure made before the break
+    still uses them. Raises :class:`Unsupported` where the function cannot
+    be resumed (generators, inside an ``except`` body) and
+    :class:`CaptureError` where the request does not fit the code.
+    """
+    if cells not in (CELLS_AS_CLOSURE, CELLS_AS_VALUES):
+        msg = f"cells must be {CELLS_AS_CLOSURE!r} or {CELLS_AS_VALUES!r}, got {cells!r}"
+        raise CaptureError(msg)
+    kinds = (STACK_VALUE,) * stack if isinstance(stack, int) else tuple(stack)
+    bad = [k for k in kinds if k not in (STACK_VALUE, STACK_NULL)]
+    if bad:
+        msg = f"stack kinds must be {STACK_VALUE!r} or {STACK_NULL!r}, got {bad}"
+        raise CaptureError(msg)
+    return _make_resume(code, offset, kinds, None if live is None else tuple(live), cells)
+
+
+@functools.lru_cache(maxsize=256)
+def _make_resume(
+    code: types.CodeType,
+    offset: int,
+    kinds: tuple[str, ...],
+    live: tuple[str, ...] | None,
+    cells: str,
+) -> ResumeFunction:
+    if code.co_flags & CO_GENERATOR_LIKE:
+        raise Unsupported(
+            "resume_generator",
+            f"cannot resume {code.co_qualname} in the middle: it is a generator or coroutine",
+            "move the tensor code out of the generator into a plain function",
+        )
+    if not code.co_flags & inspect.CO_OPTIMIZED:
+        raise Unsupported(
+            "resume_not_function",
+            f"cannot resume {code.co_qualname}: module and class bodies keep their locals "
+            "in a dict, not in fast locals a resume function could take as arguments",
+            "put the code in a function",
+        )
+    info = code_info(code)
+    index = _break_index(info, offset)
+    if info.depths[index] != len(kinds):
+        msg = (
+            f"{code.co_qualname} holds {info.depths[index]} stack items at offset {offset}, "
+            f"but {len(kinds)} stack kinds were given"
+        )
+        raise CaptureError(msg)
+    body = info.body.clone()
+    index = max(index, _prologue_length(body))  # resuming at the very start
+    target = body.instrs[index]
+    _check_normally_reachable(body, index)
+    own = [n for n in body.cellvars if n not in body.freevars]
+    by_value = own if cells == CELLS_AS_VALUES else []
+    shared = [*body.freevars, *(n for n in own if n not in by_value)]
+    if live is None:
+        live = tuple(sorted(info.live[index] - set(own))) + tuple(by_value)
+    elif set(live) & set(shared):
+        msg = f"{sorted(set(live) & set(shared))} are cells: pass them as closure cells"
+        raise CaptureError(msg)
+    stack_args = tuple(f"___stack{i}" for i, k in enumerate(kinds) if k == STACK_VALUE)
+    resume = _rewrite(body, target, offset, kinds, stack_args, live, shared, by_value)
+    resume_code = assemble(resume)
+    closure = tuple(resume.freevars)
+    entry = target.offset if target.offset is not None else offset
+    return ResumeFunction(resume_code, offset, entry, kinds, stack_args, live, closure)
+
+
+def _break_index(info: CodeInfo, offset: int) -> int:
+    """Index of the instruction at ``offset``, moved back over the call setup before it."""
+    i = info.index(offset)
+    instrs = info.body.instrs
+    while (
+        i > 0 and instrs[i - 1].opname in _CALL_SETUP and instrs[i].offset not in info.jump_targets
+    ):
+        i -= 1
+    return i
+
+
+def _prologue_length(body: Bytecode) -> int:
+    """How many instructions open the body: cell set-up up to the first RESUME."""
+    n = 0
+    while n < len(body.instrs) and body.instrs[n].opname in _PROLOGUE_OPS:
+        n += 1
+        if body.instrs[n - 1].opname == "RESUME":
+            break
+    return n
+
+
+def _check_normally_reachable(body: Bytecode, index: int) -> None:
+    """Refuse breaks that only an exception reaches (``except``/cleanup code)."""
+    if index not in reachable(body.instrs, body.exception_table, handlers=False):
+        raise Unsupported(
+            "resume_in_handler",
+            f"cannot resume {body.qualname} inside an exception handler (offset "
+            f"{body.instrs[index].offset}): the exception being handled cannot be restored",
+            "move the code that breaks the graph out of the except/finally block",
+        )
+
+
+def _rewrite(
+    body: Bytecode,
+    target: Instr,
+    offset: int,
+    kinds: tuple[str, ...],
+    stack_args: tuple[str, ...],
+    live: tuple[str, ...],
+    shared: list[str],
+    by_value: list[str],
+) -> Bytecode:
+    """The resume body: new prologue, stack-restoring prefix, then the original code."""
+    start = _prologue_length(body)
+    rest = body.instrs[start:]
+    dropped = {id(ins) for ins in body.instrs[:start]}
+    for entry in body.exception_table:
+        if {id(entry.start), id(entry.end), id(entry.target)} & dropped:
+            msg = f"an exception-table entry of {body.qualname} covers its prologue"
+            raise CaptureError(msg)
+    args = [*stack_args, *live]
+    others = [n for n in body.varnames if n not in args and n not in shared]
+    where = target.positions
+    head = prologue(by_value, shared, 0, where)
+    values = iter(stack_args)
+    for kind in kinds:
+        ins = Instr("PUSH_NULL") if kind == STACK_NULL else Instr("LOAD_FAST", next(values))
+        head.append(ins.at(where))
+    jump = Instr("JUMP_FORWARD", target, where)
+    head.append(jump)
+    if PY312:
+        # LOAD_FAST trusts the compiler's proof that a local is bound; locals that are
+        # not passed in start unbound here, so they need the checked load.
+        for ins in rest:
+            if ins.opname == "LOAD_FAST" and ins.arg not in args:
+                ins.opname = "LOAD_FAST_CHECK"
+    instrs, table = prune_unreachable(head + rest, body.exception_table)
+    at = instrs.index(jump)
+    if instrs[at + 1] is target:  # everything in between was dead
+        del instrs[at]
+    flags = body.flags & ~(inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
+    flags = flags | inspect.CO_NESTED if shared else flags
+    name = f"resume_at_{offset}"
+    return dataclasses.replace(
+        body,
+        instrs=instrs,
+        exception_table=table,
+        name=name,
+        qualname=f"{body.qualname}.{name}",
+        argcount=len(args),
+        posonlyargcount=0,
+        kwonlyargcount=0,
+        flags=flags,
+        varnames=args + others,
+        cellvars=by_value,
+        freevars=shared,
+    )
