@@ -145,3 +145,12 @@ def test_backend_traits_steer_lowering():
         kernels = [s for s in compiled.steps if isinstance(s, KernelStep)]
         nodes = [n for s in kernels for n in s.group.nodes]
         assert sum(isinstance(n.buffer, SliceBuffer) for n in nodes) == slices
+
+
+def test_the_fallback_warning_names_what_could_not_be_imported(fresh_registry, monkeypatch, caplog):
+    monkeypatch.setitem(registry.FALLBACK_MODULES, "cuda", ("kiln_absent_codegen",))
+    with caplog.at_level(logging.WARNING):
+        found = registry.get_backend("cuda")
+    assert isinstance(found, ReferenceBackend)
+    assert "no code generator for device 'cuda'" in caplog.text
+    assert "No module named 'kiln_absent_codegen'" in caplog.text

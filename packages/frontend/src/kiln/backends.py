@@ -2,9 +2,9 @@
 
 This follows PyTorch's own compiler's backend convention, so a backend written for one works with the other.
 Built-ins: ``eager`` (the captured graph as is), ``aot_eager`` and ``aot_eager_decomp_partition``
-(ATen graphs run eagerly, for debugging autograd_aot), ``loopir_reference`` (the whole pipeline
-with loopir's reference backend) and ``kiln`` (the default: autograd_aot, loopir and the code
-generator registered for each device).
+(ATen graphs run eagerly, for debugging autograd_aot), ``kiln`` (the default:
+:func:`kiln.loopir.compile_fx`, which owns loopir's rewrites, autograd_aot and the code generator
+registered for each device) and ``loopir_reference`` (the same with loopir's reference backend).
 
 As in PyTorch's compiler, options and modes reach a backend as a keyword: ``kiln.compile``
 calls ``backend(gm, example_inputs, options={...})`` when the user's mode or options hold
@@ -15,18 +15,14 @@ backend settings (``config.BACKEND_OPTIONS``), and refuses up front a backend th
 from __future__ import annotations
 
 import inspect
-import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeAlias
 
-import torch
 from torch import fx
 
-from kiln import autograd_aot, codegen_triton, loopir
+from kiln import autograd_aot, loopir
 
 __all__ = ["Backend", "register_backend", "list_backends", "lookup_backend", "takes_options"]
-
-log = logging.getLogger(__name__)
 
 Backend: TypeAlias = Callable[..., Callable[..., Any]]
 """``(gm, example_inputs) -> callable``, with an optional ``options=`` keyword."""
@@ -107,67 +103,6 @@ def aot_eager_decomp_partition(
     return autograd_aot.aot_eager_decomp_partition(gm, example_inputs)
 
 
-def _loopir_compiler(
-    options: Mapping[str, Any], backend: loopir.Backend | None = None
-) -> Callable[[fx.GraphModule, Sequence[Any]], Callable[..., Any]]:
-    """autograd_aot's forward/backward compiler: loopir with the user's options.
-
-    ``fusion`` steers loopir's scheduler, ``cudagraphs`` wraps each compiled graph for CUDA
-    graph replay (kept off where unsafe, with the reason logged), and the rest go to the
-    code generators (``max_autotune``, ``cpp.threads``, ``cpp.simd``).
-    """
-    codegen = {k: v for k, v in options.items() if k not in ("fusion", "cudagraphs")}
-
-    def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
-        compiled = loopir.compile_graph(
-            gm,
-            example_inputs,
-            backend=backend,
-            fusion=bool(options.get("fusion", True)),
-            options=codegen,
-        )
-        if options.get("cudagraphs"):
-            return codegen_triton.cudagraphify(compiled)
-        return compiled
-
-    return compile_graph
-
-
-def _aot_loopir(
-    gm: fx.GraphModule,
-    example_inputs: Sequence[Any],
-    options: Mapping[str, Any],
-    backend: loopir.Backend | None,
-) -> Callable[..., Any]:
-    if _has_lazy_bits(example_inputs):
-        return gm.forward
-    compile_graph = _loopir_compiler(options, backend)
-    loopir.fuse_attention(gm)
-    loopir.simplify_attention_masks(gm)
-    loopir.pad_matmuls(gm, backend)
-    return autograd_aot.aot_compile(
-        gm,
-        example_inputs,
-        fw_compiler=compile_graph,
-        bw_compiler=compile_graph,
-        decompositions=loopir.decompositions(),
-    )
-
-
-def _has_lazy_bits(example_inputs: Sequence[Any]) -> bool:
-    """Whether an input carries a lazy conjugate or negative bit (``z.conj()``, its ``imag``).
-
-    Only ATen kernels resolve those bits: a generated kernel reads the storage, and the traced
-    program (over fake tensors without the bits) knows nothing of them. Such a graph runs as
-    captured, with ATen's kernels.
-    """
-    for t in example_inputs:
-        if isinstance(t, torch.Tensor) and (t.is_conj() or t.is_neg()):
-            log.info("an input has a lazy conjugate or negative bit: the graph runs eagerly")
-            return True
-    return False
-
-
 @register_backend
 def kiln(
     gm: fx.GraphModule,
@@ -176,7 +111,7 @@ def kiln(
     options: Mapping[str, Any] | None = None,
 ) -> Callable[..., Any]:
     """The default: autograd_aot to ATen, loopir to kernels, a code generator per device."""
-    return _aot_loopir(gm, example_inputs, options or {}, None)
+    return loopir.compile_fx(gm, example_inputs, options=options)
 
 
 @register_backend
@@ -187,4 +122,4 @@ def loopir_reference(
     options: Mapping[str, Any] | None = None,
 ) -> Callable[..., Any]:
     """The default pipeline with loopir's reference backend: kernels evaluated by torch ops."""
-    return _aot_loopir(gm, example_inputs, options or {}, loopir.ReferenceBackend())
+    return loopir.compile_fx(gm, example_inputs, backend=loopir.ReferenceBackend(), options=options)

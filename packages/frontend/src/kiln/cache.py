@@ -2,7 +2,8 @@
 
 Two folders persist across runs: built C++ libraries (``KILN_CACHE_DIR``,
 default ``~/.cache/kiln``, subfolder ``cpp``) and generated Triton kernels
-(``KILN_TRITON_CACHE``, default ``~/.cache/kiln/triton``). Each is bounded by
+(``KILN_TRITON_CACHE``, default ``~/.cache/kiln/triton``; listed only where
+``kiln.codegen_triton`` and Triton can be imported). Each is bounded by
 ``KILN_CACHE_SIZE_MB`` with least-recently-used eviction. ``python -m kiln cache
 info`` and ``python -m kiln cache clear`` do the same from a shell.
 """
@@ -13,8 +14,15 @@ import dataclasses
 from pathlib import Path
 
 from kiln.codegen_cpp.cache import cache_dir as cpp_cache_dir
-from kiln.codegen_triton.config import options as triton_options
 from kiln.loopir import disk_cache
+
+try:  # Triton is optional: without it there are no Triton kernels to cache
+    from kiln.codegen_triton.config import TritonOptions
+    from kiln.codegen_triton.config import options as _options
+
+    triton_options: TritonOptions | None = _options
+except ImportError:
+    triton_options = None
 
 __all__ = ["CacheInfo", "clear", "folders", "info"]
 
@@ -31,12 +39,12 @@ class CacheInfo:
 
 def folders() -> dict[str, Path]:
     """Each cache's folder, after the same privacy checks (and fallback) a build makes."""
-    triton_root = triton_options.cache_dir
-    return {
-        "cpp": cpp_cache_dir(),
-        "triton kernels": disk_cache.private_dir(triton_root, "kernels"),
-        "triton autotune": disk_cache.private_dir(triton_root, "autotune"),
-    }
+    found = {"cpp": cpp_cache_dir()}
+    if triton_options is not None:
+        triton_root = triton_options.cache_dir
+        found["triton kernels"] = disk_cache.private_dir(triton_root, "kernels")
+        found["triton autotune"] = disk_cache.private_dir(triton_root, "autotune")
+    return found
 
 
 def info() -> list[CacheInfo]:

@@ -6,6 +6,7 @@ from kiln.loopir.attention import fuse_attention
 from kiln.loopir.attention_masks import simplify_attention_masks
 from kiln.loopir.backend import Backend, get_backend, register_backend
 from kiln.loopir.decompositions import decompositions
+from kiln.loopir.entry import GRAPH_WRAPPERS, compile_fx, register_graph_wrapper
 from kiln.loopir.errors import BackendError, IRVerificationError, LoopIRError, LoweringError
 from kiln.loopir.kernel import RINDEX, SEEDS, XINDEX, KernelCode, KernelGroup, KernelNode
 from kiln.loopir.matmul_padding import pad_matmuls
@@ -20,6 +21,7 @@ __all__ = [
     "XINDEX",
     "Backend",
     "CompiledGraph",
+    "GRAPH_WRAPPERS",
     "BackendError",
     "IRVerificationError",
     "KernelCode",
@@ -33,6 +35,7 @@ __all__ = [
     "V",
     "__version__",
     "backend",
+    "compile_fx",
     "compile_graph",
     "compile_graph_reference",
     "decompositions",
@@ -41,6 +44,7 @@ __all__ = [
     "ops",
     "pad_matmuls",
     "register_backend",
+    "register_graph_wrapper",
     "set_ops_handler",
     "simplify_attention_masks",
     "sizes",

@@ -94,6 +94,7 @@ class Backend(Protocol):
 
 _registered: dict[str, Backend | Callable[[], Backend]] = {}
 _resolved: dict[str, Backend] = {}
+_unavailable: dict[str, list[str]] = {}  # device type -> why each candidate failed to load
 
 
 def register_backend(device_type: str, backend: Backend | Callable[[], Backend]) -> None:
@@ -135,6 +136,7 @@ def _from_entry_points(device_type: str) -> Backend | None:
         try:
             return _instantiate(ep.load(), device_type)
         except (ImportError, BackendError) as exc:
+            _unavailable.setdefault(device_type, []).append(f"{ep.value}: {exc}")
             log.info("backend entry point %s for %s unavailable: %s", ep.value, device_type, exc)
     return None
 
@@ -148,6 +150,7 @@ def _from_modules(device_type: str) -> Backend | None:
                 continue
             return _instantiate(factory, device_type)
         except (ImportError, BackendError) as exc:
+            _unavailable.setdefault(device_type, []).append(f"{module_name}: {exc}")
             log.info("backend module %s for %s unavailable: %s", module_name, device_type, exc)
     return None
 
@@ -159,13 +162,17 @@ def get_backend(device_type: str) -> Backend:
     if device_type in _registered:
         backend = _instantiate(_registered[device_type], device_type)
     else:
+        _unavailable[device_type] = []
         found = _from_entry_points(device_type) or _from_modules(device_type)
         if found is None:
+            why = "; ".join(dict.fromkeys(_unavailable[device_type])) or "none is installed"
             log.warning(
-                "no code generator for device %r; using loopir's reference backend "
+                "no code generator for device %r (%s); using loopir's reference backend "
                 "(slow: evaluates kernels with torch ops). Install kiln-codegen-cpp or "
-                "kiln-codegen-triton, or call kiln.loopir.register_backend.",
+                "kiln-codegen-triton and the toolchain it names, or call "
+                "kiln.loopir.register_backend.",
                 device_type,
+                why,
             )
             found = ReferenceBackend()
         backend = found

@@ -1,0 +1,153 @@
+"""``compile_fx``: loopir's one entry point, from a captured graph to the callable that runs it.
+
+A frontend hands it the torch-level graph capture made and the user's options; it owns every
+step from there:
+
+1. loopir's torch-level rewrites (:func:`~kiln.loopir.fuse_attention`,
+   :func:`~kiln.loopir.simplify_attention_masks`, :func:`~kiln.loopir.pad_matmuls`), run
+   before autograd_aot so the backward is derived from the rewritten program;
+2. autograd_aot with loopir's decompositions, the forward and the backward each compiled by
+   :func:`~kiln.loopir.compile_graph` with the backend registered for each device (or the one
+   given for every device);
+3. graph wrappers: an option that names one (``cudagraphs``) wraps each compiled graph.
+
+Options: ``fusion`` goes to the scheduler, each graph wrapper's option to that wrapper, and the
+rest to every backend's ``with_options`` (``max_autotune``, ``cpp.threads``, ...).
+
+A graph wrapper is a code generator's hook for running a whole compiled graph some other way:
+``wrapper(compiled) -> callable``, which reads the :class:`~kiln.loopir.CompiledGraph`'s
+``steps`` and ``input_names`` and decides, on the first call with real tensors, whether it applies (logging
+why not, and calling ``compiled`` as it is). Wrappers are found by option name in
+:data:`GRAPH_WRAPPERS` (``"module:attribute"``, imported on first use, so the code generator
+and its toolchain are imported only by the graphs that ask) or registered with
+:func:`register_graph_wrapper`. One whose module cannot be imported (Triton missing) is
+skipped with one warning naming what is missing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeAlias
+
+import torch
+from torch import fx
+
+from kiln import autograd_aot
+from kiln.loopir.attention import fuse_attention
+from kiln.loopir.attention_masks import simplify_attention_masks
+from kiln.loopir.backend import Backend
+from kiln.loopir.decompositions import decompositions
+from kiln.loopir.matmul_padding import pad_matmuls
+from kiln.loopir.pipeline import compile_graph
+
+__all__ = ["GRAPH_WRAPPERS", "GraphWrapper", "compile_fx", "register_graph_wrapper"]
+
+log = logging.getLogger(__name__)
+
+GraphWrapper: TypeAlias = Callable[[Callable[..., Any]], Callable[..., Any]]
+"""``(compiled graph) -> callable`` run in its place; wrappers nest in option-name order (a
+later one wraps what the earlier one returned)."""
+
+GRAPH_WRAPPERS: dict[str, str] = {
+    "cudagraphs": "kiln.codegen_triton.cudagraphs:cudagraphify",
+}
+"""Graph wrappers by the option that turns them on, as ``"module:attribute"``."""
+
+_registered: dict[str, GraphWrapper] = {}
+_unavailable: dict[str, str] = {}  # option -> why its wrapper cannot be imported (warned once)
+
+
+def register_graph_wrapper(option: str, wrapper: GraphWrapper | None) -> None:
+    """Wrap each graph compiled with ``options={option: True}`` by ``wrapper`` (None forgets
+    a registration; :data:`GRAPH_WRAPPERS` names the built-in ones)."""
+    _unavailable.pop(option, None)
+    if wrapper is None:
+        _registered.pop(option, None)
+    else:
+        _registered[option] = wrapper
+
+
+def _graph_wrapper(option: str) -> GraphWrapper | None:
+    """The wrapper for ``option``, imported on first use; None (warned once) when its module
+    cannot be imported."""
+    if option in _registered:
+        return _registered[option]
+    if option in _unavailable:
+        return None
+    module_name, _, attribute = GRAPH_WRAPPERS[option].partition(":")
+    try:
+        wrapper: GraphWrapper = getattr(importlib.import_module(module_name), attribute)
+    except ImportError as exc:
+        _unavailable[option] = str(exc)
+        log.warning(
+            "option %r needs %s, which cannot be imported (%s): graphs run without it",
+            option,
+            module_name,
+            exc,
+        )
+        return None
+    _registered[option] = wrapper
+    return wrapper
+
+
+def _wrapper_options() -> set[str]:
+    return set(GRAPH_WRAPPERS) | set(_registered)
+
+
+def compile_fx(
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    *,
+    backend: Backend | None = None,
+    options: Mapping[str, Any] | None = None,
+) -> Callable[..., Any]:
+    """A captured graph compiled by loopir, as a callable taking the graph's inputs.
+
+    ``gm`` is rewritten in place. ``backend`` forces one backend for every device (the
+    reference one, for tests); by default each device's registered backend is used.
+    ``options`` as the module docstring says.
+    """
+    if _has_lazy_bits(example_inputs):
+        return gm.forward
+    codegen = dict(options or {})
+    fusion = bool(codegen.pop("fusion", True))
+    wrappers = [
+        found
+        for name in sorted(_wrapper_options())
+        if codegen.pop(name, False) and (found := _graph_wrapper(name)) is not None
+    ]
+
+    def compile_one(aten_gm: fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
+        compiled: Callable[..., Any] = compile_graph(
+            aten_gm, inputs, backend=backend, fusion=fusion, options=codegen
+        )
+        for wrap in wrappers:
+            compiled = wrap(compiled)
+        return compiled
+
+    fuse_attention(gm)
+    simplify_attention_masks(gm)
+    pad_matmuls(gm, backend)
+    return autograd_aot.aot_compile(
+        gm,
+        example_inputs,
+        fw_compiler=compile_one,
+        bw_compiler=compile_one,
+        decompositions=decompositions(),
+    )
+
+
+def _has_lazy_bits(example_inputs: Sequence[Any]) -> bool:
+    """Whether an input carries a lazy conjugate or negative bit (``z.conj()``, its ``imag``).
+
+    Only ATen kernels resolve those bits: a generated kernel reads the storage, and the traced
+    program (over fake tensors without the bits) knows nothing of them. Such a graph runs as
+    captured, with ATen's kernels.
+    """
+    for t in example_inputs:
+        if isinstance(t, torch.Tensor) and (t.is_conj() or t.is_neg()):
+            log.info("an input has a lazy conjugate or negative bit: the graph runs eagerly")
+            return True
+    return False
