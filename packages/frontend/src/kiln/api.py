@@ -258,7 +258,14 @@ class CompiledFunction:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> Callable[..., Any]:
-        """What a miss runs (under the cache's lock): a new entry, or the frame uncompiled."""
+        """What a miss runs (under the cache's lock): a new entry, or the frame uncompiled.
+
+        Each way a frame ends up uncompiled counts one eager fallback, once: a frame capture
+        rejects whole or that fails to compile is remembered in ``_skipped`` (later calls and
+        threads that missed together run it without counting again), and a cache past the
+        recompile limit counts when it first warns. Graphs the backend fails on count in
+        :meth:`_compile_graph`.
+        """
         if key in _skipped:  # another thread's compile of this frame failed meanwhile
             return self._target
         if cache.over_limit(args, kwargs, self._config.option("recompile_limit")):
@@ -280,11 +287,13 @@ class CompiledFunction:
                     wrap_callable=self._wrap_callable,
                     fullgraph=self._config.fullgraph,
                 )
+                check = guards.build_check(result.guards, self._target)
             except capture.Unsupported as e:
                 if self._config.fullgraph:
                     raise
                 graph_break_log.info("running %s eagerly: %s", name, e)
                 counters.bump("graph_breaks", e.kind)
+                counters.bump("stats", "eager_fallbacks")
                 _skipped.add(key)
                 return self._target
             except Exception as e:
@@ -295,7 +304,6 @@ class CompiledFunction:
                 )
                 return lambda *_args, **_kwargs: outcome
             counters.bump("stats", "frames_captured")
-            check = guards.build_check(result.guards, self._target)
             cache.insert(check, result.function)
         return result.function
 
