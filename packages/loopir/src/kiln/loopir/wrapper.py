@@ -42,8 +42,8 @@ def _reinterpret(
 def _binding(op: Any, kwargs: Iterable[str]) -> Any:
     """torch's own Python binding for ``op`` where it is sure to run that very overload, else
     ``op``: the binding parses its arguments in C++, where an ``OpOverload`` goes through
-    the boxed path, which converts every argument through the schema: a third more host
-    time for a small cuDNN convolution, and small convolution nets make dozens a step.
+    the boxed path, which converts every argument through the schema: about half again the
+    host time for a small cuDNN convolution, and small convolution nets make dozens a step.
 
     Only for an aten op's default overload, called with keyword arguments that are
     keyword-only in its schema (their names are the binding's too), and only when every
