@@ -2,8 +2,10 @@
 
 Dependencies run capture -> guards -> autograd_aot -> loopir -> codegen_* -> frontend; the two
 codegens never import each other; each package imports only kiln packages it declares in its
-pyproject; kiln-to-kiln imports sit at module level; and no product code reaches into the part
-of torch that Kiln re-implements (DEVELOPERS.md, "Where torch ends").
+pyproject; kiln-to-kiln imports sit at module level; Triton is optional (only kiln.codegen_triton
+imports it, and another package imports kiln.codegen_triton only where an ``except ImportError``
+catches its absence; loopir reaches it by name); and no product code reaches into the part of
+torch that Kiln re-implements (DEVELOPERS.md, "Where torch ends").
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 ORDER = ["capture", "guards", "autograd_aot", "loopir", "codegen_triton", "codegen_cpp", "frontend"]
 CODEGENS = {"codegen_triton", "codegen_cpp"}
+OPTIONAL = {"triton": "codegen_triton", "kiln.codegen_triton": "codegen_triton"}
+"""Modules a machine may lack, and the package that alone may import them unguarded."""
 FORBIDDEN_TORCH = (
     "torch._dynamo",
     "torch._inductor",
@@ -76,6 +80,43 @@ def _imports(tree: ast.AST) -> list[tuple[str, int, bool]]:
     return found
 
 
+def _catches_import_error(node: ast.Try) -> bool:
+    names = set()
+    for handler in node.handlers:
+        kinds = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
+        names |= {k.id for k in kinds if isinstance(k, ast.Name)}
+    return bool(names & {"ImportError", "ModuleNotFoundError"})
+
+
+def _unguarded_imports(tree: ast.AST) -> list[tuple[str, int]]:
+    """(module, line) for every import outside a ``try`` whose handler catches ImportError."""
+    found: list[tuple[str, int]] = []
+
+    def visit(node: ast.AST, guarded: bool) -> None:
+        if isinstance(node, ast.Import) and not guarded:
+            found.extend((alias.name, node.lineno) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not guarded:
+            found.extend((f"{node.module}.{alias.name}", node.lineno) for alias in node.names)
+        if isinstance(node, ast.Try) and _catches_import_error(node):
+            for stmt in node.body:
+                visit(stmt, True)
+            for other in [*node.handlers, *node.orelse, *node.finalbody]:
+                visit(other, guarded)
+            return
+        for child in ast.iter_child_nodes(node):
+            visit(child, guarded)
+
+    visit(tree, False)
+    return found
+
+
+def _optional_owner(module: str) -> str | None:
+    for name, owner in OPTIONAL.items():
+        if module == name or module.startswith(name + "."):
+            return owner
+    return None
+
+
 def _attribute_chains(tree: ast.AST) -> list[tuple[str, int]]:
     """Dotted names used in expressions, e.g. ``torch._dynamo.reset`` without an import."""
     chains = []
@@ -119,6 +160,13 @@ def violations(root: Path) -> list[str]:
                     )
                 if in_function:
                     problems.append(f"{where}:{line}: function-local import of kiln.{target}")
+            for module, line in _unguarded_imports(tree):
+                owner = _optional_owner(module)
+                if owner is not None and owner != package:
+                    problems.append(
+                        f"{where}:{line}: imports {module} unguarded (it is optional: catch "
+                        "ImportError, or reach it through loopir's backend registry)"
+                    )
             for chain, line in _attribute_chains(tree):
                 if _is_forbidden(chain):
                     problems.append(f"{where}:{line}: uses {chain}, which Kiln re-implements")
@@ -160,6 +208,20 @@ def test_checker_catches_codegens_importing_each_other(tmp_path: Path) -> None:
     root = _copy_tree(tmp_path)
     _add(root, "codegen_cpp", "import kiln.codegen_triton.kernel\n")
     assert any("must not import kiln.codegen_triton" in p for p in violations(root))
+
+
+def test_checker_catches_unguarded_optional_imports(tmp_path: Path) -> None:
+    root = _copy_tree(tmp_path)
+    _add(root, "frontend", "from kiln.codegen_triton import cudagraphify\n")
+    _add(root, "loopir", "import triton\n")
+    _add(root, "codegen_cpp", "try:\n    import triton\nexcept ImportError:\n    triton = None\n")
+    found = "\n".join(violations(root))
+    assert (
+        "frontend/src/kiln/planted.py:1: imports kiln.codegen_triton.cudagraphify unguarded"
+        in found
+    )
+    assert "loopir/planted.py:1: imports triton unguarded" in found
+    assert "codegen_cpp/planted.py" not in found
 
 
 def test_checker_catches_forbidden_torch(tmp_path: Path) -> None:
