@@ -4,6 +4,9 @@ Reads of real objects are specialized: the attribute's value is wrapped with
 an :class:`~kiln.capture.source.AttrSource` (so it is guarded), methods become
 bound method values to inline, properties are inlined. ``nn.Module`` reads
 look in ``_parameters``, ``_buffers`` and ``_modules`` first, as Module does.
+
+Each handler here is registered in :mod:`~kiln.capture.dispatch` for the value kinds it serves;
+callers go through ``dispatch.get_attr`` and friends, never through this module.
 """
 
 from __future__ import annotations
@@ -12,13 +15,12 @@ import dataclasses
 import functools
 import inspect
 import logging
-import operator
 import types
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kiln.capture import builtin_calls, builtin_types, calls, numpy_calls, torch_calls
+from kiln.capture import builtin_types, dispatch, literals
 from kiln.capture.breaks.reasons import UserException, raised, unsupported
 from kiln.capture.guard_data import GuardKind
 from kiln.capture.source import MODULE_STORES, Source
@@ -31,7 +33,6 @@ from kiln.capture.values.functions import (
     ReplayedCallValue,
     UserFunctionValue,
 )
-from kiln.capture.values.ndarray import NdarrayValue
 from kiln.capture.values.objects import NewObjectValue, ObjectValue, SuperValue
 from kiln.capture.values.tensor import TensorMethodValue, TensorValue
 from kiln.capture.wrap import function_value, wrap
@@ -40,9 +41,9 @@ if TYPE_CHECKING:
     from kiln.capture.tracer import Tracer
 
 __all__ = [
+    "container_item_source",
     "delete_attr",
     "delete_item",
-    "get_attr",
     "get_item",
     "has_attr",
     "plain_object_attr",
@@ -51,56 +52,70 @@ __all__ = [
 ]
 
 
-def get_attr(tr: Tracer, v: Value, name: str) -> Value:
-    """``v.name``."""
-    if isinstance(v, TensorValue):
-        found = torch_calls.tensor_attribute(tr, v, name)
-        return found if found is not None else TensorMethodValue(v, name)
-    if isinstance(v, NdarrayValue):
-        return numpy_calls.attribute(tr, v, name)
-    if isinstance(v, ObjectValue):
-        return _object_attr(tr, v, name)
-    if isinstance(v, NewObjectValue):
-        if name in v.attrs:
-            return v.attrs[name]
-        return _class_attr(tr, v, v.cls, name, None)
-    if isinstance(v, ConstantValue):
-        return _constant_attr(v, name)
+# ``v.name`` by kind; tensors' and ndarrays' are registered by torch_calls and numpy_calls.
+@dispatch.GET_ATTR.register(Value)
+def _value_attr(tr: Tracer, v: Value, name: str) -> Value:
+    own = builtin_types.python_method(tr, v, name)  # ``class Registry(set)``'s methods
+    return own if own is not None else _builtin_method(v, name)
+
+
+@dispatch.GET_ATTR.register(NewObjectValue)
+def _new_object_attr(tr: Tracer, v: NewObjectValue, name: str) -> Value:
+    if name in v.attrs:
+        return v.attrs[name]
+    return _class_attr(tr, v, v.cls, name, None)
+
+
+@dispatch.GET_ATTR.register(ConstantValue)
+def _constant_attr(tr: Tracer, v: ConstantValue, name: str) -> Value:
+    try:
+        result = getattr(v.value, name)
+    except AttributeError as e:
+        raise raised(e) from e
+    if is_constant(result):
+        return ConstantValue(result)
+    return ObjectValue(result)
+
+
+@dispatch.GET_ATTR.register(DictValue)
+def _dict_attr(tr: Tracer, v: DictValue, name: str) -> Value:
     own = builtin_types.python_method(tr, v, name)  # ``class Registry(dict)``'s methods
     if own is not None:
         return own
-    if isinstance(v, DictValue):
-        if v.cls is not dict and name in v.items and dataclasses.is_dataclass(v.cls):
-            return v.items[name][1]
-        if v.cls is not dict and dataclasses.is_dataclass(v.cls):
-            field_names = {f.name for f in dataclasses.fields(v.cls)}
-            if name in field_names:
-                return ConstantValue(None)
-        return _builtin_method(v, name)
-    if isinstance(v, TupleValue):
-        fields = getattr(v.cls, "_fields", None)
-        if fields is not None and name in fields:
-            return v.items[fields.index(name)]
-        if hasattr(v.cls, "n_fields") and isinstance(
-            getattr(v.cls, name, None), types.MemberDescriptorType
-        ):
-            return v.items[list(_structseq_fields(v.cls)).index(name)]
-        return _builtin_method(v, name)
-    if isinstance(v, ListValue):
-        return _builtin_method(v, name)
-    if isinstance(v, (UserFunctionValue, BoundMethodValue)):
-        return _function_attr(tr, v, name)
-    if isinstance(v, (BuiltinMethodValue, TensorMethodValue)) and name in ("__self__", "__name__"):
-        receiver = v.receiver if isinstance(v, BuiltinMethodValue) else v.tensor
-        return receiver if name == "__self__" else ConstantValue(v.name)
-    if isinstance(v, SuperValue):
-        return _super_attr(tr, v, name)
-    if isinstance(v, PartialValue):
-        return _partial_attr(v, name)
+    if v.cls is not dict and name in v.items and dataclasses.is_dataclass(v.cls):
+        return v.items[name][1]
+    if v.cls is not dict and dataclasses.is_dataclass(v.cls):
+        field_names = {f.name for f in dataclasses.fields(v.cls)}
+        if name in field_names:
+            return ConstantValue(None)
     return _builtin_method(v, name)
 
 
-def _partial_attr(v: PartialValue, name: str) -> Value:
+@dispatch.GET_ATTR.register(TupleValue)
+def _tuple_attr(tr: Tracer, v: TupleValue, name: str) -> Value:
+    own = builtin_types.python_method(tr, v, name)
+    if own is not None:
+        return own
+    fields = getattr(v.cls, "_fields", None)
+    if fields is not None and name in fields:
+        return v.items[fields.index(name)]
+    if hasattr(v.cls, "n_fields") and isinstance(
+        getattr(v.cls, name, None), types.MemberDescriptorType
+    ):
+        return v.items[list(_structseq_fields(v.cls)).index(name)]
+    return _builtin_method(v, name)
+
+
+@dispatch.GET_ATTR.register(BuiltinMethodValue, TensorMethodValue)
+def _method_attr(tr: Tracer, v: BuiltinMethodValue | TensorMethodValue, name: str) -> Value:
+    if name in ("__self__", "__name__"):
+        receiver = v.receiver if isinstance(v, BuiltinMethodValue) else v.tensor
+        return receiver if name == "__self__" else ConstantValue(v.name)
+    return _builtin_method(v, name)
+
+
+@dispatch.GET_ATTR.register(PartialValue)
+def _partial_attr(tr: Tracer, v: PartialValue, name: str) -> Value:
     if name == "func":
         return v.func
     if name in ("args", "keywords"):
@@ -130,23 +145,14 @@ def _builtin_method(v: Value, name: str) -> Value:
     raise unsupported("unsupported_attribute", f"{cls.__name__}.{name}")
 
 
-def _constant_attr(v: ConstantValue, name: str) -> Value:
-    try:
-        result = getattr(v.value, name)
-    except AttributeError as e:
-        raise raised(e) from e
-    if is_constant(result):
-        return ConstantValue(result)
-    return ObjectValue(result)
-
-
+@dispatch.GET_ATTR.register(UserFunctionValue, BoundMethodValue)
 def _function_attr(tr: Tracer, v: UserFunctionValue | BoundMethodValue, name: str) -> Value:
     if isinstance(v, BoundMethodValue):
         if name == "__self__":
             return v.self_value
         if name == "__func__":
             return v.func
-        return get_attr(tr, v.func, name)
+        return dispatch.get_attr(tr, v.func, name)
     if v.real is not None:
         src = v.source.attr(name) if v.source is not None else None
         return wrap(tr.out, getattr(v.real, name), src)
@@ -155,10 +161,11 @@ def _function_attr(tr: Tracer, v: UserFunctionValue | BoundMethodValue, name: st
     raise unsupported("unsupported_attribute", f"function.{name}")
 
 
+@dispatch.GET_ATTR.register(ObjectValue)
 def _object_attr(tr: Tracer, v: ObjectValue, name: str) -> Value:
     custom = inspect.getattr_static(type(v.obj), "__getattribute__", None)
     if isinstance(custom, types.FunctionType):
-        return calls.call(tr, function_value(custom, None), [v, ConstantValue(name)], {})
+        return dispatch.call(tr, function_value(custom, None), [v, ConstantValue(name)], {})
     return plain_object_attr(tr, v, name)
 
 
@@ -211,7 +218,7 @@ def _is_data_descriptor(d: Any) -> bool:
 def _missing_attr(tr: Tracer, v: ObjectValue, name: str) -> Value:
     getattr_fn = inspect.getattr_static(type(v.obj), "__getattr__", None)
     if isinstance(getattr_fn, types.FunctionType) and not isinstance(v.obj, torch.nn.Module):
-        return calls.call(tr, function_value(getattr_fn, None), [v, ConstantValue(name)], {})
+        return dispatch.call(tr, function_value(getattr_fn, None), [v, ConstantValue(name)], {})
     raise raised(AttributeError(f"{type(v.obj).__name__!r} object has no attribute {name!r}"))
 
 
@@ -231,7 +238,7 @@ def _class_attr(
             if isinstance(v, NewObjectValue):
                 getattr_fn = inspect.getattr_static(cls, "__getattr__", None)
                 if isinstance(getattr_fn, types.FunctionType):
-                    return calls.call(
+                    return dispatch.call(
                         tr, function_value(getattr_fn, None), [v, ConstantValue(name)], {}
                     )
             raise raised(
@@ -247,7 +254,7 @@ def _class_attr(
             return _real_attr(tr, v, name, src)
         # the getter's globals are guarded through the class: L['x'].__class__.name.fget
         fget_src = v.source.attr("__class__").attr(name).attr("fget") if v.source else None
-        return calls.call(tr, function_value(static.fget, fget_src), [v], {})
+        return dispatch.call(tr, function_value(static.fget, fget_src), [v], {})
     if isinstance(static, classmethod):
         return BoundMethodValue(_callable_value(static.__func__), ObjectValue(cls))
     if isinstance(static, staticmethod):
@@ -289,6 +296,7 @@ def _class_or_module_attr(tr: Tracer, v: ObjectValue, name: str, src: Source | N
         raise raised(e) from e
 
 
+@dispatch.GET_ATTR.register(SuperValue)
 def _super_attr(tr: Tracer, v: SuperValue, name: str) -> Value:
     mro = v.obj.python_type().__mro__
     start = mro.index(v.cls) + 1 if v.cls in mro else len(mro)
@@ -298,7 +306,7 @@ def _super_attr(tr: Tracer, v: SuperValue, name: str) -> Value:
             if isinstance(static, types.FunctionType):
                 return BoundMethodValue(function_value(static, None), v.obj)
             if isinstance(static, property) and isinstance(static.fget, types.FunctionType):
-                return calls.call(tr, function_value(static.fget, None), [v.obj], {})
+                return dispatch.call(tr, function_value(static.fget, None), [v.obj], {})
             if isinstance(static, classmethod):
                 return BoundMethodValue(_callable_value(static.__func__), ObjectValue(klass))
             if isinstance(static, staticmethod):
@@ -326,6 +334,7 @@ class _SlotWrapper(BoundMethodValue):
         super().__init__(ObjectValue(method), self_value)
 
 
+@dispatch.HAS_ATTR.register(Value)
 def has_attr(tr: Tracer, v: Value, name: str) -> bool:
     """``hasattr(v, name)``, without running user code that is not inlined."""
     if isinstance(v, TensorValue):
@@ -350,10 +359,11 @@ def has_attr(tr: Tracer, v: Value, name: str) -> bool:
     if isinstance(v, UserFunctionValue) and v.real is not None:
         return hasattr(v.real, name)
     if isinstance(v, BoundMethodValue):  # a method passes other reads on to its function
-        return _class_defines(types.MethodType, name) or has_attr(tr, v.func, name)
+        return _class_defines(types.MethodType, name) or dispatch.has_attr(tr, v.func, name)
     return _class_defines(v.python_type(), name)
 
 
+@dispatch.DELETE_ATTR.register(Value)
 def delete_attr(tr: Tracer, v: Value, name: str) -> None:
     """``del v.name``: on objects the trace created or owns privately."""
     if isinstance(v, NewObjectValue) and name in v.attrs:
@@ -381,7 +391,7 @@ def _getattr_hook_finds(tr: Tracer, v: Value, name: str) -> bool:
     """
     cp = tr.checkpoint()
     try:
-        get_attr(tr, v, name)
+        dispatch.get_attr(tr, v, name)
     except UserException as e:
         if not isinstance(e.exc, AttributeError):
             raise
@@ -391,7 +401,8 @@ def _getattr_hook_finds(tr: Tracer, v: Value, name: str) -> bool:
     return True
 
 
-def set_attr(tr: Tracer, v: Value, name: str, value: Value, *, plain: bool = False) -> None:
+@dispatch.SET_ATTR.register(Value)
+def set_attr(tr: Tracer, v: Value, name: str, value: Value, plain: bool) -> None:
     """``v.name = value`` (``plain``: ``object.__setattr__``, skipping a class's own hook).
 
     Objects created during the trace are updated in place; stores to objects
@@ -400,7 +411,7 @@ def set_attr(tr: Tracer, v: Value, name: str, value: Value, *, plain: bool = Fal
     if isinstance(v, ObjectValue) and not plain and not isinstance(v.obj, torch.nn.Module):
         custom = inspect.getattr_static(type(v.obj), "__setattr__", None)
         if isinstance(custom, types.FunctionType):
-            calls.call(tr, function_value(custom, None), [v, ConstantValue(name), value], {})
+            dispatch.call(tr, function_value(custom, None), [v, ConstantValue(name), value], {})
             return
     if isinstance(v, NewObjectValue):
         v.attrs[name] = value
@@ -411,9 +422,9 @@ def set_attr(tr: Tracer, v: Value, name: str, value: Value, *, plain: bool = Fal
     if isinstance(v, ObjectValue) and v.source is not None and _plain_attribute(v.obj, name, plain):
         tr.out.side_effects.store_attr(v, v.obj, name, value)
         return
-    if isinstance(v, ObjectValue) and v.private and builtin_calls.is_literal(value):
+    if isinstance(v, ObjectValue) and v.private and literals.is_literal(value):
         # nothing outside the trace can see this object: update the real one now
-        object.__setattr__(v.obj, name, builtin_calls.literal(value))
+        object.__setattr__(v.obj, name, literals.literal(value))
         return
     raise unsupported("side_effect", f"setting attribute {name!r} of {v}")
 
@@ -433,12 +444,9 @@ def _plain_attribute(obj: Any, name: str, plain: bool) -> bool:
 
 
 # items -----------------------------------------------------------------------
+@dispatch.GET_ITEM.register(Value)
 def get_item(tr: Tracer, v: Value, index: Value) -> Value:
     """``v[index]``."""
-    if isinstance(v, TensorValue):
-        return torch_calls.call_function(tr, operator.getitem, [v, index], {})
-    if isinstance(v, NdarrayValue):
-        return numpy_calls.get_item(tr, v, index)
     own = builtin_types.call_override(tr, v, "__getitem__", [index])
     if own is not None:
         return own
@@ -465,7 +473,7 @@ def get_item(tr: Tracer, v: Value, index: Value) -> Value:
         return _object_item(tr, v, index)
     if isinstance(v, NewObjectValue):
         method = _class_attr(tr, v, v.cls, "__getitem__", None)
-        return calls.call(tr, method, [index], {})
+        return dispatch.call(tr, method, [index], {})
     raise unsupported("unsupported_operator", f"{v}[{index}]")
 
 
@@ -524,7 +532,7 @@ def _object_item(tr: Tracer, v: ObjectValue, index: Value) -> Value:
         return wrap(tr.out, obj[key], container_item_source(obj, v.source, key))
     getitem = inspect.getattr_static(type(obj), "__getitem__", None)
     if isinstance(getitem, types.FunctionType):
-        return calls.call(tr, function_value(getitem, None), [v, index], {})
+        return dispatch.call(tr, function_value(getitem, None), [v, index], {})
     if isinstance(obj, (dict, list, tuple, str)) or hasattr(obj, "__getitem__"):
         src = v.source.item(key) if v.source is not None and is_constant(key) else None
         try:
@@ -535,11 +543,9 @@ def _object_item(tr: Tracer, v: ObjectValue, index: Value) -> Value:
     raise unsupported("unsupported_operator", f"{type(obj).__name__}[...]")
 
 
+@dispatch.SET_ITEM.register(Value)
 def set_item(tr: Tracer, v: Value, index: Value, value: Value) -> None:
     """``v[index] = value``."""
-    if isinstance(v, TensorValue):
-        torch_calls.call_function(tr, operator.setitem, [v, index, value], {})
-        return
     if builtin_types.call_override(tr, v, "__setitem__", [index, value]) is not None:
         return
     if isinstance(v, ListValue):
@@ -558,6 +564,7 @@ def set_item(tr: Tracer, v: Value, index: Value, value: Value) -> None:
     raise unsupported("side_effect", f"setting an item of {v}")
 
 
+@dispatch.DELETE_ITEM.register(Value)
 def delete_item(tr: Tracer, v: Value, index: Value) -> None:
     if builtin_types.call_override(tr, v, "__delitem__", [index]) is not None:
         return

@@ -25,7 +25,7 @@ import inspect
 import types
 from typing import TYPE_CHECKING, Any
 
-from kiln.capture import builtin_calls, calls, container_methods
+from kiln.capture import container_methods, dispatch
 from kiln.capture.breaks.reasons import raised, unsupported
 from kiln.capture.guard_data import GuardKind
 from kiln.capture.values.base import ConstantValue, Value, is_constant
@@ -86,7 +86,7 @@ def python_method(tr: Tracer, v: Value, name: str) -> Value | None:
 def call_override(tr: Tracer, v: Value, name: str, args: list[Value]) -> Value | None:
     """``type(v).name(v, *args)`` for a Python-level dunder of a container subclass."""
     method = python_method(tr, v, name)
-    return calls.call(tr, method, args, {}) if method is not None else None
+    return dispatch.call(tr, method, args, {}) if method is not None else None
 
 
 def snapshot(tr: Tracer, v: ObjectValue) -> Value | None:
@@ -140,9 +140,9 @@ def call_descriptor(
     if name == "__init__":
         return _init(tr, receiver, rest, kwargs)
     if name == "__iter__":
-        return builtin_calls.iterate(tr, _plain(receiver))
+        return dispatch.iterate(tr, _plain(receiver))
     if name == "__len__":
-        return ConstantValue(builtin_calls.length(tr, _plain(receiver)))
+        return ConstantValue(dispatch.length(tr, _plain(receiver)))
     if name == "__delitem__" and isinstance(receiver, (DictValue, ListValue)):
         receiver.check_mutable()
         if isinstance(receiver, ListValue):
@@ -166,17 +166,17 @@ def _plain(v: Value) -> Value:
 
 def _init(tr: Tracer, receiver: Value, args: list[Value], kwargs: dict[str, Value]) -> Value:
     if isinstance(receiver, DictValue):
-        filled = builtin_calls.make_dict(tr, args, kwargs)
+        filled = container_methods.make_dict(tr, args, kwargs)
         assert isinstance(filled, DictValue)
         receiver.check_mutable()
         receiver.items.clear()
         receiver.items.update(filled.items)
     elif isinstance(receiver, ListValue) and not kwargs:
         receiver.check_mutable()
-        receiver.items[:] = builtin_calls.unpack_iterable(tr, args[0]) if args else []
+        receiver.items[:] = dispatch.unpack_iterable(tr, args[0]) if args else []
     elif isinstance(receiver, SetValue) and not kwargs:
         receiver.check_mutable()
-        items = builtin_calls.unpack_iterable(tr, args[0]) if args else []
+        items = dispatch.unpack_iterable(tr, args[0]) if args else []
         receiver.items = {dict_key(x): x for x in items}
     else:
         raise unsupported("unsupported_call", f"__init__ of {receiver}")
@@ -196,7 +196,7 @@ def construct(tr: Tracer, cls: type, args: list[Value], kwargs: dict[str, Value]
         instance = ListValue([], cls=cls) if issubclass(cls, list) else SetValue({}, cls=cls)
     init = python_method(tr, instance, "__init__")
     if init is not None:
-        calls.call(tr, init, args, kwargs)
+        dispatch.call(tr, init, args, kwargs)
     else:
         _init(tr, instance, args, kwargs)
     return instance

@@ -23,10 +23,12 @@ import torch
 from kiln.capture import (
     builtin_calls,
     builtin_types,
-    container_methods,
     contexts,
+    dispatch,
+    literals,
     numpy_calls,
     torch_calls,
+    torch_functions,
 )
 from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.guard_data import GuardKind
@@ -34,20 +36,18 @@ from kiln.capture.values.base import ConstantValue, Value, is_constant
 from kiln.capture.values.containers import DictValue, ListValue, TupleValue
 from kiln.capture.values.functions import (
     BoundMethodValue,
-    BuiltinMethodValue,
     PartialValue,
     ReplayedCallValue,
     UserFunctionValue,
 )
 from kiln.capture.values.iterators import IteratorValue
 from kiln.capture.values.objects import NewObjectValue, ObjectValue
-from kiln.capture.values.tensor import TensorMethodValue
 from kiln.capture.wrap import function_value, is_namedtuple, wrap
 
 if TYPE_CHECKING:
     from kiln.capture.tracer import Tracer
 
-__all__ = ["call", "call_module", "replay_call"]
+__all__ = ["call_module"]
 
 _IMPURE_BUILTINS = frozenset(
     {
@@ -59,53 +59,46 @@ _IMPURE_BUILTINS = frozenset(
 _PURE_MODULES = frozenset({"math", "operator", "_operator", "builtins", "cmath", "string"})
 
 
-def call(tr: Tracer, fn: Value, args: list[Value], kwargs: dict[str, Value]) -> Value:
-    """``fn(*args, **kwargs)`` on tracked values."""
-    if isinstance(fn, UserFunctionValue):
-        handler = builtin_calls.handler_for(fn.real) if fn.real is not None else None
-        if handler is not None:
-            return handler(tr, args, kwargs)
-        return tr.inline(fn, args, kwargs)
-    if isinstance(fn, BoundMethodValue):
-        return call(tr, fn.func, [fn.self_value, *args], kwargs)
-    if isinstance(fn, TensorMethodValue):
-        return torch_calls.call_method(tr, fn.tensor, fn.name, args, kwargs)
-    if isinstance(fn, BuiltinMethodValue):
-        return container_methods.call_builtin_method(tr, fn.receiver, fn.name, args, kwargs)
-    if isinstance(fn, ReplayedCallValue):
-        return replay_call(tr, fn.fn, args, kwargs)
-    if isinstance(fn, PartialValue):
-        return call(tr, fn.func, [*fn.args, *args], {**fn.kwargs, **kwargs})
-    if isinstance(fn, contexts.DecoratedValue):
-        fn.ctx.enter(tr)
-        result = call(tr, fn.fn, args, kwargs)
-        fn.ctx.exit(tr)
-        return result
-    if isinstance(fn, contexts.ExitValue):
-        fn.ctx.exit(tr)
-        return ConstantValue(None)
-    if isinstance(fn, contexts.ContextValue):
-        return contexts.decorate(tr, fn, args, kwargs)
-    if isinstance(fn, ObjectValue):
-        return _call_object(tr, fn, args, kwargs)
-    if isinstance(fn, NewObjectValue):
-        method = _find_python_method(fn.cls, "__call__")
-        if method is not None:
-            return call(tr, function_value(method, None), [fn, *args], kwargs)
+# ``fn(*args, **kwargs)`` by the kind of ``fn``; tensor methods, builtin methods and context
+# managers are registered by torch_calls, container_methods and contexts.
+Args = list[Value]
+Kwargs = dict[str, Value]
+
+
+@dispatch.CALL.register(Value)
+def _not_callable(tr: Tracer, fn: Value, args: Args, kwargs: Kwargs) -> Value:
     raise unsupported("unsupported_call", f"calling {fn}")
 
 
-def replay_call(tr: Tracer, fn: Any, args: list[Value], kwargs: dict[str, Value]) -> Value:
-    """Record a call with constant arguments, made by the emitted code after the graph."""
-    if not all(builtin_calls.is_literal(a) for a in [*args, *kwargs.values()]):
-        name = getattr(fn, "__qualname__", repr(fn))
-        raise unsupported("side_effect", f"{name} with arguments that are not constants")
-    tr.out.side_effects.record_call(
-        fn,
-        tuple(builtin_calls.literal(a) for a in args),
-        {k: builtin_calls.literal(v) for k, v in kwargs.items()},
-    )
-    return ConstantValue(None)
+@dispatch.CALL.register(UserFunctionValue)
+def _call_function(tr: Tracer, fn: UserFunctionValue, args: Args, kwargs: Kwargs) -> Value:
+    handler = builtin_calls.handler_for(fn.real) if fn.real is not None else None
+    if handler is not None:
+        return handler(tr, args, kwargs)
+    return tr.inline(fn, args, kwargs)
+
+
+@dispatch.CALL.register(BoundMethodValue)
+def _call_bound(tr: Tracer, fn: BoundMethodValue, args: Args, kwargs: Kwargs) -> Value:
+    return dispatch.call(tr, fn.func, [fn.self_value, *args], kwargs)
+
+
+@dispatch.CALL.register(ReplayedCallValue)
+def _call_replayed(tr: Tracer, fn: ReplayedCallValue, args: Args, kwargs: Kwargs) -> Value:
+    return literals.replay_call(tr, fn.fn, args, kwargs)
+
+
+@dispatch.CALL.register(PartialValue)
+def _call_partial(tr: Tracer, fn: PartialValue, args: Args, kwargs: Kwargs) -> Value:
+    return dispatch.call(tr, fn.func, [*fn.args, *args], {**fn.kwargs, **kwargs})
+
+
+@dispatch.CALL.register(NewObjectValue)
+def _call_new_object(tr: Tracer, fn: NewObjectValue, args: Args, kwargs: Kwargs) -> Value:
+    method = _find_python_method(fn.cls, "__call__")
+    if method is None:
+        raise unsupported("unsupported_call", f"calling {fn}")
+    return dispatch.call(tr, function_value(method, None), [fn, *args], kwargs)
 
 
 def _find_python_method(cls: type, name: str) -> types.FunctionType | None:
@@ -113,6 +106,7 @@ def _find_python_method(cls: type, name: str) -> types.FunctionType | None:
     return found if isinstance(found, types.FunctionType) else None
 
 
+@dispatch.CALL.register(ObjectValue)
 def _call_object(tr: Tracer, fv: ObjectValue, args: list[Value], kwargs: dict[str, Value]) -> Value:
     obj = fv.obj
     handler = builtin_calls.handler_for(obj)
@@ -130,14 +124,14 @@ def _call_object(tr: Tracer, fv: ObjectValue, args: list[Value], kwargs: dict[st
         return ctx
     if isinstance(obj, torch.nn.Module):
         return call_module(tr, fv, args, kwargs)
-    if torch_calls.is_special(obj):
+    if torch_functions.is_special(obj):
         return torch_calls.call_function(tr, obj, args, kwargs)
     if isinstance(obj, type):
         return _construct(tr, fv, args, kwargs)
-    if torch_calls.is_torch_callable(obj):
+    if torch_functions.is_torch_callable(obj):
         return torch_calls.call_function(tr, obj, args, kwargs)
     if isinstance(obj, types.FunctionType):
-        return call(tr, function_value(obj, fv.source), args, kwargs)
+        return dispatch.call(tr, function_value(obj, fv.source), args, kwargs)
     if isinstance(obj, types.MethodType):
         src = fv.source
         func = (
@@ -146,7 +140,7 @@ def _call_object(tr: Tracer, fv: ObjectValue, args: list[Value], kwargs: dict[st
             else ObjectValue(obj.__func__)
         )
         self_v = wrap(tr.out, obj.__self__, src.attr("__self__") if src else None)
-        return call(tr, func, [self_v, *args], kwargs)
+        return dispatch.call(tr, func, [self_v, *args], kwargs)
     if isinstance(obj, functools.partial):
         src = fv.source
         func_v = wrap(tr.out, obj.func, src.attr("func") if src else None)
@@ -158,18 +152,18 @@ def _call_object(tr: Tracer, fv: ObjectValue, args: list[Value], kwargs: dict[st
             k: wrap(tr.out, a, src.attr("keywords").item(k) if src else None)
             for k, a in obj.keywords.items()
         }
-        return call(tr, func_v, [*bound, *args], {**keywords, **kwargs})
+        return dispatch.call(tr, func_v, [*bound, *args], {**keywords, **kwargs})
     if _foldable(obj):
         # a pure builtin consumes iterators whole: hand it their items
         args = [
-            ListValue(builtin_calls.unpack_iterable(tr, a)) if isinstance(a, IteratorValue) else a
+            ListValue(dispatch.unpack_iterable(tr, a)) if isinstance(a, IteratorValue) else a
             for a in args
         ]
-        if all(builtin_calls.is_literal(a) for a in [*args, *kwargs.values()]):
-            return builtin_calls.fold(obj, args, kwargs)
+        if all(literals.is_literal(a) for a in [*args, *kwargs.values()]):
+            return literals.fold(obj, args, kwargs)
     method = _find_python_method(type(obj), "__call__")
     if method is not None:
-        return call(tr, function_value(method, None), [fv, *args], kwargs)
+        return dispatch.call(tr, function_value(method, None), [fv, *args], kwargs)
     raise unsupported("unsupported_call", getattr(obj, "__qualname__", repr(obj)))
 
 
@@ -201,9 +195,9 @@ def _foldable(obj: Any) -> bool:
 def _construct(tr: Tracer, cv: ObjectValue, args: list[Value], kwargs: dict[str, Value]) -> Value:
     cls = cv.obj
     if issubclass(cls, enum.Enum) and all(
-        builtin_calls.is_literal(a) for a in [*args, *kwargs.values()]
+        literals.is_literal(a) for a in [*args, *kwargs.values()]
     ):
-        return builtin_calls.fold(cls, args, kwargs)
+        return literals.fold(cls, args, kwargs)
     if is_namedtuple(cls):
         bound = _bind_signature(cls, args, kwargs)
         return TupleValue(list(bound.values()), cls)
@@ -214,8 +208,8 @@ def _construct(tr: Tracer, cv: ObjectValue, args: list[Value], kwargs: dict[str,
     foldable = cls in (torch.Size, torch.device, torch.dtype, torch.finfo, torch.iinfo) or (
         issubclass(cls, BaseException)
     )
-    if foldable and all(builtin_calls.is_literal(a) for a in [*args, *kwargs.values()]):
-        return builtin_calls.fold(cls, args, kwargs)
+    if foldable and all(literals.is_literal(a) for a in [*args, *kwargs.values()]):
+        return literals.fold(cls, args, kwargs)
     made = builtin_types.construct(tr, cls, args, kwargs)
     if made is not None:
         return made
@@ -223,11 +217,11 @@ def _construct(tr: Tracer, cv: ObjectValue, args: list[Value], kwargs: dict[str,
         instance = NewObjectValue(cls)
         init = _find_python_method(cls, "__init__")
         if init is not None:
-            call(tr, function_value(init, None), [instance, *args], kwargs)
+            dispatch.call(tr, function_value(init, None), [instance, *args], kwargs)
         elif args or kwargs:
             raise unsupported("user_exception", f"{cls.__name__}() takes no arguments")
         return instance
-    if torch_calls.is_torch_callable(cls) or cls is torch.Tensor:
+    if torch_functions.is_torch_callable(cls) or cls is torch.Tensor:
         return torch_calls.call_function(tr, cls, args, kwargs)
     raise unsupported("unsupported_call", f"constructing {cls.__qualname__}")
 
@@ -244,10 +238,10 @@ _STATELESS_MODULES = frozenset(
 
 def _stateless_module(cls: type, args: list[Value], kwargs: dict[str, Value]) -> Value:
     """A parameter-free torch.nn module built in the traced code: built for real, then inlined."""
-    literal_args = all(builtin_calls.is_literal(a) for a in [*args, *kwargs.values()])
+    literal_args = all(literals.is_literal(a) for a in [*args, *kwargs.values()])
     if cls.__module__ not in _STATELESS_MODULES or not literal_args:
         raise unsupported("unsupported_call", f"creating the module {cls.__name__} while tracing")
-    module = builtin_calls.fold(cls, args, kwargs)
+    module = literals.fold(cls, args, kwargs)
     assert isinstance(module, ObjectValue)
     if any(True for _ in module.obj.parameters()) or any(True for _ in module.obj.buffers()):
         raise unsupported("unsupported_call", f"creating the module {cls.__name__} while tracing")
@@ -310,7 +304,7 @@ def call_module(tr: Tracer, mv: ObjectValue, args: list[Value], kwargs: dict[str
     mod = mv.obj
     custom_call = inspect.getattr_static(type(mod), "__call__")
     if custom_call is not torch.nn.Module.__call__ and isinstance(custom_call, types.FunctionType):
-        return call(tr, function_value(custom_call, None), [mv, *args], kwargs)
+        return dispatch.call(tr, function_value(custom_call, None), [mv, *args], kwargs)
     if mod._backward_hooks or mod._backward_pre_hooks or _global_hooks():
         raise unsupported("module_hooks", f"backward or global hooks on {type(mod).__name__}")
     if mv.source is not None and not _has_hooks(mod):
@@ -324,27 +318,27 @@ def call_module(tr: Tracer, mv: ObjectValue, args: list[Value], kwargs: dict[str
         with_kwargs = mod._forward_pre_hooks_with_kwargs.get(hook_id, False)
         hv = _hook_value(hook)
         if with_kwargs:
-            result = call(tr, hv, [mv, TupleValue(args), _kw(kwargs)], {})
+            result = dispatch.call(tr, hv, [mv, TupleValue(args), _kw(kwargs)], {})
             if not _is_none(result):
                 args, kwargs = _unpack_pair(result)
         else:
-            result = call(tr, hv, [mv, TupleValue(args)], {})
+            result = dispatch.call(tr, hv, [mv, TupleValue(args)], {})
             if not _is_none(result):
                 args = list(result.items) if isinstance(result, TupleValue) else [result]
     forward = mod.__dict__.get("forward")
     if forward is None:
         fwd = inspect.getattr_static(type(mod), "forward")
         src = mv.source.attr("forward").attr("__func__") if mv.source is not None else None
-        out = call(tr, function_value(fwd, src), [mv, *args], kwargs)
+        out = dispatch.call(tr, function_value(fwd, src), [mv, *args], kwargs)
     else:
         src = mv.source.attr("forward") if mv.source is not None else None
-        out = call(tr, ObjectValue(forward, src), args, kwargs)
+        out = dispatch.call(tr, ObjectValue(forward, src), args, kwargs)
     for hook_id, hook in list(mod._forward_hooks.items()):
         with_kwargs = mod._forward_hooks_with_kwargs.get(hook_id, False)
         hook_args = (
             [mv, TupleValue(args), _kw(kwargs), out] if with_kwargs else [mv, TupleValue(args), out]
         )
-        result = call(tr, _hook_value(hook), hook_args, {})
+        result = dispatch.call(tr, _hook_value(hook), hook_args, {})
         if not _is_none(result):
             out = result
     return out

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kiln.capture import attributes, builtin_calls, numpy_calls, operators
+from kiln.capture import dispatch, literals, numpy_calls
 from kiln.capture.breaks.reasons import raised, unsupported
 from kiln.capture.values.base import ConstantValue, Value
 from kiln.capture.values.containers import (
@@ -19,6 +19,7 @@ from kiln.capture.values.containers import (
     TupleValue,
     dict_key,
 )
+from kiln.capture.values.functions import BuiltinMethodValue
 from kiln.capture.values.ndarray import NdarrayValue
 
 if TYPE_CHECKING:
@@ -38,11 +39,11 @@ def call_builtin_method(
     if isinstance(receiver, DictValue):
         return _dict_method(tr, receiver, name, args, kwargs)
     if isinstance(receiver, TupleValue) and name in ("index", "count"):
-        return builtin_calls.fold(getattr(tuple, name), [TupleValue(receiver.items), *args], {})
+        return literals.fold(getattr(tuple, name), [TupleValue(receiver.items), *args], {})
     if isinstance(receiver, TupleValue) and name == "__getitem__":  # the tuple's own
-        return attributes.get_item(tr, TupleValue(receiver.items), args[0])
+        return dispatch.get_item(tr, TupleValue(receiver.items), args[0])
     if isinstance(receiver, TupleValue) and name == "__contains__":
-        return ConstantValue(operators.contains(tr, args[0], TupleValue(receiver.items)))
+        return ConstantValue(dispatch.contains(tr, args[0], TupleValue(receiver.items)))
     if isinstance(receiver, SetValue):
         return _set_method(tr, receiver, name, args)
     raise unsupported("unsupported_call", f"{receiver.python_type().__name__}.{name}")
@@ -53,17 +54,17 @@ def _list_method(tr: Tracer, lst: ListValue, name: str, args: list[Value]) -> Va
         if name == "copy":
             return ListValue(list(lst.items))
         if name == "__getitem__":  # the list's own item access, not a subclass's override
-            return attributes.get_item(tr, ListValue(lst.items), args[0])
+            return dispatch.get_item(tr, ListValue(lst.items), args[0])
         if name == "__len__":
             return ConstantValue(len(lst.items))
         if name == "__contains__":
-            return ConstantValue(operators.contains(tr, args[0], lst))
-        return builtin_calls.fold(getattr(list, name), [ListValue(lst.items), *args], {})
+            return ConstantValue(dispatch.contains(tr, args[0], lst))
+        return literals.fold(getattr(list, name), [ListValue(lst.items), *args], {})
     lst.check_mutable()
     if name == "append":
         lst.items.append(args[0])
     elif name == "extend":
-        lst.items.extend(builtin_calls.unpack_iterable(tr, args[0]))
+        lst.items.extend(dispatch.unpack_iterable(tr, args[0]))
     elif name == "insert":
         lst.items.insert(int(args[0].as_constant()), args[1])
     elif name == "pop":
@@ -74,11 +75,11 @@ def _list_method(tr: Tracer, lst: ListValue, name: str, args: list[Value]) -> Va
         lst.items.reverse()
     elif name == "remove":
         for i, x in enumerate(lst.items):
-            if operators.truth(tr, operators.compare_op(tr, "==", x, args[0])):
+            if dispatch.truth(tr, dispatch.compare_op(tr, "==", x, args[0])):
                 del lst.items[i]
                 break
     elif name == "__setitem__":
-        attributes.set_item(tr, ListValue(lst.items), args[0], args[1])
+        dispatch.set_item(tr, ListValue(lst.items), args[0], args[1])
     else:
         raise unsupported("unsupported_call", f"list.{name}")
     return ConstantValue(None)
@@ -122,7 +123,7 @@ def _dict_method(
         return args[1] if len(args) > 1 else ConstantValue(None)
     elif name == "update":
         if args:
-            other = builtin_calls.make_dict(tr, [args[0]], {})
+            other = make_dict(tr, [args[0]], {})
             assert isinstance(other, DictValue)
             d.items.update(other.items)
         for k, v in kwargs.items():
@@ -141,7 +142,7 @@ _SET_RELATIONS = {"issubset": "<=", "issuperset": ">=", "isdisjoint": "isdisjoin
 def _as_set(tr: Tracer, v: Value) -> SetValue:
     if isinstance(v, SetValue):
         return v
-    return SetValue({dict_key(x): x for x in builtin_calls.unpack_iterable(tr, v)})
+    return SetValue({dict_key(x): x for x in dispatch.unpack_iterable(tr, v)})
 
 
 def _set_method(tr: Tracer, s: SetValue, name: str, args: list[Value]) -> Value:
@@ -152,7 +153,7 @@ def _set_method(tr: Tracer, s: SetValue, name: str, args: list[Value]) -> Value:
     if name in _SET_ALGEBRA:  # ``s.union(a, b)`` takes any iterables
         result: Value = SetValue(dict(s.items))
         for other in args:
-            result = operators.binary_op(tr, _SET_ALGEBRA[name], result, _as_set(tr, other))
+            result = dispatch.binary_op(tr, _SET_ALGEBRA[name], result, _as_set(tr, other))
         return result
     if name in _SET_RELATIONS:
         mine, theirs = s.items.keys(), _as_set(tr, args[0]).items.keys()
@@ -163,7 +164,7 @@ def _set_method(tr: Tracer, s: SetValue, name: str, args: list[Value]) -> Value:
     if name == "add":
         s.items[dict_key(args[0])] = args[0]
     elif name == "update":
-        for x in builtin_calls.unpack_iterable(tr, args[0]):
+        for x in dispatch.unpack_iterable(tr, args[0]):
             s.items[dict_key(x)] = x
     elif name.endswith("_update") and name[: -len("_update")] in _SET_ALGEBRA:
         updated = _set_method(tr, s, name[: -len("_update")], args)
@@ -178,3 +179,25 @@ def _set_method(tr: Tracer, s: SetValue, name: str, args: list[Value]) -> Value:
     else:
         raise unsupported("unsupported_call", f"set.{name}")
     return ConstantValue(None)
+
+
+def make_dict(tr: Tracer, args: list[Value], kwargs: dict[str, Value], cls: type = dict) -> Value:
+    out = DictValue({}, cls)
+    if args:
+        source = args[0]
+        if isinstance(source, DictValue):
+            out.items.update(source.items)
+        else:
+            for pair in dispatch.unpack_iterable(tr, source):
+                key, value = dispatch.unpack_iterable(tr, pair)
+                out.set(key, value)
+    for name, kv in kwargs.items():
+        out.set(ConstantValue(name), kv)
+    return out
+
+
+@dispatch.CALL.register(BuiltinMethodValue)
+def _call_builtin_method(
+    tr: Tracer, fn: BuiltinMethodValue, args: list[Value], kwargs: dict[str, Value]
+) -> Value:
+    return call_builtin_method(tr, fn.receiver, fn.name, args, kwargs)

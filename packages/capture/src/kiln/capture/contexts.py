@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kiln.capture import builtin_calls
+from kiln.capture import dispatch, literals
 from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.values.base import ConstantValue, Value
 
@@ -129,8 +129,8 @@ def make_context(obj: Any, args: list[Value], kwargs: dict[str, Value]) -> Value
         # enables grad, even inside no_grad.
         return ContextValue(not mode)
     if isinstance(obj, type) and issubclass(obj, torch.amp.autocast):
-        plain = [builtin_calls.literal(a) for a in args]
-        plain_kw = {k: builtin_calls.literal(v) for k, v in kwargs.items()}
+        plain = [literals.literal(a) for a in args]
+        plain_kw = {k: literals.literal(v) for k, v in kwargs.items()}
         try:
             return AutocastValue(obj(*plain, **plain_kw))
         except Exception as e:
@@ -153,3 +153,26 @@ def decorate(tr: Tracer, ctx: ContextValue, args: list[Value], kwargs: dict[str,
     if len(args) != 1 or kwargs:
         raise unsupported("unsupported_call", "a grad-mode context called with arguments")
     return DecoratedValue(ctx, args[0])
+
+
+@dispatch.CALL.register(DecoratedValue)
+def _call_decorated(
+    tr: Tracer, fn: DecoratedValue, args: list[Value], kwargs: dict[str, Value]
+) -> Value:
+    fn.ctx.enter(tr)
+    result = dispatch.call(tr, fn.fn, args, kwargs)
+    fn.ctx.exit(tr)
+    return result
+
+
+@dispatch.CALL.register(ExitValue)
+def _call_exit(tr: Tracer, fn: ExitValue, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    fn.ctx.exit(tr)
+    return ConstantValue(None)
+
+
+@dispatch.CALL.register(ContextValue)
+def _call_context(
+    tr: Tracer, fn: ContextValue, args: list[Value], kwargs: dict[str, Value]
+) -> Value:
+    return decorate(tr, fn, args, kwargs)

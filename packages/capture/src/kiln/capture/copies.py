@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kiln.capture import builtin_calls
+from kiln.capture import literals
 from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.guard_data import GuardKind
 from kiln.capture.source import Source
@@ -45,8 +45,8 @@ def shallow_copy(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Val
 
 def deep_copy(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
     v = args[0]
-    if builtin_calls.is_literal(v):
-        return builtin_calls.fold(copy.deepcopy, args[:1], {})
+    if literals.is_literal(v):
+        return literals.fold(copy.deepcopy, args[:1], {})
     if isinstance(v, ObjectValue) and v.source is not None and hasattr(v.obj, "__dict__"):
         # a snapshot of a plain object (a config): its state is guarded, the copy is private
         _guard_state(tr, v.obj, v.source, depth=2)

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from kiln.capture import counters
+from kiln.capture import counters, evaluator  # noqa: F401  (fills the dispatch tables)
 from kiln.capture.binding import code_signature
 from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.breaks.rollback import BreakTracer

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kiln.capture import builtin_calls, torch_calls
+from kiln.capture import dispatch, literals, torch_calls
 from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.guard_data import GuardKind
 from kiln.capture.values.base import ConstantValue, Value
@@ -239,7 +239,7 @@ def _numpy_callable(name: str, function: bool, arr: NdarrayValue) -> Callable[..
 
 
 def _fold(fn: Any, args: list[Value], kwargs: dict[str, Value]) -> Value:
-    result = builtin_calls.fold(fn, args, kwargs)
+    result = literals.fold(fn, args, kwargs)
     if isinstance(result, ConstantValue):
         return result
     kind = result.python_type().__name__
@@ -262,7 +262,7 @@ def _bind(
 def _literal(v: Value) -> Any:
     if _holds_array(v):
         raise unsupported("unsupported_call", "a numpy array where numpy wants a constant")
-    return builtin_calls.literal(v)
+    return literals.literal(v)
 
 
 # stand-ins -------------------------------------------------------------------
@@ -441,6 +441,7 @@ def _sequence(
 
 
 # attributes, items and operators ---------------------------------------------
+@dispatch.GET_ATTR.register(NdarrayValue)
 def attribute(tr: Tracer, arr: NdarrayValue, name: str) -> Value:
     """``arr.shape``, ``arr.dtype``, ``arr.T`` ...; methods as bound method values."""
     import numpy
@@ -459,6 +460,7 @@ def attribute(tr: Tracer, arr: NdarrayValue, name: str) -> Value:
     raise unsupported("unsupported_attribute", f"ndarray.{name}")
 
 
+@dispatch.GET_ITEM.register(NdarrayValue)
 def get_item(tr: Tracer, arr: NdarrayValue, index: Value) -> NdarrayValue:
     """Basic indexing (ints, slices, ``None``, ``...``): a view, or a scalar when it picks one."""
     key = _literal(index)

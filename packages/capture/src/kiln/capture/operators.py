@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from kiln.capture import builtin_types, calls, numpy_calls, torch_calls
+from kiln.capture import builtin_types, dispatch, numpy_calls, torch_calls
 from kiln.capture.breaks.reasons import raised, unsupported
 from kiln.capture.guard_data import GuardKind
 from kiln.capture.values.base import ConstantValue, Value
@@ -87,6 +87,7 @@ def _fold(fn: Callable[[Any, Any], Any], a: Any, b: Any) -> Value:
         raise raised(e) from e
 
 
+@dispatch.BINARY_OP.register(Value)
 def binary_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value:
     """``a <sym> b`` for a binary or in-place operator symbol such as ``+`` or ``+=``."""
     fn = BINARY[sym]
@@ -182,13 +183,13 @@ def _dunder(tr: Tracer, sym: str, a: Value, b: Value, inplace: bool) -> Value:
         for n in names:
             method = _user_method(a, n)
             if method is not None:
-                result = calls.call(tr, method, [a, b], {})
+                result = dispatch.call(tr, method, [a, b], {})
                 if not (isinstance(result, ConstantValue) and result.value is NotImplemented):
                     return result
         reflected = _REFLECTED.get(name, f"r{name}")
         method = _user_method(b, f"__{reflected}__")
         if method is not None:
-            return calls.call(tr, method, [b, a], {})
+            return dispatch.call(tr, method, [b, a], {})
     if sym in ("==", "!="):
         same = _identity(a, b)
         if same is not None:
@@ -232,6 +233,7 @@ def _identity(a: Value, b: Value) -> bool | None:
     return None
 
 
+@dispatch.COMPARE_OP.register(Value)
 def compare_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value:
     fn = COMPARE[sym]
     if isinstance(a, TensorValue) or isinstance(b, TensorValue):
@@ -279,6 +281,7 @@ def _guard_identity(tr: Tracer, *values: Value) -> None:
             tr.out.guard(v.source, GuardKind.ID_MATCH, id(v.obj))
 
 
+@dispatch.CONTAINS.register(Value)
 def contains(tr: Tracer, item: Value, container: Value) -> bool:
     """``item in container``."""
     own = builtin_types.call_override(tr, container, "__contains__", [item])
@@ -311,10 +314,11 @@ def contains(tr: Tracer, item: Value, container: Value) -> bool:
         return item.value in container.obj
     method = _user_method(container, "__contains__")
     if method is not None:
-        return truth(tr, calls.call(tr, method, [container, item], {}))
+        return truth(tr, dispatch.call(tr, method, [container, item], {}))
     raise unsupported("unsupported_operator", f"in {container}")
 
 
+@dispatch.TRUTH.register(Value)
 def truth(tr: Tracer, v: Value) -> bool:
     """``bool(v)`` when it is known at capture time; tensors refuse (data-dependent)."""
     if isinstance(v, ConstantValue):
@@ -331,7 +335,7 @@ def truth(tr: Tracer, v: Value) -> bool:
         for name in ("__bool__", "__len__"):
             method = _user_method(v, name)
             if method is not None:
-                result = calls.call(tr, method, [v], {})
+                result = dispatch.call(tr, method, [v], {})
                 return truth(tr, result) if name == "__bool__" else bool(result.as_constant())
     if isinstance(v, ObjectValue):
         return _object_truth(v.obj)
@@ -352,6 +356,7 @@ def _object_truth(obj: object) -> bool:
     raise unsupported("unsupported_operator", f"bool() of a {cls.__name__}")
 
 
+@dispatch.UNARY_OP.register(Value)
 def unary_op(tr: Tracer, name: str, v: Value) -> Value:
     """``-v``, ``+v``, ``~v`` (``name`` is ``neg``, ``pos`` or ``invert``)."""
     fn = getattr(operator, name)
@@ -366,5 +371,5 @@ def unary_op(tr: Tracer, name: str, v: Value) -> Value:
             raise unsupported("user_exception", str(e)) from e
     method = _user_method(v, f"__{name}__")
     if method is not None:
-        return calls.call(tr, method, [v], {})
+        return dispatch.call(tr, method, [v], {})
     raise unsupported("unsupported_operator", f"{name} {v}")

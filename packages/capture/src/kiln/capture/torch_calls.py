@@ -16,14 +16,23 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import fx
 
-from kiln.capture import numpy_calls
+from kiln.capture import dispatch, numpy_calls
 from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.errors import Unsupported
+from kiln.capture.torch_functions import (
+    COMPILING,
+    CONSTANT_FOLDED,
+    REFUSED,
+    RESEEDS,
+    is_special,
+    is_torch_callable,
+    unwrapped,
+)
 from kiln.capture.values.base import ConstantValue, Value, is_constant
 from kiln.capture.values.containers import DictValue, ListValue, TupleValue
 from kiln.capture.values.ndarray import NdarrayValue
 from kiln.capture.values.objects import ObjectValue
-from kiln.capture.values.tensor import TensorValue
+from kiln.capture.values.tensor import TensorMethodValue, TensorValue
 
 if TYPE_CHECKING:
     from kiln.capture.tracer import Tracer
@@ -58,29 +67,6 @@ _DATA_METHODS = frozenset(
 )
 
 
-def _unwrapped(obj: Any) -> Any:
-    """The function under torch's own decorators (which torch may apply lazily, at run time)."""
-    for _ in range(8):
-        inner = getattr(obj, "__wrapped__", None)
-        if inner is None:
-            return obj
-        obj = inner
-    return obj
-
-
-_CONSTANT_FOLDED = {
-    _unwrapped(f)
-    for f in (
-        torch.is_grad_enabled,
-        torch.get_default_dtype,
-        torch.is_inference_mode_enabled,
-        torch.are_deterministic_algorithms_enabled,
-    )
-}
-# seeding: eager's random numbers are expected after it (see OutputGraph.eager_random)
-_RESEEDS = {
-    _unwrapped(f) for f in (torch.manual_seed, torch.random.manual_seed, torch.set_rng_state)
-}
 # ops that draw from torch's generator, by function or method name
 RANDOM_OPS = frozenset(
     {
@@ -91,23 +77,6 @@ RANDOM_OPS = frozenset(
         "feature_dropout", "rrelu", "rrelu_", "native_dropout",
     }
 )  # fmt: skip
-_REFUSED = {
-    _unwrapped(f)
-    for f in (
-        torch.seed,
-        torch.get_rng_state,
-        torch.set_default_dtype,
-        torch.set_default_device,
-        torch.set_printoptions,
-        torch.use_deterministic_algorithms,
-        torch.set_num_threads,
-        torch.save,
-        torch.load,
-    )
-}
-_COMPILING = {
-    _unwrapped(f) for f in (torch.compiler.is_compiling, torch.compiler.is_dynamo_compiling)
-}
 _TENSOR_PROPERTIES = frozenset(
     {
         "shape",
@@ -128,37 +97,6 @@ _TENSOR_PROPERTIES = frozenset(
         "nbytes",
     }
 )
-
-
-def is_special(obj: Any) -> bool:
-    """Torch functions with a fixed answer while capturing (``torch.compiler.is_compiling``)."""
-    try:
-        base = _unwrapped(obj)
-        return (
-            base in _COMPILING or base in _REFUSED or base in _RESEEDS or base in _CONSTANT_FOLDED
-        )
-    except TypeError:
-        return False
-
-
-def is_torch_callable(obj: Any) -> bool:
-    """Whether calling ``obj`` is a torch op to put in the graph (or fold on fakes)."""
-    if isinstance(obj, type):
-        return False
-    if isinstance(obj, (types.MethodDescriptorType, types.WrapperDescriptorType)):
-        return issubclass(obj.__objclass__, torch._C.TensorBase)
-    module = getattr(obj, "__module__", None) or ""
-    if isinstance(obj, types.BuiltinFunctionType) and module.startswith("torch"):
-        return True
-    if isinstance(obj, torch._ops.OpOverloadPacket | torch._ops.OpOverload):
-        return True
-    return (
-        isinstance(obj, types.FunctionType)
-        and module.startswith(
-            ("torch.nn.functional", "torch.functional", "torch._refs", "torch.nn.init")
-        )
-        and obj.__name__ not in {"_in_projection_packed"}
-    )
 
 
 def _unpack(v: Value) -> tuple[Any, Any]:
@@ -250,16 +188,16 @@ def _run(
 
 def call_function(tr: Tracer, fn: Any, args: list[Value], kwargs: dict[str, Value]) -> Value:
     """``fn(*args, **kwargs)`` for a torch function or an operator on tensors."""
-    base = _unwrapped(fn)
-    if base in _COMPILING:
+    base = unwrapped(fn)
+    if base in COMPILING:
         return ConstantValue(True)
-    if base in _RESEEDS:
+    if base in RESEEDS:
         raise unsupported("rng_reseeded", f"torch.{fn.__name__}")
-    if base in _REFUSED:
+    if base in REFUSED:
         raise unsupported("side_effect", f"torch.{fn.__name__} changes process state")
     if tr.out.eager_random and getattr(fn, "__name__", "") in RANDOM_OPS:
         raise unsupported("rng_reseeded", f"{fn.__name__} after the generator was reseeded")
-    if base in _CONSTANT_FOLDED:
+    if base in CONSTANT_FOLDED:
         return ConstantValue(fn())
     if isinstance(fn, (types.MethodDescriptorType, types.WrapperDescriptorType)):
         if args and isinstance(args[0], TensorValue):
@@ -306,3 +244,26 @@ def tensor_attribute(tr: Tracer, tensor: TensorValue, name: str) -> Value | None
     if callable(getattr(torch.Tensor, name, None)):
         return None
     raise unsupported("unsupported_attribute", f"Tensor.{name}")
+
+
+@dispatch.GET_ATTR.register(TensorValue)
+def _tensor_attr(tr: Tracer, v: TensorValue, name: str) -> Value:
+    found = tensor_attribute(tr, v, name)
+    return found if found is not None else TensorMethodValue(v, name)
+
+
+@dispatch.GET_ITEM.register(TensorValue)
+def _tensor_item(tr: Tracer, v: TensorValue, index: Value) -> Value:
+    return call_function(tr, operator.getitem, [v, index], {})
+
+
+@dispatch.SET_ITEM.register(TensorValue)
+def _set_tensor_item(tr: Tracer, v: TensorValue, index: Value, value: Value) -> None:
+    call_function(tr, operator.setitem, [v, index, value], {})
+
+
+@dispatch.CALL.register(TensorMethodValue)
+def _call_tensor_method(
+    tr: Tracer, fn: TensorMethodValue, args: list[Value], kwargs: dict[str, Value]
+) -> Value:
+    return call_method(tr, fn.tensor, fn.name, args, kwargs)

@@ -2,8 +2,8 @@
 
 A :class:`Tracer` runs the bytecode of the captured frame, or of a function
 inlined into it, over a symbolic stack and symbolic locals. Opcode handlers
-(``kiln.capture.opcodes``) do the work; the loop fetches, dispatches and
-counts. Tracers of inlined calls share the parent's :class:`OutputGraph`.
+(``kiln.capture.opcodes``, registered in :data:`OPCODES`) do the work; the loop fetches,
+dispatches and counts. Tracers of inlined calls share the parent's :class:`OutputGraph`.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import linecache
 import logging
 import sys
 import types
+from collections.abc import Callable
 from typing import Any
 
 from kiln.capture.binding import bind_arguments
@@ -21,7 +22,6 @@ from kiln.capture.breaks.reasons import UserException, unsupported
 from kiln.capture.bytecode.decode import decode
 from kiln.capture.errors import Unsupported, UserFrame
 from kiln.capture.graph import OutputGraph
-from kiln.capture.opcodes import HANDLERS
 from kiln.capture.source import GlobalSource, Source
 from kiln.capture.values.base import ConstantValue, Value
 from kiln.capture.values.containers import CellValue
@@ -30,7 +30,7 @@ from kiln.capture.values.iterators import ItemsIterator
 from kiln.capture.values.objects import ObjectValue, SuperValue
 from kiln.capture.wrap import wrap
 
-__all__ = ["MAX_INLINE_DEPTH", "MAX_STEPS", "Tracer", "Checkpoint"]
+__all__ = ["MAX_INLINE_DEPTH", "MAX_STEPS", "OPCODES", "Checkpoint", "OpcodeHandler", "Tracer"]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,12 @@ CO_GENERATOR = 0x20
 CO_GENERATOR_LIKE = (
     0x20 | 0x80 | 0x100 | 0x200
 )  # generator, coroutine, iterable coroutine, async gen
+
+
+OpcodeHandler = Callable[["Tracer", dis.Instruction], None]
+#: The handler of every opname; :mod:`kiln.capture.opcodes` fills it when imported (the opcode
+#: layer depends on the tracer, never the other way), ``kiln.capture.evaluator`` imports it.
+OPCODES: dict[str, OpcodeHandler] = {}
 
 
 class Checkpoint:
@@ -111,7 +117,7 @@ class Tracer:
             self.out.steps += 1
             if self.out.steps > MAX_STEPS:
                 raise unsupported("inline_limit", f"more than {MAX_STEPS} instructions")
-            handler = HANDLERS.get(ins.opname)
+            handler = OPCODES.get(ins.opname)
             if handler is None:
                 raise unsupported("unsupported_opcode", ins.opname)
             try:

@@ -20,11 +20,11 @@ from typing import Any
 
 import torch
 
-from kiln.capture import torch_calls
 from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.graph import OutputGraph
 from kiln.capture.guard_data import GuardKind
 from kiln.capture.source import Source
+from kiln.capture.torch_functions import is_special, is_torch_callable
 from kiln.capture.values.base import ConstantValue, Value, is_constant
 from kiln.capture.values.containers import (
     CellValue,
@@ -110,7 +110,7 @@ def _wrap(out: OutputGraph, obj: Any, source: Source | None) -> Value:
     if isinstance(obj, types.FunctionType):
         if source is not None:
             out.guard(source, GuardKind.ID_MATCH, id(obj))
-        if torch_calls.is_special(obj) or torch_calls.is_torch_callable(obj) or _runs_natively(obj):
+        if is_special(obj) or is_torch_callable(obj) or _runs_natively(obj):
             return ObjectValue(obj, source)
         if _is_compile_disable_wrapper(obj):
             inner_src = source.attr("__wrapped__") if source is not None else None

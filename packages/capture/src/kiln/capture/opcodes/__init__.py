@@ -19,6 +19,7 @@ from kiln.capture.opcodes import (
     unsupported,
 )
 from kiln.capture.opcodes.common import Handler
+from kiln.capture.tracer import OPCODES
 
 __all__ = ["HANDLERS"]
 
@@ -27,3 +28,4 @@ for _family in (load_store, arithmetic, calling, control, building, exceptions, 
     HANDLERS.update(_family.HANDLERS)
 for _name in dis.opmap:
     HANDLERS.setdefault(_name, unsupported.refuse)
+OPCODES.update(HANDLERS)

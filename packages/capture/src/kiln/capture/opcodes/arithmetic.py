@@ -5,8 +5,7 @@ from __future__ import annotations
 import dis
 from typing import TYPE_CHECKING
 
-from kiln.capture import builtin_calls
-from kiln.capture import operators as ops
+from kiln.capture import dispatch, literals, operators
 from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.opcodes.common import registry
 from kiln.capture.values.base import ConstantValue
@@ -22,54 +21,54 @@ HANDLERS, handles = registry()
 def binary_op(tr: Tracer, ins: dis.Instruction) -> None:
     b = tr.pop()
     a = tr.pop()
-    tr.push(ops.binary_op(tr, ins.argrepr, a, b))
+    tr.push(dispatch.binary_op(tr, ins.argrepr, a, b))
 
 
 @handles("COMPARE_OP")
 def compare_op(tr: Tracer, ins: dis.Instruction) -> None:
     b = tr.pop()
     a = tr.pop()
-    tr.push(ops.compare_op(tr, str(ins.argval), a, b))
+    tr.push(dispatch.compare_op(tr, str(ins.argval), a, b))
 
 
 @handles("IS_OP")
 def is_op(tr: Tracer, ins: dis.Instruction) -> None:
     b = tr.pop()
     a = tr.pop()
-    tr.push(ConstantValue(ops.is_op(tr, a, b) != bool(ins.arg)))
+    tr.push(ConstantValue(operators.is_op(tr, a, b) != bool(ins.arg)))
 
 
 @handles("CONTAINS_OP")
 def contains_op(tr: Tracer, ins: dis.Instruction) -> None:
     container = tr.pop()
     item = tr.pop()
-    tr.push(ConstantValue(ops.contains(tr, item, container) != bool(ins.arg)))
+    tr.push(ConstantValue(dispatch.contains(tr, item, container) != bool(ins.arg)))
 
 
 @handles("UNARY_NEGATIVE")
 def unary_negative(tr: Tracer, ins: dis.Instruction) -> None:
-    tr.push(ops.unary_op(tr, "neg", tr.pop()))
+    tr.push(dispatch.unary_op(tr, "neg", tr.pop()))
 
 
 @handles("UNARY_POSITIVE")
 def unary_positive(tr: Tracer, ins: dis.Instruction) -> None:
-    tr.push(ops.unary_op(tr, "pos", tr.pop()))
+    tr.push(dispatch.unary_op(tr, "pos", tr.pop()))
 
 
 @handles("UNARY_INVERT")
 def unary_invert(tr: Tracer, ins: dis.Instruction) -> None:
-    tr.push(ops.unary_op(tr, "invert", tr.pop()))
+    tr.push(dispatch.unary_op(tr, "invert", tr.pop()))
 
 
 @handles("UNARY_NOT")
 def unary_not(tr: Tracer, ins: dis.Instruction) -> None:
-    tr.push(ConstantValue(not ops.truth(tr, tr.pop())))
+    tr.push(ConstantValue(not dispatch.truth(tr, tr.pop())))
 
 
 @handles("CALL_INTRINSIC_1")
 def call_intrinsic_1(tr: Tracer, ins: dis.Instruction) -> None:
     if ins.argrepr == "INTRINSIC_UNARY_POSITIVE":
-        tr.push(ops.unary_op(tr, "pos", tr.pop()))
+        tr.push(dispatch.unary_op(tr, "pos", tr.pop()))
     elif ins.argrepr == "INTRINSIC_LIST_TO_TUPLE":
         lst = tr.pop()
         assert isinstance(lst, ListValue)
@@ -80,7 +79,7 @@ def call_intrinsic_1(tr: Tracer, ins: dis.Instruction) -> None:
 
 @handles("GET_LEN")
 def get_len(tr: Tracer, ins: dis.Instruction) -> None:
-    tr.push(ConstantValue(builtin_calls.length(tr, tr.peek())))
+    tr.push(ConstantValue(dispatch.length(tr, tr.peek())))
 
 
 _CONVERSIONS = {0: None, 1: str, 2: repr, 3: ascii}
@@ -90,7 +89,7 @@ _CONVERSIONS = {0: None, 1: str, 2: repr, 3: ascii}
 def format_value(tr: Tracer, ins: dis.Instruction) -> None:
     flags = ins.arg or 0
     spec = tr.pop().as_constant() if flags & 0x04 else ""
-    value = builtin_calls.literal(tr.pop())
+    value = literals.literal(tr.pop())
     convert = _CONVERSIONS[flags & 0x03]
     if convert is not None:
         value = convert(value)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dis
 from typing import TYPE_CHECKING
 
-from kiln.capture import builtin_calls
+from kiln.capture import container_methods, dispatch
 from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.opcodes.common import registry
 from kiln.capture.values.base import ConstantValue
@@ -84,7 +84,7 @@ def map_add(tr: Tracer, ins: dis.Instruction) -> None:
 
 @handles("LIST_EXTEND")
 def list_extend(tr: Tracer, ins: dis.Instruction) -> None:
-    items = builtin_calls.unpack_iterable(tr, tr.pop())
+    items = dispatch.unpack_iterable(tr, tr.pop())
     target = tr.peek(ins.arg or 1)
     assert isinstance(target, ListValue)
     target.items.extend(items)
@@ -92,7 +92,7 @@ def list_extend(tr: Tracer, ins: dis.Instruction) -> None:
 
 @handles("SET_UPDATE")
 def set_update(tr: Tracer, ins: dis.Instruction) -> None:
-    items = builtin_calls.unpack_iterable(tr, tr.pop())
+    items = dispatch.unpack_iterable(tr, tr.pop())
     target = tr.peek(ins.arg or 1)
     assert isinstance(target, SetValue)
     for x in items:
@@ -105,7 +105,7 @@ def dict_update(tr: Tracer, ins: dis.Instruction) -> None:
     target = tr.peek(ins.arg or 1)
     assert isinstance(target, DictValue)
     if not isinstance(update, DictValue):
-        update = builtin_calls.make_dict(tr, [update], {})
+        update = container_methods.make_dict(tr, [update], {})
     assert isinstance(update, DictValue)
     if ins.opname == "DICT_MERGE" and set(update.items) & set(target.items):
         raise unsupported("user_exception", "TypeError: got multiple values for a keyword argument")
@@ -121,7 +121,7 @@ def list_to_tuple(tr: Tracer, ins: dis.Instruction) -> None:
 
 @handles("UNPACK_SEQUENCE")
 def unpack_sequence(tr: Tracer, ins: dis.Instruction) -> None:
-    items = builtin_calls.unpack_iterable(tr, tr.pop())
+    items = dispatch.unpack_iterable(tr, tr.pop())
     if len(items) != (ins.arg or 0):
         raise unsupported("user_exception", f"ValueError: expected {ins.arg} values to unpack")
     for item in reversed(items):
@@ -132,7 +132,7 @@ def unpack_sequence(tr: Tracer, ins: dis.Instruction) -> None:
 def unpack_ex(tr: Tracer, ins: dis.Instruction) -> None:
     arg = ins.arg or 0
     before, after = arg & 0xFF, arg >> 8
-    items = builtin_calls.unpack_iterable(tr, tr.pop())
+    items = dispatch.unpack_iterable(tr, tr.pop())
     if len(items) < before + after:
         raise unsupported("user_exception", "ValueError: not enough values to unpack")
     middle = ListValue(items[before : len(items) - after])

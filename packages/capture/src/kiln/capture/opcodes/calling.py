@@ -6,8 +6,7 @@ import dis
 import sys
 from typing import TYPE_CHECKING
 
-from kiln.capture import attributes, builtin_calls, contexts
-from kiln.capture import calls as call_values
+from kiln.capture import contexts, dispatch
 from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.opcodes.common import registry
 from kiln.capture.values.base import ConstantValue, NullValue, Value
@@ -47,7 +46,7 @@ def call(tr: Tracer, ins: dis.Instruction) -> None:
         kwargs = dict(zip(tr.kw_names, args[-n:], strict=False))
         args = args[:-n]
         tr.kw_names = ()
-    tr.push(call_values.call(tr, fn, args, kwargs))
+    tr.push(dispatch.call(tr, fn, args, kwargs))
 
 
 @handles("CALL_FUNCTION_EX")
@@ -58,11 +57,11 @@ def call_function_ex(tr: Tracer, ins: dis.Instruction) -> None:
         if not isinstance(kw, DictValue):
             raise unsupported("unsupported_call", "** of a non-dict")
         kwargs = {str(k): v for k, (_, v) in kw.items.items()}
-    args = builtin_calls.unpack_iterable(tr, tr.pop())
+    args = dispatch.unpack_iterable(tr, tr.pop())
     fn = tr.pop()
     if tr.stack and isinstance(tr.peek(), NullValue):
         tr.pop()
-    tr.push(call_values.call(tr, fn, args, kwargs))
+    tr.push(dispatch.call(tr, fn, args, kwargs))
 
 
 @handles("MAKE_FUNCTION")
@@ -128,7 +127,7 @@ def import_name(tr: Tracer, ins: dis.Instruction) -> None:
 @handles("IMPORT_FROM")
 def import_from(tr: Tracer, ins: dis.Instruction) -> None:
     module = tr.peek()
-    tr.push(attributes.get_attr(tr, module, ins.argval))
+    tr.push(dispatch.get_attr(tr, module, ins.argval))
 
 
 @handles("BEFORE_WITH")
@@ -139,7 +138,7 @@ def before_with(tr: Tracer, ins: dis.Instruction) -> None:
         tr.push(contexts.ExitValue(ctx))
         tr.push(ConstantValue(None))
         return
-    exit_fn = attributes.get_attr(tr, ctx, "__exit__")
-    enter_fn = attributes.get_attr(tr, ctx, "__enter__")
+    exit_fn = dispatch.get_attr(tr, ctx, "__exit__")
+    enter_fn = dispatch.get_attr(tr, ctx, "__enter__")
     tr.push(exit_fn)
-    tr.push(call_values.call(tr, enter_fn, [], {}))
+    tr.push(dispatch.call(tr, enter_fn, [], {}))

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import dis
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 if TYPE_CHECKING:
-    from kiln.capture.tracer import Tracer
+    from kiln.capture.tracer import OpcodeHandler
 
 __all__ = ["Handler", "registry"]
 
-Handler = Callable[["Tracer", dis.Instruction], None]
+Handler: TypeAlias = "OpcodeHandler"
 
 
 def registry() -> tuple[dict[str, Handler], Callable[..., Callable[[Handler], Handler]]]:

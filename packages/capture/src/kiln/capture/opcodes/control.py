@@ -5,7 +5,7 @@ from __future__ import annotations
 import dis
 from typing import TYPE_CHECKING
 
-from kiln.capture import builtin_calls, calls, operators
+from kiln.capture import dispatch, iteration
 from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.opcodes.common import registry
 from kiln.capture.values.base import NULL, ConstantValue, Value
@@ -59,12 +59,12 @@ def _pop_jump(tr: Tracer, ins: dis.Instruction, condition: bool) -> None:
 
 @handles("POP_JUMP_IF_TRUE", "POP_JUMP_FORWARD_IF_TRUE", "POP_JUMP_BACKWARD_IF_TRUE")
 def pop_jump_if_true(tr: Tracer, ins: dis.Instruction) -> None:
-    _pop_jump(tr, ins, operators.truth(tr, tr.pop()))
+    _pop_jump(tr, ins, dispatch.truth(tr, tr.pop()))
 
 
 @handles("POP_JUMP_IF_FALSE", "POP_JUMP_FORWARD_IF_FALSE", "POP_JUMP_BACKWARD_IF_FALSE")
 def pop_jump_if_false(tr: Tracer, ins: dis.Instruction) -> None:
-    _pop_jump(tr, ins, not operators.truth(tr, tr.pop()))
+    _pop_jump(tr, ins, not dispatch.truth(tr, tr.pop()))
 
 
 @handles("POP_JUMP_IF_NONE", "POP_JUMP_FORWARD_IF_NONE", "POP_JUMP_BACKWARD_IF_NONE")
@@ -79,7 +79,7 @@ def pop_jump_if_not_none(tr: Tracer, ins: dis.Instruction) -> None:
 
 @handles("JUMP_IF_TRUE_OR_POP")
 def jump_if_true_or_pop(tr: Tracer, ins: dis.Instruction) -> None:
-    if operators.truth(tr, tr.peek()):
+    if dispatch.truth(tr, tr.peek()):
         tr.jump_to(ins.argval)
     else:
         tr.pop()
@@ -87,7 +87,7 @@ def jump_if_true_or_pop(tr: Tracer, ins: dis.Instruction) -> None:
 
 @handles("JUMP_IF_FALSE_OR_POP")
 def jump_if_false_or_pop(tr: Tracer, ins: dis.Instruction) -> None:
-    if not operators.truth(tr, tr.peek()):
+    if not dispatch.truth(tr, tr.peek()):
         tr.jump_to(ins.argval)
     else:
         tr.pop()
@@ -95,14 +95,14 @@ def jump_if_false_or_pop(tr: Tracer, ins: dis.Instruction) -> None:
 
 @handles("GET_ITER")
 def get_iter(tr: Tracer, ins: dis.Instruction) -> None:
-    tr.push(builtin_calls.iterate(tr, tr.pop()))
+    tr.push(dispatch.iterate(tr, tr.pop()))
 
 
 @handles("FOR_ITER")
 def for_iter(tr: Tracer, ins: dis.Instruction) -> None:
     it = tr.peek()
     assert isinstance(it, IteratorValue)
-    item = it.next(lambda fn, args: calls.call(tr, fn, args, {}), lambda v: operators.truth(tr, v))
+    item = iteration.next_item(tr, it)
     if item is not None:
         tr.push(item)
         return

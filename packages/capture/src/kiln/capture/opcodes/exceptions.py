@@ -12,7 +12,7 @@ from __future__ import annotations
 import dis
 from typing import TYPE_CHECKING
 
-from kiln.capture import builtin_calls, calls, contexts
+from kiln.capture import builtin_calls, contexts, dispatch
 from kiln.capture.breaks.reasons import raised, unsupported
 from kiln.capture.opcodes.common import registry
 from kiln.capture.values.base import ConstantValue, Value
@@ -87,7 +87,7 @@ def with_except_start(tr: Tracer, ins: dis.Instruction) -> None:
         tr.push(ConstantValue(False))
         return
     args = [ObjectValue(type(exc)), ObjectValue(exc), ConstantValue(None)]
-    tr.push(calls.call(tr, exit_fn, args, {}))
+    tr.push(dispatch.call(tr, exit_fn, args, {}))
 
 
 @handles("LOAD_ASSERTION_ERROR")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dis
 from typing import TYPE_CHECKING
 
-from kiln.capture import attributes
+from kiln.capture import dispatch
 from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.opcodes.common import registry
 from kiln.capture.values.base import NULL, ConstantValue, NullValue
@@ -120,7 +120,7 @@ def load_attr(tr: Tracer, ins: dis.Instruction) -> None:
     method_form = ins.opname == "LOAD_METHOD" or (
         ins.opname == "LOAD_ATTR" and tr.py312 and ins.arg is not None and ins.arg & 1
     )
-    value = attributes.get_attr(tr, obj, ins.argval)
+    value = dispatch.get_attr(tr, obj, ins.argval)
     if method_form:
         tr.push(NULL)
     tr.push(value)
@@ -133,7 +133,7 @@ def load_super_attr(tr: Tracer, ins: dis.Instruction) -> None:
     tr.pop()  # the global super
     if not isinstance(cls_v, ObjectValue) or not isinstance(cls_v.obj, type):
         raise unsupported("unsupported_call", "super() with an unknown class")
-    value = attributes.get_attr(tr, SuperValue(cls_v.obj, self_v), ins.argval)
+    value = dispatch.get_attr(tr, SuperValue(cls_v.obj, self_v), ins.argval)
     if ins.arg is not None and ins.arg & 1:
         tr.push(NULL)
     tr.push(value)
@@ -143,19 +143,19 @@ def load_super_attr(tr: Tracer, ins: dis.Instruction) -> None:
 def store_attr(tr: Tracer, ins: dis.Instruction) -> None:
     obj = tr.pop()
     value = tr.pop()
-    attributes.set_attr(tr, obj, ins.argval, value)
+    dispatch.set_attr(tr, obj, ins.argval, value)
 
 
 @handles("DELETE_ATTR")
 def delete_attr(tr: Tracer, ins: dis.Instruction) -> None:
-    attributes.delete_attr(tr, tr.pop(), ins.argval)
+    dispatch.delete_attr(tr, tr.pop(), ins.argval)
 
 
 @handles("BINARY_SUBSCR")
 def binary_subscr(tr: Tracer, ins: dis.Instruction) -> None:
     index = tr.pop()
     container = tr.pop()
-    tr.push(attributes.get_item(tr, container, index))
+    tr.push(dispatch.get_item(tr, container, index))
 
 
 @handles("STORE_SUBSCR")
@@ -163,14 +163,14 @@ def store_subscr(tr: Tracer, ins: dis.Instruction) -> None:
     index = tr.pop()
     container = tr.pop()
     value = tr.pop()
-    attributes.set_item(tr, container, index, value)
+    dispatch.set_item(tr, container, index, value)
 
 
 @handles("DELETE_SUBSCR")
 def delete_subscr(tr: Tracer, ins: dis.Instruction) -> None:
     index = tr.pop()
     container = tr.pop()
-    attributes.delete_item(tr, container, index)
+    dispatch.delete_item(tr, container, index)
 
 
 def _slice(tr: Tracer) -> ConstantValue:
@@ -183,7 +183,7 @@ def _slice(tr: Tracer) -> ConstantValue:
 def binary_slice(tr: Tracer, ins: dis.Instruction) -> None:
     index = _slice(tr)
     container = tr.pop()
-    tr.push(attributes.get_item(tr, container, index))
+    tr.push(dispatch.get_item(tr, container, index))
 
 
 @handles("STORE_SLICE")
@@ -191,4 +191,4 @@ def store_slice(tr: Tracer, ins: dis.Instruction) -> None:
     index = _slice(tr)
     container = tr.pop()
     value = tr.pop()
-    attributes.set_item(tr, container, index, value)
+    dispatch.set_item(tr, container, index, value)

@@ -1,0 +1,153 @@
+"""Iteration over tracked values: ``iter``, unpacking and ``len``.
+
+``for`` loops unroll over the iterator :func:`iterate` gives (GET_ITER / FOR_ITER), and
+``a, b = v``, ``f(*v)``, ``list(v)`` and the builtins that consume an iterable take all its items
+at once. Module containers are guarded on their length or keys, so an unrolled loop is valid
+only while they stay the same. The handlers are registered in :mod:`~kiln.capture.dispatch`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+
+from kiln.capture import attributes, builtin_types, dispatch
+from kiln.capture.breaks.reasons import unsupported
+from kiln.capture.guard_data import GuardKind
+from kiln.capture.values.base import ConstantValue, Value
+from kiln.capture.values.containers import DictValue, DictViewValue, ListValue, SetValue, TupleValue
+from kiln.capture.values.iterators import ItemsIterator, IteratorValue
+from kiln.capture.values.ndarray import NdarrayValue
+from kiln.capture.values.objects import NewObjectValue, ObjectValue
+from kiln.capture.values.tensor import TensorValue
+from kiln.capture.wrap import wrap
+
+if TYPE_CHECKING:
+    from kiln.capture.tracer import Tracer
+
+__all__ = ["guard_module_container", "iterate", "length", "next_item", "unpack_iterable"]
+
+
+# iteration -------------------------------------------------------------------
+@dispatch.ITERATE.register(Value)
+def iterate(tr: Tracer, v: Value) -> IteratorValue:
+    """``iter(v)``: an iterator the loop can unroll."""
+    if isinstance(v, IteratorValue):
+        return v
+    own = builtin_types.call_override(tr, v, "__iter__", [])
+    if own is not None:
+        return iterate(tr, own)
+    if isinstance(v, (ListValue, TupleValue, DictViewValue)):
+        return ItemsIterator(list(v.items))
+    if isinstance(v, DictValue):
+        return ItemsIterator([k for k, _ in v.items.values()])
+    if isinstance(v, SetValue):
+        return ItemsIterator(v.ordered())
+    if isinstance(v, ConstantValue):
+        try:
+            return ItemsIterator([ConstantValue(x) for x in v.value])
+        except TypeError as e:
+            raise unsupported("user_exception", str(e)) from e
+    if isinstance(v, TensorValue):
+        if v.fake.dim() == 0:
+            raise unsupported("user_exception", "iteration over a 0-d tensor")
+        n = v.fake.shape[0]
+        return ItemsIterator([dispatch.get_item(tr, v, ConstantValue(i)) for i in range(n)])
+    if isinstance(v, ObjectValue):
+        return _iterate_object(tr, v)
+    if isinstance(v, NewObjectValue):
+        method = dispatch.get_attr(tr, v, "__iter__")
+        result = dispatch.call(tr, method, [], {})
+        return iterate(tr, result)
+    raise unsupported("unsupported_operator", f"iter({v})")
+
+
+def _iterate_object(tr: Tracer, v: ObjectValue) -> IteratorValue:
+    obj = v.obj
+    src = v.source
+    guard_module_container(tr, v)
+    if isinstance(obj, (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ParameterList)):
+        return ItemsIterator(
+            [
+                wrap(tr.out, m, attributes.container_item_source(obj, src, i))
+                for i, m in enumerate(obj)
+            ]
+        )
+    if isinstance(obj, (torch.nn.ModuleDict, torch.nn.ParameterDict)):
+        return ItemsIterator([ConstantValue(k) for k in obj])
+    if type(obj) in (dict, list, tuple, set, frozenset, range, str):
+        return iterate(tr, wrap(tr.out, obj, src))
+    items = builtin_types.snapshot(tr, v)  # a dict, list or tuple subclass
+    if items is not None:
+        return iterate(tr, items)
+    method = dispatch.get_attr(tr, v, "__iter__")
+    return iterate(tr, dispatch.call(tr, method, [], {}))
+
+
+_MODULE_SEQUENCES = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ParameterList)
+_MODULE_MAPPINGS = (torch.nn.ModuleDict, torch.nn.ParameterDict)
+
+
+def guard_module_container(tr: Tracer, v: ObjectValue) -> None:
+    """Unrolling a module container depends on its length or keys, not just its identity."""
+    if v.source is None:
+        return
+    if isinstance(v.obj, _MODULE_SEQUENCES):
+        tr.out.guard(v.source, GuardKind.SEQUENCE_LENGTH, len(v.obj))
+    elif isinstance(v.obj, _MODULE_MAPPINGS):
+        tr.out.guard(v.source, GuardKind.DICT_KEYS, tuple(v.obj.keys()))
+
+
+@dispatch.UNPACK.register(Value)
+def unpack_iterable(tr: Tracer, v: Value) -> list[Value]:
+    """All items of a finite iterable."""
+    it = dispatch.iterate(tr, v)
+    items: list[Value] = []
+    while True:
+        x = next_item(tr, it)
+        if x is None:
+            return items
+        items.append(x)
+        if len(items) > 100_000:
+            raise unsupported("inline_limit", "an iterable with over 100000 items")
+
+
+def next_item(tr: Tracer, it: IteratorValue) -> Value | None:
+    """The next item of ``it``, None when it is exhausted (maps and filters call through ``tr``)."""
+    return it.next(_caller(tr), _truth(tr))
+
+
+def _caller(tr: Tracer) -> Callable[[Value, list[Value]], Value]:
+    return lambda fn, args: dispatch.call(tr, fn, args, {})
+
+
+def _truth(tr: Tracer) -> Callable[[Value], bool]:
+    return lambda v: dispatch.truth(tr, v)
+
+
+@dispatch.LENGTH.register(Value)
+def length(tr: Tracer, v: Value) -> int:
+    own = builtin_types.call_override(tr, v, "__len__", [])
+    if own is not None:
+        return int(own.as_constant())
+    if isinstance(v, (ListValue, TupleValue)):
+        return len(v.items)
+    if isinstance(v, (DictValue, SetValue, DictViewValue)):
+        return len(v.items)
+    if isinstance(v, ConstantValue):
+        return len(v.value)
+    if isinstance(v, NdarrayValue):
+        v = v.tensor  # numpy scalars have no len(): the 0-d check below raises for them too
+    if isinstance(v, TensorValue):
+        if v.fake.dim() == 0:
+            raise unsupported("user_exception", "len() of a 0-d tensor")
+        return int(v.fake.shape[0])
+    if isinstance(v, ObjectValue) and (
+        isinstance(v.obj, torch.nn.Module) or type(v.obj).__module__ == "builtins"
+    ):
+        guard_module_container(tr, v)
+        return len(v.obj)
+    method = dispatch.get_attr(tr, v, "__len__")
+    return int(dispatch.call(tr, method, [], {}).as_constant())

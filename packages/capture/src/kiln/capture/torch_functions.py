@@ -1,0 +1,92 @@
+"""Which Python callables are torch's: classified before capture evaluates a call.
+
+:func:`~kiln.capture.wrap.wrap` needs the answer to decide how a callable read from the frame is
+tracked, and :mod:`~kiln.capture.torch_calls` to decide how its call is evaluated; the tables
+live here, below both, so that wrapping values never depends on the evaluator.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import torch
+
+__all__ = [
+    "COMPILING",
+    "CONSTANT_FOLDED",
+    "REFUSED",
+    "RESEEDS",
+    "is_special",
+    "is_torch_callable",
+    "unwrapped",
+]
+
+
+def unwrapped(obj: Any) -> Any:
+    """The function under torch's own decorators (which torch may apply lazily, at run time)."""
+    for _ in range(8):
+        inner = getattr(obj, "__wrapped__", None)
+        if inner is None:
+            return obj
+        obj = inner
+    return obj
+
+
+CONSTANT_FOLDED = {
+    unwrapped(f)
+    for f in (
+        torch.is_grad_enabled,
+        torch.get_default_dtype,
+        torch.is_inference_mode_enabled,
+        torch.are_deterministic_algorithms_enabled,
+    )
+}
+# seeding: eager's random numbers are expected after it (see OutputGraph.eager_random)
+RESEEDS = {unwrapped(f) for f in (torch.manual_seed, torch.random.manual_seed, torch.set_rng_state)}
+REFUSED = {
+    unwrapped(f)
+    for f in (
+        torch.seed,
+        torch.get_rng_state,
+        torch.set_default_dtype,
+        torch.set_default_device,
+        torch.set_printoptions,
+        torch.use_deterministic_algorithms,
+        torch.set_num_threads,
+        torch.save,
+        torch.load,
+    )
+}
+COMPILING = {
+    unwrapped(f) for f in (torch.compiler.is_compiling, torch.compiler.is_dynamo_compiling)
+}
+
+
+def is_special(obj: Any) -> bool:
+    """Torch functions with a fixed answer while capturing (``torch.compiler.is_compiling``)."""
+    try:
+        base = unwrapped(obj)
+        return base in COMPILING or base in REFUSED or base in RESEEDS or base in CONSTANT_FOLDED
+    except TypeError:
+        return False
+
+
+def is_torch_callable(obj: Any) -> bool:
+    """Whether calling ``obj`` is a torch op to put in the graph (or fold on fakes)."""
+    if isinstance(obj, type):
+        return False
+    if isinstance(obj, (types.MethodDescriptorType, types.WrapperDescriptorType)):
+        return issubclass(obj.__objclass__, torch._C.TensorBase)
+    module = getattr(obj, "__module__", None) or ""
+    if isinstance(obj, types.BuiltinFunctionType) and module.startswith("torch"):
+        return True
+    if isinstance(obj, torch._ops.OpOverloadPacket | torch._ops.OpOverload):
+        return True
+    return (
+        isinstance(obj, types.FunctionType)
+        and module.startswith(
+            ("torch.nn.functional", "torch.functional", "torch._refs", "torch.nn.init")
+        )
+        and obj.__name__ not in {"_in_projection_packed"}
+    )
