@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import sympy
 import torch
@@ -23,10 +23,7 @@ from kiln.codegen_triton.errors import TritonCodegenError
 from kiln.codegen_triton.mathlib import LIBDEVICE_BINARY, LIBDEVICE_UNARY
 from kiln.loopir.ops import BINARY_OPS, BOOL_RESULT_OPS, UNARY_OPS, OpsHandlerBase
 
-if TYPE_CHECKING:
-    from kiln.codegen_triton.kernel import TritonKernel
-
-__all__ = ["CSEVar", "TritonOps", "triton_type", "literal"]
+__all__ = ["CSEVar", "KernelEmitter", "TritonOps", "triton_type", "literal"]
 
 _TL_TYPES = {
     torch.float32: "tl.float32",
@@ -136,10 +133,40 @@ def _is_float(dtype: torch.dtype) -> bool:
     return dtype.is_floating_point
 
 
+class _Reducer(Protocol):
+    def reduce(self, dtype: torch.dtype, rtype: str, value: Any) -> Any: ...
+
+
+class KernelEmitter(Protocol):
+    """What ``ops`` asks of the kernel it prints into (:class:`~.kernel.TritonKernel`).
+
+    Spelled out here so that this module depends on the kernel's contract, not its module.
+    """
+
+    @property
+    def reductions(self) -> _Reducer: ...
+
+    def cse(self, expr: str, dtype: torch.dtype) -> CSEVar: ...
+
+    def load(self, name: str, index: sympy.Expr) -> CSEVar: ...
+
+    def store(self, name: str, index: sympy.Expr, value: CSEVar, mode: str | None) -> None: ...
+
+    def store_reduction(self, name: str, index: sympy.Expr, value: CSEVar) -> None: ...
+
+    def index_expr(self, index: sympy.Expr, dtype: torch.dtype) -> CSEVar: ...
+
+    def indirect_indexing(self, x: CSEVar, size: sympy.Expr) -> sympy.Symbol: ...
+
+    def masked_body(self, mask: CSEVar, body: Callable[[], Any]) -> CSEVar: ...
+
+    def load_seed(self, name: str, offset: int) -> CSEVar: ...
+
+
 class TritonOps(OpsHandlerBase[Any]):
     """``ops`` for one :class:`~kiln.codegen_triton.kernel.TritonKernel`."""
 
-    def __init__(self, kernel: TritonKernel) -> None:
+    def __init__(self, kernel: KernelEmitter) -> None:
         self.kernel = kernel
 
     def _cse(self, expr: str, dtype: torch.dtype) -> CSEVar:
