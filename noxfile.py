@@ -162,6 +162,21 @@ def package(session: nox.Session, package: str) -> None:
     session.run(*PYTEST, str(ROOT / "packages" / package / "tests"), *session.posargs)
 
 
+@nox.session(name="no-triton", python=PY311)
+def no_triton(session: nox.Session) -> None:
+    """Kiln where Triton is absent: every package but kiln.codegen_triton installed and
+    `import triton` refused (torch depends on triton, so the shared environment has it; the
+    `sitecustomize` in `tests/no_triton` hides it): `import kiln`, CPU compiles and the
+    frontend's tests."""
+    _use_deps(session)
+    keep = [p for p in PACKAGES if p != "codegen_triton"]
+    _uninstall_all_but(session, keep)
+    _install(session, keep)
+    env = {"PYTHONPATH": str(ROOT / "tests" / "no_triton")}
+    tests = [ROOT / "tests" / "test_no_triton.py", ROOT / "packages" / "frontend" / "tests"]
+    session.run(*PYTEST, *map(str, tests), *session.posargs, env=env)
+
+
 @nox.session(python=PY311)
 def lint(session: nox.Session) -> None:
     """ruff: lint and formatting."""
