@@ -1,5 +1,5 @@
 """Kiln's sessions: tests on 3.11 and 3.12, lint, typecheck, per-package isolation, demo, bench,
-models-latest.
+models-latest, docs.
 
 torch with its CUDA libraries is ~5.7 GB, so no session gets its own copy: one dependency
 environment per Python version (`.nox/_deps-<version>`) holds every third-party package, and each
@@ -280,6 +280,25 @@ def bench(session: nox.Session) -> None:
     """Benchmarks: Kiln against eager and torch.compile, side by side in one run."""
     _all_installed(session)
     session.run("python", "-m", "benchmarks", *session.posargs, env={"PYTHONPATH": str(ROOT)})
+
+
+@nox.session(python=PY311)
+def docs(session: nox.Session) -> None:
+    """The user documentation site, built into `build/site` with `mkdocs build --strict`.
+
+    Strict mode fails on any warning: a broken link, a page left out of the navigation, an API
+    name the reference pages name that no longer exists, an environment variable the
+    configuration page does not describe. The docs tools go into this session's venv alone
+    (before the shared environment is linked in), so the tests' environment never changes.
+    """
+    reqs = ["-r", str(ROOT / "requirements-docs.txt"), "-c", str(ROOT / "constraints.txt")]
+    session.run("python", "-m", "pip", "install", "-q", *reqs)
+    _all_installed(session)
+    config = str(ROOT / "mkdocs.yml")
+    quiet = {"NO_MKDOCS_2_WARNING": "1"}  # Material's banner about MkDocs 2, not a build warning
+    session.run(
+        "python", "-m", "mkdocs", "build", "--strict", "-f", config, *session.posargs, env=quiet
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover
