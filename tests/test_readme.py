@@ -6,6 +6,8 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
+
 import kiln
 from kiln import loopir
 
@@ -51,20 +53,18 @@ def test_relative_links_resolve_inside_the_repository():
     assert "../" not in re.sub(r"\]\([^)]*\)", "", (ROOT / "README.md").read_text())
 
 
-def test_getting_started_examples_run():
+@pytest.mark.parametrize(
+    "page",
+    ["index.md", "getting-started.md", "capture.md", "debugging.md", "export.md", "backends.md"],
+)
+def test_docs_examples_run(page):
+    """Each page's ```python blocks run in order as one program (```py marks a fragment)."""
     scope = {}
-    for block in _python_blocks(DOCS / "getting-started.md"):
-        exec(compile(block, "getting-started.md", "exec"), scope)
-
-
-def test_backend_example_runs():
     try:
-        for block in _python_blocks(DOCS / "backends.md")[:1]:
-            scope = {}
-            exec(compile(block, "backends.md", "exec"), scope)
-            assert scope["backend"].kernels >= 1
+        for block in _python_blocks(DOCS / page):
+            exec(compile(block, page, "exec"), scope)
     finally:
-        loopir.backend.unregister_backend("cpu")
+        loopir.backend.unregister_backend("cpu")  # backends.md registers its own
         kiln.reset()
 
 
