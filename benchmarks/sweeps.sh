@@ -8,9 +8,10 @@
 #
 # Every op's result (opinfo -v) and every fuzzer's progress and summary go to $OUT/sweeps/, so a
 # run stopped by its time limit still shows what it covered; `--json` results are written there
-# too. Each command stops itself after $BUDGET seconds (default 540): a fuzzer stopped by SIGTERM
-# prints its summary, and an OpInfo sweep's log lists the ops it finished (rerun the rest with
-# `--ops`). The repository may arrive without kiln installed, so every packages/*/src goes on
+# too. Each command stops itself after $BUDGET seconds (default 540; a process still running 30 s
+# later is killed): a fuzzer stopped by SIGTERM prints its summary, and an OpInfo sweep's log lists
+# the ops it finished (rerun the rest with `--ops`). Fuzz findings are packed into
+# $OUT/sweeps/fuzz-findings.tgz so that the call returns a bounded number of files. The repository may arrive without kiln installed, so every packages/*/src goes on
 # PYTHONPATH; EXTRA_PYTHONPATH adds more (e.g. hypothesis and expecttest where pip can't reach).
 set -euo pipefail
 
@@ -31,14 +32,14 @@ shift
 if [[ "$what" == opinfo ]]; then
     mode="${1:?mode}" workers="${2:?workers}"
     shift 2
-    timeout "$BUDGET" "$PY" -m opinfo --mode "$mode" --workers "$workers" -v \
+    timeout -k 30 "$BUDGET" "$PY" -m opinfo --mode "$mode" --workers "$workers" -v \
         --json "$OUT/opinfo-$mode.json" "$@" >"$OUT/opinfo-$mode.md" 2>"$OUT/opinfo-$mode.log"
 elif [[ "$what" == fuzz ]]; then
     procs="${1:?procs}" examples="${2:?examples}" seed="${3:?seed}"
     pids=()
     for ((i = 0; i < procs; i++)); do
         s=$((seed + i))
-        timeout "$BUDGET" "$PY" -m fuzz.run --examples "$examples" --seed "$s" \
+        timeout -k 30 "$BUDGET" "$PY" -m fuzz.run --examples "$examples" --seed "$s" \
             --out "$OUT/fuzz-findings-$s" >"$OUT/fuzz-$s.log" 2>&1 &
         pids+=($!)
     done
@@ -47,6 +48,7 @@ elif [[ "$what" == fuzz ]]; then
         wait "$pid" || status=1
     done
     grep -h "^done in\|^interrupted\|^FINDING" "$OUT"/fuzz-*.log || true
+    (cd "$OUT" && tar czf fuzz-findings.tgz fuzz-findings-* 2>/dev/null && rm -rf fuzz-findings-*) || true
     exit $status
 else
     echo "usage: $0 opinfo MODE WORKERS [ARGS...] | fuzz PROCS EXAMPLES SEED" >&2
