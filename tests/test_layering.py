@@ -5,7 +5,7 @@ codegens never import each other; each package imports only kiln packages it dec
 pyproject; kiln-to-kiln imports sit at module level; Triton is optional (only kiln.codegen_triton
 imports it, and another package imports kiln.codegen_triton only where an ``except ImportError``
 catches its absence; loopir reaches it by name); and no product code reaches into the part of
-torch that Kiln re-implements (DEVELOPERS.md, "Where torch ends").
+torch that Kiln re-implements (docs/architecture.md, "Where torch ends").
 """
 
 from __future__ import annotations
