@@ -1,7 +1,7 @@
 """The C++ build cache under faults, across real processes.
 
 Each case runs fresh interpreters against one cache folder: entries corrupted
-between runs, two processes filling an empty cache at once, a process killed
+between runs, two and four processes filling an empty cache at once, a process killed
 mid-build, and cache locations that must not (or cannot) be used. Every child
 compiles with ``fullgraph=True``, so a library that failed to load would raise
 rather than quietly run eagerly, and checks its answers against eager.
@@ -9,21 +9,32 @@ rather than quietly run eagerly, and checks its answers against eager.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import cast
 
 import pytest
 
 CHILD = r"""
-import json, sys, warnings
+import json, os, sys, time, warnings
 import torch
 import kiln
 from kiln.loopir.disk_cache import CacheDirWarning
+
+barrier = os.environ.get("KILN_TEST_BARRIER")
+if barrier:  # "<folder>:<n>": start compiling once n children are ready
+    folder, n = barrier.rsplit(":", 1)
+    open(os.path.join(folder, str(os.getpid())), "w").close()
+    deadline = time.monotonic() + 120
+    while len(os.listdir(folder)) < int(n) and time.monotonic() < deadline:
+        time.sleep(0.005)
 
 def f(x, y):
     return (x.sin() * y + 1).relu().sum(dim=-1)
@@ -52,10 +63,14 @@ def _env(cache: Path) -> dict[str, str]:
     return {**os.environ, "KILN_CACHE_DIR": str(cache), "OMP_NUM_THREADS": "1"}
 
 
-def _start(cache: Path) -> subprocess.Popen[str]:
+def _start(cache: Path, barrier: str = "") -> subprocess.Popen[str]:
+    env = _env(cache)
+    if barrier:
+        env["KILN_TEST_BARRIER"] = barrier
+        env["KILN_LOGS"] = "+build"  # names each library the child built
     return subprocess.Popen(
         [sys.executable, "-c", CHILD],
-        env=_env(cache),
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -68,6 +83,7 @@ def _finish(proc: subprocess.Popen[str]) -> dict[str, object]:
     assert proc.returncode == 0, f"child exited {proc.returncode}:\n{err[-4000:]}"
     result: dict[str, object] = json.loads(out.strip().splitlines()[-1])
     assert result["eager_fallbacks"] == 0
+    result["built"] = re.findall(r"built \S*/(\w+)\.so$", err, re.MULTILINE)
     return result
 
 
@@ -80,12 +96,17 @@ def _libraries(cache: Path) -> list[Path]:
 
 
 def _assert_clean(cache: Path) -> None:
-    from kiln.loopir.disk_cache import verified
+    """Every entry is whole (its source, library and sidecar) and verifies; nothing else."""
+    from kiln.loopir.disk_cache import entries, verified
 
-    libs = _libraries(cache)
-    assert libs
-    assert all(verified(lib) for lib in libs)
-    assert not list((cache / "cpp").glob("*.tmp"))
+    found = entries(cache / "cpp")
+    assert found
+    for entry in found:
+        names = sorted(path.name[len(entry.stem) :] for path in entry.files)
+        assert names == [".cpp", ".so", ".so.sha256"], entry
+        assert verified(cache / "cpp" / f"{entry.stem}.so"), entry
+    assert not list(cache.rglob("*.tmp"))
+    assert not [p for p in (cache / "cpp").iterdir() if p.name.startswith(".")]
 
 
 def test_corrupt_libraries_are_rebuilt_by_the_next_run(tmp_path):
@@ -109,11 +130,16 @@ def test_corrupt_libraries_are_rebuilt_by_the_next_run(tmp_path):
     assert [lib.name for lib in _libraries(cache)] == [lib.name for lib in libs]
 
 
-def test_two_processes_fill_an_empty_cache_at_once(tmp_path):
-    cache = tmp_path / "cache"
-    procs = [_start(cache) for _ in range(2)]
-    for proc in procs:
-        _finish(proc)
+@pytest.mark.parametrize("processes", [2, 4])
+def test_processes_fill_an_empty_cache_at_once(tmp_path, processes):
+    cache, ready = tmp_path / "cache", tmp_path / "ready"
+    ready.mkdir()
+    # every child imports first and compiles only once all are ready, so their builds overlap
+    procs = [_start(cache, f"{ready}:{processes}") for _ in range(processes)]
+    built = collections.Counter(
+        name for proc in procs for name in cast(list[str], _finish(proc)["built"])
+    )
+    assert max(built.values()) >= 2, f"no library was built by two children at once: {built}"
     _assert_clean(cache)
     # a rewrite renames a new file into place (a new inode); a hit only touches its times
     before = {lib.name: lib.stat().st_ino for lib in _libraries(cache)}
