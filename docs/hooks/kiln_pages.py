@@ -25,7 +25,7 @@ import dataclasses
 import importlib
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +60,7 @@ ENV_HELP: dict[str, str] = {
 }
 
 
-def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
     return "\n".join(lines)
@@ -128,16 +128,22 @@ class _Field:
 
 
 def _default_text(value: ast.expr | None) -> str:
+    """A field's default as its source says it; one read from the environment says which."""
     if value is None:
         return "required"
     if isinstance(value, ast.Call) and ast.unparse(value.func).endswith("field"):
         for keyword in value.keywords:
             if keyword.arg == "default":
-                return ast.unparse(keyword.value)
+                return _default_text(keyword.value)
             if keyword.arg == "default_factory" and isinstance(keyword.value, ast.Lambda):
-                return ast.unparse(keyword.value.body)
+                return _default_text(keyword.value.body)
             if keyword.arg == "default_factory":
                 return ast.unparse(keyword.value) + "()"
+    for node in ast.walk(value):
+        if isinstance(node, ast.Call) and node.args and node.args[0] in _env_reads(node):
+            name = ast.unparse(node.args[0]).strip("'\"")
+            fallback = ast.unparse(node.args[1]) if len(node.args) > 1 else "unset"
+            return f"${name}, else {fallback}"
     return ast.unparse(value)
 
 
@@ -211,7 +217,7 @@ def _string_constants(tree: ast.Module) -> dict[str, str]:
     }
 
 
-def _env_reads(tree: ast.Module) -> list[ast.expr]:
+def _env_reads(tree: ast.AST) -> list[ast.expr]:
     """The name arguments of ``os.environ.get(...)``, ``os.getenv(...)``, ``os.environ[...]``
     and of helpers called with a ``KILN_`` literal (``_flag("KILN_X", default)``)."""
     names: list[ast.expr] = []
