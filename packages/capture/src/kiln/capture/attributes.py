@@ -25,7 +25,7 @@ from kiln.capture.breaks.reasons import UserException, raised, unsupported
 from kiln.capture.guard_data import GuardKind
 from kiln.capture.source import MODULE_STORES, Source
 from kiln.capture.values.base import ConstantValue, Value, is_constant
-from kiln.capture.values.containers import DictValue, ListValue, TupleValue, dict_key
+from kiln.capture.values.containers import DictValue, TupleValue
 from kiln.capture.values.functions import (
     BoundMethodValue,
     BuiltinMethodValue,
@@ -34,22 +34,13 @@ from kiln.capture.values.functions import (
     UserFunctionValue,
 )
 from kiln.capture.values.objects import NewObjectValue, ObjectValue, SuperValue
-from kiln.capture.values.tensor import TensorMethodValue, TensorValue
+from kiln.capture.values.tensor import TensorMethodValue
 from kiln.capture.wrap import function_value, wrap
 
 if TYPE_CHECKING:
     from kiln.capture.tracer import Tracer
 
-__all__ = [
-    "container_item_source",
-    "delete_attr",
-    "delete_item",
-    "get_item",
-    "has_attr",
-    "plain_object_attr",
-    "set_attr",
-    "set_item",
-]
+__all__ = ["class_attr", "module_state_source", "plain_object_attr"]
 
 
 # ``v.name`` by kind; tensors' and ndarrays' are registered by torch_calls and numpy_calls.
@@ -63,7 +54,7 @@ def _value_attr(tr: Tracer, v: Value, name: str) -> Value:
 def _new_object_attr(tr: Tracer, v: NewObjectValue, name: str) -> Value:
     if name in v.attrs:
         return v.attrs[name]
-    return _class_attr(tr, v, v.cls, name, None)
+    return class_attr(tr, v, v.cls, name, None)
 
 
 @dispatch.GET_ATTR.register(ConstantValue)
@@ -198,7 +189,7 @@ def plain_object_attr(tr: Tracer, v: ObjectValue, name: str) -> Value:
     descriptor = inspect.getattr_static(type(obj), name, None)
     if in_dict and not _is_data_descriptor(descriptor):
         return wrap(tr.out, obj.__dict__[name], src)
-    return _class_attr(tr, v, type(obj), name, src, static)
+    return class_attr(tr, v, type(obj), name, src, static)
 
 
 def module_state_source(src: Source | None, store: str, name: str) -> Source | None:
@@ -222,7 +213,7 @@ def _missing_attr(tr: Tracer, v: ObjectValue, name: str) -> Value:
     raise raised(AttributeError(f"{type(v.obj).__name__!r} object has no attribute {name!r}"))
 
 
-def _class_attr(
+def class_attr(
     tr: Tracer,
     v: Value,
     cls: type,
@@ -334,48 +325,80 @@ class _SlotWrapper(BoundMethodValue):
         super().__init__(ObjectValue(method), self_value)
 
 
+# ``hasattr(v, name)`` by kind, without running user code that is not inlined; tensors' is
+# registered by torch_calls.
 @dispatch.HAS_ATTR.register(Value)
-def has_attr(tr: Tracer, v: Value, name: str) -> bool:
-    """``hasattr(v, name)``, without running user code that is not inlined."""
-    if isinstance(v, TensorValue):
-        return hasattr(v.fake, name)
-    if isinstance(v, NewObjectValue):
-        if name in v.attrs or hasattr(v.cls, name):
-            return True
-        return _getattr_hook_finds(tr, v, name)
-    if isinstance(v, ObjectValue):
-        if tr.out.side_effects.pending_attr(v.obj, name) is not None:
-            return True
-        if _has_python_getattr(v.obj) and not hasattr(type(v.obj), name):
-            return _getattr_hook_finds(tr, v, name)
-        found = hasattr(v.obj, name)
-        if v.source is not None:
-            tr.out.guard(v.source, GuardKind.HASATTR, (name, found))
-        return found
-    if isinstance(v, ConstantValue):
-        return hasattr(v.value, name)
-    if isinstance(v, DictValue) and dataclasses.is_dataclass(v.cls):
-        return name in v.items or hasattr(v.cls, name)
-    if isinstance(v, UserFunctionValue) and v.real is not None:
-        return hasattr(v.real, name)
-    if isinstance(v, BoundMethodValue):  # a method passes other reads on to its function
-        return _class_defines(types.MethodType, name) or dispatch.has_attr(tr, v.func, name)
+def _value_has_attr(tr: Tracer, v: Value, name: str) -> bool:
     return _class_defines(v.python_type(), name)
 
 
+@dispatch.HAS_ATTR.register(NewObjectValue)
+def _new_object_has_attr(tr: Tracer, v: NewObjectValue, name: str) -> bool:
+    if name in v.attrs or hasattr(v.cls, name):
+        return True
+    return _getattr_hook_finds(tr, v, name)
+
+
+@dispatch.HAS_ATTR.register(ObjectValue)
+def _object_has_attr(tr: Tracer, v: ObjectValue, name: str) -> bool:
+    if tr.out.side_effects.pending_attr(v.obj, name) is not None:
+        return True
+    if _has_python_getattr(v.obj) and not hasattr(type(v.obj), name):
+        return _getattr_hook_finds(tr, v, name)
+    found = hasattr(v.obj, name)
+    if v.source is not None:
+        tr.out.guard(v.source, GuardKind.HASATTR, (name, found))
+    return found
+
+
+@dispatch.HAS_ATTR.register(ConstantValue)
+def _constant_has_attr(tr: Tracer, v: ConstantValue, name: str) -> bool:
+    return hasattr(v.value, name)
+
+
+@dispatch.HAS_ATTR.register(DictValue)
+def _dict_has_attr(tr: Tracer, v: DictValue, name: str) -> bool:
+    if dataclasses.is_dataclass(v.cls):  # a ModelOutput's fields are its items
+        return name in v.items or hasattr(v.cls, name)
+    return _class_defines(v.cls, name)
+
+
+@dispatch.HAS_ATTR.register(UserFunctionValue)
+def _function_has_attr(tr: Tracer, v: UserFunctionValue, name: str) -> bool:
+    if v.real is not None:
+        return hasattr(v.real, name)
+    return _class_defines(v.python_type(), name)
+
+
+@dispatch.HAS_ATTR.register(BoundMethodValue)
+def _method_has_attr(tr: Tracer, v: BoundMethodValue, name: str) -> bool:
+    # a method passes other reads on to its function
+    return _class_defines(types.MethodType, name) or dispatch.has_attr(tr, v.func, name)
+
+
+# ``del v.name`` by kind: only on objects the trace created or owns privately.
 @dispatch.DELETE_ATTR.register(Value)
-def delete_attr(tr: Tracer, v: Value, name: str) -> None:
-    """``del v.name``: on objects the trace created or owns privately."""
-    if isinstance(v, NewObjectValue) and name in v.attrs:
-        del v.attrs[name]
-        return
-    if isinstance(v, ObjectValue) and v.private:
-        try:
-            delattr(v.obj, name)
-        except AttributeError as e:
-            raise raised(e) from e
-        return
+def _delete_attr(tr: Tracer, v: Value, name: str) -> None:
     raise unsupported("side_effect", f"deleting the attribute {name!r} of {v}")
+
+
+@dispatch.DELETE_ATTR.register(NewObjectValue)
+def _delete_new_object_attr(tr: Tracer, v: NewObjectValue, name: str) -> None:
+    if name in v.attrs:
+        del v.attrs[name]
+    else:
+        _delete_attr(tr, v, name)
+
+
+@dispatch.DELETE_ATTR.register(ObjectValue)
+def _delete_object_attr(tr: Tracer, v: ObjectValue, name: str) -> None:
+    if not v.private:
+        _delete_attr(tr, v, name)
+        return
+    try:
+        delattr(v.obj, name)
+    except AttributeError as e:
+        raise raised(e) from e
 
 
 def _has_python_getattr(obj: Any) -> bool:
@@ -401,32 +424,43 @@ def _getattr_hook_finds(tr: Tracer, v: Value, name: str) -> bool:
     return True
 
 
+# ``v.name = value`` by kind (``plain``: ``object.__setattr__``, skipping a class's own hook).
+# Objects created during the trace are updated in place; stores to objects from the frame are
+# recorded and replayed after the graph.
 @dispatch.SET_ATTR.register(Value)
-def set_attr(tr: Tracer, v: Value, name: str, value: Value, plain: bool) -> None:
-    """``v.name = value`` (``plain``: ``object.__setattr__``, skipping a class's own hook).
+def _set_attr(tr: Tracer, v: Value, name: str, value: Value, plain: bool) -> None:
+    raise unsupported("side_effect", f"setting attribute {name!r} of {v}")
 
-    Objects created during the trace are updated in place; stores to objects
-    from the frame are recorded and replayed after the graph.
-    """
-    if isinstance(v, ObjectValue) and not plain and not isinstance(v.obj, torch.nn.Module):
+
+@dispatch.SET_ATTR.register(NewObjectValue)
+def _set_new_object_attr(
+    tr: Tracer, v: NewObjectValue, name: str, value: Value, plain: bool
+) -> None:
+    v.attrs[name] = value
+
+
+@dispatch.SET_ATTR.register(DictValue)
+def _set_dict_attr(tr: Tracer, v: DictValue, name: str, value: Value, plain: bool) -> None:
+    if dataclasses.is_dataclass(v.cls) and v.source is None:
+        v.items[name] = (ConstantValue(name), value)  # a ModelOutput's fields are its items
+    else:
+        _set_attr(tr, v, name, value, plain)
+
+
+@dispatch.SET_ATTR.register(ObjectValue)
+def _set_object_attr(tr: Tracer, v: ObjectValue, name: str, value: Value, plain: bool) -> None:
+    if not plain and not isinstance(v.obj, torch.nn.Module):
         custom = inspect.getattr_static(type(v.obj), "__setattr__", None)
         if isinstance(custom, types.FunctionType):
             dispatch.call(tr, function_value(custom, None), [v, ConstantValue(name), value], {})
             return
-    if isinstance(v, NewObjectValue):
-        v.attrs[name] = value
-        return
-    if isinstance(v, DictValue) and dataclasses.is_dataclass(v.cls) and v.source is None:
-        v.items[name] = (ConstantValue(name), value)  # a ModelOutput's fields are its items
-        return
-    if isinstance(v, ObjectValue) and v.source is not None and _plain_attribute(v.obj, name, plain):
+    if v.source is not None and _plain_attribute(v.obj, name, plain):
         tr.out.side_effects.store_attr(v, v.obj, name, value)
-        return
-    if isinstance(v, ObjectValue) and v.private and literals.is_literal(value):
+    elif v.private and literals.is_literal(value):
         # nothing outside the trace can see this object: update the real one now
         object.__setattr__(v.obj, name, literals.literal(value))
-        return
-    raise unsupported("side_effect", f"setting attribute {name!r} of {v}")
+    else:
+        _set_attr(tr, v, name, value, plain)
 
 
 def _plain_attribute(obj: Any, name: str, plain: bool) -> bool:
@@ -441,139 +475,3 @@ def _plain_attribute(obj: Any, name: str, plain: bool) -> bool:
         return type(obj).__setattr__ is torch.nn.Module.__setattr__
     setter: Any = type(obj).__setattr__
     return plain or setter is object.__setattr__
-
-
-# items -----------------------------------------------------------------------
-@dispatch.GET_ITEM.register(Value)
-def get_item(tr: Tracer, v: Value, index: Value) -> Value:
-    """``v[index]``."""
-    own = builtin_types.call_override(tr, v, "__getitem__", [index])
-    if own is not None:
-        return own
-    if isinstance(v, (ListValue, TupleValue)):
-        key = index.as_constant() if isinstance(index, ConstantValue) else None
-        if isinstance(key, slice):
-            items = v.items[key]
-            return ListValue(items) if isinstance(v, ListValue) else TupleValue(items)
-        if isinstance(key, int):
-            try:
-                return v.items[key]
-            except IndexError as e:
-                raise raised(e) from e
-        raise unsupported("unsupported_operator", f"indexing a sequence with {index}")
-    if isinstance(v, DictValue):
-        return _dict_item(tr, v, index)
-    if isinstance(v, ConstantValue) and isinstance(index, ConstantValue):
-        try:
-            result = v.value[index.value]
-        except Exception as e:
-            raise raised(e) from e
-        return ConstantValue(result)
-    if isinstance(v, ObjectValue):
-        return _object_item(tr, v, index)
-    if isinstance(v, NewObjectValue):
-        method = _class_attr(tr, v, v.cls, "__getitem__", None)
-        return dispatch.call(tr, method, [index], {})
-    raise unsupported("unsupported_operator", f"{v}[{index}]")
-
-
-def _dict_item(tr: Tracer, v: DictValue, index: Value) -> Value:
-    positional = isinstance(index, ConstantValue) and isinstance(index.value, (int, slice))
-    if positional and dataclasses.is_dataclass(v.cls) and not isinstance(index.as_constant(), bool):
-        values = [x for _, x in v.items.values()]
-        found = values[index.as_constant()]
-        return TupleValue(found) if isinstance(found, list) else found
-    found_v = v.get(index)
-    if found_v is None:
-        raise raised(KeyError(dict_key(index)))
-    return found_v
-
-
-def container_item_source(obj: Any, src: Source | None, key: Any) -> Source | None:
-    """How emitted code and guards reload ``obj[key]`` of an ``nn`` container.
-
-    Submodules are reached through the container's ``_modules`` dict: a dict lookup, where
-    ``Sequential.__getitem__`` walks the modules and runs on every call of the output code
-    and of the guards (hundreds of times for a deep model).
-    """
-    if src is None:
-        return None
-    if isinstance(obj, (torch.nn.ModuleList, torch.nn.Sequential)):
-        return src.attr("_modules").item(list(obj._modules)[key])
-    if isinstance(obj, torch.nn.ModuleDict):
-        return src.attr("_modules").item(key)
-    return src.item(key)
-
-
-def _object_item(tr: Tracer, v: ObjectValue, index: Value) -> Value:
-    obj = v.obj
-    key = index.as_constant()
-    if isinstance(
-        obj,
-        (
-            torch.nn.ModuleList,
-            torch.nn.Sequential,
-            torch.nn.ModuleDict,
-            torch.nn.ParameterList,
-            torch.nn.ParameterDict,
-        ),
-    ):
-        if isinstance(key, slice) and isinstance(
-            obj, (torch.nn.ModuleList, torch.nn.ParameterList)
-        ):
-            # a slice is a new container: its items keep their places in the original
-            picked = range(len(obj))[key]
-            src = v.source
-            return ListValue(
-                [wrap(tr.out, obj[i], container_item_source(obj, src, i)) for i in picked]
-            )
-        if isinstance(key, slice):
-            return ObjectValue(obj[key])  # type: ignore[index]
-        return wrap(tr.out, obj[key], container_item_source(obj, v.source, key))
-    getitem = inspect.getattr_static(type(obj), "__getitem__", None)
-    if isinstance(getitem, types.FunctionType):
-        return dispatch.call(tr, function_value(getitem, None), [v, index], {})
-    if isinstance(obj, (dict, list, tuple, str)) or hasattr(obj, "__getitem__"):
-        src = v.source.item(key) if v.source is not None and is_constant(key) else None
-        try:
-            item = obj[key]
-        except Exception as e:
-            raise raised(e) from e
-        return wrap(tr.out, item, src)
-    raise unsupported("unsupported_operator", f"{type(obj).__name__}[...]")
-
-
-@dispatch.SET_ITEM.register(Value)
-def set_item(tr: Tracer, v: Value, index: Value, value: Value) -> None:
-    """``v[index] = value``."""
-    if builtin_types.call_override(tr, v, "__setitem__", [index, value]) is not None:
-        return
-    if isinstance(v, ListValue):
-        v.check_mutable()
-        key = index.as_constant()
-        if isinstance(key, slice):
-            if not isinstance(value, (ListValue, TupleValue)):
-                raise unsupported("unsupported_operator", "slice assignment from a non-sequence")
-            v.items[key] = value.items
-        else:
-            v.items[key] = value
-        return
-    if isinstance(v, DictValue):
-        v.set(index, value)
-        return
-    raise unsupported("side_effect", f"setting an item of {v}")
-
-
-@dispatch.DELETE_ITEM.register(Value)
-def delete_item(tr: Tracer, v: Value, index: Value) -> None:
-    if builtin_types.call_override(tr, v, "__delitem__", [index]) is not None:
-        return
-    if isinstance(v, ListValue):
-        v.check_mutable()
-        del v.items[index.as_constant()]
-        return
-    if isinstance(v, DictValue):
-        v.check_mutable()
-        v.items.pop(dict_key(index), None)
-        return
-    raise unsupported("side_effect", f"deleting an item of {v}")

@@ -13,77 +13,83 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kiln.capture import attributes, builtin_types, dispatch
+from kiln.capture import builtin_types, dispatch
 from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.guard_data import GuardKind
+from kiln.capture.items import container_item_source
 from kiln.capture.values.base import ConstantValue, Value
 from kiln.capture.values.containers import DictValue, DictViewValue, ListValue, SetValue, TupleValue
 from kiln.capture.values.iterators import ItemsIterator, IteratorValue
-from kiln.capture.values.ndarray import NdarrayValue
 from kiln.capture.values.objects import NewObjectValue, ObjectValue
-from kiln.capture.values.tensor import TensorValue
 from kiln.capture.wrap import wrap
 
 if TYPE_CHECKING:
     from kiln.capture.tracer import Tracer
 
-__all__ = ["guard_module_container", "iterate", "length", "next_item", "unpack_iterable"]
+__all__ = ["guard_module_container", "next_item", "unpack_iterable"]
 
 
-# iteration -------------------------------------------------------------------
+# ``iter(v)`` by kind: an iterator the loop can unroll. A container subclass's own Python
+# ``__iter__`` runs first; tensors' is registered by torch_calls.
 @dispatch.ITERATE.register(Value)
-def iterate(tr: Tracer, v: Value) -> IteratorValue:
-    """``iter(v)``: an iterator the loop can unroll."""
-    if isinstance(v, IteratorValue):
-        return v
+def _iterate(tr: Tracer, v: Value) -> IteratorValue:
+    own = builtin_types.call_override(tr, v, "__iter__", [])
+    if own is None:
+        raise unsupported("unsupported_operator", f"iter({v})")
+    return dispatch.iterate(tr, own)
+
+
+@dispatch.ITERATE.register(IteratorValue)
+def _iterate_iterator(tr: Tracer, v: IteratorValue) -> IteratorValue:
+    return v
+
+
+@dispatch.ITERATE.register(ListValue, TupleValue, DictViewValue, DictValue, SetValue)
+def _iterate_container(
+    tr: Tracer, v: ListValue | TupleValue | DictViewValue | DictValue | SetValue
+) -> IteratorValue:
     own = builtin_types.call_override(tr, v, "__iter__", [])
     if own is not None:
-        return iterate(tr, own)
-    if isinstance(v, (ListValue, TupleValue, DictViewValue)):
-        return ItemsIterator(list(v.items))
+        return dispatch.iterate(tr, own)
     if isinstance(v, DictValue):
         return ItemsIterator([k for k, _ in v.items.values()])
     if isinstance(v, SetValue):
         return ItemsIterator(v.ordered())
-    if isinstance(v, ConstantValue):
-        try:
-            return ItemsIterator([ConstantValue(x) for x in v.value])
-        except TypeError as e:
-            raise unsupported("user_exception", str(e)) from e
-    if isinstance(v, TensorValue):
-        if v.fake.dim() == 0:
-            raise unsupported("user_exception", "iteration over a 0-d tensor")
-        n = v.fake.shape[0]
-        return ItemsIterator([dispatch.get_item(tr, v, ConstantValue(i)) for i in range(n)])
-    if isinstance(v, ObjectValue):
-        return _iterate_object(tr, v)
-    if isinstance(v, NewObjectValue):
-        method = dispatch.get_attr(tr, v, "__iter__")
-        result = dispatch.call(tr, method, [], {})
-        return iterate(tr, result)
-    raise unsupported("unsupported_operator", f"iter({v})")
+    return ItemsIterator(list(v.items))
 
 
+@dispatch.ITERATE.register(ConstantValue)
+def _iterate_constant(tr: Tracer, v: ConstantValue) -> IteratorValue:
+    try:
+        return ItemsIterator([ConstantValue(x) for x in v.value])
+    except TypeError as e:
+        raise unsupported("user_exception", str(e)) from e
+
+
+@dispatch.ITERATE.register(NewObjectValue)
+def _iterate_new_object(tr: Tracer, v: NewObjectValue) -> IteratorValue:
+    method = dispatch.get_attr(tr, v, "__iter__")
+    return dispatch.iterate(tr, dispatch.call(tr, method, [], {}))
+
+
+@dispatch.ITERATE.register(ObjectValue)
 def _iterate_object(tr: Tracer, v: ObjectValue) -> IteratorValue:
     obj = v.obj
     src = v.source
     guard_module_container(tr, v)
     if isinstance(obj, (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ParameterList)):
         return ItemsIterator(
-            [
-                wrap(tr.out, m, attributes.container_item_source(obj, src, i))
-                for i, m in enumerate(obj)
-            ]
+            [wrap(tr.out, m, container_item_source(obj, src, i)) for i, m in enumerate(obj)]
         )
     if isinstance(obj, (torch.nn.ModuleDict, torch.nn.ParameterDict)):
         return ItemsIterator([ConstantValue(k) for k in obj])
     if type(obj) in (dict, list, tuple, set, frozenset, range, str):
-        return iterate(tr, wrap(tr.out, obj, src))
+        return dispatch.iterate(tr, wrap(tr.out, obj, src))
     items = builtin_types.snapshot(tr, v)  # a dict, list or tuple subclass
     if items is not None:
-        return iterate(tr, items)
+        return dispatch.iterate(tr, items)
     method = dispatch.get_attr(tr, v, "__iter__")
-    return iterate(tr, dispatch.call(tr, method, [], {}))
+    return dispatch.iterate(tr, dispatch.call(tr, method, [], {}))
 
 
 _MODULE_SEQUENCES = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ParameterList)
@@ -127,27 +133,33 @@ def _truth(tr: Tracer) -> Callable[[Value], bool]:
     return lambda v: dispatch.truth(tr, v)
 
 
+# ``len(v)`` by kind; a container subclass's own Python ``__len__`` runs first; tensors' and
+# ndarrays' are registered by torch_calls and numpy_calls.
 @dispatch.LENGTH.register(Value)
-def length(tr: Tracer, v: Value) -> int:
+def _length(tr: Tracer, v: Value) -> int:
     own = builtin_types.call_override(tr, v, "__len__", [])
     if own is not None:
         return int(own.as_constant())
-    if isinstance(v, (ListValue, TupleValue)):
-        return len(v.items)
-    if isinstance(v, (DictValue, SetValue, DictViewValue)):
-        return len(v.items)
-    if isinstance(v, ConstantValue):
-        return len(v.value)
-    if isinstance(v, NdarrayValue):
-        v = v.tensor  # numpy scalars have no len(): the 0-d check below raises for them too
-    if isinstance(v, TensorValue):
-        if v.fake.dim() == 0:
-            raise unsupported("user_exception", "len() of a 0-d tensor")
-        return int(v.fake.shape[0])
-    if isinstance(v, ObjectValue) and (
-        isinstance(v.obj, torch.nn.Module) or type(v.obj).__module__ == "builtins"
-    ):
-        guard_module_container(tr, v)
-        return len(v.obj)
     method = dispatch.get_attr(tr, v, "__len__")
     return int(dispatch.call(tr, method, [], {}).as_constant())
+
+
+@dispatch.LENGTH.register(ListValue, TupleValue, DictValue, SetValue, DictViewValue)
+def _container_length(
+    tr: Tracer, v: ListValue | TupleValue | DictValue | SetValue | DictViewValue
+) -> int:
+    own = builtin_types.call_override(tr, v, "__len__", [])
+    return len(v.items) if own is None else int(own.as_constant())
+
+
+@dispatch.LENGTH.register(ConstantValue)
+def _constant_length(tr: Tracer, v: ConstantValue) -> int:
+    return len(v.value)
+
+
+@dispatch.LENGTH.register(ObjectValue)
+def _object_length(tr: Tracer, v: ObjectValue) -> int:
+    if isinstance(v.obj, torch.nn.Module) or type(v.obj).__module__ == "builtins":
+        guard_module_container(tr, v)
+        return len(v.obj)
+    return _length(tr, v)

@@ -485,9 +485,21 @@ def binary_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value:
     return _elementwise(tr, name, [a, b], _numpy_result(getattr(numpy, name), [a, b], {}))
 
 
+@dispatch.UNARY_OP.register(NdarrayValue)
 def unary_op(tr: Tracer, name: str, v: NdarrayValue) -> NdarrayValue:
     """``-a``, ``+a``, ``~a``, ``abs(a)``."""
     import numpy
 
     func = OPERATORS[name]
     return _elementwise(tr, func, [v], _numpy_result(getattr(numpy, func), [v], {}))
+
+
+@dispatch.TRUTH.register(NdarrayValue)
+def _ndarray_truth(tr: Tracer, v: NdarrayValue) -> bool:
+    raise unsupported("data_dependent_branch", f"the truth of a {v.python_type().__name__}")
+
+
+@dispatch.LENGTH.register(NdarrayValue)
+def _ndarray_length(tr: Tracer, v: NdarrayValue) -> int:
+    # numpy scalars have no len(): the tensor's 0-d check raises for them too
+    return dispatch.length(tr, v.tensor)

@@ -34,7 +34,7 @@ from kiln.capture.wrap import function_value
 if TYPE_CHECKING:
     from kiln.capture.tracer import Tracer
 
-__all__ = ["BINARY", "COMPARE", "binary_op", "compare_op", "contains", "is_op", "truth", "unary_op"]
+__all__ = ["BINARY", "COMPARE", "binary_op", "compare_op", "contains", "is_op"]
 
 BINARY: dict[str, Callable[[Any, Any], Any]] = {
     "+": operator.add,
@@ -248,7 +248,8 @@ def compare_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value:
         and sym in ("==", "!=")
     ):
         equal = len(a.items) == len(b.items) and all(
-            truth(tr, compare_op(tr, "==", x, y)) for x, y in zip(a.items, b.items, strict=False)
+            dispatch.truth(tr, compare_op(tr, "==", x, y))
+            for x, y in zip(a.items, b.items, strict=False)
         )
         return ConstantValue(equal == (sym == "=="))
     if isinstance(a, TupleValue) and isinstance(b, ConstantValue) and isinstance(b.value, tuple):
@@ -286,7 +287,7 @@ def contains(tr: Tracer, item: Value, container: Value) -> bool:
     """``item in container``."""
     own = builtin_types.call_override(tr, container, "__contains__", [item])
     if own is not None:
-        return truth(tr, own)
+        return dispatch.truth(tr, own)
     if isinstance(container, ObjectValue):
         container = builtin_types.snapshot(tr, container) or container
     if isinstance(container, ConstantValue) and isinstance(item, ConstantValue):
@@ -303,7 +304,8 @@ def contains(tr: Tracer, item: Value, container: Value) -> bool:
         container = ListValue(container.items)
     if isinstance(container, (ListValue, TupleValue)):
         return any(
-            _identity(item, x) or truth(tr, compare_op(tr, "==", item, x)) for x in container.items
+            _identity(item, x) or dispatch.truth(tr, compare_op(tr, "==", item, x))
+            for x in container.items
         )
     if (
         isinstance(container, ObjectValue)
@@ -314,33 +316,59 @@ def contains(tr: Tracer, item: Value, container: Value) -> bool:
         return item.value in container.obj
     method = _user_method(container, "__contains__")
     if method is not None:
-        return truth(tr, dispatch.call(tr, method, [container, item], {}))
+        return dispatch.truth(tr, dispatch.call(tr, method, [container, item], {}))
     raise unsupported("unsupported_operator", f"in {container}")
 
 
+# ``bool(v)`` by kind; tensors and ndarrays refuse (torch_calls and numpy_calls register that).
 @dispatch.TRUTH.register(Value)
-def truth(tr: Tracer, v: Value) -> bool:
-    """``bool(v)`` when it is known at capture time; tensors refuse (data-dependent)."""
-    if isinstance(v, ConstantValue):
-        return bool(v.value)
-    if isinstance(v, TensorValue | NdarrayValue):
-        raise unsupported("data_dependent_branch", f"the truth of a {v.python_type().__name__}")
+def _truth(tr: Tracer, v: Value) -> bool:
+    """Functions, methods, iterators: true (a container subclass may say otherwise)."""
+    own = _own_truth(tr, v)
+    return True if own is None else own
+
+
+def _own_truth(tr: Tracer, v: Value) -> bool | None:
+    """The answer of a Python ``__bool__`` or ``__len__`` a container subclass defines."""
     for name in ("__bool__", "__len__"):
         own = builtin_types.call_override(tr, v, name, [])
         if own is not None:
-            return truth(tr, own) if name == "__bool__" else bool(own.as_constant())
-    if isinstance(v, (ListValue, TupleValue, DictValue, SetValue, DictViewValue)):
-        return bool(v.items)
-    if isinstance(v, (NewObjectValue, ObjectValue)):
-        for name in ("__bool__", "__len__"):
-            method = _user_method(v, name)
-            if method is not None:
-                result = dispatch.call(tr, method, [v], {})
-                return truth(tr, result) if name == "__bool__" else bool(result.as_constant())
-    if isinstance(v, ObjectValue):
-        return _object_truth(v.obj)
-    # functions, methods, iterators, objects made in the trace: true unless they define otherwise
-    return True
+            return dispatch.truth(tr, own) if name == "__bool__" else bool(own.as_constant())
+    return None
+
+
+@dispatch.TRUTH.register(ConstantValue)
+def _constant_truth(tr: Tracer, v: ConstantValue) -> bool:
+    return bool(v.value)
+
+
+@dispatch.TRUTH.register(ListValue, TupleValue, DictValue, SetValue, DictViewValue)
+def _container_truth(
+    tr: Tracer, v: ListValue | TupleValue | DictValue | SetValue | DictViewValue
+) -> bool:
+    own = _own_truth(tr, v)
+    return bool(v.items) if own is None else own
+
+
+@dispatch.TRUTH.register(NewObjectValue)
+def _new_object_truth(tr: Tracer, v: NewObjectValue) -> bool:
+    found = _user_truth(tr, v)
+    return True if found is None else found
+
+
+@dispatch.TRUTH.register(ObjectValue)
+def _object_value_truth(tr: Tracer, v: ObjectValue) -> bool:
+    found = _user_truth(tr, v)
+    return _object_truth(v.obj) if found is None else found
+
+
+def _user_truth(tr: Tracer, v: NewObjectValue | ObjectValue) -> bool | None:
+    for name in ("__bool__", "__len__"):
+        method = _user_method(v, name)
+        if method is not None:
+            result = dispatch.call(tr, method, [v], {})
+            return dispatch.truth(tr, result) if name == "__bool__" else bool(result.as_constant())
+    return None
 
 
 def _object_truth(obj: object) -> bool:
@@ -356,20 +384,19 @@ def _object_truth(obj: object) -> bool:
     raise unsupported("unsupported_operator", f"bool() of a {cls.__name__}")
 
 
+# ``-v``, ``+v``, ``~v`` by kind (``name`` is ``neg``, ``pos`` or ``invert``); tensors' and
+# ndarrays' are registered by torch_calls and numpy_calls.
 @dispatch.UNARY_OP.register(Value)
-def unary_op(tr: Tracer, name: str, v: Value) -> Value:
-    """``-v``, ``+v``, ``~v`` (``name`` is ``neg``, ``pos`` or ``invert``)."""
-    fn = getattr(operator, name)
-    if isinstance(v, TensorValue):
-        return torch_calls.call_function(tr, fn, [v], {})
-    if isinstance(v, NdarrayValue):
-        return numpy_calls.unary_op(tr, name, v)
-    if isinstance(v, ConstantValue):
-        try:
-            return ConstantValue(fn(v.value))
-        except Exception as e:
-            raise unsupported("user_exception", str(e)) from e
+def _user_unary_op(tr: Tracer, name: str, v: Value) -> Value:
     method = _user_method(v, f"__{name}__")
     if method is not None:
         return dispatch.call(tr, method, [v], {})
     raise unsupported("unsupported_operator", f"{name} {v}")
+
+
+@dispatch.UNARY_OP.register(ConstantValue)
+def _constant_unary_op(tr: Tracer, name: str, v: ConstantValue) -> Value:
+    try:
+        return ConstantValue(getattr(operator, name)(v.value))
+    except Exception as e:
+        raise unsupported("user_exception", str(e)) from e

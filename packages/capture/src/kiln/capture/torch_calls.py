@@ -30,6 +30,7 @@ from kiln.capture.torch_functions import (
 )
 from kiln.capture.values.base import ConstantValue, Value, is_constant
 from kiln.capture.values.containers import DictValue, ListValue, TupleValue
+from kiln.capture.values.iterators import ItemsIterator, IteratorValue
 from kiln.capture.values.ndarray import NdarrayValue
 from kiln.capture.values.objects import ObjectValue
 from kiln.capture.values.tensor import TensorMethodValue, TensorValue
@@ -252,6 +253,11 @@ def _tensor_attr(tr: Tracer, v: TensorValue, name: str) -> Value:
     return found if found is not None else TensorMethodValue(v, name)
 
 
+@dispatch.HAS_ATTR.register(TensorValue)
+def _tensor_has_attr(tr: Tracer, v: TensorValue, name: str) -> bool:
+    return hasattr(v.fake, name)
+
+
 @dispatch.GET_ITEM.register(TensorValue)
 def _tensor_item(tr: Tracer, v: TensorValue, index: Value) -> Value:
     return call_function(tr, operator.getitem, [v, index], {})
@@ -267,3 +273,28 @@ def _call_tensor_method(
     tr: Tracer, fn: TensorMethodValue, args: list[Value], kwargs: dict[str, Value]
 ) -> Value:
     return call_method(tr, fn.tensor, fn.name, args, kwargs)
+
+
+@dispatch.TRUTH.register(TensorValue)
+def _tensor_truth(tr: Tracer, v: TensorValue) -> bool:
+    raise unsupported("data_dependent_branch", f"the truth of a {v.python_type().__name__}")
+
+
+@dispatch.UNARY_OP.register(TensorValue)
+def _tensor_unary_op(tr: Tracer, name: str, v: TensorValue) -> Value:
+    return call_function(tr, getattr(operator, name), [v], {})
+
+
+@dispatch.ITERATE.register(TensorValue)
+def _iterate_tensor(tr: Tracer, v: TensorValue) -> IteratorValue:
+    if v.fake.dim() == 0:
+        raise unsupported("user_exception", "iteration over a 0-d tensor")
+    n = v.fake.shape[0]
+    return ItemsIterator([dispatch.get_item(tr, v, ConstantValue(i)) for i in range(n)])
+
+
+@dispatch.LENGTH.register(TensorValue)
+def _tensor_length(tr: Tracer, v: TensorValue) -> int:
+    if v.fake.dim() == 0:
+        raise unsupported("user_exception", "len() of a 0-d tensor")
+    return int(v.fake.shape[0])

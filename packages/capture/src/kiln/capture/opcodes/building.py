@@ -62,6 +62,7 @@ def list_append(tr: Tracer, ins: dis.Instruction) -> None:
     v = tr.pop()
     target = tr.peek(ins.arg or 1)
     assert isinstance(target, ListValue)
+    target.check_mutable()  # a list from the frame (a resume function's argument) is written back
     target.items.append(v)
 
 
@@ -70,6 +71,7 @@ def set_add(tr: Tracer, ins: dis.Instruction) -> None:
     v = tr.pop()
     target = tr.peek(ins.arg or 1)
     assert isinstance(target, SetValue)
+    target.check_mutable()
     target.items[dict_key(v)] = v
 
 
@@ -87,6 +89,7 @@ def list_extend(tr: Tracer, ins: dis.Instruction) -> None:
     items = dispatch.unpack_iterable(tr, tr.pop())
     target = tr.peek(ins.arg or 1)
     assert isinstance(target, ListValue)
+    target.check_mutable()
     target.items.extend(items)
 
 
@@ -95,6 +98,7 @@ def set_update(tr: Tracer, ins: dis.Instruction) -> None:
     items = dispatch.unpack_iterable(tr, tr.pop())
     target = tr.peek(ins.arg or 1)
     assert isinstance(target, SetValue)
+    target.check_mutable()
     for x in items:
         target.items[dict_key(x)] = x
 
@@ -109,6 +113,7 @@ def dict_update(tr: Tracer, ins: dis.Instruction) -> None:
     assert isinstance(update, DictValue)
     if ins.opname == "DICT_MERGE" and set(update.items) & set(target.items):
         raise unsupported("user_exception", "TypeError: got multiple values for a keyword argument")
+    target.check_mutable()
     target.items.update(update.items)
 
 
