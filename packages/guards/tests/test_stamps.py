@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from kiln.guards import stamps
@@ -16,6 +17,7 @@ def moves(action) -> bool:
 
 def test_module_changes_move_the_stamp():
     m = torch.nn.Linear(2, 2)
+    stamps.watch(m)
     assert moves(lambda: setattr(m, "foo", 1))
     assert moves(lambda: delattr(m, "foo"))
     assert moves(m.eval)
@@ -32,11 +34,47 @@ def test_module_changes_move_the_stamp():
 
     assert moves(register)
     assert moves(handle.remove)
+    assert moves(lambda: m.register_full_backward_hook(lambda *a: None))
+    assert moves(lambda: setattr(m, "__class__", torch.nn.Linear))
+
+
+def test_changes_to_unwatched_modules_do_not_move_it():
+    m = torch.nn.Linear(2, 2)
+    assert not stamps.watched(m)
+    assert not moves(lambda: setattr(m, "foo", 1))
+    assert not moves(lambda: delattr(m, "foo"))
+    assert not moves(m.eval)
+    assert not moves(lambda: m.register_buffer("b", torch.ones(1)))
+    assert not moves(lambda: m.add_module("child", torch.nn.ReLU()))
+    assert not moves(m.double)
+    assert not moves(lambda: m.requires_grad_(False))
+    assert not moves(lambda: m.register_forward_pre_hook(lambda *a: None).remove())
+    assert not moves(lambda: setattr(m.weight, "data", torch.randn(3, 3)))
+    other = torch.nn.Linear(2, 2)
+    params = {"weight": torch.randn(2, 2)}
+    assert not moves(lambda: torch.func.functional_call(other, params, (torch.randn(1, 2),)))
+    assert not moves(lambda: m.weight.untyped_storage().resize_(0))
+
+
+def test_patches_leave_plain_tensors_alone():
+    stamps.install()
+    base = vars(torch._C.TensorBase)
+    for name in ("data", "requires_grad", "set_", "resize_", "t_", "requires_grad_"):
+        assert getattr(torch.Tensor, name) is base[name]  # torch's own, at C speed
+        assert getattr(torch.nn.Parameter, name) is not base[name]
+    assert stamps.tracks_metadata(torch.nn.Parameter(torch.ones(1)))
+    assert not stamps.tracks_metadata(torch.ones(1))
+
+    class Overrides(torch.nn.Parameter):
+        def t_(self):  # its own in-place method: the stamp cannot see through it
+            return self
+
+    assert not stamps.tracks_metadata(Overrides(torch.ones(1)))
 
 
 def test_functional_call_moves_it():
     m = torch.nn.Linear(2, 2)
-    stamps.install()
+    stamps.watch(m)
     seen = []
     m.register_forward_pre_hook(lambda *a: seen.append(stamps.current()))
     before = stamps.current()
@@ -79,24 +117,25 @@ def test_writes_into_watched_module_dicts_move_it():
 
 
 def test_watched_dicts_pickle_and_copy_as_plain_dicts():
+    import collections
     import copy
     import pickle
 
     m = torch.nn.Sequential(torch.nn.Linear(2, 2))
     stamps.install()
     stamps.watch(m)
+    assert type(m[0]._forward_hooks) is stamps.WatchedHooks
     for other in (pickle.loads(pickle.dumps(m)), copy.deepcopy(m)):
         assert type(other.__dict__) is dict
         assert type(other[0]._parameters) is dict
+        assert type(other[0]._forward_hooks) is collections.OrderedDict
     assert type(copy.copy(m).__dict__) is dict  # (shallow: its submodules are m's)
 
 
-def test_metadata_changes_of_watched_tensors_move_it():
+def test_metadata_changes_of_watched_parameters_move_it():
     m = torch.nn.Linear(4, 4)
-    m.register_buffer("buf", torch.randn(4))
-    stamps.install()
     stamps.watch(m)
-    w, buf = m.weight, m.buf
+    w = m.weight
     assert moves(lambda: setattr(w, "data", torch.randn(4, 4).t()))
     assert moves(lambda: setattr(w, "requires_grad", False))
     assert moves(lambda: w.requires_grad_(True))
@@ -104,23 +143,64 @@ def test_metadata_changes_of_watched_tensors_move_it():
         assert moves(w.t_)
         assert moves(lambda: w.as_strided_((4, 4), (1, 4)))
         assert moves(lambda: w.transpose_(0, 1))
-    assert moves(lambda: buf.set_(torch.randn(8)[::2]))
-    assert moves(lambda: buf.resize_(2))
-    assert moves(lambda: buf.unsqueeze_(0))
-    assert moves(lambda: buf.squeeze_(0))
-    assert moves(lambda: buf.untyped_storage().resize_(64))
-    assert not moves(lambda: buf.add_(1.0))  # values only: the graph still fits
+        assert moves(lambda: w.set_(torch.randn(16).view(4, 4)))
+    assert moves(lambda: w.untyped_storage().resize_(128))
+    with pytest.raises(RuntimeError, match="weakref"):  # torch refuses: no swap to see
+        torch.utils.swap_tensors(w, torch.nn.Parameter(torch.randn(4, 4)))
+    assert not moves(lambda: w.data.add_(1.0))  # values only: the graph still fits
     assert w.data.shape == (4, 4) and w.requires_grad  # reads are torch's own
+
+
+def untracked_after(m, change):
+    """Whether a tree's record of its untracked tensors tells ``change`` apart."""
+    record = stamps.Untracked()
+    stamps.watch(m, record)
+    assert record.unchanged()
+    change()
+    return not record.unchanged()
+
+
+def test_metadata_changes_of_buffers_show_in_the_untracked_record():
+    def fresh():
+        m = torch.nn.Linear(4, 4)
+        m.register_buffer("buf", torch.randn(4))
+        return m, m.buf
+
+    m, buf = fresh()
+    assert not untracked_after(m, lambda: buf.add_(1.0))  # values only
+    assert not untracked_after(m, lambda: m.weight.requires_grad_(False))  # the stamp's part
+    changes = [
+        lambda b: b.set_(torch.randn(8)[::2]),
+        lambda b: b.resize_(2),
+        lambda b: b.unsqueeze_(0),
+        lambda b: setattr(b, "data", torch.randn(4)),  # another storage, same sizes
+        lambda b: setattr(b, "data", torch.randn(4, dtype=torch.float64)),
+        lambda b: b.requires_grad_(),
+    ]
+    for change in changes:
+        m, buf = fresh()
+        assert untracked_after(m, lambda change=change, buf=buf: change(buf))
+    m, buf = fresh()
+    stamps.watch(m)
+    assert moves(lambda: buf.untyped_storage().resize_(64))  # a watched tensor's storage
+
+
+def test_a_plain_tensor_in_parameters_is_untracked():
+    m = torch.nn.Linear(2, 2)
+    plain = torch.randn(2)
+    m._parameters["bias"] = plain  # as functional_call does for its call
+    assert untracked_after(m, lambda: setattr(plain, "requires_grad", True))
 
 
 def test_other_tensors_do_not_move_it():
     stamps.install()
-    x = torch.randn(2, 3)
+    x = torch.nn.Parameter(torch.randn(2, 3))
     assert not moves(lambda: x.requires_grad_())
     assert not moves(lambda: setattr(x, "requires_grad", False))
     assert not moves(x.t_)
     assert not moves(lambda: setattr(x, "data", torch.randn(5)))
-    assert not moves(lambda: x.resize_(7))
+    with torch.no_grad():
+        assert not moves(lambda: x.resize_(7))
 
 
 def test_modules_added_later_are_watched_when_their_group_passes():

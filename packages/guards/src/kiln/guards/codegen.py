@@ -384,10 +384,16 @@ class CheckSource:
         the group last passed (its own function: a call of the check then sets up only the
         few locals of the common path, not the group's hundreds)."""
         assert tree.source is not None
-        stamps.install()
         stamps.watch(tree.expected)
         stamp = self.bind(stamps.state, "stamp")
         seen = self.bind([-1], "seen")  # the stamp the group last passed at; -1: never
+        # what the stamp cannot follow, compared on every call: global hooks, buffers' metadata
+        quiet = [f"{stamp}[0] == {seen}[0]"]
+        if hooks.global_hook_dicts:
+            dicts = " or ".join(self.bind(d, "global_hooks") for d in hooks.global_hook_dicts)
+            quiet.append(f"not ({dicts})")
+        untracked = self.bind(stamps.Untracked(), "untracked")
+        quiet.append(f"(not {untracked}.entries or {untracked}.unchanged())")
         name = f"{self.prefix}group{len(self.functions)}"
         root = f"{self.prefix}root"
         outer = (self.lines, self._locals, self.indent, self.in_group)
@@ -397,7 +403,7 @@ class CheckSource:
         self.line(f"{self.prefix}now = {stamp}[0]")
         emit_members()
         # modules and tensors that joined the tree since it was last watched
-        self.line(f"{self.bind(stamps.watch, 'watch')}({root})")
+        self.line(f"{self.bind(stamps.watch, 'watch')}({root}, {untracked})")
         self.line(f"if {self.bind(config, 'config')}.trust_module_stamps:")
         self.line(f"    {seen}[0] = {self.prefix}now")
         self.line("return True")
@@ -405,7 +411,7 @@ class CheckSource:
         self.functions.append(f"def {name}({root}):\n{body}\n")
         self.lines, self._locals, self.indent, self.in_group = outer
         self.bound = outer_bound
-        self.require(f"{stamp}[0] == {seen}[0] or {name}({self.expr(tree.source)})")
+        self.require(f"{' and '.join(quiet)} or {name}({self.expr(tree.source)})")
 
 
 def _emit(cs: CheckSource, guards: list[GuardSpec], plan: Plan) -> None:

@@ -1,59 +1,78 @@
-"""The module stamp: one process-wide number that changes whenever any nn.Module might have.
+"""The module stamp: one process-wide number that moves whenever a watched module might have
+changed.
 
-A ``MODULE_TREE`` guard's group (:mod:`kiln.guards.module_tree`) remembers the stamp
-at which it last passed; while the stamp stays the same, the group is skipped, so
-checking a module tree costs one integer comparison however deep the tree is. When
-the stamp moves, the group runs once and, if it passes, remembers the new stamp.
+A ``MODULE_TREE`` guard's group (:mod:`kiln.guards.module_tree`) remembers the stamp at which
+it last passed; while the stamp stays the same, the group is skipped, so checking a module tree
+costs one integer comparison however deep the tree is. When the stamp moves, the group runs
+once and, if it passes, remembers the new stamp.
 
-What bumps the stamp (installed on first use by :func:`install`, narrowly):
-- ``nn.Module.__setattr__`` / ``__delattr__`` (attributes, submodules, parameters,
-  buffers, ``train()``/``eval()``, class swaps),
-- torch's global parameter/buffer/module registration hooks (``register_parameter``,
-  ``register_buffer``, ``add_module`` write their dicts directly),
-- ``nn.Module._apply`` (``.to()``, ``.half()``, ``.cuda()`` change parameters in place)
-  and ``nn.Module.requires_grad_``,
-- creating or removing any ``torch.utils.hooks.RemovableHandle`` (every hook registration),
-- the tensor swaps of ``torch.nn.utils._named_member_accessor`` (``torch.func.functional_call``),
-- writes straight into a watched module's dicts: its ``__dict__`` (``m.__dict__["alpha"] =
-  4.0``), ``_parameters``, ``_buffers`` and ``_modules`` (``m._parameters["w"] = p``), which
-  :func:`watch` replaces by dicts of :class:`WatchedDict` holding the same items,
-- changes to the metadata of a watched tensor (a parameter or buffer of a watched module)
-  through the Python API: ``t.data = u``, ``t.requires_grad = b``, ``requires_grad_``,
-  ``detach_``, ``set_``, ``resize_``, ``resize_as_``, ``as_strided_``, ``t_``,
-  ``transpose_``, ``swapdims_``, ``swapaxes_``, ``squeeze_``, ``unsqueeze_``,
-  ``torch.utils.swap_tensors``, and any ``UntypedStorage.resize_``.
+The contract with the rest of the process: importing Kiln changes nothing, and nothing moves
+the stamp or costs anything extra for modules and tensors Kiln does not watch. A group watches
+its tree (:func:`watch`) when its check is built and whenever it passes after the stamp moved;
+the first :func:`watch` calls :func:`install`, which patches, once:
 
-A group watches its tree (:func:`watch`) when its check is built and whenever it passes
-after the stamp moved, so modules and tensors added to the tree later are watched too.
-What it cannot see: metadata changes that bypass the Python methods above
-(``torch.ops.aten.set_(p, u)``, C++ extensions), writes that skip both
-``Module.__setattr__`` and the dict's own methods (``object.__setattr__(m, "alpha", 4.0)``),
-``p.__class__ = ...`` on a tensor, and modules whose ``__dict__`` is not a plain dict. Call :func:`bump` after such changes, or set
-``kiln.guards.config.trust_module_stamps = False`` to run the groups on every call.
+- ``nn.Module.__setattr__`` / ``__delattr__``: after torch's own, they move the stamp only for
+  a watched module (its ``__dict__`` is a :class:`WatchedDict`); plain attributes, ``train()``
+  / ``eval()`` and class swaps go through them;
+- ``torch.nn.Parameter`` (the class only, never ``torch.Tensor``): ``data`` and
+  ``requires_grad`` become properties whose getters are torch's own C getters, and the
+  in-place metadata methods (``requires_grad_``, ``detach_``, ``set_``, ``resize_``,
+  ``resize_as_``, ``as_strided_``, ``t_``, ``transpose_``, ``swapdims_``, ``swapaxes_``,
+  ``squeeze_``, ``unsqueeze_``) wrappers that move the stamp after torch's own for a watched
+  parameter. Plain tensors keep torch's descriptors and methods;
+- ``UntypedStorage.resize_``: it moves the stamp when the storage is a watched tensor's.
+
+(``torch.utils.swap_tensors`` refuses a tensor that has weak references, as every watched
+tensor does, so it needs no patch.)
+
+Watching a module also replaces its ``__dict__``, ``_parameters``, ``_buffers``, ``_modules``
+by :class:`WatchedDict` and its hook dicts (``_forward_hooks``, ...) by :class:`WatchedHooks`
+holding the same items, so writes straight into them (``m.__dict__["alpha"] = 4.0``,
+``m._parameters["w"] = p``, ``register_buffer``, ``add_module``, every hook registration and
+removal, ``functional_call``'s swaps, ``_apply``'s) move the stamp without any process-wide
+patch.
+
+The patches see every metadata change of a parameter whose class is ``nn.Parameter`` or a
+subclass that overrides none of the patched names (:func:`tracks_metadata`). Buffers (plain
+tensors) and any other tensor in ``_parameters`` keep torch's own methods: the check compares
+their metadata on every call with what it was when the group last passed (:class:`Untracked`),
+and so it does the global module hook dicts (``register_module_forward_hook``); either
+differing runs the group.
+
+What it cannot see: changes below Python (``torch.ops.aten.set_(p, u)``, C++ extensions,
+``torch.Tensor.set_(p, u)`` and torch's C descriptors called directly on a parameter), writes
+that skip both ``Module.__setattr__`` and the dicts' own methods (``object.__setattr__(m,
+"alpha", 4.0)``, ``dict.__setitem__(m.__dict__, ...)``), ``p.__class__ = ...`` on a tensor,
+and modules whose ``__dict__`` is not a plain dict. Call :func:`bump` after such changes, or
+set ``kiln.guards.config.trust_module_stamps = False`` to run the groups on every call.
 """
 
 from __future__ import annotations
 
+import collections
 import functools
-import importlib
 import itertools
+import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils.hooks import RemovableHandle
 
 from kiln.capture.source import MODULE_STORES
+from kiln.guards import hooks
 
 __all__ = [
     "DICT_TYPES",
     "WatchedDict",
+    "Untracked",
+    "WatchedHooks",
     "bump",
     "current",
     "install",
     "installed",
     "state",
+    "tracks_metadata",
     "watch",
     "watched",
 ]
@@ -61,6 +80,7 @@ __all__ = [
 _counter = itertools.count(1)
 state: list[int] = [0]  # generated checks read ``state[0]``; a list keeps one shared cell
 _installed = False
+_install_lock = threading.Lock()
 
 
 def bump(*_: Any, **__: Any) -> None:
@@ -74,24 +94,79 @@ def current() -> int:
 
 
 def installed() -> bool:
-    """Whether the patches that bump the stamp are in place."""
+    """Whether the patches that move the stamp for watched objects are in place."""
     return _installed
 
 
-def _bumping(method: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(method)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+class _Bumping:
+    """Dict writes that move the stamp after the write (so a check racing with one never
+    passes a half-made state); mixed into a dict type."""
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        super().__setitem__(key, value)  # type: ignore[misc]
+        bump()
+
+    def __delitem__(self, key: Any) -> None:
+        super().__delitem__(key)  # type: ignore[misc]
+        bump()
+
+    def __ior__(self, other: Any) -> Any:
+        super().__ior__(other)  # type: ignore[misc]
+        bump()
+        return self
+
+    def clear(self) -> None:
+        super().clear()  # type: ignore[misc]
+        bump()
+
+    def pop(self, *args: Any) -> Any:
         try:
-            return method(*args, **kwargs)
+            return super().pop(*args)  # type: ignore[misc]
         finally:
-            bump()  # after the change, so a check racing with it cannot pass a half-made state
+            bump()
 
-    wrapper.__kiln_stamp_original__ = method  # type: ignore[attr-defined]
-    return wrapper
+    def popitem(self, *args: Any) -> Any:
+        try:
+            return super().popitem(*args)  # type: ignore[misc]
+        finally:
+            bump()
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        try:
+            return super().setdefault(key, default)  # type: ignore[misc]
+        finally:
+            bump()
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        super().update(*args, **kwargs)  # type: ignore[misc]
+        bump()
 
 
-# Tensor methods that change a tensor's sizes, strides, storage, dtype or requires_grad in
-# place (every in-place view op of ATen, and the storage swaps).
+class WatchedDict(_Bumping, dict[Any, Any]):
+    """A module's ``__dict__`` or parameter/buffer/submodule dict that moves the stamp when
+    written to. Reads are the plain dict's; pickles and copies are plain dicts; capture
+    traces it as a plain dict."""
+
+    __kiln_plain_dict__ = True
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return dict, (dict(self),)
+
+
+class WatchedHooks(_Bumping, collections.OrderedDict[Any, Any]):
+    """A watched module's hook dict (``_forward_hooks``, ...): registering or removing a hook
+    moves the stamp. Pickles and copies as an ``OrderedDict``."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return collections.OrderedDict, (list(self.items()),)
+
+
+#: dict and its watched form: the same type to a guard (watching must not fail a TYPE_MATCH
+#: recorded before a module's dicts were swapped, nor one recorded after a plain copy)
+DICT_TYPES = (dict, WatchedDict)
+
+# Parameter methods that change a tensor's sizes, strides, storage or requires_grad in place
+# (every in-place view op of ATen, and the storage swaps).
 _TENSOR_METADATA_METHODS = (
     "requires_grad_",
     "detach_",
@@ -106,105 +181,150 @@ _TENSOR_METADATA_METHODS = (
     "squeeze_",
     "unsqueeze_",
 )
-# ids of the parameters and buffers of watched modules (a weak reference each, so an id
-# reused by a new tensor is told apart)
-_watched_tensors: dict[int, weakref.ref[torch.Tensor]] = {}
+_PARAMETER_PATCHES = ("data", "requires_grad", *_TENSOR_METADATA_METHODS)
+
+# id of each watched parameter or buffer -> (a weak reference, so an id reused by a new tensor
+# is told apart; the key of its storage when it was watched)
+_watched_tensors: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
+# storage key -> how many watched tensors were on that storage when watched
+_watched_storages: collections.Counter[int] = collections.Counter()
+_tracked_types: dict[type, bool] = {}
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    try:
+        return int(t.untyped_storage()._cdata)
+    except (RuntimeError, NotImplementedError, TypeError, AttributeError):
+        return 0  # no storage of its own (sparse, some wrapper subclasses)
 
 
 def _is_watched(t: Any) -> bool:
-    ref = _watched_tensors.get(id(t))
-    return ref is not None and ref() is t
+    entry = _watched_tensors.get(id(t))
+    return entry is not None and entry[0]() is t
+
+
+def _drop_storage(key: int) -> None:
+    _watched_storages[key] -= 1
+    if _watched_storages[key] <= 0:
+        del _watched_storages[key]
 
 
 def _watch_tensor(t: torch.Tensor) -> None:
     key = id(t)
-    ref = _watched_tensors.get(key)
-    if ref is None or ref() is not t:
-        _watched_tensors[key] = weakref.ref(t, functools.partial(_forget, key))
+    storage = _storage_key(t)
+    entry = _watched_tensors.get(key)
+    if entry is not None:
+        if entry[0]() is t and entry[1] == storage:
+            return
+        _drop_storage(entry[1])  # an older storage, or a dead tensor that had this id
+    ref = entry[0] if entry is not None and entry[0]() is t else None
+    if ref is None:
+        ref = weakref.ref(t, functools.partial(_forget, key))
+    _watched_tensors[key] = (ref, storage)
+    _watched_storages[storage] += 1
 
 
-def _forget(key: int, _: object = None) -> None:
-    ref = _watched_tensors.get(key)
-    if ref is not None and ref() is None:
+def _forget(key: int, ref: object) -> None:
+    entry = _watched_tensors.get(key)
+    if entry is not None and entry[0] is ref:
         del _watched_tensors[key]
+        _drop_storage(entry[1])
 
 
-class WatchedDict(dict[Any, Any]):
-    """A module's ``__dict__`` or parameter/buffer/submodule dict that moves the stamp when
-    written to. Reads are the plain dict's; pickles and copies are plain dicts; capture
-    traces it as a plain dict."""
-
-    __kiln_plain_dict__ = True
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        super().__setitem__(key, value)
-        bump()
-
-    def __delitem__(self, key: Any) -> None:
-        super().__delitem__(key)
-        bump()
-
-    def __ior__(self, other: Any) -> WatchedDict:  # type: ignore[misc]
-        super().__ior__(other)
-        bump()
-        return self
-
-    def clear(self) -> None:
-        super().clear()
-        bump()
-
-    def pop(self, *args: Any) -> Any:
-        try:
-            return super().pop(*args)
-        finally:
-            bump()
-
-    def popitem(self) -> tuple[Any, Any]:
-        try:
-            return super().popitem()
-        finally:
-            bump()
-
-    def setdefault(self, key: Any, default: Any = None) -> Any:
-        try:
-            return super().setdefault(key, default)
-        finally:
-            bump()
-
-    def update(self, *args: Any, **kwargs: Any) -> None:
-        super().update(*args, **kwargs)
-        bump()
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return dict, (dict(self),)
+def tracks_metadata(t: Any) -> bool:
+    """Whether every metadata change of ``t`` through torch's Python API would move the stamp
+    once ``t`` is watched: ``t`` is an ``nn.Parameter`` whose class overrides none of the
+    patched attributes. Other tensors' metadata must be checked on every call."""
+    cls = type(t)
+    known = _tracked_types.get(cls)
+    if known is None:
+        parameter = torch.nn.Parameter
+        below = cls.__mro__[: cls.__mro__.index(parameter)] if issubclass(cls, parameter) else None
+        known = below is not None and not any(
+            name in vars(c) for c in below for name in _PARAMETER_PATCHES
+        )
+        _tracked_types[cls] = known
+    return known
 
 
-#: dict and its watched form: the same type to a guard (watching must not fail a TYPE_MATCH
-#: recorded before a module's dicts were swapped, nor one recorded after a plain copy)
-DICT_TYPES = (dict, WatchedDict)
-
-
-def watch(root: torch.nn.Module) -> bool:
+def watch(root: torch.nn.Module, untracked: Untracked | None = None) -> bool:
     """Make writes behind ``Module.__setattr__`` anywhere in ``root``'s tree move the stamp:
-    every module's dicts become :class:`WatchedDict` and every parameter and buffer a
-    watched tensor. Returns True (generated checks call it inside a condition)."""
+    every module's dicts become :class:`WatchedDict`, its hook dicts :class:`WatchedHooks`,
+    and every parameter and buffer a watched tensor; then record the metadata of the tensors
+    the stamp cannot follow in ``untracked``. Installs the patches on first use. Returns True
+    (generated checks call it inside a condition)."""
+    install()
     for m in root.modules():
-        state = object.__getattribute__(m, "__dict__")
-        if type(state) is dict:
+        table = object.__getattribute__(m, "__dict__")
+        if type(table) is dict:
             try:
-                object.__setattr__(m, "__dict__", WatchedDict(state))
-                state = object.__getattribute__(m, "__dict__")
+                object.__setattr__(m, "__dict__", WatchedDict(table))
+                table = object.__getattribute__(m, "__dict__")
             except (TypeError, AttributeError):
                 pass  # a class that manages its own __dict__: its attributes stay unwatched
         for store in MODULE_STORES:
-            table = state.get(store)
-            if type(table) is dict:
-                dict.__setitem__(state, store, WatchedDict(table))
-        for tensors in (state.get("_parameters"), state.get("_buffers")):
+            found = table.get(store)
+            if type(found) is dict:
+                dict.__setitem__(table, store, WatchedDict(found))
+        for name in hooks.module_hook_names:
+            found = table.get(name)
+            if type(found) is collections.OrderedDict:
+                dict.__setitem__(table, name, WatchedHooks(found))
+        for tensors in (table.get("_parameters"), table.get("_buffers")):
             for t in (tensors or {}).values():
                 if isinstance(t, torch.Tensor):
                     _watch_tensor(t)
+    if untracked is not None:
+        untracked.take(root)
     return True
+
+
+def _metadata(t: torch.Tensor) -> object:
+    try:
+        return (
+            t.shape,
+            t.stride(),
+            t.storage_offset(),
+            t.dtype,
+            t.device,
+            t.requires_grad,
+            t.data_ptr(),  # another storage (``.data = u`` with the same sizes)
+            t.is_conj(),
+            t.is_neg(),
+        )
+    except (RuntimeError, NotImplementedError, TypeError, AttributeError):
+        return object()  # nothing to compare: counts as changed on every call
+
+
+class Untracked:
+    """The metadata of the tensors in a tree whose changes the stamp cannot see (buffers,
+    and anything in ``_parameters`` that is not a tracked ``nn.Parameter``), as it was
+    when the tree's group last passed. A check compares it on every call: a buffer's
+    ``.data =``, ``.requires_grad =`` or in-place view op then runs the group again."""
+
+    __slots__ = ("entries",)
+
+    def __init__(self) -> None:
+        self.entries: tuple[tuple[weakref.ref[torch.Tensor], object], ...] = ()
+
+    def take(self, root: torch.nn.Module) -> None:
+        found: dict[int, torch.Tensor] = {}
+        for m in root.modules():
+            table = object.__getattribute__(m, "__dict__")
+            for t in (table.get("_buffers") or {}).values():
+                if isinstance(t, torch.Tensor):
+                    found[id(t)] = t
+            for t in (table.get("_parameters") or {}).values():
+                if isinstance(t, torch.Tensor) and not tracks_metadata(t):
+                    found[id(t)] = t
+        self.entries = tuple((weakref.ref(t), _metadata(t)) for t in found.values())
+
+    def unchanged(self) -> bool:
+        for ref, meta in self.entries:
+            t = ref()
+            if t is None or _metadata(t) != meta:
+                return False
+        return True
 
 
 def watched(obj: Any) -> bool:
@@ -212,6 +332,37 @@ def watched(obj: Any) -> bool:
     if isinstance(obj, torch.nn.Module):
         return type(object.__getattribute__(obj, "__dict__")) is WatchedDict
     return _is_watched(obj)
+
+
+# --- the patches: each acts after torch's own code, and only for what is watched ----------
+
+_module_setattr: Callable[..., None] = torch.nn.Module.__setattr__
+_module_delattr: Callable[..., None] = torch.nn.Module.__delattr__
+_storage_resize: Callable[..., Any] = torch.UntypedStorage.resize_
+
+
+def _setattr_watching(self: torch.nn.Module, name: str, value: Any) -> None:
+    try:
+        _module_setattr(self, name, value)
+    finally:
+        if type(self.__dict__) is WatchedDict:
+            bump()
+
+
+def _delattr_watching(self: torch.nn.Module, name: str) -> None:
+    try:
+        _module_delattr(self, name)
+    finally:
+        if type(self.__dict__) is WatchedDict:
+            bump()
+
+
+def _resize_watching(self: torch.UntypedStorage, size: int) -> Any:
+    try:
+        return _storage_resize(self, size)
+    finally:
+        if _watched_storages and self._cdata in _watched_storages:
+            bump()
 
 
 def _bumping_if_watched(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -228,7 +379,8 @@ def _bumping_if_watched(method: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _watched_property(name: str) -> property:
-    """``torch.Tensor.<name>`` read as before (torch's own C getter), set moving the stamp."""
+    """``<tensor>.<name>`` read through torch's own C getter, set moving the stamp when the
+    tensor is watched."""
     descriptor = getattr(torch._C.TensorBase, name)
 
     def setter(self: torch.Tensor, value: Any) -> None:
@@ -239,43 +391,28 @@ def _watched_property(name: str) -> property:
     return property(descriptor.__get__, setter, None, descriptor.__doc__)
 
 
-def _install_tensor_patches() -> None:
-    tensor = torch.Tensor
-    for name in ("data", "requires_grad"):
-        setattr(tensor, name, _watched_property(name))
-    for name in _TENSOR_METADATA_METHODS:
-        method = getattr(tensor, name, None)
-        if method is not None:
-            setattr(tensor, name, _bumping_if_watched(method))
-    storage = torch.UntypedStorage
-    storage.resize_ = _bumping(storage.resize_)  # type: ignore[method-assign]
-    torch.utils.swap_tensors = _bumping(torch.utils.swap_tensors)
-
-
 def install() -> None:
-    """Patch torch so module changes bump the stamp; idempotent."""
-    global _installed
+    """Patch torch so changes to watched modules and parameters move the stamp; idempotent.
+    Called by the first :func:`watch`, never at import."""
+    global _installed, _module_setattr, _module_delattr, _storage_resize
     if _installed:
         return
-    _install_tensor_patches()
-    module_cls = torch.nn.Module
-    for name in ("__setattr__", "__delattr__", "_apply", "requires_grad_"):
-        setattr(module_cls, name, _bumping(getattr(module_cls, name)))
-    for name in ("__init__", "remove"):
-        setattr(RemovableHandle, name, _bumping(getattr(RemovableHandle, name)))
-    # torch.func.functional_call and friends swap tensors straight into ``_parameters``.
-    accessor = importlib.import_module("torch.nn.utils._named_member_accessor")
-    for name in ("set_tensor", "swap_tensor", "swap_submodule"):
-        if hasattr(accessor, name):
-            setattr(accessor, name, _bumping(getattr(accessor, name)))
-    registration = torch.nn.modules.module
-    for name in (
-        "register_module_parameter_registration_hook",
-        "register_module_buffer_registration_hook",
-        "register_module_module_registration_hook",
-    ):
-        register = getattr(registration, name, None)
-        if register is not None:
-            register(bump)
-    _installed = True
+    with _install_lock:
+        if _installed:
+            return
+        parameter = torch.nn.Parameter
+        for name in ("data", "requires_grad"):
+            setattr(parameter, name, _watched_property(name))
+        for name in _TENSOR_METADATA_METHODS:
+            method = getattr(parameter, name, None)
+            if method is not None:
+                setattr(parameter, name, _bumping_if_watched(method))
+        module = torch.nn.Module
+        _module_setattr, _module_delattr = module.__setattr__, module.__delattr__
+        module.__setattr__ = functools.wraps(_module_setattr)(_setattr_watching)  # type: ignore[method-assign]
+        module.__delattr__ = functools.wraps(_module_delattr)(_delattr_watching)  # type: ignore[method-assign]
+        storage = torch.UntypedStorage
+        _storage_resize = storage.resize_
+        storage.resize_ = functools.wraps(_storage_resize)(_resize_watching)  # type: ignore[method-assign,assignment]
+        _installed = True
     bump()
