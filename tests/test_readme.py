@@ -2,6 +2,7 @@
 and the reference tables the docs site generates cover everything the code defines."""
 
 import importlib.util
+import os
 import re
 import sys
 from pathlib import Path
@@ -18,6 +19,15 @@ LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 
 def _pages():
     return [ROOT / "README.md", *sorted(p for p in DOCS.rglob("*.md") if "hooks" not in p.parts)]
+
+
+def _markdown_files():
+    """Every Markdown file of the repository (not of environments, builds or hidden folders)."""
+    found = []
+    for folder, dirs, files in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if not d.startswith((".", "_")) and d not in ("build", "site")]
+        found += [Path(folder) / f for f in files if f.endswith(".md")]
+    return sorted(found)
 
 
 def _python_blocks(path):
@@ -40,8 +50,11 @@ def test_usage_example_runs():
 
 
 def test_relative_links_resolve_inside_the_repository():
+    """The README, the docs and every package README and changelog."""
     broken = []
-    for page in _pages():
+    pages = _markdown_files()
+    assert ROOT / "README.md" in pages and DOCS / "index.md" in pages
+    for page in pages:
         text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
         for target in LINK.findall(text):
             if re.match(r"[a-z]+:", target) or target.startswith("#"):
