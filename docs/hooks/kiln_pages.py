@@ -70,6 +70,7 @@ def rst_to_markdown(text: str) -> str:
     """Docstrings use reST literals and roles (``:class:`~a.B` ``); the site renders Markdown."""
     text = re.sub(r":[a-z]+:`~([^`]+)`", lambda m: f"`{m.group(1).split('.')[-1]}`", text)
     text = re.sub(r":[a-z]+:`([^`]+)`", r"`\1`", text)
+    text = re.sub(r"::$", ":", text, flags=re.M)  # the indented block after it is code either way
     return text.replace("``", "`")
 
 
