@@ -297,3 +297,61 @@ def test_a_negative_view_after_plain_tensors_of_its_layout():
 
 def test_imag_of_a_conjugate_input():
     agree(lambda z: (z.imag, z.imag * 2), lambda: (torch.randn(6, dtype=torch.complex64).conj(),))
+
+
+# ---- lazy bits under both AOT backends ----------------------------------------------------------
+
+LAZY_PROGRAMS = {
+    "imag": lambda z: z.imag * 2,
+    "real": lambda z: z.real.sin(),
+    "imag_alias": lambda z: z.imag,
+    "view_as_real_of_resolved": lambda z: torch.view_as_real(z.conj().resolve_conj()) * 2,
+    "imag_of_conj_inside": lambda z: (z * 1).conj().imag + 1,
+    "imag_of_a_conj_view": lambda z: z[1:].conj().imag * 3,
+    "resolve_neg": lambda z: z.conj().imag.resolve_neg() + 1,
+    "mutated": lambda z: z.mul_(2) * 1,
+}
+LAZY_MAKERS = {
+    "plain": lambda: torch.randn(4, 3, dtype=torch.complex64),
+    "conj": lambda: torch.randn(4, 3, dtype=torch.complex64).conj(),
+    "conj_of_a_view": lambda: torch.randn(5, 3, dtype=torch.complex64)[1:].conj(),
+}
+
+
+@pytest.mark.filterwarnings("error:kiln")
+@pytest.mark.parametrize("backend", ["aot_eager", "kiln"])
+@pytest.mark.parametrize("make", list(LAZY_MAKERS))
+@pytest.mark.parametrize("name", list(LAZY_PROGRAMS))
+def test_lazy_bits_of_inputs_and_intermediates(backend, make, name):
+    """Fakes carry the lazy bits, so ``imag``/``real``/``view_as_real`` trace what they do on
+    the real tensors; inputs with a bit are written back through it."""
+    fn = LAZY_PROGRAMS[name]
+    compiled = kiln.compile(fn, backend=backend)
+    for seed in range(3):
+        torch.manual_seed(seed)
+        mine = LAZY_MAKERS[make]()
+        torch.manual_seed(seed)
+        theirs = LAZY_MAKERS[make]()
+        got, want = compiled(mine), fn(theirs)
+        torch.testing.assert_close(got.resolve_neg(), want.resolve_neg())
+        if backend == "aot_eager":  # a kernel's result carries no bit
+            assert (got.is_conj(), got.is_neg()) == (want.is_conj(), want.is_neg())
+        torch.testing.assert_close(mine.resolve_conj(), theirs.resolve_conj(), rtol=0, atol=0)
+    assert kiln.counters.snapshot().get("graph_breaks", {}) == {}
+
+
+@pytest.mark.filterwarnings("error:kiln")
+@pytest.mark.parametrize("backend", ["aot_eager", "kiln"])
+def test_gradients_through_a_conjugate_input(backend):
+    def fn(z):
+        return z.imag * 2, (z * z.conj()).real + z.real.sin(), z[1:].conj().imag
+
+    compiled = kiln.compile(fn, backend=backend)
+    for _ in range(3):
+        leaf = torch.randn(4, 3, dtype=torch.complex64, requires_grad=True)
+        got, want = compiled(leaf.conj()), fn(leaf.conj())
+        _same(got, want)
+        weights = [torch.randn(t.shape) for t in want]
+        (mine,) = torch.autograd.grad(got, leaf, weights)
+        (theirs,) = torch.autograd.grad(want, leaf, weights)
+        torch.testing.assert_close(mine, theirs)

@@ -62,7 +62,13 @@ def fakes_of(
 
 def _strided_clone(t: torch.Tensor) -> torch.Tensor:
     """A copy of ``t`` laid out as ``t`` is (``clone`` makes non-dense views contiguous):
-    compilers specialize on the graph inputs' strides, and the real input keeps its own."""
+    compilers specialize on the graph inputs' strides, and the real input keeps its own.
+    A lazy conjugate or negative bit stays a bit (a view of the copied storage), as the real
+    input has it: ``imag`` and ``view_as_real`` of the copy then trace what they do on it."""
+    if t.is_conj():
+        return _strided_clone(t.conj()).conj()
+    if t.is_neg():
+        return torch._neg_view(_strided_clone(torch._neg_view(t)))
     return t.new_empty_strided(t.shape, t.stride()).copy_(t)
 
 

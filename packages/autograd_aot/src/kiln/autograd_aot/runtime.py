@@ -210,12 +210,16 @@ def _write_back(
 ) -> None:
     """Copy the new values of mutated inputs into them. Those without history (BatchNorm's
     running statistics: three per layer) go in one foreach copy, a launch or two for all
-    of them instead of one each. Mutated inputs never share memory here (aliased ones are
-    traced over their bases), so the order of the copies does not matter."""
+    of them instead of one each; ATen's foreach ops refuse an input with a lazy conjugate
+    or negative bit, which ``copy_`` writes through. Mutated inputs never share memory here
+    (aliased ones are traced over their bases), so the order of the copies does not matter."""
     dsts, srcs = [], []
     for i, value in zip(mutated, values, strict=True):
         if value.requires_grad:  # keeps its history through the copy, as in eager
             with torch.enable_grad():
+                primals[i].copy_(value)
+        elif primals[i].is_conj() or primals[i].is_neg():
+            with torch.no_grad():
                 primals[i].copy_(value)
         else:
             dsts.append(primals[i])

@@ -213,6 +213,7 @@ class FakeTensor(torch.Tensor):
         )
         out.meta = meta
         out.fake_device = device
+        _copy_lazy_bits(meta, out)
         return out  # type: ignore[no-any-return]
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
@@ -229,6 +230,7 @@ class FakeTensor(torch.Tensor):
                 meta = torch.empty_strided(
                     self.meta.size(), self.meta.stride(), dtype=self.dtype, device="meta"
                 )
+            _copy_lazy_bits(self.meta, meta)
             memo[id(self)] = FakeTensor(meta, self.fake_device, self.requires_grad)
         return memo[id(self)]  # type: ignore[no-any-return]
 
@@ -272,11 +274,27 @@ def storage_key(t: torch.Tensor) -> int:
     return int(base.untyped_storage()._cdata)
 
 
+def _copy_lazy_bits(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """Give ``dst`` the lazy conjugate and negative bits of ``src``.
+
+    Composite ops read the bits (``imag`` of a conjugate is a negated view of the storage's
+    imaginary part, ``resolve_conj`` copies only when set), and ATen's own handling of the
+    bits runs above dispatch modes, so a graph traced on fakes with the bits holds ops that
+    resolve them at run time on the real tensors, which have the same bits (guards check).
+    """
+    if src.is_conj():
+        torch._C._set_conj(dst, True)
+    if src.is_neg():
+        torch._C._set_neg(dst, True)
+
+
 def _plain_meta(real: torch.Tensor) -> torch.Tensor:
     with _disable_current_modes():
-        return torch.empty_strided(
+        meta = torch.empty_strided(
             real.size(), real.stride(), dtype=real.dtype, device="meta"
         ).as_strided(real.size(), real.stride(), real.storage_offset())
+    _copy_lazy_bits(real, meta)
+    return meta
 
 
 def _storage_elems(real: torch.Tensor) -> int:
@@ -286,7 +304,9 @@ def _storage_elems(real: torch.Tensor) -> int:
 def _meta_on_storage(base: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
     """A meta view of ``base`` (a meta byte buffer) laid out like ``real``."""
     typed = base if real.dtype == torch.uint8 else base.view(real.dtype)
-    return typed.as_strided(real.size(), real.stride(), real.storage_offset())
+    meta = typed.as_strided(real.size(), real.stride(), real.storage_offset())
+    _copy_lazy_bits(real, meta)
+    return meta
 
 
 def to_fake(real: torch.Tensor, mode: FakeMode | None = None) -> FakeTensor:

@@ -222,7 +222,7 @@ class GraphLowering:
         saved = self.current_meta, self.current_op
         self.current_meta, self.current_op = meta, op
         try:
-            if _touches_complex(args, kwargs, meta):
+            if _touches_complex(args, kwargs, meta) or _has_lazy_bit(meta):
                 return _complex_call(op, args, kwargs, meta)
             decomposition = self.decompositions.get(op)
             if packet_name(op) in self.backend_trait(self._device_of(args), "extern_ops", ()):
@@ -333,17 +333,24 @@ def _touches_complex(args: Any, kwargs: Any, meta: Any) -> bool:
     return False
 
 
+def _has_lazy_bit(meta: Any) -> bool:
+    return isinstance(meta, torch.Tensor) and (meta.is_conj() or meta.is_neg())
+
+
 def _complex_call(op: Any, args: Any, kwargs: Any, meta: Any) -> Any:
-    """A call on complex values, left to ATen: no kernel computes complex numbers.
+    """A call on complex values, or one making a lazy bit, left to ATen: no kernel computes
+    complex numbers.
 
     ATen's complex tensors carry lazy conjugate and negative bits (``_conj``, ``imag`` of
     a conjugate) that only ATen resolves; a kernel loading the storage would drop them.
-    Every consumer of a complex value is an ATen call here too, and ``imag`` (a view
-    with the negative bit when its input is a conjugate) is copied before a kernel
-    loads it: IR layouts carry no such bit.
+    Every consumer of a complex value is an ATen call here too, and a real result with
+    the negative bit (``imag`` of a conjugate, or the ``_neg_view`` of its storage's
+    imaginary parts it decomposes to) is copied before a kernel loads it: IR layouts
+    carry no such bit.
     """
     result = fallback(op, args, kwargs)
-    if op is not aten.imag.default:
+    real_with_bit = _has_lazy_bit(meta) and not meta.dtype.is_complex
+    if op is not aten.imag.default and not real_with_bit:
         return result
     return chosen_extern(aten.clone.default, (result,), {})
 
