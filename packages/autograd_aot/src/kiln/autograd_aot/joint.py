@@ -47,8 +47,8 @@ class OutputSpec:
     requires_grad: bool = False
     same_object: bool = False
     steps: tuple[ViewStep, ...] = ()
-    # whether an alias was made with grad enabled: one made under no_grad still requires
-    # grad (a view of a leaf that does) but has no path back to its input, as in eager
+    # whether a view was made with grad enabled: one made under no_grad may still require
+    # grad (a view of a leaf that does) but has no path back to its base, as in eager
     grad_path: bool = True
 
 
@@ -188,8 +188,14 @@ def _output_specs(
         root, chain = tracer.view_of(leaf) or (-1, ())
         base = bases.get(root)
         if chain and base is not None:
-            spec = OutputSpec("view", graph_index(base), steps=chain)
-            specs.append(dataclasses.replace(spec, requires_grad=leaf.requires_grad))
+            spec = OutputSpec(
+                "view",
+                graph_index(base),
+                requires_grad=leaf.requires_grad,
+                steps=chain,
+                grad_path=leaf.grad_fn is not None,
+            )
+            specs.append(spec)
             continue
         specs.append(OutputSpec("graph", graph_index(leaf), requires_grad=leaf.requires_grad))
     return specs, user

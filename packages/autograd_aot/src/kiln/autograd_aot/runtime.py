@@ -24,7 +24,7 @@ from torch.utils import _pytree as pytree
 
 from kiln.autograd_aot.errors import AotError
 from kiln.autograd_aot.inputs import InputLayout
-from kiln.autograd_aot.joint import TracedProgram
+from kiln.autograd_aot.joint import OutputSpec, TracedProgram
 from kiln.autograd_aot.mutation import apply_view
 
 __all__ = ["CompiledProgram", "run_inference", "run_training"]
@@ -183,26 +183,30 @@ def _finish(program: TracedProgram, primals: Sequence[torch.Tensor], outputs: li
             flat.append(outputs[spec.index])
         elif spec.kind == "const":
             flat.append(spec.value)
-        elif spec.kind == "view" or spec.steps:
-            with torch.set_grad_enabled(spec.requires_grad or torch.is_grad_enabled()):
-                view = outputs[spec.index] if spec.kind == "view" else primals[spec.index]
-                for step in spec.steps:
-                    view = apply_view(step, view)
-            flat.append(view if spec.requires_grad else view.detach())
         elif spec.same_object:
             flat.append(primals[spec.index])
         else:
-            # guards match sizes and strides, not the storage offset: a view of another
-            # part of the same storage is at the traced distance from this call's input
-            primal = primals[spec.index]
-            offset = primal.storage_offset() + spec.offset
-            if spec.requires_grad:
-                # the program may have enabled grad itself, or made the view under no_grad
-                with torch.set_grad_enabled(spec.grad_path):
-                    flat.append(primal.as_strided(spec.size, spec.stride, offset))
-            else:
-                flat.append(primal.as_strided(spec.size, spec.stride, offset).detach())
+            # the program may have enabled grad itself, or made the view under no_grad:
+            # the traced view's own grad mode decides, not the caller's
+            with torch.set_grad_enabled(spec.requires_grad and spec.grad_path):
+                view = _rebuild_view(spec, primals, outputs)
+            flat.append(view if spec.requires_grad else view.detach())
     return pytree.tree_unflatten(flat, program.out_spec)
+
+
+def _rebuild_view(
+    spec: OutputSpec, primals: Sequence[torch.Tensor], outputs: list[Any]
+) -> torch.Tensor:
+    """The view ``spec`` describes, of this call's input or graph output."""
+    if spec.kind == "view" or spec.steps:
+        view = outputs[spec.index] if spec.kind == "view" else primals[spec.index]
+        for step in spec.steps:
+            view = apply_view(step, view)
+        return view
+    # guards match sizes and strides, not the storage offset: a view of another part of
+    # the same storage is at the traced distance from this call's input
+    primal = primals[spec.index]
+    return primal.as_strided(spec.size, spec.stride, primal.storage_offset() + spec.offset)
 
 
 def _write_back(
