@@ -207,3 +207,65 @@ def test_dict_view_across_a_graph_break() -> None:
     for _ in range(2):
         x = torch.randn(4)
         assert compiled(x)[0] == fn(x)[0] == 2
+
+
+def _list_comp(y: torch.Tensor) -> list[int]:
+    return [int(v > 0) for v in y.reshape(-1)[:3]]
+
+
+def _list_comp_mixed(y: torch.Tensor) -> list[int]:
+    return [int(v) for v in [1.0, 2.0, y.sum()]]
+
+
+def _list_comp_item(y: torch.Tensor) -> list[float]:
+    return [v.item() * 2 for v in y.reshape(-1)[:3]]
+
+
+def _set_comp(y: torch.Tensor) -> set[int]:
+    return {int(v > 0) + i for i, v in enumerate(y.reshape(-1)[:4])}
+
+
+def _dict_comp(y: torch.Tensor) -> dict[int, int]:
+    return {i: int(v > 0) for i, v in enumerate(y.reshape(-1)[:3])}
+
+
+def _nested_comp(y: torch.Tensor) -> list[list[int]]:
+    return [[int(v > 0) for v in row] for row in y[:2]]
+
+
+def _comp_then_tensor(y: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+    signs = [int(v > 0) for v in y.reshape(-1)[:3]]
+    return y * len(signs) + sum(signs), signs
+
+
+def _unpacked_into_list(y: torch.Tensor) -> list[object]:
+    return [*[1, 2], *(int(v > 0) for v in y[:2, 0]), y.sum()]
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        _list_comp,
+        _list_comp_mixed,
+        _list_comp_item,
+        _set_comp,
+        _dict_comp,
+        _nested_comp,
+        _comp_then_tensor,
+        _unpacked_into_list,
+    ],
+)
+def test_graph_break_inside_a_comprehension_keeps_the_items_built(fn) -> None:
+    # Python 3.12 inlines comprehensions: a break inside one passes the container being
+    # built to the continuation, whose appends must reach that same container.
+    compiled = kiln.compile(fn)
+    for _ in range(3):
+        y = torch.randn(5, 2)
+        got, want = compiled(y), fn(y)
+        if isinstance(want, tuple):
+            torch.testing.assert_close(got[0], want[0])
+            got, want = got[1], want[1]
+        if isinstance(want, list) and want and isinstance(want[-1], torch.Tensor):
+            torch.testing.assert_close(got[-1], want[-1])
+            got, want = got[:-1], want[:-1]
+        assert got == want
