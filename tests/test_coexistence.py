@@ -233,3 +233,50 @@ def test_plain_tensors_keep_torchs_descriptors() -> None:
     for name in ("set_", "resize_", "t_", "unsqueeze_", "requires_grad_"):
         assert getattr(torch.Tensor, name) is base[name]
     kiln.reset()
+
+
+def _agree(c: object, m: torch.nn.Module, calls: int = 2) -> None:
+    for _ in range(calls):
+        x = torch.randn(2, 4)
+        torch.testing.assert_close(c(x), m(x))  # type: ignore[operator]
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_hooks_registered_after_a_compile_run() -> None:
+    """Hook registrations are seen through the watched module's hook dicts and a per-call
+    look at torch's global hook dicts, not through a process-wide patch."""
+    kiln.reset()
+    m = _Small()
+    c = kiln.compile(m, backend="eager")
+    _agree(c, m)
+    handle = m.fc.register_forward_hook(lambda mod, args, out: out * 3)
+    _agree(c, m)
+    handle.remove()
+    _agree(c, m)
+    handle = torch.nn.modules.module.register_module_forward_hook(
+        lambda mod, args, out: out + 1 if isinstance(mod, torch.nn.Linear) else out
+    )
+    try:
+        _agree(c, m)
+    finally:
+        handle.remove()
+    _agree(c, m)
+    kiln.reset()
+
+
+def test_buffer_metadata_changed_in_place_is_seen() -> None:
+    kiln.reset()
+    m = _Small()
+    c = kiln.compile(m, backend="eager")
+    _agree(c, m)
+    m.shift.data = torch.randn(3)  # another storage, the same sizes: the same graph
+    _agree(c, m)
+    assert kiln.stats().frames_captured == 1
+    m.shift.data = torch.randn(1)  # broadcasts: another graph
+    _agree(c, m)
+    assert kiln.stats().frames_captured == 2
+    m.shift.requires_grad_()
+    x = torch.randn(2, 4)
+    assert c(x).requires_grad and m(x).requires_grad
+    assert kiln.stats().frames_captured == 3
+    kiln.reset()
