@@ -122,9 +122,9 @@ def test_gpt2_logits_on_a_padded_width(mode, monkeypatch):
     """With a backend asking for 16-byte GEMM rows (Triton's), the 98 float32 logits per
     token are computed 100 wide (TF32 on) and narrowed: graph outputs keep the padded rows
     and no copy is made; gradients agree."""
-    from kiln.loopir import ReferenceBackend  # noqa: PLC0415
+    from kiln.loopir import BackendTraits, ReferenceBackend  # noqa: PLC0415
 
-    monkeypatch.setattr(ReferenceBackend, "matmul_align_bytes", 16, raising=False)
+    monkeypatch.setattr(ReferenceBackend, "traits", BackendTraits(matmul_align_bytes=16))
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)  # no effect on CPU
     model, ids = _Logits(_gpt2(vocab=98)), torch.randint(0, 98, (2, 16))
     snap = _check(model, (ids,), mode, "loopir_reference")

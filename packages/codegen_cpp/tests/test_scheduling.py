@@ -11,7 +11,7 @@ import torch.fx
 from kiln.capture import artifacts
 from kiln.codegen_cpp import CppBackend, CppBuildError
 from kiln.codegen_cpp.scheduling import LazyKernel
-from kiln.loopir.backend import clear_backend_cache, get_backend
+from kiln.loopir.backend import Backend, BackendTraits, clear_backend_cache, get_backend
 from kiln.loopir.ir.buffers import SliceBuffer
 from kiln.loopir.pipeline import compile_graph
 from kiln.loopir.scheduler.order import KernelStep
@@ -291,3 +291,14 @@ def test_each_thread_builds_only_the_kernels_it_queued():
     queued[0](x, *outs)  # its first call builds the queue it waits in, from any thread
     assert queued[0].function is not None
     torch.testing.assert_close(outs[2], torch.softmax(x, 1))
+
+
+def test_the_backend_is_the_whole_protocol_with_its_traits():
+    """Vector lanes compute masked loads too, and ATen's max-pool backward scatter beats a
+    gather: both choices reach lowering through the traits, the rest stay at their defaults."""
+    backend = CppBackend()
+    assert isinstance(backend, Backend)
+    assert backend.traits == BackendTraits(
+        pointwise_cat=False, extern_ops=frozenset({"max_pool2d_with_indices_backward"})
+    )
+    assert backend.with_options({}) is backend

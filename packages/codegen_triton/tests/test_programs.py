@@ -7,6 +7,8 @@ strided inputs and randomness (bit-equal to loopir's reference backend).
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from triton_testing import aten, aten_graph, check, kernel_sources, to_meta
@@ -204,7 +206,7 @@ def test_long_reductions_with_few_rows_run_in_two_steps(layout, dtype):
     3), then the partial results are folded; the values are eager's. Channels-last, the
     reads run along the channels, which one program folds together: 8 pieces."""
     backend = TritonBackend()
-    backend.reduction_split_rows = 64
+    backend.traits = dataclasses.replace(backend.traits, reduction_split_rows=64)
     x = (_r(4, 3, 64, 64) * 2 + 1).to(dtype).contiguous(memory_format=layout)
     tol = {"atol": 1e-4, "rtol": 1e-4} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
     compiled = check(_channel_statistics, x, backend=backend, **tol)
@@ -222,7 +224,8 @@ def test_per_channel_statistics_of_an_nhwc_tensor_loop_over_short_wide_tiles():
     channels in a loop rather than one channel's 2048 elements at once."""
     x = _r(8, 32, 16, 16).contiguous(memory_format=torch.channels_last)
     backend = TritonBackend()
-    backend.reduction_split_rows = 0  # in one step (a GPU would cut each channel in 8)
+    # in one step (a GPU would cut each channel in 8)
+    backend.traits = dataclasses.replace(backend.traits, reduction_split_rows=0)
 
     def fn(x):
         return aten.var_mean.correction(x, [0, 2, 3], correction=0, keepdim=True)

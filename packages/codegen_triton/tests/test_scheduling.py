@@ -55,3 +55,13 @@ def test_max_autotune_option_widens_one_graph_only():
     assert tuned is not base and tuned.options.max_autotune is True
     assert base.options.max_autotune is False
     assert base.with_options({"fusion": False}) is base
+
+
+def test_the_backend_is_the_whole_protocol_with_its_traits():
+    backend = TritonBackend()
+    assert isinstance(backend, loopir_backend.Backend)
+    traits = backend.traits
+    assert traits.matmul_align_bytes == 16 and traits.reduction_split_rows > 0
+    assert traits.depthwise_nhwc and traits.convolution_weight_nhwc
+    assert traits.convolution_bias_pointwise and traits.pointwise_cat
+    backend.finalize()  # nothing is queued

@@ -1,5 +1,6 @@
 """The backend registry: explicit registration, entry points, module fallbacks, reference."""
 
+import dataclasses
 import logging
 import sys
 import types
@@ -8,7 +9,7 @@ import pytest
 import torch
 from loopir_testing import aten_graph, to_meta
 
-from kiln.loopir import BackendError, ReferenceBackend, compile_graph
+from kiln.loopir import BackendError, BackendTraits, ReferenceBackend, compile_graph
 from kiln.loopir import backend as registry
 
 aten = torch.ops.aten
@@ -118,8 +119,9 @@ def test_finalize_is_called_once_per_graph(fresh_registry):
 class PrefersAten(Recording):
     """A backend whose lanes make gathers and masked loads slow (the C++ backend's traits)."""
 
-    pointwise_cat = False
-    extern_ops = frozenset({"max_pool2d_with_indices_backward"})
+    traits = BackendTraits(
+        pointwise_cat=False, extern_ops=frozenset({"max_pool2d_with_indices_backward"})
+    )
 
 
 def test_backend_traits_steer_lowering():
@@ -154,3 +156,49 @@ def test_the_fallback_warning_names_what_could_not_be_imported(fresh_registry, m
     assert isinstance(found, ReferenceBackend)
     assert "no code generator for device 'cuda'" in caplog.text
     assert "No module named 'kiln_absent_codegen'" in caplog.text
+
+
+def test_traits_are_one_frozen_object_with_defaults_for_any_device():
+    traits = ReferenceBackend().traits
+    assert traits == BackendTraits()
+    assert traits.pointwise_cat and not traits.extern_ops and traits.reduction_split_rows == 0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        traits.pointwise_cat = False  # type: ignore[misc]
+
+
+def test_a_backend_without_the_whole_protocol_is_refused(fresh_registry):
+    """``traits``, ``finalize`` and ``with_options`` are members of the protocol, not optional
+    attributes looked up with defaults: an object missing one is not a backend."""
+
+    class NoTraits:
+        name = "no-traits"
+
+        def codegen_kernel(self, group):
+            raise AssertionError
+
+        def fusion_veto(self, group):
+            return None
+
+        def finalize(self):
+            pass
+
+        def with_options(self, options):
+            return self
+
+    registry.register_backend("cpu", lambda device_type: NoTraits())
+    with pytest.raises(BackendError, match="lacks a member"):
+        registry.get_backend("cpu")
+
+
+def test_with_options_is_called_only_for_graphs_with_options():
+    class Configured(Recording):
+        seen: list = []
+
+        def with_options(self, options):
+            Configured.seen.append(dict(options))
+            return self
+
+    backend = Configured()
+    assert registry.configure(backend, {}) is backend
+    assert registry.configure(backend, {"cpp.threads": 2}) is backend
+    assert Configured.seen == [{"cpp.threads": 2}]

@@ -6,7 +6,7 @@ import torch
 from loopir_testing import aten_graph, suite_backend, to_meta
 
 from kiln.capture import counters
-from kiln.loopir import ReferenceBackend
+from kiln.loopir import BackendTraits, ReferenceBackend
 from kiln.loopir.graph import prefers_channels_last
 from kiln.loopir.lowering.fallback import _nhwc_if_conv_would_be
 from kiln.loopir.pipeline import compile_graph
@@ -138,7 +138,7 @@ def test_an_nchw_image_is_copied_channels_last_before_the_stem():
 class _WeightNHWCBackend(ReferenceBackend):
     """The reference backend asking for channels-last convolution weights, as Triton's does."""
 
-    convolution_weight_nhwc = True
+    traits = BackendTraits(convolution_weight_nhwc=True)
 
 
 def test_weights_are_copied_channels_last_where_the_backend_asks():
@@ -161,7 +161,7 @@ def test_weights_are_copied_channels_last_where_the_backend_asks():
 class _DepthwiseNHWCBackend(ReferenceBackend):
     """The reference backend asking for NHWC depthwise convolutions, as Triton's does."""
 
-    depthwise_nhwc = True
+    traits = BackendTraits(depthwise_nhwc=True)
 
 
 def depthwise_step(x, w, scale, grad):

@@ -4,7 +4,7 @@ import torch
 from loopir_testing import aten_graph, check, to_meta
 
 from kiln.capture import counters
-from kiln.loopir import ReferenceBackend, compile_graph
+from kiln.loopir import BackendTraits, ReferenceBackend, compile_graph
 from kiln.loopir.lowering.fallback import is_vendor_kernel
 from kiln.loopir.pipeline import KernelStep
 from kiln.loopir.scheduler.order import ExternStep
@@ -245,7 +245,7 @@ def test_batched_matmul_reads_heads_cloned_contiguous_as_views():
 class _BiasAfter(ReferenceBackend):
     """The reference backend asking for convolution biases as pointwise adds, as Triton's does."""
 
-    convolution_bias_pointwise = True
+    traits = BackendTraits(convolution_bias_pointwise=True)
 
 
 def test_convolution_bias_joins_the_kernel_after_it_where_the_backend_asks():

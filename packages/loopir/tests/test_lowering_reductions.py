@@ -4,7 +4,7 @@ import pytest
 import torch
 from loopir_testing import aten_graph, check, to_meta
 
-from kiln.loopir import ReferenceBackend
+from kiln.loopir import BackendTraits, ReferenceBackend
 from kiln.loopir.pipeline import compile_graph
 
 aten = torch.ops.aten
@@ -159,7 +159,7 @@ def test_broadcast_input_reduction():
 
 
 class _SplittingBackend(ReferenceBackend):
-    reduction_split_rows = 32  # the trait a GPU backend sets (kiln.loopir.backend)
+    traits = BackendTraits(reduction_split_rows=32)  # as a GPU backend sets it
 
 
 def test_a_backend_can_ask_for_long_reductions_in_two_steps():

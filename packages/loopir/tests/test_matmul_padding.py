@@ -5,13 +5,13 @@ import torch
 import torch.nn.functional as F
 from loopir_testing import aten_graph
 
-from kiln.loopir import ReferenceBackend, matmul_padding, pad_matmuls
+from kiln.loopir import BackendTraits, ReferenceBackend, matmul_padding, pad_matmuls
 
 
 class _Aligning(ReferenceBackend):
     """The reference backend asking for 16-byte rows, as Triton's does for cuBLAS."""
 
-    matmul_align_bytes = 16
+    traits = BackendTraits(matmul_align_bytes=16)
 
 
 @pytest.fixture(autouse=True)

@@ -36,7 +36,7 @@ from kiln.codegen_cpp.errors import (
 )
 from kiln.codegen_cpp.kernel import KernelWriter
 from kiln.codegen_cpp.loader import KernelFunction, load_library
-from kiln.loopir.backend import KernelCode
+from kiln.loopir.backend import BackendTraits, KernelCode
 from kiln.loopir.errors import BackendError
 from kiln.loopir.kernel import KernelGroup
 from kiln.loopir.reference import ReferenceBackend
@@ -137,11 +137,13 @@ class CppBackend:
     """loopir's :class:`~kiln.loopir.backend.Backend` for ``device="cpu"``."""
 
     name = "cpp"
-    pointwise_cat = False
-    """Each ``cat`` input stored into its window: vector lanes compute masked loads too."""
-    extern_ops = frozenset({"max_pool2d_with_indices_backward"})
-    """ATen's scatter beats, by an order of magnitude, a gather whose window taps index lane
-    by lane: loopir's lowerings of these ops are not used on CPUs."""
+    traits = BackendTraits(
+        # each ``cat`` input stored into its window: vector lanes compute masked loads too
+        pointwise_cat=False,
+        # ATen's scatter beats, by an order of magnitude, a gather whose window taps index
+        # lane by lane: loopir's lowerings of these ops are not used on CPUs
+        extern_ops=frozenset({"max_pool2d_with_indices_backward"}),
+    )
 
     def __init__(self, threads: int | None = None, simd: bool = True) -> None:
         self.threads = threads

@@ -27,6 +27,7 @@ from kiln.codegen_triton.module_cache import MODULE_HEADER, write_module
 from kiln.codegen_triton.ops import _TL_TYPES
 from kiln.codegen_triton.runtime import TritonLauncher
 from kiln.loopir import sizes
+from kiln.loopir.backend import BackendTraits
 from kiln.loopir.kernel import KernelCode, KernelGroup
 
 __all__ = ["TritonBackend", "make_backend"]
@@ -47,17 +48,19 @@ class TritonBackend:
 
     def __init__(self, opts: TritonOptions | None = None) -> None:
         self.options = opts if opts is not None else options
-        self.reduction_split_rows = _rows_at_once()
-        """Reduction rows (one program each) to run at once: 8 per multiprocessor."""
-        self.depthwise_nhwc = True
-        """cuDNN runs depthwise convolutions in NHWC only; ATen's NCHW kernels are slow."""
-        self.matmul_align_bytes = 16
-        """cuBLAS's tensor-core GEMMs want every matrix's rows in whole 16-byte units."""
-        self.convolution_bias_pointwise = True
-        """ATen adds a cuDNN convolution's bias with a kernel launch of its own."""
-        self.convolution_weight_nhwc = True
-        """ATen copies an NCHW weight channels-last for cuDNN on every call, at several times
-        the host time of a launch of ours."""
+        self.traits = BackendTraits(
+            # reduction rows (one program each) to run at once: 8 per multiprocessor
+            reduction_split_rows=_rows_at_once(),
+            # cuDNN runs depthwise convolutions in NHWC only; ATen's NCHW kernels are slow
+            depthwise_nhwc=True,
+            # cuBLAS's tensor-core GEMMs want every matrix's rows in whole 16-byte units
+            matmul_align_bytes=16,
+            # ATen adds a cuDNN convolution's bias with a kernel launch of its own
+            convolution_bias_pointwise=True,
+            # ATen copies an NCHW weight channels-last for cuDNN on every call, at several
+            # times the host time of a launch of ours
+            convolution_weight_nhwc=True,
+        )
         if self._compile_ahead():
             compile_pool(self.options.compile_workers).start()
 
@@ -67,6 +70,9 @@ class TritonBackend:
         if wanted == self.options.max_autotune:
             return self
         return TritonBackend(dataclasses.replace(self.options, max_autotune=wanted))
+
+    def finalize(self) -> None:
+        """Nothing to do: kernels compile ahead in the pool or on their first call."""
 
     def fusion_veto(self, group: KernelGroup) -> str | None:
         for name, layout in group.buffers.items():

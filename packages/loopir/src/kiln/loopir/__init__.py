@@ -4,7 +4,7 @@ from kiln.loopir import backend, sizes
 from kiln.loopir.__about__ import __version__
 from kiln.loopir.attention import fuse_attention
 from kiln.loopir.attention_masks import simplify_attention_masks
-from kiln.loopir.backend import Backend, get_backend, register_backend
+from kiln.loopir.backend import Backend, BackendTraits, get_backend, register_backend
 from kiln.loopir.decompositions import decompositions
 from kiln.loopir.entry import GRAPH_WRAPPERS, compile_fx, register_graph_wrapper
 from kiln.loopir.errors import BackendError, IRVerificationError, LoopIRError, LoweringError
@@ -20,6 +20,7 @@ __all__ = [
     "SEEDS",
     "XINDEX",
     "Backend",
+    "BackendTraits",
     "CompiledGraph",
     "GRAPH_WRAPPERS",
     "BackendError",

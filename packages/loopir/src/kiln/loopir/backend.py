@@ -5,30 +5,15 @@ implement it and never the other way round. A backend turns one fused
 :class:`~kiln.loopir.kernel.KernelGroup` into a :class:`KernelCode`: source text
 (dumped and printed on ``kiln.loopir.output_code``) and a Python callable the
 generated wrapper calls as ``kernel(*tensors)`` with one tensor per name of
-``group.args``. It may veto fusions the scheduler proposes. If it has a
-``finalize()`` method, loopir calls it once after all of a graph's kernels were
-generated (to build queued kernels in one batch, so errors surface at compile
-time). If it has a ``with_options(options)`` method, loopir calls it once per
-compiled graph with the user's options (``kiln.compile(options=...)``, e.g.
-``max_autotune`` or ``cpp.threads``) and uses the backend it returns for that
-graph; a backend without one takes no options. A ``pointwise_cat = False``
-attribute asks lowering to store each ``cat`` input into its window of the
-result rather than compute the result as one masked loop over every input
-(where a masked load costs as much as a load, as in C++ vector lanes). An
-``extern_ops`` collection of ATen op names (``"max_pool2d_with_indices_backward"``)
-makes those ATen calls rather than loopir lowerings on the backend's device. A
-``reduction_split_rows`` number asks for reductions with fewer rows than a quarter of it
-to be cut into pieces, reduced in two steps, so that about that many rows run at once
-(a GPU runs one program per row; 0 or missing: never). ``depthwise_nhwc = True`` asks for a
-depthwise convolution's activations, and its backward's, in NHWC in every graph (copied
-where they are not), for a library that runs depthwise convolutions fast only in NHWC.
-``convolution_weight_nhwc = True`` gives the convolutions of a channels-last graph their
-weights channels-last too, copied by a kernel of the graph, for a library that would copy them
-itself on every call, more slowly. ``convolution_bias_pointwise = True`` leaves a convolution's
-bias to the kernel after it (a pointwise add) rather than to the library, which would add it
-with a launch of its own.
-``matmul_align_bytes`` (e.g. 16) asks :func:`~kiln.loopir.pad_matmuls` to compute large
-matrix products whose output rows are not whole units of that many bytes on a padded width.
+``group.args``. It may veto fusions the scheduler proposes. Its ``finalize()`` is
+called once after all of a graph's kernels were generated (to build queued kernels in
+one batch, so errors surface at compile time). Its ``with_options(options)`` is called
+once per graph compiled with options (``kiln.compile(options=...)``, e.g.
+``max_autotune`` or ``cpp.threads``) and returns the backend to use for that graph.
+Its ``traits`` (:class:`~kiln.loopir.traits.BackendTraits`) say which of several
+equivalent programs lowering should choose on its device (how to lower ``cat``, which
+ATen ops to call rather than lower, when to split reductions, convolution layouts,
+matmul padding). :class:`~kiln.loopir.reference.ReferenceBackend` shows the defaults.
 
 Finding a backend for a device type, first match wins:
 
@@ -55,9 +40,11 @@ from typing import Any, Protocol, runtime_checkable
 from kiln.loopir.errors import BackendError
 from kiln.loopir.kernel import KernelCode, KernelGroup
 from kiln.loopir.reference import ReferenceBackend
+from kiln.loopir.traits import BackendTraits
 
 __all__ = [
     "Backend",
+    "BackendTraits",
     "KernelCode",
     "ENTRY_POINT_GROUP",
     "FALLBACK_MODULES",
@@ -79,9 +66,11 @@ FALLBACK_MODULES: dict[str, tuple[str, ...]] = {
 
 @runtime_checkable
 class Backend(Protocol):
-    """What a code generator provides for one device type."""
+    """What a code generator provides for one device type: the whole contract."""
 
     name: str
+    traits: BackendTraits
+    """The device-dependent choices lowering makes for this backend's kernels."""
 
     def codegen_kernel(self, group: KernelGroup) -> KernelCode:
         """Generate, compile and load the kernel for ``group``."""
@@ -89,6 +78,15 @@ class Backend(Protocol):
 
     def fusion_veto(self, group: KernelGroup) -> str | None:
         """None to accept a proposed fused kernel, else the reason to refuse it."""
+        ...
+
+    def finalize(self) -> None:
+        """Called once after all of a graph's kernels were generated (a no-op is fine)."""
+        ...
+
+    def with_options(self, options: Mapping[str, Any]) -> Backend:
+        """The backend for one graph compiled with the user's ``options`` (``self`` if none
+        concern it); each backend reads its own keys."""
         ...
 
 
@@ -124,7 +122,7 @@ def _instantiate(obj: Any, device_type: str) -> Backend:
     except TypeError:
         made = obj()
     if not isinstance(made, Backend):
-        msg = f"{obj!r} returned {made!r}, which lacks codegen_kernel/fusion_veto/name"
+        msg = f"{obj!r} returned {made!r}, which lacks a member of kiln.loopir.backend.Backend"
         raise BackendError(msg)
     return made
 
@@ -182,10 +180,9 @@ def get_backend(device_type: str) -> Backend:
 
 def configure(backend: Backend, options: Mapping[str, Any]) -> Backend:
     """``backend`` set up for one graph compiled with ``options`` (see the module docstring)."""
-    with_options = getattr(backend, "with_options", None)
-    if not options or not callable(with_options):
+    if not options:
         return backend
-    configured = with_options(options)
+    configured = backend.with_options(options)
     if not isinstance(configured, Backend):
         msg = f"{backend!r}.with_options returned {configured!r}, which is not a backend"
         raise BackendError(msg)

@@ -40,6 +40,7 @@ from kiln.loopir.ir.views import ReinterpretView, StorageBox, TensorBox
 from kiln.loopir.kernel import SEEDS
 from kiln.loopir.lowering.fallback import chosen_extern, fallback, is_convolution, packet_name
 from kiln.loopir.lowering.registry import LOWERINGS
+from kiln.loopir.traits import BackendTraits
 from kiln.loopir.virtualized import V
 
 __all__ = ["GraphLowering", "prefers_channels_last"]
@@ -87,8 +88,8 @@ class GraphLowering:
         )
         """New 4-D buffers are laid out NHWC (see :func:`prefers_channels_last`)."""
 
-    def backend_trait(self, device: torch.device, name: str, default: Any) -> Any:
-        """An optional attribute of ``device``'s backend (see :mod:`kiln.loopir.backend`)."""
+    def backend_traits(self, device: torch.device) -> BackendTraits:
+        """The traits of the backend that generates ``device``'s kernels."""
         backend = self.backend if self.backend is not None else get_backend(device.type)
         return getattr(backend, name, default)
 
@@ -225,7 +226,7 @@ class GraphLowering:
             if _touches_complex(args, kwargs, meta) or _has_lazy_bit(meta):
                 return _complex_call(op, args, kwargs, meta)
             decomposition = self.decompositions.get(op)
-            if packet_name(op) in self.backend_trait(self._device_of(args), "extern_ops", ()):
+            if packet_name(op) in self.backend_traits(self._device_of(args)).extern_ops:
                 return chosen_extern(op, args, kwargs)
             if op in LOWERINGS:
                 try:

@@ -10,7 +10,7 @@ does, and the copy of the weight costs far less than the kernel saves. The resul
 the first ``N`` columns of the padded product: a view, so a graph output keeps the padded rows.
 
 Only the weight side is padded: the products this targets have a weight much smaller than
-their output. A backend asks for it with ``matmul_align_bytes`` (see :mod:`kiln.loopir.backend`).
+their output. A backend asks for it with ``matmul_align_bytes`` (see :mod:`kiln.loopir.traits`).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def _val(arg: Any) -> torch.Tensor | None:
 def _align(value: torch.Tensor, backend: Backend | None) -> int:
     """Columns per aligned unit for ``value``'s dtype on its backend (1: never pad)."""
     found = backend if backend is not None else get_backend(value.device.type)
-    align_bytes = int(getattr(found, "matmul_align_bytes", 0))
+    align_bytes = found.traits.matmul_align_bytes
     tensor_cores = value.dtype in _HALF or (
         value.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
     )
@@ -100,7 +100,7 @@ def _padding(node: fx.Node, backend: Backend | None) -> int:
 def pad_matmuls(gm: fx.GraphModule, backend: Backend | None = None) -> int:
     """Pad each large unaligned product of ``gm`` in place; return how many were padded.
 
-    ``backend`` answers ``matmul_align_bytes``; by default the backend of each product's device.
+    ``backend``'s traits give ``matmul_align_bytes``; by default the backend of each product's device.
     """
     graph = gm.graph
     count = 0

@@ -101,7 +101,7 @@ def compile_graph(
     ``backend`` forces one backend for every device (tests use the reference one);
     by default each device type's registered backend is used. ``fusion=False`` gives
     every buffer its own kernel (to tell a fusion bug from a lowering bug).
-    ``options`` go to each backend's optional ``with_options`` (see
+    ``options`` go to each backend's ``with_options`` (see
     :mod:`kiln.loopir.backend`). ``channels_last`` forces (True) or forbids (False) NHWC
     4-D buffers; None decides by :func:`~kiln.loopir.graph.prefers_channels_last`.
     """
@@ -144,11 +144,9 @@ def compile_graph(
         ir_log.info("%s", text)
         artifacts.dump("loopir_kernels.txt", text)
     with _pass("finalize"):
-        # optional hook: build what a backend queued, so errors surface while compiling
+        # build what a backend queued, so errors surface while compiling
         for found in {id(b): b for b in used.values()}.values():
-            finalize = getattr(found, "finalize", None)
-            if callable(finalize):
-                finalize()
+            found.finalize()
     external = set(graph.input_buffers) | keep | set(graph.seed_devices)
     with _pass("plan_memory"):
         inputs = {name for name in graph.graph_inputs if name is not None}

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import sympy
@@ -30,6 +30,7 @@ from kiln.loopir.errors import IRVerificationError
 from kiln.loopir.kernel import RINDEX, XINDEX, KernelCode, KernelGroup, KernelNode
 from kiln.loopir.ops import BINARY_OPS, UNARY_OPS, OpsHandlerBase
 from kiln.loopir.printing import render_group
+from kiln.loopir.traits import BackendTraits
 from kiln.loopir.virtualized import set_ops_handler
 
 __all__ = ["ReferenceBackend", "TorchOpsHandler", "evaluate_index"]
@@ -250,9 +251,18 @@ class ReferenceBackend:
     """A :class:`~kiln.loopir.backend.Backend` for any device, built on torch ops."""
 
     name = "reference"
+    traits = BackendTraits()
+    """Every choice at its default: torch ops run any program alike."""
 
     def fusion_veto(self, group: KernelGroup) -> str | None:
         return None
+
+    def finalize(self) -> None:
+        """Nothing is queued: each kernel is ready when generated."""
+
+    def with_options(self, options: Mapping[str, Any]) -> ReferenceBackend:
+        """No option changes how torch ops evaluate a kernel."""
+        return self
 
     def codegen_kernel(self, group: KernelGroup) -> KernelCode:
         numel = sizes.evaluate_int(group.numel)

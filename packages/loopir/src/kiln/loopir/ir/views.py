@@ -93,7 +93,7 @@ class StorageBox:
     data: Loops | Buffer
     split: Callable[[Layout], Buffer] | None = None
     """Another way to store the value, given the buffer's layout: a ``cat``'s pieces each
-    copied into its window (backends with ``pointwise_cat = False``). Until then the
+    copied into its window (backends whose traits say ``pointwise_cat=False``). Until then the
     value stays one loop that consumers may inline."""
 
     def get_size(self) -> tuple[sympy.Expr, ...]:

@@ -8,7 +8,7 @@ They differ in why:
   where a tuned library (oneDNN/MKL, cuBLAS, cuDNN, FlashAttention, CUTLASS) beats
   a generated loop nest. Calling them is the design, as in Inductor. Counted in
   ``extern_kernels`` for reports, not as missing work; so are the ops a backend
-  names in ``extern_ops`` (ATen's max-pool backward scatter on CPUs).
+  names in its traits' ``extern_ops`` (ATen's max-pool backward scatter on CPUs).
 * **Fallbacks**: every other op loopir can neither lower nor decompose (``sort``,
   ``topk``, ``_cdist_forward``, upsampling backwards...). Counted in
   ``fallback_ops`` and logged: each is a lowering still to write.
@@ -155,8 +155,9 @@ def _nhwc_activations(op: Any, args: Sequence[Any]) -> tuple[int, ...]:
         if not is_convolution(op):
             return ()
         weight = args[1]
-        asks = isinstance(weight, TensorBox) and V.graph.backend_trait(
-            weight.get_device(), "convolution_weight_nhwc", False
+        asks = (
+            isinstance(weight, TensorBox)
+            and V.graph.backend_traits(weight.get_device()).convolution_weight_nhwc
         )
         return (0, 1) if asks else (0,)
     if packet_name(op) != "convolution_backward":
@@ -166,7 +167,7 @@ def _nhwc_activations(op: Any, args: Sequence[Any]) -> tuple[int, ...]:
         return ()
     if not isinstance(groups, int) or groups < 2 or sizes.static_int(weight.get_size()[1]) != 1:
         return ()
-    return (0, 1) if V.graph.backend_trait(weight.get_device(), "depthwise_nhwc", False) else ()
+    return (0, 1) if V.graph.backend_traits(weight.get_device()).depthwise_nhwc else ()
 
 
 def _nhwc_meta(x: Any) -> torch.Tensor | None:
@@ -300,7 +301,7 @@ def fallback(op: Any, args: Any, kwargs: Any) -> Any:
 
 def chosen_extern(op: Any, args: Any, kwargs: Any) -> Any:
     """Call ``op`` from the wrapper on purpose: a vendor kernel, or an op the backend
-    would rather leave to ATen (its ``extern_ops``, see :mod:`kiln.loopir.backend`)."""
+    would rather leave to ATen (its ``extern_ops``, see :mod:`kiln.loopir.traits`)."""
     counters.bump("extern_kernels", str(op))
     return extern_call(op, args, kwargs, is_fallback=False)
 
@@ -325,7 +326,7 @@ def _convolution(x: Any, weight: Any, bias: Any, *rest: Any) -> Any:
     """
     op = V.graph.current_op
     device = V.graph.device_of(V.graph.current_meta)
-    if bias is None or not V.graph.backend_trait(device, "convolution_bias_pointwise", False):
+    if bias is None or not V.graph.backend_traits(device).convolution_bias_pointwise:
         return chosen_extern(op, (x, weight, bias, *rest), {})
     out = chosen_extern(op, (x, weight, None, *rest), {})
     shape = [-1] + [1] * (len(out.get_size()) - 2)  # bias over dim 1, the channels

@@ -31,8 +31,8 @@ Index = Sequence[sympy.Expr]
 
 MAX_POINTWISE_CAT_INPUTS = 8
 """A ``cat`` of more inputs is stored piece by piece into one buffer: as one
-pointwise loop, every element would test every piece's range. Where the backend says
-``pointwise_cat = False`` a ``cat`` that gets stored is stored so too (C++: a vector lane
+pointwise loop, every element would test every piece's range. Where the backend's traits say
+``pointwise_cat=False`` a ``cat`` that gets stored is stored so too (C++: a vector lane
 computes each piece's load, the masked ones too, so a stored ``cat`` of a few large
 pieces costs a multiple of their copy); inlined into a pointwise consumer (a batch norm
 over concatenated features), it stays one loop and is never stored."""
@@ -99,7 +99,7 @@ def _cat(tensors: Sequence[TensorBox], dim: int = 0) -> TensorBox:
         return value
 
     box = StorageBox(Pointwise(device, result, tuple(size), origin(), inner))
-    if not V.graph.backend_trait(device, "pointwise_cat", True):
+    if not V.graph.backend_traits(device).pointwise_cat:
         box.split = into_slices  # once stored; inlined into consumers it stays one loop
     return TensorBox(box)
 

@@ -140,12 +140,12 @@ def _pieces(x: TensorBox, rdims: list[int]) -> int:
     One program folds one row (an outer reduction: ``_OUTER_WIDTH`` rows), so BatchNorm's
     per-channel statistics (64 rows of 400k elements) would keep a few dozen GPU cores busy,
     as would the bias gradients of a transformer (768 columns of 8192 tokens). The backend's
-    ``reduction_split_rows`` (see :mod:`kiln.loopir.backend`) says how many programs it wants
+    ``reduction_split_rows`` (see :mod:`kiln.loopir.traits`) says how many programs it wants
     to run at once; each row is cut into a power of two of equal pieces (none ragged),
     reduced to partial results, which a second, small reduction folds (Inductor's split
     reduction). 1: not cut.
     """
-    rows = V.graph.backend_trait(x.get_device(), "reduction_split_rows", 0)
+    rows = V.graph.backend_traits(x.get_device()).reduction_split_rows
     size = x.get_size()
     numel = sizes.static_int(sizes.product(s for i, s in enumerate(size) if i not in rdims))
     rnumel = sizes.static_int(sizes.product(size[i] for i in rdims))

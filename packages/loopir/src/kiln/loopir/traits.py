@@ -1,0 +1,52 @@
+"""What a backend tells loopir about its device, in one typed object.
+
+Lowering and the torch-level rewrites choose between equivalent programs by what runs fast
+on the device a backend generates code for: a ``cat`` as one masked loop or one copy per
+input, a reduction in one step or two, a convolution's layout and bias. Each such choice is
+a field here, with the default that suits a device nothing is known about; a backend sets
+the ones that differ in the :class:`BackendTraits` its ``traits`` attribute returns, and
+loopir reads ``backend.traits.<field>``. A new trait is one new field (see the README's
+"Backend traits").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+__all__ = ["BackendTraits"]
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendTraits:
+    """The device-dependent choices loopir leaves to a backend; defaults suit any device."""
+
+    pointwise_cat: bool = True
+    """True: a ``cat`` is one pointwise loop over the result, loading each input under a mask.
+    False: each input is stored into its window of the result, for devices where a masked
+    load costs as much as a load (C++ vector lanes compute every lane of a masked load)."""
+
+    extern_ops: frozenset[str] = frozenset()
+    """ATen op names (overload packets, e.g. ``"max_pool2d_with_indices_backward"``) that run
+    as ATen calls rather than through loopir's lowerings on this backend's device."""
+
+    reduction_split_rows: int = 0
+    """Reductions with fewer rows than a quarter of this are cut into pieces and reduced in
+    two steps, so that about this many rows run at once (a GPU runs one program per row).
+    0: never cut."""
+
+    depthwise_nhwc: bool = False
+    """Give a depthwise convolution's backward its activations in NHWC in every graph (copied
+    where they are not), for a library that runs depthwise convolutions fast only in NHWC."""
+
+    convolution_weight_nhwc: bool = False
+    """Give the convolutions of a channels-last graph their weights channels-last too, copied
+    by a kernel of the graph, for a library that would copy them itself on every call."""
+
+    convolution_bias_pointwise: bool = False
+    """Leave a convolution's bias to the kernel after it (a pointwise add that fuses with what
+    follows) rather than to the library, which would add it with a launch of its own."""
+
+    matmul_align_bytes: int = 0
+    """Large matrix products whose output rows are not whole units of this many bytes are
+    computed on a zero-padded width (:func:`~kiln.loopir.pad_matmuls`), for a library whose
+    fast kernels want aligned rows. 0: never pad."""
