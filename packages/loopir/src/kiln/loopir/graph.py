@@ -91,7 +91,7 @@ class GraphLowering:
     def backend_traits(self, device: torch.device) -> BackendTraits:
         """The traits of the backend that generates ``device``'s kernels."""
         backend = self.backend if self.backend is not None else get_backend(device.type)
-        return getattr(backend, name, default)
+        return backend.traits
 
     # -- naming and registration --------------------------------------------
     def register_buffer(self, buf: Buffer) -> str:
