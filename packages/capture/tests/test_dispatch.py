@@ -21,7 +21,7 @@ SRC = Path(dispatch.__file__).parent
 
 
 def test_every_operation_has_a_general_handler() -> None:
-    assert len(OPERATIONS) == 16
+    assert len(OPERATIONS) == 17
     for op in OPERATIONS:
         assert Value in op.kinds(), op.name
 

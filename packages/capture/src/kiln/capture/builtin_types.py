@@ -150,7 +150,7 @@ def call_descriptor(
         elif receiver.items.pop(dict_key(rest[0]), None) is None:
             raise raised(KeyError(dict_key(rest[0])))
         return ConstantValue(None)
-    return container_methods.call_builtin_method(tr, receiver, name, rest, kwargs)
+    return dispatch.call_method(tr, receiver, name, rest, kwargs)
 
 
 def _plain(v: Value) -> Value:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kiln.capture import dispatch, literals, numpy_calls
+from kiln.capture import dispatch, literals
 from kiln.capture.breaks.reasons import raised, unsupported
 from kiln.capture.values.base import ConstantValue, Value
 from kiln.capture.values.containers import (
@@ -20,36 +20,39 @@ from kiln.capture.values.containers import (
     dict_key,
 )
 from kiln.capture.values.functions import BuiltinMethodValue
-from kiln.capture.values.ndarray import NdarrayValue
 
 if TYPE_CHECKING:
     from kiln.capture.tracer import Tracer
 
-__all__ = ["call_builtin_method"]
+__all__ = ["make_dict"]
 
 
-def call_builtin_method(
+# ``receiver.name(*args)`` by the receiver's kind (a list's, dict's, set's or tuple's own
+# method, not a subclass's override); ndarrays' are registered by numpy_calls.
+@dispatch.CALL_METHOD.register(Value)
+def _no_method(
     tr: Tracer, receiver: Value, name: str, args: list[Value], kwargs: dict[str, Value]
 ) -> Value:
-    """``receiver.name(*args)`` for a list, tuple, dict, set or numpy array receiver."""
-    if isinstance(receiver, NdarrayValue):
-        return numpy_calls.call_method(tr, receiver, name, args, kwargs)
-    if isinstance(receiver, ListValue):
-        return _list_method(tr, receiver, name, args)
-    if isinstance(receiver, DictValue):
-        return _dict_method(tr, receiver, name, args, kwargs)
-    if isinstance(receiver, TupleValue) and name in ("index", "count"):
-        return literals.fold(getattr(tuple, name), [TupleValue(receiver.items), *args], {})
-    if isinstance(receiver, TupleValue) and name == "__getitem__":  # the tuple's own
-        return dispatch.get_item(tr, TupleValue(receiver.items), args[0])
-    if isinstance(receiver, TupleValue) and name == "__contains__":
-        return ConstantValue(dispatch.contains(tr, args[0], TupleValue(receiver.items)))
-    if isinstance(receiver, SetValue):
-        return _set_method(tr, receiver, name, args)
     raise unsupported("unsupported_call", f"{receiver.python_type().__name__}.{name}")
 
 
-def _list_method(tr: Tracer, lst: ListValue, name: str, args: list[Value]) -> Value:
+@dispatch.CALL_METHOD.register(TupleValue)
+def _tuple_method(
+    tr: Tracer, receiver: TupleValue, name: str, args: list[Value], kwargs: dict[str, Value]
+) -> Value:
+    if name in ("index", "count"):
+        return literals.fold(getattr(tuple, name), [TupleValue(receiver.items), *args], {})
+    if name == "__getitem__":  # the tuple's own
+        return dispatch.get_item(tr, TupleValue(receiver.items), args[0])
+    if name == "__contains__":
+        return ConstantValue(dispatch.contains(tr, args[0], TupleValue(receiver.items)))
+    return _no_method(tr, receiver, name, args, kwargs)
+
+
+@dispatch.CALL_METHOD.register(ListValue)
+def _list_method(
+    tr: Tracer, lst: ListValue, name: str, args: list[Value], kwargs: dict[str, Value]
+) -> Value:
     if name in ("index", "count", "copy", "__len__", "__getitem__", "__contains__"):
         if name == "copy":
             return ListValue(list(lst.items))
@@ -85,6 +88,7 @@ def _list_method(tr: Tracer, lst: ListValue, name: str, args: list[Value]) -> Va
     return ConstantValue(None)
 
 
+@dispatch.CALL_METHOD.register(DictValue)
 def _dict_method(
     tr: Tracer, d: DictValue, name: str, args: list[Value], kwargs: dict[str, Value]
 ) -> Value:
@@ -145,7 +149,10 @@ def _as_set(tr: Tracer, v: Value) -> SetValue:
     return SetValue({dict_key(x): x for x in dispatch.unpack_iterable(tr, v)})
 
 
-def _set_method(tr: Tracer, s: SetValue, name: str, args: list[Value]) -> Value:
+@dispatch.CALL_METHOD.register(SetValue)
+def _set_method(
+    tr: Tracer, s: SetValue, name: str, args: list[Value], kwargs: dict[str, Value]
+) -> Value:
     if name == "__contains__":
         return ConstantValue(dict_key(args[0]) in s.items)
     if name == "copy":
@@ -167,7 +174,7 @@ def _set_method(tr: Tracer, s: SetValue, name: str, args: list[Value]) -> Value:
         for x in dispatch.unpack_iterable(tr, args[0]):
             s.items[dict_key(x)] = x
     elif name.endswith("_update") and name[: -len("_update")] in _SET_ALGEBRA:
-        updated = _set_method(tr, s, name[: -len("_update")], args)
+        updated = _set_method(tr, s, name[: -len("_update")], args, {})
         assert isinstance(updated, SetValue)
         s.items = updated.items
     elif name == "discard" or (name == "remove" and dict_key(args[0]) in s.items):
@@ -200,4 +207,4 @@ def make_dict(tr: Tracer, args: list[Value], kwargs: dict[str, Value], cls: type
 def _call_builtin_method(
     tr: Tracer, fn: BuiltinMethodValue, args: list[Value], kwargs: dict[str, Value]
 ) -> Value:
-    return call_builtin_method(tr, fn.receiver, fn.name, args, kwargs)
+    return dispatch.call_method(tr, fn.receiver, fn.name, args, kwargs)

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BINARY_OP",
     "CALL",
+    "CALL_METHOD",
     "COMPARE_OP",
     "CONTAINS",
     "DELETE_ATTR",
@@ -47,6 +48,7 @@ __all__ = [
     "Operation",
     "binary_op",
     "call",
+    "call_method",
     "compare_op",
     "contains",
     "delete_attr",
@@ -115,6 +117,9 @@ GET_ITEM: Operation[Callable[[Tracer, Any, Value], Value]] = Operation("get_item
 SET_ITEM: Operation[Callable[[Tracer, Any, Value, Value], None]] = Operation("set_item")
 DELETE_ITEM: Operation[Callable[[Tracer, Any, Value], None]] = Operation("delete_item")
 CALL: Operation[Callable[[Tracer, Any, list[Value], dict[str, Value]], Value]] = Operation("call")
+CALL_METHOD: Operation[Callable[[Tracer, Any, str, list[Value], dict[str, Value]], Value]] = (
+    Operation("call_method")
+)
 ITERATE: Operation[Callable[[Tracer, Any], IteratorValue]] = Operation("iterate")
 UNPACK: Operation[Callable[[Tracer, Any], list[Value]]] = Operation("unpack_iterable")
 LENGTH: Operation[Callable[[Tracer, Any], int]] = Operation("length")
@@ -163,6 +168,13 @@ def delete_item(tr: Tracer, v: Value, index: Value) -> None:
 def call(tr: Tracer, fn: Value, args: list[Value], kwargs: dict[str, Value]) -> Value:
     """``fn(*args, **kwargs)``."""
     return CALL[type(fn)](tr, fn, args, kwargs)
+
+
+def call_method(
+    tr: Tracer, receiver: Value, name: str, args: list[Value], kwargs: dict[str, Value]
+) -> Value:
+    """``receiver.name(*args, **kwargs)`` for a builtin method of the receiver's own type."""
+    return CALL_METHOD[type(receiver)](tr, receiver, name, args, kwargs)
 
 
 def iterate(tr: Tracer, v: Value) -> IteratorValue:

@@ -503,3 +503,10 @@ def _ndarray_truth(tr: Tracer, v: NdarrayValue) -> bool:
 def _ndarray_length(tr: Tracer, v: NdarrayValue) -> int:
     # numpy scalars have no len(): the tensor's 0-d check raises for them too
     return dispatch.length(tr, v.tensor)
+
+
+@dispatch.CALL_METHOD.register(NdarrayValue)
+def _ndarray_method(
+    tr: Tracer, arr: NdarrayValue, name: str, args: list[Value], kwargs: dict[str, Value]
+) -> Value:
+    return call_method(tr, arr, name, args, kwargs)

@@ -34,7 +34,7 @@ from kiln.capture.wrap import function_value
 if TYPE_CHECKING:
     from kiln.capture.tracer import Tracer
 
-__all__ = ["BINARY", "COMPARE", "binary_op", "compare_op", "contains", "is_op"]
+__all__ = ["BINARY", "COMPARE", "binary_op", "compare_op", "is_op"]
 
 BINARY: dict[str, Callable[[Any, Any], Any]] = {
     "+": operator.add,
@@ -282,14 +282,41 @@ def _guard_identity(tr: Tracer, *values: Value) -> None:
             tr.out.guard(v.source, GuardKind.ID_MATCH, id(v.obj))
 
 
+# ``item in container`` by the container's kind; a container subclass's own Python
+# ``__contains__`` runs first.
 @dispatch.CONTAINS.register(Value)
-def contains(tr: Tracer, item: Value, container: Value) -> bool:
-    """``item in container``."""
+def _contains(tr: Tracer, item: Value, container: Value) -> bool:
     own = builtin_types.call_override(tr, container, "__contains__", [item])
     if own is not None:
         return dispatch.truth(tr, own)
-    if isinstance(container, ObjectValue):
-        container = builtin_types.snapshot(tr, container) or container
+    return _builtin_contains(tr, item, container)
+
+
+@dispatch.CONTAINS.register(ObjectValue)
+def _object_contains(tr: Tracer, item: Value, container: ObjectValue) -> bool:
+    snapshot = builtin_types.snapshot(tr, container)  # a dict, list or tuple subclass
+    if snapshot is not None:
+        return _builtin_contains(tr, item, snapshot)
+    obj = container.obj
+    if (
+        isinstance(item, ConstantValue)
+        and isinstance(obj, (frozenset, set, dict))
+        and container.source is None
+    ):
+        return item.value in obj
+    return _user_contains(tr, item, container)
+
+
+@dispatch.CONTAINS.register(NewObjectValue)
+def _user_contains(tr: Tracer, item: Value, container: Value) -> bool:
+    method = _user_method(container, "__contains__")
+    if method is None:
+        raise unsupported("unsupported_operator", f"in {container}")
+    return dispatch.truth(tr, dispatch.call(tr, method, [container, item], {}))
+
+
+def _builtin_contains(tr: Tracer, item: Value, container: Value) -> bool:
+    """``in`` as the builtin containers answer it (subclass overrides already ruled out)."""
     if isinstance(container, ConstantValue) and isinstance(item, ConstantValue):
         try:
             return item.value in container.value
@@ -298,25 +325,13 @@ def contains(tr: Tracer, item: Value, container: Value) -> bool:
     if isinstance(container, (DictValue, SetValue)):
         return dict_key(item) in container.items
     keys = _set_keys(container)
-    if keys is not None:  # a keys or items view
+    if keys is not None:  # a keys or items view, a constant set
         return _pair_key(item) in keys
-    if isinstance(container, DictViewValue):
-        container = ListValue(container.items)
-    if isinstance(container, (ListValue, TupleValue)):
+    if isinstance(container, (ListValue, TupleValue, DictViewValue)):
         return any(
             _identity(item, x) or dispatch.truth(tr, compare_op(tr, "==", item, x))
             for x in container.items
         )
-    if (
-        isinstance(container, ObjectValue)
-        and isinstance(item, ConstantValue)
-        and isinstance(container.obj, (frozenset, set, dict))
-        and container.source is None
-    ):
-        return item.value in container.obj
-    method = _user_method(container, "__contains__")
-    if method is not None:
-        return dispatch.truth(tr, dispatch.call(tr, method, [container, item], {}))
     raise unsupported("unsupported_operator", f"in {container}")
 
 
