@@ -355,3 +355,60 @@ def test_gradients_through_a_conjugate_input(backend):
         (mine,) = torch.autograd.grad(got, leaf, weights)
         (theirs,) = torch.autograd.grad(want, leaf, weights)
         torch.testing.assert_close(mine, theirs)
+
+
+# ---- dtypes eager computes few ops for ------------------------------------------------------
+
+RARE_DTYPES = [torch.uint16, torch.uint32, torch.uint64, torch.float8_e4m3fn, torch.float8_e5m2]
+RARE_PROGRAMS = {
+    "add": lambda x: x + 1,
+    "mul": lambda x: x * 2,
+    "clone": lambda x: x.clone(),
+    "transposed_copy": lambda x: x.t().contiguous(),
+    "strided_copy": lambda x: x[1:, ::2].clone(),
+    "cat": lambda x: torch.cat([x, x]),
+    "to_float_and_back": lambda x: (x.to(torch.float32) * 2).to(x.dtype),
+    "made_inside": lambda x: (x.to(torch.float32).abs() * 3).to(torch.uint16).to(torch.float32),
+    "views": lambda x: (x[1:], x.view(-1), x.t()),
+    "sum": lambda x: x.sum(0),
+    "amax": lambda x: x.amax(1),
+    "compare": lambda x: x == x,
+    "bitwise": lambda x: x & x,
+    "fill": lambda x: torch.full_like(x, 3),
+    "copy_into_input": lambda x: x.copy_(x.flip(0)),
+}
+
+
+def _rare(dtype):
+    if dtype.is_floating_point:
+        return (torch.randn(4, 6) * 4).to(dtype)
+    return torch.randint(0, 1000, (4, 6)).to(dtype)
+
+
+def _bits(t):
+    return t.view(torch.uint8) if t.dtype.itemsize == 1 and t.dtype.is_floating_point else t
+
+
+@pytest.mark.filterwarnings("error:kiln")
+@pytest.mark.parametrize("backend", ["kiln", "loopir_reference"])
+@pytest.mark.parametrize("dtype", RARE_DTYPES, ids=str)
+@pytest.mark.parametrize("name", list(RARE_PROGRAMS))
+def test_dtypes_eager_computes_few_ops_for(backend, dtype, name):
+    """Each op on such a dtype is the ATen call eager makes: eager's result, or eager's error."""
+    fn = RARE_PROGRAMS[name]
+    compiled = kiln.compile(fn, backend=backend)
+    for seed in range(2):
+        torch.manual_seed(seed)
+        mine, theirs = _rare(dtype), _rare(dtype)
+        theirs.copy_(mine)
+        try:
+            want = fn(theirs)
+        except (RuntimeError, NotImplementedError) as exc:
+            with pytest.raises(type(exc)):
+                compiled(mine)
+            continue
+        got = compiled(mine)
+        for g, w in zip(*(x if isinstance(x, tuple) else (x,) for x in (got, want)), strict=True):
+            assert (g.dtype, g.shape) == (w.dtype, w.shape)
+            assert torch.equal(_bits(g), _bits(w))
+        assert torch.equal(_bits(mine), _bits(theirs))

@@ -323,13 +323,22 @@ class GraphLowering:
         return not torch._C._is_alias_of(meta, traced)  # type: ignore[attr-defined]
 
 
+_ATEN_ONLY_DTYPES = frozenset(
+    {torch.uint16, torch.uint32, torch.uint64, torch.float8_e4m3fn, torch.float8_e5m2}
+)
+"""Dtypes whose values only ATen computes, as for complex ones: eager implements few ops for
+them (no ``add`` or ``index_put`` of ``uint16``, no arithmetic on float8), so each call stays
+the ATen call eager makes, with eager's result or error, and no kernel loads them."""
+
+
 def _touches_complex(args: Any, kwargs: Any, meta: Any) -> bool:
-    """Whether a call reads or makes a complex tensor (or takes a complex scalar)."""
+    """Whether a call reads or makes a complex tensor (or takes a complex scalar), or one of
+    another dtype only ATen computes."""
     for x in pytree.tree_leaves((args, kwargs, meta)):
         if isinstance(x, complex):
             return True
         dtype = x.get_dtype() if isinstance(x, TensorBox) else getattr(x, "dtype", None)
-        if isinstance(dtype, torch.dtype) and dtype.is_complex:
+        if isinstance(dtype, torch.dtype) and (dtype.is_complex or dtype in _ATEN_ONLY_DTYPES):
             return True
     return False
 
