@@ -19,7 +19,7 @@ MAX_MODULE_LINES = 600
 # Lines of source per package (every .py under packages/<pkg>/src).
 LINE_BUDGET = {
     "capture": 12200,
-    "guards": 2150,
+    "guards": 2600,
     "autograd_aot": 2450,
     "loopir": 9500,
     "codegen_triton": 2950,

@@ -10,20 +10,22 @@ from kiln import guards
 from kiln.capture.guard_data import GlobalState, GuardKind, GuardSpec, TensorMeta
 from kiln.capture.source import LocalSource
 from kiln.guards import explain
+from kiln.guards.kinds import state as state_kind
+from kiln.guards.kinds import tensor as tensor_kind
 
 
 def test_tensor_messages_name_the_first_difference():
     meta = TensorMeta.of(torch.randn(2, 3))
-    assert explain.explain_tensor("L['x']", torch.randn(2, 3), meta) is None
+    assert tensor_kind.explain_tensor("L['x']", torch.randn(2, 3), meta) is None
     assert (
-        explain.explain_tensor("L['x']", torch.randn(2, 5), meta)
+        tensor_kind.explain_tensor("L['x']", torch.randn(2, 5), meta)
         == "tensor L['x'] size mismatch at index 1: expected 3, got 5"
     )
     assert (
-        explain.explain_tensor("L['x']", torch.randn(2, 3, dtype=torch.float64), meta)
+        tensor_kind.explain_tensor("L['x']", torch.randn(2, 3, dtype=torch.float64), meta)
         == "tensor L['x'] dtype mismatch: expected torch.float32, got torch.float64"
     )
-    assert "stride mismatch at index 0: expected 3, got 1" in explain.explain_tensor(
+    assert "stride mismatch at index 0: expected 3, got 1" in tensor_kind.explain_tensor(
         "L['x']", torch.randn(3, 2).t(), meta
     )
 
@@ -42,13 +44,13 @@ def test_lazy_negative_and_conjugate_bits_are_checked_both_ways():
             check = guards.build_check([spec], lambda x: x)
             assert check(compiled_for) and not check(other)
     for plain, lazy, what in cases:
-        reason = explain.explain_tensor("L['x']", lazy, TensorMeta.of(plain))
+        reason = tensor_kind.explain_tensor("L['x']", lazy, TensorMeta.of(plain))
         assert reason == f"tensor L['x'] {what} mismatch: expected False, got True"
 
 
 def test_dispatch_keys_when_recorded():
     t = torch.randn(3)
-    keys = explain.dispatch_key_names(t)
+    keys = tensor_kind.dispatch_key_names(t)
     assert "CPU" in keys
     ok = dataclasses.replace(TensorMeta.of(t), dispatch_keys=keys)
     other = dataclasses.replace(TensorMeta.of(t), dispatch_keys=frozenset({"CPU"}))
@@ -63,11 +65,11 @@ def test_dispatch_keys_when_recorded():
 
 def test_global_state_message():
     state = dataclasses.replace(GlobalState.current(), grad_enabled=False)
-    assert explain.explain_global_state(state) == "grad mode changed: expected False, got True"
-    assert explain.explain_global_state(GlobalState.current()) is None
+    assert state_kind.explain_global_state(state) == "grad mode changed: expected False, got True"
+    assert state_kind.explain_global_state(GlobalState.current()) is None
     no_device = dataclasses.replace(GlobalState.current(), default_device=None)
     with torch.device("meta"):
-        assert explain.explain_global_state(no_device) is None  # None: not checked
+        assert state_kind.explain_global_state(no_device) is None  # None: not checked
 
 
 def test_describe_marks_globals_and_closures():

@@ -19,7 +19,11 @@ __all__ = ["GuardKind", "GuardSpec", "TensorMeta", "GlobalState", "dedupe", "sto
 
 
 class GuardKind(enum.Enum):
-    """What a guard checks; the comment says what ``GuardSpec.expected`` holds."""
+    """What a guard checks; the comment says what ``GuardSpec.expected`` holds.
+
+    Capture only names kinds; how each is checked, ordered and explained is declared once
+    per kind in ``kiln.guards.kinds`` (a kind without a declaration there is refused).
+    """
 
     TENSOR_MATCH = "tensor_match"  # TensorMeta
     TYPE_MATCH = "type_match"  # the exact type object
@@ -128,12 +132,16 @@ class GuardSpec:
 
 
 def dedupe(guards: list[GuardSpec]) -> list[GuardSpec]:
-    """Drop repeated guards, keeping first-seen order."""
+    """Drop repeated guards, keeping first-seen order.
+
+    ``expected`` values compare by their repr, except modules, by identity: a module prints
+    its whole tree (slow, and two modules may print alike).
+    """
     seen: set[tuple[str, GuardKind, str]] = set()
     out: list[GuardSpec] = []
     for g in guards:
-        # a module prints its whole tree: compare it by identity
-        expected = str(id(g.expected)) if g.kind is GuardKind.MODULE_TREE else repr(g.expected)
+        module = isinstance(g.expected, torch.nn.Module)
+        expected = str(id(g.expected)) if module else repr(g.expected)
         key = (str(g.source), g.kind, expected)
         if key not in seen:
             seen.add(key)

@@ -6,7 +6,9 @@ Python binds the arguments itself when the check is called like the function, so
 state readers, the module stamp) is bound by name in the check's own namespace, under
 a prefix no parameter uses. Sub-expressions several guards share are computed once
 into locals; every tensor is checked in one boolean expression; any exception while
-reading the frame means "does not match".
+reading the frame means "does not match". Each guard's own expression comes from its
+kind (:meth:`kiln.guards.kinds.Kind.condition`); this module binds names, reads sources and
+lays the conditions out.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import collections
 import functools
 import inspect
 import keyword
-import math
 import types
 import weakref
 from collections.abc import Callable
@@ -24,7 +25,7 @@ from typing import Any
 import torch
 
 from kiln.capture.binding import code_signature
-from kiln.capture.guard_data import GlobalState, GuardKind, GuardSpec, TensorMeta, storage_fits
+from kiln.capture.guard_data import GuardKind, GuardSpec
 from kiln.capture.source import (
     AttrSource,
     ClosureSource,
@@ -34,9 +35,10 @@ from kiln.capture.source import (
     LocalSource,
     Source,
 )
-from kiln.guards import explain, frame, hooks, stamps
+from kiln.guards import frame, hooks, stamps
 from kiln.guards.config import config
 from kiln.guards.errors import UnsupportedGuard
+from kiln.guards.kinds import kind_of
 from kiln.guards.plan import Plan
 
 __all__ = ["ON_DEATH", "CheckSource", "generate"]
@@ -45,8 +47,6 @@ __all__ = ["ON_DEATH", "CheckSource", "generate"]
 ON_DEATH = "__kiln_on_death__"
 
 _LITERAL_TYPES = (bool, int, str, bytes, type(None))
-# Guards that read their source more than once: the source goes into a local first.
-_MULTI_READ = frozenset({GuardKind.TENSOR_MATCH, GuardKind.EQUALS, GuardKind.MODULE_TREE})
 
 
 def _is_literal(value: Any) -> bool:
@@ -243,124 +243,12 @@ class CheckSource:
 
     # ---- one condition per guard -----------------------------------------------------
 
-    def tensor_condition(self, v: str, meta: TensorMeta) -> str:
-        dev = meta.device
-        if dev.type in ("cpu", "meta") and dev.index is None:
-            device = f"{v}.is_{dev.type}"
-        else:
-            device = f"{v}.device == {self.bind(dev, 'dev')}"
-        parts = [
-            f"type({v}) is {self.bind(meta.type, 'T')}",
-            f"{v}.shape == {tuple(meta.sizes)!r}",
-            f"{v}.stride() == {tuple(meta.strides)!r}",
-            f"{v}.dtype is {self.bind(meta.dtype, 'dtype')}",
-            device,
-            f"{v}.requires_grad is {meta.requires_grad!r}",
-        ]
-        if meta.dispatch_keys:
-            parts.append(self._dispatch_keys_condition(v, meta.dispatch_keys))
-        if meta.dtype.is_floating_point or meta.dtype.is_complex:  # where lazy bits arise
-            parts.append(f"{v}.is_neg() is {meta.neg!r}")
-        if meta.dtype.is_complex:
-            parts.append(f"{v}.is_conj() is {meta.conj!r}")
-        if self.in_group:  # module state: its storage may have been resized under it
-            parts.append(f"{self.bind(storage_fits, 'storage_fits')}({v})")
-        return " and ".join(parts)
-
-    def _dispatch_keys_condition(self, v: str, names: frozenset[str]) -> str:
-        """Compare key sets as torch's raw integers; by names when a name is not a key here."""
-        try:
-            keyset = torch._C.DispatchKeySet(torch._C.DispatchKey.Undefined)
-            for name in names:
-                keyset = keyset | torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, name))
-            raw = keyset.raw_repr()
-        except (AttributeError, TypeError):
-            keys = self.bind(names, "keys")
-            return f"{self.bind(explain.dispatch_key_names, 'dispatch_keys')}({v}) == {keys}"
-        return f"{self.bind(torch._C._dispatch_keys, 'dispatch_keys')}({v}).raw_repr() == {raw}"
-
-    def global_state_condition(self, gs: GlobalState) -> str:
-        fns = {
-            "grad": torch.is_grad_enabled,
-            "dtype": torch.get_default_dtype,
-            "autocast": torch.is_autocast_enabled,
-            # the C function behind the public Python wrapper, when this torch has it
-            "det": getattr(
-                torch._C,
-                "_get_deterministic_algorithms",
-                torch.are_deterministic_algorithms_enabled,
-            ),
-            "inference": torch.is_inference_mode_enabled,
-        }
-        f = {k: self.bind(fn, k) for k, fn in fns.items()}
-        parts = [
-            f"{f['grad']}() is {gs.grad_enabled!r}",
-            f"{f['dtype']}() is {self.bind(gs.default_dtype, 'dtype')}",
-        ]
-        any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None)
-        if any_autocast is not None and not (gs.autocast_cpu or gs.autocast_cuda):
-            parts.append(f"not {self.bind(any_autocast, 'any_autocast')}()")
-        else:
-            parts.append(f"{f['autocast']}('cpu') is {gs.autocast_cpu!r}")
-            parts.append(f"{f['autocast']}('cuda') is {gs.autocast_cuda!r}")
-        parts.append(f"{f['det']}() is {gs.deterministic!r}")
-        parts.append(f"{f['inference']}() is {gs.inference_mode!r}")
-        if gs.default_device is not None:
-            device = f"{self.bind(torch.get_default_device, 'default_device')}() == {self.bind(gs.default_device, 'dev')}"
-            stack_len = getattr(torch._C, "_len_torch_function_stack", None)
-            if stack_len is not None and gs.default_device == torch.device("cpu"):
-                # No torch-function mode at all means no device context: the default is cpu.
-                device = f"({self.bind(stack_len, 'mode_stack_len')}() == 0 or {device})"
-            parts.append(device)
-        return " and ".join(parts)
-
     def condition(self, g: GuardSpec) -> str:
-        kind, expected = g.kind, g.expected
-        if kind is GuardKind.GLOBAL_STATE:
-            return self.global_state_condition(expected)
-        assert g.source is not None
-        v = self.expr(g.source)
-        if kind is GuardKind.TENSOR_MATCH:
-            return self.tensor_condition(v, expected)
-        if kind is GuardKind.TYPE_MATCH:
-            if expected in stamps.DICT_TYPES:
-                return f"type({v}) in {self.bind(stamps.DICT_TYPES, 'dict_types')}"
-            return f"type({v}) is {self.bind(expected, 'T')}"
-        if kind in (GuardKind.ID_MATCH, GuardKind.MODULE_MATCH):
-            held = self._held(g.source, int(expected))
-            if held is None:
-                return f"id({v}) == {int(expected)}"
-            return f"{v} is {held} is not None"
-        if kind is GuardKind.EQUALS:
-            same_type = f"type({v}) is {self.bind(type(expected), 'T')}"
-            if isinstance(expected, float) and math.isnan(expected):
-                return f"{same_type} and {v} != {v}"  # NaN equals nothing, itself included
-            return f"{same_type} and {v} == {self.literal(expected)}"
-        if kind is GuardKind.IS_NONE:
-            return f"{v} is None"
-        if kind is GuardKind.NOT_NONE:
-            return f"{v} is not None"
-        if kind is GuardKind.BOOL:
-            return v if expected else f"not {v}"
-        if kind is GuardKind.DICT_KEYS:
-            if not expected and v in self.varkw:
-                return f"not {v}"  # ``**kwargs`` is always a fresh dict
-            return f"tuple({v}) == {self.literal(tuple(expected))}"
-        if kind is GuardKind.SEQUENCE_LENGTH:
-            return f"len({v}) == {int(expected)}"
-        if kind is GuardKind.HASATTR:
-            name, want = expected
-            return f"hasattr({v}, {name!r}) is {bool(want)!r}"
-        if kind is GuardKind.HOOKS_EMPTY:
-            dicts = [f"{v}.{name}" for name in hooks.module_hook_names]
-            dicts += [self.bind(d, "global_hooks") for d in hooks.global_hook_dicts]
-            return "not (" + " or ".join(dicts) + ")"
-        if kind is GuardKind.MODULE_TREE:
-            return f"{v} is {self.held(expected, 'module')} is not None"
-        msg = f"kiln.guards has no check for guard kind {kind}"
-        raise UnsupportedGuard(msg)
+        """The expression that is true when ``g`` holds (its kind's, over its source)."""
+        v = self.expr(g.source) if g.source is not None else ""
+        return kind_of(g.kind).condition(self, g, v)
 
-    def _held(self, source: Source, expected_id: int) -> str | None:
+    def held_source(self, source: Source, expected_id: int) -> str | None:
         """A name bound to the very object ``source`` held when the check was built, when it
         can be read without a frame and is the object capture saw: ``is`` beats ``id() ==``,
         and a weak reference, unlike an id, never matches another object that took its id."""
@@ -415,24 +303,26 @@ class CheckSource:
 
 
 def _emit(cs: CheckSource, guards: list[GuardSpec], plan: Plan) -> None:
-    """Emit ``guards`` in order, every tensor in one test; then the trees' groups, which run
-    rarely and are long: last, so the common path is short and jumps over nothing."""
-    tensors = [g for g in guards if g.kind is GuardKind.TENSOR_MATCH]
-    if tensors:
-        at = guards.index(tensors[0])
-        guards = [g for g in guards if g.kind is not GuardKind.TENSOR_MATCH]
-        guards.insert(at, tensors[0])
+    """Emit ``guards`` in order, each batched kind's guards in one test where the first of
+    them stands (every tensor in one expression); then the trees' groups, which run rarely
+    and are long: last, so the common path is short and jumps over nothing."""
+    batches: dict[GuardKind, list[GuardSpec]] = {}
     for g in guards:
-        if g.kind is GuardKind.TENSOR_MATCH:
-            # Every tensor in one expression: hoist the shared prefixes, then one test.
-            for t in tensors:
-                cs.hoist(t.source, itself=True)
-            cs.require(" and ".join(f"({cs.condition(t)})" for t in tensors))
+        if kind_of(g.kind).batched:
+            batches.setdefault(g.kind, []).append(g)
+    for g in guards:
+        batch = batches.get(g.kind)
+        if batch is not None:
+            if g is batch[0]:
+                # hoist the shared prefixes, then one test
+                for b in batch:
+                    cs.hoist(b.source, itself=kind_of(b.kind).reads_twice)
+                cs.require(" and ".join(f"({cs.condition(b)})" for b in batch))
             continue
-        cs.hoist(g.source, itself=g.kind in _MULTI_READ)
+        cs.hoist(g.source, itself=kind_of(g.kind).reads_twice)
         cs.require(cs.condition(g))
     for g in guards:
-        if g.kind is GuardKind.MODULE_TREE and plan.group(g):
+        if plan.group(g):  # a MODULE_TREE guard with guards under its stamp
             cs.tree_group(g, functools.partial(_emit, cs, plan.group(g), plan))
 
 

@@ -10,7 +10,9 @@ integer comparison per call while nothing changed.
 
 Guards stay out of the group (and run every call) when the stamp cannot see their
 value change: the contents of plain objects and containers held by modules
-(``self.cfg.hidden``, ``len(self.sizes)``), class attributes and properties.
+(``self.cfg.hidden``, ``len(self.sizes)``), class attributes and properties. Which
+kinds of guard the stamp protects on a value reached one way or another (see
+:func:`reach`) each kind declares (``Kind.stamp_protects`` in :mod:`kiln.guards.kinds`).
 """
 
 from __future__ import annotations
@@ -21,10 +23,9 @@ from typing import Any
 
 import torch
 
-from kiln.capture.guard_data import GuardKind
 from kiln.capture.source import MODULE_STORES
 
-__all__ = ["PROTECTED", "reach"]
+__all__ = ["reach"]
 
 _CONSTANT_TYPES = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device)
 _CONTAINER_GETITEMS = frozenset(
@@ -34,35 +35,6 @@ _CONTAINER_GETITEMS = frozenset(
         torch.nn.ModuleDict.__getitem__,
     }
 )
-
-# For each way a value is reached (see reach), the guard kinds on it that cannot
-# change without moving the stamp.
-PROTECTED = {
-    "module": frozenset(
-        {
-            GuardKind.MODULE_MATCH,
-            GuardKind.ID_MATCH,
-            GuardKind.TYPE_MATCH,
-            GuardKind.NOT_NONE,
-            GuardKind.HOOKS_EMPTY,
-            GuardKind.MODULE_TREE,
-        }
-    ),
-    "tensor": frozenset(
-        {GuardKind.TENSOR_MATCH, GuardKind.ID_MATCH, GuardKind.TYPE_MATCH, GuardKind.NOT_NONE}
-    ),
-    "value": frozenset(
-        {
-            GuardKind.EQUALS,
-            GuardKind.BOOL,
-            GuardKind.IS_NONE,
-            GuardKind.NOT_NONE,
-            GuardKind.TYPE_MATCH,
-            GuardKind.ID_MATCH,
-        }
-    ),
-    "object": frozenset({GuardKind.ID_MATCH, GuardKind.TYPE_MATCH, GuardKind.NOT_NONE}),
-}
 
 
 def _is_constant(value: Any) -> bool:

@@ -2,10 +2,11 @@
 
 Duplicates and guards implied by others go. Guards a ``MODULE_TREE`` guard's stamp
 protects move into that tree's group (:mod:`kiln.guards.module_tree`). The rest run
-cheapest and likeliest to fail first: single comparisons (constants, identities,
-types, module roots), then global torch state, then container shapes, then every
-tensor in one expression, then hook registries. Within a rank, shallower sources go
-first so a container's own guards run before guards on its items.
+cheapest and likeliest to fail first, by their kind's rank (:class:`~kiln.guards.kinds.Rank`):
+single comparisons (constants, identities, types, module roots), then global torch state,
+then container shapes, then every tensor in one expression, then hook registries. Within a
+rank, shallower sources go first so a container's own guards run before guards on its items.
+What decides each of these for a kind is declared by the kind (:mod:`kiln.guards.kinds`).
 """
 
 from __future__ import annotations
@@ -14,34 +15,17 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
-from kiln.capture.guard_data import GuardKind, GuardSpec, TensorMeta
+from kiln.capture.guard_data import GuardKind, GuardSpec, dedupe
 from kiln.capture.source import AttrSource, ItemSource, Source
 from kiln.guards import explain, module_tree
+from kiln.guards.kinds import KINDS, Kind, kind_of
 
 __all__ = ["Plan", "order", "rank", "source_depth"]
 
-_RANK = {
-    GuardKind.EQUALS: 0,
-    GuardKind.BOOL: 0,
-    GuardKind.IS_NONE: 0,
-    GuardKind.NOT_NONE: 0,
-    GuardKind.TYPE_MATCH: 0,
-    GuardKind.ID_MATCH: 0,
-    GuardKind.MODULE_MATCH: 0,
-    GuardKind.MODULE_TREE: 0,
-    GuardKind.GLOBAL_STATE: 1,
-    GuardKind.SEQUENCE_LENGTH: 2,
-    GuardKind.DICT_KEYS: 2,
-    GuardKind.HASATTR: 2,
-    GuardKind.TENSOR_MATCH: 3,
-    GuardKind.HOOKS_EMPTY: 4,
-}
-
 
 def rank(kind: GuardKind) -> int:
-    return _RANK.get(kind, 5)
+    """Where guards of ``kind`` run in a check (its :class:`~kiln.guards.kinds.Rank`)."""
+    return kind_of(kind).rank
 
 
 def source_depth(source: Source | None) -> int:
@@ -52,47 +36,14 @@ def source_depth(source: Source | None) -> int:
     return depth
 
 
-def _known_type(g: GuardSpec) -> type | None:
-    """The exact type a guard pins its source to, if it does."""
-    if g.kind is GuardKind.TENSOR_MATCH:
-        meta: TensorMeta = g.expected
-        return meta.type
-    if g.kind is GuardKind.TYPE_MATCH:
-        return g.expected  # type: ignore[no-any-return]
-    if g.kind is GuardKind.EQUALS:
-        return type(g.expected)
-    if g.kind is GuardKind.MODULE_TREE:
-        return type(g.expected)
-    return None
+def _well_formed(kind: Kind, g: GuardSpec) -> bool:
+    return (g.source is not None) == kind.has_source and kind.accepts(g.expected)
 
 
 def _implied(g: GuardSpec, by_source: dict[str, list[GuardSpec]]) -> bool:
     """Whether another guard on the same source already checks ``g``."""
     others = [o for o in by_source.get(str(g.source), []) if o is not g]
-    if g.kind is GuardKind.NOT_NONE:
-        return any(t is not None and t is not type(None) for t in map(_known_type, others))
-    if g.kind is GuardKind.TYPE_MATCH:
-        return any(
-            o.kind in (GuardKind.TENSOR_MATCH, GuardKind.EQUALS) and _known_type(o) is g.expected
-            for o in others
-        )
-    return False
-
-
-def _dedupe(guards: list[GuardSpec]) -> list[GuardSpec]:
-    """Drop repeats, first seen wins (modules compared by identity, not by their repr)."""
-    seen: set[tuple[str, GuardKind, Any]] = set()
-    out = []
-    for g in guards:
-        key = (
-            str(g.source),
-            g.kind,
-            id(g.expected) if g.kind is GuardKind.MODULE_TREE else repr(g.expected),
-        )
-        if key not in seen:
-            seen.add(key)
-            out.append(g)
-    return out
+    return kind_of(g.kind).implied(g, others)
 
 
 def _steps_below(source: Source | None, root: str) -> list[tuple[str, Any]] | None:
@@ -117,7 +68,7 @@ def _tree_for(g: GuardSpec, trees: list[GuardSpec]) -> GuardSpec | None:
             continue
         steps = _steps_below(g.source, str(t.source))
         found = module_tree.reach(t.expected, steps) if steps is not None else None
-        if found is None or g.kind not in module_tree.PROTECTED[found[0]]:
+        if found is None or found[0] not in kind_of(g.kind).stamp_protects:
             continue
         try:
             if explain.explain(g, found[1]) is None:
@@ -151,11 +102,10 @@ def _sort(guards: list[GuardSpec]) -> list[GuardSpec]:
 def order(guards: list[GuardSpec], unsupported: Callable[[GuardSpec], Any]) -> Plan:
     """The plan of a check; ``unsupported`` raises for malformed guards."""
     for g in guards:
-        if g.kind not in _RANK or (g.source is None) != (g.kind is GuardKind.GLOBAL_STATE):
+        kind = KINDS.get(g.kind)
+        if kind is None or not _well_formed(kind, g):
             unsupported(g)
-        if g.kind is GuardKind.MODULE_TREE and not isinstance(g.expected, torch.nn.Module):
-            unsupported(g)
-    kept = _dedupe(list(guards))
+    kept = dedupe(list(guards))
     by_source: dict[str, list[GuardSpec]] = {}
     for g in kept:
         by_source.setdefault(str(g.source), []).append(g)

@@ -1,0 +1,114 @@
+"""The ``TENSOR_MATCH`` kind: everything a compiled graph assumes about one input tensor.
+
+Every tensor of a frame is checked in one boolean expression rather than by a helper over a
+tuple of tensors: no call, no tuple, literals in the code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kiln.capture.guard_data import GuardKind, GuardSpec, TensorMeta, storage_fits
+from kiln.guards.kinds.base import Emitter, Kind, Rank, register
+from kiln.guards.kinds.values import type_name
+
+__all__ = ["TensorMatch", "dispatch_key_names", "explain_tensor"]
+
+
+def dispatch_key_names(t: torch.Tensor) -> frozenset[str]:
+    """The names in a tensor's dispatch key set (slow; only when capture recorded them)."""
+    text = str(torch._C._dispatch_keys(t))
+    inner = text[text.find("(") + 1 : text.rfind(")")]
+    return frozenset(k.strip() for k in inner.split(",") if k.strip())
+
+
+def explain_tensor(where: str, value: Any, meta: TensorMeta) -> str | None:
+    """The first way ``value`` differs from ``meta``, or None when it matches."""
+    if not isinstance(value, torch.Tensor):
+        return f"{where} is not a tensor: expected {meta.type.__qualname__}, got {type_name(value)}"
+    if type(value) is not meta.type:
+        name = type_name(value)
+        return f"tensor {where} type mismatch: expected {meta.type.__qualname__}, got {name}"
+    checks: list[tuple[str, Any, Any]] = [
+        ("dtype", meta.dtype, value.dtype),
+        ("device", meta.device, value.device),
+        ("requires_grad", meta.requires_grad, value.requires_grad),
+        ("rank", len(meta.sizes), value.dim()),
+        ("negative bit", meta.neg, value.is_neg()),
+        ("conjugate bit", meta.conj, value.is_conj()),
+    ]
+    for what, expected, got in checks:
+        if expected != got:
+            return f"tensor {where} {what} mismatch: expected {expected}, got {got}"
+    for what, expected_seq, got_seq in (
+        ("size", meta.sizes, tuple(value.shape)),
+        ("stride", meta.strides, tuple(value.stride())),
+    ):
+        for i, (expected, got) in enumerate(zip(expected_seq, got_seq, strict=True)):
+            if expected != got:
+                return (
+                    f"tensor {where} {what} mismatch at index {i}: expected {expected}, got {got}"
+                )
+    if meta.dispatch_keys and dispatch_key_names(value) != meta.dispatch_keys:
+        got_keys = sorted(dispatch_key_names(value))
+        return f"tensor {where} dispatch keys mismatch: expected {sorted(meta.dispatch_keys)}, got {got_keys}"
+    return None
+
+
+def _dispatch_keys_condition(out: Emitter, v: str, names: frozenset[str]) -> str:
+    """Compare key sets as torch's raw integers; by names when a name is not a key here."""
+    try:
+        keyset = torch._C.DispatchKeySet(torch._C.DispatchKey.Undefined)
+        for name in names:
+            keyset = keyset | torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, name))
+        raw = keyset.raw_repr()
+    except (AttributeError, TypeError):
+        keys = out.bind(names, "keys")
+        return f"{out.bind(dispatch_key_names, 'dispatch_keys')}({v}) == {keys}"
+    return f"{out.bind(torch._C._dispatch_keys, 'dispatch_keys')}({v}).raw_repr() == {raw}"
+
+
+@register(GuardKind.TENSOR_MATCH)
+class TensorMatch(Kind):
+    """``expected`` is a :class:`TensorMeta`: type, sizes, strides, dtype, device,
+    ``requires_grad``, the lazy negative/conjugate bits, and dispatch keys when recorded."""
+
+    rank = Rank.TENSOR
+    reads_twice = True
+    batched = True
+    tests_type = True
+    stamp_protects = frozenset({"tensor"})
+
+    def known_type(self, expected: Any) -> type | None:
+        meta: TensorMeta = expected
+        return meta.type
+
+    def condition(self, out: Emitter, guard: GuardSpec, v: str) -> str:
+        meta: TensorMeta = guard.expected
+        dev = meta.device
+        if dev.type in ("cpu", "meta") and dev.index is None:
+            device = f"{v}.is_{dev.type}"
+        else:
+            device = f"{v}.device == {out.bind(dev, 'dev')}"
+        parts = [
+            f"type({v}) is {out.bind(meta.type, 'T')}",
+            f"{v}.shape == {tuple(meta.sizes)!r}",
+            f"{v}.stride() == {tuple(meta.strides)!r}",
+            f"{v}.dtype is {out.bind(meta.dtype, 'dtype')}",
+            device,
+            f"{v}.requires_grad is {meta.requires_grad!r}",
+        ]
+        if meta.dispatch_keys:
+            parts.append(_dispatch_keys_condition(out, v, meta.dispatch_keys))
+        if meta.dtype.is_floating_point or meta.dtype.is_complex:  # where lazy bits arise
+            parts.append(f"{v}.is_neg() is {meta.neg!r}")
+        if meta.dtype.is_complex:
+            parts.append(f"{v}.is_conj() is {meta.conj!r}")
+        if out.in_group:  # module state: its storage may have been resized under it
+            parts.append(f"{out.bind(storage_fits, 'storage_fits')}({v})")
+        return " and ".join(parts)
+
+    def explain(self, guard: GuardSpec, where: str, value: Any) -> str | None:
+        return explain_tensor(where, value, guard.expected)
