@@ -1,5 +1,5 @@
 """Kiln's sessions: tests on 3.11 and 3.12, lint, typecheck, per-package isolation, demo, bench,
-models-latest, docs.
+models-latest, docs, no-triton.
 
 torch with its CUDA libraries is ~5.7 GB, so no session gets its own copy: one dependency
 environment per Python version (`.nox/_deps-<version>`) holds every third-party package, and each
@@ -173,8 +173,9 @@ def no_triton(session: nox.Session) -> None:
     _uninstall_all_but(session, keep)
     _install(session, keep)
     env = {"PYTHONPATH": str(ROOT / "tests" / "no_triton")}
+    workers = ["-n", "2"] if (os.cpu_count() or 1) > 1 else []
     tests = [ROOT / "tests" / "test_no_triton.py", ROOT / "packages" / "frontend" / "tests"]
-    session.run(*PYTEST, *map(str, tests), *session.posargs, env=env)
+    session.run(*PYTEST, *workers, *map(str, tests), *session.posargs, env=env)
 
 
 @nox.session(python=PY311)
