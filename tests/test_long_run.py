@@ -65,22 +65,33 @@ def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -
     return loss.detach()
 
 
+CUDA = pytest.param(
+    "cuda",
+    marks=[
+        pytest.mark.gpu,
+        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+    ],
+)
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads RSS from /proc")
-def test_two_thousand_training_steps_keep_memory_and_step_time_flat():
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_two_thousand_training_steps_keep_memory_and_step_time_flat(device):
     torch.manual_seed(0)
-    twin = _model()
+    twin = _model().to(device)
     model = copy.deepcopy(twin)
     compiled = kiln.compile(model, dynamic=False)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     twin_opt = torch.optim.SGD(twin.parameters(), lr=0.01, momentum=0.9)
     rss: list[int] = []
+    allocated: list[int] = []  # the device's tensors (CUDA)
     ratios: list[float] = []
     objects = 0
     for i in range(STEPS):
         if i == WARMUP:
             gc.collect()
             objects = len(gc.get_objects())
-        x = torch.randn(BATCHES[i % len(BATCHES)], 8)
+        x = torch.randn(BATCHES[i % len(BATCHES)], 8, device=device)
         start = time.perf_counter()
         loss = _step(compiled, opt, x)
         middle = time.perf_counter()
@@ -91,12 +102,17 @@ def test_two_thousand_training_steps_keep_memory_and_step_time_flat():
             for p, q in zip(model.parameters(), twin.parameters(), strict=True):
                 torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
         rss.append(_rss())
+        if device == "cuda":
+            allocated.append(torch.cuda.memory_allocated())
     s = kiln.stats()
     assert s.eager_fallbacks == 0 and s.graph_breaks == 0, s
     assert s.frames_captured == len(BATCHES), s
     assert s.recompiles == len(BATCHES) - 1, s
     growth = rss[-1] - rss[WARMUP]
     assert growth < RSS_BOUND, f"RSS grew {growth / 2**20:.1f} MiB over {STEPS - WARMUP} steps"
+    if allocated:  # a cycle of batch sizes holds the same tensors each time round
+        cycle = len(BATCHES)
+        assert max(allocated[-cycle:]) <= max(allocated[WARMUP : WARMUP + cycle])
     gc.collect()
     kept = len(gc.get_objects()) - objects
     assert kept < OBJECTS_BOUND, f"{kept} more objects after {STEPS - WARMUP} steps"
