@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import warnings
 
 import pytest
 import torch
@@ -412,3 +413,34 @@ def test_dtypes_eager_computes_few_ops_for(backend, dtype, name):
             assert (g.dtype, g.shape) == (w.dtype, w.shape)
             assert torch.equal(_bits(g), _bits(w))
         assert torch.equal(_bits(mine), _bits(theirs))
+
+
+EMPTY_EXTREMES = {
+    "max": lambda y: y.max(),
+    "min": lambda y: y.min() * 2,
+    "max_dim": lambda y: torch.max(y, dim=0).values + 1,
+    "min_dim": lambda y: y.min(dim=0),
+    "amax": lambda y: y.amax(dim=0),
+    "argmax": lambda y: y.argmax(),
+    "argmin_dim": lambda y: y.argmin(dim=0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EMPTY_EXTREMES))
+def test_extremes_over_zero_elements_raise_as_eager(name):
+    # max and min have no start value: eager raises where a kernel would return -inf or 0.
+    fn = EMPTY_EXTREMES[name]
+    compiled = kiln.compile(fn)
+    for _ in range(2):
+        x = torch.randn(4, 3)
+        _same(compiled(x), fn(x))
+    empty = torch.randn(0, 3)
+    with pytest.raises((RuntimeError, IndexError)) as eager_error:
+        fn(empty)
+    with warnings.catch_warnings():  # a graph that has to run eagerly may say so
+        warnings.simplefilter("ignore", RuntimeWarning)
+        with pytest.raises(eager_error.type, match=str(eager_error.value).split("(")[0]):
+            compiled(empty)
+    # reducing the non-empty dimension of an empty tensor is fine in both
+    other = lambda y: y.max(dim=1).values  # noqa: E731
+    _same(kiln.compile(other)(empty), other(empty))

@@ -210,8 +210,22 @@ def _mean(x: TensorBox, dim: Any = None, keepdim: bool = False, *, dtype: Any = 
     return make_pointwise(lambda v: ops.truediv(v, ops.constant(n, math)), [total], dtype=result)
 
 
+def _refuse_empty(kind: str, x: TensorBox, dim: Any) -> None:
+    """Raise where eager does: max, min and their arg forms have no value over zero elements.
+
+    A kernel would return its start value (-inf, +inf, index 0) instead; the raise makes the
+    graph run eagerly, where the op raises its own error.
+    """
+    if not x.dim():
+        return
+    extent = sizes.product(x.get_size()[d] for d in _dims(x, dim))
+    if sizes.evaluate_int(extent) == 0:
+        raise RuntimeError(f"{kind}() over zero elements has no value (eager raises)")
+
+
 def _extreme(kind: str) -> Any:
     def lower(x: TensorBox, dim: Any = None, keepdim: bool = False) -> TensorBox:
+        _refuse_empty(kind, x, dim)
         result = out_dtype()
         return cast(reduce(x, dim, keepdim, kind, compute_dtype(result)), result)
 
@@ -224,6 +238,7 @@ register_lowering(*overloads("amin", "default"), *overloads("min", "default"))(_
 
 def _arg(kind: str) -> Any:
     def lower(x: TensorBox, dim: int | None = None, keepdim: bool = False) -> TensorBox:
+        _refuse_empty(kind, x, dim)
         if dim is None:
             flat = reduce(flat_view(x), [0], False, kind, torch.int64, with_index=True)
             if keepdim:
