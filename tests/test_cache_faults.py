@@ -1,10 +1,10 @@
 """The C++ build cache under faults, across real processes.
 
-Each case runs fresh interpreters against one cache folder: entries corrupted
-between runs, two and four processes filling an empty cache at once, a process killed
-mid-build, and cache locations that must not (or cannot) be used. Every child
-compiles with ``fullgraph=True``, so a library that failed to load would raise
-rather than quietly run eagerly, and checks its answers against eager.
+Each case runs fresh interpreters against one cache folder: entries corrupted between runs,
+two and four processes filling an empty cache at once, a process killed mid-build, and cache
+locations that must not (world-writable, another user's) or cannot (read-only) be used. Every
+child compiles with ``fullgraph=True``, so a library that failed to load would raise rather
+than quietly run eagerly, and checks its answers against eager.
 """
 
 from __future__ import annotations
@@ -186,3 +186,17 @@ def test_world_writable_cache_location_refused(tmp_path):
     assert isinstance(warnings, list) and len(warnings) == 1
     assert "other users can write" in warnings[0]
     assert not list(shared.iterdir())
+
+
+def test_foreign_owned_cache_location_refused(tmp_path):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o700)
+    try:
+        os.chown(theirs, os.geteuid() + 4242, -1)
+    except PermissionError:
+        pytest.skip("giving a folder to another user needs root")
+    result = _run(theirs)  # root could write there: only the owner check refuses it
+    warnings = result["cache_warnings"]
+    assert isinstance(warnings, list) and len(warnings) == 1
+    assert "owned by another user" in warnings[0]
+    assert not list(theirs.iterdir())
