@@ -52,6 +52,21 @@ def test_lookup_walks_the_mro_and_a_subclass_may_take_over() -> None:
     assert op[ListValue] == "list"
 
 
+def test_an_operand_of_higher_priority_answers_from_either_side() -> None:
+    op: dispatch.Operation[object] = dispatch.Operation("demo")
+    op.register(Value)("python")
+    op.register(NdarrayValue, priority=1)("numpy")
+    op.register(TensorValue, priority=2)("torch")
+    assert op.either(ObjectValue, ListValue) == "python"
+    assert op.either(ListValue, TensorValue) == "torch"
+    assert op.either(NdarrayValue, TensorValue) == "torch"
+    assert op.either(NdarrayValue, ListValue) == "numpy"
+    assert op.either(ListValue, NdarrayValue) == "numpy"
+    assert dispatch.BINARY_OP.either(ObjectValue, TensorValue).__module__ == (
+        "kiln.capture.torch_calls"
+    )
+
+
 def test_a_kind_has_one_owner_per_operation() -> None:
     op: dispatch.Operation[object] = dispatch.Operation("demo")
     op.register(ListValue)("first")

@@ -372,14 +372,14 @@ for _fn in (int, float, str, round, divmod, pow, repr, format, chr, ord, complex
 
 def _operator_handler(sym: str) -> Handler:
     def handler(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
-        if sym in operators.COMPARE:
+        if sym in dispatch.COMPARE:
             return dispatch.compare_op(tr, sym, args[0], args[1])
         return dispatch.binary_op(tr, sym, args[0], args[1])
 
     return handler
 
 
-for _sym, _fn in [*operators.BINARY.items(), *operators.COMPARE.items()]:
+for _sym, _fn in [*dispatch.BINARY.items(), *dispatch.COMPARE.items()]:
     _HANDLERS[_fn] = _operator_handler(_sym)
 
 

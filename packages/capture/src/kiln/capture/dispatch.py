@@ -11,13 +11,16 @@ has no import cycles, and a new value kind is added by registering handlers, not
 ``isinstance`` chains in several modules. ``kiln.capture.evaluator`` imports every module that
 registers, so the tables are complete before a frame is traced.
 
-Binary and comparison operators involve both operands (Python tries the reflected method of the
-right one), so their tables hold one handler, for ``Value``; the table still lets a kind take
-over where its left operand decides.
+Binary and comparison operators involve both operands: as Python lets the right operand's
+reflected method win, a kind registers them with a priority, and the operand whose kind has the
+higher priority answers (the left one on a tie). Tensors outrank ndarrays, which outrank every
+Python value, so ``2 * t`` and ``arr + t`` are the tensor's. :data:`BINARY` and :data:`COMPARE`
+list the operator symbols those two operations take.
 """
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -28,7 +31,9 @@ if TYPE_CHECKING:
     from kiln.capture.values.iterators import IteratorValue
 
 __all__ = [
+    "BINARY",
     "BINARY_OP",
+    "COMPARE",
     "CALL",
     "CALL_METHOD",
     "COMPARE_OP",
@@ -67,24 +72,64 @@ __all__ = [
 
 H = TypeVar("H", bound=Callable[..., Any])
 
+BINARY: dict[str, Callable[[Any, Any], Any]] = {
+    "+": operator.add,
+    "-": operator.sub,
+    "*": operator.mul,
+    "/": operator.truediv,
+    "//": operator.floordiv,
+    "%": operator.mod,
+    "**": operator.pow,
+    "@": operator.matmul,
+    "&": operator.and_,
+    "|": operator.or_,
+    "^": operator.xor,
+    "<<": operator.lshift,
+    ">>": operator.rshift,
+    "+=": operator.iadd,
+    "-=": operator.isub,
+    "*=": operator.imul,
+    "/=": operator.itruediv,
+    "//=": operator.ifloordiv,
+    "%=": operator.imod,
+    "**=": operator.ipow,
+    "@=": operator.imatmul,
+    "&=": operator.iand,
+    "|=": operator.ior,
+    "^=": operator.ixor,
+    "<<=": operator.ilshift,
+    ">>=": operator.irshift,
+}
+COMPARE: dict[str, Callable[[Any, Any], Any]] = {
+    "<": operator.lt,
+    "<=": operator.le,
+    "==": operator.eq,
+    "!=": operator.ne,
+    ">": operator.gt,
+    ">=": operator.ge,
+}
+
 
 class Operation(Generic[H]):
     """One operation's handlers by value class; a lookup walks the value's MRO (memoized)."""
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self._handlers: dict[type, H] = {}
-        self._resolved: dict[type, H] = {}
+        self._handlers: dict[type, tuple[H, int]] = {}
+        self._resolved: dict[type, tuple[H, int]] = {}
 
-    def register(self, *kinds: type[Value]) -> Callable[[H], H]:
-        """A decorator that makes ``fn`` the handler of each of ``kinds`` (one owner per kind)."""
+    def register(self, *kinds: type[Value], priority: int = 0) -> Callable[[H], H]:
+        """A decorator that makes ``fn`` the handler of each of ``kinds`` (one owner per kind).
+
+        ``priority`` matters to operations of two operands only (:meth:`either`).
+        """
 
         def add(fn: H) -> H:
             for kind in kinds:
                 if kind in self._handlers:
                     msg = f"{self.name} already has a handler for {kind.__name__}"
                     raise ValueError(msg)
-                self._handlers[kind] = fn
+                self._handlers[kind] = (fn, priority)
             self._resolved.clear()
             return fn
 
@@ -95,6 +140,15 @@ class Operation(Generic[H]):
         return list(self._handlers)
 
     def __getitem__(self, kind: type) -> H:
+        return self._resolve(kind)[0]
+
+    def either(self, left: type, right: type) -> H:
+        """The handler of the operand kind with the higher priority, the left one on a tie."""
+        found, rank = self._resolve(left)
+        other, other_rank = self._resolve(right)
+        return other if other_rank > rank else found
+
+    def _resolve(self, kind: type) -> tuple[H, int]:
         found = self._resolved.get(kind)
         if found is None:
             for base in kind.__mro__:
@@ -204,12 +258,12 @@ def unary_op(tr: Tracer, name: str, v: Value) -> Value:
 
 def binary_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value:
     """``a <sym> b`` for an arithmetic operator symbol (``+``, ``+=``, ...)."""
-    return BINARY_OP[type(a)](tr, sym, a, b)
+    return BINARY_OP.either(type(a), type(b))(tr, sym, a, b)
 
 
 def compare_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value:
     """``a <sym> b`` for a comparison symbol."""
-    return COMPARE_OP[type(a)](tr, sym, a, b)
+    return COMPARE_OP.either(type(a), type(b))(tr, sym, a, b)
 
 
 def contains(tr: Tracer, item: Value, container: Value) -> bool:

@@ -471,6 +471,8 @@ def get_item(tr: Tracer, arr: NdarrayValue, index: Value) -> NdarrayValue:
     return NdarrayValue(out, out.fake.dim() == 0 and Ellipsis not in parts)
 
 
+@dispatch.BINARY_OP.register(NdarrayValue, priority=1)
+@dispatch.COMPARE_OP.register(NdarrayValue, priority=1)
 def binary_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value:
     """``a <sym> b`` where one side is a tracked array (``a += b`` would write the array)."""
     if sym.endswith("=") and sym not in OPERATORS:

@@ -1,8 +1,8 @@
 """Python operators on tracked values: binary, in-place, comparison, unary, truth, ``in``.
 
-Constants fold, tensors become graph nodes through the ``operator`` module's
-functions (so graphs read ``operator.add``), containers follow Python's
-rules, and user objects' dunder methods are inlined.
+Constants fold, containers follow Python's rules, and user objects' dunder methods are
+inlined. Tensors' and ndarrays' operators are registered by ``torch_calls`` and ``numpy_calls``
+with a higher priority, so they answer from either side (``2 * t`` is the tensor's).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from kiln.capture import builtin_types, dispatch, numpy_calls, torch_calls
+from kiln.capture import builtin_types, dispatch
 from kiln.capture.breaks.reasons import raised, unsupported
 from kiln.capture.guard_data import GuardKind
 from kiln.capture.values.base import ConstantValue, Value
@@ -26,7 +26,6 @@ from kiln.capture.values.containers import (
     dict_key,
 )
 from kiln.capture.values.functions import UserFunctionValue
-from kiln.capture.values.ndarray import NdarrayValue
 from kiln.capture.values.objects import NewObjectValue, ObjectValue
 from kiln.capture.values.tensor import TensorValue
 from kiln.capture.wrap import function_value
@@ -34,44 +33,8 @@ from kiln.capture.wrap import function_value
 if TYPE_CHECKING:
     from kiln.capture.tracer import Tracer
 
-__all__ = ["BINARY", "COMPARE", "binary_op", "compare_op", "is_op"]
+__all__ = ["binary_op", "compare_op", "is_op"]
 
-BINARY: dict[str, Callable[[Any, Any], Any]] = {
-    "+": operator.add,
-    "-": operator.sub,
-    "*": operator.mul,
-    "/": operator.truediv,
-    "//": operator.floordiv,
-    "%": operator.mod,
-    "**": operator.pow,
-    "@": operator.matmul,
-    "&": operator.and_,
-    "|": operator.or_,
-    "^": operator.xor,
-    "<<": operator.lshift,
-    ">>": operator.rshift,
-    "+=": operator.iadd,
-    "-=": operator.isub,
-    "*=": operator.imul,
-    "/=": operator.itruediv,
-    "//=": operator.ifloordiv,
-    "%=": operator.imod,
-    "**=": operator.ipow,
-    "@=": operator.imatmul,
-    "&=": operator.iand,
-    "|=": operator.ior,
-    "^=": operator.ixor,
-    "<<=": operator.ilshift,
-    ">>=": operator.irshift,
-}
-COMPARE: dict[str, Callable[[Any, Any], Any]] = {
-    "<": operator.lt,
-    "<=": operator.le,
-    "==": operator.eq,
-    "!=": operator.ne,
-    ">": operator.gt,
-    ">=": operator.ge,
-}
 _DUNDER = {
     "+": "add", "-": "sub", "*": "mul", "/": "truediv", "//": "floordiv", "%": "mod",
     "**": "pow", "@": "matmul", "&": "and", "|": "or", "^": "xor", "<<": "lshift",
@@ -90,13 +53,7 @@ def _fold(fn: Callable[[Any, Any], Any], a: Any, b: Any) -> Value:
 @dispatch.BINARY_OP.register(Value)
 def binary_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value:
     """``a <sym> b`` for a binary or in-place operator symbol such as ``+`` or ``+=``."""
-    fn = BINARY[sym]
-    if isinstance(a, TensorValue) or isinstance(b, TensorValue):
-        if sym.endswith("=") and not isinstance(a, TensorValue):
-            fn = BINARY[sym[:-1]]  # ``n += t`` for a number n is ``n + t``: nothing is updated
-        return torch_calls.call_function(tr, fn, [a, b], {})
-    if isinstance(a, NdarrayValue) or isinstance(b, NdarrayValue):
-        return numpy_calls.binary_op(tr, sym, a, b)
+    fn = dispatch.BINARY[sym]
     if isinstance(a, ConstantValue) and isinstance(b, ConstantValue):
         return _fold(fn, a.value, b.value)
     inplace = sym.endswith("=")
@@ -235,11 +192,7 @@ def _identity(a: Value, b: Value) -> bool | None:
 
 @dispatch.COMPARE_OP.register(Value)
 def compare_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value:
-    fn = COMPARE[sym]
-    if isinstance(a, TensorValue) or isinstance(b, TensorValue):
-        return torch_calls.call_function(tr, fn, [a, b], {})
-    if isinstance(a, NdarrayValue) or isinstance(b, NdarrayValue):
-        return numpy_calls.binary_op(tr, sym, a, b)
+    fn = dispatch.COMPARE[sym]
     if isinstance(a, ConstantValue) and isinstance(b, ConstantValue):
         return _fold(fn, a.value, b.value)
     if (

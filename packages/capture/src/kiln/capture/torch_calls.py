@@ -298,3 +298,17 @@ def _tensor_length(tr: Tracer, v: TensorValue) -> int:
     if v.fake.dim() == 0:
         raise unsupported("user_exception", "len() of a 0-d tensor")
     return int(v.fake.shape[0])
+
+
+# Tensors outrank every other operand: ``2 * t`` and ``arr + t`` are tensor ops.
+@dispatch.BINARY_OP.register(TensorValue, priority=2)
+def _tensor_binary_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value:
+    fn = dispatch.BINARY[sym]
+    if sym.endswith("=") and not isinstance(a, TensorValue):
+        fn = dispatch.BINARY[sym[:-1]]  # ``n += t`` for a number n is ``n + t``: nothing is updated
+    return call_function(tr, fn, [a, b], {})
+
+
+@dispatch.COMPARE_OP.register(TensorValue, priority=2)
+def _tensor_compare_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value:
+    return call_function(tr, dispatch.COMPARE[sym], [a, b], {})

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from kiln.capture import counters, operators
+from kiln.capture import counters, dispatch
 from kiln.capture.breaks.frame import (
     MAX_RESUME_NESTING,
     Continuations,
@@ -89,7 +89,7 @@ _JUMPS_IF = {
 }
 _JUMPS_OR_POP = {"JUMP_IF_TRUE_OR_POP": "{}", "JUMP_IF_FALSE_OR_POP": "not {}"}
 # The natively-run binary and compare ops: the same symbol tables the evaluator uses.
-_BINARY = {**operators.BINARY, **operators.COMPARE}
+_BINARY = {**dispatch.BINARY, **dispatch.COMPARE}
 _UNARY = {
     "UNARY_NEGATIVE": operator.neg,
     "UNARY_POSITIVE": operator.pos,
