@@ -81,6 +81,9 @@ _counter = itertools.count(1)
 state: list[int] = [0]  # generated checks read ``state[0]``; a list keeps one shared cell
 _installed = False
 _install_lock = threading.Lock()
+# guards the watched-tensor tables, written by groups passing in several threads and by weakref
+# callbacks (re-entrant: a callback may run inside an update, on the same thread)
+_tables_lock = threading.RLock()
 
 
 def bump(*_: Any, **__: Any) -> None:
@@ -212,23 +215,25 @@ def _drop_storage(key: int) -> None:
 def _watch_tensor(t: torch.Tensor) -> None:
     key = id(t)
     storage = _storage_key(t)
-    entry = _watched_tensors.get(key)
-    if entry is not None:
-        if entry[0]() is t and entry[1] == storage:
-            return
-        _drop_storage(entry[1])  # an older storage, or a dead tensor that had this id
-    ref = entry[0] if entry is not None and entry[0]() is t else None
-    if ref is None:
-        ref = weakref.ref(t, functools.partial(_forget, key))
-    _watched_tensors[key] = (ref, storage)
-    _watched_storages[storage] += 1
+    with _tables_lock:
+        entry = _watched_tensors.get(key)
+        if entry is not None:
+            if entry[0]() is t and entry[1] == storage:
+                return
+            _drop_storage(entry[1])  # an older storage, or a dead tensor that had this id
+        ref = entry[0] if entry is not None and entry[0]() is t else None
+        if ref is None:
+            ref = weakref.ref(t, functools.partial(_forget, key))
+        _watched_tensors[key] = (ref, storage)
+        _watched_storages[storage] += 1
 
 
 def _forget(key: int, ref: object) -> None:
-    entry = _watched_tensors.get(key)
-    if entry is not None and entry[0] is ref:
-        del _watched_tensors[key]
-        _drop_storage(entry[1])
+    with _tables_lock:
+        entry = _watched_tensors.get(key)
+        if entry is not None and entry[0] is ref:
+            del _watched_tensors[key]
+            _drop_storage(entry[1])
 
 
 def tracks_metadata(t: Any) -> bool:
