@@ -11,8 +11,10 @@
 # too. Each command stops itself after $BUDGET seconds (default 540; a process still running 30 s
 # later is killed): a fuzzer stopped by SIGTERM prints its summary, and an OpInfo sweep's log lists
 # the ops it finished (rerun the rest with `--ops`). Fuzz findings are packed into
-# $OUT/sweeps/fuzz-findings.tgz so that the call returns a bounded number of files. The repository may arrive without kiln installed, so every packages/*/src goes on
-# PYTHONPATH; EXTRA_PYTHONPATH adds more (e.g. hypothesis and expecttest where pip can't reach).
+# $OUT/sweeps/fuzz-findings.tgz so that the call returns a bounded number of files; a fuzzer
+# that died leaves the program it was running there (fuzz-findings-SEED/running/). The repository
+# may arrive without kiln installed, so every packages/*/src goes on PYTHONPATH; EXTRA_PYTHONPATH
+# adds more (e.g. hypothesis and expecttest where pip can't reach).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -48,6 +50,9 @@ elif [[ "$what" == fuzz ]]; then
         wait "$pid" || status=1
     done
     grep -h "^done in\|^interrupted\|^FINDING" "$OUT"/fuzz-*.log || true
+    for crashed in "$OUT"/fuzz-findings-*/running/repro_000.py; do  # left by a process that died
+        [[ -e "$crashed" ]] && echo "CRASHED running ${crashed#"$OUT"/}" && status=1
+    done
     (cd "$OUT" && tar czf fuzz-findings.tgz fuzz-findings-* 2>/dev/null && rm -rf fuzz-findings-*) || true
     exit $status
 else

@@ -2,13 +2,16 @@
 
 Unlike the bounded test, a finding does not stop the run: each one is shrunk, grouped with
 those of the same signature, and written as a repro file; the run ends with a summary of
-programs compared, programs eager rejected, fallbacks and findings.
+programs compared, programs eager rejected, fallbacks and findings. The program being run is
+kept as ``running/repro_000.py`` under the repro folder until the run ends, so a process that
+crashes (a segmentation fault in a generated kernel) leaves the program that crashed it.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import shutil
 import signal
 import subprocess
 import sys
@@ -52,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     fallbacks: collections.Counter[str] = collections.Counter()
     more: collections.Counter[str] = collections.Counter()
     start = time.time()
+    running = args.out / "running"
 
     @seed(args.seed)
     @settings(
@@ -63,6 +67,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     @given(programs(backends=backends))
     def one(program: Program) -> None:
+        write_repro(
+            running,
+            0,
+            program.source,
+            program.calls,
+            program.backend,
+            program.grad,
+            "crash: the fuzzing process died running this program",
+        )
         try:
             outcome = run_program(program.source, program.calls, program.backend, program.grad)
         except Exception as e:  # the harness's own failure: report it, keep going
@@ -122,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         one()
     except KeyboardInterrupt:  # a long run stopped by hand still reports what it saw
         print("interrupted")
+    shutil.rmtree(running, ignore_errors=True)
     print(f"done in {time.time() - start:.0f} s: {dict(counts)}")
     for key, path in seen.items():
         print(f"  {path}: {key}")
