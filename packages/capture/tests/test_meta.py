@@ -5,6 +5,7 @@ import torch
 
 from kiln.capture import Unsupported
 from kiln.capture.meta import (
+    METADATA_MUTATIONS,
     DataDependentOp,
     FakeMode,
     FakeTensor,
@@ -183,6 +184,26 @@ def test_metadata_mutations_raise(fn):
     with pytest.raises(MetadataMutation):
         fn(x)
     assert x.shape == x.meta.shape == (2, 3)
+
+
+def test_metadata_mutations_are_every_inplace_view_op():
+    # capture and functionalization read this one set: it must hold every ATen op that
+    # changes a tensor's metadata in place, whichever torch is installed
+    tagged = set()
+    for name in torch._C._dispatch_get_all_op_names():
+        packet, _, overload = name.removeprefix("aten::").partition(".")
+        if not name.startswith("aten::") or not hasattr(torch.ops.aten, packet):
+            continue
+        op = getattr(getattr(torch.ops.aten, packet), overload or "default", None)
+        if op is not None and torch.Tag.inplace_view in op.tags:
+            tagged.add(op.overloadpacket)
+    assert tagged <= METADATA_MUTATIONS
+    assert torch.ops.aten.detach_ in METADATA_MUTATIONS
+
+
+def test_detach_in_place_runs_on_a_fake():
+    x = to_fake(torch.randn(2, 3))
+    assert x.detach_() is x and x.shape == (2, 3)
 
 
 def test_deepcopy_and_storage():

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from kiln.autograd_aot.errors import UnsupportedMutation
+from kiln.capture.meta import METADATA_MUTATIONS
 
 __all__ = [
     "Functional",
@@ -30,25 +31,6 @@ __all__ = [
 ]
 
 aten = torch.ops.aten
-
-# In-place ops that change sizes or strides rather than values.
-_METADATA_MUTATIONS = frozenset(
-    getattr(aten, n)
-    for n in (
-        "t_",
-        "transpose_",
-        "squeeze_",
-        "unsqueeze_",
-        "resize_",
-        "resize_as_",
-        "as_strided_",
-        "set_",
-        "swapdims_",
-        "swapaxes_",
-        "detach_",
-    )
-    if hasattr(aten, n)
-)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +75,7 @@ def is_mutation(func: Any) -> bool:
 
 def mutated_args(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
     """The tensors ``func`` writes, in schema order."""
-    if func.overloadpacket in _METADATA_MUTATIONS:
+    if func.overloadpacket in METADATA_MUTATIONS:
         msg = (
             f"{func} changes a tensor's sizes or strides in place; Kiln's functionalization "
             "pass handles value mutations only. Use the out-of-place op (e.g. x = x.t())."

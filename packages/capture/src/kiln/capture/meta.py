@@ -68,6 +68,7 @@ __all__ = [
     "DataDependentOp",
     "FakeMode",
     "FakeTensor",
+    "METADATA_MUTATIONS",
     "MetadataMutation",
     "NoMetaKernel",
     "fake_like",
@@ -144,18 +145,24 @@ _DATA_DEPENDENT = _packets(
 )
 
 
-_METADATA_MUTATING = _packets(
+#: In-place ops that change a tensor's metadata rather than its values: sizes, strides,
+#: storage (ATen tags each ``inplace_view``), or, for ``detach_``, its autograd history.
+#: Fakes cannot mirror them and functionalization cannot turn them into value writes.
+METADATA_MUTATIONS = _packets(
     "t_",
     "transpose_",
-    "squeeze_",
-    "unsqueeze_",
-    "resize_",
-    "resize_as_",
-    "as_strided_",
     "swapdims_",
     "swapaxes_",
+    "squeeze_",
+    "unsqueeze_",
+    "as_strided_",
+    "resize_",
+    "resize_as_",
     "set_",
+    "detach_",
 )
+# detach_ leaves sizes and strides alone: a fake runs it as the real tensor does
+_RESHAPING_MUTATIONS = METADATA_MUTATIONS - _packets("detach_")
 
 
 def _has_mask_index(args: tuple[Any, ...]) -> bool:
@@ -394,7 +401,7 @@ def run_fake(
     """
     if _is_data_dependent(func, args):
         raise DataDependentOp(str(func))
-    if func.overloadpacket in _METADATA_MUTATING:
+    if func.overloadpacket in _RESHAPING_MUTATIONS:
         if is_noop_restride(func, args, kwargs):
             return args[0]
         raise MetadataMutation(str(func))
