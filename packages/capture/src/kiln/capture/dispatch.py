@@ -6,8 +6,9 @@ class along its MRO (a kind without its own entry takes its base class's, ``Valu
 general case). The module that implements a behaviour registers its handler when it is imported:
 tensors' attributes in ``torch_calls``, ndarrays' in ``numpy_calls``, Python objects' in
 ``attributes`` and so on. Opcode handlers and evaluator modules call one another's behaviour
-only through these functions, so every dependency points here and none back: the evaluator
-has no import cycles, and a new value kind is added by registering handlers, not by editing
+only through these functions, so every dependency points here and none back (``torch_calls``
+and ``numpy_calls``, which convert between tensors and arrays, are the one pair that import
+each other), and a new value kind is added by registering handlers, not by editing
 ``isinstance`` chains in several modules. ``kiln.capture.evaluator`` imports every module that
 registers, so the tables are complete before a frame is traced.
 
