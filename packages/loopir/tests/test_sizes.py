@@ -1,10 +1,13 @@
 """Sympy helpers: integer functions, flattening, range-aware simplification."""
 
+import pytest
 import sympy
 
 from kiln.loopir import sizes
 
 x, r = sizes.index_symbol("x", 0), sizes.index_symbol("r", 0)
+xindex = sympy.Symbol("xindex", integer=True, nonnegative=True)
+rindex = sympy.Symbol("rindex", integer=True, nonnegative=True)
 S = sympy.Integer
 
 
@@ -146,3 +149,45 @@ def test_merge_digits_sees_through_a_digit_of_a_digit():
     assert sizes.merge_digits(
         sizes.FloorDiv(sizes.ModularIndexing(x, 1, 100), 8)
     ) == sizes.FloorDiv(sizes.ModularIndexing(x, 1, 100), 8)
+
+
+# flat kernel indices as a code generator hands them over
+def test_contiguous_digits_fold_back_to_the_flat_index():
+    expr = 8 * sizes.FloorDiv(xindex, 8) + sizes.ModularIndexing(xindex, 1, 8)
+    assert sizes.simplify_with_ranges(expr, {xindex: 32}) == xindex
+
+
+def test_three_digits_fold():
+    expr = (
+        20 * sizes.FloorDiv(xindex, 20)
+        + 5 * sizes.ModularIndexing(xindex, 5, 4)
+        + sizes.ModularIndexing(xindex, 1, 5)
+    )
+    assert sizes.simplify_with_ranges(expr, {xindex: 60}) == xindex
+
+
+@pytest.mark.parametrize("image_stride", [50176, 60000])
+def test_two_low_digits_fold_under_a_higher_one(image_stride):
+    # rows of 56 in 4 channels of 56 rows: (x // 56) % 224, never % 4 (resnet's max pool read)
+    expr = (
+        image_stride * sizes.FloorDiv(xindex, 12544)
+        + 224 * sizes.ModularIndexing(xindex, 56, 56)
+        + 12544 * sizes.ModularIndexing(xindex, 3136, 4)
+    )
+    want = (
+        224 * sizes.FloorDiv(xindex, 56)  # contiguous images: every digit folds
+        if image_stride == 224 * 224
+        else image_stride * sizes.FloorDiv(xindex, 12544)
+        + 224 * sizes.ModularIndexing(xindex, 56, 224)
+    )
+    assert sizes.simplify_with_ranges(expr, {xindex: 25088}) == want
+
+
+def test_strided_digits_stay():
+    expr = sizes.FloorDiv(xindex, 4) + 8 * sizes.ModularIndexing(xindex, 1, 4)
+    assert sizes.simplify_with_ranges(expr, {xindex: 32}) == expr
+
+
+def test_low_part_below_the_divisor_drops():
+    expr = sizes.FloorDiv(40 * rindex + xindex, 960)
+    assert sizes.simplify_with_ranges(expr, {xindex: 40, rindex: 72}) == sizes.FloorDiv(rindex, 24)

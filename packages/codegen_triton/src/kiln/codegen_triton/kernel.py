@@ -28,7 +28,7 @@ import sympy
 import torch
 
 from kiln.codegen_triton.ops import CSEVar, TritonOps, triton_type
-from kiln.codegen_triton.printer import print_index, simplify_index
+from kiln.codegen_triton.printer import print_index
 from kiln.codegen_triton.reductions import Reductions
 from kiln.codegen_triton.tiling import YINDEX, choose_tile, split_index
 from kiln.loopir import sizes
@@ -180,7 +180,7 @@ class TritonKernel:
         if self.tile:
             expr = split_index(index, self.tile, self.numel // self.tile)
             return expr, print_index(expr)
-        expr = simplify_index(index, self.ranges)
+        expr = sizes.simplify_with_ranges(index, self.ranges)
         return expr, print_index(expr)
 
     def _load_mask(self, expr: sympy.Expr) -> str | None:

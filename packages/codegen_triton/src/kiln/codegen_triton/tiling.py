@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import sympy
 
-from kiln.codegen_triton.printer import simplify_index
 from kiln.loopir import sizes
 from kiln.loopir.analysis import MemoryDep, ReadWriteHandler
 from kiln.loopir.kernel import XINDEX, KernelGroup
@@ -28,7 +27,7 @@ MAX_GRID_Y = 65535
 def split_index(expr: sympy.Expr, inner: int, outer: int) -> sympy.Expr:
     """``expr`` over the flat ``xindex`` rewritten over ``yindex`` (outer) and ``xindex`` (inner)."""
     split = sympy.expand(expr.subs(XINDEX, YINDEX * inner + XINDEX))
-    return simplify_index(split, {XINDEX: inner, YINDEX: outer})
+    return sizes.simplify_with_ranges(split, {XINDEX: inner, YINDEX: outer})
 
 
 def _accesses(group: KernelGroup) -> list[MemoryDep]:

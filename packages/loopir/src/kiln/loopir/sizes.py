@@ -292,9 +292,6 @@ def bounds(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> tuple[int, int]
     return None
 
 
-_bounds = bounds  # the name codegen_triton first used
-
-
 def simplify_with_ranges(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sympy.Expr:
     """Drop ``FloorDiv``/``ModularIndexing`` the symbols' ranges make trivial (cached)."""
     if not expr.args or expr.is_Atom:
