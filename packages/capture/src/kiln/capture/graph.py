@@ -73,6 +73,12 @@ class OutputGraph:
         placeholders with separate fakes: guards do not check aliasing, so the
         graph must not assume it.
         """
+        if real.layout is not torch.strided or real.is_nested or real.is_quantized:
+            # no fake models them (sparse and nested tensors have no strides, a quantized
+            # one's scale is not part of its metadata), and kernels read plain storage
+            layout = "nested" if real.is_nested else str(real.layout).removeprefix("torch.")
+            kind = f"quantized {real.dtype}" if real.is_quantized else f"{layout} layout"
+            raise unsupported("unsupported_tensor", f"{source} ({kind})")
         if real.device.type != "meta" and not storage_fits(real):
             detail = f"{source}: its storage is smaller than its sizes and strides need"
             raise unsupported("unsupported_value", detail)

@@ -339,17 +339,21 @@ def _result_device(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     device = args[at] if at is not None and at < len(args) else kwargs.get("device")
     if device is not None:
         return _normalize(torch.device(device))
-    cpu_scalar = None
+    cpu_scalar = meta = None
     for a in pytree.tree_leaves((args, kwargs)):
         if not isinstance(a, torch.Tensor):
             continue
         dev = a.fake_device if isinstance(a, FakeTensor) else a.device
         if dev.type == "meta":
+            meta = dev
             continue
         if dev.type == "cpu" and a.dim() == 0:
             cpu_scalar = dev
             continue
         return _normalize(dev)
+    # only tensors on the meta device (the user's, or made there): the result is too
+    if meta is not None:
+        return meta
     if cpu_scalar is not None:
         return cpu_scalar
     return _normalize(torch.get_default_device()) if _is_factory(func) else _CPU

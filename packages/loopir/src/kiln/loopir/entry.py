@@ -33,6 +33,7 @@ from typing import Any, TypeAlias
 
 import torch
 from torch import fx
+from torch.utils import _pytree as pytree
 
 from kiln import autograd_aot
 from kiln.loopir.attention import fuse_attention
@@ -109,7 +110,7 @@ def compile_fx(
     reference one, for tests); by default each device's registered backend is used.
     ``options`` as the module docstring says.
     """
-    if _has_lazy_bits(example_inputs):
+    if _has_lazy_bits(example_inputs) or _on_meta_device(gm, example_inputs):
         return gm.forward
     codegen = dict(options or {})
     fusion = bool(codegen.pop("fusion", True))
@@ -137,6 +138,34 @@ def compile_fx(
         bw_compiler=compile_one,
         decompositions=decompositions(),
     )
+
+
+def _on_meta_device(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
+    """Whether the program holds a tensor on the meta device: an input, or one it makes
+    there (``torch.zeros(3, device="meta")``, ``x.to("meta")``).
+
+    Such a tensor has no data, so a kernel would read and write address 0, and loopir takes
+    meta tensors as values of unknown device (its layouts put them on the graph's device, and
+    the traced values it reads are meta tensors whatever the device), so the program's own
+    device arguments say where it makes one. Such a graph runs as captured: ATen's meta
+    kernels give eager's sizes.
+    """
+    inputs = any(isinstance(t, torch.Tensor) and t.device.type == "meta" for t in example_inputs)
+    made = any(
+        _names_meta(a)
+        for n in gm.graph.nodes
+        if n.op in ("call_function", "call_method")
+        for a in pytree.tree_leaves((n.args, n.kwargs))
+    )
+    if inputs or made:
+        log.info("the program holds a tensor on the meta device: the graph runs eagerly")
+    return inputs or made
+
+
+def _names_meta(arg: Any) -> bool:
+    if isinstance(arg, torch.device):
+        return arg.type == "meta"
+    return isinstance(arg, str) and arg == "meta"
 
 
 def _has_lazy_bits(example_inputs: Sequence[Any]) -> bool:

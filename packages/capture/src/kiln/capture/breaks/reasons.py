@@ -55,6 +55,11 @@ REASONS: dict[str, BreakReason] = {
         "the traced code raises an exception",
         "Kiln runs the function eagerly so Python raises it as usual",
     ),
+    "unsupported_tensor": BreakReason(
+        "Kiln compiles dense tensors only, not sparse, nested or quantized ones",
+        "pass a dense tensor (to_dense(), dequantize(), unbind()) to the compiled function, "
+        "or call this part outside it",
+    ),
     "unsupported_value": BreakReason(
         "a value of this kind cannot be tracked or returned from a graph",
         "return tensors, constants and containers of them",
