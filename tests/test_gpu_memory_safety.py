@@ -23,10 +23,7 @@ transformers = pytest.importorskip("transformers")
 CUDA = pytest.param(
     "cuda",
     "kiln",
-    marks=[
-        pytest.mark.gpu,
-        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
-    ],
+    marks=pytest.mark.gpu,
 )
 
 

@@ -73,10 +73,7 @@ def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -
 
 CUDA = pytest.param(
     "cuda",
-    marks=[
-        pytest.mark.gpu,
-        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
-    ],
+    marks=pytest.mark.gpu,
 )
 
 

@@ -171,10 +171,7 @@ def test_convnet_with_pooling(backend, mode):
 CUDA = [
     pytest.param(
         "cuda",
-        marks=[
-            pytest.mark.gpu,
-            pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
-        ],
+        marks=pytest.mark.gpu,
     )
 ]
 

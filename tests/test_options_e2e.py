@@ -74,7 +74,6 @@ def _mlp(depth: int = 10, width: int = 64) -> torch.nn.Module:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("train", [False, True], ids=["inference", "training"])
 def test_reduce_overhead_records_cuda_graphs(train):
     model = _mlp().cuda()
@@ -98,7 +97,6 @@ def test_reduce_overhead_records_cuda_graphs(train):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_a_cpu_random_op_in_a_cuda_graph_reads_seeds_on_the_cpu():
     # BART's layerdrop draws torch.rand([]) on the CPU in a CUDA model: its C++ kernel
     # must get CPU seeds (it read the CUDA seeds tensor and crashed)

@@ -309,7 +309,6 @@ def test_dropout_forward_and_backward_use_the_same_bits(backend):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_training_on_cuda(check):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.GELU(), nn.Linear(16, 4)).cuda()
@@ -321,7 +320,6 @@ def test_training_on_cuda(check):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_seeded_dropout_on_cuda():
     x = (torch.rand(64, 64, device="cuda") + 0.5).requires_grad_()
     compiled = aot_eager_decomp_partition(fx.symbolic_trace(lambda x: F.dropout(x, 0.5)), [x])

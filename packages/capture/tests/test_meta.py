@@ -161,9 +161,7 @@ def test_dropout_and_random_ops():
     assert n.dtype == torch.int64
 
 
-@pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="autograd on CUDA fakes needs a CUDA driver"
-)
+@pytest.mark.gpu  # autograd on CUDA fakes needs a CUDA driver
 def test_backward_on_cuda_fakes():
     x = _cuda_fake(2, 3).requires_grad_()
     (x.sin() * x).sum().backward()

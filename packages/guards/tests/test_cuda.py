@@ -9,10 +9,7 @@ from kiln import guards
 from kiln.capture.guard_data import GlobalState, GuardKind, GuardSpec, TensorMeta
 from kiln.capture.source import LocalSource
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
-]
+pytestmark = pytest.mark.gpu
 
 
 def test_cuda_tensor_device_and_autocast():

@@ -7,10 +7,7 @@ from loopir_testing import aten_graph
 from kiln.loopir import ReferenceBackend, compile_graph
 
 aten = torch.ops.aten
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
-]
+pytestmark = pytest.mark.gpu
 
 
 def _fake_like(t):
