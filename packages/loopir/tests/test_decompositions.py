@@ -4,7 +4,9 @@ import pytest
 import torch
 from loopir_testing import check
 
+from kiln.autograd_aot import default_decompositions
 from kiln.loopir import decompositions
+from kiln.loopir.lowering import LOWERINGS
 
 aten = torch.ops.aten
 
@@ -17,6 +19,15 @@ def test_table_is_built_from_torch_decomp_minus_lowerings():
     assert aten.gelu.default not in table  # lowered directly since it has a lowering
     assert aten.add.Tensor not in table  # lowered directly
     assert aten.var_mean.correction not in table
+
+
+def test_table_extends_autograd_aots():
+    # every op autograd_aot decomposes that loopir does not lower is decomposed here too
+    table = decompositions()
+    assert set(default_decompositions()) - set(LOWERINGS) <= set(table)
+    assert aten.copy.default not in table  # autograd_aot's entry, lowered here
+    # torch's bernoulli, whose rand_like loopir lowers, not autograd_aot's seeded draw
+    assert table[aten.bernoulli.default].__module__.startswith("torch.")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

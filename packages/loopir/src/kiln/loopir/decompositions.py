@@ -1,8 +1,9 @@
 """The decomposition table loopir wants applied before (or while) it lowers.
 
-Built from ``torch._decomp``: the core ATen decompositions plus composite ops
-loopir prefers to see as their parts (softmax, layer_norm, batch_norm, gelu,
-the activation backwards, group norm, upsampling), minus every op loopir lowers directly.
+Built on autograd_aot's table (the core ATen decompositions and Kiln's own: seeded
+random ops, the functional ``copy``, fused kernels Kiln prefers as their parts), plus
+the composite ops loopir also prefers to see as their parts (the activation
+backwards, group norm, upsampling...), minus every op loopir lowers directly.
 A lowering may still decline one call (``Unlowerable``): ``declined_decomposition``
 then gives torch's decomposition of that op, if it has one.
 """
@@ -14,27 +15,24 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch._decomp import core_aten_decompositions, decomposition_table, get_decompositions
+from torch._decomp import decomposition_table, get_decompositions
 
+from kiln.autograd_aot import default_decompositions
 from kiln.loopir.lowering import LOWERINGS
 
 __all__ = ["decompositions", "declined_decomposition"]
 
 aten = torch.ops.aten
 
+# beyond autograd_aot's table, which already holds _softmax, _log_softmax, native_layer_norm,
+# native_dropout, gelu and the functional batch norms
 _EXTRA = [
-    aten._softmax,
-    aten._log_softmax,
     aten._softmax_backward_data,
     aten._log_softmax_backward_data,
-    aten.native_layer_norm,
     aten.native_layer_norm_backward,
     aten.native_batch_norm,
     aten._native_batch_norm_legit,
-    aten._native_batch_norm_legit_functional,
-    aten._native_batch_norm_legit_no_training,
     aten.native_batch_norm_backward,
-    aten.gelu,
     aten.gelu_backward,
     aten.silu,
     aten.silu_backward,
@@ -48,7 +46,6 @@ _EXTRA = [
     aten.softplus,
     aten.mish,
     aten.logsumexp,
-    aten.native_dropout,
     aten.native_dropout_backward,
     aten.rsub,
     aten.addcmul,
@@ -85,6 +82,9 @@ _EXTRA = [
     aten.native_group_norm_backward,
     aten.upsample_nearest2d,
     aten.upsample_bilinear2d,
+    # torch's bernoulli, over autograd_aot's seeded draw: its rand_like is lowered, where
+    # the seeded draw would be an extern call
+    aten.bernoulli,
 ]
 
 
@@ -125,7 +125,7 @@ _FLOAT_STATISTICS = {
 
 @functools.cache
 def _table() -> dict[Any, Callable[..., Any]]:
-    table: dict[Any, Callable[..., Any]] = dict(core_aten_decompositions())
+    table: dict[Any, Callable[..., Any]] = default_decompositions()
     table.update(get_decompositions([op for op in _EXTRA if op is not None]))
     for op, training_at in _FLOAT_STATISTICS.items():
         table[op] = _float_statistics(op, training_at)
