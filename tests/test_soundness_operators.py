@@ -444,3 +444,28 @@ def test_extremes_over_zero_elements_raise_as_eager(name):
     # reducing the non-empty dimension of an empty tensor is fine in both
     other = lambda y: y.max(dim=1).values  # noqa: E731
     _same(kiln.compile(other)(empty), other(empty))
+
+
+def _no_rows() -> torch.Tensor:
+    return torch.zeros(0, dtype=torch.long)
+
+
+ZERO_EXTENT = {
+    "index_by_an_empty_index": (lambda v, i: v[i] * 2, (1, 4)),
+    "index_select_empty": (lambda v, i: v.index_select(0, i) + 1, (4, 3)),
+    "embedding_of_no_ids": (lambda v, i: F.embedding(i, v).sum(0), (4, 3)),
+    "sum_over_no_columns": (lambda v, i: v[:, i].sum(1), (3, 5)),
+    "mean_over_no_columns": (lambda v, i: v[:, i].mean(1), (3, 5)),
+    "cumsum_of_no_rows": (lambda v, i: v[i].cumsum(0), (4,)),
+    "nonzero_rows": (lambda v, i: v[(v > 10).nonzero()[:, 0]], (1, 4)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ZERO_EXTENT))
+def test_kernels_over_zero_elements_read_nothing(name):
+    # A load hoisted out of a loop that runs zero times read an empty index tensor (a crash).
+    fn, shape = ZERO_EXTENT[name]
+    compiled = kiln.compile(fn)
+    for _ in range(3):
+        v = torch.randn(*shape)
+        _same(compiled(v, _no_rows()), fn(v, _no_rows()))

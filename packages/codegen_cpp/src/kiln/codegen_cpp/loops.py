@@ -107,9 +107,14 @@ class LoopNests:
         self.w = writer
 
     def build(self) -> list[str]:
-        if any(node.mode == "xr" for node in self.w.group.nodes):
-            return self._reduction()
-        return self._pointwise()
+        # A kernel with nothing to write runs no code at all: a load hoisted out of an empty loop
+        # would read an input with no elements (an index into an empty index tensor).
+        numel = self.w.numel
+        if numel.static == 0:
+            return []
+        nests = self._reduction() if any(n.mode == "xr" for n in self.w.group.nodes) else None
+        lines = self._pointwise() if nests is None else nests
+        return lines if numel.static is not None else [f"if ({numel} <= 0) return;", *lines]
 
     def _parallel(self, work: Extent | None) -> list[str]:
         """The OpenMP pragma when ``work`` (None: unknown at compile time) is enough."""
