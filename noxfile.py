@@ -1,5 +1,5 @@
 """Kiln's sessions: tests on 3.11 and 3.12, lint, typecheck, per-package isolation, demo, bench,
-models-latest, docs, no-triton.
+models-latest, docs, no-triton, lowering-corpus.
 
 torch with its CUDA libraries is ~5.7 GB, so no session gets its own copy: one dependency
 environment per Python version (`.nox/_deps-<version>`) holds every third-party package, and each
@@ -197,6 +197,51 @@ def typecheck(session: nox.Session) -> None:
 def _all_installed(session: nox.Session) -> None:
     _use_deps(session)
     _install(session, PACKAGES)
+
+
+# The lowering corpus: loopir's eager-parity tests, which compile through `loopir_testing`.
+_CORPUS = ROOT / "packages" / "loopir" / "tests"
+# Per code generator, the corpus tests it leaves out: they count kernels or fallbacks as the
+# reference backend makes them (the values still match eager), or fail under Triton's
+# interpreter (a data type it does not support).
+_CORPUS_LEAVES_OUT = {
+    "kiln.codegen_cpp:CppBackend": [
+        "test_lowering_pooling.py::test_max_pool2d_big_window_uses_the_decomposition",
+        "test_lowering_pooling.py::test_a_costly_gradient_read_at_each_window_tap_is_stored_once",
+    ],
+    "kiln.codegen_triton:TritonBackend": [
+        "test_lowering_pooling.py::test_max_pool2d_big_window_uses_the_decomposition",
+        *(
+            f"test_lowering_pooling.py::test_max_pool2d_and_backward[{layout}-3]"
+            for layout in ("contiguous", "channels_last", "transposed")
+        ),
+        "test_lowering_pointwise.py::test_binary[rank-dtype2]",
+        "test_lowering_views.py::test_gather_index_scatter[dtype2]",
+    ],
+}
+
+
+def _run_corpus(session: nox.Session, backend: str, tests: list[Path], env: dict[str, str]) -> None:
+    workers = ["-n", "2"] if (os.cpu_count() or 1) > 1 else []
+    left_out = [f"--deselect={_CORPUS.relative_to(ROOT) / t}" for t in _CORPUS_LEAVES_OUT[backend]]
+    env = {**env, "KILN_LOOPIR_TEST_BACKEND": backend}
+    session.run(*PYTEST, *workers, *left_out, *map(str, tests), *session.posargs, env=env)
+
+
+@nox.session(name="lowering-corpus", python=PY311)
+def lowering_corpus(session: nox.Session) -> None:
+    """loopir's lowering corpus compiled by the real code generators instead of loopir's
+    reference backend, each kernel checked against eager: the C++ one always; Triton's (under
+    its interpreter, on CPU tensors) only where a GPU is present."""
+    _all_installed(session)
+    _run_corpus(session, "kiln.codegen_cpp:CppBackend", [_CORPUS], {})
+    gpu = session.run("python", "-c", "import torch; print(torch.cuda.is_available())", silent=True)
+    if str(gpu).strip() != "True":
+        session.log("no GPU: the corpus through Triton is left out")
+        return
+    tests = [*sorted(_CORPUS.glob("test_lowering_*.py")), _CORPUS / "test_decompositions.py"]
+    tests.append(_CORPUS / "test_pipeline.py")
+    _run_corpus(session, "kiln.codegen_triton:TritonBackend", tests, {"TRITON_INTERPRET": "1"})
 
 
 @nox.session(python=PY311)

@@ -2,21 +2,32 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 
 import torch
 import torch.fx
 
-from kiln.loopir import ReferenceBackend, get_backend
+from kiln.loopir import ReferenceBackend, get_backend, register_backend
 from kiln.loopir.pipeline import CompiledGraph, compile_graph
 
-# KILN_LOOPIR_TEST_BACKEND=registered runs this suite through the code generator
-# registered for each device instead of the reference backend (for codegen authors)
-_USE_REGISTERED = os.environ.get("KILN_LOOPIR_TEST_BACKEND") == "registered"
+# KILN_LOOPIR_TEST_BACKEND picks the backend this suite compiles with, so that its
+# eager-parity tests (the lowering corpus, ``nox -s lowering-corpus``) check a code
+# generator: unset, loopir's reference backend; ``registered``, the code generator
+# registered for the CPU; ``module:Class``, that backend class, registered for the CPU
+# too (``kiln.codegen_triton:TritonBackend`` under TRITON_INTERPRET=1).
+_CHOICE = os.environ.get("KILN_LOOPIR_TEST_BACKEND", "")
+_CODEGEN = None
+if ":" in _CHOICE:
+    _module, _, _name = _CHOICE.partition(":")
+    _CODEGEN = getattr(importlib.import_module(_module), _name)
+    register_backend("cpu", _CODEGEN)
 
 
 def suite_backend():
-    return get_backend("cpu") if _USE_REGISTERED else ReferenceBackend()
+    if _CODEGEN is not None:
+        return _CODEGEN()
+    return get_backend("cpu") if _CHOICE == "registered" else ReferenceBackend()
 
 
 def to_meta(t):
