@@ -164,3 +164,47 @@ def test_view_output_made_in_the_program_s_own_grad_regions(backend):
             got, want = f(base), g(base)
         for o, e in zip(got, want):
             assert (o.requires_grad, o.grad_fn is None) == (e.requires_grad, e.grad_fn is None)
+
+
+def _reduced_then_changed_after_a_break(x, y):
+    v2 = y.amin(dim=1, keepdim=True)  # Kiln's kernel returns it as a view of the reduced buffer
+    v3 = 2 - v2
+    if v2.sum() > 0:  # a graph break: v2 is an output of the first graph
+        v2.mul_(0.5)
+    else:
+        v2 = v2 * 0.5
+    return torch.atan2(v2, v2), y, v3
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "kiln"])
+def test_an_output_changed_in_place_after_a_graph_break(backend):
+    f = kiln.compile(_reduced_then_changed_after_a_break, backend=backend)
+    for seed, transposed in enumerate((True, True, False)):
+        gen = torch.Generator().manual_seed(seed)
+        x = torch.randn(4, 3, generator=gen, requires_grad=True)
+        base = torch.randn(3, 4, generator=gen, requires_grad=True)
+        y = base.t() if transposed else base.t().contiguous()
+        got, expected = f(x, y), _reduced_then_changed_after_a_break(x, y)
+        torch.testing.assert_close(got, expected)
+        assert [t.requires_grad for t in got] == [t.requires_grad for t in expected]
+
+
+def _history_behind_a_dead_value(x, y):
+    v0 = torch.logsumexp(y, 1)
+    v0[-1] = v0[0]  # changes the result LogsumexpBackward saved
+    v1 = y / (2 + 3.5)
+    v2 = v0 * 3 + 1
+    v2 = v2 + v0.sum().item()  # a graph break: v2 enters the next graph and is not used
+    return v1 * y + v1
+
+
+@pytest.mark.filterwarnings("ignore:kiln. the backend failed")  # the first graph runs eagerly
+@pytest.mark.parametrize("backend", ["aot_eager", "kiln"])
+def test_backward_does_not_walk_into_the_history_of_an_unused_input(backend):
+    f = kiln.compile(_history_behind_a_dead_value, backend=backend)
+    for shape in ((1, 4), (1, 4), (3, 2)):
+        x, y = torch.randn(shape, requires_grad=True), torch.randn(shape, requires_grad=True)
+        got, expected = f(x, y), _history_behind_a_dead_value(x, y)
+        torch.testing.assert_close(got, expected)
+        (g,) = torch.autograd.grad(got.sum(), y)
+        torch.testing.assert_close(g, torch.autograd.grad(expected.sum(), y)[0])

@@ -352,3 +352,155 @@ def test_replayed_view_outputs_follow_the_grad_mode_they_were_made_in(backend, c
             (gb,) = torch.autograd.grad(gsum, base, retain_graph=True)
             (eb,) = torch.autograd.grad(sum(e.abs().sum() for _, e in wanted), base)
             torch.testing.assert_close(gb, eb)
+
+
+# ---- outputs changed in place after the call ------------------------------------------------
+
+
+def keepdim_reductions(x, y):
+    return y.sum(1, keepdim=True), 2 - y.amax(1, keepdim=True), x.mean(0, keepdim=True)
+
+
+def views_of_one_intermediate(x, y):
+    t = x * 2 + y
+    return t.flatten(), t[0], t.sum()
+
+
+def a_view_of_an_intermediate(x, y):
+    return (x * 2).t()
+
+
+def a_reduction_and_its_view(x, y):
+    a = x.sum(1, keepdim=True)
+    return a, a.view(-1), y * 3
+
+
+def views_of_inputs(x, y):
+    return y.t(), x[0], x + y
+
+
+def _outputs_inputs(layout, grad, seed):
+    """Leaves, and x and y (4, 3) made from them: not leaves, so in-place ops on them and on
+    their views are allowed, as in most programs."""
+    gen = torch.Generator().manual_seed(seed)
+    leaves = tuple(torch.randn(5, 5, generator=gen).requires_grad_(grad) for _ in range(2))
+    x, y = (t * 1 for t in leaves)
+    if layout == "transposed":
+        return leaves, (x[:3, :4].t(), y[1:4, :4].t())
+    if layout == "sliced":
+        return leaves, (x[1:, 1:4], y[:4, 2:])
+    return leaves, (x[:4, :3].contiguous(), y[1:, 2:].contiguous())
+
+
+def _change_output_then_differentiate(fn, layout, grad, caller, k, seed):
+    """Call ``fn``, multiply output ``k`` by 0.5 in place, then return every output and input
+    (which show the change where they alias it), which require grad, and the gradients."""
+    leaves, (x, y) = _outputs_inputs(layout, grad, seed)
+    with caller():
+        outs = fn(x, y)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    outs[k].mul_(0.5)
+    values = [t.detach().clone() for t in (*outs, x, y)]
+    wanted = [(t * (i + 1)).sum() for i, t in enumerate(outs) if t.requires_grad]
+    grads = []
+    if wanted:
+        found = torch.autograd.grad(sum(wanted), leaves, allow_unused=True)
+        grads = [torch.zeros(5, 5) if g is None else g for g in found]
+    return values, [t.requires_grad for t in outs], grads
+
+
+@pytest.mark.filterwarnings("error:kiln")
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    "fn",
+    [
+        keepdim_reductions,
+        views_of_one_intermediate,
+        a_view_of_an_intermediate,
+        a_reduction_and_its_view,
+        views_of_inputs,
+    ],
+)
+@pytest.mark.parametrize(
+    ("grad", "caller"),
+    [(True, torch.enable_grad), (False, torch.enable_grad), (True, torch.no_grad)],
+    ids=["grad", "no_grad_inputs", "under_no_grad"],
+)
+def test_outputs_changed_in_place_after_the_call(backend, fn, grad, caller):
+    """Outputs are fresh tensors, views of each other or views of inputs exactly where eager's
+    are: an in-place change shows where it does eagerly, and autograd allows it (a view
+    returned by an autograd.Function may not be changed in place)."""
+    leaves, (x, y) = _outputs_inputs("contiguous", False, 0)
+    n = len(fn(x, y)) if isinstance(fn(x, y), tuple) else 1
+    for k in range(n):
+        kiln.reset()
+        cf = kiln.compile(fn, backend=backend)
+        for seed, layout in enumerate(["contiguous", "transposed", "sliced", "contiguous"]):
+            expect = _or_error(_change_output_then_differentiate, fn, layout, grad, caller, k, seed)
+            got = _or_error(_change_output_then_differentiate, cf, layout, grad, caller, k, seed)
+            if isinstance(expect, str) or isinstance(got, str):
+                assert got == expect
+            else:
+                torch.testing.assert_close(got, expect)
+
+
+def _or_error(fn, *args):
+    """``fn(*args)``, or the type of the error it raised (eager refuses some in-place changes:
+    on a view made under no_grad, on a tensor its backward saved)."""
+    try:
+        return fn(*args)
+    except RuntimeError as e:
+        return type(e).__name__
+
+
+class _Unreachable(torch.autograd.Function):
+    """History that eager's backward never reaches: reaching it raises (as eager's own nodes
+    do when a tensor they saved was changed in place since)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise AssertionError("a backward reached history that eager's does not")
+
+
+def masked_by_another_input(a, b):
+    return torch.where(a > 0, b, 0.0) * 2, a.argmax()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_backward_never_reaches_an_input_no_output_differentiates(backend):
+    """An input used only where gradients stop (a mask, an argmax) gets no gradient and no
+    autograd edge, as eagerly: its history is never walked."""
+    cf = kiln.compile(masked_by_another_input, backend=backend)
+    for n in (4, 4, 6):
+        a_leaf, b = torch.randn(n, requires_grad=True), torch.randn(n, requires_grad=True)
+        a = _Unreachable.apply(a_leaf)
+        for f in (masked_by_another_input, cf):
+            out, index = f(a, b)
+            assert not index.requires_grad
+            ga, gb = torch.autograd.grad((out * 3).sum(), (a_leaf, b), allow_unused=True)
+            assert ga is None
+            torch.testing.assert_close(gb, torch.where(a > 0, 6.0, 0.0))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_double_backward_through_views_of_one_intermediate(backend):
+    """Outputs rebuilt as views of a tensor the program made and did not return: the
+    differentiable backward finds that tensor in the program run again."""
+
+    def f(x, w):
+        t = (x * w).sin()
+        return t.flatten(), t[0]
+
+    cf = kiln.compile(f, backend=backend)
+    for n in (3, 3, 4):
+        x, w = torch.randn(n, 2, requires_grad=True), torch.randn(n, 2, requires_grad=True)
+        grads = []
+        for run in (f, cf):
+            a, b = run(x, w)
+            (g,) = torch.autograd.grad((a.pow(2).sum() + b.sum()), x, create_graph=True)
+            grads.append(torch.autograd.grad(g.pow(2).sum(), (x, w)))
+        torch.testing.assert_close(grads[1], grads[0])

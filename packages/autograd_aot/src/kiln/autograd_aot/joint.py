@@ -65,6 +65,10 @@ class TracedProgram:
     grad_inputs: list[int]  # primals whose gradients end the joint graph's outputs
     diff_outputs: list[int]  # forward outputs that take a tangent, in tangent order
     non_differentiable: list[int]  # forward outputs that never require grad
+    # primals that require grad but that no differentiable output depends on: the autograd
+    # node takes them detached, so a backward never walks into their history (eager's
+    # does not: an in-place change there, which its backward would reject, is not reached)
+    cut_inputs: list[int] = dataclasses.field(default_factory=list)
 
     @property
     def num_forward_outputs(self) -> int:
@@ -135,10 +139,14 @@ def trace_program(
                 tangents,
                 allow_unused=True,
             )
+        if any(g is not None for g in grads):
+            grad_inputs = [i for i, g in zip(grad_inputs, grads, strict=True) if g is not None]
+            grads = tuple(g for g in grads if g is not None)
         outputs += list(grads)
     else:
         diff = []
     non_diff = [i for i in range(len(values)) if i not in diff]
+    cut = [i for i, f in enumerate(fakes) if f.requires_grad and i not in grad_inputs]
     return TracedProgram(
         gm=tracer.finish(outputs),
         num_primals=len(fakes),
@@ -149,6 +157,7 @@ def trace_program(
         grad_inputs=grad_inputs,
         diff_outputs=diff,
         non_differentiable=non_diff,
+        cut_inputs=cut if grad_inputs else [],
     )
 
 
@@ -157,15 +166,18 @@ def _output_specs(
 ) -> tuple[list[OutputSpec], list[torch.Tensor]]:
     """Specs of the flattened outputs, and the tensors the graph must return.
 
-    Views of inputs, and views of another output that is its root's own value
-    (``y, y.view(-1)``), are rebuilt by the runtime outside the compiled graph, so
-    they alias as in eager (and may be mutated in place, as in eager).
+    Views of inputs, views of another output that is its root's own value
+    (``y, y.view(-1)``), and outputs that are views of one tensor the program made
+    (``t.view(-1), t[0]``, see :func:`_shared_bases`) are rebuilt by the runtime outside
+    the compiled graph, so they alias as in eager (and may be mutated in place, as in
+    eager: autograd refuses that on views made inside an ``autograd.Function``).
     """
     bases: dict[int, torch.Tensor] = {}
     for leaf in leaves:
         found = tracer.view_of(leaf) if isinstance(leaf, torch.Tensor) else None
         if found is not None and not found[1] and tracer.input_root(leaf) is None:
             bases.setdefault(found[0], leaf)
+    shared = _shared_bases(tracer, leaves)
     specs: list[OutputSpec] = []
     user: list[torch.Tensor] = []
     index: dict[int, int] = {}
@@ -187,6 +199,8 @@ def _output_specs(
             continue
         root, chain = tracer.view_of(leaf) or (-1, ())
         base = bases.get(root)
+        if id(leaf) in shared:
+            base, chain = shared[id(leaf)]
         if chain and base is not None:
             spec = OutputSpec(
                 "view",
@@ -199,6 +213,42 @@ def _output_specs(
             continue
         specs.append(OutputSpec("graph", graph_index(leaf), requires_grad=leaf.requires_grad))
     return specs, user
+
+
+def _shared_bases(
+    tracer: AtenTracer, leaves: list[Any]
+) -> dict[int, tuple[torch.Tensor, tuple[ViewStep, ...]]]:
+    """Outputs (by id) that view a tensor the program made which another output views or
+    is, with that tensor and the view ops from it.
+
+    Which tensor an output views is autograd's answer (``_base``), as in eager: the
+    tracer's roots also hold tensors made inside decompositions (``amin(keepdim=True)``
+    is a view of a reduced tensor there), which eager never shows the program. The
+    tensor becomes a graph output (no user sees it unless one returned it), and the
+    views are rebuilt from it at run time, so they alias each other as in eager (the
+    compiled graph would return them as separate buffers or as views made inside the
+    autograd node)."""
+    groups: dict[int, tuple[torch.Tensor, dict[int, torch.Tensor]]] = {}
+    for leaf in leaves:
+        if not isinstance(leaf, torch.Tensor) or tracer.input_root(leaf) is not None:
+            continue
+        base = leaf._base if leaf._is_view() else leaf
+        if base is not None:
+            groups.setdefault(id(base), (base, {}))[1][id(leaf)] = leaf
+    found: dict[int, tuple[torch.Tensor, tuple[ViewStep, ...]]] = {}
+    for base, members in groups.values():
+        base_view = tracer.view_of(base)
+        if len(members) < 2 or base_view is None:
+            continue
+        root, prefix = base_view
+        for key, leaf in members.items():
+            view = tracer.view_of(leaf)
+            if leaf is base or view is None or view[0] != root:
+                continue
+            chain = view[1]
+            if len(chain) > len(prefix) and chain[: len(prefix)] == prefix:
+                found[key] = (base, chain[len(prefix) :])
+    return found
 
 
 def _alias_spec(

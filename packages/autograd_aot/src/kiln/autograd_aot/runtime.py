@@ -53,7 +53,7 @@ class _AotFunction(torch.autograd.Function):
         program = compiled.program
         results = list(compiled.forward(*primals))
         n = program.num_forward_outputs
-        outputs, saved = results[:n], results[n:]
+        outputs, saved = _fresh(results[:n]), results[n:]
         ctx.compiled = compiled
         ctx.save_for_backward(*saved)
         ctx.mark_non_differentiable(*(outputs[i] for i in program.non_differentiable))
@@ -124,14 +124,18 @@ def _differentiable_backward(ctx: Any, grads: Sequence[torch.Tensor | None]) -> 
         raise AotError(msg)
     with torch.enable_grad():
         flat = pytree.tree_leaves(eager(*primals))
-    position: dict[int, int] = {}
-    for pos, spec in enumerate(program.outputs):
+    # graph output -> the eager tensor it stands for: a returned one, or the base that
+    # returned views of it share (a tensor the program made and did not return)
+    value: dict[int, torch.Tensor] = {}
+    for leaf, spec in zip(flat, program.outputs, strict=True):
         if spec.kind == "graph":
-            position.setdefault(spec.index, pos)
+            value.setdefault(spec.index, leaf)
+        elif spec.kind == "view" and isinstance(leaf, torch.Tensor) and leaf._base is not None:
+            value.setdefault(spec.index, leaf._base)
     pairs = [
-        (flat[position[i]], grads[i])
+        (value[i], grads[i])
         for i in program.diff_outputs
-        if grads[i] is not None and flat[position[i]].requires_grad
+        if grads[i] is not None and value[i].requires_grad
     ]
     out: list[torch.Tensor | None] = [None] * program.num_primals
     if not pairs:
@@ -152,11 +156,16 @@ def _differentiable_backward(ctx: Any, grads: Sequence[torch.Tensor | None]) -> 
 def run_training(compiled: CompiledProgram, primals: Sequence[torch.Tensor]) -> Any:
     """Call the compiled program with autograd recording one node for it (also under
     ``no_grad``: the program enabled grad itself for the outputs that require it)."""
+    args = primals
+    if compiled.program.cut_inputs:
+        args = list(primals)
+        for i in compiled.program.cut_inputs:
+            args[i] = args[i].detach()
     if torch.is_grad_enabled():
-        outputs = _AotFunction.apply(compiled, *primals)
+        outputs = _AotFunction.apply(compiled, *args)
     else:
         with torch.enable_grad():
-            outputs = _AotFunction.apply(compiled, *primals)
+            outputs = _AotFunction.apply(compiled, *args)
     return _finish(compiled.program, primals, list(outputs))
 
 
@@ -164,10 +173,26 @@ def run_inference(compiled: CompiledProgram, primals: Sequence[torch.Tensor]) ->
     """Call the compiled forward graph (no autograd involved: no output is differentiable,
     even where its ATen ops would record history on inputs that require grad)."""
     if not torch.is_grad_enabled():
-        return _finish(compiled.program, primals, list(compiled.forward(*primals)))
+        return _finish(compiled.program, primals, _fresh(list(compiled.forward(*primals))))
     with torch.no_grad():
-        outputs = list(compiled.forward(*primals))
+        outputs = _fresh(list(compiled.forward(*primals)))
     return _finish(compiled.program, primals, outputs)
+
+
+def _fresh(outputs: list[Any]) -> list[Any]:
+    """The graph's outputs, none of them an autograd view.
+
+    A graph output is a tensor of its own in the program (views of inputs and of other
+    outputs are rebuilt outside the graph), but a compiled graph may return it as a view
+    of a buffer (a reduction with ``keepdim`` as a view of the reduced one, an ATen view
+    op run eagerly). Autograd refuses in-place ops on views that an ``autograd.Function``
+    returns, and on views made under ``no_grad`` once they need grad, where eager's fresh
+    tensor takes them; ``detach`` gives the same memory, and version counter (autograd's
+    check of tensors saved for backward still sees in-place changes), as a non-view."""
+    for i, out in enumerate(outputs):
+        if isinstance(out, torch.Tensor) and out._is_view():
+            outputs[i] = out.detach()
+    return outputs
 
 
 def _finish(program: TracedProgram, primals: Sequence[torch.Tensor], outputs: list[Any]) -> Any:
