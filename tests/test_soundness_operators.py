@@ -469,3 +469,24 @@ def test_kernels_over_zero_elements_read_nothing(name):
     for _ in range(3):
         v = torch.randn(*shape)
         _same(compiled(v, _no_rows()), fn(v, _no_rows()))
+
+
+EMPTY_RESULTS = {
+    "cat_of_empty_pieces": (lambda x: torch.cat([x.t().reshape(-1), x.t().reshape(-1)]), (0, 2)),
+    "cat_of_many_empty_pieces": (lambda x: torch.cat([x * i for i in range(40)], 0), (0, 2)),
+    "cat_along_a_full_dim": (lambda x: torch.cat([x, x + 1], 1) * 2, (0, 2)),
+    "stack_of_empty": (lambda x: torch.stack([x, x]), (0, 2)),
+    "pad_of_empty": (lambda x: F.pad(x, (1, 1)), (0, 2)),
+    "empty_cat_beside_a_sum": (lambda x: torch.cat([x[:0], x[:0]]).sum() + x.sum(), (3, 2)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EMPTY_RESULTS))
+def test_results_with_no_element_are_allocated(name):
+    # A cat split into per-piece copies had no copy to write an empty result: the wrapper
+    # returned a buffer it never allocated.
+    fn, shape = EMPTY_RESULTS[name]
+    compiled = kiln.compile(fn)
+    for _ in range(2):
+        x = torch.randn(*shape)
+        _same(compiled(x), fn(x))

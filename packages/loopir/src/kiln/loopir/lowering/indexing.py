@@ -77,7 +77,7 @@ def _cat(tensors: Sequence[TensorBox], dim: int = 0) -> TensorBox:
     def into_slices(layout: Layout) -> Buffer:
         return _cat_into_slices(parts, pieces, dim, layout)
 
-    if len(pieces) > MAX_POINTWISE_CAT_INPUTS:
+    if len(pieces) > MAX_POINTWISE_CAT_INPUTS and offset:
         layout = V.graph.new_layout(device, result, tuple(size)).as_fixed()
         return TensorBox(StorageBox(into_slices(layout)))
 
@@ -99,7 +99,9 @@ def _cat(tensors: Sequence[TensorBox], dim: int = 0) -> TensorBox:
         return value
 
     box = StorageBox(Pointwise(device, result, tuple(size), origin(), inner))
-    if not V.graph.backend_traits(device).pointwise_cat:
+    # Split into slices, a result with no element would be a buffer no kernel writes (and so
+    # none allocates); as one loop of no iterations it is allocated and left as it is.
+    if offset and not V.graph.backend_traits(device).pointwise_cat:
         box.split = into_slices  # once stored; inlined into consumers it stays one loop
     return TensorBox(box)
 
