@@ -110,3 +110,18 @@ def test_tensors_on_the_meta_device(backend, name):
         x = torch.empty(rows, 6, device="meta" if name == "input" else "cpu")
         for got, want in zip(compiled(x), fn(x), strict=True):
             assert (got.device, got.shape, got.stride()) == (want.device, want.shape, want.stride())
+
+
+@pytest.mark.filterwarnings("error:kiln")
+@pytest.mark.parametrize("backend", [*BACKENDS, "loopir_reference"])
+def test_a_module_on_the_meta_device_and_its_backward(backend):
+    """Parameters moved to the meta device (as for sizing a model before loading weights)."""
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    model = model.to("meta")
+    compiled = kiln.compile(model, backend=backend)
+    for rows in (4, 4, 7):
+        x = torch.empty(rows, 6, device="meta", requires_grad=True)
+        got, want = compiled(x), model(x)
+        assert (got.device, got.shape) == (want.device, want.shape)
+        got.sum().backward()
+        assert (x.grad.device, x.grad.shape) == (torch.device("meta"), x.shape)
