@@ -23,5 +23,5 @@ def session_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path
         os.environ["KILN_CACHE_DIR"] = old
 
 
-# Helpers shared by test modules live next to them (cpp_corpus.py).
+# Helpers shared by test modules live next to them (fusion_programs.py).
 sys.path.insert(0, str(Path(__file__).parent))

@@ -1,6 +1,6 @@
 """Fused kernels that exercise the kernel writer's structure (shared by tests and goldens).
 
-Each builder returns a :class:`cpp_corpus.Case`: reductions of every type,
+Each builder returns a :class:`kiln.loopir.testing.Case`: reductions of every type,
 softmax and layer norm (several ``rindex`` loops), strided inputs and outputs,
 masked loads (padding), indirect loads (embedding), accumulating scatters,
 random numbers, index expressions and 16-bit floats.
@@ -11,9 +11,9 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-from cpp_corpus import Case, group, inp, pointwise, random_tensor, reduction, scatter
 
 from kiln.loopir.kernel import SEEDS
+from kiln.loopir.testing import Case, group, inp, pointwise, random_tensor, reduction, scatter
 from kiln.loopir.virtualized import ops
 
 F32 = torch.float32

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cpp_corpus import Case, outputs_for, split_args
 from fusion_programs import fusion_cases, softmax_case
 
 from kiln.codegen_cpp import CppBackend
 from kiln.codegen_cpp.kernel import KernelWriter
 from kiln.loopir.reference import ReferenceBackend
+from kiln.loopir.testing import Case, outputs_for, split_args
 
 CASES = fusion_cases()
 

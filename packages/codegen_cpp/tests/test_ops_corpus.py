@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cpp_corpus import Case, group, inp, outputs_for, pointwise, random_tensor
 
 from kiln.codegen_cpp import CppBackend
 from kiln.loopir.ops import BINARY_OPS, BOOL_RESULT_OPS, UNARY_OPS
 from kiln.loopir.reference import ReferenceBackend
+from kiln.loopir.testing import Case, group, inp, outputs_for, pointwise, random_tensor
 from kiln.loopir.virtualized import ops
 
 N = 67  # four vectors of 16 and a scalar tail

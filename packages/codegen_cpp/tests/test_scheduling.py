@@ -179,12 +179,7 @@ def test_generated_code_is_logged_and_dumped(tmp_path, caplog):
 
 
 def test_unsupported_dtype_falls_back_to_the_reference_backend(caplog):
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    from cpp_corpus import group, inp, pointwise
-
+    from kiln.loopir.testing import group, inp, pointwise
     from kiln.loopir.virtualized import ops
 
     x = inp("x", torch.complex64, [5])
