@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import warnings
 
 import pytest
@@ -490,3 +491,31 @@ def test_results_with_no_element_are_allocated(name):
     for _ in range(2):
         x = torch.randn(*shape)
         _same(compiled(x), fn(x))
+
+
+def _unused_matmul(x):
+    x.float() @ x.t()  # float @ double: eager raises though the result is unused
+    return x + 1
+
+
+def _unused_linear(x):
+    torch.nn.functional.linear(x, torch.ones(2, x.shape[-1]))
+    return x * 2
+
+
+def _unused_bmm(x):
+    torch.bmm(x[None], x.float().t()[None])
+    return x.sum()
+
+
+@pytest.mark.parametrize("fn", [_unused_matmul, _unused_linear, _unused_bmm])
+def test_mixed_dtype_products_raise_as_eager_even_when_unused(fn):
+    compiled = kiln.compile(fn)
+    for _ in range(2):
+        x = torch.randn(2, 3, dtype=torch.float64)
+        with pytest.raises(RuntimeError) as eager_error:
+            fn(x)
+        with pytest.raises(RuntimeError, match=re.escape(str(eager_error.value))):
+            compiled(x)
+    same = torch.randn(2, 3, dtype=torch.float32)
+    _same(compiled(same), fn(same))

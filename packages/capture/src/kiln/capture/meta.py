@@ -183,6 +183,35 @@ def _is_data_dependent(func: Any, args: tuple[Any, ...]) -> bool:
 
 _MASKED_WRITES = _packets("index_put", "index_put_", "_index_put_impl_")
 
+# Ops whose CPU and CUDA kernels refuse tensor arguments of different dtypes (no type
+# promotion) where the meta kernels let them through.
+_SAME_DTYPE = _packets(
+    "mm", "bmm", "addmm", "addmv", "addbmm", "baddbmm", "mv", "dot", "vdot", "addr", "convolution"
+)
+
+
+def _check_dtypes_as_eager(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Raise eager's error for mixed dtypes that the meta kernel accepts.
+
+    A graph would compute the op (or drop it when unused) where eager raises. The real kernel
+    runs on zero-stride stand-ins of the arguments (one element of memory each): with mixed
+    dtypes these kernels raise before computing anything.
+    """
+    if func.overloadpacket not in _SAME_DTYPE:
+        return
+    tensors = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+    if len({t.dtype for t in tensors}) < 2:
+        return
+
+    def stand_in(a: Any) -> Any:
+        if isinstance(a, torch.Tensor):
+            return torch.zeros((), dtype=a.dtype).expand(a.shape)
+        return a
+
+    real_args, real_kwargs = pytree.tree_map(stand_in, (args, kwargs))
+    with _disable_current_modes():
+        func(*real_args, **real_kwargs)
+
 
 def _masked_write(func: Any, args: tuple[Any, ...], device: torch.device) -> Any:
     """``x[mask] = v``: the result is laid out like ``x`` whatever the mask holds, but
@@ -412,6 +441,7 @@ def run_fake(
     device = _result_device(func, args, kwargs)
     if func.overloadpacket in _MASKED_WRITES and _has_mask_index(args):
         return _masked_write(func, args, device)
+    _check_dtypes_as_eager(func, args, kwargs)
     by_meta: dict[int, FakeTensor] = {}
 
     def unwrap(a: Any) -> Any:
