@@ -208,3 +208,29 @@ def test_backward_does_not_walk_into_the_history_of_an_unused_input(backend):
         torch.testing.assert_close(got, expected)
         (g,) = torch.autograd.grad(got.sum(), y)
         torch.testing.assert_close(g, torch.autograd.grad(expected.sum(), y)[0])
+
+
+def _saved_then_changed_after_a_break(x, y):
+    v0 = x - x
+    v1 = v0 / (v0.abs() + 1)  # eager's backward saves v0
+    y.max().item()  # a graph break: v0 is an output of the first graph
+    v0.mul_(0.5)
+    return v1
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "kiln"])
+@pytest.mark.parametrize(
+    "fn", [_saved_then_changed_after_a_break, _reduced_then_changed_after_a_break]
+)
+def test_backward_raises_where_a_saved_tensor_was_changed_after_a_break(backend, fn):
+    """Eager's backward raises (a tensor it saved was changed in place); so does torch.compile's
+    on these programs, and so must Kiln's, whose graphs saved other values."""
+    f = kiln.compile(fn, backend=backend)
+    for shape in ((1, 3), (1, 3), (4, 1)):
+        # positive: the branch that changes v2 in place
+        x, y = (torch.rand(shape).add(0.5).requires_grad_() for _ in range(2))
+        for run in (fn, f):
+            out = run(x, y)
+            loss = sum(t.sum() for t in (out if isinstance(out, tuple) else (out,)))
+            with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+                torch.autograd.grad(loss, (x, y), allow_unused=True)

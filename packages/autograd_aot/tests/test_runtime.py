@@ -200,7 +200,8 @@ def test_double_backward_raises_after_an_input_changed_in_place():
 
     x = torch.randn(5, requires_grad=True)
     h = x * 1
-    compiled = aot_eager(fx.symbolic_trace(lambda h: (h * h).sum()), [h])
+    # eager's backward saves h + 1, not h (it would raise itself, as the node then does)
+    compiled = aot_eager(fx.symbolic_trace(lambda h: (h + 1).pow(2).sum()), [h])
     out = compiled(h)
     with torch.no_grad():
         h.add_(1)

@@ -69,6 +69,11 @@ class TracedProgram:
     # node takes them detached, so a backward never walks into their history (eager's
     # does not: an in-place change there, which its backward would reject, is not reached)
     cut_inputs: list[int] = dataclasses.field(default_factory=list)
+    # user graph outputs and primals that eager's autograd saves (or a view of): the node
+    # saves them too, unused, so that its backward raises where eager's does when one was
+    # changed in place since (the compiled graphs save other values, or none)
+    watched_outputs: list[int] = dataclasses.field(default_factory=list)
+    watched_inputs: list[int] = dataclasses.field(default_factory=list)
 
     @property
     def num_forward_outputs(self) -> int:
@@ -127,7 +132,9 @@ def trace_program(
     outputs: list[torch.Tensor | None] = list(values)
     diff = [i for i, t in enumerate(values) if t.requires_grad and t.grad_fn is not None]
     grad_inputs = [i for i, f in enumerate(fakes) if f.requires_grad] if joint and diff else []
+    watched: tuple[list[int], list[int]] = ([], [])
     if grad_inputs:
+        watched = _saved_by_autograd(values, user, [] if mutated else fakes)
         leaves = list(grad_leaves) if grad_leaves is not None else list(fakes)
         tangents = [_tangent_like(values[i]) for i in diff]
         for i, t in enumerate(tangents):
@@ -158,7 +165,76 @@ def trace_program(
         diff_outputs=diff,
         non_differentiable=non_diff,
         cut_inputs=cut if grad_inputs else [],
+        watched_outputs=watched[0] if grad_inputs else [],
+        watched_inputs=watched[1] if grad_inputs else [],
     )
+
+
+def _saved_by_autograd(
+    values: Sequence[torch.Tensor], user: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]
+) -> tuple[list[int], list[int]]:
+    """Which of ``user`` and of ``inputs`` eager's autograd saves for the backward of
+    ``values``, itself or through a view (views share their base's version counter).
+
+    A saved input comes back as itself; a saved output as a new tensor of the same node and
+    output number. The trace's mutations of inputs are written back after the node runs,
+    so a program that mutates one passes no ``inputs``: the write would look like a change."""
+    nodes: list[Any] = []  # kept alive: their Python objects' ids are the keys
+    seen: set[int] = set()
+    saved: set[int] = set()
+    saved_made_by: set[tuple[int, int]] = set()
+    stack = [t.grad_fn for t in values if t.grad_fn is not None]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        nodes.append(node)
+        stack.extend(n for n, _ in node.next_functions if n is not None)
+        for t in _saved_tensors(node):
+            root = _version_root(t)
+            saved.add(id(root))
+            if root.grad_fn is not None:
+                nodes.append(root.grad_fn)
+                saved_made_by.add((id(root.grad_fn), root.output_nr))
+
+    def is_saved(t: torch.Tensor) -> bool:
+        root = _version_root(t)
+        return id(root) in saved or (
+            root.grad_fn is not None and (id(root.grad_fn), root.output_nr) in saved_made_by
+        )
+
+    return (
+        [i for i, t in enumerate(user) if is_saved(t)],
+        [i for i, t in enumerate(inputs) if is_saved(t)],
+    )
+
+
+def _version_root(t: torch.Tensor) -> torch.Tensor:
+    base = t._base if t._is_view() else None
+    return t if base is None else base
+
+
+_SAVED_NAMES: dict[type, list[str]] = {}
+
+
+def _saved_tensors(node: Any) -> list[torch.Tensor]:
+    """The tensors autograd node ``node`` saved (``_saved_*`` of a built-in node,
+    ``saved_tensors`` of an ``autograd.Function``'s); none it can no longer give back."""
+    names = _SAVED_NAMES.get(type(node))
+    if names is None:
+        names = _SAVED_NAMES[type(node)] = [
+            n for n in dir(node) if n.startswith("_saved_") or n == "saved_tensors"
+        ]
+    found: list[torch.Tensor] = []
+    for name in names:
+        try:
+            value = getattr(node, name)
+        except RuntimeError:  # changed in place since (the backward trace raises), or freed
+            continue
+        items = value if isinstance(value, (tuple, list)) else (value,)
+        found += [v for v in items if isinstance(v, torch.Tensor)]
+    return found
 
 
 def _output_specs(

@@ -55,7 +55,12 @@ class _AotFunction(torch.autograd.Function):
         n = program.num_forward_outputs
         outputs, saved = _fresh(results[:n]), results[n:]
         ctx.compiled = compiled
-        ctx.save_for_backward(*saved)
+        ctx.num_saved = len(saved)
+        ctx.save_for_backward(
+            *saved,
+            *(outputs[i] for i in program.watched_outputs),
+            *(primals[i] for i in program.watched_inputs),
+        )
         ctx.mark_non_differentiable(*(outputs[i] for i in program.non_differentiable))
         # Autograd would hand backward a zero tensor for every output the loss does not
         # reach, non-differentiable ones included (BatchNorm's new running statistics: three
@@ -75,6 +80,8 @@ class _AotFunction(torch.autograd.Function):
         compiled: CompiledProgram = ctx.compiled
         program = compiled.program
         assert compiled.backward is not None
+        # unpacking checks the version of every saved tensor, watched ones included
+        saved = ctx.saved_tensors[: ctx.num_saved]
         if torch.is_grad_enabled():  # create_graph=True: the result must be differentiable
             return (None, *_differentiable_backward(ctx, grads))
         # the inputs are kept for a differentiable backward only until a plain one ran
@@ -86,8 +93,8 @@ class _AotFunction(torch.autograd.Function):
                 map(grads.__getitem__, program.diff_outputs), ctx.tangent_specs, strict=True
             )
         ]
-        args = [*ctx.saved_tensors, *tangents]
-        del tangents
+        args = [*saved, *tangents]
+        del saved, tangents
         # autograd's references go now, not when backward returns (unless the graph is
         # retained); a compiled backward that takes its arguments as a list (``call_boxed``)
         # then frees each activation after its last use, as eager's backward does
