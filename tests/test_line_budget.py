@@ -18,13 +18,13 @@ MAX_MODULE_LINES = 600
 
 # Lines of source per package (every .py under packages/<pkg>/src).
 LINE_BUDGET = {
-    "capture": 12200,
-    "guards": 2600,
-    "autograd_aot": 2450,
-    "loopir": 9500,
-    "codegen_triton": 2950,
+    "capture": 13050,
+    "guards": 2650,
+    "autograd_aot": 2600,
+    "loopir": 10150,
+    "codegen_triton": 2850,
     "codegen_cpp": 3050,
-    "frontend": 1250,
+    "frontend": 1170,
 }
 
 # Modules allowed over MAX_MODULE_LINES for now, each with a comment saying why and what will
