@@ -538,3 +538,43 @@ def test_a_tensor_eagers_backward_saved_changed_after_the_call(backend, which):
             assert got == expect
         else:
             torch.testing.assert_close(got, expect)
+
+
+def _write_input_view(x, y):
+    x.add_(x)
+    return y[..., -1] * 2
+
+
+def _write_input_view_in_no_grad(x, y):
+    with torch.no_grad():
+        x.mul_(2)
+    return x * y
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fn", [_write_input_view, _write_input_view_in_no_grad])
+@pytest.mark.parametrize("caller", ["no_grad", "enable_grad"])
+def test_writes_to_a_view_input_made_with_history_under_no_grad(backend, fn, caller):
+    # The input's history is from before the program; a write under no_grad is not part of
+    # it (eager allows it even on a view of a leaf), so it is written back without history.
+    cf = kiln.compile(fn, backend=backend)
+    for _ in range(3):
+        results = []
+        for run in (fn, cf):
+            base = torch.randn(5, 5, generator=torch.Generator().manual_seed(0))
+            base.requires_grad_(True)
+            x, y = base[1:, 1:-1] * 1, torch.randn(4, 3, generator=torch.Generator())
+            x = base[1:, 1:-1] if fn is _write_input_view else x
+            with torch.no_grad() if caller == "no_grad" else torch.enable_grad():
+                if fn is _write_input_view and caller == "enable_grad":
+                    with pytest.raises(RuntimeError, match="view of a leaf"):
+                        run(x, y)
+                    results.append(None)
+                    continue
+                out = run(x, y)
+            results.append((out.detach(), x.detach(), out.requires_grad, x._version))
+        if results[0] is not None:
+            (oe, xe, re_, ve), (ok, xk, rk, vk) = results
+            torch.testing.assert_close(ok, oe)
+            torch.testing.assert_close(xk, xe)
+            assert (rk, vk > 0) == (re_, ve > 0)

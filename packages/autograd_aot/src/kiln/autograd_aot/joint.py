@@ -130,7 +130,13 @@ def trace_program(
     # tracer maps it to the input's new value.
     values = [*user, *(fakes[i] for i, _ in mutated)]
     outputs: list[torch.Tensor | None] = list(values)
-    diff = [i for i, t in enumerate(values) if t.requires_grad and t.grad_fn is not None]
+    # a mutated input made with history before the program is differentiable through the
+    # program only if a write reached it with grad enabled
+    with_grad = tracer.inputs_written_with_grad()
+    recorded = [True] * len(user) + [i in with_grad for i, _ in mutated]
+    diff = [
+        i for i, t in enumerate(values) if t.requires_grad and t.grad_fn is not None and recorded[i]
+    ]
     grad_inputs = [i for i, f in enumerate(fakes) if f.requires_grad] if joint and diff else []
     watched: tuple[list[int], list[int]] = ([], [])
     if grad_inputs:

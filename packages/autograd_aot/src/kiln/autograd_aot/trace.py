@@ -47,6 +47,8 @@ class _Root:
     kind: str  # "input", "constant" or "value"
     input_index: int | None = None
     version: int = 0
+    # a write ran with grad enabled: eager's autograd recorded it on the input's history
+    written_with_grad: bool = False
 
 
 @dataclasses.dataclass
@@ -112,6 +114,15 @@ class AtenTracer(TorchDispatchMode):
             for r in self._roots
             if r.kind == "input" and r.version > 0 and r.input_index is not None
         ]
+
+    def inputs_written_with_grad(self) -> set[int]:
+        """The inputs some write reached with grad enabled (the others' writes are not part of
+        their autograd history, as under ``no_grad`` in eager)."""
+        return {
+            r.input_index
+            for r in self._roots
+            if r.kind == "input" and r.written_with_grad and r.input_index is not None
+        }
 
     def finish(self, outputs: Sequence[torch.Tensor | None]) -> fx.GraphModule:
         """Close the graph with ``outputs`` and drop dead nodes."""
@@ -281,6 +292,7 @@ class AtenTracer(TorchDispatchMode):
                 new = aten.clone.default(new)
         root.fake = new
         root.version += 1
+        root.written_with_grad |= torch.is_grad_enabled()
         info.node = self.node_of(value)
         info.version = root.version
 
