@@ -121,3 +121,16 @@ def test_as_strided_scatter_of_a_1d_tensor_is_a_kernel():
     counters.clear()
     check(fn, flat, g, run, m)
     assert counters.snapshot()["fallback_ops"] == {"aten.as_strided_scatter.default": 1}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("eps", [0.1, 0.3, 0.45])
+def test_logit_backward_at_eps_rounded_to_the_input_dtype(dtype, eps):
+    # ATen's bounds are eps and 1 - eps in the input's dtype: an input equal to eps rounded
+    # to half precision is inside them (its gradient is not zero).
+    lo = torch.tensor(eps, dtype=dtype)
+    hi = torch.tensor(1.0, dtype=dtype) - lo
+    u = torch.stack([lo, hi, lo * 0.99, hi * 1.01, torch.tensor(0.5, dtype=dtype)])
+    tol = {"atol": 1e-2, "rtol": 1e-2} if dtype in (torch.float16, torch.bfloat16) else {}
+    check(lambda g, x: aten.logit_backward.default(g, x, eps), torch.ones_like(u), u, **tol)
+    check(lambda x: aten.logit.default(x, eps), u, **tol)

@@ -202,12 +202,18 @@ def _logit(x: TensorBox, eps: float | None = None) -> TensorBox:
 @register_lowering(*overloads("logit_backward", "default"))
 def _logit_backward(grad: TensorBox, x: TensorBox, eps: float | None = None) -> TensorBox:
     c = _consts()
+    lo = hi = 0.0
+    if _logit_clamps(eps):
+        # ATen's bounds are ``eps`` and ``1 - eps`` in the input's dtype: a half-precision
+        # input at eps rounded to half is inside them, where it is below eps itself.
+        dtype = x.get_dtype()
+        low = torch.tensor(eps, dtype=dtype)
+        lo, hi = float(low), float(torch.tensor(1.0, dtype=dtype) - low)
 
     def fn(g: Any, v: Any) -> Any:
         dx = ops.truediv(g, ops.mul(v, _one_minus(c, v)))
         if _logit_clamps(eps):
-            assert eps is not None
-            outside = ops.logical_or(ops.lt(v, c(eps)), ops.gt(v, c(1.0 - eps)))
+            outside = ops.logical_or(ops.lt(v, c(lo)), ops.gt(v, c(hi)))
             return ops.where(outside, c(0.0), dx)
         # Unclamped, ATen's gradient is NaN outside [0, 1] whatever the forward gave.
         outside = ops.logical_or(ops.lt(v, c(0.0)), ops.gt(v, c(1.0)))
