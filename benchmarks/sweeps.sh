@@ -8,13 +8,14 @@
 #
 # Every op's result (opinfo -v) and every fuzzer's progress and summary go to $OUT/sweeps/, so a
 # run stopped by its time limit still shows what it covered; `--json` results are written there
-# too. Each command stops itself after $BUDGET seconds (default 540; a process still running 30 s
-# later is killed): a fuzzer stopped by SIGTERM prints its summary, and an OpInfo sweep's log lists
-# the ops it finished (rerun the rest with `--ops`). Fuzz findings are packed into
-# $OUT/sweeps/fuzz-findings.tgz so that the call returns a bounded number of files; a fuzzer
-# that died leaves the program it was running there (fuzz-findings-SEED/running/). The repository
-# may arrive without kiln installed, so every packages/*/src goes on PYTHONPATH; EXTRA_PYTHONPATH
-# adds more (e.g. hypothesis and expecttest where pip can't reach).
+# too. A fuzz run packs its logs and findings into one archive, $OUT/sweeps/fuzz.tgz, so that the
+# call returns it whatever the number of fuzzers. Each command stops itself after $BUDGET seconds
+# (default 540; a process still running 30 s later is killed): a fuzzer stopped by SIGTERM prints
+# its summary, and an OpInfo sweep's log lists the ops it finished (rerun the rest with `--ops`).
+# A fuzzer that died leaves the program it was running in its findings folder
+# (fuzz-findings-SEED/running/). The repository may arrive without kiln installed, so every
+# packages/*/src goes on PYTHONPATH; EXTRA_PYTHONPATH adds more (e.g. hypothesis and expecttest
+# where pip can't reach).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -53,7 +54,7 @@ elif [[ "$what" == fuzz ]]; then
     for crashed in "$OUT"/fuzz-findings-*/running/repro_000.py; do  # left by a process that died
         [[ -e "$crashed" ]] && echo "CRASHED running ${crashed#"$OUT"/}" && status=1
     done
-    (cd "$OUT" && tar czf fuzz-findings.tgz fuzz-findings-* 2>/dev/null && rm -rf fuzz-findings-*) || true
+    (cd "$OUT" && tar czf fuzz.tgz fuzz-*.log fuzz-findings-* 2>/dev/null && rm -rf fuzz-*.log fuzz-findings-*) || true
     exit $status
 else
     echo "usage: $0 opinfo MODE WORKERS [ARGS...] | fuzz PROCS EXAMPLES SEED" >&2
