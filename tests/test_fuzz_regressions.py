@@ -234,3 +234,83 @@ def test_backward_raises_where_a_saved_tensor_was_changed_after_a_break(backend,
             loss = sum(t.sum() for t in (out if isinstance(out, tuple) else (out,)))
             with pytest.raises(RuntimeError, match="modified by an inplace operation"):
                 torch.autograd.grad(loss, (x, y), allow_unused=True)
+
+
+def _raises_after_a_block_left_in_a_continuation(x):
+    with torch.no_grad():
+        k = x.sum().item()  # a graph break inside the block: the rest leaves it
+        v = x + k
+    return x.max() + v  # max() of an empty tensor raises
+
+
+def _raises_inside_a_block(x):
+    with torch.no_grad():
+        m = x.max()
+    return m * x
+
+
+def _raises_inside_a_block_before_a_break(x):
+    with torch.no_grad():
+        m = x.max()
+        k = m.item()
+    return x * k
+
+
+def _raises_after_disabling(x):
+    torch.set_grad_enabled(False)  # a bare switch stays in effect, as eager leaves it
+    return x.max() * x
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "kiln", _restores_grad_mode])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        _raises_after_a_block_left_in_a_continuation,
+        _raises_inside_a_block,
+        _raises_inside_a_block_before_a_break,
+        _raises_after_disabling,
+    ],
+)
+def test_grad_mode_after_a_graph_raises_is_eagers(fn, backend):
+    f = kiln.compile(fn, backend=backend)
+    try:
+        for rows in (2, 0, 3, 0):  # an empty input makes max() raise
+            x = torch.randn(rows, 3, requires_grad=True)
+            outcomes = []
+            for run in (fn, f):
+                torch.set_grad_enabled(True)
+                try:
+                    out = run(x)
+                except RuntimeError as e:
+                    out = type(e)
+                outcomes.append((torch.is_grad_enabled(), out))
+            (mode_e, out_e), (mode_k, out_k) = outcomes
+            assert mode_k == mode_e, rows
+            if isinstance(out_e, torch.Tensor):
+                torch.testing.assert_close(out_k, out_e)
+            else:
+                assert out_k is out_e
+    finally:
+        torch.set_grad_enabled(True)
+
+
+def _no_grad_view_of_an_enable_grad_result(x):
+    with torch.enable_grad():
+        v = x * 3 + 1
+    return v.view(-1), x  # made under the caller's no_grad: requires grad, no path back
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "kiln"])
+def test_a_view_made_under_no_grad_of_a_result_requiring_grad(backend):
+    f = kiln.compile(_no_grad_view_of_an_enable_grad_result, backend=backend)
+    for rows in (5, 5, 4):
+        x = torch.randn(rows, 1, requires_grad=True)
+        with torch.no_grad():
+            expected, got = _no_grad_view_of_an_enable_grad_result(x), f(x)
+        torch.testing.assert_close(got, expected)
+        for g, e in zip(got, expected, strict=True):
+            assert (g.requires_grad, g.grad_fn is None, g._is_view()) == (
+                e.requires_grad,
+                e.grad_fn is None,
+                e._is_view(),
+            )

@@ -309,7 +309,9 @@ def _shared_bases(
     tensor becomes a graph output (no user sees it unless one returned it), and the
     views are rebuilt from it at run time, so they alias each other as in eager (the
     compiled graph would return them as separate buffers or as views made inside the
-    autograd node)."""
+    autograd node). A view made under ``no_grad`` of a tensor that requires grad is rebuilt
+    from that tensor even when no other output views it: it requires grad with no path back
+    to it, which a view made inside the autograd node cannot be."""
     groups: dict[int, tuple[torch.Tensor, dict[int, torch.Tensor]]] = {}
     for leaf in leaves:
         if not isinstance(leaf, torch.Tensor) or tracer.input_root(leaf) is not None:
@@ -320,7 +322,8 @@ def _shared_bases(
     found: dict[int, tuple[torch.Tensor, tuple[ViewStep, ...]]] = {}
     for base, members in groups.values():
         base_view = tracer.view_of(base)
-        if len(members) < 2 or base_view is None:
+        alone = len(members) < 2 and not any(map(_no_grad_view, members.values()))
+        if alone or base_view is None:
             continue
         root, prefix = base_view
         for key, leaf in members.items():
@@ -331,6 +334,11 @@ def _shared_bases(
             if len(chain) > len(prefix) and chain[: len(prefix)] == prefix:
                 found[key] = (base, chain[len(prefix) :])
     return found
+
+
+def _no_grad_view(t: torch.Tensor) -> bool:
+    """A view made under ``no_grad`` of a tensor that requires grad (so it requires grad too)."""
+    return t._is_view() and t.requires_grad and t.grad_fn is None
 
 
 def _alias_spec(

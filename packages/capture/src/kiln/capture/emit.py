@@ -222,11 +222,20 @@ class _Writer:
         return f"__kiln_k{len(self.consts) - 1}"
 
     def graph_call(
-        self, compiled: Any, inputs: list[GraphInput], mode_after: bool | None = None
+        self,
+        compiled: Any,
+        inputs: list[GraphInput],
+        mode_after: bool | None = None,
+        unwind: bool | None = None,
     ) -> list[str]:
         """Lines that load the graph's inputs and call it, leaving the result in ``__kiln_out``.
 
-        ``mode_after`` (see ``grad_mode_after``) is set once the graph returns.
+        ``mode_after`` (see ``grad_mode_after``) is set once the graph returns. ``unwind`` is
+        the grad mode an exception raised in the graph leaves, as the ``with`` blocks the
+        graph's code entered or left would on their way out (the mode where the graph ends,
+        with the grad-mode blocks still open there left): the graph itself switches modes
+        while tracing, or at each switch when it runs eagerly, and restores none when it
+        raises. A bare ``torch.set_grad_enabled(b)`` in the graph counts as done.
 
         Paths that several inputs share are loaded once into locals (``__kiln_s0 =
         self._modules``, ``__kiln_s1 = __kiln_s0['0']._parameters``, then
@@ -242,9 +251,16 @@ class _Writer:
             self._hoisted[str(prefix)] = name
         args = ", ".join(self.source(s) for s in sources)
         self._hoisted.clear()
-        lines.append(f"__kiln_out = {self.const(compiled)}({args})")
+        call = f"__kiln_out = {self.const(compiled)}({args})"
+        needed = mode_after is not None or unwind is not None
+        switch = self.const(torch._C._set_grad_enabled) if needed else ""
+        if unwind is None:
+            lines.append(call)
+        else:
+            lines += ["try:", f"    {call}", "except BaseException:", f"    {switch}({unwind})"]
+            lines.append("    raise")
         if mode_after is not None:
-            lines.append(f"{self.const(torch._C._set_grad_enabled)}({mode_after})")
+            lines.append(f"{switch}({mode_after})")
         return lines
 
     def source(self, src: Source) -> str:
@@ -434,7 +450,8 @@ def emit_code(
     writer = _Writer(fn, outputs)
     head: list[str] = []
     if compiled is not None:
-        head.extend(writer.graph_call(compiled, inputs, mode_after))
+        # the frame returns with every block it entered left: an exception leaves the same mode
+        head.extend(writer.graph_call(compiled, inputs, mode_after, unwind=mode_after))
     replay = _replay(writer, effects)
     ret = f"return {writer.value(result)}"
     make_cells, fill_cells = writer.cell_lines()

@@ -184,6 +184,15 @@ def _check_grad_mode(state: BreakState) -> None:
         raise cannot("grad mode was switched inside a `with` block before the break")
 
 
+def _unwind_mode(state: BreakState) -> bool:
+    """The grad mode an exception raised before the break leaves: the mode before the
+    outermost grad-mode block open at the break, else the break's own mode."""
+    for v in state.stack:
+        if isinstance(v, ExitValue) and v.ctx.previous:
+            return v.ctx.previous[0]
+    return state.grad_enabled
+
+
 def _call_parts(state: BreakState) -> tuple[int, Value, list[Value], list[Value]] | None:
     """For CALL: how many stack items it takes, the callable, positional and keyword values."""
     ins, stack = state.instruction, state.stack
@@ -412,7 +421,11 @@ def _split(
         out.create_node("call_function", torch._C._set_grad_enabled, args, {}, None)
     graph = compile_partial(out, outputs, func, compile_graph, " (before a break)")
     if graph.compiled is not None:
-        head.extend(writer.graph_call(graph.compiled, out.inputs, graph.grad_mode_after))
+        unwind = _unwind_mode(state)
+        if graph.grad_mode_after is None and unwind == torch.is_grad_enabled():
+            unwind = None  # the graph switches no mode, and the one it runs in is the right one
+        call = writer.graph_call(graph.compiled, out.inputs, graph.grad_mode_after, unwind)
+        head.extend(call)
     compiled_at = time.perf_counter()
     body = [*head, *make_cells, *frame.lines, *fill_cells, *replay, *frame.after, *tail]
     code = _assemble(func, writer, body)
