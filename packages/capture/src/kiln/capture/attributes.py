@@ -40,7 +40,13 @@ from kiln.capture.wrap import function_value, wrap
 if TYPE_CHECKING:
     from kiln.capture.tracer import Tracer
 
-__all__ = ["class_attr", "module_state_source", "plain_object_attr"]
+__all__ = [
+    "class_attr",
+    "class_lookup",
+    "module_state_source",
+    "plain_new_object_attr",
+    "plain_object_attr",
+]
 
 
 # ``v.name`` by kind; tensors' and ndarrays' are registered by torch_calls and numpy_calls.
@@ -52,9 +58,38 @@ def _value_attr(tr: Tracer, v: Value, name: str) -> Value:
 
 @dispatch.GET_ATTR.register(NewObjectValue)
 def _new_object_attr(tr: Tracer, v: NewObjectValue, name: str) -> Value:
-    if name in v.attrs:
+    custom = class_lookup(v.cls, "__getattribute__")
+    if isinstance(custom, types.FunctionType):
+        return dispatch.call(tr, function_value(custom, None), [v, ConstantValue(name)], {})
+    return plain_new_object_attr(tr, v, name)
+
+
+def plain_new_object_attr(tr: Tracer, v: NewObjectValue, name: str) -> Value:
+    """``object.__getattribute__`` on an instance made in the trace, in Python's order.
+
+    A data descriptor of the class (a property, a descriptor with ``__set__``) wins over the
+    instance's own attribute of the same name, which wins over everything else the class has.
+    """
+    if name == "__class__":
+        return ObjectValue(v.cls)
+    static = class_lookup(v.cls, name)
+    slot = isinstance(static, types.MemberDescriptorType)  # ``__slots__`` live in ``attrs``
+    if name in v.attrs and (slot or not _is_data_descriptor(static)):
         return v.attrs[name]
-    return class_attr(tr, v, v.cls, name, None)
+    if static is _MISSING or slot:
+        return _missing_attr(tr, v, name)
+    return class_attr(tr, v, v.cls, name, None, static)
+
+
+_MISSING: Any = object()
+
+
+def class_lookup(cls: type, name: str) -> Any:
+    """``name`` in the dicts of ``cls``'s MRO (not its metaclass), as instance lookup sees it."""
+    for klass in cls.__mro__:
+        if name in vars(klass):
+            return vars(klass)[name]
+    return _MISSING
 
 
 @dispatch.GET_ATTR.register(ConstantValue)
@@ -206,11 +241,12 @@ def _is_data_descriptor(d: Any) -> bool:
     return d is not None and hasattr(type(d), "__set__")
 
 
-def _missing_attr(tr: Tracer, v: ObjectValue, name: str) -> Value:
-    getattr_fn = inspect.getattr_static(type(v.obj), "__getattr__", None)
-    if isinstance(getattr_fn, types.FunctionType) and not isinstance(v.obj, torch.nn.Module):
+def _missing_attr(tr: Tracer, v: ObjectValue | NewObjectValue, name: str) -> Value:
+    cls = v.python_type()
+    getattr_fn = class_lookup(cls, "__getattr__")
+    if isinstance(getattr_fn, types.FunctionType) and not issubclass(cls, torch.nn.Module):
         return dispatch.call(tr, function_value(getattr_fn, None), [v, ConstantValue(name)], {})
-    raise raised(AttributeError(f"{type(v.obj).__name__!r} object has no attribute {name!r}"))
+    raise raised(AttributeError(f"{cls.__name__!r} object has no attribute {name!r}"))
 
 
 def class_attr(
@@ -256,8 +292,27 @@ def class_attr(
             (types.BuiltinFunctionType, types.WrapperDescriptorType, types.MethodDescriptorType),
         ):
             return ObjectValue(static)
-        raise unsupported("unsupported_attribute", f"descriptor {cls.__name__}.{name}")
+        return _descriptor_get(tr, v, cls, name, static)
     return _real_attr(tr, v, name, src)
+
+
+def _descriptor_get(tr: Tracer, v: NewObjectValue, cls: type, name: str, static: Any) -> Value:
+    """A descriptor's value for an instance made in the trace: its Python ``__get__`` inlined.
+
+    ``functools.cached_property`` computes once and stores the result in the instance's dict,
+    where the next read finds it before the (non-data) descriptor.
+    """
+    if isinstance(static, functools.cached_property) and isinstance(
+        static.func, types.FunctionType
+    ):
+        value = dispatch.call(tr, function_value(static.func, None), [v], {})
+        v.attrs[static.attrname or name] = value
+        return value
+    getter = class_lookup(type(static), "__get__")
+    if not isinstance(getter, types.FunctionType):
+        raise unsupported("unsupported_attribute", f"descriptor {cls.__name__}.{name}")
+    args = [ObjectValue(static), v, ObjectValue(cls)]
+    return dispatch.call(tr, function_value(getter, None), args, {})
 
 
 def _real_attr(tr: Tracer, v: Value, name: str, src: Source | None) -> Value:
@@ -334,7 +389,12 @@ def _value_has_attr(tr: Tracer, v: Value, name: str) -> bool:
 
 @dispatch.HAS_ATTR.register(NewObjectValue)
 def _new_object_has_attr(tr: Tracer, v: NewObjectValue, name: str) -> bool:
-    if name in v.attrs or hasattr(v.cls, name):
+    static = class_lookup(v.cls, name)
+    computed = isinstance(static, (property, types.MemberDescriptorType)) or isinstance(
+        class_lookup(type(static), "__get__"), types.FunctionType
+    )  # these may raise AttributeError: try them
+    hooked = isinstance(class_lookup(v.cls, "__getattribute__"), types.FunctionType)
+    if not hooked and (name in v.attrs or (static is not _MISSING and not computed)):
         return True
     return _getattr_hook_finds(tr, v, name)
 
@@ -436,7 +496,40 @@ def _set_attr(tr: Tracer, v: Value, name: str, value: Value, plain: bool) -> Non
 def _set_new_object_attr(
     tr: Tracer, v: NewObjectValue, name: str, value: Value, plain: bool
 ) -> None:
-    v.attrs[name] = value
+    if not plain:
+        custom = class_lookup(v.cls, "__setattr__")
+        if isinstance(custom, types.FunctionType):
+            dispatch.call(tr, function_value(custom, None), [v, ConstantValue(name), value], {})
+            return
+    static = class_lookup(v.cls, name)
+    if not _is_data_descriptor(static) or isinstance(static, types.MemberDescriptorType):
+        v.attrs[name] = value
+        return
+    setter = _python_setter(v.cls, name)
+    if setter is None:
+        raise unsupported("unsupported_attribute", f"descriptor {v.cls.__name__}.{name}")
+    dispatch.call(tr, setter[0], [*setter[1:], v, value], {})
+
+
+def _python_setter(cls: type, name: str) -> list[Value] | None:
+    """The Python code that ``obj.name = value`` runs through a data descriptor of ``cls``.
+
+    A property's ``fset`` (called with the instance and value) or a descriptor's ``__set__``
+    (called with the descriptor first); None where ``name`` is no such descriptor. A property
+    without a setter raises AttributeError, as assigning to it does.
+    """
+    static = class_lookup(cls, name)
+    if isinstance(static, property):
+        if static.fset is None:
+            msg = f"property {name!r} of {cls.__name__!r} object has no setter"
+            raise raised(AttributeError(msg))
+        if isinstance(static.fset, types.FunctionType):
+            return [function_value(static.fset, None)]
+        return None
+    setter = class_lookup(type(static), "__set__") if static is not _MISSING else None
+    if isinstance(setter, types.FunctionType):
+        return [function_value(setter, None), ObjectValue(static)]
+    return None
 
 
 @dispatch.SET_ATTR.register(DictValue)
@@ -454,7 +547,10 @@ def _set_object_attr(tr: Tracer, v: ObjectValue, name: str, value: Value, plain:
         if isinstance(custom, types.FunctionType):
             dispatch.call(tr, function_value(custom, None), [v, ConstantValue(name), value], {})
             return
-    if v.source is not None and _plain_attribute(v.obj, name, plain):
+    setter = _python_setter(type(v.obj), name)
+    if setter is not None and (v.source is not None or v.private):
+        dispatch.call(tr, setter[0], [*setter[1:], v, value], {})  # its stores are recorded
+    elif v.source is not None and _plain_attribute(v.obj, name, plain):
         tr.out.side_effects.store_attr(v, v.obj, name, value)
     elif v.private and literals.is_literal(value):
         # nothing outside the trace can see this object: update the real one now

@@ -158,6 +158,8 @@ def _object_getattribute(tr: Tracer, args: list[Value], kwargs: dict[str, Value]
     v, name = args[0], args[1].as_constant()
     if isinstance(v, ObjectValue):
         return attributes.plain_object_attr(tr, v, name)
+    if isinstance(v, NewObjectValue):
+        return attributes.plain_new_object_attr(tr, v, name)
     return dispatch.get_attr(tr, v, name)
 
 

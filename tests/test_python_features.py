@@ -1,0 +1,255 @@
+"""The Python features real libraries use, captured in one graph and equal to eager.
+
+Each program runs under ``kiln.explain`` (graphs and breaks asserted), then through
+``kiln.compile`` over several calls with fresh inputs, each result compared with eager's
+(values, types, and the attributes of returned objects); a fallback to eager fails the test.
+Sections: the attribute protocol of user classes (descriptors, properties, ``__getattr__``,
+``__getattribute__``, ``__setattr__``, ``__slots__``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+import kiln
+from kiln.capture import counters
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    kiln.reset()
+    yield
+    kiln.reset()
+
+
+def assert_same(got: Any, want: Any) -> None:
+    """Equal values and types; containers item by item, user objects attribute by attribute."""
+    assert type(got) is type(want), (type(got), type(want))
+    if isinstance(want, torch.Tensor):
+        torch.testing.assert_close(got, want)
+    elif isinstance(want, dict):
+        assert list(got) == list(want)
+        for k in want:
+            assert_same(got[k], want[k])
+    elif isinstance(want, (list, tuple)):
+        assert len(got) == len(want)
+        for a, b in zip(got, want, strict=True):
+            assert_same(a, b)
+    if isinstance(want, (int, float, str, bool, type(None), enum.Enum)):
+        assert got == want
+    if dataclasses.is_dataclass(want) or hasattr(want, "__dict__"):
+        assert_same(dict(vars(got)), dict(vars(want)))
+    for slot in getattr(type(want), "__slots__", ()):
+        assert hasattr(got, slot) == hasattr(want, slot)
+        if hasattr(want, slot):
+            assert_same(getattr(got, slot), getattr(want, slot))
+
+
+def differential(
+    fn: Callable[..., Any],
+    make_args: Callable[[], tuple[Any, ...]] = lambda: (torch.randn(4),),
+    *,
+    graphs: int = 1,
+    breaks: int = 0,
+    calls: int = 3,
+) -> None:
+    """``fn`` under explain has ``graphs`` graphs and ``breaks`` breaks, and compiled it
+    matches eager over ``calls`` calls with fresh arguments, with no fallback to eager."""
+    explained = kiln.explain(fn)(*make_args())
+    reasons = [f"{b.kind}: {b.explanation}" for b in explained.breaks]
+    assert (explained.graph_count, explained.graph_break_count) == (graphs, breaks), reasons
+    kiln.reset()
+    compiled = kiln.compile(fn, backend="eager")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="kiln:")
+        for _ in range(calls):
+            args = make_args()
+            assert_same(compiled(*args), fn(*args))
+    assert counters.counters["stats"]["eager_fallbacks"] == 0
+
+
+# the attribute protocol --------------------------------------------------------------------
+class Doubling:
+    """A data descriptor: ``__set_name__`` picks the backing slot, ``__set__`` transforms."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.slot = "_" + name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        return self if obj is None else getattr(obj, self.slot, 1)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        setattr(obj, self.slot, value * 2)
+
+
+class Five:
+    """A non-data descriptor: an instance attribute of the same name hides it."""
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        return self if obj is None else 5
+
+
+class Holder:
+    scale = Doubling()
+    five = Five()
+
+    def __init__(self, x: torch.Tensor) -> None:
+        self.x = x
+        self.scale = 3  # through Doubling.__set__
+
+    @property
+    def shifted(self) -> torch.Tensor:
+        return self.x + self._shift
+
+    @shifted.setter
+    def shifted(self, value: torch.Tensor) -> None:
+        self._shift = value.sum()
+
+    @property
+    def read_only(self) -> int:
+        return 1
+
+    @functools.cached_property
+    def expensive(self) -> torch.Tensor:
+        self.computed = getattr(self, "computed", 0) + 1
+        return self.x.cos()
+
+    @classmethod
+    def make(cls, x: torch.Tensor) -> Holder:
+        return cls(x * 2)
+
+    @staticmethod
+    def helper(x: torch.Tensor) -> torch.Tensor:
+        return x - 1
+
+
+class Shadowed:
+    five = Five()
+
+    def __init__(self) -> None:
+        self.five = 7  # a non-data descriptor loses to the instance's own attribute
+
+
+def test_data_and_non_data_descriptors_on_new_objects():
+    def fn(x):
+        h = Holder(x)
+        h.scale = h.scale + 1  # read 6, stored 14
+        return x * h.scale, x * h.five, h._scale, x * Shadowed().five, type(Holder.five).__name__
+
+    differential(fn)
+
+
+def test_property_setter_and_read_only_property():
+    def fn(x):
+        h = Holder(x)
+        h.shifted = x * 2
+        try:
+            h.read_only = 3
+        except AttributeError:
+            failed = True
+        return h.shifted, failed
+
+    differential(fn)
+
+
+def test_cached_property_computes_once_and_is_returned_with_the_object():
+    def fn(x):
+        h = Holder(x)
+        return h.expensive + h.expensive, h.computed, Holder.make(x).helper(x), h
+
+    differential(fn)
+
+
+class Config:
+    """Settings read through ``__getattr__``, as configs and registries do."""
+
+    def __init__(self, **values: Any) -> None:
+        self.values = values
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+class Counted:
+    """``__getattribute__`` answers one name itself and defers the rest to ``object``'s."""
+
+    def __init__(self) -> None:
+        self.base = 2
+
+    def __getattribute__(self, name: str) -> Any:
+        if name == "magic":
+            return 10
+        return object.__getattribute__(self, name)
+
+
+class Validating:
+    """``__setattr__`` transforms every store, ``__init__``'s included."""
+
+    def __init__(self, x: torch.Tensor) -> None:
+        self.x = x
+        self.n = 2
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value * 2 if isinstance(value, int) else value)
+
+
+def test_getattr_getattribute_and_setattr_hooks():
+    def fn(x):
+        c = Config(width=3)
+        v = Validating(x)
+        v.m = 5
+        k = Counted()
+        return (
+            x * c.width,
+            hasattr(c, "depth"),
+            getattr(c, "depth", 4),
+            x * k.magic * k.base,
+            x * v.n * v.m,
+            v,
+        )
+
+    differential(fn)
+
+
+class Point:
+    __slots__ = ("a", "b")
+
+    def __init__(self, a: torch.Tensor) -> None:
+        self.a = a
+
+
+def test_slots():
+    def fn(x):
+        p = Point(x)
+        try:
+            missing = p.b
+        except AttributeError:
+            missing = None
+        p.b = x + 1
+        return p.a * p.b, missing, hasattr(Point(x), "b"), p
+
+    differential(fn)
+
+
+GLOBAL_HOLDER = Holder(torch.ones(()))
+
+
+def test_setters_of_a_frame_object_run_and_their_stores_replay():
+    def fn(x):
+        GLOBAL_HOLDER.scale = 4
+        GLOBAL_HOLDER.shifted = x
+        return x * GLOBAL_HOLDER.scale, GLOBAL_HOLDER.shifted
+
+    differential(fn)
+    assert GLOBAL_HOLDER._scale == 8
