@@ -34,7 +34,7 @@ from kiln.capture.values.functions import (
     UserFunctionValue,
 )
 from kiln.capture.values.objects import NewObjectValue, ObjectValue, SuperValue
-from kiln.capture.values.tensor import TensorMethodValue
+from kiln.capture.values.tensor import TensorMethodValue, TensorValue
 from kiln.capture.wrap import function_value, wrap
 
 if TYPE_CHECKING:
@@ -550,13 +550,34 @@ def _set_object_attr(tr: Tracer, v: ObjectValue, name: str, value: Value, plain:
     setter = _python_setter(type(v.obj), name)
     if setter is not None and (v.source is not None or v.private):
         dispatch.call(tr, setter[0], [*setter[1:], v, value], {})  # its stores are recorded
-    elif v.source is not None and _plain_attribute(v.obj, name, plain):
+    elif v.source is not None and (
+        _plain_attribute(v.obj, name, plain) or _buffer_rebinding(v.obj, name, value)
+    ):
         tr.out.side_effects.store_attr(v, v.obj, name, value)
     elif v.private and literals.is_literal(value):
         # nothing outside the trace can see this object: update the real one now
         object.__setattr__(v.obj, name, literals.literal(value))
     else:
         _set_attr(tr, v, name, value, plain)
+
+
+def _buffer_rebinding(obj: Any, name: str, value: Value) -> bool:
+    """Whether ``module.name = value`` rebinds a registered buffer to a tensor or None.
+
+    ``Module.__setattr__`` puts the new value in ``_buffers``; replaying the store with
+    ``setattr`` after the graph does the same, and reads later in the trace see the
+    pending value (a buffer moved with ``.to`` in ``forward``).
+    """
+    if (
+        not isinstance(obj, torch.nn.Module)
+        or type(obj).__setattr__ is not torch.nn.Module.__setattr__
+    ):
+        return False
+    if name not in obj.__dict__.get("_buffers", {}):
+        return False
+    return isinstance(value, TensorValue) or (
+        isinstance(value, ConstantValue) and value.value is None
+    )
 
 
 def _plain_attribute(obj: Any, name: str, plain: bool) -> bool:

@@ -1,0 +1,81 @@
+"""Code patterns of model libraries (transformers' modeling files) captured in one graph.
+
+Each test writes the library's pattern as user code, compiles it with ``kiln.compile`` and
+checks it against eager over several calls with changing inputs, and counts graphs and
+breaks with ``kiln.explain``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kiln
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    kiln.reset()
+    yield
+    kiln.reset()
+
+
+def _one_graph(fn, *args):
+    report = kiln.explain(fn)(*args)
+    assert (report.graph_count, report.graph_break_count) == (1, 0), str(report)
+
+
+class BufferMovedInForward(torch.nn.Module):
+    """A buffer rebound in ``forward`` to the input's dtype (transformers' CTRL)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("table", torch.randn(16, 4), persistent=False)
+        self.proj = torch.nn.Linear(4, 4)
+
+    def forward(self, ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        self.table = self.table.to(dtype=x.dtype)
+        return self.proj(x + self.table[ids, :])
+
+
+class BufferUpdatedInForward(torch.nn.Module):
+    """A buffer replaced by a new tensor on every call, and set to None and back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("running", torch.zeros(4))
+        self.register_buffer("scratch", None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.running = self.running * 0.5 + x.mean(0)
+        self.scratch = x.sum(0)
+        out = x - self.running + self.scratch
+        self.scratch = None
+        return out
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_buffer_rebound_in_forward(backend):
+    torch.manual_seed(0)
+    m = BufferMovedInForward()
+    ids = torch.randint(0, 16, (3,))
+    _one_graph(m, ids, torch.randn(3, 4))
+    compiled = kiln.compile(m, backend=backend)
+    for dtype in (torch.float32, torch.float32, torch.float64, torch.float64):
+        m.double() if dtype is torch.float64 else m.float()
+        ids, x = torch.randint(0, 16, (3,)), torch.randn(3, 4, dtype=dtype)
+        expected = m(ids, x)
+        torch.testing.assert_close(compiled(ids, x), expected)
+        assert m.table.dtype == dtype and "table" in m._buffers
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_buffer_replaced_each_call(backend):
+    eager, m = BufferUpdatedInForward(), BufferUpdatedInForward()
+    _one_graph(BufferUpdatedInForward(), torch.randn(2, 4))
+    compiled = kiln.compile(m, backend=backend)
+    for _ in range(4):
+        x = torch.randn(2, 4)
+        torch.testing.assert_close(compiled(x), eager(x))
+        torch.testing.assert_close(m.running, eager.running)
+        assert m.scratch is None and set(m._buffers) == {"running", "scratch"}
