@@ -26,7 +26,7 @@ from kiln.capture.source import GlobalSource, Source
 from kiln.capture.values.base import ConstantValue, Value
 from kiln.capture.values.containers import CellValue
 from kiln.capture.values.functions import UserFunctionValue
-from kiln.capture.values.iterators import ItemsIterator
+from kiln.capture.values.iterators import GeneratorIterator
 from kiln.capture.values.objects import ObjectValue, SuperValue
 from kiln.capture.wrap import wrap
 
@@ -297,8 +297,8 @@ class Tracer:
         if generator:
             # run the generator to its end now; its items are then iterated as a list
             child.yielded = []
-            child.run()
-            return ItemsIterator(child.yielded)
+            returned = child.run()
+            return GeneratorIterator(child.yielded, returned)
         return child.run()
 
     def _real_defaults(self, fn: UserFunctionValue) -> tuple[tuple[Value, ...], dict[str, Value]]:

@@ -15,7 +15,9 @@ from kiln.capture.opcodes import (
     calling,
     control,
     exceptions,
+    generators,
     load_store,
+    matching,
     unsupported,
 )
 from kiln.capture.opcodes.common import Handler
@@ -24,7 +26,18 @@ from kiln.capture.tracer import OPCODES
 __all__ = ["HANDLERS"]
 
 HANDLERS: dict[str, Handler] = {}
-for _family in (load_store, arithmetic, calling, control, building, exceptions, unsupported):
+_FAMILIES = (
+    load_store,
+    arithmetic,
+    calling,
+    control,
+    building,
+    exceptions,
+    generators,
+    matching,
+    unsupported,
+)
+for _family in _FAMILIES:
     HANDLERS.update(_family.HANDLERS)
 for _name in dis.opmap:
     HANDLERS.setdefault(_name, unsupported.refuse)

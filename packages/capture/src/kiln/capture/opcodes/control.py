@@ -6,7 +6,6 @@ import dis
 from typing import TYPE_CHECKING
 
 from kiln.capture import dispatch, iteration
-from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.opcodes.common import registry
 from kiln.capture.values.base import NULL, ConstantValue, Value
 from kiln.capture.values.iterators import IteratorValue
@@ -110,24 +109,6 @@ def for_iter(tr: Tracer, ins: dis.Instruction) -> None:
     tr.jump_to(ins.argval)
     if tr.instructions[tr.ip].opname == "END_FOR":  # 3.12 skips END_FOR on exhaustion
         tr.ip += 1
-
-
-@handles("RETURN_GENERATOR")
-def return_generator(tr: Tracer, ins: dis.Instruction) -> None:
-    """A generator starts: the value sent by the first ``next`` is None."""
-    if tr.yielded is None:
-        raise unsupported("unsupported_opcode", "a generator outside inlining")
-    tr.push(ConstantValue(None))
-
-
-@handles("YIELD_VALUE")
-def yield_value(tr: Tracer, ins: dis.Instruction) -> None:
-    if tr.yielded is None:
-        raise unsupported("unsupported_opcode", "yield outside an inlined generator")
-    tr.yielded.append(tr.pop())
-    if len(tr.yielded) > 100_000:
-        raise unsupported("inline_limit", "a generator with over 100000 items")
-    tr.push(ConstantValue(None))
 
 
 @handles("END_FOR")

@@ -8,7 +8,14 @@ from kiln.capture.breaks.reasons import raised
 from kiln.capture.values.base import ConstantValue, Value
 from kiln.capture.values.containers import TupleValue
 
-__all__ = ["IteratorValue", "ItemsIterator", "ZipIterator", "EnumerateIterator", "MapIterator"]
+__all__ = [
+    "EnumerateIterator",
+    "GeneratorIterator",
+    "ItemsIterator",
+    "IteratorValue",
+    "MapIterator",
+    "ZipIterator",
+]
 
 CallFn = Callable[[Value, list[Value]], Value]
 TruthFn = Callable[[Value], bool]
@@ -36,6 +43,19 @@ class ItemsIterator(IteratorValue):
             return None
         self.pos += 1
         return self.items[self.pos - 1]
+
+
+class GeneratorIterator(ItemsIterator):
+    """A generator inlined at its call: the items it yielded, then the value it returned.
+
+    The generator runs to its end when called (nothing is ever sent into it), so
+    ``yield from`` over it (``SEND``) hands on its items and takes ``returned`` as
+    the value of the expression, as Python does with ``StopIteration.value``.
+    """
+
+    def __init__(self, items: list[Value], returned: Value) -> None:
+        super().__init__(items)
+        self.returned = returned
 
 
 class ZipIterator(IteratorValue):

@@ -1,0 +1,90 @@
+"""Generators inlined where the traced code consumes them, ``yield from`` included."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+
+import torch
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from opcode_checks import check_calls  # noqa: E402
+
+
+def halves(x: torch.Tensor) -> Iterator[torch.Tensor]:
+    yield x[: x.shape[0] // 2]
+    yield x[x.shape[0] // 2 :]
+    return x.shape[0]
+
+
+def delegate(x: torch.Tensor) -> Iterator[torch.Tensor]:
+    n = yield from halves(x)
+    yield x.sum() * n
+    yield from [x.mean(), x.amax()]
+    yield from (v * 2 for v in (x.min(), x.max()))
+
+
+def nested(x: torch.Tensor) -> Iterator[torch.Tensor]:
+    yield from delegate(x)
+    yield from ()
+
+
+def test_sum_of_a_generator() -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return sum(v.sum() for v in halves(x.sin()))
+
+    check_calls(fn, lambda i: (torch.randn(4 + 2 * i),), graphs=1)
+
+
+def test_list_of_yield_from_with_the_inner_return_value() -> None:
+    def fn(x: torch.Tensor) -> list[torch.Tensor]:
+        return list(delegate(x.cos()))
+
+    check_calls(fn, lambda i: (torch.randn(6 + 2 * i),), graphs=1)
+
+
+def test_yield_from_two_levels_deep() -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        total = x.new_zeros(())
+        for v in nested(x):
+            total = total + v.sum()
+        return total
+
+    check_calls(fn, lambda i: (torch.randn(4),), graphs=1)
+
+
+def test_module_parameters_and_named_modules() -> None:
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = torch.nn.Linear(3, 4)
+            self.b = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            dtype = next(self.parameters()).dtype
+            count = sum(p.numel() for p in self.parameters())
+            names = [n for n, _ in self.named_modules()]
+            return self.b(self.a(x.to(dtype))) * count + len(names)
+
+    net = Net()
+    check_calls(net, lambda i: (torch.randn(2, 3),), graphs=1)
+
+
+def test_generator_return_value_through_yield_from_chain() -> None:
+    def inner(x: torch.Tensor) -> Iterator[torch.Tensor]:
+        yield x
+        return x * 3
+
+    def middle(x: torch.Tensor) -> Iterator[torch.Tensor]:
+        r = yield from inner(x)
+        r2 = yield from inner(r)
+        return r2 + 1
+
+    def outer(x: torch.Tensor) -> Iterator[torch.Tensor]:
+        last = yield from middle(x)
+        yield last
+
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(outer(x.exp()))
+
+    check_calls(fn, lambda i: (torch.randn(3),), graphs=1)
