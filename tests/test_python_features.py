@@ -253,3 +253,88 @@ def test_setters_of_a_frame_object_run_and_their_stores_replay():
 
     differential(fn)
     assert GLOBAL_HOLDER._scale == 8
+
+
+# functools ---------------------------------------------------------------------------------
+@functools.lru_cache
+def _widths(n: int) -> tuple[int, ...]:
+    return tuple(range(1, n + 1))
+
+
+@functools.cache
+def _scale(n: int) -> float:
+    return n / 2
+
+
+@functools.lru_cache(maxsize=8)
+def _doubled(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@functools.lru_cache
+def _torch_major() -> int:
+    # package metadata is beyond tracing: the cached result, a constant, is used
+    import importlib.metadata
+
+    return int(importlib.metadata.version("torch").split(".")[0])
+
+
+_STATE = {"k": 1}
+
+
+@functools.lru_cache
+def _stateful(n: int) -> int:
+    return n * _STATE["k"]
+
+
+class Layer:
+    @functools.lru_cache  # noqa: B019 (a cache on a method, as libraries write it)
+    def shape(self, n: int) -> int:
+        return n + 1
+
+
+LAYER = Layer()
+
+
+def test_lru_cache_and_cache_helpers_are_traced_through():
+    def fn(x):
+        return (
+            x * sum(_widths(3)) * _scale(4),
+            _doubled(x) + 1,
+            x * LAYER.shape(2),
+            x + _torch_major(),
+        )
+
+    differential(fn)
+
+
+def test_lru_cache_helper_reading_state_follows_the_state():
+    """The cached function is traced, its reads guarded: a new state means a new capture.
+
+    Eager's cache keeps the value of the first call while the entry lives; Kiln, like
+    torch.compile, computes from the state at capture (each test call clears the cache, so
+    both agree).
+    """
+
+    def fn(x):
+        return x * _stateful(3)
+
+    compiled = kiln.compile(fn, backend="eager")
+    for k in (1, 2, 2, 5):
+        _STATE["k"] = k
+        _stateful.cache_clear()
+        x = torch.randn(3)
+        assert_same(compiled(x), fn(x))
+    _STATE["k"] = 1
+
+
+def test_partial_and_reduce():
+    def fn(x):
+        mul = functools.partial(torch.mul, other=3)
+        return (
+            mul(x),
+            functools.reduce(lambda a, b: a * b, [x, x, 2]),
+            functools.reduce(max, [1, 5, 2]),
+        )
+
+    differential(fn)

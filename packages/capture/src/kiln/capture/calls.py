@@ -30,7 +30,8 @@ from kiln.capture import (
     torch_calls,
     torch_functions,
 )
-from kiln.capture.breaks.reasons import unsupported
+from kiln.capture.breaks.reasons import UserException, unsupported
+from kiln.capture.errors import Unsupported
 from kiln.capture.guard_data import GuardKind
 from kiln.capture.values.base import ConstantValue, Value, is_constant
 from kiln.capture.values.containers import DictValue, ListValue, TupleValue
@@ -153,6 +154,8 @@ def _call_object(tr: Tracer, fv: ObjectValue, args: list[Value], kwargs: dict[st
             for k, a in obj.keywords.items()
         }
         return dispatch.call(tr, func_v, [*bound, *args], {**keywords, **kwargs})
+    if isinstance(obj, functools._lru_cache_wrapper):
+        return _call_cached(tr, fv, args, kwargs)
     if _foldable(obj):
         # a pure builtin consumes iterators whole: hand it their items
         args = [
@@ -165,6 +168,34 @@ def _call_object(tr: Tracer, fv: ObjectValue, args: list[Value], kwargs: dict[st
     if method is not None:
         return dispatch.call(tr, function_value(method, None), [fv, *args], kwargs)
     raise unsupported("unsupported_call", getattr(obj, "__qualname__", repr(obj)))
+
+
+def _call_cached(tr: Tracer, fv: ObjectValue, args: Args, kwargs: Kwargs) -> Value:
+    """A call of a ``functools.lru_cache``/``cache`` function: the function itself, traced.
+
+    A cache holds what the function computed from its arguments, so tracing ``__wrapped__``
+    gives the value eager gets, guarded on whatever state the function reads (a value kept at
+    capture time could go stale). Where the function cannot be traced (it reads package
+    metadata, say) and every argument is a constant, the real cached function runs at capture
+    time and its result, a constant, is the value eager's cache hands back on every later call
+    with those arguments.
+    """
+    src = fv.source.attr("__wrapped__") if fv.source is not None else None
+    wrapped = wrap(tr.out, fv.obj.__wrapped__, src)
+    literal_args = all(literals.is_literal(a) for a in [*args, *kwargs.values()])
+    if not literal_args:
+        return dispatch.call(tr, wrapped, args, kwargs)
+    cp = tr.checkpoint()
+    try:
+        return dispatch.call(tr, wrapped, args, kwargs)
+    except UserException:
+        raise
+    except Unsupported:
+        tr.rollback(cp)
+    result = literals.fold(fv.obj, args, kwargs)
+    if not literals.is_literal(result):
+        raise unsupported("unsupported_call", f"{fv.obj.__qualname__} returns {result}")
+    return result
 
 
 def _const(obj: Any) -> Value:
