@@ -1,5 +1,7 @@
+import pytest
 import sympy
 
+from kiln.codegen_cpp.errors import CodegenCppError
 from kiln.codegen_cpp.printer import cpp_float_literal, cpp_index
 from kiln.loopir.sizes import FloorDiv, ModularIndexing
 
@@ -54,3 +56,16 @@ def test_float_literals():
     assert "quiet_NaN" in cpp_float_literal(float("nan"), "float")
     assert cpp_float_literal(0.5, "float") == "0.5f"
     assert cpp_float_literal(1e-40, "double") == "1e-40"
+
+
+def test_floor_of_a_sum_is_one_division():
+    # floor(x0/2 + x1/2) is not x0/2 + x1/2 in integers when both are odd
+    text = cpp_index(sympy.floor(x0 / 2 + x1 / 2))
+    assert text == "(x0 + x1) / 2"
+    assert _eval_cpp(text, {"x0": 1, "x1": 3}) == 2
+
+
+def test_non_integer_coefficients_are_refused():
+    assert cpp_index(3 * x0 / 2) == "(3 * x0) / 2"
+    with pytest.raises(CodegenCppError):
+        cpp_index(0.5 * x0)

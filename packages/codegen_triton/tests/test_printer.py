@@ -22,3 +22,60 @@ def test_printing():
 def test_unprintable_index_is_a_codegen_error():
     with pytest.raises(TritonCodegenError):
         print_index(sympy.sin(XINDEX))
+
+
+def _eval_triton(text: str, env: dict[str, int]) -> int:
+    """Printed Triton index arithmetic evaluated as Triton does: integer ``//`` and ``%``
+    truncate toward zero; ``kh.int_floordiv``/``kh.int_remainder`` floor."""
+    import ast
+    import types
+
+    def tdiv(a: int, b: int) -> int:
+        q = abs(a) // abs(b)
+        return q if (a < 0) == (b < 0) else -q
+
+    class Truncating(ast.NodeTransformer):
+        def visit_BinOp(self, node: ast.BinOp) -> ast.AST:
+            self.generic_visit(node)
+            name = {ast.FloorDiv: "tdiv", ast.Mod: "tmod"}.get(type(node.op))
+            if name is None:
+                return node
+            return ast.Call(ast.Name(name, ast.Load()), [node.left, node.right], [])
+
+    tree = ast.fix_missing_locations(Truncating().visit(ast.parse(text, mode="eval")))
+    names = {
+        "tdiv": tdiv,
+        "tmod": lambda a, b: a - tdiv(a, b) * b,
+        "tl": types.SimpleNamespace(minimum=min, maximum=max),
+        "kh": types.SimpleNamespace(
+            int_floordiv=lambda a, b: a // b, int_remainder=lambda a, b: a % b
+        ),
+    }
+    return eval(compile(tree, "<triton>", "eval"), names, env)
+
+
+def test_operands_of_unknown_sign_floor():
+    i = sympy.Symbol("i", integer=True)
+    assert print_index(FloorDiv(XINDEX - 3, 4)) == "kh.int_floordiv(xindex - 3, 4)"
+    assert print_index(sympy.Mod(i, 3)) == "kh.int_remainder(i, 3)"
+    cases = [
+        FloorDiv(XINDEX - 3, 4),
+        ModularIndexing(XINDEX - 5, 2, 3),
+        ModularIndexing(2 * XINDEX - i, 2, 8),
+        sympy.Mod(i, 3),
+        sympy.floor((i + XINDEX) / 2),
+    ]
+    for expr in cases:
+        text = print_index(expr)
+        for vx, vi in ((0, -7), (1, -1), (2, 0), (9, 5)):
+            want = int(expr.xreplace({XINDEX: sympy.Integer(vx), i: sympy.Integer(vi)}))
+            assert _eval_triton(text, {"xindex": vx, "i": vi}) == want, (expr, text)
+
+
+def test_divisions_print_whole():
+    s = sympy.Symbol("s", integer=True, positive=True)
+    assert print_index(FloorDiv(XINDEX, 2 * s)) == "(xindex // (2*s))"
+    assert print_index(XINDEX / 2) == "(xindex // 2)"  # never a truncated coefficient
+    assert print_index(sympy.floor(XINDEX / 2 + RINDEX / 2)) == "((rindex + xindex) // 2)"
+    with pytest.raises(TritonCodegenError):
+        print_index(0.5 * XINDEX)
