@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kiln.capture.binding import bind_arguments
-from kiln.capture.breaks.reasons import UserException, unsupported
+from kiln.capture.breaks.reasons import UserException, raised, unsupported
 from kiln.capture.bytecode.decode import decode
 from kiln.capture.errors import Unsupported, UserFrame
 from kiln.capture.graph import OutputGraph
@@ -297,7 +297,15 @@ class Tracer:
         if generator:
             # run the generator to its end now; its items are then iterated as a list
             child.yielded = []
-            returned = child.run()
+            try:
+                returned = child.run()
+            except UserException as e:
+                if not isinstance(e.exc, StopIteration):
+                    raise
+                # PEP 479 (3.12 does this in the generator's own code, 3.11 in the interpreter)
+                error = RuntimeError("generator raised StopIteration")
+                error.__cause__ = error.__context__ = e.exc
+                raise raised(error) from None
             return GeneratorIterator(child.yielded, returned)
         return child.run()
 

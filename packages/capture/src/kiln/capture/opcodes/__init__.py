@@ -16,6 +16,7 @@ from kiln.capture.opcodes import (
     control,
     exceptions,
     generators,
+    intrinsics,
     load_store,
     matching,
     unsupported,
@@ -34,6 +35,7 @@ _FAMILIES = (
     building,
     exceptions,
     generators,
+    intrinsics,
     matching,
     unsupported,
 )

@@ -6,10 +6,8 @@ import dis
 from typing import TYPE_CHECKING
 
 from kiln.capture import dispatch, literals, operators
-from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.opcodes.common import registry
 from kiln.capture.values.base import ConstantValue
-from kiln.capture.values.containers import ListValue, TupleValue
 
 if TYPE_CHECKING:
     from kiln.capture.tracer import Tracer
@@ -63,18 +61,6 @@ def unary_invert(tr: Tracer, ins: dis.Instruction) -> None:
 @handles("UNARY_NOT")
 def unary_not(tr: Tracer, ins: dis.Instruction) -> None:
     tr.push(ConstantValue(not dispatch.truth(tr, tr.pop())))
-
-
-@handles("CALL_INTRINSIC_1")
-def call_intrinsic_1(tr: Tracer, ins: dis.Instruction) -> None:
-    if ins.argrepr == "INTRINSIC_UNARY_POSITIVE":
-        tr.push(dispatch.unary_op(tr, "pos", tr.pop()))
-    elif ins.argrepr == "INTRINSIC_LIST_TO_TUPLE":
-        lst = tr.pop()
-        assert isinstance(lst, ListValue)
-        tr.push(TupleValue(list(lst.items)))
-    else:
-        raise unsupported("unsupported_opcode", f"CALL_INTRINSIC_1 {ins.argrepr}")
 
 
 @handles("GET_LEN")
