@@ -24,6 +24,7 @@ import time
 
 import pytest
 import torch
+from resident import resident_bytes
 
 import kiln
 
@@ -45,12 +46,6 @@ def _fresh():
     kiln.reset()
     yield
     kiln.reset()
-
-
-def _rss() -> int:
-    """Resident bytes of this process (Linux)."""
-    with open(f"/proc/{os.getpid()}/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def _model() -> torch.nn.Module:
@@ -106,7 +101,7 @@ def test_two_thousand_training_steps_keep_memory_and_step_time_flat(device):
             torch.testing.assert_close(loss, want, rtol=1e-4, atol=1e-5)
             for p, q in zip(model.parameters(), twin.parameters(), strict=True):
                 torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
-        rss.append(_rss())
+        rss.append(resident_bytes())
         if device == "cuda":
             allocated.append(torch.cuda.memory_allocated())
     s = kiln.stats()

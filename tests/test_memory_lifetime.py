@@ -7,14 +7,13 @@ collectable, and the global lookup table keeps nothing of them.
 
 from __future__ import annotations
 
-import ctypes
 import gc
-import os
 import weakref
 from collections.abc import Callable
 
 import pytest
 import torch
+from resident import resident_bytes
 
 import kiln
 from kiln import api
@@ -27,21 +26,6 @@ def _fresh():
     kiln.reset()
     yield
     kiln.reset()
-
-
-def _rss() -> int:
-    """Resident bytes of this process (Linux), after glibc returns its free heap memory.
-
-    glibc raises its mmap threshold after a large block is freed, so later blocks of that size
-    come from the heap, whose free memory stays resident until trimmed: without the trim, RSS
-    counts what the allocator keeps as well as what is leaked.
-    """
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
-    with open(f"/proc/{os.getpid()}/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def _model() -> torch.nn.Module:
@@ -87,7 +71,7 @@ def _assert_freed(cycle: Callable[[str], list[weakref.ref[object]]], backend: st
     refs = cycle(backend)  # warm up: the first compile imports and caches Kiln's own state
     gc.collect()
     assert all(r() is None for r in refs)
-    before = _rss()
+    before = resident_bytes()
     for _ in range(n):
         refs = cycle(backend)
         gc.collect()
@@ -96,7 +80,7 @@ def _assert_freed(cycle: Callable[[str], list[weakref.ref[object]]], backend: st
         assert len(api._caches) == 0
         assert not api._skipped
     # each leaked cycle would keep 8 MB (module) or 4 MB (closure)
-    assert _rss() - before < 48 * 2**20
+    assert resident_bytes() - before < 48 * 2**20
 
 
 @pytest.mark.parametrize(("backend", "cycles"), [("eager", CYCLES), ("aot_eager", 10)])
@@ -148,7 +132,7 @@ def test_instances_die_though_their_method_s_cache_lives():
     refs = []
     _Layer().run(torch.randn(2, 1024))  # first compile's one-time allocations are not a leak
     gc.collect()
-    before = _rss()
+    before = resident_bytes()
     for _ in range(CYCLES):
         layer = _Layer()
         x = torch.randn(2, 1024)
@@ -157,7 +141,7 @@ def test_instances_die_though_their_method_s_cache_lives():
         del layer
     gc.collect()
     assert all(r() is None for r in refs)
-    assert _rss() - before < 48 * 2**20
+    assert resident_bytes() - before < 48 * 2**20
     # the entries for the dead instances were dropped, not left to fail on every call
     assert all(not c.entries for c in api._caches.values())
 
