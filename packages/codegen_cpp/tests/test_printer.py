@@ -1,9 +1,13 @@
+import operator
+import re
+
 import pytest
 import sympy
 
 from kiln.codegen_cpp.errors import CodegenCppError
 from kiln.codegen_cpp.printer import cpp_float_literal, cpp_index
 from kiln.loopir.sizes import FloorDiv, ModularIndexing
+from kiln.loopir.testing import eval_index
 
 x0 = sympy.Symbol("x0", integer=True, nonnegative=True)
 x1 = sympy.Symbol("x1", integer=True, nonnegative=True)
@@ -12,17 +16,13 @@ i = sympy.Symbol("i", integer=True)
 
 def _eval_cpp(text: str, env: dict[str, int]) -> int:
     """Evaluate printed C++ index arithmetic in Python with C's truncating / and %."""
-    import re
-
-    py = text.replace("kiln::floordiv<int64_t>", "_fd").replace("kiln::pymod<int64_t>", "_pm")
-    py = py.replace("kiln::imin", "min").replace("kiln::imax", "max")
-    py = re.sub(r"INT64_C\((\-?\d+)\)", r"\1", py)
-    py = re.sub(r"(\S+|\([^()]*\)) / (\S+|\([^()]*\))", r"_cdiv(\1, \2)", py)
-    return eval(
-        py,
-        {"_fd": lambda a, b: a // b, "_pm": lambda a, b: a % b, "_cdiv": lambda a, b: int(a / b)},
-        env,
+    py = text.replace("kiln::floordiv<int64_t>", "floordiv").replace(
+        "kiln::pymod<int64_t>", "pymod"
     )
+    py = py.replace("kiln::imin", "min").replace("kiln::imax", "max")
+    py = re.sub(r"INT64_C\((-?\d+)\)", r"\1", py)
+    helpers = {"floordiv": operator.floordiv, "pymod": operator.mod}
+    return eval_index(py, env, helpers, truncating=True)
 
 
 def test_simple_affine():
@@ -69,3 +69,23 @@ def test_non_integer_coefficients_are_refused():
     assert cpp_index(3 * x0 / 2) == "(3 * x0) / 2"
     with pytest.raises(CodegenCppError):
         cpp_index(0.5 * x0)
+
+
+def test_values_match_sympy():
+    s0 = sympy.Symbol("s0", integer=True, positive=True)
+    cases = [
+        x0 + 16 * x1 - 3,
+        -2 * x0 * x1 + 5,
+        FloorDiv(x0 - 3, 4),
+        ModularIndexing(2 * x0 - i, 2, 8),
+        ModularIndexing(x0 + x1 * s0, s0, 3),
+        sympy.Mod(i * x1, 3),
+        sympy.floor((i + x0) / (2 * s0)),
+        sympy.Min(x0 - 3, i, 7) * x1**2,
+    ]
+    for expr in cases:
+        text = cpp_index(expr)
+        for vx0, vx1, vi, vs in ((0, 0, -7, 1), (1, 3, -1, 2), (5, 2, 0, 3), (9, 1, 4, 2)):
+            point = {x0: vx0, x1: vx1, i: vi, s0: vs}
+            want = int(expr.xreplace({k: sympy.Integer(v) for k, v in point.items()}))
+            assert _eval_cpp(text, {k.name: v for k, v in point.items()}) == want, (expr, text)

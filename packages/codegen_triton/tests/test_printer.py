@@ -1,5 +1,8 @@
 """Index printing."""
 
+import operator
+import types
+
 import pytest
 import sympy
 
@@ -7,6 +10,7 @@ from kiln.codegen_triton.errors import TritonCodegenError
 from kiln.codegen_triton.printer import print_index
 from kiln.loopir.kernel import RINDEX, XINDEX
 from kiln.loopir.sizes import FloorDiv, ModularIndexing, index_symbol
+from kiln.loopir.testing import eval_index
 
 
 def test_printing():
@@ -27,31 +31,11 @@ def test_unprintable_index_is_a_codegen_error():
 def _eval_triton(text: str, env: dict[str, int]) -> int:
     """Printed Triton index arithmetic evaluated as Triton does: integer ``//`` and ``%``
     truncate toward zero; ``kh.int_floordiv``/``kh.int_remainder`` floor."""
-    import ast
-    import types
-
-    def tdiv(a: int, b: int) -> int:
-        q = abs(a) // abs(b)
-        return q if (a < 0) == (b < 0) else -q
-
-    class Truncating(ast.NodeTransformer):
-        def visit_BinOp(self, node: ast.BinOp) -> ast.AST:
-            self.generic_visit(node)
-            name = {ast.FloorDiv: "tdiv", ast.Mod: "tmod"}.get(type(node.op))
-            if name is None:
-                return node
-            return ast.Call(ast.Name(name, ast.Load()), [node.left, node.right], [])
-
-    tree = ast.fix_missing_locations(Truncating().visit(ast.parse(text, mode="eval")))
     names = {
-        "tdiv": tdiv,
-        "tmod": lambda a, b: a - tdiv(a, b) * b,
         "tl": types.SimpleNamespace(minimum=min, maximum=max),
-        "kh": types.SimpleNamespace(
-            int_floordiv=lambda a, b: a // b, int_remainder=lambda a, b: a % b
-        ),
+        "kh": types.SimpleNamespace(int_floordiv=operator.floordiv, int_remainder=operator.mod),
     }
-    return eval(compile(tree, "<triton>", "eval"), names, env)
+    return eval_index(text, env, names, truncating=True)
 
 
 def test_operands_of_unknown_sign_floor():

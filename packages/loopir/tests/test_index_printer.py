@@ -8,7 +8,6 @@ at every point of a grid, signed operands included.
 
 from __future__ import annotations
 
-import ast
 import itertools
 import random
 
@@ -18,6 +17,7 @@ import sympy
 from kiln.loopir.errors import BackendError
 from kiln.loopir.index_printer import IndexPrinter, is_nonnegative, is_positive
 from kiln.loopir.sizes import FloorDiv, ModularIndexing
+from kiln.loopir.testing import eval_index
 
 x = sympy.Symbol("x", integer=True, nonnegative=True)
 y = sympy.Symbol("y", integer=True, nonnegative=True)
@@ -48,38 +48,13 @@ class CLike(IndexPrinter):
         return "imax" if is_max else "imin"
 
 
-def _trunc_div(a: int, b: int) -> int:
-    q = abs(a) // abs(b)
-    return q if (a < 0) == (b < 0) else -q
-
-
-class _Truncating(ast.NodeTransformer):
-    """C's ``/`` and ``%`` (toward zero) in place of Python's ``/`` and ``%``."""
-
-    def visit_BinOp(self, node: ast.BinOp) -> ast.AST:
-        self.generic_visit(node)
-        names = {ast.Div: "tdiv", ast.Mod: "tmod"}
-        name = names.get(type(node.op))
-        if name is None:
-            return node
-        return ast.Call(ast.Name(name, ast.Load()), [node.left, node.right], [])
-
-
 def eval_python(text: str, env: dict[str, int]) -> int:
-    return eval(text, {"min": min, "max": max}, env)
+    return eval_index(text, env)
 
 
 def eval_truncating(text: str, env: dict[str, int]) -> int:
-    tree = ast.fix_missing_locations(_Truncating().visit(ast.parse(text, mode="eval")))
-    funcs = {
-        "tdiv": _trunc_div,
-        "tmod": lambda a, b: a - _trunc_div(a, b) * b,
-        "floordiv": lambda a, b: a // b,
-        "pymod": lambda a, b: a % b,
-        "imin": min,
-        "imax": max,
-    }
-    return eval(compile(tree, "<index>", "eval"), funcs, env)
+    helpers = {"floordiv": lambda a, b: a // b, "pymod": lambda a, b: a % b}
+    return eval_index(text, env, {**helpers, "imin": min, "imax": max}, truncating=True)
 
 
 def _random_index(rng: random.Random, depth: int) -> sympy.Expr:

@@ -6,11 +6,13 @@ chosen backend and compare with eager (:func:`check`). Kernel tests build one
 :class:`~kiln.loopir.kernel.KernelGroup` by hand (:func:`inp`, :func:`pointwise`,
 :func:`reduction`, :func:`scatter`, :func:`group`), and a code generator's kernel for it must
 write what the reference backend's does on fresh :func:`random_tensor` inputs. A backend
-author's tests use them as loopir's own and Kiln's code generators' do.
+author's tests use them as loopir's own and Kiln's code generators' do; an index printer's
+text is checked against sympy's value with :func:`eval_index`.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -36,6 +38,7 @@ __all__ = [
     "check",
     "check_calls",
     "compile_fn",
+    "eval_index",
     "fill_meta",
     "graph_of_calls",
     "group",
@@ -319,3 +322,47 @@ def random_tensor(
     out = torch.empty_strided(size, stride, dtype=dtype)
     out.copy_(t)
     return out
+
+
+# -- index printers ------------------------------------------------------------------------
+
+
+def _trunc_div(a: int, b: int) -> int:
+    quotient = abs(a) // abs(b)
+    return quotient if (a < 0) == (b < 0) else -quotient
+
+
+class _Truncating(ast.NodeTransformer):
+    """``/``, ``//`` and ``%`` as calls that round toward zero, as C's and Triton's do."""
+
+    def visit_BinOp(self, node: ast.BinOp) -> ast.AST:
+        self.generic_visit(node)
+        if isinstance(node.op, (ast.Div, ast.FloorDiv)):
+            return ast.Call(ast.Name("_tdiv", ast.Load()), [node.left, node.right], [])
+        if isinstance(node.op, ast.Mod):
+            return ast.Call(ast.Name("_tmod", ast.Load()), [node.left, node.right], [])
+        return node
+
+
+def eval_index(
+    text: str,
+    env: dict[str, int],
+    names: dict[str, Any] | None = None,
+    *,
+    truncating: bool = False,
+) -> int:
+    """The value of printed index arithmetic, evaluated as Python, at the point ``env``
+    (symbol name to value). ``names`` are the dialect's functions (``min``/``max`` are
+    given); ``truncating`` gives ``/``, ``//`` and ``%`` the integer semantics of C and
+    Triton (toward zero), so a dialect's floor helpers are checked where they matter."""
+    tree = ast.parse(text, mode="eval")
+    if truncating:
+        tree = ast.fix_missing_locations(_Truncating().visit(tree))
+    scope: dict[str, Any] = {
+        "min": min,
+        "max": max,
+        "_tdiv": _trunc_div,
+        "_tmod": lambda a, b: a - _trunc_div(a, b) * b,
+        **(names or {}),
+    }
+    return int(eval(compile(tree, "<index>", "eval"), scope, dict(env)))
