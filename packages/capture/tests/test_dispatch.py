@@ -57,14 +57,25 @@ def test_an_operand_of_higher_priority_answers_from_either_side() -> None:
     op.register(Value)("python")
     op.register(NdarrayValue, priority=1)("numpy")
     op.register(TensorValue, priority=2)("torch")
-    assert op.either(ObjectValue, ListValue) == "python"
-    assert op.either(ListValue, TensorValue) == "torch"
-    assert op.either(NdarrayValue, TensorValue) == "torch"
-    assert op.either(NdarrayValue, ListValue) == "numpy"
-    assert op.either(ListValue, NdarrayValue) == "numpy"
-    assert dispatch.BINARY_OP.either(ObjectValue, TensorValue).__module__ == (
+    assert op.answering(ObjectValue, ListValue) == ["python"]
+    assert op.answering(ListValue, TensorValue) == ["torch", "python"]
+    assert op.answering(NdarrayValue, TensorValue) == ["torch", "numpy", "python"]
+    assert op.answering(NdarrayValue, ListValue) == ["numpy", "python"]
+    assert op.answering(ListValue, NdarrayValue) == ["numpy", "python"]
+    assert dispatch.BINARY_OP.answering(ObjectValue, TensorValue)[0].__module__ == (
         "kiln.capture.torch_calls"
     )
+
+
+def test_each_operand_kind_is_asked_once_the_left_first_on_a_tie() -> None:
+    op: dispatch.Operation[object] = dispatch.Operation("demo")
+    op.register(Value)("general")
+    op.register(ListValue)("list")
+    op.register(ObjectValue)("object")
+    assert op.answering(ListValue, ObjectValue) == ["list", "object", "general"]
+    assert op.answering(ObjectValue, ListValue) == ["object", "list", "general"]
+    assert op.answering(ListValue, ListValue) == ["list", "general"]
+    assert op.answering(NdarrayValue, ListValue) == ["list", "general"]
 
 
 def test_a_kind_has_one_owner_per_operation() -> None:

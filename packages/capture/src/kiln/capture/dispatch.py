@@ -12,11 +12,14 @@ each other), and a new value kind is added by registering handlers, not by editi
 ``isinstance`` chains in several modules. ``kiln.capture.evaluator`` imports every module that
 registers, so the tables are complete before a frame is traced.
 
-Binary and comparison operators involve both operands: as Python lets the right operand's
-reflected method win, a kind registers them with a priority, and the operand whose kind has the
-higher priority answers (the left one on a tie). Tensors outrank ndarrays, which outrank every
-Python value, so ``2 * t`` and ``arr + t`` are the tensor's. :data:`BINARY` and :data:`COMPARE`
-list the operator symbols those two operations take.
+Binary and comparison operators involve both operands, and either operand's kind may answer, as
+in Python, where ``a + b`` asks ``b.__radd__`` when ``a.__add__`` does not know ``b``. A kind
+registers them with a priority: the operand whose kind has the higher priority is asked first
+(the left one on a tie), its handler returns None for an operand it does not know, then the
+other operand's kind is asked, and ``Value``'s handler, the general case, answers last. Tensors
+outrank ndarrays, which outrank every Python value, so ``2 * t`` and ``arr + t`` are the
+tensor's. :data:`BINARY` and :data:`COMPARE` list the operator symbols those two operations
+take.
 """
 
 from __future__ import annotations
@@ -143,11 +146,18 @@ class Operation(Generic[H]):
     def __getitem__(self, kind: type) -> H:
         return self._resolve(kind)[0]
 
-    def either(self, left: type, right: type) -> H:
-        """The handler of the operand kind with the higher priority, the left one on a tie."""
-        found, rank = self._resolve(left)
-        other, other_rank = self._resolve(right)
-        return other if other_rank > rank else found
+    def answering(self, left: type, right: type) -> list[H]:
+        """The handlers an operation of two operands asks, in order, each once: the operand
+        kinds' own, the higher priority first (the left one on a tie), then ``Value``'s."""
+        first, second = self._resolve(left), self._resolve(right)
+        if second[1] > first[1]:
+            first, second = second, first
+        general = self._resolve(Value)[0]
+        found: list[H] = []
+        for fn in (first[0], second[0]):
+            if fn is not general and fn not in found:
+                found.append(fn)
+        return [*found, general]
 
     def _resolve(self, kind: type) -> tuple[H, int]:
         found = self._resolved.get(kind)
@@ -180,8 +190,9 @@ UNPACK: Operation[Callable[[Tracer, Any], list[Value]]] = Operation("unpack_iter
 LENGTH: Operation[Callable[[Tracer, Any], int]] = Operation("length")
 TRUTH: Operation[Callable[[Tracer, Any], bool]] = Operation("truth")
 UNARY_OP: Operation[Callable[[Tracer, str, Any], Value]] = Operation("unary_op")
-BINARY_OP: Operation[Callable[[Tracer, str, Any, Value], Value]] = Operation("binary_op")
-COMPARE_OP: Operation[Callable[[Tracer, str, Any, Value], Value]] = Operation("compare_op")
+# a handler of two operands returns None for an operand pair its kind does not know
+BINARY_OP: Operation[Callable[[Tracer, str, Value, Value], Value | None]] = Operation("binary_op")
+COMPARE_OP: Operation[Callable[[Tracer, str, Value, Value], Value | None]] = Operation("compare_op")
 CONTAINS: Operation[Callable[[Tracer, Value, Any], bool]] = Operation("contains")
 
 
@@ -259,12 +270,27 @@ def unary_op(tr: Tracer, name: str, v: Value) -> Value:
 
 def binary_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value:
     """``a <sym> b`` for an arithmetic operator symbol (``+``, ``+=``, ...)."""
-    return BINARY_OP.either(type(a), type(b))(tr, sym, a, b)
+    return _answer(BINARY_OP, tr, sym, a, b)
 
 
 def compare_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value:
     """``a <sym> b`` for a comparison symbol."""
-    return COMPARE_OP.either(type(a), type(b))(tr, sym, a, b)
+    return _answer(COMPARE_OP, tr, sym, a, b)
+
+
+def _answer(
+    op: Operation[Callable[[Tracer, str, Value, Value], Value | None]],
+    tr: Tracer,
+    sym: str,
+    a: Value,
+    b: Value,
+) -> Value:
+    for handler in op.answering(type(a), type(b)):
+        result = handler(tr, sym, a, b)
+        if result is not None:
+            return result
+    msg = f"the general {op.name} handler declined {a} {sym} {b}"
+    raise LookupError(msg)
 
 
 def contains(tr: Tracer, item: Value, container: Value) -> bool:

@@ -33,10 +33,7 @@ __all__ = ["guard_module_container", "next_item", "unpack_iterable"]
 # ``__iter__`` runs first; tensors' is registered by torch_calls.
 @dispatch.ITERATE.register(Value)
 def _iterate(tr: Tracer, v: Value) -> IteratorValue:
-    own = builtin_types.call_override(tr, v, "__iter__", [])
-    if own is None:
-        raise unsupported("unsupported_operator", f"iter({v})")
-    return dispatch.iterate(tr, own)
+    raise unsupported("unsupported_operator", f"iter({v})")
 
 
 @dispatch.ITERATE.register(IteratorValue)
@@ -44,18 +41,25 @@ def _iterate_iterator(tr: Tracer, v: IteratorValue) -> IteratorValue:
     return v
 
 
-@dispatch.ITERATE.register(ListValue, TupleValue, DictViewValue, DictValue, SetValue)
-def _iterate_container(
-    tr: Tracer, v: ListValue | TupleValue | DictViewValue | DictValue | SetValue
-) -> IteratorValue:
+@dispatch.ITERATE.register(ListValue, TupleValue, DictViewValue)
+def _iterate_sequence(tr: Tracer, v: ListValue | TupleValue | DictViewValue) -> IteratorValue:
+    return _own_iterator(tr, v) or ItemsIterator(list(v.items))
+
+
+@dispatch.ITERATE.register(DictValue)
+def _iterate_dict(tr: Tracer, v: DictValue) -> IteratorValue:
+    return _own_iterator(tr, v) or ItemsIterator([k for k, _ in v.items.values()])
+
+
+@dispatch.ITERATE.register(SetValue)
+def _iterate_set(tr: Tracer, v: SetValue) -> IteratorValue:
+    return _own_iterator(tr, v) or ItemsIterator(v.ordered())
+
+
+def _own_iterator(tr: Tracer, v: Value) -> IteratorValue | None:
+    """What a Python ``__iter__`` a container subclass defines returns, iterated."""
     own = builtin_types.call_override(tr, v, "__iter__", [])
-    if own is not None:
-        return dispatch.iterate(tr, own)
-    if isinstance(v, DictValue):
-        return ItemsIterator([k for k, _ in v.items.values()])
-    if isinstance(v, SetValue):
-        return ItemsIterator(v.ordered())
-    return ItemsIterator(list(v.items))
+    return None if own is None else dispatch.iterate(tr, own)
 
 
 @dispatch.ITERATE.register(ConstantValue)
@@ -137,9 +141,6 @@ def _truth(tr: Tracer) -> Callable[[Value], bool]:
 # ndarrays' are registered by torch_calls and numpy_calls.
 @dispatch.LENGTH.register(Value)
 def _length(tr: Tracer, v: Value) -> int:
-    own = builtin_types.call_override(tr, v, "__len__", [])
-    if own is not None:
-        return int(own.as_constant())
     method = dispatch.get_attr(tr, v, "__len__")
     return int(dispatch.call(tr, method, [], {}).as_constant())
 

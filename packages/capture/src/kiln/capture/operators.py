@@ -1,8 +1,13 @@
 """Python operators on tracked values: binary, in-place, comparison, unary, truth, ``in``.
 
-Constants fold, containers follow Python's rules, and user objects' dunder methods are
-inlined. Tensors' and ndarrays' operators are registered by ``torch_calls`` and ``numpy_calls``
-with a higher priority, so they answer from either side (``2 * t`` is the tensor's).
+Each kind registers what it answers: constants fold, lists and tuples concatenate, repeat and
+compare item by item, dicts merge, sets and dict views combine and compare as sets, user
+objects' dunder methods are inlined. A binary or comparison handler returns None for an operand
+pair it does not know, and the other operand's kind is asked next (see
+:mod:`~kiln.capture.dispatch`); the general handler, registered for ``Value``, answers ``==``
+and ``!=`` by identity, as ``object.__eq__`` does, and refuses the rest. Tensors' and ndarrays'
+operators are registered by ``torch_calls`` and ``numpy_calls`` with a higher priority, so they
+answer from either side (``2 * t`` is the tensor's).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from torch import nn
 
 from kiln.capture import builtin_types, dispatch
 from kiln.capture.breaks.reasons import raised, unsupported
+from kiln.capture.errors import Unsupported
 from kiln.capture.guard_data import GuardKind
 from kiln.capture.values.base import ConstantValue, Value
 from kiln.capture.values.containers import (
@@ -33,7 +39,7 @@ from kiln.capture.wrap import function_value
 if TYPE_CHECKING:
     from kiln.capture.tracer import Tracer
 
-__all__ = ["binary_op", "compare_op", "is_op"]
+__all__ = ["is_op"]
 
 _DUNDER = {
     "+": "add", "-": "sub", "*": "mul", "/": "truediv", "//": "floordiv", "%": "mod",
@@ -41,6 +47,31 @@ _DUNDER = {
     ">>": "rshift", "<": "lt", "<=": "le", "==": "eq", "!=": "ne", ">": "gt", ">=": "ge",
 }  # fmt: skip
 _REFLECTED = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "eq": "eq", "ne": "ne"}
+_EQUALITY = ("==", "!=")
+
+
+def _split(sym: str) -> tuple[str, bool]:
+    """An operator symbol without its ``=`` and whether it had one (``+=`` is ``+``, in place)."""
+    return (sym[:-1], True) if sym.endswith("=") else (sym, False)
+
+
+def _refusal(a: Value, sym: str, b: Value) -> Unsupported:
+    return unsupported(
+        "unsupported_operator", f"{a.python_type().__name__} {sym} {b.python_type().__name__}"
+    )
+
+
+# binary and in-place operators -------------------------------------------------------------
+@dispatch.BINARY_OP.register(Value)
+def _no_binary_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value:
+    raise _refusal(a, sym, b)
+
+
+@dispatch.BINARY_OP.register(ConstantValue)
+def _constant_binary_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value | None:
+    if isinstance(a, ConstantValue) and isinstance(b, ConstantValue):
+        return _fold(dispatch.BINARY[sym], a.value, b.value)
+    return None
 
 
 def _fold(fn: Callable[[Any, Any], Any], a: Any, b: Any) -> Value:
@@ -50,46 +81,48 @@ def _fold(fn: Callable[[Any, Any], Any], a: Any, b: Any) -> Value:
         raise raised(e) from e
 
 
-@dispatch.BINARY_OP.register(Value)
-def binary_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value:
-    """``a <sym> b`` for a binary or in-place operator symbol such as ``+`` or ``+=``."""
-    fn = dispatch.BINARY[sym]
-    if isinstance(a, ConstantValue) and isinstance(b, ConstantValue):
-        return _fold(fn, a.value, b.value)
-    inplace = sym.endswith("=")
-    base = sym[:-1] if inplace else sym
-    seq = _sequence_op(base, a, b, inplace)
-    if seq is None:
-        seq = _set_op(base, a, b, inplace)
-    if seq is not None:
-        return seq
-    return _dunder(tr, base, a, b, inplace)
+@dispatch.BINARY_OP.register(ListValue, TupleValue)
+def _sequence_binary_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value | None:
+    """``+`` joins two lists or two tuples (``+=`` extends a list by either); ``*`` repeats."""
+    base, inplace = _split(sym)
+    left, right = _sequence(a), _sequence(b)
+    if left is None:
+        return None
+    if base == "*" and isinstance(b, ConstantValue) and isinstance(b.value, int):
+        if inplace and isinstance(left, ListValue):
+            left.check_mutable()
+            left.items *= b.value
+            return left
+        return type(left)(left.items * b.value)
+    if base != "+" or right is None:
+        return None
+    if inplace and isinstance(left, ListValue):
+        left.check_mutable()
+        left.items.extend(right.items)
+        return left
+    return type(left)([*left.items, *right.items]) if type(left) is type(right) else None
 
 
-def _sequence_op(sym: str, a: Value, b: Value, inplace: bool) -> Value | None:
-    if sym == "+" and isinstance(a, ListValue) and isinstance(b, (ListValue, TupleValue)):
-        if inplace:
-            a.check_mutable()
-            a.items.extend(b.items)
-            return a
-        if isinstance(b, ListValue):
-            return ListValue([*a.items, *b.items])
-    if sym == "+" and isinstance(a, TupleValue) and isinstance(b, TupleValue):
-        return TupleValue([*a.items, *b.items])
-    if sym == "+" and isinstance(a, TupleValue) and isinstance(b, ConstantValue):
-        return TupleValue([*a.items, *(ConstantValue(x) for x in b.as_constant())])
-    if sym == "+" and isinstance(a, ConstantValue) and isinstance(b, TupleValue):
-        return TupleValue([*(ConstantValue(x) for x in a.as_constant()), *b.items])
-    if sym == "*" and isinstance(a, (ListValue, TupleValue)) and isinstance(b, ConstantValue):
-        items = a.items * int(b.value)
-        return ListValue(items) if isinstance(a, ListValue) else TupleValue(items)
-    if sym == "|" and isinstance(a, DictValue) and isinstance(b, DictValue):
-        if inplace:
-            a.check_mutable()
-            a.items.update(b.items)
-            return a
-        return DictValue({**a.items, **b.items})
+def _sequence(v: Value) -> ListValue | TupleValue | None:
+    """A list, a tuple or a constant tuple as a tracked sequence."""
+    if isinstance(v, (ListValue, TupleValue)):
+        return v
+    if isinstance(v, ConstantValue) and type(v.value) is tuple:
+        return TupleValue([ConstantValue(x) for x in v.value])
     return None
+
+
+@dispatch.BINARY_OP.register(DictValue)
+def _dict_binary_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value | None:
+    """``d | e`` and ``d |= e`` of two dicts."""
+    base, inplace = _split(sym)
+    if base != "|" or not (isinstance(a, DictValue) and isinstance(b, DictValue)):
+        return None
+    if inplace:
+        a.check_mutable()
+        a.items.update(b.items)
+        return a
+    return DictValue({**a.items, **b.items})
 
 
 _SET_OPS: dict[str, Callable[[Any, Any], Any]] = {
@@ -98,6 +131,23 @@ _SET_OPS: dict[str, Callable[[Any, Any], Any]] = {
     "-": operator.sub,
     "^": operator.xor,
 }
+
+
+@dispatch.BINARY_OP.register(SetValue, DictViewValue)
+def _set_binary_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value | None:
+    """``|``, ``&``, ``-``, ``^`` of sets, dict views and constant sets (the result is a set)."""
+    base, inplace = _split(sym)
+    fn = _SET_OPS.get(base)
+    left, right = _set_keys(a), _set_keys(b)
+    if fn is None or left is None or right is None:
+        return None
+    keys = fn(left.keys(), right.keys())
+    picked = {k: left[k] if k in left else right[k] for k in [*left, *right] if k in keys}
+    if inplace and isinstance(a, SetValue):
+        a.check_mutable()
+        a.items = picked
+        return a
+    return SetValue(picked)
 
 
 def _set_keys(v: Value) -> dict[Any, Value] | None:
@@ -117,55 +167,94 @@ def _pair_key(v: Value) -> Any:
     return dict_key(v)
 
 
-def _set_op(sym: str, a: Value, b: Value, inplace: bool) -> Value | None:
-    """``|``, ``&``, ``-``, ``^`` of sets and dict views (the result is a new set)."""
-    fn = _SET_OPS.get(sym)
-    left, right = _set_keys(a), _set_keys(b)
-    if fn is None or left is None or right is None:
-        return None
-    keys = fn(left.keys(), right.keys())
-    picked = {k: left[k] if k in left else right[k] for k in [*left, *right] if k in keys}
-    if inplace and isinstance(a, SetValue):
-        a.check_mutable()
-        a.items = picked
-        return a
-    return SetValue(picked)
+@dispatch.BINARY_OP.register(NewObjectValue, ObjectValue)
+def _user_binary_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value | None:
+    base, inplace = _split(sym)
+    return _dunder(tr, base, a, b, inplace)
 
 
-def _dunder(tr: Tracer, sym: str, a: Value, b: Value, inplace: bool) -> Value:
+def _dunder(tr: Tracer, sym: str, a: Value, b: Value, inplace: bool) -> Value | None:
+    """Python's protocol over the operands' Python-level dunders: ``a.__iop__``, ``a.__op__``
+    (each in turn while it returns NotImplemented), then ``b.__rop__``; None when none exists."""
     name = _DUNDER.get(sym)
-    if name is not None:
-        names = [f"__i{name}__"] if inplace else []
-        names.append(f"__{name}__")
-        for n in names:
-            method = _user_method(a, n)
-            if method is not None:
-                result = dispatch.call(tr, method, [a, b], {})
-                if not (isinstance(result, ConstantValue) and result.value is NotImplemented):
-                    return result
-        reflected = _REFLECTED.get(name, f"r{name}")
-        method = _user_method(b, f"__{reflected}__")
+    if name is None:
+        return None
+    names = [f"__i{name}__"] if inplace else []
+    names.append(f"__{name}__")
+    for n in names:
+        method = _user_method(a, n)
         if method is not None:
-            return dispatch.call(tr, method, [b, a], {})
-    if sym in ("==", "!="):
-        same = _identity(a, b)
-        if same is not None:
-            return ConstantValue(same == (sym == "=="))
-    raise unsupported(
-        "unsupported_operator", f"{a.python_type().__name__} {sym} {b.python_type().__name__}"
-    )
+            result = dispatch.call(tr, method, [a, b], {})
+            if not (isinstance(result, ConstantValue) and result.value is NotImplemented):
+                return result
+    reflected = _REFLECTED.get(name, f"r{name}")
+    method = _user_method(b, f"__{reflected}__")
+    return dispatch.call(tr, method, [b, a], {}) if method is not None else None
 
 
 def _user_method(v: Value, name: str) -> Value | None:
-    """A Python-level dunder defined by ``v``'s class, as an unbound function value."""
-    cls = v.python_type()
+    """A Python-level dunder defined by the class of a user object, as an unbound function."""
     if not isinstance(v, (NewObjectValue, ObjectValue)):
         return None
-    for klass in cls.__mro__:
+    for klass in v.python_type().__mro__:
         if name in klass.__dict__:
             fn = klass.__dict__[name]
             return function_value(fn, None) if hasattr(fn, "__code__") else None
     return None
+
+
+# comparisons --------------------------------------------------------------------------------
+@dispatch.COMPARE_OP.register(Value)
+def _identity_compare_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value:
+    """``==`` and ``!=`` by identity where capture knows it; other comparisons break."""
+    if sym in _EQUALITY:
+        same = _identity(a, b)
+        if same is not None:
+            return ConstantValue(same == (sym == "=="))
+    raise _refusal(a, sym, b)
+
+
+@dispatch.COMPARE_OP.register(ConstantValue)
+def _constant_compare_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value | None:
+    if isinstance(a, ConstantValue) and isinstance(b, ConstantValue):
+        return _fold(dispatch.COMPARE[sym], a.value, b.value)
+    return None
+
+
+@dispatch.COMPARE_OP.register(ListValue, TupleValue)
+def _sequence_compare_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value | None:
+    """Lists equal lists and tuples equal tuples item by item; a list never equals a tuple."""
+    left, right = _sequence(a), _sequence(b)
+    if sym not in _EQUALITY or left is None or right is None or type(left) is not type(right):
+        return None
+    equal = len(left.items) == len(right.items) and all(
+        _equal(tr, x, y) for x, y in zip(left.items, right.items, strict=False)
+    )
+    return ConstantValue(equal == (sym == "=="))
+
+
+def _equal(tr: Tracer, a: Value, b: Value) -> bool:
+    """``a == b`` as containers compare their items: identity first, as Python does."""
+    return bool(_identity(a, b)) or dispatch.truth(tr, dispatch.compare_op(tr, "==", a, b))
+
+
+@dispatch.COMPARE_OP.register(SetValue, DictViewValue)
+def _set_compare_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value | None:
+    left, right = _set_keys(a), _set_keys(b)
+    if left is None or right is None or sym not in _EQUALITY:
+        return None
+    return ConstantValue((left.keys() == right.keys()) == (sym == "=="))
+
+
+@dispatch.COMPARE_OP.register(NewObjectValue, ObjectValue)
+def _user_compare_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value | None:
+    """Real objects without their own ``__eq__`` (and classes) equal by identity, guarded."""
+    if isinstance(a, ObjectValue) and isinstance(b, ObjectValue) and sym in _EQUALITY:
+        eq_type: Any = type(a.obj).__eq__
+        if eq_type is object.__eq__ or isinstance(a.obj, type):
+            _guard_identity(tr, a, b)
+            return ConstantValue((a.obj is b.obj) == (sym == "=="))
+    return _dunder(tr, sym, a, b, False)
 
 
 def _identity(a: Value, b: Value) -> bool | None:
@@ -190,36 +279,6 @@ def _identity(a: Value, b: Value) -> bool | None:
     return None
 
 
-@dispatch.COMPARE_OP.register(Value)
-def compare_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value:
-    fn = dispatch.COMPARE[sym]
-    if isinstance(a, ConstantValue) and isinstance(b, ConstantValue):
-        return _fold(fn, a.value, b.value)
-    if (
-        isinstance(a, (ListValue, TupleValue))
-        and isinstance(b, (ListValue, TupleValue))
-        and sym in ("==", "!=")
-    ):
-        equal = len(a.items) == len(b.items) and all(
-            dispatch.truth(tr, compare_op(tr, "==", x, y))
-            for x, y in zip(a.items, b.items, strict=False)
-        )
-        return ConstantValue(equal == (sym == "=="))
-    if isinstance(a, TupleValue) and isinstance(b, ConstantValue) and isinstance(b.value, tuple):
-        return compare_op(tr, sym, a, TupleValue([ConstantValue(x) for x in b.value]))
-    if isinstance(b, TupleValue) and isinstance(a, ConstantValue) and isinstance(a.value, tuple):
-        return compare_op(tr, sym, TupleValue([ConstantValue(x) for x in a.value]), b)
-    left, right = _set_keys(a), _set_keys(b)
-    if left is not None and right is not None and sym in ("==", "!="):
-        return ConstantValue((left.keys() == right.keys()) == (sym == "=="))
-    if isinstance(a, ObjectValue) and isinstance(b, ObjectValue) and sym in ("==", "!="):
-        eq_type: Any = type(a.obj).__eq__
-        if eq_type is object.__eq__ or isinstance(a.obj, type):
-            _guard_identity(tr, a, b)
-            return ConstantValue((a.obj is b.obj) == (sym == "=="))
-    return _dunder(tr, sym, a, b, False)
-
-
 def is_op(tr: Tracer, a: Value, b: Value) -> bool:
     """``a is b``; identities of real objects are guarded (ID_MATCH), as the answer depends on them."""
     same = _identity(a, b)
@@ -235,21 +294,56 @@ def _guard_identity(tr: Tracer, *values: Value) -> None:
             tr.out.guard(v.source, GuardKind.ID_MATCH, id(v.obj))
 
 
-# ``item in container`` by the container's kind; a container subclass's own Python
-# ``__contains__`` runs first.
+# ``item in container``, answered by the container's kind --------------------------------------
 @dispatch.CONTAINS.register(Value)
-def _contains(tr: Tracer, item: Value, container: Value) -> bool:
+def _no_contains(tr: Tracer, item: Value, container: Value) -> bool:
+    raise unsupported("unsupported_operator", f"in {container}")
+
+
+@dispatch.CONTAINS.register(ConstantValue)
+def _constant_contains(tr: Tracer, item: Value, container: ConstantValue) -> bool:
+    if isinstance(item, ConstantValue):
+        try:
+            return item.value in container.value
+        except TypeError as e:
+            raise unsupported("user_exception", str(e)) from e
+    keys = _set_keys(container)
+    if keys is None:
+        raise unsupported("unsupported_operator", f"in {container}")
+    return _pair_key(item) in keys
+
+
+@dispatch.CONTAINS.register(DictValue, SetValue)
+def _hashed_contains(tr: Tracer, item: Value, container: DictValue | SetValue) -> bool:
+    own = _own_contains(tr, item, container)
+    return dict_key(item) in container.items if own is None else own
+
+
+@dispatch.CONTAINS.register(ListValue, TupleValue)
+def _sequence_contains(tr: Tracer, item: Value, container: ListValue | TupleValue) -> bool:
+    own = _own_contains(tr, item, container)
+    return any(_equal(tr, item, x) for x in container.items) if own is None else own
+
+
+@dispatch.CONTAINS.register(DictViewValue)
+def _view_contains(tr: Tracer, item: Value, container: DictViewValue) -> bool:
+    keys = _set_keys(container)  # a keys or items view; a values view compares each value
+    if keys is not None:
+        return _pair_key(item) in keys
+    return any(_equal(tr, item, x) for x in container.items)
+
+
+def _own_contains(tr: Tracer, item: Value, container: Value) -> bool | None:
+    """The answer of a Python ``__contains__`` a container subclass defines."""
     own = builtin_types.call_override(tr, container, "__contains__", [item])
-    if own is not None:
-        return dispatch.truth(tr, own)
-    return _builtin_contains(tr, item, container)
+    return None if own is None else dispatch.truth(tr, own)
 
 
 @dispatch.CONTAINS.register(ObjectValue)
 def _object_contains(tr: Tracer, item: Value, container: ObjectValue) -> bool:
     snapshot = builtin_types.snapshot(tr, container)  # a dict, list or tuple subclass
     if snapshot is not None:
-        return _builtin_contains(tr, item, snapshot)
+        return dispatch.contains(tr, item, snapshot)
     obj = container.obj
     if (
         isinstance(item, ConstantValue)
@@ -268,41 +362,11 @@ def _user_contains(tr: Tracer, item: Value, container: Value) -> bool:
     return dispatch.truth(tr, dispatch.call(tr, method, [container, item], {}))
 
 
-def _builtin_contains(tr: Tracer, item: Value, container: Value) -> bool:
-    """``in`` as the builtin containers answer it (subclass overrides already ruled out)."""
-    if isinstance(container, ConstantValue) and isinstance(item, ConstantValue):
-        try:
-            return item.value in container.value
-        except TypeError as e:
-            raise unsupported("user_exception", str(e)) from e
-    if isinstance(container, (DictValue, SetValue)):
-        return dict_key(item) in container.items
-    keys = _set_keys(container)
-    if keys is not None:  # a keys or items view, a constant set
-        return _pair_key(item) in keys
-    if isinstance(container, (ListValue, TupleValue, DictViewValue)):
-        return any(
-            _identity(item, x) or dispatch.truth(tr, compare_op(tr, "==", item, x))
-            for x in container.items
-        )
-    raise unsupported("unsupported_operator", f"in {container}")
-
-
-# ``bool(v)`` by kind; tensors and ndarrays refuse (torch_calls and numpy_calls register that).
+# ``bool(v)`` by kind; tensors and ndarrays refuse (torch_calls and numpy_calls register that)
 @dispatch.TRUTH.register(Value)
 def _truth(tr: Tracer, v: Value) -> bool:
-    """Functions, methods, iterators: true (a container subclass may say otherwise)."""
-    own = _own_truth(tr, v)
-    return True if own is None else own
-
-
-def _own_truth(tr: Tracer, v: Value) -> bool | None:
-    """The answer of a Python ``__bool__`` or ``__len__`` a container subclass defines."""
-    for name in ("__bool__", "__len__"):
-        own = builtin_types.call_override(tr, v, name, [])
-        if own is not None:
-            return dispatch.truth(tr, own) if name == "__bool__" else bool(own.as_constant())
-    return None
+    """Functions, methods, iterators, cells: true."""
+    return True
 
 
 @dispatch.TRUTH.register(ConstantValue)
@@ -314,8 +378,12 @@ def _constant_truth(tr: Tracer, v: ConstantValue) -> bool:
 def _container_truth(
     tr: Tracer, v: ListValue | TupleValue | DictValue | SetValue | DictViewValue
 ) -> bool:
-    own = _own_truth(tr, v)
-    return bool(v.items) if own is None else own
+    # the answer of a Python ``__bool__`` or ``__len__`` a container subclass defines first
+    for name in ("__bool__", "__len__"):
+        own = builtin_types.call_override(tr, v, name, [])
+        if own is not None:
+            return dispatch.truth(tr, own) if name == "__bool__" else bool(own.as_constant())
+    return bool(v.items)
 
 
 @dispatch.TRUTH.register(NewObjectValue)
@@ -355,11 +423,16 @@ def _object_truth(obj: object) -> bool:
 # ``-v``, ``+v``, ``~v`` by kind (``name`` is ``neg``, ``pos`` or ``invert``); tensors' and
 # ndarrays' are registered by torch_calls and numpy_calls.
 @dispatch.UNARY_OP.register(Value)
-def _user_unary_op(tr: Tracer, name: str, v: Value) -> Value:
-    method = _user_method(v, f"__{name}__")
-    if method is not None:
-        return dispatch.call(tr, method, [v], {})
+def _no_unary_op(tr: Tracer, name: str, v: Value) -> Value:
     raise unsupported("unsupported_operator", f"{name} {v}")
+
+
+@dispatch.UNARY_OP.register(NewObjectValue, ObjectValue)
+def _user_unary_op(tr: Tracer, name: str, v: NewObjectValue | ObjectValue) -> Value:
+    method = _user_method(v, f"__{name}__")
+    if method is None:
+        raise unsupported("unsupported_operator", f"{name} {v}")
+    return dispatch.call(tr, method, [v], {})
 
 
 @dispatch.UNARY_OP.register(ConstantValue)
