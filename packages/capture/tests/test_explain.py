@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 
 import numpy as np
@@ -9,6 +10,9 @@ import torch
 
 from kiln.capture import ExplainOutput, GuardKind, counters, explain
 from kiln.capture.breaks.reasons import REASONS
+
+# the module itself: the package exports the function under its name
+explain_module = importlib.import_module("kiln.capture.explain")
 
 
 def toy_example(a, b):
@@ -77,6 +81,34 @@ def test_eager_frame_reported_as_break():
     torch.testing.assert_close(report.result, in_except(x))
     assert report.graph_count == 0 and report.graph_break_count == 1
     assert report.breaks[0].kind == "data_dependent_branch"
+    # the frame compiled nothing: which frame, and why capture gave up on it
+    assert [(f.name, f.reason) for f in report.gave_up] == [
+        (in_except.__qualname__, report.breaks[0])
+    ]
+    text = str(report)
+    assert "Frames run eagerly (capture gave up on them whole):" in text
+    assert f"{in_except.__qualname__}: data_dependent_branch:" in text
+
+
+def test_frame_whose_capture_fails_is_reported_with_the_error(monkeypatch, caplog):
+    def failing_capture(*args, **kwargs):
+        raise RuntimeError("internal capture failure")
+
+    monkeypatch.setattr(explain_module, "capture", failing_capture)
+    x = torch.randn(3)
+    with caplog.at_level(logging.INFO, logger="kiln.capture.graph_breaks"):
+        report = explain(no_break)(x)
+    torch.testing.assert_close(report.result, no_break(x))  # the frame ran eagerly
+    assert report.graph_count == 0
+    [frame] = report.gave_up
+    assert frame.name == "no_break" and frame.reason.kind == "capture_failed"
+    assert frame.reason.explanation == "RuntimeError: internal capture failure"
+    assert "capture gave up on no_break, which runs eagerly: capture_failed" in caplog.text
+    assert "no_break: capture_failed: RuntimeError: internal capture failure" in str(report)
+
+
+def test_no_frame_given_up_when_captured():
+    assert explain(toy_example)(torch.randn(3), torch.randn(3)).gave_up == []
 
 
 def test_logged_and_counted(caplog):

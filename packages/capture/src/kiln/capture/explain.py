@@ -5,7 +5,10 @@ create, callees that could not be inlined) is captured with a backend that
 runs the graph as is, so the run's result is the eager one. The report lists
 the graphs with their ops and guards, and each break with its reason, the
 user's ``file:line`` and source text, and the registry's hint. Frames that
-could not be captured at all run eagerly and are reported as breaks too.
+could not be captured at all run eagerly: they are reported as breaks too, and
+listed in ``gave_up`` with the frame's name and why capture gave up on it (a
+break before any graph could be made, or a failure inside capture itself), so
+that a frame compiling nothing is never silent.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from kiln.capture.errors import Unsupported
 from kiln.capture.frame_capture import GraphBreak, capture
 from kiln.capture.guard_data import GuardSpec
 
-__all__ = ["ExplainOutput", "explain", "op_names"]
+__all__ = ["EagerFrame", "ExplainOutput", "explain", "op_names"]
 
 breaks_log = logging.getLogger("kiln.capture.graph_breaks")
 
@@ -38,6 +41,14 @@ def op_names(gm: fx.GraphModule) -> list[str]:
     return names
 
 
+@dataclasses.dataclass(frozen=True)
+class EagerFrame:
+    """A frame capture gave up on whole (it ran eagerly): its qualified name and the reason."""
+
+    name: str
+    reason: GraphBreak
+
+
 @dataclasses.dataclass
 class ExplainOutput:
     """What one run produced: graphs, their ops and guards, and the graph breaks."""
@@ -45,6 +56,7 @@ class ExplainOutput:
     graphs: list[fx.GraphModule] = dataclasses.field(default_factory=list)
     guards: list[list[GuardSpec]] = dataclasses.field(default_factory=list)
     breaks: list[GraphBreak] = dataclasses.field(default_factory=list)
+    gave_up: list[EagerFrame] = dataclasses.field(default_factory=list)
     result: Any = None
 
     @property
@@ -71,6 +83,12 @@ class ExplainOutput:
                     lines.append(f"       {b.frame.source.strip()}")
             if b.hint:
                 lines.append(f"     hint: {b.hint}")
+        if self.gave_up:
+            lines.append("Frames run eagerly (capture gave up on them whole):")
+        for f in self.gave_up:
+            at = f.reason.frame
+            where = f" at {at.filename}:{at.lineno}" if at is not None else ""
+            lines.append(f"  {f.name}: {f.reason.kind}: {f.reason.explanation}{where}")
         for i, (ops, guards) in enumerate(zip(self.ops_per_graph, self.guards, strict=True), 1):
             lines.append(f"Graph {i}: {len(ops)} ops, {len(guards)} guards")
             lines.append(f"  ops: {', '.join(ops) or '-'}")
@@ -102,9 +120,13 @@ class _Run:
                     fn, args, kwargs, compile_graph=compile_graph, wrap_callable=self.wrap
                 )
             except Unsupported as e:
-                if not recorded:
-                    recorded = True
-                    self.report.breaks.append(GraphBreak(e.kind, e.explanation, e.hint, e.frame))
+                self._give_up(fn, GraphBreak(e.kind, e.explanation, e.hint, e.frame), recorded)
+                recorded = True
+                return fn(*args, **kwargs)
+            except Exception as e:  # capture itself failed: the frame runs eagerly, as compile's
+                why = GraphBreak("capture_failed", f"{type(e).__name__}: {e}", "", None)
+                self._give_up(fn, why, recorded)
+                recorded = True
                 return fn(*args, **kwargs)
             if not recorded:
                 recorded = True
@@ -114,6 +136,15 @@ class _Run:
             return result.function(*args, **kwargs)
 
         return call
+
+    def _give_up(self, fn: Callable[..., Any], why: GraphBreak, recorded: bool) -> None:
+        name = getattr(fn, "__qualname__", repr(fn))
+        breaks_log.info(
+            "capture gave up on %s, which runs eagerly: %s: %s", name, why.kind, why.explanation
+        )
+        if not recorded:
+            self.report.breaks.append(why)
+            self.report.gave_up.append(EagerFrame(name, why))
 
 
 def explain(fn: Callable[..., Any]) -> Callable[..., ExplainOutput]:
