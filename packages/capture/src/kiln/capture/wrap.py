@@ -118,6 +118,12 @@ def _wrap(out: OutputGraph, obj: Any, source: Source | None) -> Value:
         return function_value(obj, source)
     if isinstance(obj, types.MethodType):
         return _wrap_method(out, obj, source)
+    if _python_of_jit_function(obj) is not None:
+        # the function TorchScript compiled, traced as Python (torch.compile inlines it too)
+        if source is not None:
+            out.guard(source, GuardKind.ID_MATCH, id(obj))
+        inner_src = source.attr("_torchdynamo_inline") if source is not None else None
+        return _wrap(out, _python_of_jit_function(obj), inner_src)
     if _is_c_method(obj):
         return _wrap_c_method(out, obj, source)
     if type(obj) in _DICT_VIEWS:
@@ -202,6 +208,18 @@ _NATIVE_FUNCTIONS = frozenset(
         *(("traceback", n) for n in ("extract_stack", "format_stack", "print_stack", "walk_stack")),
     ]
 )
+
+
+def _python_of_jit_function(obj: Any) -> types.FunctionType | None:
+    """The Python function a ``torch.jit.script``/``trace``-made function was compiled from.
+
+    TorchScript computes the same ops as the Python it compiled; tracing that Python puts
+    them in the graph, where calling the TorchScript function would break it.
+    """
+    if not isinstance(obj, torch.jit.ScriptFunction):
+        return None
+    inner = inspect.getattr_static(obj, "_torchdynamo_inline", None)
+    return inner if isinstance(inner, types.FunctionType) else None
 
 
 def _is_compile_disable_wrapper(fn: types.FunctionType) -> bool:
