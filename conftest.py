@@ -1,10 +1,16 @@
-"""What every test directory of the repository shares: the ``gpu`` marker.
+"""What every test directory of the repository shares: the ``gpu`` marker, and the
+``resident_bytes`` fixture for tests that bound how much memory a run keeps.
 
 A test that needs a CUDA device says so with ``@pytest.mark.gpu`` (or a module's
 ``pytestmark``) and nothing else: here the marker is registered, and its tests are
 skipped where CUDA is absent, so a CPU machine runs the rest and ``pytest -m gpu``
 on a GPU machine runs exactly these (``benchmarks/gpu_run.sh tests``).
 """
+
+import contextlib
+import ctypes
+import os
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -21,3 +27,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)
+
+
+def _resident_bytes() -> int:
+    """Resident bytes of this process (Linux), after glibc returns its free heap memory.
+
+    glibc raises its mmap threshold after a large block is freed, so later blocks of that size
+    come from the heap, whose free memory stays resident until trimmed: without the trim, RSS
+    counts what the allocator keeps as well as what is leaked.
+    """
+    with contextlib.suppress(OSError, AttributeError):  # not glibc
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    with open(f"/proc/{os.getpid()}/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.fixture
+def resident_bytes() -> Callable[[], int]:
+    """A function that reads this process's resident memory (see ``_resident_bytes``)."""
+    return _resident_bytes

@@ -24,7 +24,6 @@ import time
 
 import pytest
 import torch
-from resident import resident_bytes
 
 import kiln
 
@@ -74,7 +73,7 @@ CUDA = pytest.param(
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads RSS from /proc")
 @pytest.mark.parametrize("device", ["cpu", CUDA])
-def test_two_thousand_training_steps_keep_memory_and_step_time_flat(device):
+def test_two_thousand_training_steps_keep_memory_and_step_time_flat(device, resident_bytes):
     torch.manual_seed(0)
     twin = _model().to(device)
     model = copy.deepcopy(twin)

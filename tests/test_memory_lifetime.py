@@ -13,7 +13,6 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from resident import resident_bytes
 
 import kiln
 from kiln import api
@@ -67,7 +66,12 @@ def _closure_cycle(backend: str) -> list[weakref.ref[object]]:
     return refs
 
 
-def _assert_freed(cycle: Callable[[str], list[weakref.ref[object]]], backend: str, n: int) -> None:
+def _assert_freed(
+    cycle: Callable[[str], list[weakref.ref[object]]],
+    backend: str,
+    n: int,
+    resident_bytes: Callable[[], int],
+) -> None:
     refs = cycle(backend)  # warm up: the first compile imports and caches Kiln's own state
     gc.collect()
     assert all(r() is None for r in refs)
@@ -84,18 +88,18 @@ def _assert_freed(cycle: Callable[[str], list[weakref.ref[object]]], backend: st
 
 
 @pytest.mark.parametrize(("backend", "cycles"), [("eager", CYCLES), ("aot_eager", 10)])
-def test_compiled_module_dies_with_the_module(backend, cycles):
-    _assert_freed(_module_cycle, backend, cycles)
+def test_compiled_module_dies_with_the_module(backend, cycles, resident_bytes):
+    _assert_freed(_module_cycle, backend, cycles, resident_bytes)
 
 
 @pytest.mark.parametrize(("backend", "cycles"), [("eager", CYCLES), ("aot_eager", 10)])
-def test_compiled_closure_dies_with_its_tensors(backend, cycles):
-    _assert_freed(_closure_cycle, backend, cycles)
+def test_compiled_closure_dies_with_its_tensors(backend, cycles, resident_bytes):
+    _assert_freed(_closure_cycle, backend, cycles, resident_bytes)
 
 
-def test_kiln_backend_artifacts_die_with_the_module():
-    _assert_freed(_module_cycle, "kiln", 2)
-    _assert_freed(_closure_cycle, "kiln", 2)
+def test_kiln_backend_artifacts_die_with_the_module(resident_bytes):
+    _assert_freed(_module_cycle, "kiln", 2, resident_bytes)
+    _assert_freed(_closure_cycle, "kiln", 2, resident_bytes)
 
 
 def test_bound_method_calls_share_one_cache():
@@ -126,7 +130,7 @@ class _Layer(torch.nn.Module):
         return self.lin(x).relu()
 
 
-def test_instances_die_though_their_method_s_cache_lives():
+def test_instances_die_though_their_method_s_cache_lives(resident_bytes):
     """The class's function (and so its cache) lives on: its entries must not keep the
     instances they were compiled for."""
     refs = []
