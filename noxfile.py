@@ -329,6 +329,18 @@ def bench(session: nox.Session) -> None:
 
 
 @nox.session(python=PY311)
+def zoo(session: nox.Session) -> None:
+    """The model zoo: every timm family and transformers architecture, tiny and on CPU, under
+    Kiln and torch.compile in eval and train mode; writes `benchmarks/results/<version>/zoo/`
+    (JSON and the Markdown report) and `docs/zoo.md`. Extra arguments go to
+    `python -m benchmarks.zoo` (`--only 'hf:*bert*'`, `--workers`, `--timeout`)."""
+    _all_installed(session)
+    workers = str(max(1, (os.cpu_count() or 2) - 1))
+    args = ["--workers", workers, "--docs", str(ROOT / "docs" / "zoo.md"), *session.posargs]
+    session.run("python", "-m", "benchmarks.zoo", *args, env={"PYTHONPATH": str(ROOT)})
+
+
+@nox.session(python=PY311)
 def docs(session: nox.Session) -> None:
     """The user documentation site, built into `build/site` with `mkdocs build --strict`.
 
