@@ -9,6 +9,7 @@ Sections: the attribute protocol of user classes (descriptors, properties, ``__g
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 import functools
@@ -335,6 +336,80 @@ def test_partial_and_reduce():
             mul(x),
             functools.reduce(lambda a, b: a * b, [x, x, 2]),
             functools.reduce(max, [1, 5, 2]),
+        )
+
+    differential(fn)
+
+
+# ModelOutput: an OrderedDict subclass that is a dataclass -------------------------------------
+class OutputBase(collections.OrderedDict):
+    """transformers' ModelOutput pattern, written out: fields that are not None are the items."""
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                self[f.name] = value
+
+    def __getitem__(self, k: Any) -> Any:
+        return dict(self.items())[k] if isinstance(k, str) else self.to_tuple()[k]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        super().__setitem__(key, value)
+        super().__setattr__(key, value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self.keys() and value is not None:  # an older ModelOutput's rule
+            super().__setitem__(name, value)
+        super().__setattr__(name, value)
+
+    def to_tuple(self) -> tuple[Any, ...]:
+        return tuple(self[k] for k in self.keys())
+
+
+@dataclasses.dataclass
+class EncoderOutput(OutputBase):
+    last: torch.Tensor | None = None
+    hidden: tuple[torch.Tensor, ...] | None = None
+    attn: torch.Tensor | None = None
+
+
+def test_model_output_lookalike():
+    def fn(x):
+        o = EncoderOutput(last=x * 2, attn=x)
+        o.attn = x + 1  # a key it has: item and attribute
+        return o["last"] + o[1], o.last, o.attn, len(o), o.to_tuple(), list(o.keys()), o
+
+    differential(fn)
+
+
+def test_model_output_lookalike_store_that_splits_item_and_attribute_breaks():
+    """Under this ``__setattr__`` a new field is an attribute only: a break, not a guess."""
+
+    def fn(x):
+        o = EncoderOutput(last=x)
+        o.hidden = (x,)
+        return o.to_tuple(), o.hidden
+
+    differential(fn, graphs=0, breaks=1)
+
+
+def test_transformers_model_output():
+    from transformers.modeling_outputs import BaseModelOutput
+
+    def fn(x):
+        o = BaseModelOutput(last_hidden_state=x * 2)
+        o.hidden_states = (x, x + 1)  # transformers' __setattr__ adds a field as an item
+        o.attentions = None  # neither an item nor a break
+        from_dict = BaseModelOutput({"last_hidden_state": x})  # __post_init__ unpacks a mapping
+        return (
+            o[0] + o.last_hidden_state + o["last_hidden_state"],
+            o.to_tuple(),
+            "hidden_states" in o,
+            o.get("attentions"),
+            from_dict.last_hidden_state + 1,
+            len(from_dict),
+            o,
         )
 
     differential(fn)

@@ -534,10 +534,31 @@ def _python_setter(cls: type, name: str) -> list[Value] | None:
 
 @dispatch.SET_ATTR.register(DictValue)
 def _set_dict_attr(tr: Tracer, v: DictValue, name: str, value: Value, plain: bool) -> None:
-    if dataclasses.is_dataclass(v.cls) and v.source is None:
+    none = isinstance(value, ConstantValue) and value.value is None
+    model_output = dataclasses.is_dataclass(v.cls) and v.source is None
+    if model_output and none and name not in v.items:
+        return  # a field that is not an item reads as None already
+    if model_output and _item_store(v, name, value):
         v.items[name] = (ConstantValue(name), value)  # a ModelOutput's fields are its items
     else:
         _set_attr(tr, v, name, value, plain)
+
+
+def _item_store(v: DictValue, name: str, value: Value) -> bool:
+    """Whether ``output.name = value`` on a dict dataclass (a ModelOutput) sets the item too.
+
+    Capture keeps such an object's fields as its items alone. Every ModelOutput-like
+    ``__setattr__`` stores a value that is not None under a key the object has; transformers'
+    own also adds a field that is not a key yet. Other stores (None, a new key under another
+    class's hook) may leave the item and the attribute apart, which capture cannot represent.
+    """
+    if isinstance(value, ConstantValue) and value.value is None:
+        return False
+    if name in v.items:
+        return True
+    hook = class_lookup(v.cls, "__setattr__")
+    where = (getattr(hook, "__module__", None), getattr(hook, "__qualname__", None))
+    return where == ("transformers.utils.generic", "ModelOutput.__setattr__")
 
 
 @dispatch.SET_ATTR.register(ObjectValue)

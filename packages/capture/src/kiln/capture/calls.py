@@ -309,6 +309,16 @@ def _model_output(cls: Any, args: list[Value], kwargs: dict[str, Value]) -> Valu
     names = [f.name for f in dataclasses.fields(cls)]
     given = dict(zip(names, args, strict=False))
     given.update(kwargs)
+    first = given.get(names[0])
+    if all(_is_none(given.get(n, ConstantValue(None))) for n in names[1:]):
+        # ``__post_init__`` reads a lone first field that is a mapping or (key, value) pairs
+        # as the fields themselves
+        if isinstance(first, DictValue):
+            given = {str(k): x for k, (_, x) in first.items.items()}
+        elif isinstance(first, (ListValue, TupleValue)) and any(
+            isinstance(e, TupleValue) and len(e.items) == 2 for e in first.items[:1]
+        ):
+            raise unsupported("unsupported_call", f"{cls.__name__} built from key-value pairs")
     items: dict[Any, tuple[Value, Value]] = {}
     for name in names:
         v = given.get(name)
