@@ -83,6 +83,15 @@ def test_a_list_extends_in_place_by_a_constant_tuple(check):
     check(fn, (r(3),), graphs=0)
 
 
+def test_a_size_joined_or_repeated_stays_a_size(check):
+    def fn(x):
+        n = x.size(0)
+        t = (n, x)
+        return x.shape + t[:1], t[:1] + x.shape, x.shape[:1] * 2, t[:1] * 2
+
+    check(fn, (r(2, 3),), graphs=0)
+
+
 def test_a_list_never_equals_a_tuple(check):
     def fn(x):
         a = [1, 2]

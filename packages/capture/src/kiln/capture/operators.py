@@ -16,6 +16,7 @@ import operator
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import nn
 
 from kiln.capture import builtin_types, dispatch
@@ -93,21 +94,30 @@ def _sequence_binary_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value | Non
             left.check_mutable()
             left.items *= b.value
             return left
-        return type(left)(left.items * b.value)
+        return _joined(left.items * b.value, a, b)
     if base != "+" or right is None:
         return None
     if inplace and isinstance(left, ListValue):
         left.check_mutable()
         left.items.extend(right.items)
         return left
-    return type(left)([*left.items, *right.items]) if type(left) is type(right) else None
+    return _joined([*left.items, *right.items], a, b) if type(left) is type(right) else None
+
+
+def _joined(items: list[Value], a: Value, b: Value) -> ListValue | TupleValue:
+    """A new list, or a tuple: a ``torch.Size`` where either operand is one, as its operators
+    return (a named tuple's give a plain tuple)."""
+    if isinstance(a, ListValue):
+        return ListValue(items)
+    sized = any(issubclass(v.python_type(), torch.Size) for v in (a, b))
+    return TupleValue(items, torch.Size if sized else tuple)
 
 
 def _sequence(v: Value) -> ListValue | TupleValue | None:
     """A list, a tuple or a constant tuple as a tracked sequence."""
     if isinstance(v, (ListValue, TupleValue)):
         return v
-    if isinstance(v, ConstantValue) and type(v.value) is tuple:
+    if isinstance(v, ConstantValue) and isinstance(v.value, tuple):
         return TupleValue([ConstantValue(x) for x in v.value])
     return None
 
