@@ -37,6 +37,11 @@ REASONS: dict[str, BreakReason] = {
         "move the construct (generators, async code, exec, class definitions) out of the "
         "compiled function",
     ),
+    "class_statement": BreakReason(
+        "a class statement makes a new class object on every call, so Kiln runs it in Python "
+        "between two graphs",
+        "define the class at module level (or outside the compiled function) to keep one graph",
+    ),
     "unsupported_call": BreakReason(
         "Kiln cannot trace into this callable",
         "call it outside the compiled function, or use a pure-Python or torch equivalent",

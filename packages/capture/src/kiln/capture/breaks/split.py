@@ -14,7 +14,8 @@ exception at the instruction leaves them). Inside a ``try`` (or another
 ``with``), a call or truth test that raises runs again in an uncompiled
 continuation starting at it (which keeps the exception table) with a
 :class:`~kiln.capture.breaks.frame.Reraise` in its place, so the user's handlers
-see the exception; other instructions there run in that continuation directly. Where the
+see the exception; other instructions there run in that continuation directly, as does,
+anywhere, an instruction without a Python equivalent to call here. Where the
 frame cannot be resumed soundly the original
 :class:`~kiln.capture.errors.Unsupported` is raised again and the frame runs
 eagerly.
@@ -22,7 +23,6 @@ eagerly.
 
 from __future__ import annotations
 
-import builtins
 import dis
 import functools
 import logging
@@ -107,8 +107,8 @@ def _not_in(a: Any, b: Any) -> bool:
     return a not in b
 
 
-def _build_class_function() -> Any:
-    return builtins.__build_class__
+def _import(name: str, f_globals: dict[str, Any], level: int, fromlist: Any) -> Any:
+    return __import__(name, f_globals, None, fromlist, level)
 
 
 def _slice(container: Any, start: Any, stop: Any) -> Any:
@@ -307,16 +307,19 @@ def _native(state: BreakState, frame: Frame, rest: Continuations) -> list[str]:
         not_taken = rest.call(follow, stack[:-1])
         truth = frame.temp(f"True if {cond} else False", after=True)
         return [f"if {truth}:", f"    {taken}", not_taken]
-    fn_text, n = _operator(ins, w)
+    fn_text, n = _operator(ins, w, state.tracer.f_globals)
     if fn_text is None:
-        raise cannot(f"a graph break at {ins.opname}")
+        # no Python equivalent to call: the rest of the frame runs as written from here
+        return [rest.call(ins.offset, stack, compiled=False)]
     operands = [frame.expr(v) for v in stack[len(stack) - n :]]
     result = frame.temp(f"{fn_text}({', '.join(operands)})", after=True)
     call = rest.call(follow, [*stack[: len(stack) - n], Named(result)])
     return [call]
 
 
-def _operator(ins: dis.Instruction, w: _Writer) -> tuple[str | None, int]:
+def _operator(
+    ins: dis.Instruction, w: _Writer, f_globals: dict[str, Any]
+) -> tuple[str | None, int]:
     if ins.opname in ("BINARY_OP", "COMPARE_OP"):
         fn = _BINARY.get(str(ins.argrepr).replace("bool(", "").rstrip(")"))
         return (w.const(fn), 2) if fn is not None else (None, 0)
@@ -326,8 +329,8 @@ def _operator(ins: dis.Instruction, w: _Writer) -> tuple[str | None, int]:
         return w.const(_not_in if ins.arg else _in), 2
     if ins.opname in _UNARY:
         return w.const(_UNARY[ins.opname]), 1
-    if ins.opname == "LOAD_BUILD_CLASS":  # a class statement: built natively
-        return w.const(_build_class_function), 0
+    if ins.opname == "IMPORT_NAME":  # a first import: (level, fromlist) -> module
+        return w.const(functools.partial(_import, ins.argval, f_globals)), 2
     if ins.opname == "BINARY_SLICE":
         return w.const(_slice), 3
     if ins.opname == "FORMAT_VALUE":  # f-string piece: value (and its format spec)

@@ -1,13 +1,15 @@
-"""Calls (3.11 PRECALL/CALL/KW_NAMES, 3.12 CALL), functions, returns, imports, ``with``."""
+"""Calls (3.11 PRECALL/CALL/KW_NAMES, 3.12 CALL), functions, classes, returns, imports, ``with``."""
 
 from __future__ import annotations
 
+import builtins
 import dis
+import importlib.util
 import sys
 from typing import TYPE_CHECKING
 
 from kiln.capture import contexts, dispatch
-from kiln.capture.breaks.reasons import unsupported
+from kiln.capture.breaks.reasons import raised, unsupported
 from kiln.capture.opcodes.common import registry
 from kiln.capture.values.base import ConstantValue, NullValue, Value
 from kiln.capture.values.containers import CellValue, DictValue, TupleValue
@@ -46,6 +48,7 @@ def call(tr: Tracer, ins: dis.Instruction) -> None:
         kwargs = dict(zip(tr.kw_names, args[-n:], strict=False))
         args = args[:-n]
         tr.kw_names = ()
+    _refuse_class_statement(fn, args)
     tr.push(dispatch.call(tr, fn, args, kwargs))
 
 
@@ -61,6 +64,7 @@ def call_function_ex(tr: Tracer, ins: dis.Instruction) -> None:
     fn = tr.pop()
     if tr.stack and isinstance(tr.peek(), NullValue):
         tr.pop()
+    _refuse_class_statement(fn, args)
     tr.push(dispatch.call(tr, fn, args, kwargs))
 
 
@@ -113,21 +117,76 @@ def return_const(tr: Tracer, ins: dis.Instruction) -> None:
 
 @handles("IMPORT_NAME")
 def import_name(tr: Tracer, ins: dis.Instruction) -> None:
-    fromlist = tr.pop().as_constant()
+    """An import of a module already imported is a lookup; a first import runs in Python.
+
+    Relative imports resolve against the running code's package, as ``__import__``
+    does; a name in the ``from`` list that the module lacks and that is no
+    imported submodule would make Python import it, so that import runs in Python too.
+    """
+    fromlist = tr.pop().as_constant() or ()
     level = tr.pop().as_constant()
-    name = ins.argval
-    if level or name not in sys.modules:
+    name = _absolute_name(tr, ins.argval, level)
+    module = sys.modules.get(name)
+    missing = [
+        a
+        for a in fromlist
+        if a != "*" and not hasattr(module, a) and f"{name}.{a}" not in sys.modules
+    ]
+    if module is None or missing:
         raise unsupported("unsupported_call", f"importing {name!r} while tracing")
-    module = sys.modules[name]
     if not fromlist and "." in name:
         module = sys.modules[name.split(".")[0]]
     tr.push(ObjectValue(module))
 
 
+def _absolute_name(tr: Tracer, name: str, level: int) -> str:
+    if not level:
+        return name
+    package = tr.f_globals.get("__package__")
+    spec = tr.f_globals.get("__spec__")
+    if not package and spec is not None:
+        package = spec.parent
+    if not package:
+        raise unsupported("unsupported_call", f"relative import of {name!r} outside a package")
+    try:
+        return importlib.util.resolve_name("." * level + name, package)
+    except ImportError as e:
+        raise raised(e) from None
+
+
 @handles("IMPORT_FROM")
 def import_from(tr: Tracer, ins: dis.Instruction) -> None:
+    """``from m import a``: the attribute, or the submodule ``m.a`` Python has imported."""
     module = tr.peek()
-    tr.push(dispatch.get_attr(tr, module, ins.argval))
+    real = module.obj if isinstance(module, ObjectValue) else None
+    name = ins.argval
+    if real is not None and not hasattr(real, name):
+        qualified = f"{getattr(real, '__name__', '')}.{name}"
+        if qualified in sys.modules:
+            tr.push(ObjectValue(sys.modules[qualified]))
+            return
+    tr.push(dispatch.get_attr(tr, module, name))
+
+
+@handles("LOAD_BUILD_CLASS")
+def load_build_class(tr: Tracer, ins: dis.Instruction) -> None:
+    """A class statement: ``__build_class__`` is called after the body function is made.
+
+    The call (see :func:`call`) is the graph break; loading it is not.
+    """
+    tr.push(ObjectValue(builtins.__build_class__))
+
+
+def _refuse_class_statement(fn: Value, args: list[Value]) -> None:
+    """A class statement makes a new class object on every call: it runs in Python.
+
+    Building it at capture time would hand every call the same class, which
+    identity checks, class attributes set later and ``isinstance`` across calls
+    can tell apart; the graphs before and after the statement stay compiled.
+    """
+    if isinstance(fn, ObjectValue) and fn.obj is builtins.__build_class__:
+        name = args[1].as_constant() if len(args) > 1 and args[1].is_constant() else "?"
+        raise unsupported("class_statement", f"class {name}")
 
 
 @handles("BEFORE_WITH")
