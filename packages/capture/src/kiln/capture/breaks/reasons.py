@@ -34,8 +34,7 @@ REASONS: dict[str, BreakReason] = {
     ),
     "unsupported_opcode": BreakReason(
         "Kiln cannot model this bytecode instruction",
-        "move the construct (generators, async code, exec, class definitions) out of the "
-        "compiled function",
+        "move the construct (async code, code compiled for exec) out of the compiled function",
     ),
     "class_statement": BreakReason(
         "a class statement makes a new class object on every call, so Kiln runs it in Python "
