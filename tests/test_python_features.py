@@ -13,6 +13,7 @@ import collections
 import dataclasses
 import enum
 import functools
+import typing
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -411,5 +412,85 @@ def test_transformers_model_output():
             len(from_dict),
             o,
         )
+
+    differential(fn)
+
+
+# builtin types' subclasses -----------------------------------------------------------------
+class Span(typing.NamedTuple):
+    start: torch.Tensor
+    width: int = 3
+
+    def end(self) -> torch.Tensor:
+        return self.start + self.width
+
+
+class Pair(collections.namedtuple("Pair", "a b")):
+    __slots__ = ()
+
+    def total(self) -> Any:
+        return self.a + self.b
+
+
+def test_namedtuple_methods_replace_make_and_asdict():
+    def fn(x):
+        s = Span(x)
+        t = s._replace(width=5)
+        p = Pair._make([x, 2])
+        return s.end(), t.end(), t, s._asdict()["width"], p.total(), p._replace(b=x).total(), p
+
+    differential(fn)
+
+
+class Interval(tuple):
+    """A tuple subclass with its own ``__new__`` and methods."""
+
+    def __new__(cls, lo: Any, hi: Any) -> Interval:
+        return super().__new__(cls, (lo, hi))
+
+    def length(self) -> Any:
+        return self[1] - self[0]
+
+
+class Row(tuple):
+    def first(self) -> Any:
+        return super().__getitem__(0)
+
+
+def test_tuple_subclasses():
+    def fn(x):
+        i = Interval(x, x * 3)
+        r = Row((x, 2))
+        return i.length(), len(i), i[1], i, r.first() + 1, r
+
+    differential(fn)
+
+
+class Base:
+    @classmethod
+    def name(cls) -> str:
+        return cls.__name__
+
+    @classmethod
+    def scaled(cls, x: torch.Tensor) -> torch.Tensor:
+        return x * len(cls.__name__)
+
+
+class Derived(Base):
+    def describe(self) -> str:
+        return super().name()
+
+    @classmethod
+    def scaled(cls, x: torch.Tensor) -> torch.Tensor:
+        return super().scaled(x) + 1
+
+
+class Leaf(Derived):
+    pass
+
+
+def test_super_reaches_classmethods_bound_to_the_class_read_through():
+    def fn(x):
+        return Leaf.scaled(x), Leaf().describe(), Derived().describe()
 
     differential(fn)

@@ -344,7 +344,10 @@ def _class_or_module_attr(tr: Tracer, v: ObjectValue, name: str, src: Source | N
 
 @dispatch.GET_ATTR.register(SuperValue)
 def _super_attr(tr: Tracer, v: SuperValue, name: str) -> Value:
-    mro = v.obj.python_type().__mro__
+    owner = v.obj.obj if isinstance(v.obj, ObjectValue) else None
+    # ``super()`` in ``__new__`` or a classmethod walks the class's own MRO
+    own_class = isinstance(owner, type) and issubclass(owner, v.cls)
+    mro = (owner if isinstance(owner, type) and own_class else v.obj.python_type()).__mro__
     start = mro.index(v.cls) + 1 if v.cls in mro else len(mro)
     for klass in mro[start:]:
         if name in klass.__dict__:
@@ -353,12 +356,15 @@ def _super_attr(tr: Tracer, v: SuperValue, name: str) -> Value:
                 return BoundMethodValue(function_value(static, None), v.obj)
             if isinstance(static, property) and isinstance(static.fget, types.FunctionType):
                 return dispatch.call(tr, function_value(static.fget, None), [v.obj], {})
-            if isinstance(static, classmethod):
-                return BoundMethodValue(_callable_value(static.__func__), ObjectValue(klass))
+            if isinstance(static, classmethod):  # bound to the class it is read through
+                cls_v = v.obj if own_class else ObjectValue(v.obj.python_type())
+                return BoundMethodValue(_callable_value(static.__func__), cls_v)
             if isinstance(static, staticmethod):
                 return _callable_value(static.__func__)
             if name == "__init__" and klass is object:
                 return ObjectValue(_noop_init)
+            if name == "__new__":  # a static method: the class is passed explicitly
+                return ObjectValue(static)
             if callable(static):
                 return _SlotWrapper(static, v.obj)
             return wrap(tr.out, static, None)

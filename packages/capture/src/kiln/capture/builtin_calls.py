@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from kiln.capture import (
     attributes,
+    builtin_types,
     container_methods,
     copies,
     dispatch,
@@ -161,6 +162,11 @@ def _object_getattribute(tr: Tracer, args: list[Value], kwargs: dict[str, Value]
     if isinstance(v, NewObjectValue):
         return attributes.plain_new_object_attr(tr, v, name)
     return dispatch.get_attr(tr, v, name)
+
+
+@_handles(tuple.__new__)
+def _tuple_new(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    return builtin_types.new_tuple(tr, args, kwargs)
 
 
 @_handles(object.__new__)

@@ -32,7 +32,7 @@ from kiln.capture.values.base import ConstantValue, Value, is_constant
 from kiln.capture.values.containers import DictValue, ListValue, SetValue, TupleValue, dict_key
 from kiln.capture.values.functions import BoundMethodValue
 from kiln.capture.values.objects import ObjectValue
-from kiln.capture.wrap import function_value, wrap
+from kiln.capture.wrap import function_value, is_namedtuple, wrap
 
 if TYPE_CHECKING:
     from kiln.capture.tracer import Tracer
@@ -42,6 +42,7 @@ __all__ = [
     "call_override",
     "construct",
     "descriptor",
+    "new_tuple",
     "python_method",
     "snapshot",
 ]
@@ -70,7 +71,10 @@ def _subclass(cls: type) -> bool:
 def python_method(tr: Tracer, v: Value, name: str) -> Value | None:
     """``v.name`` when ``v``'s class defines ``name`` in Python above its builtin base."""
     cls = v.python_type()
-    if not isinstance(v, (DictValue, ListValue, TupleValue, SetValue)) or not _subclass(cls):
+    if isinstance(v, TupleValue) and is_namedtuple(cls):
+        if name in _NAMEDTUPLE_METHODS:  # tuple.__new__ inside: as a constructor call
+            return BoundMethodValue(function_value(_NAMEDTUPLE_METHODS[name], None), v)
+    elif not isinstance(v, (DictValue, ListValue, TupleValue, SetValue)) or not _subclass(cls):
         return None
     for klass in cls.__mro__:
         if _is_builtin(klass):
@@ -81,6 +85,22 @@ def python_method(tr: Tracer, v: Value, name: str) -> Value | None:
                 return BoundMethodValue(function_value(static, None), v)
             return ConstantValue(static) if is_constant(static) else None
     return None
+
+
+def _namedtuple_replace(self: Any, /, **changes: Any) -> Any:
+    """``nt._replace(**changes)``, through the class's constructor."""
+    values = [changes.pop(f, v) for f, v in zip(self._fields, self, strict=True)]
+    if changes:
+        raise ValueError(f"Got unexpected field names: {list(changes)!r}")
+    return type(self)(*values)
+
+
+def _namedtuple_make(self: Any, iterable: Any) -> Any:
+    """``NT._make(iterable)`` read through an instance."""
+    return type(self)(*iterable)
+
+
+_NAMEDTUPLE_METHODS: dict[str, Any] = {"_replace": _namedtuple_replace, "_make": _namedtuple_make}
 
 
 def call_override(tr: Tracer, v: Value, name: str, args: list[Value]) -> Value | None:
@@ -184,7 +204,9 @@ def _init(tr: Tracer, receiver: Value, args: list[Value], kwargs: dict[str, Valu
 
 
 def construct(tr: Tracer, cls: type, args: list[Value], kwargs: dict[str, Value]) -> Value | None:
-    """``cls(*args)`` for a Python subclass of dict, list or set; None for other classes."""
+    """``cls(*args)`` for a Python subclass of dict, list, set or tuple; None for other classes."""
+    if _subclass(cls) and issubclass(cls, tuple) and type(cls) is type:
+        return _construct_tuple(tr, cls, args, kwargs)
     if not _subclass(cls) or not issubclass(cls, (dict, list, set)):
         return None
     if type(cls) is not type or cls.__new__ not in (dict.__new__, list.__new__, set.__new__):
@@ -200,6 +222,39 @@ def construct(tr: Tracer, cls: type, args: list[Value], kwargs: dict[str, Value]
     else:
         _init(tr, instance, args, kwargs)
     return instance
+
+
+def _construct_tuple(tr: Tracer, cls: type, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    """A tuple subclass: its Python ``__new__`` inlined (``tuple.__new__`` inside it makes the
+    items), then a Python ``__init__``."""
+    new = inspect.getattr_static(cls, "__new__")
+    new = new.__func__ if isinstance(new, staticmethod) else new
+    instance: Value
+    if new is vars(tuple)["__new__"]:
+        instance = new_tuple(tr, [ObjectValue(cls), *args], kwargs)
+    elif isinstance(new, types.FunctionType):
+        instance = dispatch.call(tr, function_value(new, None), [ObjectValue(cls), *args], kwargs)
+    else:
+        raise unsupported("unsupported_call", f"constructing {cls.__qualname__}")
+    init = python_method(tr, instance, "__init__")
+    if init is not None and isinstance(instance, TupleValue) and instance.cls is cls:
+        dispatch.call(tr, init, args, kwargs)
+    return instance
+
+
+def new_tuple(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    """``tuple.__new__(cls, iterable=())``."""
+    if kwargs or not args or len(args) > 2:
+        raise unsupported("unsupported_call", "tuple.__new__ with these arguments")
+    cls = (
+        args[0].as_constant()
+        if isinstance(args[0], ConstantValue)
+        else getattr(args[0], "obj", None)
+    )
+    if not (isinstance(cls, type) and issubclass(cls, tuple)):
+        raise unsupported("unsupported_call", f"tuple.__new__({args[0]})")
+    items = dispatch.unpack_iterable(tr, args[1]) if len(args) == 2 else []
+    return TupleValue(items, cls)
 
 
 def descriptor(obj: Any) -> tuple[type, str] | None:

@@ -302,7 +302,11 @@ class _Writer:
                 return f"({items}{',' if len(v.items) == 1 else ''})"
             if is_namedtuple(v.cls):
                 return f"{self.const(v.cls)}({items})"
-            return f"{self.const(v.cls)}(({items}{',' if len(v.items) == 1 else ''}))"
+            packed = f"({items}{',' if len(v.items) == 1 else ''})"
+            if any(isinstance(vars(k).get("__new__"), staticmethod) for k in v.cls.__mro__):
+                # a Python ``__new__`` takes other arguments: tuple's own, as capture's
+                return f"{self.const(tuple.__new__)}({self.const(v.cls)}, {packed})"
+            return f"{self.const(v.cls)}({packed})"
         if isinstance(v, ListValue):
             items = f"[{', '.join(self.value(x) for x in v.items)}]"
             return (
