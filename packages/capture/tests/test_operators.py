@@ -127,6 +127,23 @@ def test_a_frame_dict_subclass_answers_in_with_its_own_contains(check):
     check(fn, (r(3), _AlwaysIn(a=1)))
 
 
+class _Tagged(list):  # type: ignore[type-arg]
+    def __add__(self, other):
+        return _Tagged([*self, *other, "tagged"])
+
+    def __eq__(self, other):
+        return True
+
+
+def test_a_container_subclass_operator_runs_its_own_dunder(check):
+    def fn(x):
+        a = _Tagged([x])
+        b = a + [x * 2]
+        return b, a == [1], [x] + a
+
+    check(fn, (r(3),), graphs=1)
+
+
 def test_user_dunders_answer_from_either_side(check):
     class Box:
         def __init__(self, v):

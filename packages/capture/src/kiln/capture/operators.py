@@ -86,6 +86,7 @@ def _fold(fn: Callable[[Any, Any], Any], a: Any, b: Any) -> Value:
 def _sequence_binary_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value | None:
     """``+`` joins two lists or two tuples (``+=`` extends a list by either); ``*`` repeats."""
     base, inplace = _split(sym)
+    _refuse_overrides(tr, base, a, b)
     left, right = _sequence(a), _sequence(b)
     if left is None:
         return None
@@ -126,6 +127,7 @@ def _sequence(v: Value) -> ListValue | TupleValue | None:
 def _dict_binary_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value | None:
     """``d | e`` and ``d |= e`` of two dicts."""
     base, inplace = _split(sym)
+    _refuse_overrides(tr, base, a, b)
     if base != "|" or not (isinstance(a, DictValue) and isinstance(b, DictValue)):
         return None
     if inplace:
@@ -147,6 +149,7 @@ _SET_OPS: dict[str, Callable[[Any, Any], Any]] = {
 def _set_binary_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value | None:
     """``|``, ``&``, ``-``, ``^`` of sets, dict views and constant sets (the result is a set)."""
     base, inplace = _split(sym)
+    _refuse_overrides(tr, base, a, b)
     fn = _SET_OPS.get(base)
     left, right = _set_keys(a), _set_keys(b)
     if fn is None or left is None or right is None:
@@ -213,6 +216,16 @@ def _user_method(v: Value, name: str) -> Value | None:
     return None
 
 
+def _refuse_overrides(tr: Tracer, sym: str, a: Value, b: Value) -> None:
+    """A container subclass's own Python dunder for ``sym`` (forward, in-place or reflected)
+    is not inlined: the graph breaks before the operator and Python runs it."""
+    name = _DUNDER[sym]
+    names = (f"__{name}__", f"__i{name}__", f"__{_REFLECTED.get(name, f'r{name}')}__")
+    for v in (a, b):
+        if any(builtin_types.python_method(tr, v, n) is not None for n in names):
+            raise unsupported("unsupported_operator", f"{v.python_type().__name__}'s own {sym}")
+
+
 # comparisons --------------------------------------------------------------------------------
 @dispatch.COMPARE_OP.register(Value)
 def _identity_compare_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value:
@@ -234,6 +247,7 @@ def _constant_compare_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value | No
 @dispatch.COMPARE_OP.register(ListValue, TupleValue)
 def _sequence_compare_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value | None:
     """Lists equal lists and tuples equal tuples item by item; a list never equals a tuple."""
+    _refuse_overrides(tr, sym, a, b)
     left, right = _sequence(a), _sequence(b)
     if sym not in _EQUALITY or left is None or right is None or type(left) is not type(right):
         return None
@@ -250,6 +264,7 @@ def _equal(tr: Tracer, a: Value, b: Value) -> bool:
 
 @dispatch.COMPARE_OP.register(SetValue, DictViewValue)
 def _set_compare_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value | None:
+    _refuse_overrides(tr, sym, a, b)
     left, right = _set_keys(a), _set_keys(b)
     if left is None or right is None or sym not in _EQUALITY:
         return None
@@ -273,6 +288,10 @@ def _identity(a: Value, b: Value) -> bool | None:
     oa, ob = getattr(a, "obj", None), getattr(b, "obj", None)
     if oa is not None and ob is not None:
         return oa is ob
+    if isinstance(a, ObjectValue) and isinstance(b, ConstantValue):
+        return a.obj is b.value
+    if isinstance(b, ObjectValue) and isinstance(a, ConstantValue):
+        return b.obj is a.value
     if isinstance(a, ConstantValue) and isinstance(b, ConstantValue):
         return a.value is b.value
     tracked = (ListValue, DictValue, SetValue, NewObjectValue, UserFunctionValue, TensorValue)
@@ -294,7 +313,9 @@ def is_op(tr: Tracer, a: Value, b: Value) -> bool:
     same = _identity(a, b)
     if same is None:
         raise unsupported("unsupported_operator", f"{a} is {b}")
-    _guard_identity(tr, a, b)
+    if not isinstance(a, ConstantValue) and not isinstance(b, ConstantValue):
+        # an object from the frame has its type guarded, which settles ``obj is None``
+        _guard_identity(tr, a, b)
     return same
 
 
