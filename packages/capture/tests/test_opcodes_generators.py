@@ -88,3 +88,32 @@ def test_generator_return_value_through_yield_from_chain() -> None:
         return tuple(outer(x.exp()))
 
     check_calls(fn, lambda i: (torch.randn(3),), graphs=1)
+
+
+def _fails_after_one(x: torch.Tensor) -> Iterator[torch.Tensor]:
+    yield x * 2
+    raise ValueError("after the first item")
+
+
+def test_an_error_after_the_items_taken_is_never_raised() -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        first = next(_fails_after_one(x))
+        for v in _fails_after_one(x + 1):
+            first = first + v
+            break
+        return first
+
+    check_calls(fn, lambda i: (torch.randn(3),), graphs=1)
+
+
+def test_an_error_is_raised_where_the_consumer_reaches_it() -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        total = x.new_zeros(())
+        try:
+            for v in _fails_after_one(x):
+                total = total + v.sum()
+        except ValueError:
+            total = total * 10
+        return total
+
+    check_calls(fn, lambda i: (torch.randn(3),), graphs=1)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kiln.capture.binding import bind_arguments
-from kiln.capture.breaks.reasons import UserException, raised, unsupported
+from kiln.capture.breaks.reasons import UserException, unsupported
 from kiln.capture.bytecode.decode import decode
 from kiln.capture.errors import Unsupported, UserFrame
 from kiln.capture.graph import OutputGraph
@@ -26,7 +26,7 @@ from kiln.capture.source import GlobalSource, Source
 from kiln.capture.values.base import ConstantValue, Value
 from kiln.capture.values.containers import CellValue
 from kiln.capture.values.functions import UserFunctionValue
-from kiln.capture.values.iterators import GeneratorIterator
+from kiln.capture.values.iterators import GeneratorIterator, leaving_generator
 from kiln.capture.values.objects import ObjectValue, SuperValue
 from kiln.capture.wrap import wrap
 
@@ -299,13 +299,10 @@ class Tracer:
             child.yielded = []
             try:
                 returned = child.run()
-            except UserException as e:
-                if not isinstance(e.exc, StopIteration):
-                    raise
-                # PEP 479 (3.12 does this in the generator's own code, 3.11 in the interpreter)
-                error = RuntimeError("generator raised StopIteration")
-                error.__cause__ = error.__context__ = e.exc
-                raise raised(error) from None
+            except UserException as e:  # raised for the consumer after the items yielded
+                return GeneratorIterator(
+                    child.yielded, ConstantValue(None), leaving_generator(e.exc)
+                )
             return GeneratorIterator(child.yielded, returned)
         return child.run()
 

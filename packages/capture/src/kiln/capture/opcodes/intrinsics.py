@@ -20,6 +20,7 @@ from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.opcodes.common import registry
 from kiln.capture.opcodes.exceptions import exception_of, prep_reraise_star
 from kiln.capture.values.containers import ListValue, TupleValue
+from kiln.capture.values.iterators import leaving_generator
 from kiln.capture.values.objects import ObjectValue
 
 if TYPE_CHECKING:
@@ -37,12 +38,8 @@ def call_intrinsic_1(tr: Tracer, ins: dis.Instruction) -> None:
         assert isinstance(lst, ListValue)
         tr.push(TupleValue(list(lst.items)))
     elif ins.argrepr == "INTRINSIC_STOPITERATION_ERROR":
-        exc = exception_of(tr.pop())
-        if isinstance(exc, StopIteration):  # PEP 479: it must not end the generator silently
-            error = RuntimeError("generator raised StopIteration")
-            error.__cause__ = error.__context__ = exc
-            exc = error
-        tr.push(ObjectValue(exc))  # RERAISE raises it next
+        # PEP 479: a StopIteration must not end the generator silently; RERAISE raises it next
+        tr.push(ObjectValue(leaving_generator(exception_of(tr.pop()))))
     else:
         raise unsupported("unsupported_opcode", f"CALL_INTRINSIC_1 {ins.argrepr}")
 

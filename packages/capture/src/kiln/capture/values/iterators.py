@@ -15,6 +15,7 @@ __all__ = [
     "IteratorValue",
     "MapIterator",
     "ZipIterator",
+    "leaving_generator",
 ]
 
 CallFn = Callable[[Value, list[Value]], Value]
@@ -50,12 +51,33 @@ class GeneratorIterator(ItemsIterator):
 
     The generator runs to its end when called (nothing is ever sent into it), so
     ``yield from`` over it (``SEND``) hands on its items and takes ``returned`` as
-    the value of the expression, as Python does with ``StopIteration.value``.
+    the value of the expression, as Python does with ``StopIteration.value``. An
+    exception that ended it (``error``) is raised where Python raises it: when the
+    item after the last one yielded is asked for, so a consumer that stops early
+    (``next(g)``, a loop left with ``break``) never sees it.
     """
 
-    def __init__(self, items: list[Value], returned: Value) -> None:
+    def __init__(
+        self, items: list[Value], returned: Value, error: BaseException | None = None
+    ) -> None:
         super().__init__(items)
         self.returned = returned
+        self.error = error
+
+    def next(self, call: CallFn, truth: TruthFn) -> Value | None:
+        item = super().next(call, truth)
+        if item is None and self.error is not None:
+            raise raised(self.error)
+        return item
+
+
+def leaving_generator(exc: BaseException) -> BaseException:
+    """The exception a generator's caller sees for ``exc`` raised in its body (PEP 479)."""
+    if not isinstance(exc, StopIteration):
+        return exc
+    error = RuntimeError("generator raised StopIteration")
+    error.__cause__ = error.__context__ = exc
+    return error
 
 
 class ZipIterator(IteratorValue):
