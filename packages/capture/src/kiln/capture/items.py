@@ -18,6 +18,7 @@ import torch
 from kiln.capture import builtin_types, dispatch
 from kiln.capture.attributes import class_attr
 from kiln.capture.breaks.reasons import raised, unsupported
+from kiln.capture.literals import literal
 from kiln.capture.source import Source
 from kiln.capture.values.base import ConstantValue, Value, is_constant
 from kiln.capture.values.containers import DictValue, ListValue, TupleValue, dict_key
@@ -28,6 +29,17 @@ if TYPE_CHECKING:
     from kiln.capture.tracer import Tracer
 
 __all__ = ["container_item_source"]
+
+# subscripting a typing construct or a builtin class (``List[Tensor]``, ``list[Tensor]``) makes
+# an annotation: pure and cached, so done for real, not inlined
+_TYPING = frozenset({"typing", "typing_extensions"})
+_GENERIC_CLASSES = frozenset({"builtins", "collections", "collections.abc"})
+
+
+def _is_annotation(obj: Any) -> bool:
+    if isinstance(obj, type):
+        return obj.__module__ in _GENERIC_CLASSES
+    return type(obj).__module__ in _TYPING
 
 
 # ``v[index]`` ------------------------------------------------------------------
@@ -92,6 +104,11 @@ def _new_object_item(tr: Tracer, v: NewObjectValue, index: Value) -> Value:
 @dispatch.GET_ITEM.register(ObjectValue)
 def _object_item(tr: Tracer, v: ObjectValue, index: Value) -> Value:
     obj = v.obj
+    if _is_annotation(obj):  # its parameters are classes, not constants
+        try:
+            return wrap(tr.out, obj[literal(index)], None)
+        except TypeError as e:
+            raise raised(e) from e
     key = index.as_constant()
     if isinstance(
         obj,
