@@ -6,6 +6,7 @@ raises, the captured program breaks the graph before the operator and raises the
 
 from __future__ import annotations
 
+import collections
 import re
 from collections.abc import Callable
 from typing import Any
@@ -90,6 +91,14 @@ def test_a_size_joined_or_repeated_stays_a_size(check):
         return x.shape + t[:1], t[:1] + x.shape, x.shape[:1] * 2, t[:1] * 2
 
     check(fn, (r(2, 3),), graphs=0)
+
+
+def test_a_merge_with_an_ordered_dict_is_an_ordered_dict(check):
+    def fn(x):
+        o = collections.OrderedDict(a=x)
+        return o | {"b": x}, {"b": x} | o, {"c": x} | {"d": 1}
+
+    check(fn, (r(3),), graphs=0)
 
 
 def test_a_list_never_equals_a_tuple(check):

@@ -12,6 +12,7 @@ answer from either side (``2 * t`` is the tensor's).
 
 from __future__ import annotations
 
+import collections
 import operator
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -134,7 +135,12 @@ def _dict_binary_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value | None:
         a.check_mutable()
         a.items.update(b.items)
         return a
-    return DictValue({**a.items, **b.items})
+    # ``dict.__or__`` makes a plain dict; ``OrderedDict``'s (and ``__ror__``) its own class,
+    # which a subclass of it would have to construct
+    ordered = [cls for cls in (a.cls, b.cls) if issubclass(cls, collections.OrderedDict)]
+    if any(cls is not collections.OrderedDict for cls in ordered):
+        return None
+    return DictValue({**a.items, **b.items}, collections.OrderedDict if ordered else dict)
 
 
 _SET_OPS: dict[str, Callable[[Any, Any], Any]] = {
