@@ -164,3 +164,20 @@ def test_class_pattern_errors_are_python_errors() -> None:
             compile_graph=lambda gm, ex: gm.forward,
             wrap_callable=lambda f: f,
         )
+
+
+def test_nested_patterns_self_matching_builtins_and_guards() -> None:
+    def fn(x: torch.Tensor, spec: Any) -> torch.Tensor:
+        match spec:
+            case list([int(a), float() as b]) if a > 1:
+                return x * a + b
+            case {"inner": {"k": [_, *tail]}} if tail:
+                return x - len(tail)
+            case (Scale(factor=float(f)), str(name)):
+                return x * f + len(name)
+            case dict(d) if "q" in d:
+                return x / d["q"]
+        return x
+
+    specs = [[3, 0.5], {"inner": {"k": [1, 2, 3]}}, (Scale(2.0, torch.zeros(2)), "ab"), {"q": 4}]
+    check_calls(fn, lambda i: (torch.randn(2), specs[i]), graphs=1, calls=4)
