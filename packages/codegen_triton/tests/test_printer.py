@@ -5,12 +5,17 @@ import types
 
 import pytest
 import sympy
+import torch
+from triton_corpus import Case, group, inp, pointwise, random_tensor, run_case
 
 from kiln.codegen_triton.errors import TritonCodegenError
 from kiln.codegen_triton.printer import print_index
 from kiln.loopir.kernel import RINDEX, XINDEX
 from kiln.loopir.sizes import FloorDiv, ModularIndexing, index_symbol
 from kiln.loopir.testing import eval_index
+from kiln.loopir.virtualized import ops
+
+F32 = torch.float32
 
 
 def test_printing():
@@ -63,3 +68,15 @@ def test_divisions_print_whole():
     assert print_index(sympy.floor(XINDEX / 2 + RINDEX / 2)) == "((rindex + xindex) // 2)"
     with pytest.raises(TritonCodegenError):
         print_index(0.5 * XINDEX)
+
+
+def test_kernel_indexed_by_signed_divisions_matches_the_reference():
+    # xindex - 3 and xindex - 5 are negative on the first lanes: Triton's // and % truncate there
+    a, b = inp("a", F32, [17]), inp("b", F32, [8])
+    la, lb = a.make_loader(), b.make_loader()
+
+    def body(i):
+        return ops.add(la([FloorDiv(i[0] - 3, 4) + 1]), lb([ModularIndexing(i[0] - 5, 1, 8)]))
+
+    g = group("k", [a, b], [(pointwise("buf0", F32, [64], body), "x")], 64)
+    run_case(Case("signed", g, lambda: [random_tensor(F32, [17]), random_tensor(F32, [8])]))
