@@ -13,6 +13,7 @@ import collections
 import dataclasses
 import enum
 import functools
+import inspect
 import typing
 import warnings
 from collections.abc import Callable
@@ -492,5 +493,32 @@ class Leaf(Derived):
 def test_super_reaches_classmethods_bound_to_the_class_read_through():
     def fn(x):
         return Leaf.scaled(x), Leaf().describe(), Derived().describe()
+
+    differential(fn)
+
+
+# inspect -----------------------------------------------------------------------------------
+def _signature_target(a: Any, b: int, c: int = 1, *rest: Any, key: str = "k") -> Any:
+    return a
+
+
+def test_inspect_signature_parameters_and_predicates():
+    """``"mask" in inspect.signature(f).parameters``: libraries pick arguments this way."""
+
+    def fn(x):
+        params = inspect.signature(_signature_target).parameters
+        return (
+            x * params["c"].default,
+            "b" in params,
+            "missing" in params,
+            list(params),
+            len(params),
+            [p.kind == inspect.Parameter.VAR_POSITIONAL for p in params.values()],
+            params.get("key").default,
+            "input" in inspect.signature(torch.nn.Linear.forward).parameters,
+            inspect.isclass(Holder),
+            inspect.isfunction(_signature_target),
+            inspect.ismethod(LAYER.shape),
+        )
 
     differential(fn)

@@ -146,6 +146,8 @@ def _build_object(cls: type, attrs: dict[str, Any]) -> Any:
 
 def _build_container(cls: Any, items: Any) -> Any:
     """Recreate a dict, list or set subclass instance made in the trace, without its ``__init__``."""
+    if cls is types.MappingProxyType:
+        return types.MappingProxyType(dict(items))
     obj: Any = cls.__new__(cls)
     base = next(k for k in cls.__mro__ if k in (collections.OrderedDict, dict, list, set))
     (base.extend if base is list else base.update)(obj, items)  # the base's own, not overrides

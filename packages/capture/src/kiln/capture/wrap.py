@@ -16,6 +16,7 @@ import enum
 import gc
 import inspect
 import types
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -98,7 +99,8 @@ def _wrap(out: OutputGraph, obj: Any, source: Source | None) -> Value:
         return ConstantValue(obj, source)
     if type(obj) in (list, tuple) or (isinstance(obj, tuple) and is_namedtuple(type(obj))):
         return _wrap_sequence(out, obj, source)
-    if isinstance(obj, dict) and _plain_dict_type(type(obj)):
+    plain_dict = isinstance(obj, dict) and _plain_dict_type(type(obj))
+    if plain_dict or type(obj) is types.MappingProxyType:  # ``sig.parameters``: read-only
         return _wrap_dict(out, obj, source)
     if isinstance(obj, torch.nn.Module):
         if source is not None:
@@ -324,7 +326,7 @@ def _wrap_sequence(out: OutputGraph, obj: Any, source: Source | None) -> Value:
     return TupleValue(items, type(obj), source)
 
 
-def _wrap_dict(out: OutputGraph, obj: dict[Any, Any], source: Source | None) -> Value:
+def _wrap_dict(out: OutputGraph, obj: Mapping[Any, Any], source: Source | None) -> Value:
     if source is not None:
         out.guard(source, GuardKind.TYPE_MATCH, type(obj))
         out.guard(source, GuardKind.DICT_KEYS, tuple(obj.keys()))
@@ -337,5 +339,5 @@ def _wrap_dict(out: OutputGraph, obj: dict[Any, Any], source: Source | None) -> 
         items[k] = (key, wrap(out, v, source.item(k) if source else None))
     cls = dict if type(obj).__dict__.get("__kiln_plain_dict__") else type(obj)
     d = DictValue(items, cls, source)
-    d.detached = source is None
+    d.detached = source is None or cls is types.MappingProxyType
     return d
