@@ -193,3 +193,25 @@ def test_a_class_body_is_never_traced() -> None:
     names = {ins.opname for ins in dis.get_instructions(body)}
     assert names & {"LOAD_NAME", "STORE_NAME", "SETUP_ANNOTATIONS"}
     assert "a class or module body" in why_not_modelled("STORE_NAME")
+
+
+@pytest.mark.skipif(not PY312, reason="sys.monitoring is 3.12's")
+def test_instrumented_code_reads_back_without_instrumented_opcodes() -> None:
+    def f(x: int) -> int:
+        for i in range(2):
+            x = x + i
+        return x
+
+    monitoring = sys.monitoring  # type: ignore[attr-defined]
+    tool = next(i for i in range(6) if monitoring.get_tool(i) is None)
+    monitoring.use_tool_id(tool, "kiln-test")
+    try:
+        monitoring.register_callback(tool, monitoring.events.LINE, lambda *a: None)
+        monitoring.set_events(tool, monitoring.events.LINE | monitoring.events.PY_START)
+        f(1)
+        assert f.__code__._co_code_adaptive != f.__code__.co_code  # instrumented now
+        names = {ins.opname for ins in dis.get_instructions(f)}
+        assert not {n for n in names if n.startswith("INSTRUMENTED_")}
+    finally:
+        monitoring.set_events(tool, 0)
+        monitoring.free_tool_id(tool)
