@@ -522,3 +522,92 @@ def test_inspect_signature_parameters_and_predicates():
         )
 
     differential(fn)
+
+
+# dataclasses and enum ----------------------------------------------------------------------
+@dataclasses.dataclass
+class Batch:
+    x: torch.Tensor
+    scale: int = 2
+    tags: list[int] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.tags.append(self.scale)
+
+
+@dataclasses.dataclass(frozen=True)
+class Frozen:
+    x: torch.Tensor
+    n: int = 3
+
+
+def test_dataclasses_fields_replace_asdict_astuple():
+    def fn(x):
+        b = Batch(x)
+        c = dataclasses.replace(b, scale=5)
+        return (
+            b.x * b.scale,
+            c.x * c.scale,
+            c.tags,
+            [f.name for f in dataclasses.fields(b)],
+            dataclasses.is_dataclass(b),
+            dataclasses.asdict(b)["x"] + 1,
+            dataclasses.astuple(c)[0] * 2,
+            b,
+        )
+
+    differential(fn)
+
+
+def test_frozen_dataclass():
+    def fn(x):
+        f = Frozen(x)
+        try:
+            f.n = 4
+        except dataclasses.FrozenInstanceError:
+            frozen = True
+        return f.x * f.n, dataclasses.replace(f, n=5).n * x, frozen, f
+
+    differential(fn)
+
+
+class Color(enum.Enum):
+    RED = 1
+    GREEN = 2
+
+
+class Level(enum.IntEnum):
+    LOW = 1
+    HIGH = 3
+
+
+class Mode(enum.Flag):
+    READ = enum.auto()
+    WRITE = enum.auto()
+
+
+class Kind(str, enum.Enum):  # noqa: UP042 (as transformers writes its enums)
+    DENSE = "dense"
+    SPARSE = "sparse"
+
+
+def test_enum_members_lookup_iteration_and_flags():
+    def fn(x):
+        rw = Mode.READ | Mode.WRITE
+        return (
+            x * Color.GREEN.value,
+            Color(2) is Color.GREEN,
+            Color["RED"].name,
+            [c.name for c in Color],
+            len(Color),
+            Color.RED in Color,
+            x * Level.HIGH + Level.LOW,
+            Level(3) is Level.HIGH,
+            Mode.WRITE in rw,
+            bool(rw & Mode.READ),
+            Kind("dense") is Kind.DENSE,
+            Kind.SPARSE == "sparse",
+            {Color.RED: 1}[Color.RED],
+        )
+
+    differential(fn)

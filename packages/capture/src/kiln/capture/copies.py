@@ -1,8 +1,9 @@
 """``copy.copy`` and ``copy.deepcopy`` of tracked values.
 
 A shallow copy is a new tracked container (or new object) holding the same values.
-A deep copy of constants folds; of a plain frame object (a config) it is a private
-real snapshot whose state is guarded, so the copy may be read and changed in the trace.
+A deep copy of constants folds; of a tensor that does not require grad it is a clone; of
+a plain frame object (a config) it is a private real snapshot whose state is guarded, so
+the copy may be read and changed in the trace.
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kiln.capture import literals
+from kiln.capture import dispatch, literals
 from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.guard_data import GuardKind
 from kiln.capture.source import Source
 from kiln.capture.values.base import ConstantValue, Value, is_constant
 from kiln.capture.values.containers import DictValue, ListValue, SetValue, TupleValue
 from kiln.capture.values.objects import NewObjectValue, ObjectValue
+from kiln.capture.values.tensor import TensorValue
 from kiln.capture.wrap import wrap
 
 if TYPE_CHECKING:
@@ -47,6 +49,10 @@ def deep_copy(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
     v = args[0]
     if literals.is_literal(v):
         return literals.fold(copy.deepcopy, args[:1], {})
+    if isinstance(v, TensorValue) and v.real_type is torch.Tensor and not v.fake.requires_grad:
+        # a new tensor with the same values (``dataclasses.asdict`` copies its leaves so);
+        # one that requires grad becomes a new leaf or raises, which a graph cannot express
+        return dispatch.call(tr, ObjectValue(torch.clone), [v], {})
     if isinstance(v, ObjectValue) and v.source is not None and hasattr(v.obj, "__dict__"):
         # a snapshot of a plain object (a config): its state is guarded, the copy is private
         _guard_state(tr, v.obj, v.source, depth=2)
