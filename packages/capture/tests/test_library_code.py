@@ -6,13 +6,14 @@ function against eager over several calls with changing inputs.
 
 from __future__ import annotations
 
+import collections
 import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from kiln.capture import capture, explain
+from kiln.capture import GuardKind, capture, explain
 
 
 def _captured(fn: Callable[..., Any], *args: Any) -> Callable[..., Any]:
@@ -57,3 +58,55 @@ def test_jit_scripted_and_traced_helpers_traced_as_python():
     for n in (4, 4, 6):
         x = torch.randn(2, n, 8)
         torch.testing.assert_close(run(x), m(x))
+
+
+class LayerState:
+    """Per-layer state built in ``forward`` with ``dict.fromkeys``, as transformers' caches are."""
+
+    def __init__(self, n: int) -> None:
+        self.states = dict.fromkeys(range(n))
+        self.ready = collections.OrderedDict.fromkeys(("conv", "ssm"), False)
+
+
+def test_dict_fromkeys_in_forward():
+    def forward(x: torch.Tensor, n: int) -> torch.Tensor:
+        state = LayerState(n)
+        for i in state.states:
+            state.states[i] = x * i
+        total = sum(v for v in state.states.values() if v is not None)
+        return total + len(state.ready) + sum(state.ready.values())
+
+    run = _captured(forward, torch.randn(3), 3)
+    for _ in range(3):
+        x = torch.randn(3)
+        torch.testing.assert_close(run(x, 3), forward(x, 3))
+
+
+class Cache:
+    def __init__(self, seen: int) -> None:
+        self.seen = seen
+
+
+def test_identity_of_a_frame_object_and_none():
+    """``cache is not None`` is settled by the object's guarded type, not by its identity."""
+
+    def forward(x: torch.Tensor, cache: Cache | None) -> torch.Tensor:
+        use_cache = cache is not None and cache.seen > 0
+        return x * 2 if use_cache else x - 1
+
+    for seen in (0, 1, None):
+        cache = Cache(seen) if seen is not None else None
+        report = explain(forward)(torch.randn(3), cache)
+        assert (report.graph_count, report.graph_break_count) == (1, 0), str(report)
+        assert not [g for g in report.guards[0] if g.kind is GuardKind.ID_MATCH]
+        result = capture(
+            forward,
+            (torch.randn(3), cache),
+            {},
+            compile_graph=lambda gm, ex: gm.forward,
+            wrap_callable=lambda f: f,
+        )
+        for _ in range(3):  # a new object in each call, as transformers makes its caches
+            fresh = Cache(seen) if seen is not None else None
+            x = torch.randn(3)
+            torch.testing.assert_close(result.function(x, fresh), forward(x, fresh))

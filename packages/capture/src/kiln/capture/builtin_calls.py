@@ -259,6 +259,25 @@ _HANDLERS[copy.copy], _HANDLERS[copy.deepcopy] = copies.shallow_copy, copies.dee
 _HANDLERS[collections.OrderedDict] = _dict_handler(collections.OrderedDict)
 
 
+def _fromkeys_handler(cls: type) -> Handler:
+    """``dict.fromkeys(keys, value=None)``: every key maps to the one ``value`` object."""
+
+    def handler(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        if kwargs or not 1 <= len(args) <= 2:
+            raise unsupported("unsupported_call", f"{cls.__name__}.fromkeys with these arguments")
+        value = args[1] if len(args) == 2 else ConstantValue(None)
+        out = DictValue({}, cls)
+        for key in dispatch.unpack_iterable(tr, args[0]):
+            out.set(key, value)
+        return out
+
+    return handler
+
+
+for _cls in (dict, collections.OrderedDict):
+    _HANDLERS[_cls.fromkeys] = _fromkeys_handler(_cls)
+
+
 def _sort_keys(tr: Tracer, items: list[Value], key: Value | None) -> list[Any]:
     """The constant sort key of each item (``key(item)`` inlined when given)."""
     keys = [item if key is None else dispatch.call(tr, key, [item], {}) for item in items]
