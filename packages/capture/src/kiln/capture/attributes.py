@@ -135,8 +135,7 @@ def _tuple_attr(tr: Tracer, v: TupleValue, name: str) -> Value:
 @dispatch.GET_ATTR.register(BuiltinMethodValue, TensorMethodValue)
 def _method_attr(tr: Tracer, v: BuiltinMethodValue | TensorMethodValue, name: str) -> Value:
     if name in ("__self__", "__name__"):
-        receiver = v.receiver if isinstance(v, BuiltinMethodValue) else v.tensor
-        return receiver if name == "__self__" else ConstantValue(v.name)
+        return v.receiver if name == "__self__" else ConstantValue(v.name)
     return _builtin_method(v, name)
 
 
@@ -171,14 +170,17 @@ def _builtin_method(v: Value, name: str) -> Value:
     raise unsupported("unsupported_attribute", f"{cls.__name__}.{name}")
 
 
-@dispatch.GET_ATTR.register(UserFunctionValue, BoundMethodValue)
-def _function_attr(tr: Tracer, v: UserFunctionValue | BoundMethodValue, name: str) -> Value:
-    if isinstance(v, BoundMethodValue):
-        if name == "__self__":
-            return v.self_value
-        if name == "__func__":
-            return v.func
-        return dispatch.get_attr(tr, v.func, name)
+@dispatch.GET_ATTR.register(BoundMethodValue)
+def _bound_method_attr(tr: Tracer, v: BoundMethodValue, name: str) -> Value:
+    if name == "__self__":
+        return v.self_value
+    if name == "__func__":
+        return v.func
+    return dispatch.get_attr(tr, v.func, name)  # a method passes other reads on to its function
+
+
+@dispatch.GET_ATTR.register(UserFunctionValue)
+def _function_attr(tr: Tracer, v: UserFunctionValue, name: str) -> Value:
     if v.real is not None:
         src = v.source.attr(name) if v.source is not None else None
         return wrap(tr.out, getattr(v.real, name), src)

@@ -45,5 +45,10 @@ class TensorMethodValue(Value):
     def python_type(self) -> type:
         return type(getattr(torch.Tensor, self.name))
 
+    @property
+    def receiver(self) -> TensorValue:
+        """The tensor the method is bound to (``__self__``), as a builtin method's receiver."""
+        return self.tensor
+
     def method(self) -> Any:
         return getattr(torch.Tensor, self.name)
