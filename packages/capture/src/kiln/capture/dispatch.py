@@ -121,6 +121,7 @@ class Operation(Generic[H]):
         self.name = name
         self._handlers: dict[type, tuple[H, int]] = {}
         self._resolved: dict[type, tuple[H, int]] = {}
+        self._pairs: dict[tuple[type, type], list[H]] = {}
 
     def register(self, *kinds: type[Value], priority: int = 0) -> Callable[[H], H]:
         """A decorator that makes ``fn`` the handler of each of ``kinds`` (one owner per kind).
@@ -135,6 +136,7 @@ class Operation(Generic[H]):
                     raise ValueError(msg)
                 self._handlers[kind] = (fn, priority)
             self._resolved.clear()
+            self._pairs.clear()
             return fn
 
         return add
@@ -149,15 +151,19 @@ class Operation(Generic[H]):
     def answering(self, left: type, right: type) -> list[H]:
         """The handlers an operation of two operands asks, in order, each once: the operand
         kinds' own, the higher priority first (the left one on a tie), then ``Value``'s."""
-        first, second = self._resolve(left), self._resolve(right)
-        if second[1] > first[1]:
-            first, second = second, first
-        general = self._resolve(Value)[0]
-        found: list[H] = []
-        for fn in (first[0], second[0]):
-            if fn is not general and fn not in found:
-                found.append(fn)
-        return [*found, general]
+        found = self._pairs.get((left, right))
+        if found is None:
+            first, second = self._resolve(left), self._resolve(right)
+            if second[1] > first[1]:
+                first, second = second, first
+            general = self._resolve(Value)[0]
+            found = []
+            for fn in (first[0], second[0]):
+                if fn is not general and fn not in found:
+                    found.append(fn)
+            found.append(general)
+            self._pairs[(left, right)] = found
+        return found
 
     def _resolve(self, kind: type) -> tuple[H, int]:
         found = self._resolved.get(kind)
