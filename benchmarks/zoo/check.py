@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import random
 import time
 import traceback
 import warnings
@@ -25,6 +26,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
 import torch
 
 from benchmarks.measure import TOLERANCES, flat_tensors, relative_error
@@ -68,6 +70,8 @@ def _loss(out: Any) -> torch.Tensor:
 
 def _step(model: torch.nn.Module, inputs: dict[str, Any], train: bool, seed: int) -> list[Any]:
     torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
     if not train:
         with torch.no_grad():
             return flat_tensors(model(**inputs))
@@ -137,7 +141,9 @@ class _Kiln:
         for r in self.records.records:
             if str(r.msg).startswith("graph break in"):
                 _qualname, kind, explanation, frame = r.args  # type: ignore[misc]
-                o.sites.append({"kind": str(kind), "explanation": str(explanation), **_where(frame)})
+                o.sites.append(
+                    {"kind": str(kind), "explanation": str(explanation), **_where(frame)}
+                )
             elif str(r.msg).startswith("running"):
                 name, e = r.args  # type: ignore[misc]
                 o.gave_up.append(

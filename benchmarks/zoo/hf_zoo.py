@@ -5,8 +5,8 @@ transformers' own model tests build each model from a small config (hidden size 
 helpers do not ship with the package, so this module shrinks each architecture's default config
 by the same conventions: every size field it knows by name is set to the tiny value, lists
 sized per layer are cut to the new layer count, nested configs (text, vision, audio, ...) are
-shrunk the same way, and token ids are moved inside the small vocabulary. Dropout is off so that
-train mode compares deterministically. When the shrunk config cannot build or run, a milder one
+shrunk the same way, and token ids are moved inside the small vocabulary. Dropout and
+train-time masking are off so that train mode compares deterministically. When the shrunk config cannot build or run, a milder one
 (image sizes kept) is tried before the model is reported skipped.
 
 Inputs follow the forward's signature: the main input (``model.main_input_name``: token ids,
@@ -83,7 +83,9 @@ _TINY: dict[str, int] = {
 _IMAGE: dict[str, int] = {"image_size": 32}
 _LAYER_COUNTS = ["num_hidden_layers", "n_layer", "num_layers", "n_layers"]
 _DROPOUT_WORDS = ("dropout", "drop_prob", "drop_path", "layerdrop")
-_NESTED_LISTS = {"depths": 1, "hidden_sizes": 16, "embed_dims": 16, "conv_dim": 32}
+_NESTED_LISTS = {"depths": 1, "hidden_sizes": 32, "embed_dims": 32, "conv_dim": 32}
+# a backbone's chosen stages name layers the shrunk model may no longer have: its default
+_STAGES = ("out_features", "out_indices")
 
 
 def architectures() -> list[str]:
@@ -91,6 +93,11 @@ def architectures() -> list[str]:
     from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
 
     return sorted(MODEL_MAPPING_NAMES)
+
+
+def _is_mask_prob(key: str) -> bool:
+    """SpecAugment-style masking in train mode (``mask_time_prob``), drawn with numpy."""
+    return key.startswith("mask_") and key.endswith("_prob")
 
 
 def _shrink(d: dict[str, Any], small_images: bool) -> dict[str, Any]:
@@ -103,7 +110,13 @@ def _shrink(d: dict[str, Any], small_images: bool) -> dict[str, Any]:
             out[key] = _shrink(value, small_images)
         elif key in table and isinstance(value, int) and not isinstance(value, bool):
             out[key] = min(value, table[key]) if key in _IMAGE else table[key]
-        elif any(w in key for w in _DROPOUT_WORDS) and isinstance(value, float):
+        elif key in ("num_heads", "num_attention_heads") and isinstance(value, list) and value:
+            out[key] = [2**i for i in range(len(value))]  # divides the per-stage width
+        elif key in _STAGES:
+            out[key] = None
+        elif (any(w in key for w in _DROPOUT_WORDS) or _is_mask_prob(key)) and isinstance(
+            value, float
+        ):
             out[key] = 0.0
         elif key in _NESTED_LISTS and isinstance(value, list) and value:
             base = _NESTED_LISTS[key]

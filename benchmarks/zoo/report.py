@@ -165,6 +165,16 @@ def _gaps(rows: list[dict[str, Any]], compiler: str) -> list[str]:
     return lines
 
 
+def _behind(rows: list[dict[str, Any]]) -> list[str]:
+    lines = ["| model | mode | Kiln | torch.compile |", "|---|---|---|---|"]
+    for r in _counted(rows):
+        for m in _MODES:
+            k, t = _outcome(r, "kiln", m), _outcome(r, "torch.compile", m)
+            if k is not None and t is not None and t["one_graph"] and not k["one_graph"]:
+                lines.append(f"| {r['id']} | {m} | {_show(k)} | {_show(t)} |")
+    return lines
+
+
 def render(meta: dict[str, Any], rows: list[dict[str, Any]], intro: str = "") -> str:
     """The report's Markdown."""
     counted = _counted(rows)
@@ -196,6 +206,7 @@ def render(meta: dict[str, Any], rows: list[dict[str, Any]], intro: str = "") ->
         "examples give the user's source line.\n"
     )
     out += [*_gaps(rows, "kiln"), ""]
+    out += ["## Where torch.compile has one graph and Kiln has not\n", *_behind(rows), ""]
     out += [
         "## torch.compile's graph breaks, ranked by models hit\n",
         *_gaps(rows, "torch.compile"),
