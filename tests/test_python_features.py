@@ -14,6 +14,7 @@ import dataclasses
 import enum
 import functools
 import inspect
+import logging
 import typing
 import warnings
 from collections.abc import Callable
@@ -611,3 +612,73 @@ def test_enum_members_lookup_iteration_and_flags():
         )
 
     differential(fn)
+
+
+# warnings, logging and the compiler queries ------------------------------------------------
+_log = logging.getLogger("kiln.tests.python_features")
+
+
+def _warns(x: torch.Tensor) -> torch.Tensor:
+    warnings.warn("deprecated helper", DeprecationWarning, stacklevel=2)
+    return x + 1
+
+
+def test_warnings_and_logging_are_replayed_at_the_users_line(caplog):
+    """No break; each call warns and logs once, naming the same file and line as eager."""
+
+    def fn(x):
+        warnings.warn(f"width {x.shape[0]}")
+        _log.warning("scaled by %d", 3)
+        _log.debug("not shown at this level %s", x.shape)
+        return _warns(x) * 2
+
+    differential(fn, calls=1)
+
+    def run(f):
+        caplog.clear()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            f(torch.randn(4))
+        seen = [(w.category, str(w.message), w.filename, w.lineno) for w in caught]
+        logged = [(r.getMessage(), r.pathname, r.lineno, r.funcName) for r in caplog.records]
+        return seen, logged
+
+    caplog.set_level(logging.INFO, logger=_log.name)
+    kiln.reset()
+    compiled = kiln.compile(fn, backend="eager")
+    assert run(compiled) == run(fn)
+    assert run(compiled) == run(fn)
+
+
+def test_transformers_warning_once_does_not_break():
+    from transformers.utils import logging as hf_logging
+
+    logger = hf_logging.get_logger("transformers.kiln_tests")
+
+    def fn(x):
+        logger.warning_once("this argument is deprecated")
+        return x + 1
+
+    differential(fn)
+
+
+def test_compiler_and_jit_queries():
+    """Under Kiln, as under torch.compile, ``is_compiling`` is True; scripting and tracing
+    are not happening."""
+
+    def fn(x):
+        return (
+            x + 1 if torch.compiler.is_compiling() else x,
+            torch.compiler.is_dynamo_compiling(),
+            torch.compiler.is_exporting(),
+            torch.jit.is_scripting(),
+            torch.jit.is_tracing(),
+            torch._C._get_tracing_state() is None,
+        )
+
+    explained = kiln.explain(fn)(torch.randn(4))
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0)
+    x = torch.randn(4)
+    got = kiln.compile(fn, backend="eager")(x)
+    torch.testing.assert_close(got[0], x + 1)
+    assert got[1:] == (True, False, False, False, True)

@@ -23,6 +23,7 @@ import torch
 from kiln.capture import builtin_types, dispatch, literals
 from kiln.capture.breaks.reasons import UserException, raised, unsupported
 from kiln.capture.guard_data import GuardKind
+from kiln.capture.side_effects import log_at
 from kiln.capture.source import MODULE_STORES, Source
 from kiln.capture.values.base import ConstantValue, Value, is_constant
 from kiln.capture.values.containers import DictValue, TupleValue
@@ -198,6 +199,13 @@ def _object_attr(tr: Tracer, v: ObjectValue, name: str) -> Value:
 
 
 _LOGGER_QUERIES = frozenset({"isEnabledFor", "getEffectiveLevel", "hasHandlers", "getChild"})
+_LOG_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+    "critical": logging.CRITICAL,
+}
 
 
 def plain_object_attr(tr: Tracer, v: ObjectValue, name: str) -> Value:
@@ -205,7 +213,9 @@ def plain_object_attr(tr: Tracer, v: ObjectValue, name: str) -> Value:
     obj = v.obj
     if isinstance(obj, logging.Logger) and name not in _LOGGER_QUERIES:
         method = getattr(obj, name, None)
-        if callable(method):
+        if name in _LOG_LEVELS and getattr(type(obj), name) is getattr(logging.Logger, name):
+            return ReplayedCallValue(functools.partial(log_at, obj, _LOG_LEVELS[name]), True)
+        if callable(method):  # ``warning_once`` and other helpers: called as they are
             return ReplayedCallValue(method)
     pending = tr.out.side_effects.pending_attr(obj, name)
     if pending is not None:

@@ -28,6 +28,7 @@ from kiln.capture import (
     literals,
     numpy_calls,
     operators,
+    side_effects,
     torch_calls,
 )
 from kiln.capture.breaks.reasons import raised, unsupported
@@ -513,4 +514,11 @@ def _print(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
 
 @_handles(warnings.warn)
 def _warn(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
-    return literals.replay_call(tr, warnings.warn, args, kwargs)
+    level = args[2] if len(args) > 2 else kwargs.get("stacklevel", ConstantValue(1))
+    frame: Tracer | None = tr
+    for _ in range(int(level.as_constant()) - 1):  # the frame the warning names
+        frame = frame.parent if frame is not None else None
+    if frame is None or "skip_file_prefixes" in kwargs:  # outside the capture
+        return literals.replay_call(tr, warnings.warn, args, kwargs)
+    where = (frame.code.co_filename, frame.lineno, frame.f_globals)
+    return literals.replay_call(tr, functools.partial(side_effects.warn_at, where), args, kwargs)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kiln.capture import (
+    autograd_function,
     builtin_calls,
     builtin_types,
     contexts,
@@ -86,6 +87,9 @@ def _call_bound(tr: Tracer, fn: BoundMethodValue, args: Args, kwargs: Kwargs) ->
 
 @dispatch.CALL.register(ReplayedCallValue)
 def _call_replayed(tr: Tracer, fn: ReplayedCallValue, args: Args, kwargs: Kwargs) -> Value:
+    if fn.located:
+        where = (tr.code.co_filename, tr.lineno, tr.code.co_name)
+        return literals.replay_call(tr, functools.partial(fn.fn, where), args, kwargs)
     return literals.replay_call(tr, fn.fn, args, kwargs)
 
 
@@ -113,6 +117,8 @@ def _call_object(tr: Tracer, fv: ObjectValue, args: list[Value], kwargs: dict[st
     handler = builtin_calls.handler_for(obj)
     if handler is not None:
         return handler(tr, args, kwargs)
+    if autograd_function.is_apply(obj):
+        return autograd_function.call_apply(tr, fv, args, kwargs)
     owned = builtin_types.descriptor(obj)  # dict.get(d, k), super().__setitem__(k, v)
     if owned is not None:
         return builtin_types.call_descriptor(tr, *owned, args, kwargs)

@@ -5,17 +5,21 @@ of an object from the frame is kept here (later reads in the trace see it)
 and the emitted code performs it after the graph has run, as eager code
 would have. Containers from the frame that were mutated are written back
 whole (``lst[:] = ...``, ``d.clear(); d.update(...)``). Logging, ``warnings.warn``
-and ``print`` calls with constant arguments are made again, in order.
+and ``print`` calls with constant arguments are made again, in order; a warning or a log
+record names the user's line the capture saw it on (:func:`warn_at`, :func:`log_at`), as eager's
+does, not the emitted code's.
 """
 
 from __future__ import annotations
 
+import logging
+import warnings
 from typing import Any
 
 from kiln.capture.values.base import Value
 from kiln.capture.values.containers import DictValue, ListValue
 
-__all__ = ["SideEffects"]
+__all__ = ["SideEffects", "log_at", "warn_at"]
 
 
 class SideEffects:
@@ -83,3 +87,39 @@ class SideEffects:
         out.extend(f"{c.source} mutated" for c in self.mutated_containers())
         out.extend(f"call {getattr(fn, '__qualname__', fn)!s}" for fn, _, _ in self.calls)
         return out
+
+
+def warn_at(
+    where: tuple[str, int, dict[str, Any]],
+    message: Any,
+    category: type[Warning] | None = None,
+    stacklevel: int = 1,
+    source: Any = None,
+) -> None:
+    """``warnings.warn`` reported at ``where`` (file, line, module globals), as the user's frame
+    would report it: same text, filters, once-per-location registry."""
+    filename, lineno, module_globals = where
+    if isinstance(message, Warning):
+        category = type(message)
+    module = module_globals.get("__name__", "<string>")
+    registry = module_globals.setdefault("__warningregistry__", {})
+    warnings.warn_explicit(
+        message, category or UserWarning, filename, lineno, module, registry, module_globals, source
+    )
+
+
+def log_at(
+    logger: logging.Logger,
+    level: int,
+    where: tuple[str, int, str],
+    msg: Any,
+    *args: Any,
+    extra: dict[str, Any] | None = None,
+) -> None:
+    """``logger.<level>(msg, *args)`` with the record's file, line and function the user's."""
+    if logger.isEnabledFor(level):
+        filename, lineno, func = where
+        record = logger.makeRecord(
+            logger.name, level, filename, lineno, msg, args, None, func, extra, None
+        )
+        logger.handle(record)

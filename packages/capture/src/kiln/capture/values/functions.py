@@ -81,10 +81,14 @@ class PartialValue(Value):
 
 
 class ReplayedCallValue(Value):
-    """A real callable whose calls are effects to replay (logging, ``warnings.warn``, ``print``)."""
+    """A real callable whose calls are effects to replay (logging, ``warnings.warn``, ``print``).
 
-    def __init__(self, fn: Any) -> None:
+    ``located``: ``fn`` takes the calling user frame's (file, line, function) first.
+    """
+
+    def __init__(self, fn: Any, located: bool = False) -> None:
         self.fn = fn
+        self.located = located
 
     def python_type(self) -> type:
         return type(self.fn)
