@@ -101,6 +101,22 @@ def test_a_merge_with_an_ordered_dict_is_an_ordered_dict(check):
     check(fn, (r(3),), graphs=0)
 
 
+def test_dicts_equal_by_keys_and_values(check):
+    def fn(x, d):
+        e = {"a": 1, "b": x}
+        ordered = collections.OrderedDict(a=1, b=2)
+        return (
+            x + 1 if e == {"b": x, "a": 1} else x - 1,
+            {} == {},
+            d == {"k": 2},
+            e != {"a": 2, "b": x},
+            ordered == collections.OrderedDict(b=2, a=1),
+            ordered == {"b": 2, "a": 1},
+        )
+
+    check(fn, (r(3), {"k": 2}))
+
+
 def test_a_list_never_equals_a_tuple(check):
     def fn(x):
         a = [1, 2]

@@ -263,6 +263,19 @@ def _sequence_compare_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value | No
     return ConstantValue(equal == (sym == "=="))
 
 
+@dispatch.COMPARE_OP.register(DictValue)
+def _dict_compare_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value | None:
+    """Dicts equal with the same keys and equal values (in the same order for two
+    ``OrderedDict``s)."""
+    _refuse_overrides(tr, sym, a, b)
+    if sym not in _EQUALITY or not (isinstance(a, DictValue) and isinstance(b, DictValue)):
+        return None
+    ordered = all(issubclass(d.cls, collections.OrderedDict) for d in (a, b))
+    keys = list(a.items) == list(b.items) if ordered else a.items.keys() == b.items.keys()
+    equal = keys and all(_equal(tr, x, b.items[k][1]) for k, (_, x) in a.items.items())
+    return ConstantValue(equal == (sym == "=="))
+
+
 def _equal(tr: Tracer, a: Value, b: Value) -> bool:
     """``a == b`` as containers compare their items: identity first, as Python does."""
     return bool(_identity(a, b)) or dispatch.truth(tr, dispatch.compare_op(tr, "==", a, b))
