@@ -117,11 +117,12 @@ def test_dicts_equal_by_keys_and_values(check):
     check(fn, (r(3), {"k": 2}))
 
 
-def test_a_list_never_equals_a_tuple(check):
+def test_a_list_never_equals_a_tuple_nor_a_constant(check):
     def fn(x):
         a = [1, 2]
         b = tuple(a)
-        return x + 1 if a == b else x - 1, [x] != (x,)
+        t = (x, 1)
+        return x + 1 if a == b else x - 1, [x] != (x,), t == 3, "a" != t, [x] == 2.0
 
     check(fn, (r(3),))
 

@@ -252,10 +252,16 @@ def _constant_compare_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value | No
 
 @dispatch.COMPARE_OP.register(ListValue, TupleValue)
 def _sequence_compare_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value | None:
-    """Lists equal lists and tuples equal tuples item by item; a list never equals a tuple."""
+    """Lists equal lists and tuples equal tuples item by item; a list never equals a tuple,
+    nor a constant of another type."""
     _refuse_overrides(tr, sym, a, b)
     left, right = _sequence(a), _sequence(b)
-    if sym not in _EQUALITY or left is None or right is None or type(left) is not type(right):
+    if sym not in _EQUALITY:
+        return None
+    if left is None or right is None:
+        other = a if left is None else b
+        return ConstantValue(sym == "!=") if isinstance(other, ConstantValue) else None
+    if type(left) is not type(right):
         return None
     equal = len(left.items) == len(right.items) and all(
         _equal(tr, x, y) for x, y in zip(left.items, right.items, strict=False)
