@@ -1,8 +1,9 @@
 """Python operators on tracked values: binary, in-place, comparison, unary, truth, ``in``.
 
 Each kind registers what it answers: constants fold, lists and tuples concatenate, repeat and
-compare item by item, dicts merge, sets and dict views combine and compare as sets, user
-objects' dunder methods are inlined. A binary or comparison handler returns None for an operand
+compare item by item, dicts merge and compare by keys and values, sets and dict views combine
+and compare as sets, user objects' dunder methods are inlined (a container subclass's own
+operator is a graph break, so Python runs it). A binary or comparison handler returns None for an operand
 pair it does not know, and the other operand's kind is asked next (see
 :mod:`~kiln.capture.dispatch`); the general handler, registered for ``Value``, answers ``==``
 and ``!=`` by identity, as ``object.__eq__`` does, and refuses the rest. Tensors' and ndarrays'
