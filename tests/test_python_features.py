@@ -682,3 +682,89 @@ def test_compiler_and_jit_queries():
     got = kiln.compile(fn, backend="eager")(x)
     torch.testing.assert_close(got[0], x + 1)
     assert got[1:] == (True, False, False, False, True)
+
+
+class Registry(dict):
+    """Overrides reached through ``super()`` (zero- and two-argument) and unbound calls."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super(Registry, self).__init__(*args, **kwargs)  # noqa: UP008 (the two-argument form)
+
+    def __getitem__(self, key: str) -> Any:
+        return dict.__getitem__(self, key) * 2
+
+    def __contains__(self, key: object) -> bool:
+        return key != "hidden" and super().__contains__(key)
+
+    def __iter__(self) -> Any:
+        return iter(sorted(super().keys()))
+
+    def __len__(self) -> int:
+        return super().__len__() + 100
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        super().update(*args, **kwargs)
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        return super().setdefault(key, default)
+
+    def pop(self, key: str, *default: Any) -> Any:
+        return super().pop(key, *default)
+
+
+class Ordered(collections.OrderedDict):
+    def __setitem__(self, key: str, value: Any) -> None:
+        super().__setitem__(key, value + 1)
+
+
+class Doubled(list):
+    def append(self, value: Any) -> None:
+        super().append(value * 2)
+
+    def __iter__(self) -> Any:
+        return iter(list(super().__iter__())[::-1])
+
+
+class Lower(set):
+    def add(self, item: str) -> None:
+        super().add(item.lower())
+
+
+def test_dict_list_and_set_subclass_methods():
+    def fn(x):
+        r = Registry(b=x, a=x + 1)
+        r.update(c=2)
+        kept = r.setdefault("d", 4)
+        popped = r.pop("c")
+        o = Ordered()
+        o["k"] = x
+        o["j"] = 2
+        o["i"] = 3
+        o.move_to_end("k")
+        first = o.popitem(last=False)
+        d = Doubled([x])
+        d.append(x)
+        d.sort(key=lambda t: 0)  # a stable sort on equal keys keeps the order
+        nums = Doubled([3, 1, 2])
+        nums.sort(reverse=True)
+        s = Lower()
+        s.add("A")
+        return (
+            r["a"],
+            "a" in r,
+            "hidden" in r,
+            list(r),
+            len(r),
+            kept,
+            popped,
+            list(r.items())[0][1],
+            list(o),
+            first,
+            [t for t in d],
+            nums,
+            "a" in s,
+            r,
+            o,
+        )
+
+    differential(fn)

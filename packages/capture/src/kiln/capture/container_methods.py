@@ -83,9 +83,28 @@ def _list_method(
                 break
     elif name == "__setitem__":
         dispatch.set_item(tr, ListValue(lst.items), args[0], args[1])
+    elif name == "sort" and not args:
+        _sort(tr, lst, kwargs)
     else:
         raise unsupported("unsupported_call", f"list.{name}")
     return ConstantValue(None)
+
+
+def _sort(tr: Tracer, lst: ListValue, kwargs: dict[str, Value]) -> None:
+    """``lst.sort(key=..., reverse=...)`` where every key is a constant (stable, as Python's)."""
+    key = kwargs.get("key")
+    if key is not None and isinstance(key, ConstantValue) and key.value is None:
+        key = None
+    keys = [
+        literals.literal(dispatch.call(tr, key, [x], {}) if key is not None else x)
+        for x in lst.items
+    ]
+    reverse = bool(kwargs.get("reverse", ConstantValue(False)).as_constant())
+    try:
+        order = sorted(range(len(keys)), key=keys.__getitem__, reverse=reverse)
+    except TypeError as e:
+        raise raised(e) from e
+    lst.items[:] = [lst.items[i] for i in order]
 
 
 @dispatch.CALL_METHOD.register(DictValue)
@@ -134,8 +153,31 @@ def _dict_method(
             d.set(ConstantValue(k), v)
     elif name == "clear":
         d.items.clear()
+    elif name in ("popitem", "move_to_end"):
+        return _reorder(d, name, args, kwargs)
     else:
         raise unsupported("unsupported_call", f"dict.{name}")
+    return ConstantValue(None)
+
+
+def _reorder(d: DictValue, name: str, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    """``d.popitem(last=True)`` (a plain dict's takes the last) and ``od.move_to_end(k, last)``."""
+    flag = args[-1] if len(args) > (name == "move_to_end") else kwargs.get("last")
+    last = bool(flag.as_constant()) if flag is not None else True
+    if name == "popitem":
+        if not d.items:
+            raise raised(KeyError("popitem(): dictionary is empty"))
+        key = next(reversed(d.items)) if last else next(iter(d.items))
+        return TupleValue(list(d.items.pop(key)))
+    key = dict_key(args[0])
+    if key not in d.items:
+        raise raised(KeyError(key))
+    entry = d.items.pop(key)
+    rest = list(d.items.items())
+    if not last:
+        d.items.clear()
+    d.items[key] = entry
+    d.items.update(rest if not last else [])
     return ConstantValue(None)
 
 

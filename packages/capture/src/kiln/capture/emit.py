@@ -150,7 +150,11 @@ def _build_container(cls: Any, items: Any) -> Any:
         return types.MappingProxyType(dict(items))
     obj: Any = cls.__new__(cls)
     base = next(k for k in cls.__mro__ if k in (collections.OrderedDict, dict, list, set))
-    (base.extend if base is list else base.update)(obj, items)  # the base's own, not overrides
+    if base is collections.OrderedDict:  # its ``update`` stores through ``self[k] = v``
+        for key, value in items.items():
+            collections.OrderedDict.__setitem__(obj, key, value)
+    else:
+        (base.extend if base is list else base.update)(obj, items)  # the base's, not overrides
     return obj
 
 
