@@ -105,6 +105,12 @@ REASONS: dict[str, BreakReason] = {
         "an in-place op changes a tensor's sizes or strides",
         "use the out-of-place op (x = x.t() instead of x.t_())",
     ),
+    "autograd_function": BreakReason(
+        "a custom torch.autograd.Function's forward or backward cannot be traced soundly (Kiln "
+        "traces both to check them before the call becomes one graph node)",
+        "keep forward and backward to tensor code on apply's arguments and ctx, without side "
+        "effects",
+    ),
     "module_hooks": BreakReason(
         "the module has hooks Kiln cannot inline",
         "remove the hooks, or make them plain Python functions",

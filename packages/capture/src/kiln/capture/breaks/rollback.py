@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from kiln.capture.autograd_function import is_apply
 from kiln.capture.breaks.reasons import UserException
 from kiln.capture.contexts import ContextValue, ExitValue
 from kiln.capture.errors import Unsupported
@@ -211,6 +212,8 @@ def _may_run_user_code(tr: Tracer, ins: dis.Instruction) -> bool:
         return False
     if isinstance(fn, ObjectValue):
         obj = fn.obj
+        if is_apply(obj):  # a C method that runs the user's forward
+            return True
         if isinstance(obj, (types.BuiltinFunctionType, types.MethodDescriptorType)):
             return False
         if isinstance(obj, type) and obj.__module__ == "builtins":

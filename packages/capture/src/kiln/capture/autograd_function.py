@@ -1,0 +1,193 @@
+"""Custom ``torch.autograd.Function``s: ``Fn.apply(*args)`` as one graph node, checked first.
+
+A custom Function's point is a backward that differs from the derivative of its forward (a
+straight-through estimator, a clipped gradient), so its forward cannot simply be inlined: the
+graph would differentiate the forward's ops instead. The call becomes one node whose target
+calls ``Fn.apply`` (:func:`apply_target`). Run on real tensors (the ``eager`` backend) that is
+the user's Function; run under autograd_aot's dispatch-level tracer, autograd itself records
+the forward's ATen ops and, when the joint graph is traced, calls the user's ``backward`` on
+the tracer's tensors, so both halves become ATen graphs that the backend compiles.
+
+Recording a call of user code is sound only if that code is what capture would trace anyway:
+before the node is made, :func:`call_apply` traces ``forward`` (or ``forward`` then
+``setup_context``) and ``backward`` with capture's own tracer on the same arguments, with
+:class:`TracedCtx` standing in for autograd's ctx, then rolls the trace back. What they read
+from globals, closures and objects is guarded as in any inlined call; a side effect, a tensor
+reached other than through ``apply``'s arguments (it would be baked into the compiled graph),
+or anything capture cannot trace is an ``autograd_function`` graph break naming the method,
+and the call runs in Python.
+"""
+
+from __future__ import annotations
+
+import types
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from kiln.capture import contexts, dispatch, torch_calls
+from kiln.capture.breaks.reasons import unsupported
+from kiln.capture.errors import Unsupported
+from kiln.capture.values.base import ConstantValue, Value
+from kiln.capture.values.containers import DictValue, ListValue, TupleValue
+from kiln.capture.values.objects import ObjectValue
+from kiln.capture.values.tensor import TensorValue
+from kiln.capture.wrap import wrap
+
+if TYPE_CHECKING:
+    from kiln.capture.tracer import Tracer
+
+__all__ = ["TracedCtx", "apply_target", "call_apply", "is_apply"]
+
+_BASE_SETUP_CONTEXT = torch.autograd.Function.setup_context
+
+
+class TracedCtx:
+    """What capture's tracer sees as ``ctx`` while it checks a Function's methods.
+
+    Plain Python, so capture inlines its methods like user code; it mirrors the parts of
+    autograd's ctx that forward and backward use.
+    """
+
+    def __init__(self, needs_input_grad: tuple[bool, ...]) -> None:
+        self.needs_input_grad = needs_input_grad
+        self.saved_tensors: tuple[Any, ...] = ()
+        self.dirty: tuple[Any, ...] = ()
+        self.non_differentiable: tuple[Any, ...] = ()
+        self.materialize_grads = True
+
+    def save_for_backward(self, *tensors: Any) -> None:
+        self.saved_tensors = tensors
+
+    def save_for_forward(self, *tensors: Any) -> None:
+        pass
+
+    def mark_dirty(self, *tensors: Any) -> None:
+        self.dirty = tensors
+
+    def mark_non_differentiable(self, *tensors: Any) -> None:
+        self.non_differentiable = tensors
+
+    def set_materialize_grads(self, value: bool) -> None:
+        self.materialize_grads = value
+
+    @property
+    def saved_variables(self) -> tuple[Any, ...]:
+        return self.saved_tensors
+
+
+def is_apply(obj: Any) -> bool:
+    """Whether ``obj`` is ``Fn.apply`` of a custom ``torch.autograd.Function``."""
+    if not isinstance(obj, (types.MethodType, types.BuiltinMethodType)):
+        return False
+    cls = obj.__self__
+    if getattr(obj, "__name__", None) != "apply" or not isinstance(cls, type):
+        return False
+    if not issubclass(cls, torch.autograd.Function):
+        return False
+    # torch's own ``apply`` (a C classmethod, or a Python one calling it), not a user override
+    owner = next(k for k in cls.__mro__ if "apply" in vars(k))
+    return owner.__module__.startswith("torch")
+
+
+_TARGETS: weakref.WeakKeyDictionary[type, Callable[..., Any]] = weakref.WeakKeyDictionary()
+
+
+def apply_target(cls: type) -> Callable[..., Any]:
+    """The graph node target for ``cls.apply``: a plain function (fx cannot name a method
+    bound to a class), one per class, marked with ``autograd_function`` for graph readers."""
+    found = _TARGETS.get(cls)
+    if found is None:
+
+        def apply(*args: Any) -> Any:
+            return cls.apply(*args)  # type: ignore[attr-defined]
+
+        apply.__name__ = f"{cls.__name__}_apply"
+        apply.__qualname__ = f"{cls.__qualname__}.apply"
+        apply.autograd_function = cls  # type: ignore[attr-defined]
+        found = _TARGETS[cls] = apply
+    return found
+
+
+def call_apply(tr: Tracer, fv: ObjectValue, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    """``Fn.apply(*args)``: checked by tracing its methods, then recorded as one node."""
+    cls = fv.obj.__self__
+    if kwargs:
+        raise unsupported("autograd_function", f"{cls.__qualname__}.apply with keyword arguments")
+    src = fv.source.attr("__self__") if fv.source is not None else None
+    _check_methods(tr, wrap(tr.out, cls, src), cls, args)
+    return torch_calls.call_function(tr, apply_target(cls), args, {})
+
+
+def _check_methods(tr: Tracer, cls_value: Value, cls: type, args: list[Value]) -> None:
+    """Trace forward and backward on ``args`` and undo the trace, keeping its guards."""
+    cp = tr.checkpoint()
+    inputs = _placeholders(tr)
+    containers = _container_contents(tr)
+    grad_mode = torch.is_grad_enabled()
+    phase = "forward"
+    try:
+        contexts.set_grad_mode(tr, False)  # apply runs forward, autograd runs backward, so
+        needs = tuple(isinstance(a, TensorValue) and a.fake.requires_grad for a in args)
+        ctx = dispatch.call(tr, ObjectValue(TracedCtx), [ConstantValue(needs)], {})
+        out = _forward(tr, cls_value, cls, ctx, args)
+        phase = "backward"
+        grads = [_grad_like(tr, o) for o in _items(out)]
+        backward = dispatch.get_attr(tr, cls_value, "backward")
+        dispatch.call(tr, backward, [ctx, *grads], {})
+    except Unsupported as e:
+        detail = f"{cls.__qualname__}.{phase}: {e.kind}: {e.explanation}"
+        raise unsupported("autograd_function", detail) from e
+    finally:
+        torch._C._set_grad_enabled(grad_mode)
+    now = _container_contents(tr)
+    changed = now[: len(containers)] != containers or any(m for _, _, m in now[len(containers) :])
+    if changed or tr.out.side_effects.version != cp.effects_version:
+        detail = f"{cls.__qualname__}.{phase} changes state that outlives the call"
+        raise unsupported("autograd_function", detail)
+    if _placeholders(tr) != inputs:
+        detail = (
+            f"{cls.__qualname__} reads a tensor that is not an argument of apply "
+            "(pass it to apply, so that it is an input of the compiled graph)"
+        )
+        raise unsupported("autograd_function", detail)
+    tr.rollback(cp)
+
+
+def _forward(tr: Tracer, cls_value: Value, cls: type, ctx: Value, args: list[Value]) -> Value:
+    forward = dispatch.get_attr(tr, cls_value, "forward")
+    if getattr(cls, "setup_context", _BASE_SETUP_CONTEXT) == _BASE_SETUP_CONTEXT:
+        return dispatch.call(tr, forward, [ctx, *args], {})
+    out = dispatch.call(tr, forward, args, {})
+    setup = dispatch.get_attr(tr, cls_value, "setup_context")
+    dispatch.call(tr, setup, [ctx, TupleValue(list(args)), out], {})
+    return out
+
+
+def _items(out: Value) -> list[Value]:
+    if isinstance(out, (TupleValue, ListValue)):
+        return list(out.items)
+    return [out]
+
+
+def _grad_like(tr: Tracer, out: Value) -> Value:
+    """A stand-in gradient for one output: a tensor like it, None for a non-tensor."""
+    if not isinstance(out, TensorValue):
+        return ConstantValue(None)
+    return torch_calls.call_function(tr, torch.ones_like, [out], {})
+
+
+def _placeholders(tr: Tracer) -> int:
+    return sum(1 for n in tr.out.graph.nodes if n.op == "placeholder")
+
+
+def _container_contents(tr: Tracer) -> list[tuple[ListValue | DictValue, Any, bool]]:
+    """The frame's containers (lists and dicts reached from outside) with their items: a
+    mutation changes these without recording an effect (the end of the frame writes them back);
+    a container first read inside the check joins the end of the list, marked if mutated."""
+    return [
+        (c, list(c.items) if isinstance(c, ListValue) else dict(c.items), c.mutated)
+        for c in tr.out.side_effects.containers
+    ]
