@@ -18,7 +18,8 @@ MAX_MODULE_LINES = 600
 
 # Lines of source per package (every .py under packages/<pkg>/src).
 LINE_BUDGET = {
-    "capture": 13050,
+    # + about 600 for the opcode families match, yield from, except* and the intrinsics model
+    "capture": 13700,
     "guards": 2650,
     "autograd_aot": 2600,
     "loopir": 10150,
