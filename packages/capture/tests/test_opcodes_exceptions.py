@@ -100,3 +100,26 @@ def test_stop_iteration_leaving_a_generator_is_a_runtime_error() -> None:
             return x * 5
 
     check_calls(fn, lambda i: (torch.randn(2),), graphs=1)
+
+
+def test_raise_from_sets_the_cause_a_handler_reads() -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        try:
+            try:
+                raise KeyError("k")
+            except KeyError as e:
+                raise ValueError("v") from e
+        except ValueError as e:
+            return x * (2 if isinstance(e.__cause__, KeyError) else 3)
+
+    def suppressed(x: torch.Tensor) -> torch.Tensor:
+        try:
+            try:
+                raise KeyError("k")
+            except KeyError:
+                raise ValueError("v") from None
+        except ValueError as e:
+            return x * (5 if e.__suppress_context__ and e.__cause__ is None else 7)
+
+    check_calls(fn, lambda i: (torch.randn(2),), graphs=1)
+    check_calls(suppressed, lambda i: (torch.randn(2),), graphs=1)

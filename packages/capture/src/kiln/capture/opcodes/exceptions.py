@@ -48,9 +48,12 @@ def raise_varargs(tr: Tracer, ins: dis.Instruction) -> None:
         if not tr.exc_stack:
             raise unsupported("user_exception", "a bare raise outside an except block")
         raise raised(exception_of(tr.exc_stack[-1]))
-    if argc == 2:
-        tr.pop()  # the cause does not change which handler runs
-    raise raised(_with_context(tr, exception_of(tr.pop())))
+    cause = tr.pop() if argc == 2 else None
+    exc = _with_context(tr, exception_of(tr.pop()))
+    if cause is not None:  # ``raise exc from cause``: a handler may read it
+        exc.__cause__ = None if _is_none(cause) else exception_of(cause)
+        exc.__suppress_context__ = True
+    raise raised(exc)
 
 
 def _with_context(tr: Tracer, exc: BaseException) -> BaseException:
