@@ -424,7 +424,7 @@ def _split(
         out.create_node("call_function", torch._C._set_grad_enabled, args, {}, None)
     graph = compile_partial(out, outputs, func, compile_graph, " (before a break)")
     if graph.compiled is not None:
-        unwind = _unwind_mode(state)
+        unwind: bool | None = _unwind_mode(state)
         if graph.grad_mode_after is None and unwind == torch.is_grad_enabled():
             unwind = None  # the graph switches no mode, and the one it runs in is the right one
         call = writer.graph_call(graph.compiled, out.inputs, graph.grad_mode_after, unwind)
