@@ -768,3 +768,42 @@ def test_dict_list_and_set_subclass_methods():
         )
 
     differential(fn)
+
+
+class Instantiating(collections.OrderedDict):
+    """transformers' ``ClassInstantier``: reading a key builds a new object from the entry."""
+
+    def __getitem__(self, key: str) -> Any:
+        content = super().__getitem__(key)
+        cls, kwargs = content if isinstance(content, tuple) else (content, {})
+        return cls(**kwargs)
+
+
+ACTIVATIONS = Instantiating(gelu=torch.nn.GELU, tanh_gelu=(torch.nn.GELU, {"approximate": "tanh"}))
+
+
+class Shifted(list):
+    def __getitem__(self, i: int) -> Any:
+        return super().__getitem__(i) + 1
+
+
+SHIFTED = Shifted([1, 2, 3])
+
+
+def test_frame_subclass_instances_read_past_their_getitem():
+    """Guards and reloads read the items with dict's or list's own ``__getitem__``."""
+
+    def fn(x):
+        return ACTIVATIONS["gelu"](x), ACTIVATIONS["tanh_gelu"](x), x * SHIFTED[0], len(SHIFTED)
+
+    differential(fn)
+    compiled = kiln.compile(fn, backend="eager")
+    x = torch.randn(4)
+    compiled(x)
+    SHIFTED.append(4)  # a new length: captured again, still equal
+    ACTIVATIONS["gelu"] = torch.nn.SiLU  # a new entry under the same key
+    try:
+        assert_same(compiled(x), fn(x))
+    finally:
+        SHIFTED.pop()
+        ACTIVATIONS["gelu"] = torch.nn.GELU

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from kiln.capture import container_methods, dispatch
 from kiln.capture.breaks.reasons import raised, unsupported
 from kiln.capture.guard_data import GuardKind
+from kiln.capture.source import RawItemSource, Source
 from kiln.capture.values.base import ConstantValue, Value, is_constant
 from kiln.capture.values.containers import DictValue, ListValue, SetValue, TupleValue, dict_key
 from kiln.capture.values.functions import BoundMethodValue
@@ -49,7 +50,7 @@ __all__ = [
 
 _BASES: tuple[type, ...] = (collections.OrderedDict, dict, list, tuple, set, frozenset)
 # what the emitted code and the guards run on a snapshot's source: overridden, they differ
-_READ_PROTOCOL = ("__iter__", "__getitem__", "__len__", "keys")
+_READ_PROTOCOL = ("__iter__", "__len__", "keys")
 
 
 def _is_builtin(klass: type) -> bool:
@@ -110,26 +111,41 @@ def call_override(tr: Tracer, v: Value, name: str, args: list[Value]) -> Value |
 
 
 def snapshot(tr: Tracer, v: ObjectValue) -> Value | None:
-    """A real dict, list or tuple subclass instance as its items: guarded, read-only."""
+    """A real dict, list or tuple subclass instance as its items: guarded, read-only.
+
+    The guards iterate it and take its length, so a class overriding those is refused; items
+    are reloaded with the builtin type's own ``__getitem__``, past a Python override.
+    """
     obj, src = v.obj, v.source
     cls = type(obj)
     if not isinstance(obj, (dict, list, tuple)) or any(
         isinstance(inspect.getattr_static(cls, n, None), types.FunctionType) for n in _READ_PROTOCOL
     ):
         return None
+    owner = next(k for k in cls.__mro__ if k in (dict, list, tuple))
+
+    def item(index: Any) -> Source | None:
+        if src is None:
+            return None
+        return (
+            RawItemSource(src, index, owner)
+            if cls.__getitem__ is not owner.__getitem__
+            else src.item(index)
+        )
+
     if isinstance(obj, dict):
         if src is not None:
             tr.out.guard(src, GuardKind.DICT_KEYS, tuple(obj.keys()))
         items: dict[Any, tuple[Value, Value]] = {}
         for k, x in dict.items(obj):
             key = ConstantValue(k) if is_constant(k) else ObjectValue(k)
-            items[k] = (key, wrap(tr.out, x, src.item(k) if src is not None else None))
+            items[k] = (key, wrap(tr.out, x, item(k)))
         d = DictValue(items, cls)
         d.detached = True
         return d
     if src is not None:
         tr.out.guard(src, GuardKind.SEQUENCE_LENGTH, len(obj))
-    values = [wrap(tr.out, x, src.item(i) if src is not None else None) for i, x in enumerate(obj)]
+    values = [wrap(tr.out, x, item(i)) for i, x in enumerate(obj)]
     if isinstance(obj, tuple):
         return TupleValue(values, cls)
     lst = ListValue(values, cls=cls)

@@ -32,6 +32,7 @@ from kiln.capture.source import (
     GlobalSource,
     ItemSource,
     LocalSource,
+    RawItemSource,
     Source,
 )
 from kiln.capture.values.base import ConstantValue, Value
@@ -289,6 +290,9 @@ class _Writer:
             if isinstance(src.index, _LITERAL_TYPES):
                 return f"{base}[{src.index!r}]"
             return f"{base}[{self.const(src.index)}]"
+        if isinstance(src, RawItemSource):
+            getitem = self.const(vars(src.owner)["__getitem__"])
+            return f"{getitem}({self.source(src.base)}, {self.const(src.index)})"
         raise unsupported("unsupported_value", f"reloading {src}")
 
     def value(self, v: Value) -> str:

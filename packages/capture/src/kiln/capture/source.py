@@ -19,6 +19,7 @@ __all__ = [
     "ClosureSource",
     "AttrSource",
     "ItemSource",
+    "RawItemSource",
     "DefaultSource",
     "MODULE_STORES",
     "root_of",
@@ -128,6 +129,25 @@ class ItemSource(Source):
 
 
 @dataclasses.dataclass(frozen=True)
+class RawItemSource(Source):
+    """``owner.__getitem__(base, index)``: an item of a dict, list or tuple subclass instance
+    read past the subclass's own ``__getitem__`` (which may compute, or build something new)."""
+
+    base: Source
+    index: Any
+    owner: type
+
+    def __str__(self) -> str:
+        return f"{self.owner.__name__}.__getitem__({self.base}, {self.index!r})"
+
+    def resolve(
+        self, f_locals: dict[str, Any], f_globals: dict[str, Any], cells: dict[str, Any]
+    ) -> Any:
+        getitem = vars(self.owner)["__getitem__"]
+        return getitem(self.base.resolve(f_locals, f_globals, cells), self.index)
+
+
+@dataclasses.dataclass(frozen=True)
 class DefaultSource(Source):
     """A default value of the captured function's parameter ``name``."""
 
@@ -148,6 +168,6 @@ class DefaultSource(Source):
 
 def root_of(source: Source) -> Source:
     """The local, global or closure source a chain of attributes and items starts from."""
-    while isinstance(source, (AttrSource, ItemSource)):
+    while isinstance(source, (AttrSource, ItemSource, RawItemSource)):
         source = source.base
     return source
