@@ -22,6 +22,13 @@ import torch
 
 from kiln.capture import builtin_types, dispatch, literals
 from kiln.capture.breaks.reasons import UserException, raised, unsupported
+from kiln.capture.descriptors import (
+    MISSING,
+    class_lookup,
+    descriptor_get,
+    is_data_descriptor,
+    python_setter,
+)
 from kiln.capture.guard_data import GuardKind
 from kiln.capture.side_effects import log_at
 from kiln.capture.source import MODULE_STORES, Source
@@ -43,7 +50,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "class_attr",
-    "class_lookup",
     "module_state_source",
     "plain_new_object_attr",
     "plain_object_attr",
@@ -75,22 +81,11 @@ def plain_new_object_attr(tr: Tracer, v: NewObjectValue, name: str) -> Value:
         return ObjectValue(v.cls)
     static = class_lookup(v.cls, name)
     slot = isinstance(static, types.MemberDescriptorType)  # ``__slots__`` live in ``attrs``
-    if name in v.attrs and (slot or not _is_data_descriptor(static)):
+    if name in v.attrs and (slot or not is_data_descriptor(static)):
         return v.attrs[name]
-    if static is _MISSING or slot:
+    if static is MISSING or slot:
         return _missing_attr(tr, v, name)
     return class_attr(tr, v, v.cls, name, None, static)
-
-
-_MISSING: Any = object()
-
-
-def class_lookup(cls: type, name: str) -> Any:
-    """``name`` in the dicts of ``cls``'s MRO (not its metaclass), as instance lookup sees it."""
-    for klass in cls.__mro__:
-        if name in vars(klass):
-            return vars(klass)[name]
-    return _MISSING
 
 
 @dispatch.GET_ATTR.register(ConstantValue)
@@ -234,7 +229,7 @@ def plain_object_attr(tr: Tracer, v: ObjectValue, name: str) -> Value:
         return _missing_attr(tr, v, name)
     in_dict = name in getattr(obj, "__dict__", {})
     descriptor = inspect.getattr_static(type(obj), name, None)
-    if in_dict and not _is_data_descriptor(descriptor):
+    if in_dict and not is_data_descriptor(descriptor):
         return wrap(tr.out, obj.__dict__[name], src)
     return class_attr(tr, v, type(obj), name, src, static)
 
@@ -247,10 +242,6 @@ def module_state_source(src: Source | None, store: str, name: str) -> Source | N
     ``Module.__getattr__``, paid for every parameter on every call of the output code). Capture resolved the name in that dict, so both read the same object.
     """
     return src.attr(store).item(name) if src is not None else None
-
-
-def _is_data_descriptor(d: Any) -> bool:
-    return d is not None and hasattr(type(d), "__set__")
 
 
 def _missing_attr(tr: Tracer, v: ObjectValue | NewObjectValue, name: str) -> Value:
@@ -304,27 +295,8 @@ def class_attr(
             (types.BuiltinFunctionType, types.WrapperDescriptorType, types.MethodDescriptorType),
         ):
             return ObjectValue(static)
-        return _descriptor_get(tr, v, cls, name, static)
+        return descriptor_get(tr, v, cls, name, static)
     return _real_attr(tr, v, name, src)
-
-
-def _descriptor_get(tr: Tracer, v: NewObjectValue, cls: type, name: str, static: Any) -> Value:
-    """A descriptor's value for an instance made in the trace: its Python ``__get__`` inlined.
-
-    ``functools.cached_property`` computes once and stores the result in the instance's dict,
-    where the next read finds it before the (non-data) descriptor.
-    """
-    if isinstance(static, functools.cached_property) and isinstance(
-        static.func, types.FunctionType
-    ):
-        value = dispatch.call(tr, function_value(static.func, None), [v], {})
-        v.attrs[static.attrname or name] = value
-        return value
-    getter = class_lookup(type(static), "__get__")
-    if not isinstance(getter, types.FunctionType):
-        raise unsupported("unsupported_attribute", f"descriptor {cls.__name__}.{name}")
-    args = [ObjectValue(static), v, ObjectValue(cls)]
-    return dispatch.call(tr, function_value(getter, None), args, {})
 
 
 def _real_attr(tr: Tracer, v: Value, name: str, src: Source | None) -> Value:
@@ -412,7 +384,7 @@ def _new_object_has_attr(tr: Tracer, v: NewObjectValue, name: str) -> bool:
         class_lookup(type(static), "__get__"), types.FunctionType
     )  # these may raise AttributeError: try them
     hooked = isinstance(class_lookup(v.cls, "__getattribute__"), types.FunctionType)
-    if not hooked and (name in v.attrs or (static is not _MISSING and not computed)):
+    if not hooked and (name in v.attrs or (static is not MISSING and not computed)):
         return True
     return _getattr_hook_finds(tr, v, name)
 
@@ -520,34 +492,13 @@ def _set_new_object_attr(
             dispatch.call(tr, function_value(custom, None), [v, ConstantValue(name), value], {})
             return
     static = class_lookup(v.cls, name)
-    if not _is_data_descriptor(static) or isinstance(static, types.MemberDescriptorType):
+    if not is_data_descriptor(static) or isinstance(static, types.MemberDescriptorType):
         v.attrs[name] = value
         return
-    setter = _python_setter(v.cls, name)
+    setter = python_setter(v.cls, name)
     if setter is None:
         raise unsupported("unsupported_attribute", f"descriptor {v.cls.__name__}.{name}")
     dispatch.call(tr, setter[0], [*setter[1:], v, value], {})
-
-
-def _python_setter(cls: type, name: str) -> list[Value] | None:
-    """The Python code that ``obj.name = value`` runs through a data descriptor of ``cls``.
-
-    A property's ``fset`` (called with the instance and value) or a descriptor's ``__set__``
-    (called with the descriptor first); None where ``name`` is no such descriptor. A property
-    without a setter raises AttributeError, as assigning to it does.
-    """
-    static = class_lookup(cls, name)
-    if isinstance(static, property):
-        if static.fset is None:
-            msg = f"property {name!r} of {cls.__name__!r} object has no setter"
-            raise raised(AttributeError(msg))
-        if isinstance(static.fset, types.FunctionType):
-            return [function_value(static.fset, None)]
-        return None
-    setter = class_lookup(type(static), "__set__") if static is not _MISSING else None
-    if isinstance(setter, types.FunctionType):
-        return [function_value(setter, None), ObjectValue(static)]
-    return None
 
 
 @dispatch.SET_ATTR.register(DictValue)
@@ -586,7 +537,7 @@ def _set_object_attr(tr: Tracer, v: ObjectValue, name: str, value: Value, plain:
         if isinstance(custom, types.FunctionType):
             dispatch.call(tr, function_value(custom, None), [v, ConstantValue(name), value], {})
             return
-    setter = _python_setter(type(v.obj), name)
+    setter = python_setter(type(v.obj), name)
     if setter is not None and (v.source is not None or v.private):
         dispatch.call(tr, setter[0], [*setter[1:], v, value], {})  # its stores are recorded
     elif v.source is not None and (
@@ -623,7 +574,7 @@ def _plain_attribute(obj: Any, name: str, plain: bool) -> bool:
     """Whether ``obj.name = value`` only writes the instance dict (no descriptor, no module slot)."""
     if isinstance(obj, (type, types.ModuleType)) or not hasattr(obj, "__dict__"):
         return False
-    if _is_data_descriptor(inspect.getattr_static(type(obj), name, None)):
+    if is_data_descriptor(inspect.getattr_static(type(obj), name, None)):
         return False
     if isinstance(obj, torch.nn.Module):
         if any(name in obj.__dict__.get(store, {}) for store in MODULE_STORES):

@@ -1,0 +1,81 @@
+"""The attribute protocol of Python classes, as ``object.__getattribute__`` follows it.
+
+Lookups in a class's MRO (never its metaclass), which descriptors are data descriptors (they
+win over an instance's own attribute), and the Python code a descriptor read or a store runs
+(a user ``__get__``/``__set__``, a property's setter, ``functools.cached_property``), inlined so
+the trace follows it. ``attributes`` applies these to instances made in the trace and to real
+objects from the frame.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from typing import TYPE_CHECKING, Any
+
+from kiln.capture import dispatch
+from kiln.capture.breaks.reasons import raised, unsupported
+from kiln.capture.values.base import Value
+from kiln.capture.values.objects import NewObjectValue, ObjectValue
+from kiln.capture.wrap import function_value
+
+if TYPE_CHECKING:
+    from kiln.capture.tracer import Tracer
+
+__all__ = ["MISSING", "class_lookup", "descriptor_get", "is_data_descriptor", "python_setter"]
+
+
+MISSING: Any = object()
+
+
+def class_lookup(cls: type, name: str) -> Any:
+    """``name`` in the dicts of ``cls``'s MRO (not its metaclass), as instance lookup sees it."""
+    for klass in cls.__mro__:
+        if name in vars(klass):
+            return vars(klass)[name]
+    return MISSING
+
+
+def is_data_descriptor(d: Any) -> bool:
+    """Whether ``d`` has ``__set__``: it wins over an instance attribute of its name."""
+    return d is not None and hasattr(type(d), "__set__")
+
+
+def descriptor_get(tr: Tracer, v: NewObjectValue, cls: type, name: str, static: Any) -> Value:
+    """A descriptor's value for an instance made in the trace: its Python ``__get__`` inlined.
+
+    ``functools.cached_property`` computes once and stores the result in the instance's dict,
+    where the next read finds it before the (non-data) descriptor.
+    """
+    if isinstance(static, functools.cached_property) and isinstance(
+        static.func, types.FunctionType
+    ):
+        value = dispatch.call(tr, function_value(static.func, None), [v], {})
+        v.attrs[static.attrname or name] = value
+        return value
+    getter = class_lookup(type(static), "__get__")
+    if not isinstance(getter, types.FunctionType):
+        raise unsupported("unsupported_attribute", f"descriptor {cls.__name__}.{name}")
+    args = [ObjectValue(static), v, ObjectValue(cls)]
+    return dispatch.call(tr, function_value(getter, None), args, {})
+
+
+def python_setter(cls: type, name: str) -> list[Value] | None:
+    """The Python code that ``obj.name = value`` runs through a data descriptor of ``cls``.
+
+    A property's ``fset`` (called with the instance and value) or a descriptor's ``__set__``
+    (called with the descriptor first); None where ``name`` is no such descriptor. A property
+    without a setter raises AttributeError, as assigning to it does.
+    """
+    static = class_lookup(cls, name)
+    if isinstance(static, property):
+        if static.fset is None:
+            msg = f"property {name!r} of {cls.__name__!r} object has no setter"
+            raise raised(AttributeError(msg))
+        if isinstance(static.fset, types.FunctionType):
+            return [function_value(static.fset, None)]
+        return None
+    setter = class_lookup(type(static), "__set__") if static is not MISSING else None
+    if isinstance(setter, types.FunctionType):
+        return [function_value(setter, None), ObjectValue(static)]
+    return None
