@@ -79,3 +79,31 @@ def test_buffer_replaced_each_call(backend):
         torch.testing.assert_close(compiled(x), eager(x))
         torch.testing.assert_close(m.running, eager.running)
         assert m.scratch is None and set(m._buffers) == {"running", "scratch"}
+
+
+class CallsModuleCall(torch.nn.Module):
+    """A layer whose ``__call__`` calls ``nn.Module.__call__`` through ``super()``
+    (transformers' GradientCheckpointingLayer): capture inlines ``_call_impl``, which reads
+    the hook dicts that kiln.guards watches once a compiled call has seen the module."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def __call__(self, *args, **kwargs):
+        return super().__call__(*args, **kwargs)
+
+    def forward(self, x):
+        return self.lin(x).relu()
+
+
+def test_module_call_through_super_reads_watched_hook_dicts():
+    model = torch.nn.Sequential(CallsModuleCall(), CallsModuleCall()).train()
+    compiled = kiln.compile(model)
+    for rows in (2, 3, 2, 4):  # new sizes compile again, now with the hook dicts watched
+        x = torch.randn(rows, 4)
+        torch.testing.assert_close(compiled(x), model(x))
+    stats = kiln.stats()
+    assert stats.graph_breaks == 0, stats
+    assert stats.recompiles == 2, stats  # one per new size: watching the dicts changed no type
+    _one_graph(model, torch.randn(5, 4))

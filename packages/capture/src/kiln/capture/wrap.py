@@ -337,7 +337,9 @@ def _wrap_dict(out: OutputGraph, obj: Mapping[Any, Any], source: Source | None) 
         else:
             key = ConstantValue(k)
         items[k] = (key, wrap(out, v, source.item(k) if source else None))
-    cls = dict if type(obj).__dict__.get("__kiln_plain_dict__") else type(obj)
+    cls = type(obj)
+    if cls.__dict__.get("__kiln_plain_dict__"):  # the builtin dict type it stands for
+        cls = next(c for c in cls.__mro__ if c in (collections.OrderedDict, dict))
     d = DictValue(items, cls, source)
     d.detached = source is None or cls is types.MappingProxyType
     return d

@@ -63,9 +63,9 @@ from kiln.capture.source import MODULE_STORES
 from kiln.guards import hooks
 
 __all__ = [
-    "DICT_TYPES",
-    "WatchedDict",
+    "SAME_TYPES",
     "Untracked",
+    "WatchedDict",
     "WatchedHooks",
     "bump",
     "current",
@@ -158,15 +158,23 @@ class WatchedDict(_Bumping, dict[Any, Any]):
 
 class WatchedHooks(_Bumping, collections.OrderedDict[Any, Any]):
     """A watched module's hook dict (``_forward_hooks``, ...): registering or removing a hook
-    moves the stamp. Pickles and copies as an ``OrderedDict``."""
+    moves the stamp. Pickles and copies as an ``OrderedDict``; capture traces it as one."""
+
+    __kiln_plain_dict__ = True
 
     def __reduce__(self) -> tuple[Any, ...]:
         return collections.OrderedDict, (list(self.items()),)
 
 
-#: dict and its watched form: the same type to a guard (watching must not fail a TYPE_MATCH
-#: recorded before a module's dicts were swapped, nor one recorded after a plain copy)
-DICT_TYPES = (dict, WatchedDict)
+#: each watched form and the plain type it stands for: the same type to a guard (watching must
+#: not fail a TYPE_MATCH recorded before a module's dicts were swapped, nor one recorded after
+#: a plain copy)
+SAME_TYPES: dict[type, tuple[type, ...]] = {
+    dict: (dict, WatchedDict),
+    WatchedDict: (dict, WatchedDict),
+    collections.OrderedDict: (collections.OrderedDict, WatchedHooks),
+    WatchedHooks: (collections.OrderedDict, WatchedHooks),
+}
 
 # Parameter methods that change a tensor's sizes, strides, storage or requires_grad in place
 # (every in-place view op of ATen, and the storage swaps).

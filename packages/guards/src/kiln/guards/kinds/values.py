@@ -130,15 +130,14 @@ class TypeMatch(Kind):
         return False
 
     def condition(self, out: Emitter, guard: GuardSpec, v: str) -> str:
-        if guard.expected in stamps.DICT_TYPES:
-            return f"type({v}) in {out.bind(stamps.DICT_TYPES, 'dict_types')}"
+        same = stamps.SAME_TYPES.get(guard.expected)
+        if same is not None:
+            return f"type({v}) in {out.bind(same, 'same_types')}"
         return f"type({v}) is {out.bind(guard.expected, 'T')}"
 
     def explain(self, guard: GuardSpec, where: str, value: Any) -> str | None:
         expected = guard.expected
-        if type(value) is expected or (
-            expected in stamps.DICT_TYPES and type(value) in stamps.DICT_TYPES
-        ):
+        if type(value) in stamps.SAME_TYPES.get(expected, (expected,)):
             return None
         return f"{where} type changed: expected {expected.__qualname__}, got {type_name(value)}"
 
