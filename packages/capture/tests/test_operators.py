@@ -170,6 +170,52 @@ def test_a_container_subclass_operator_runs_its_own_dunder(check):
     check(fn, (r(3),), graphs=1)
 
 
+class _Point:
+    def __init__(self, v):
+        self.v = v
+
+    def __eq__(self, other):
+        return isinstance(other, _Point) and self.v == other.v
+
+
+class _Base:
+    def __add__(self, other):
+        return "base add"
+
+    def __lt__(self, other):
+        return "base lt"
+
+
+class _Derived(_Base):
+    def __radd__(self, other):
+        return "derived radd"
+
+    def __gt__(self, other):
+        return "derived gt"
+
+
+class _NoAnswer:
+    def __eq__(self, other):
+        return NotImplemented
+
+
+def test_user_dunders_follow_pythons_order_and_defaults(check):
+    def fn(x):
+        a, b, c = _Point(1), _Point(1), _Point(2)
+        n, m = _NoAnswer(), _NoAnswer()
+        return (
+            x + 1 if a != b else x - 1,  # object.__ne__ inverts __eq__
+            a != c,
+            _Base() + _Derived(),  # a subclass's own reflected method goes first
+            _Base() < _Derived(),
+            n == m,  # both NotImplemented: identity
+            n != m,
+            n == n,
+        )
+
+    check(fn, (r(3),))
+
+
 def test_user_dunders_answer_from_either_side(check):
     class Box:
         def __init__(self, v):

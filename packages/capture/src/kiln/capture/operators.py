@@ -14,6 +14,7 @@ answer from either side (``2 * t`` is the tensor's).
 from __future__ import annotations
 
 import collections
+import inspect
 import operator
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -194,22 +195,48 @@ def _user_binary_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value | None:
 
 
 def _dunder(tr: Tracer, sym: str, a: Value, b: Value, inplace: bool) -> Value | None:
-    """Python's protocol over the operands' Python-level dunders: ``a.__iop__``, ``a.__op__``
-    (each in turn while it returns NotImplemented), then ``b.__rop__``; None when none exists."""
+    """Python's protocol over the operands' Python-level dunders: ``a.__iop__``, then
+    ``a.__op__`` and ``b.__rop__`` (the reflected one first where ``b``'s class is a subclass
+    of ``a``'s that overrides it, any subclass for a comparison), each while the last returned
+    NotImplemented; None when none answers."""
     name = _DUNDER.get(sym)
     if name is None:
         return None
-    names = [f"__i{name}__"] if inplace else []
-    names.append(f"__{name}__")
-    for n in names:
-        method = _user_method(a, n)
-        if method is not None:
-            result = dispatch.call(tr, method, [a, b], {})
-            if not (isinstance(result, ConstantValue) and result.value is NotImplemented):
-                return result
-    reflected = _REFLECTED.get(name, f"r{name}")
-    method = _user_method(b, f"__{reflected}__")
-    return dispatch.call(tr, method, [b, a], {}) if method is not None else None
+    if inplace:
+        result = _call_dunder(tr, a, f"__i{name}__", b)
+        if result is not None:
+            return result
+    compare = name in _REFLECTED
+    reflected = f"__{_REFLECTED[name] if compare else f'r{name}'}__"
+    order = [(a, f"__{name}__", b), (b, reflected, a)]
+    if _reflected_first(a.python_type(), b.python_type(), reflected, compare):
+        order.reverse()
+    for v, method, other in order:
+        result = _call_dunder(tr, v, method, other)
+        if result is not None:
+            return result
+    return None
+
+
+def _reflected_first(left: type, right: type, reflected: str, compare: bool) -> bool:
+    if left is right or not issubclass(right, left):
+        return False
+    overridden = inspect.getattr_static(right, reflected, None)
+    return compare or overridden is not inspect.getattr_static(left, reflected, None)
+
+
+def _call_dunder(tr: Tracer, v: Value, name: str, other: Value) -> Value | None:
+    """``v.name(other)`` for a user object's Python-level dunder; None where it has none or it
+    returns NotImplemented. A class without its own ``__ne__`` inverts its ``__eq__``, as
+    ``object.__ne__`` does."""
+    method = _user_method(v, name)
+    if method is None:
+        if name != "__ne__" or inspect.getattr_static(v.python_type(), name) is not object.__ne__:
+            return None
+        equal = _call_dunder(tr, v, "__eq__", other)
+        return None if equal is None else ConstantValue(not dispatch.truth(tr, equal))
+    result = dispatch.call(tr, method, [v, other], {})
+    return None if isinstance(result, ConstantValue) and result.value is NotImplemented else result
 
 
 def _user_method(v: Value, name: str) -> Value | None:
