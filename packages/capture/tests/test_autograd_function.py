@@ -182,3 +182,53 @@ def test_reading_a_global_list_is_no_side_effect() -> None:
     assert not result.side_effects
     _, grad = _grads(result.function, x)
     torch.testing.assert_close(grad, _grads(fn, x)[1])
+
+
+class PrintsWhenGradMissing(torch.autograd.Function):
+    """Backward has a side effect only where a gradient is None (not materialized)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx.set_materialize_grads(False)
+        return x * 2, x * 3
+
+    @staticmethod
+    def backward(ctx: Any, ga: Any, gb: Any) -> Any:
+        if gb is None:
+            HISTORY.append(2)
+            return ga * 2
+        return ga * 2 + gb * 3
+
+
+def test_backward_is_checked_for_gradients_not_materialized() -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        a, _ = PrintsWhenGradMissing.apply(x)
+        return a
+
+    with pytest.raises(Unsupported, match="PrintsWhenGradMissing.backward changes state"):
+        _capture(fn, torch.randn(3, requires_grad=True), fullgraph=True)
+
+
+class RaisingBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError("no backward")
+
+
+def test_exception_in_backward_is_a_break_not_a_raise_in_forward() -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        try:
+            y = RaisingBackward.apply(x)
+        except NotImplementedError:
+            y = x * 100
+        return y + 1
+
+    x = torch.randn(3, requires_grad=True)
+    report = explain(fn)(x)
+    assert [b.kind for b in report.breaks] == ["autograd_function"]
+    result = _capture(fn, x)
+    torch.testing.assert_close(result.function(x), fn(x))

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kiln.capture import contexts, dispatch, torch_calls
-from kiln.capture.breaks.reasons import unsupported
+from kiln.capture.breaks.reasons import UserException, unsupported
 from kiln.capture.errors import Unsupported
 from kiln.capture.values.base import ConstantValue, Value
 from kiln.capture.values.containers import DictValue, ListValue, TupleValue
@@ -122,38 +122,98 @@ def call_apply(tr: Tracer, fv: ObjectValue, args: list[Value], kwargs: dict[str,
 
 
 def _check_methods(tr: Tracer, cls_value: Value, cls: type, args: list[Value]) -> None:
-    """Trace forward and backward on ``args`` and undo the trace, keeping its guards."""
+    """Trace forward and backward on ``args`` and undo the trace, keeping its guards.
+
+    With ``set_materialize_grads(False)`` autograd hands backward None for an output no
+    gradient reached, so backward is traced once more for each such pattern."""
     cp = tr.checkpoint()
-    inputs = _placeholders(tr)
-    containers = _container_contents(tr)
+    before = _State(tr)
     grad_mode = torch.is_grad_enabled()
-    phase = "forward"
     try:
-        contexts.set_grad_mode(tr, False)  # apply runs forward, autograd runs backward, so
-        needs = tuple(isinstance(a, TensorValue) and a.fake.requires_grad for a in args)
-        ctx = dispatch.call(tr, ObjectValue(TracedCtx), [ConstantValue(needs)], {})
-        out = _forward(tr, cls_value, cls, ctx, args)
-        phase = "backward"
-        grads = [_grad_like(tr, o) for o in _items(out)]
-        backward = dispatch.get_attr(tr, cls_value, "backward")
-        dispatch.call(tr, backward, [ctx, *grads], {})
-    except Unsupported as e:
-        detail = f"{cls.__qualname__}.{phase}: {e.kind}: {e.explanation}"
-        raise unsupported("autograd_function", detail) from e
+        tensors, materialize = _trace(tr, cls_value, cls, args, before, frozenset())
+        for absent in [] if materialize else _absent_patterns(tensors):
+            tr.rollback(cp)
+            _trace(tr, cls_value, cls, args, before, absent)
     finally:
         torch._C._set_grad_enabled(grad_mode)
-    now = _container_contents(tr)
-    changed = now[: len(containers)] != containers or any(m for _, _, m in now[len(containers) :])
-    if changed or tr.out.side_effects.version != cp.effects_version:
-        detail = f"{cls.__qualname__}.{phase} changes state that outlives the call"
-        raise unsupported("autograd_function", detail)
-    if _placeholders(tr) != inputs:
-        detail = (
-            f"{cls.__qualname__} reads a tensor that is not an argument of apply "
-            "(pass it to apply, so that it is an input of the compiled graph)"
-        )
-        raise unsupported("autograd_function", detail)
     tr.rollback(cp)
+
+
+class _State:
+    """What a check must leave as it found: graph inputs, recorded effects, the frame's
+    containers (a mutation changes these without recording an effect, as the end of the frame
+    writes them back; one first read inside the check joins the end of the list)."""
+
+    def __init__(self, tr: Tracer) -> None:
+        self.inputs = sum(1 for n in tr.out.graph.nodes if n.op == "placeholder")
+        self.effects = tr.out.side_effects.version
+        self.containers = _container_contents(tr)
+
+    def check(self, tr: Tracer, method: str) -> None:
+        now = _State(tr)
+        old = len(self.containers)
+        changed = now.containers[:old] != self.containers or any(
+            mutated for _, _, mutated in now.containers[old:]
+        )
+        if changed or now.effects != self.effects:
+            raise unsupported("autograd_function", f"{method} changes state that outlives the call")
+        if now.inputs != self.inputs:
+            detail = (
+                f"{method} reads a tensor that is not an argument of apply (pass it to apply, "
+                "so that it is an input of the compiled graph)"
+            )
+            raise unsupported("autograd_function", detail)
+
+
+def _trace(
+    tr: Tracer,
+    cls_value: Value,
+    cls: type,
+    args: list[Value],
+    before: _State,
+    absent: frozenset[int],
+) -> tuple[list[int], bool]:
+    """One trace of forward, then backward with None for the outputs in ``absent``: which
+    outputs are tensors, and whether ctx materializes missing gradients."""
+    # apply runs forward with grad disabled; autograd's engine runs backward so too (no
+    # create_graph), which once_differentiable's wrapper checks
+    contexts.set_grad_mode(tr, False)
+    needs = tuple(isinstance(a, TensorValue) and a.fake.requires_grad for a in args)
+    method = f"{cls.__qualname__}.forward"
+    try:
+        ctx = dispatch.call(tr, ObjectValue(TracedCtx), [ConstantValue(needs)], {})
+        out = _forward(tr, cls_value, cls, ctx, args)
+        before.check(tr, method)
+        method = f"{cls.__qualname__}.backward"
+        items = _items(out)
+        grads = [
+            ConstantValue(None) if i in absent else _grad_like(tr, o) for i, o in enumerate(items)
+        ]
+        dispatch.call(tr, dispatch.get_attr(tr, cls_value, "backward"), [ctx, *grads], {})
+        before.check(tr, method)
+        materialize = dispatch.get_attr(tr, ctx, "materialize_grads")
+    except Unsupported as e:
+        if e.kind == "autograd_function":
+            raise
+        if absent and isinstance(e, UserException):
+            # backward raising for a pattern the program may never produce (a backward that
+            # assumes its first gradient is there): where it does, eager raises too
+            before.check(tr, method)
+            return [], True
+        raise unsupported("autograd_function", f"{method}: {e.kind}: {e.explanation}") from e
+    tensors = [i for i, o in enumerate(items) if isinstance(o, TensorValue)]
+    return tensors, not (isinstance(materialize, ConstantValue) and materialize.value is False)
+
+
+def _absent_patterns(tensors: list[int]) -> list[frozenset[int]]:
+    """Which outputs' gradients may be None together: every proper subset for a few outputs
+    (with none, backward is not called), one at a time beyond."""
+    if len(tensors) > 4:
+        return [frozenset({i}) for i in tensors]
+    found = []
+    for mask in range(1, 2 ** len(tensors) - 1):
+        found.append(frozenset(i for bit, i in enumerate(tensors) if mask >> bit & 1))
+    return found
 
 
 def _forward(tr: Tracer, cls_value: Value, cls: type, ctx: Value, args: list[Value]) -> Value:
@@ -179,14 +239,7 @@ def _grad_like(tr: Tracer, out: Value) -> Value:
     return torch_calls.call_function(tr, torch.ones_like, [out], {})
 
 
-def _placeholders(tr: Tracer) -> int:
-    return sum(1 for n in tr.out.graph.nodes if n.op == "placeholder")
-
-
 def _container_contents(tr: Tracer) -> list[tuple[ListValue | DictValue, Any, bool]]:
-    """The frame's containers (lists and dicts reached from outside) with their items: a
-    mutation changes these without recording an effect (the end of the frame writes them back);
-    a container first read inside the check joins the end of the list, marked if mutated."""
     return [
         (c, list(c.items) if isinstance(c, ListValue) else dict(c.items), c.mutated)
         for c in tr.out.side_effects.containers
