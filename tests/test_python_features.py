@@ -10,6 +10,7 @@ Sections: the attribute protocol of user classes (descriptors, properties, ``__g
 from __future__ import annotations
 
 import collections
+import copy
 import dataclasses
 import enum
 import functools
@@ -807,3 +808,58 @@ def test_frame_subclass_instances_read_past_their_getitem():
     finally:
         SHIFTED.pop()
         ACTIVATIONS["gelu"] = torch.nn.GELU
+
+
+class Tagged(dict):
+    """A dict subclass with instance attributes, set in ``__init__`` and later."""
+
+    def __init__(self, name: str, **items: Any) -> None:
+        super().__init__(**items)
+        self.name = name
+        self.scale = items.get("x")
+
+
+class AttrDict(dict):
+    """Attribute access as item access, as config containers do."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self[name] = value
+
+
+class Trail(list):
+    def __init__(self, items: Any) -> None:
+        super().__init__(items)
+        self.count = len(items)
+
+
+def test_instance_attributes_of_container_subclasses():
+    def fn(x):
+        t = Tagged("t", x=x, y=2)
+        t.extra = x * 3
+        a = AttrDict(w=x)
+        a.v = x + 1
+        tr = Trail([x, x * 2])
+        tr.last = tr[-1]
+        c = copy.copy(t)
+        return (
+            t.scale * t["y"] + t.extra,
+            t.name,
+            a.w * a.v,
+            "v" in a,
+            hasattr(a, "missing"),
+            tr.count,
+            tr.last,
+            c.extra,
+            type(t.copy()),
+            t,
+            a,
+            tr,
+        )
+
+    differential(fn)

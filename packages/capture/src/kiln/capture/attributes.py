@@ -33,7 +33,7 @@ from kiln.capture.guard_data import GuardKind
 from kiln.capture.side_effects import log_at
 from kiln.capture.source import MODULE_STORES, Source
 from kiln.capture.values.base import ConstantValue, Value, is_constant
-from kiln.capture.values.containers import DictValue, TupleValue
+from kiln.capture.values.containers import DictValue, ListValue, SetValue, TupleValue
 from kiln.capture.values.functions import (
     BoundMethodValue,
     BuiltinMethodValue,
@@ -59,6 +59,9 @@ __all__ = [
 # ``v.name`` by kind; tensors' and ndarrays' are registered by torch_calls and numpy_calls.
 @dispatch.GET_ATTR.register(Value)
 def _value_attr(tr: Tracer, v: Value, name: str) -> Value:
+    found = builtin_types.instance_attr(tr, v, name)  # ``self.extra`` of a list subclass
+    if found is not None:
+        return found
     own = builtin_types.python_method(tr, v, name)  # ``class Registry(set)``'s methods
     return own if own is not None else _builtin_method(v, name)
 
@@ -101,6 +104,9 @@ def _constant_attr(tr: Tracer, v: ConstantValue, name: str) -> Value:
 
 @dispatch.GET_ATTR.register(DictValue)
 def _dict_attr(tr: Tracer, v: DictValue, name: str) -> Value:
+    found = builtin_types.instance_attr(tr, v, name)
+    if found is not None:
+        return found
     own = builtin_types.python_method(tr, v, name)  # ``class Registry(dict)``'s methods
     if own is not None:
         return own
@@ -510,6 +516,14 @@ def _set_dict_attr(tr: Tracer, v: DictValue, name: str, value: Value, plain: boo
     if model_output and _item_store(v, name, value):
         v.items[name] = (ConstantValue(name), value)  # a ModelOutput's fields are its items
     else:
+        _set_container_attr(tr, v, name, value, plain)
+
+
+@dispatch.SET_ATTR.register(ListValue, SetValue)
+def _set_container_attr(
+    tr: Tracer, v: DictValue | ListValue | SetValue, name: str, value: Value, plain: bool
+) -> None:
+    if not builtin_types.set_instance_attr(tr, v, name, value, plain):
         _set_attr(tr, v, name, value, plain)
 
 

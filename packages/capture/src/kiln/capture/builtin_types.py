@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from kiln.capture import container_methods, dispatch
 from kiln.capture.breaks.reasons import raised, unsupported
+from kiln.capture.descriptors import MISSING, class_lookup, is_data_descriptor, python_setter
 from kiln.capture.guard_data import GuardKind
 from kiln.capture.source import RawItemSource, Source
 from kiln.capture.values.base import ConstantValue, Value, is_constant
@@ -43,8 +44,10 @@ __all__ = [
     "call_override",
     "construct",
     "descriptor",
+    "instance_attr",
     "new_tuple",
     "python_method",
+    "set_instance_attr",
     "snapshot",
 ]
 
@@ -102,6 +105,48 @@ def _namedtuple_make(self: Any, iterable: Any) -> Any:
 
 
 _NAMEDTUPLE_METHODS: dict[str, Any] = {"_replace": _namedtuple_replace, "_make": _namedtuple_make}
+
+
+def _own_attrs(v: Value) -> dict[str, Value] | None:
+    """The instance attributes of a dict, list or set subclass instance made in the trace."""
+    if not isinstance(v, (DictValue, ListValue, SetValue)) or v.source is not None or v.detached:
+        return None
+    has_dict = getattr(v.cls, "__dictoffset__", 0) != 0  # no ``__slots__`` in the way
+    return v.attrs if has_dict and _subclass(v.cls) else None
+
+
+def instance_attr(tr: Tracer, v: Value, name: str) -> Value | None:
+    """``v.name`` from such an instance's own attributes, or from its class's ``__getattr__``
+    when nothing else has ``name``; None where the class's attributes decide."""
+    attrs = _own_attrs(v)
+    if attrs is None:
+        return None
+    static = class_lookup(v.python_type(), name)
+    if name in attrs and not is_data_descriptor(static):
+        return attrs[name]
+    hook = python_method(tr, v, "__getattr__")
+    if static is MISSING and hook is not None:
+        return dispatch.call(tr, hook, [ConstantValue(name)], {})
+    return None
+
+
+def set_instance_attr(tr: Tracer, v: Value, name: str, value: Value, plain: bool) -> bool:
+    """``v.name = value`` on such an instance: its class's ``__setattr__`` and data descriptors
+    run (inlined), otherwise the attribute is its own; False for other values."""
+    attrs = _own_attrs(v)
+    if attrs is None:
+        return False
+    hook = None if plain else python_method(tr, v, "__setattr__")
+    setter = python_setter(v.python_type(), name)
+    if hook is not None:
+        dispatch.call(tr, hook, [ConstantValue(name), value], {})
+    elif setter is not None:
+        dispatch.call(tr, setter[0], [*setter[1:], v, value], {})
+    elif is_data_descriptor(class_lookup(v.python_type(), name)):
+        raise unsupported("unsupported_attribute", f"descriptor {v.python_type().__name__}.{name}")
+    else:
+        attrs[name] = value
+    return True
 
 
 def call_override(tr: Tracer, v: Value, name: str, args: list[Value]) -> Value | None:

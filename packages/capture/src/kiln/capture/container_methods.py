@@ -6,6 +6,7 @@ frame are marked mutated and written back by the emitted code.
 
 from __future__ import annotations
 
+import collections
 from typing import TYPE_CHECKING
 
 from kiln.capture import dispatch, literals
@@ -122,8 +123,9 @@ def _dict_method(
         return found
     if name == "__contains__":
         return ConstantValue(dict_key(args[0]) in d.items)
-    if name == "copy":
-        return DictValue(dict(d.items), d.cls if d.cls is not dict else dict)
+    if name == "copy":  # dict's makes a plain dict; OrderedDict's, one of the same class
+        ordered = issubclass(d.cls, collections.OrderedDict)
+        return DictValue(dict(d.items), d.cls if ordered else dict)
     if name == "__len__":
         return ConstantValue(len(d.items))
     if name == "to_tuple":

@@ -32,12 +32,20 @@ __all__ = ["deep_copy", "shallow_copy"]
 def shallow_copy(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
     """A shallow copy: a new container (or new object) holding the same values."""
     v = args[0]
+    copied: ListValue | DictValue | SetValue
     if isinstance(v, ListValue):
-        return ListValue(list(v.items), cls=v.cls)
-    if isinstance(v, DictValue):
-        return DictValue(dict(v.items), v.cls)
-    if isinstance(v, SetValue):
-        return SetValue(dict(v.items), cls=v.cls)
+        copied = ListValue(list(v.items), cls=v.cls)
+    elif isinstance(v, DictValue):
+        copied = DictValue(dict(v.items), v.cls)
+    elif isinstance(v, SetValue):
+        copied = SetValue(dict(v.items), cls=v.cls)
+    else:
+        return _shallow_copy_other(v)
+    copied.attrs = dict(v.attrs)  # a subclass instance's own attributes come along
+    return copied
+
+
+def _shallow_copy_other(v: Value) -> Value:
     if isinstance(v, NewObjectValue):
         return NewObjectValue(v.cls, dict(v.attrs))
     if isinstance(v, (ConstantValue, TupleValue)):

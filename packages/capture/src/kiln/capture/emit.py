@@ -94,14 +94,16 @@ def graph_outputs(result: Value, effects: SideEffects) -> list[TensorValue]:
                 found.setdefault(id(v.node), v)
         elif isinstance(v, NdarrayValue):
             visit(v.tensor)
-        elif isinstance(v, (TupleValue, ListValue)) and v.source is None:
+        elif isinstance(v, TupleValue) and v.source is None:
             for x in v.items:
                 visit(x)
-        elif isinstance(v, DictValue) and v.source is None:
-            for _, x in v.items.values():
+        elif isinstance(v, (ListValue, DictValue, SetValue)) and v.source is None:
+            pairs = v.items.values() if isinstance(v, DictValue) else []
+            for x in [*(x for _, x in pairs), *v.attrs.values()]:
                 visit(x)
-        elif isinstance(v, SetValue) and v.source is None:
-            for x in v.items.values():
+            for x in v.items if isinstance(v, ListValue) else []:
+                visit(x)
+            for x in v.items.values() if isinstance(v, SetValue) else []:
                 visit(x)
         elif isinstance(v, DictViewValue):
             visit(v.dict)
@@ -145,8 +147,9 @@ def _build_object(cls: type, attrs: dict[str, Any]) -> Any:
     return obj
 
 
-def _build_container(cls: Any, items: Any) -> Any:
-    """Recreate a dict, list or set subclass instance made in the trace, without its ``__init__``."""
+def _build_container(cls: Any, items: Any, attrs: dict[str, Any] | None = None) -> Any:
+    """Recreate a dict, list or set subclass instance made in the trace, without its ``__init__``:
+    its items, then its instance attributes."""
     if cls is types.MappingProxyType:
         return types.MappingProxyType(dict(items))
     obj: Any = cls.__new__(cls)
@@ -156,6 +159,8 @@ def _build_container(cls: Any, items: Any) -> Any:
             collections.OrderedDict.__setitem__(obj, key, value)
     else:
         (base.extend if base is list else base.update)(obj, items)  # the base's, not overrides
+    for name, value in (attrs or {}).items():
+        object.__setattr__(obj, name, value)
     return obj
 
 
@@ -322,19 +327,19 @@ class _Writer:
             return (
                 items
                 if v.cls is list
-                else f"{self.const(_build_container)}({self.const(v.cls)}, {items})"
+                else f"{self.const(_build_container)}({self.const(v.cls)}, {items}{self.attrs(v)})"
             )
         if isinstance(v, SetValue):
             members = ", ".join(self.value(x) for x in v.items.values())
             if v.cls is not set:
-                return f"{self.const(_build_container)}({self.const(v.cls)}, [{members}])"
+                return f"{self.const(_build_container)}({self.const(v.cls)}, [{members}]{self.attrs(v)})"
             return f"{{{members}}}" if v.items else "set()"
         if isinstance(v, DictValue):
             pairs = ", ".join(f"{self.value(k)}: {self.value(x)}" for k, x in v.items.values())
             if v.cls is dict:
                 return f"{{{pairs}}}"
             if not dataclasses.is_dataclass(v.cls) and v.cls is not collections.OrderedDict:
-                return f"{self.const(_build_container)}({self.const(v.cls)}, {{{pairs}}})"
+                return f"{self.const(_build_container)}({self.const(v.cls)}, {{{pairs}}}{self.attrs(v)})"
             return (
                 f"{self.const(v.cls)}(**{{{pairs}}})"
                 if _kwargs_ctor(v)
@@ -350,6 +355,12 @@ class _Writer:
         if isinstance(v, UserFunctionValue):
             return self.const(v.real) if v.real is not None else self.closure(v)
         raise unsupported("unsupported_value", f"returning {v}")
+
+    def attrs(self, v: ListValue | DictValue | SetValue) -> str:
+        """The instance attributes argument of ``_build_container``, where there are any."""
+        if not v.attrs:
+            return ""
+        return ", {" + ", ".join(f"{k!r}: {self.value(x)}" for k, x in v.attrs.items()) + "}"
 
     def constant(self, obj: Any) -> str:
         if isinstance(obj, _LITERAL_TYPES) or (isinstance(obj, float) and math.isfinite(obj)):

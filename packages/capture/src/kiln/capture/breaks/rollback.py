@@ -163,7 +163,7 @@ class _Snapshot:
             for part in v.parts:
                 self._remember(part, seen, deep)
         elif deep and isinstance(v, (ListValue, DictValue, SetValue)):
-            self.mutable.append((v, (_copy(v.items), v.mutated)))
+            self.mutable.append((v, (_copy(v.items), v.mutated, dict(v.attrs))))
             for x in _children(v):
                 self._remember(x, seen, deep)
         elif deep and isinstance(v, NewObjectValue):
@@ -189,7 +189,7 @@ class _Snapshot:
             elif isinstance(v, NewObjectValue):
                 v.attrs = saved
             elif isinstance(v, (ListValue, DictValue, SetValue)):
-                v.items, v.mutated = saved[0], saved[1]
+                v.items, v.mutated, v.attrs = saved
 
 
 def _may_run_user_code(tr: Tracer, ins: dis.Instruction) -> bool:
@@ -235,6 +235,7 @@ def _copy(items: Any) -> Any:
 
 
 def _children(v: ListValue | DictValue | SetValue) -> Iterator[Value]:
+    yield from v.attrs.values()
     if isinstance(v, ListValue):
         yield from v.items
     elif isinstance(v, DictValue):

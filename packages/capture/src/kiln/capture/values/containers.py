@@ -25,6 +25,9 @@ __all__ = [
 
 
 class _Mutable(Value):
+    # instance attributes of a subclass instance made in the trace (``self.extra = 1`` in its
+    # ``__init__``); every kind's constructor sets its own dict
+    attrs: dict[str, Value]
     mutated = False
     # a copy of a real container Kiln has no way to reach again (no source): read-only
     detached = False
@@ -56,6 +59,7 @@ class ListValue(_Mutable):
         self.items = items
         self.source = source
         self.cls = cls
+        self.attrs = {}
 
     def python_type(self) -> type:
         return self.cls
@@ -94,6 +98,7 @@ class DictValue(_Mutable):
         self.items = items
         self.cls = cls
         self.source = source
+        self.attrs = {}
 
     def python_type(self) -> type:
         return self.cls
@@ -135,6 +140,7 @@ class SetValue(_Mutable):
         self.items = items
         self.source = source
         self.cls = cls
+        self.attrs = {}
 
     def python_type(self) -> type:
         return self.cls
