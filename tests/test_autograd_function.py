@@ -267,3 +267,52 @@ def test_kiln_runs_the_users_backward_as_kernels(backend: str, dispatched: bool)
     with _SeenOps() as seen:
         out.sum().backward()
     assert ("clamp" in seen.ops) is dispatched
+
+
+GRAD_SCALE = 1.0
+
+
+class GlobalScaledGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.sin()
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g * GRAD_SCALE
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_state_the_backward_reads_is_guarded(backend: str) -> None:
+    global GRAD_SCALE
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return GlobalScaledGrad.apply(x) * 2
+
+    compiled = kiln.compile(fn, backend=backend, fullgraph=True)
+    try:
+        for scale in (1.0, 3.0, 1.0, -2.0):
+            GRAD_SCALE = scale
+            inputs = _inputs([(5,)], [True])
+            torch.testing.assert_close(_run(compiled, inputs), _run(fn, inputs))
+    finally:
+        GRAD_SCALE = 1.0
+
+
+def test_bloom_training_is_one_graph() -> None:
+    """transformers' Bloom calls its GeLU autograd.Function in every MLP."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BloomConfig(vocab_size=64, hidden_size=32, n_layer=2, n_head=4)
+    torch.manual_seed(0)
+    model = transformers.BloomForCausalLM(config).train()
+    assert kiln.explain(model)(input_ids=torch.randint(0, 64, (2, 6))).graph_break_count == 0
+    compiled = kiln.compile(model, fullgraph=True)
+    for _ in range(2):
+        ids = torch.randint(0, 64, (2, 6))
+        results = []
+        for run in (compiled, model):
+            out = run(input_ids=ids, labels=ids)
+            out.loss.backward()
+            results.append((out.loss.detach(), [p.grad.clone() for p in model.parameters()]))
+            model.zero_grad()
+        torch.testing.assert_close(results[0], results[1], rtol=1e-4, atol=1e-5)
