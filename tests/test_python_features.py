@@ -10,6 +10,7 @@ Sections: the attribute protocol of user classes (descriptors, properties, ``__g
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
 import dataclasses
 import enum
@@ -861,5 +862,28 @@ def test_instance_attributes_of_container_subclasses():
             a,
             tr,
         )
+
+    differential(fn)
+
+
+# contextlib --------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _shifted(x: torch.Tensor) -> Any:
+    try:
+        yield x + 1
+    finally:
+        _log.debug("left the block")
+
+
+def test_contextlib_managers():
+    def fn(x):
+        with _shifted(x) as y:
+            a = y * 2
+        with contextlib.nullcontext(x) as z:
+            b = z - 1
+        with contextlib.suppress(KeyError):
+            b = b + 1
+            {}["missing"]
+        return a, b
 
     differential(fn)
