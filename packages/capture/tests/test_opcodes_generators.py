@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from typing import Any
 
+import pytest
 import torch
+
+from kiln.capture import explain
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from opcode_checks import check_calls  # noqa: E402
@@ -117,3 +121,24 @@ def test_an_error_is_raised_where_the_consumer_reaches_it() -> None:
         return total
 
     check_calls(fn, lambda i: (torch.randn(3),), graphs=1)
+
+
+def _count_up(n: int) -> Iterator[int]:
+    yield from range(n)
+
+
+@pytest.mark.parametrize("make", [lambda n: iter(list(range(n))), _count_up])
+def test_a_loop_over_an_iterator_handed_in_advances_it_in_python(make: Any) -> None:
+    def fn(x: torch.Tensor, it: Iterator[int]) -> torch.Tensor:
+        y = x.sin()
+        for v in it:
+            y = y + v
+        return y.cos()
+
+    # each item is taken in Python; the body and the rest of the frame stay graphs
+    for n in (3, 1):
+        x = torch.randn(3)
+        report = explain(fn)(x, make(n))  # the iterator is consumed: eager gets its own
+        torch.testing.assert_close(report.result, fn(x, make(n)))
+        assert [b.kind for b in report.breaks] == ["unsupported_value"] * (n + 1)
+        assert report.ops_per_graph == [["sin"], *[["add"]] * n, ["cos"]]

@@ -300,6 +300,12 @@ def _native(state: BreakState, frame: Frame, rest: Continuations) -> list[str]:
         result = frame.temp(star, after=True)
         call = rest.call(follow, [*stack[:-n], Named(result)])
         return [call]
+    if ins.opname == "FOR_ITER":  # a Python iterator: one item, then the body or the exit
+        done = w.const(_EXHAUSTED)
+        item = frame.temp(f"{w.const(next)}({frame.expr(stack[-1])}, {done})", after=True)
+        exhausted = rest.call(_loop_exit(state), stack[:-1])
+        body = rest.call(follow, [*stack, Named(item)])
+        return [f"if {item} is {done}:", f"    {exhausted}", body]
     if ins.opname in _JUMPS_IF or ins.opname in _JUMPS_OR_POP:
         cond = (_JUMPS_IF | _JUMPS_OR_POP)[ins.opname].format(frame.expr(stack[-1]))
         keep = stack if ins.opname in _JUMPS_OR_POP else stack[:-1]
@@ -315,6 +321,18 @@ def _native(state: BreakState, frame: Frame, rest: Continuations) -> list[str]:
     result = frame.temp(f"{fn_text}({', '.join(operands)})", after=True)
     call = rest.call(follow, [*stack[: len(stack) - n], Named(result)])
     return [call]
+
+
+_EXHAUSTED = object()  # what ``next(it, default)`` returns at the end of a loop's iterator
+
+
+def _loop_exit(state: BreakState) -> int:
+    """Where FOR_ITER goes when its iterator is exhausted (3.12: past the END_FOR it targets)."""
+    tr = state.tracer
+    at = tr.index_of[state.instruction.argval]
+    if tr.instructions[at].opname == "END_FOR":
+        at += 1
+    return tr.instructions[at].offset
 
 
 def _operator(

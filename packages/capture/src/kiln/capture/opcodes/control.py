@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import collections.abc
 import dis
+import types
 from typing import TYPE_CHECKING
 
 from kiln.capture import dispatch, iteration
+from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.opcodes.common import registry
 from kiln.capture.values.base import NULL, ConstantValue, Value
 from kiln.capture.values.iterators import IteratorValue
+from kiln.capture.values.objects import ObjectValue
 
 if TYPE_CHECKING:
     from kiln.capture.tracer import Tracer
@@ -94,13 +98,29 @@ def jump_if_false_or_pop(tr: Tracer, ins: dis.Instruction) -> None:
 
 @handles("GET_ITER")
 def get_iter(tr: Tracer, ins: dis.Instruction) -> None:
-    tr.push(dispatch.iterate(tr, tr.pop()))
+    v = tr.pop()
+    if _python_iterator(v):  # ``iter(it) is it``: the loop advances it (a break, below)
+        tr.push(v)
+        return
+    tr.push(dispatch.iterate(tr, v))
+
+
+def _python_iterator(v: Value) -> bool:
+    """A real generator or builtin iterator the frame was handed (not one capture unrolls)."""
+    if not isinstance(v, ObjectValue):
+        return False
+    cls = type(v.obj)
+    return isinstance(v.obj, types.GeneratorType) or (
+        cls.__module__ == "builtins" and isinstance(v.obj, collections.abc.Iterator)
+    )
 
 
 @handles("FOR_ITER")
 def for_iter(tr: Tracer, ins: dis.Instruction) -> None:
     it = tr.peek()
-    assert isinstance(it, IteratorValue)
+    if not isinstance(it, IteratorValue):
+        # advancing it runs its code for real: the loop runs on in Python, item by item
+        raise unsupported("unsupported_value", f"a loop over the Python iterator {it}")
     item = iteration.next_item(tr, it)
     if item is not None:
         tr.push(item)
