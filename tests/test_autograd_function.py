@@ -316,3 +316,11 @@ def test_bloom_training_is_one_graph() -> None:
             results.append((out.loss.detach(), [p.grad.clone() for p in model.parameters()]))
             model.zero_grad()
         torch.testing.assert_close(results[0], results[1], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_needs_input_grad_follows_each_call(backend: str) -> None:
+    compiled = kiln.compile(saved_product, backend=backend, fullgraph=True)
+    for grads in ([True, True], [False, True], [True, False], [True, True]):
+        inputs = _inputs([(3, 4), (3, 4)], grads)
+        torch.testing.assert_close(_run(compiled, inputs), _run(saved_product, inputs))
