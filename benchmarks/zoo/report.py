@@ -136,12 +136,15 @@ def _gaps(rows: list[dict[str, Any]], compiler: str) -> list[str]:
                 continue
             found = [(s["kind"], s) for s in o.get("sites", [])]
             found += [(f"gave up: {g['kind']}", g) for g in o.get("gave_up", [])]
+            # a failure the other compiler shares is the model's or the zoo's, not capture's
+            other = _outcome(r, _COMPILERS[compiler == "kiln"], o["mode"])
+            shared = " (both compilers)" if other is not None and not other.get("matches") else ""
             if o.get("error"):
                 err = {"explanation": o["error"], "where": ""}
-                found.append(("error", err))
+                found.append(("error" + shared, err))
             elif not o.get("matches"):
                 found.append(
-                    ("differs from eager", {"explanation": o.get("mode", ""), "where": ""})
+                    ("differs from eager" + shared, {"explanation": o["mode"], "where": ""})
                 )
             for kind, site in found:
                 key = (kind, _normalise(site.get("explanation", "")))

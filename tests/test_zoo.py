@@ -1,0 +1,73 @@
+"""A fixed sample of the model zoo under Kiln: eager's answer, and no more graphs or breaks.
+
+Twenty models from ``benchmarks.zoo`` (timm families and transformers architectures built from
+tiny configs, random weights, CPU), each in eval and train mode, compiled with
+``kiln.compile(backend="eager")`` and compared with eager over several calls with fresh inputs
+(train mode: outputs and every parameter's gradient). The graph, break and eager-frame counts
+recorded here are ceilings: capture may improve on them (lower the entry then), never regress.
+The full zoo, with torch.compile beside Kiln, is ``nox -s zoo``.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+pytest.importorskip("timm")
+pytest.importorskip("transformers")
+
+from benchmarks.zoo import runner  # noqa: E402
+from benchmarks.zoo.check import check  # noqa: E402
+
+# model -> mode -> (graphs, graph breaks, frames run eagerly), each at most
+CEILINGS: dict[str, dict[str, tuple[int, int, int]]] = {
+    "hf:bart": {"eval": (1, 0, 0), "train": (5, 16, 0)},
+    "hf:bert": {"eval": (1, 0, 0), "train": (1, 0, 0)},
+    "hf:clip": {"eval": (1, 0, 0), "train": (1, 0, 0)},
+    "hf:distilbert": {"eval": (1, 0, 0), "train": (1, 0, 0)},
+    "hf:gpt2": {"eval": (1, 0, 0), "train": (1, 0, 0)},
+    "hf:llama": {"eval": (1, 0, 0), "train": (1, 0, 0)},
+    "hf:mistral": {"eval": (1, 0, 0), "train": (1, 0, 0)},
+    "hf:t5": {"eval": (1, 0, 0), "train": (1, 0, 0)},
+    "hf:vit": {"eval": (1, 0, 0), "train": (1, 0, 0)},
+    "hf:whisper": {"eval": (1, 0, 0), "train": (6, 16, 0)},
+    "timm:convnext": {"eval": (1, 0, 0), "train": (1, 0, 0)},
+    "timm:crossvit": {"eval": (9, 8, 0), "train": (9, 8, 0)},
+    "timm:deit": {"eval": (1, 0, 0), "train": (1, 0, 0)},
+    "timm:efficientnet": {"eval": (1, 0, 0), "train": (1, 0, 0)},
+    "timm:mlp_mixer": {"eval": (1, 0, 0), "train": (1, 0, 0)},
+    "timm:mobilenetv3": {"eval": (1, 0, 0), "train": (1, 0, 0)},
+    "timm:regnet": {"eval": (1, 0, 0), "train": (1, 0, 0)},
+    "timm:resnet": {"eval": (1, 0, 0), "train": (1, 0, 0)},
+    "timm:swin_transformer": {"eval": (1, 0, 0), "train": (1, 0, 0)},
+    "timm:vision_transformer": {"eval": (1, 0, 0), "train": (1, 0, 0)},
+}
+
+
+@functools.cache
+def _built(model_id: str) -> Any:
+    return runner.build(model_id)
+
+
+@pytest.mark.parametrize("mode", ["eval", "train"])
+@pytest.mark.parametrize("model_id", sorted(CEILINGS))
+def test_zoo_model_matches_eager_within_its_capture_ceiling(model_id: str, mode: str) -> None:
+    o = check(_built(model_id), "kiln", mode)
+    assert not o.error, o.error
+    assert o.matches, f"{model_id} {mode}: worst relative error {o.max_error:g} against eager"
+    graphs, breaks, eager_frames = CEILINGS[model_id][mode]
+    got = (o.graphs, o.breaks, len(o.gave_up))
+    sites = [f"{s['kind']} at {s['where']}" for s in o.sites] + [
+        f"gave up on {g['frame']}: {g['kind']}: {g['explanation']}" for g in o.gave_up
+    ]
+    assert o.graphs <= graphs and o.breaks <= breaks and len(o.gave_up) <= eager_frames, (
+        f"{model_id} {mode}: (graphs, breaks, eager frames) {got}, more than "
+        f"{(graphs, breaks, eager_frames)}:\n" + "\n".join(sites)
+    )
