@@ -142,3 +142,21 @@ def test_a_loop_over_an_iterator_handed_in_advances_it_in_python(make: Any) -> N
         torch.testing.assert_close(report.result, fn(x, make(n)))
         assert [b.kind for b in report.breaks] == ["unsupported_value"] * (n + 1)
         assert report.ops_per_graph == [["sin"], *[["add"]] * n, ["cos"]]
+
+
+def _echo(x: torch.Tensor) -> Iterator[torch.Tensor]:
+    v = yield x
+    yield x * (1 if v is None else v)
+
+
+def test_sending_into_an_inlined_generator_runs_the_frame_as_python() -> None:
+    # the items were computed with None sent: a frame that sends a value runs eagerly
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        g = _echo(x.sin())
+        first = next(g)
+        return first + g.send(3)
+
+    x = torch.randn(3)
+    report = explain(fn)(x)
+    torch.testing.assert_close(report.result, fn(x))
+    assert report.graph_count == 0 and report.breaks[0].kind == "unsupported_attribute"

@@ -65,6 +65,7 @@ from kiln.capture.values.functions import (
     BoundMethodValue,
     UserFunctionValue,
 )
+from kiln.capture.values.iterators import IteratorValue
 from kiln.capture.values.objects import ObjectValue
 
 __all__ = ["MAX_RESUME_NESTING", "capture_after_break"]
@@ -315,6 +316,9 @@ def _native(state: BreakState, frame: Frame, rest: Continuations) -> list[str]:
         return [f"if {truth}:", f"    {taken}", not_taken]
     fn_text, n = _operator(ins, w, state.tracer.f_globals)
     if fn_text is None:
+        if stack and isinstance(stack[-1], IteratorValue):
+            # rebuilt as a ResumeIterator, which has no generator methods (send, close, ...)
+            raise cannot(f"{ins.opname} on an iterator capture unrolled")
         # no Python equivalent to call: the rest of the frame runs as written from here
         return [rest.call(ins.offset, stack, compiled=False)]
     operands = [frame.expr(v) for v in stack[len(stack) - n :]]
