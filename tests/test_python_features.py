@@ -887,3 +887,32 @@ def test_contextlib_managers():
         return a, b
 
     differential(fn)
+
+
+class Options:
+    """Settings kept in the instance dict and read back through it, as configs do."""
+
+    def __init__(self, **values: Any) -> None:
+        self.__dict__.update(values)
+        self.__dict__["frozen"] = False
+
+
+def test_instance_dict_of_new_objects_is_live():
+    def fn(x):
+        o = Options(scale=2, name="o")
+        d = vars(o)
+        o.extra = 3  # seen through the dict read before
+        d["late"] = x  # seen as an attribute
+        return x * o.scale * d["extra"], o.late + 1, "name" in o.__dict__, sorted(d), o
+
+    differential(fn)
+
+
+def test_torch_distribution_made_in_forward():
+    """``Distribution.__init__`` checks its parameters in ``self.__dict__``."""
+
+    def fn(x):
+        normal = torch.distributions.Normal(x, torch.ones_like(x), validate_args=False)
+        return normal.mean * 2, normal.stddev + 1
+
+    differential(fn)

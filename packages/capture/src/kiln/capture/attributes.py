@@ -41,7 +41,12 @@ from kiln.capture.values.functions import (
     ReplayedCallValue,
     UserFunctionValue,
 )
-from kiln.capture.values.objects import NewObjectValue, ObjectValue, SuperValue
+from kiln.capture.values.objects import (
+    InstanceDictValue,
+    NewObjectValue,
+    ObjectValue,
+    SuperValue,
+)
 from kiln.capture.values.tensor import TensorMethodValue, TensorValue
 from kiln.capture.wrap import function_value, wrap
 
@@ -80,8 +85,8 @@ def plain_new_object_attr(tr: Tracer, v: NewObjectValue, name: str) -> Value:
     A data descriptor of the class (a property, a descriptor with ``__set__``) wins over the
     instance's own attribute of the same name, which wins over everything else the class has.
     """
-    if name == "__class__":
-        return ObjectValue(v.cls)
+    if name in ("__class__", "__dict__"):
+        return ObjectValue(v.cls) if name == "__class__" else InstanceDictValue(v)
     static = class_lookup(v.cls, name)
     slot = isinstance(static, types.MemberDescriptorType)  # ``__slots__`` live in ``attrs``
     if name in v.attrs and (slot or not is_data_descriptor(static)):
@@ -513,7 +518,7 @@ def _set_dict_attr(tr: Tracer, v: DictValue, name: str, value: Value, plain: boo
     model_output = dataclasses.is_dataclass(v.cls) and v.source is None
     if model_output and none and name not in v.items:
         return  # a field that is not an item reads as None already
-    if model_output and _item_store(v, name, value):
+    if model_output and builtin_types.item_store(v, name, value):
         v.items[name] = (ConstantValue(name), value)  # a ModelOutput's fields are its items
     else:
         _set_container_attr(tr, v, name, value, plain)
@@ -525,23 +530,6 @@ def _set_container_attr(
 ) -> None:
     if not builtin_types.set_instance_attr(tr, v, name, value, plain):
         _set_attr(tr, v, name, value, plain)
-
-
-def _item_store(v: DictValue, name: str, value: Value) -> bool:
-    """Whether ``output.name = value`` on a dict dataclass (a ModelOutput) sets the item too.
-
-    Capture keeps such an object's fields as its items alone. Every ModelOutput-like
-    ``__setattr__`` stores a value that is not None under a key the object has; transformers'
-    own also adds a field that is not a key yet. Other stores (None, a new key under another
-    class's hook) may leave the item and the attribute apart, which capture cannot represent.
-    """
-    if isinstance(value, ConstantValue) and value.value is None:
-        return False
-    if name in v.items:
-        return True
-    hook = class_lookup(v.cls, "__setattr__")
-    where = (getattr(hook, "__module__", None), getattr(hook, "__qualname__", None))
-    return where == ("transformers.utils.generic", "ModelOutput.__setattr__")
 
 
 @dispatch.SET_ATTR.register(ObjectValue)

@@ -132,6 +132,13 @@ def _getattr(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
     return dispatch.get_attr(tr, args[0], name)
 
 
+@_handles(vars)
+def _vars(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    if len(args) != 1 or kwargs:
+        raise unsupported("unsupported_call", "vars() without an object")
+    return dispatch.get_attr(tr, args[0], "__dict__")
+
+
 @_handles(hasattr)
 def _hasattr(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
     return ConstantValue(dispatch.has_attr(tr, args[0], args[1].as_constant()))

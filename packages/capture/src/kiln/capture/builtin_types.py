@@ -45,6 +45,7 @@ __all__ = [
     "construct",
     "descriptor",
     "instance_attr",
+    "item_store",
     "new_tuple",
     "python_method",
     "set_instance_attr",
@@ -147,6 +148,23 @@ def set_instance_attr(tr: Tracer, v: Value, name: str, value: Value, plain: bool
     else:
         attrs[name] = value
     return True
+
+
+def item_store(v: DictValue, name: str, value: Value) -> bool:
+    """Whether ``output.name = value`` on a dict dataclass (a ModelOutput) sets the item too.
+
+    Capture keeps such an object's fields as its items alone. Every ModelOutput-like
+    ``__setattr__`` stores a value that is not None under a key the object has; transformers'
+    own also adds a field that is not a key yet. Other stores (None, a new key under another
+    class's hook) may leave the item and the attribute apart, which capture cannot represent.
+    """
+    if isinstance(value, ConstantValue) and value.value is None:
+        return False
+    if name in v.items:
+        return True
+    hook = class_lookup(v.cls, "__setattr__")
+    where = (getattr(hook, "__module__", None), getattr(hook, "__qualname__", None))
+    return where == ("transformers.utils.generic", "ModelOutput.__setattr__")
 
 
 def call_override(tr: Tracer, v: Value, name: str, args: list[Value]) -> Value | None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator, MutableMapping
+from typing import Any, cast
 
 from kiln.capture.source import Source
-from kiln.capture.values.base import Value
+from kiln.capture.values.base import ConstantValue, Value
+from kiln.capture.values.containers import DictValue
 
-__all__ = ["NewObjectValue", "ObjectValue", "SuperValue"]
+__all__ = ["InstanceDictValue", "NewObjectValue", "ObjectValue", "SuperValue"]
 
 
 class ObjectValue(Value):
@@ -50,3 +52,43 @@ class SuperValue(Value):
 
     def python_type(self) -> type:
         return super
+
+
+class _AttrItems(MutableMapping[Any, tuple[Value, Value]]):
+    """An instance's attributes as a tracked dict's ``items`` (key -> (key, value)), live."""
+
+    def __init__(self, owner: NewObjectValue) -> None:
+        self.owner = owner
+
+    def __getitem__(self, key: Any) -> tuple[Value, Value]:
+        return ConstantValue(key), self.owner.attrs[key]
+
+    def __setitem__(self, key: Any, pair: tuple[Value, Value]) -> None:
+        self.owner.attrs[key] = pair[1]
+
+    def __delitem__(self, key: Any) -> None:
+        del self.owner.attrs[key]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.owner.attrs)
+
+    def __len__(self) -> int:
+        return len(self.owner.attrs)
+
+
+class InstanceDictValue(DictValue):
+    """``obj.__dict__`` (``vars(obj)``) of an instance made in the trace: the same attributes,
+    so a store through either is seen by the other, as in Python."""
+
+    def __init__(self, owner: NewObjectValue) -> None:
+        super().__init__({}, dict)
+        self.owner = owner
+
+    @property  # type: ignore[override]
+    def items(self) -> dict[Any, tuple[Value, Value]]:
+        return cast("dict[Any, tuple[Value, Value]]", _AttrItems(self.owner))
+
+    @items.setter
+    def items(self, value: dict[Any, tuple[Value, Value]]) -> None:
+        if hasattr(self, "owner"):  # a rollback restores the attributes themselves
+            self.owner.attrs = {k: v for k, (_, v) in value.items()}
