@@ -4,7 +4,12 @@ Each program runs under ``kiln.explain`` (graphs and breaks asserted), then thro
 ``kiln.compile`` over several calls with fresh inputs, each result compared with eager's
 (values, types, and the attributes of returned objects); a fallback to eager fails the test.
 Sections: the attribute protocol of user classes (descriptors, properties, ``__getattr__``,
-``__getattribute__``, ``__setattr__``, ``__slots__``).
+``__getattribute__``, ``__setattr__``, ``__slots__``, ``__dict__``); functools (``lru_cache``,
+``cache``, ``partial``, ``reduce``); ModelOutput (a lookalike and transformers' own); builtin
+types' subclasses (namedtuples, tuple, dict, OrderedDict, list and set subclasses through
+``super()``, unbound calls and directly, with instance attributes; frame instances with their
+own ``__getitem__``); inspect; dataclasses and enum; warnings, logging and the compiler
+queries; contextlib.
 """
 
 from __future__ import annotations
