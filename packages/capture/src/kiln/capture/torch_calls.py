@@ -117,7 +117,7 @@ def _unpack(v: Value) -> tuple[Any, Any]:
         return {k: p[0] for k, p in pairs_d.items()}, {k: p[1] for k, p in pairs_d.items()}
     if isinstance(v, ObjectValue) and isinstance(v.obj, (torch.finfo, torch.iinfo)):
         return v.obj, v.obj
-    if isinstance(v, ObjectValue) and v.obj in _SCALAR_TYPE_DTYPES:
+    if isinstance(v, ObjectValue) and isinstance(v.obj, type) and v.obj in _SCALAR_TYPE_DTYPES:
         # torch reads a Python scalar type as a dtype (``dtype=int``); the graph holds the dtype
         dtype = _SCALAR_TYPE_DTYPES[v.obj]
         return dtype, dtype
