@@ -72,15 +72,14 @@ def _no_binary_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value:
 
 
 @dispatch.BINARY_OP.register(ConstantValue)
-def _constant_binary_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value | None:
-    if isinstance(a, ConstantValue) and isinstance(b, ConstantValue):
-        return _fold(dispatch.BINARY[sym], a.value, b.value)
-    return None
-
-
-def _fold(fn: Callable[[Any, Any], Any], a: Any, b: Any) -> Value:
+@dispatch.COMPARE_OP.register(ConstantValue)
+def _constant_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value | None:
+    """Two constants fold (an error is the program's, raised where it runs)."""
+    if not (isinstance(a, ConstantValue) and isinstance(b, ConstantValue)):
+        return None
+    fn = dispatch.BINARY[sym] if sym in dispatch.BINARY else dispatch.COMPARE[sym]
     try:
-        return ConstantValue(fn(a, b))
+        return ConstantValue(fn(a.value, b.value))
     except Exception as e:
         raise raised(e) from e
 
@@ -269,13 +268,6 @@ def _identity_compare_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value:
         if same is not None:
             return ConstantValue(same == (sym == "=="))
     raise _refusal(a, sym, b)
-
-
-@dispatch.COMPARE_OP.register(ConstantValue)
-def _constant_compare_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value | None:
-    if isinstance(a, ConstantValue) and isinstance(b, ConstantValue):
-        return _fold(dispatch.COMPARE[sym], a.value, b.value)
-    return None
 
 
 @dispatch.COMPARE_OP.register(ListValue, TupleValue)
