@@ -11,7 +11,9 @@ The full zoo, with torch.compile beside Kiln, is ``nox -s zoo``.
 from __future__ import annotations
 
 import functools
+import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 pytest.importorskip("timm")
 pytest.importorskip("transformers")
 
-from benchmarks.zoo import runner  # noqa: E402
+from benchmarks.zoo import report, runner  # noqa: E402
 from benchmarks.zoo.check import check  # noqa: E402
 
 # model -> mode -> (graphs, graph breaks, frames run eagerly), each at most
@@ -71,3 +73,52 @@ def test_zoo_model_matches_eager_within_its_capture_ceiling(model_id: str, mode:
         f"{model_id} {mode}: (graphs, breaks, eager frames) {got}, more than "
         f"{(graphs, breaks, eager_frames)}:\n" + "\n".join(sites)
     )
+
+
+def _slow_build(model_id: str) -> Any:
+    if model_id == "x:hangs":
+        time.sleep(60)
+    if model_id == "x:dies":
+        os._exit(3)
+    raise ValueError(f"cannot build {model_id}")
+
+
+def test_runner_records_a_model_that_cannot_be_built_hangs_or_dies(monkeypatch) -> None:
+    monkeypatch.setattr(runner, "build", _slow_build)  # the forked children see it too
+    rows = runner.run_zoo(["x:fails", "x:hangs", "x:dies"], 3, 5.0, ("kiln",), progress=False)
+    by_id = {r["id"]: r for r in rows}
+    assert by_id["x:fails"]["status"] == "skipped"
+    assert "ValueError: cannot build x:fails" in by_id["x:fails"]["reason"]
+    assert by_id["x:hangs"]["reason"] == "timeout while building"
+    assert by_id["x:dies"]["reason"] == "crashed (exit 3) while building"
+
+
+def test_report_counts_one_graph_only_with_no_break_and_eager_results() -> None:
+    def outcome(
+        compiler: str, mode: str, graphs: int, breaks: int, matches: bool
+    ) -> dict[str, Any]:
+        o = {"compiler": compiler, "mode": mode, "graphs": graphs, "breaks": breaks}
+        sites = [{"kind": "k", "explanation": "why 12", "where": "/x/site-packages/m.py:3 in f"}]
+        o.update(matches=matches, sites=sites * breaks, gave_up=[], error="")
+        return {**o, "one_graph": matches and graphs == 1 and breaks == 0}
+
+    rows = [
+        {"id": f"hf:m{i}", "status": "ok", "variant": "M", "params": 1, "outcomes": outs}
+        for i, outs in enumerate(
+            [
+                [
+                    outcome(c, m, 1, 0, True)
+                    for c in ("kiln", "torch.compile")
+                    for m in ("eval", "train")
+                ],
+                [outcome("kiln", m, 2, 1, True) for m in ("eval", "train")]
+                + [outcome("torch.compile", m, 1, 0, True) for m in ("eval", "train")],
+            ]
+        )
+    ]
+    rows.append({"id": "timm:gone", "status": "skipped", "reason": "no", "outcomes": []})
+    text = report.render({"kiln": "0"}, rows)
+    assert "| **one graph, no break** | 1 | 2 | 1 | 2 |" in text
+    assert "| 1 | 1 | 2 | k | why N | hf:m1 (eval) at `m.py:3 in f` |" in text
+    assert "| hf:m1 | eval | 2 / 1 ✓ | 1 / 0 ✓ |" in text
+    assert "| timm:gone | no |" in text
