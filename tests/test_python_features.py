@@ -921,3 +921,48 @@ def test_torch_distribution_made_in_forward():
         return normal.mean * 2, normal.stddev + 1
 
     differential(fn)
+
+
+class Scaled(torch.nn.Module):
+    """A module without state, built in ``forward`` from constants."""
+
+    def __init__(self, factor: float) -> None:
+        super().__init__()
+        self.factor = factor
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.factor
+
+
+class Noisy(torch.nn.Module):
+    """Holds a random tensor drawn when built: each eager call builds a new one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.noise = torch.randn(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.noise
+
+
+def test_modules_without_state_built_in_forward():
+    from transformers.activations import ACT2FN
+
+    def fn(x):
+        return ACT2FN["gelu"](x), ACT2FN["silu"](x), Scaled(2.0)(x), torch.nn.ReLU()(x)
+
+    differential(fn)
+
+
+def test_module_holding_a_random_tensor_is_built_by_python():
+    def fn(x):
+        return Noisy()(x * 2)
+
+    explained = kiln.explain(fn)(torch.randn(4))
+    assert explained.graph_break_count == 1
+    compiled = kiln.compile(fn, backend="eager")
+    x = torch.randn(4)
+    torch.manual_seed(0)
+    got = compiled(x)
+    torch.manual_seed(0)
+    torch.testing.assert_close(got, fn(x))

@@ -15,7 +15,9 @@ import dataclasses
 import enum
 import functools
 import inspect
+import random
 import types
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -263,26 +265,36 @@ def _construct(tr: Tracer, cv: ObjectValue, args: list[Value], kwargs: dict[str,
     raise unsupported("unsupported_call", f"constructing {cls.__qualname__}")
 
 
-# torch.nn modules without parameters, buffers or random initialization
-_STATELESS_MODULES = frozenset(
-    f"torch.nn.modules.{m}"
-    for m in (
-        "loss", "activation", "dropout", "pooling", "flatten", "padding", "pixelshuffle",
-        "upsampling", "distance", "channelshuffle", "fold",
-    )
-)  # fmt: skip
-
-
 def _stateless_module(cls: type, args: list[Value], kwargs: dict[str, Value]) -> Value:
-    """A parameter-free torch.nn module built in the traced code: built for real, then inlined."""
+    """A module without state built in the traced code from constants: built for real, then
+    inlined (``ACT2FN["gelu"]`` builds transformers' GELUActivation in ``forward``).
+
+    Built from the same constants, such a module does the same on every call, so one built at
+    capture stands for the one eager builds each time. A module that holds tensors (parameters,
+    buffers, plain attributes), draws random numbers or warns while built is not one.
+    """
     literal_args = all(literals.is_literal(a) for a in [*args, *kwargs.values()])
-    if cls.__module__ not in _STATELESS_MODULES or not literal_args:
+    if not literal_args:
         raise unsupported("unsupported_call", f"creating the module {cls.__name__} while tracing")
-    module = literals.fold(cls, args, kwargs)
+    rng = (torch.random.get_rng_state(), random.getstate())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module = literals.fold(cls, args, kwargs)
     assert isinstance(module, ObjectValue)
-    if any(True for _ in module.obj.parameters()) or any(True for _ in module.obj.buffers()):
+    drew = not torch.equal(rng[0], torch.random.get_rng_state()) or rng[1] != random.getstate()
+    tensors = any(
+        isinstance(x, torch.Tensor) for m in module.obj.modules() for x in vars(m).values()
+    )
+    if drew:  # eager draws these numbers when it builds the module
+        torch.random.set_rng_state(rng[0])
+        random.setstate(rng[1])
+    if caught or drew or tensors or _holds_state(module.obj):
         raise unsupported("unsupported_call", f"creating the module {cls.__name__} while tracing")
     return module
+
+
+def _holds_state(module: torch.nn.Module) -> bool:
+    return any(True for _ in module.parameters()) or any(True for _ in module.buffers())
 
 
 def _is_plain_python_class(cls: type) -> bool:
