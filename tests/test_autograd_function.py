@@ -324,3 +324,15 @@ def test_needs_input_grad_follows_each_call(backend: str) -> None:
     for grads in ([True, True], [False, True], [True, False], [True, True]):
         inputs = _inputs([(3, 4), (3, 4)], grads)
         torch.testing.assert_close(_run(compiled, inputs), _run(saved_product, inputs))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_double_backward_through_the_users_backward(backend: str) -> None:
+    compiled = kiln.compile(setup_context_style, backend=backend, fullgraph=True)
+    for _ in range(2):
+        x = torch.randn(5, requires_grad=True)
+        penalties = []
+        for fn in (compiled, setup_context_style):
+            (g,) = torch.autograd.grad(fn(x).sum(), x, create_graph=True)
+            penalties.append(torch.autograd.grad((g * x).pow(2).sum(), x)[0])
+        torch.testing.assert_close(penalties[0], penalties[1])
