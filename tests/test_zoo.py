@@ -30,7 +30,7 @@ from benchmarks.zoo.check import check  # noqa: E402
 
 # model -> mode -> (graphs, graph breaks, frames run eagerly), each at most
 CEILINGS: dict[str, dict[str, tuple[int, int, int]]] = {
-    "hf:bart": {"eval": (1, 0, 0), "train": (5, 16, 0)},
+    "hf:bart": {"eval": (1, 0, 0), "train": (7, 16, 0)},
     "hf:bert": {"eval": (1, 0, 0), "train": (1, 0, 0)},
     "hf:clip": {"eval": (1, 0, 0), "train": (1, 0, 0)},
     "hf:distilbert": {"eval": (1, 0, 0), "train": (1, 0, 0)},
