@@ -11,6 +11,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import torch
 
 from kiln.capture import GuardKind, capture, explain
@@ -128,3 +129,34 @@ def test_python_scalar_types_as_dtypes():
         actual, expected = run(x), forward(x)
         assert actual.dtype == expected.dtype == torch.float64
         torch.testing.assert_close(actual, expected)
+
+
+def _selective_scan(a: torch.Tensor, b: torch.Tensor, reverse: bool) -> torch.Tensor:
+    """Mamba's scan on its compiled path: torch's associative_scan when compiling."""
+    if torch.compiler.is_compiling():
+        from torch._higher_order_ops.associative_scan import associative_scan
+
+        def combine_fn(left, right):
+            a_left, b_left = left
+            a_right, b_right = right
+            return a_left * a_right, a_right * b_left + b_right
+
+        _, states = associative_scan(combine_fn, (a, b), dim=2, reverse=reverse)
+        total = associative_scan(lambda x, y: x + y, a, dim=-1, combine_mode="generic")
+        return states + total
+    states, h = [], torch.zeros_like(b.select(2, 0))
+    steps = range(a.shape[2] - 1, -1, -1) if reverse else range(a.shape[2])
+    for i in steps:
+        h = a.select(2, i) * h + b.select(2, i)
+        states.append(h)
+    if reverse:
+        states.reverse()
+    return torch.stack(states, 2) + a.cumsum(-1)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_associative_scan_on_the_compiled_path(reverse):
+    run = _captured(_selective_scan, torch.rand(2, 3, 5, 4), torch.randn(2, 3, 5, 4), reverse)
+    for _ in range(3):
+        a, b = torch.rand(2, 3, 5, 4), torch.randn(2, 3, 5, 4)
+        torch.testing.assert_close(run(a, b, reverse), _selective_scan(a, b, reverse))

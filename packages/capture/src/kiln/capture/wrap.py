@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from kiln.capture import library_functions
 from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.graph import OutputGraph
 from kiln.capture.guard_data import GuardKind
@@ -114,6 +115,9 @@ def _wrap(out: OutputGraph, obj: Any, source: Source | None) -> Value:
             out.guard(source, GuardKind.ID_MATCH, id(obj))
         if is_special(obj) or is_torch_callable(obj) or _runs_natively(obj):
             return ObjectValue(obj, source)
+        stand_in = library_functions.substitute(obj)
+        if stand_in is not None:
+            return function_value(stand_in, None)
         if _is_compile_disable_wrapper(obj):
             inner_src = source.attr("__wrapped__") if source is not None else None
             return _wrap(out, obj.__wrapped__, inner_src)  # type: ignore[attr-defined]
