@@ -150,8 +150,9 @@ def _grads(out: Any, inputs: tuple[torch.Tensor, ...]) -> list[torch.Tensor | No
     grads = torch.autograd.grad(sum(terms), inputs, allow_unused=True)
     # An input that reaches a compiled graph is an input of its autograd node, so its gradient
     # is zeros where eager's is None when no output used depends on it (torch.compile does the
-    # same): both read as zeros here.
-    return [g if g is None or bool(g.any()) else None for g in grads]
+    # same): both read as None here. So does a gradient that is zero but for rounding (of a
+    # sum of softmax outputs, say: one order of additions gives exact zeros, another 1e-9 in float32).
+    return [g if g is None or bool((g.abs() > 1e-6).any()) else None for g in grads]
 
 
 def _state(ns: dict[str, Any]) -> tuple[Any, ...]:
