@@ -18,8 +18,10 @@ MAX_MODULE_LINES = 600
 
 # Lines of source per package (every .py under packages/<pkg>/src).
 LINE_BUDGET = {
-    # + about 600 for the opcode families match, yield from, except* and the intrinsics model
-    "capture": 13700,
+    # + about 600 for the opcode families match, yield from, except* and the intrinsics model;
+    # + about 700 for Python's attribute protocol on traced objects, builtin-type subclasses,
+    # operators answered per value kind, and custom autograd.Function calls
+    "capture": 15000,
     "guards": 2650,
     "autograd_aot": 2600,
     "loopir": 10150,
