@@ -94,6 +94,8 @@ def _show(o: dict[str, Any] | None) -> str:
     text = f"{o.get('graphs', 0)} / {o.get('breaks', 0)}" + (f" +{gave_up}e" if gave_up else "")
     if o.get("error"):
         return text + " ✗ error"
+    if o.get("compiled_path"):
+        return text + " ✓ (compiled path)"
     return text + (" ✓" if o.get("matches") else f" ✗ {o.get('max_error', 0):.0e}")
 
 
@@ -148,6 +150,9 @@ def _gaps(rows: list[dict[str, Any]], compiler: str) -> list[str]:
             if o.get("error"):
                 err = {"explanation": o["error"], "where": ""}
                 found.append(("error" + shared, err))
+            elif o.get("compiled_path"):
+                why = "matches eager only as torch.compiler.is_compiling() True makes it compute"
+                found.append(("library's compiled path", {"explanation": why, "where": ""}))
             elif not o.get("matches"):
                 found.append(
                     ("differs from eager" + shared, {"explanation": o["mode"], "where": ""})

@@ -168,7 +168,7 @@ def run_zoo(
             if progress:
                 summary = " ".join(
                     f"{o['compiler']}/{o['mode']}:{o.get('graphs', 0)}g{o.get('breaks', 0)}b"
-                    f"{'' if o.get('matches') else '!'}"
+                    f"{'' if o.get('matches') or o.get('compiled_path') else '!'}"
                     for o in row["outcomes"]
                 )
                 print(f"[{len(rows)}/{len(ids)}] {model_id} {row['status']} {summary}", flush=True)
