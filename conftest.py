@@ -29,20 +29,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-def _resident_bytes() -> int:
-    """Resident bytes of this process (Linux), after glibc returns its free heap memory.
+def _resident_bytes(trim: bool = True) -> int:
+    """Resident bytes of this process (Linux), by default after glibc returns its free heap
+    memory.
 
     glibc raises its mmap threshold after a large block is freed, so later blocks of that size
     come from the heap, whose free memory stays resident until trimmed: without the trim, RSS
-    counts what the allocator keeps as well as what is leaked.
+    counts what the allocator keeps as well as what is leaked. A test that also times the code
+    between two readings passes ``trim=False``: the heap given back is faulted in again by the
+    next allocations, which slows whatever runs first after the reading.
     """
-    with contextlib.suppress(OSError, AttributeError):  # not glibc
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    if trim:
+        with contextlib.suppress(OSError, AttributeError):  # not glibc
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
     with open(f"/proc/{os.getpid()}/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 @pytest.fixture
-def resident_bytes() -> Callable[[], int]:
+def resident_bytes() -> Callable[..., int]:
     """A function that reads this process's resident memory (see ``_resident_bytes``)."""
     return _resident_bytes

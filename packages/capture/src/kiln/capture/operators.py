@@ -427,6 +427,16 @@ def _object_contains(tr: Tracer, item: Value, container: ObjectValue) -> bool:
         and container.source is None
     ):
         return item.value in obj
+    if type(obj) is frozenset and isinstance(item, (ConstantValue, ObjectValue)):
+        # immutable: the same object always answers the same (``type(v) in _ATOMIC_TYPES`` in
+        # 3.12's dataclasses.asdict)
+        if container.source is not None:
+            tr.out.guard(container.source, GuardKind.ID_MATCH, id(obj))
+        key = item.value if isinstance(item, ConstantValue) else item.obj
+        try:
+            return key in obj
+        except TypeError as e:  # unhashable
+            raise unsupported("user_exception", str(e)) from e
     return _user_contains(tr, item, container)
 
 
