@@ -24,7 +24,7 @@ def associative_scan(
     reverse: bool = False,
     combine_mode: str = "pointwise",
 ) -> Any:
-    """``torch._higher_order_ops.associative_scan``: the inclusive scan of ``xs`` along ``dim``.
+    """torch's ``associative_scan``: the inclusive scan of ``xs`` along ``dim``.
 
     ``xs`` is a tensor, or a tuple or list of tensors scanned together. ``combine_fn`` sees one
     element at a time (the scan dimension removed), as torch's ``generic`` mode hands it, which
@@ -52,6 +52,8 @@ def associative_scan(
     return scanned[0] if single else type(xs)(scanned)
 
 
+# Keyed by the (module, qualname) the library's function object reports, so that the call is
+# recognised without importing torch's implementation; the stand-in replaces it.
 _SUBSTITUTES: dict[tuple[str, str], Callable[..., Any]] = {
     ("torch._higher_order_ops.associative_scan", "associative_scan"): associative_scan,
 }

@@ -6,8 +6,7 @@ What is left here cannot appear in such code, or not where capture runs it:
 
 - async code (``await``, ``async for``/``with``, async generators): only coroutine
   frames hold it, and capture does not inline coroutines, because their
-  suspensions belong to an event loop (torch.compile does not compile async
-  frames either);
+  suspensions belong to an event loop;
 - class and module bodies (``LOAD_NAME``, ``STORE_NAME``, ``LOAD_CLASSDEREF``,
   ``SETUP_ANNOTATIONS``, ``LOAD_LOCALS``, ...): their locals live in a dict; a
   class statement runs ``__build_class__`` in Python (a ``class_statement``
