@@ -237,12 +237,28 @@ def plain_object_attr(tr: Tracer, v: ObjectValue, name: str) -> Value:
     try:
         static = inspect.getattr_static(obj, name)
     except AttributeError:
+        _guard_not_shadowed(tr, v, name, None)
         return _missing_attr(tr, v, name)
     in_dict = name in getattr(obj, "__dict__", {})
     descriptor = inspect.getattr_static(type(obj), name, None)
     if in_dict and not is_data_descriptor(descriptor):
         return wrap(tr.out, obj.__dict__[name], src)
+    _guard_not_shadowed(tr, v, name, descriptor)
     return class_attr(tr, v, type(obj), name, src, static)
+
+
+def _guard_not_shadowed(tr: Tracer, v: ObjectValue, name: str, descriptor: Any) -> None:
+    """Guard that the instance's own ``__dict__`` still lacks ``name``.
+
+    What the trace found on the class (a method, another non-data descriptor) or its missing
+    name (``__getattr__`` ran) loses to an instance attribute of that name set after the call
+    (``a.f = other``). A data descriptor wins over the instance's dict, and an object without
+    a ``__dict__`` cannot be given one: those need no guard.
+    """
+    if v.source is None or is_data_descriptor(descriptor):
+        return
+    if isinstance(getattr(v.obj, "__dict__", None), dict):
+        tr.out.guard(v.source, GuardKind.NOT_IN_INSTANCE_DICT, name)
 
 
 def module_state_source(src: Source | None, store: str, name: str) -> Source | None:
@@ -285,6 +301,8 @@ def class_attr(
             raise raised(
                 AttributeError(f"{cls.__name__!r} object has no attribute {name!r}")
             ) from None
+    if isinstance(static, _INLINED):
+        tr.out.guard_class_attr(cls, name)
     if isinstance(static, types.FunctionType):
         fn_src = src.attr("__func__") if src is not None else None
         return BoundMethodValue(function_value(static, fn_src), v)
@@ -310,6 +328,10 @@ def class_attr(
     return _real_attr(tr, v, name, src)
 
 
+# what a class holds whose code the trace inlines (a data descriptor of C runs natively)
+_INLINED = (types.FunctionType, property, classmethod, staticmethod)
+
+
 def _real_attr(tr: Tracer, v: Value, name: str, src: Source | None) -> Value:
     if isinstance(v, ObjectValue):
         try:
@@ -327,6 +349,8 @@ def _class_or_module_attr(tr: Tracer, v: ObjectValue, name: str, src: Source | N
             static = inspect.getattr_static(obj, name)
         except AttributeError:
             raise raised(AttributeError(f"{obj.__name__} has no attribute {name!r}")) from None
+        if isinstance(static, _INLINED):
+            tr.out.guard_class_attr(obj, name)
         if isinstance(static, classmethod) and isinstance(static.__func__, types.FunctionType):
             return BoundMethodValue(_callable_value(static.__func__), v)
         if isinstance(static, staticmethod) and isinstance(static.__func__, types.FunctionType):
@@ -347,6 +371,8 @@ def _super_attr(tr: Tracer, v: SuperValue, name: str) -> Value:
     for klass in mro[start:]:
         if name in klass.__dict__:
             static = klass.__dict__[name]
+            if isinstance(static, _INLINED):
+                tr.out.guard_class_attr(klass, name)
             if isinstance(static, types.FunctionType):
                 return BoundMethodValue(function_value(static, None), v.obj)
             if isinstance(static, property) and isinstance(static.fget, types.FunctionType):

@@ -218,6 +218,7 @@ def _absent_patterns(tensors: list[int]) -> list[frozenset[int]]:
 
 def _forward(tr: Tracer, cls_value: Value, cls: type, ctx: Value, args: list[Value]) -> Value:
     forward = dispatch.get_attr(tr, cls_value, "forward")
+    tr.out.guard_class_attr(cls, "setup_context")
     if getattr(cls, "setup_context", _BASE_SETUP_CONTEXT) == _BASE_SETUP_CONTEXT:
         return dispatch.call(tr, forward, [ctx, *args], {})
     out = dispatch.call(tr, forward, args, {})

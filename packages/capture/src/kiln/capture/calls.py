@@ -362,6 +362,7 @@ def call_module(tr: Tracer, mv: ObjectValue, args: list[Value], kwargs: dict[str
     """``module(*args, **kwargs)``: pre-hooks, ``forward`` and forward hooks, all inlined."""
     mod = mv.obj
     custom_call = inspect.getattr_static(type(mod), "__call__")
+    tr.out.guard_class_attr(type(mod), "__call__")
     if custom_call is not torch.nn.Module.__call__ and isinstance(custom_call, types.FunctionType):
         return dispatch.call(tr, function_value(custom_call, None), [mv, *args], kwargs)
     if mod._backward_hooks or mod._backward_pre_hooks or _global_hooks():
@@ -387,6 +388,7 @@ def call_module(tr: Tracer, mv: ObjectValue, args: list[Value], kwargs: dict[str
     forward = mod.__dict__.get("forward")
     if forward is None:
         fwd = inspect.getattr_static(type(mod), "forward")
+        tr.out.guard_class_attr(type(mod), "forward")
         src = mv.source.attr("forward").attr("__func__") if mv.source is not None else None
         out = dispatch.call(tr, function_value(fwd, src), [mv, *args], kwargs)
     else:

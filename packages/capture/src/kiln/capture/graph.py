@@ -17,13 +17,23 @@ import torch
 from torch import fx
 
 from kiln.capture.breaks.reasons import unsupported
-from kiln.capture.guard_data import GuardKind, GuardSpec, TensorMeta, dedupe, storage_fits
+from kiln.capture.guard_data import (
+    ClassAttr,
+    GuardKind,
+    GuardSpec,
+    TensorMeta,
+    dedupe,
+    storage_fits,
+)
 from kiln.capture.meta import FakeMode, to_fake
 from kiln.capture.side_effects import SideEffects
 from kiln.capture.source import Source
 from kiln.capture.values.tensor import TensorValue
 
 __all__ = ["EAGER_RANDOM", "GraphInput", "OutputGraph"]
+
+# ``Py_TPFLAGS_IMMUTABLETYPE``: builtin and extension types refuse ``cls.name = ...``
+_IMMUTABLE_TYPE = 1 << 8
 
 
 class GraphInput:
@@ -61,6 +71,21 @@ class OutputGraph:
     # guards ----------------------------------------------------------------
     def guard(self, source: Source | None, kind: GuardKind, expected: Any = None) -> None:
         self._guards.append(GuardSpec(source, kind, expected))
+
+    def guard_class_attr(self, cls: type, name: str) -> None:
+        """Guard that ``cls.name`` stays what the trace found and inlined.
+
+        The instance's source cannot carry it: a method lives on the class, which a program
+        may change after a call (``A.forward = patched``, monkey-patching a library class),
+        and one guard per (class, name) serves every instance.
+        """
+        if cls.__flags__ & _IMMUTABLE_TYPE:
+            return
+        try:
+            value = getattr(cls, name)
+        except Exception:  # a metaclass's own lookup raising: nothing stable to compare with
+            return
+        self.guard(None, GuardKind.CLASS_ATTR, ClassAttr(cls, name, value))
 
     def guards(self) -> list[GuardSpec]:
         return dedupe(self._guards)

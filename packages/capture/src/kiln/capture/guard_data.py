@@ -9,13 +9,22 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import types
 from typing import Any
 
 import torch
 
 from kiln.capture.source import Source
 
-__all__ = ["GuardKind", "GuardSpec", "TensorMeta", "GlobalState", "dedupe", "storage_fits"]
+__all__ = [
+    "ClassAttr",
+    "GuardKind",
+    "GuardSpec",
+    "TensorMeta",
+    "GlobalState",
+    "dedupe",
+    "storage_fits",
+]
 
 
 class GuardKind(enum.Enum):
@@ -37,11 +46,19 @@ class GuardKind(enum.Enum):
     MODULE_MATCH = "module_match"  # id() of an nn.Module, plus its training flag via a BOOL guard
     HOOKS_EMPTY = "hooks_empty"  # None: the module has no forward/pre-hooks, nor do globals
     HASATTR = "hasattr"  # (attribute name, bool)
+    # the attribute name: absent from the value's own ``__dict__``, where an attribute set
+    # later would shadow the method (or other non-data descriptor) the trace found on its class
+    NOT_IN_INSTANCE_DICT = "not_in_instance_dict"
     GLOBAL_STATE = "global_state"  # GlobalState; source is None
     # The nn.Module object itself: its whole subtree (submodules, parameters and buffers
     # by identity and metadata, plain attributes, training flags, hooks) must be as it was
     # when the check was built. kiln.guards checks it in O(1) while no module changed.
     MODULE_TREE = "module_tree"
+    # A method, property or static/class method the trace found on a class: ``expected`` is
+    # a ClassAttr. Source None: one guard per
+    # (class, name) however many instances share it, so reassigning ``A.f = g`` after a call
+    # is seen without a guard per object.
+    CLASS_ATTR = "class_attr"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +133,29 @@ class GlobalState:
             torch.is_inference_mode_enabled(),
             torch.get_default_device(),
         )
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ClassAttr:
+    """What looking ``name`` up on the class ``owner`` gave while tracing (a function, the
+    function a staticmethod wraps, a classmethod bound to ``owner``, a property). The trace
+    inlined that code, so a later ``owner.name = other`` must fail the guard."""
+
+    owner: type
+    name: str
+    value: Any
+
+    def __repr__(self) -> str:
+        # the class's id: two classes made by one ``class`` statement print alike
+        return f"{self.owner.__qualname__}.{self.name} (class at {id(self.owner):#x}) is {self.value!r}"
+
+    def holds(self) -> bool:
+        """Whether the lookup still gives the same thing (a bound classmethod by ``==``)."""
+        try:
+            now = getattr(self.owner, self.name)
+        except AttributeError:
+            return False
+        return now is self.value or (isinstance(now, types.MethodType) and now == self.value)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,17 +6,18 @@ Each class is everything kiln.guards does with its kind (see :mod:`kiln.guards.k
 
 from __future__ import annotations
 
+import types
 import weakref
 from typing import Any, ClassVar
 
 import torch
 
-from kiln.capture.guard_data import GuardKind, GuardSpec
+from kiln.capture.guard_data import ClassAttr, GuardKind, GuardSpec
 from kiln.guards import hooks
 from kiln.guards.kinds.base import Emitter, Kind, Rank, register
 from kiln.guards.kinds.values import ANY_REACH
 
-__all__ = ["HooksEmpty", "IdMatch", "ModuleMatch", "ModuleTree"]
+__all__ = ["ClassAttrKind", "HooksEmpty", "IdMatch", "ModuleMatch", "ModuleTree"]
 
 
 class _Identity(Kind):
@@ -44,6 +45,36 @@ class _Identity(Kind):
 class IdMatch(_Identity):
     what = "object"
     stamp_protects = ANY_REACH
+
+
+@register(GuardKind.CLASS_ATTR)
+class ClassAttrKind(Kind):
+    """A method (or property, static or class method) the trace inlined is still what its
+    class gives for the name. No source: one test per (class, name) for all its instances;
+    all of a check's join one expression. Class and value are held strongly, as the class's
+    own dict holds them: a lookup through the class's attribute cache costs far less than
+    resolving a weak reference."""
+
+    rank = Rank.COMPARISON
+    has_source = False
+    batched = True
+
+    def accepts(self, expected: Any) -> bool:
+        return isinstance(expected, ClassAttr)
+
+    def condition(self, out: Emitter, guard: GuardSpec, v: str) -> str:
+        found: ClassAttr = guard.expected
+        owner = out.bind(found.owner, "T")
+        value = out.bind(found.value, "fn")
+        # a classmethod binds anew on each lookup: equal when class and function are the same
+        op = "==" if isinstance(found.value, types.MethodType) else "is"
+        return f"getattr({owner}, {found.name!r}, None) {op} {value}"
+
+    def explain(self, guard: GuardSpec, where: str, value: Any) -> str | None:
+        found: ClassAttr = guard.expected
+        if found.holds():
+            return None
+        return f"{found.owner.__qualname__}.{found.name} is no longer the one traced (reassigned)"
 
 
 @register(GuardKind.MODULE_MATCH)
