@@ -3,6 +3,7 @@ generator and ``explain`` all take a kind's behaviour from its declaration."""
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 import pytest
@@ -95,6 +96,11 @@ def test_a_kind_without_a_declaration_is_refused(monkeypatch):
         ),
         (GuardSpec(LocalSource("x"), GuardKind.SEQUENCE_LENGTH, 2), (1, 2), (1,)),
         (GuardSpec(LocalSource("x"), GuardKind.HASATTR, ("real", True)), 1, "s"),
+        (
+            GuardSpec(LocalSource("x"), GuardKind.NOT_IN_INSTANCE_DICT, "f"),
+            types.SimpleNamespace(g=1),
+            types.SimpleNamespace(f=1),
+        ),
         (GuardSpec(LocalSource("x"), GuardKind.HOOKS_EMPTY), torch.nn.Linear(1, 1), None),
     ],
     ids=lambda v: v.kind.value if isinstance(v, GuardSpec) else None,

@@ -19,6 +19,7 @@ __all__ = [
     "Equals",
     "HasAttr",
     "IsNone",
+    "NotInInstanceDict",
     "NotNone",
     "SequenceLength",
     "TypeMatch",
@@ -188,3 +189,28 @@ class HasAttr(Kind):
         if got is want:
             return None
         return f"hasattr({where}, {name!r}) changed: expected {want}, got {got}"
+
+
+@register(GuardKind.NOT_IN_INSTANCE_DICT)
+class NotInInstanceDict(Kind):
+    """The value's own ``__dict__`` lacks a name: ``expected`` is the name. The trace found a
+    method (or another non-data descriptor) on the class, which an instance attribute set
+    later (``a.f = other``) would shadow. A module's ``__dict__`` is watched, so under a module
+    tree the stamp sees every write that could make it fail."""
+
+    rank = Rank.CONTAINER
+    stamp_protects = frozenset({"module"})
+
+    def accepts(self, expected: Any) -> bool:
+        return isinstance(expected, str)
+
+    def condition(self, out: Emitter, guard: GuardSpec, v: str) -> str:
+        return f"{guard.expected!r} not in {v}.__dict__"
+
+    def explain(self, guard: GuardSpec, where: str, value: Any) -> str | None:
+        own = getattr(value, "__dict__", None)
+        if own is None:
+            return f"{where} has no __dict__ any more"
+        if guard.expected not in own:
+            return None
+        return f"{where}.{guard.expected} is now set on the instance, shadowing its class's"
