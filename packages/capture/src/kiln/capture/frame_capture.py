@@ -21,10 +21,14 @@ from typing import Any
 
 import torch
 
-from kiln.capture import counters, evaluator  # noqa: F401  (fills the dispatch tables)
+from kiln.capture import (  # noqa: F401  (evaluator fills the dispatch tables)
+    counters,
+    evaluator,
+    function_modes,
+)
 from kiln.capture.binding import code_signature
 from kiln.capture.breaks.reasons import unsupported
-from kiln.capture.breaks.rollback import BreakTracer
+from kiln.capture.breaks.rollback import BreakTracer, break_state
 from kiln.capture.breaks.split import capture_after_break
 from kiln.capture.emit import emit_code, graph_outputs
 from kiln.capture.errors import Unsupported
@@ -139,7 +143,10 @@ def _capture(
         traced = trace_frame(fn, tuple(args), dict(kwargs or {}))
     except Unsupported as e:
         counters.bump("graph_break", e.kind)
-        if fullgraph:
+        state = break_state(e)
+        if fullgraph or (
+            state is not None and function_modes.open_at(state.tracer.out, state.index)
+        ):
             raise
         return capture_after_break(
             e,

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import fx
 
-from kiln.capture import dispatch, numpy_calls
+from kiln.capture import dispatch, function_modes, numpy_calls
 from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.errors import Unsupported
 from kiln.capture.torch_functions import (
@@ -212,12 +212,18 @@ def call_function(tr: Tracer, fn: Any, args: list[Value], kwargs: dict[str, Valu
         raise unsupported("rng_reseeded", f"{fn.__name__} after the generator was reseeded")
     if base in CONSTANT_FOLDED:
         return ConstantValue(fn())
+    stack_op = function_modes.intercept(tr, fn, args, kwargs)
+    if stack_op is not None:
+        return stack_op
     if isinstance(fn, (types.MethodDescriptorType, types.WrapperDescriptorType)):
         if args and isinstance(args[0], TensorValue):
             return call_method(tr, args[0], fn.__name__, args[1:], kwargs)
         raise unsupported("unsupported_call", f"Tensor.{fn.__name__} on a non-tensor")
     if any(isinstance(a, NdarrayValue) for a in [*args, *kwargs.values()]):
         return numpy_calls.to_tensor(tr, fn, args, kwargs)
+    moded = function_modes.dispatch_to_mode(tr, fn, args, kwargs)
+    if moded is not None:
+        return moded
     return _run(tr, "call_function", fn, fn, args, kwargs)
 
 
@@ -232,6 +238,9 @@ def call_method(
     if tr.out.eager_random and name in RANDOM_OPS:
         raise unsupported("rng_reseeded", f"Tensor.{name} after the generator was reseeded")
     method = getattr(torch.Tensor, name)
+    moded = function_modes.dispatch_to_mode(tr, method, [tensor, *args], kwargs)
+    if moded is not None:
+        return moded
     return _run(tr, "call_method", name, method, [tensor, *args], kwargs)
 
 

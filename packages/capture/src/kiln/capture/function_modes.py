@@ -1,0 +1,270 @@
+"""Torch-function modes (``torch.overrides.TorchFunctionMode``) inside a captured frame.
+
+``with Mode():`` is traced as the Python it is: ``TorchFunctionMode.__enter__`` reaches
+``torch._C._push_on_torch_function_stack(mode)`` and ``__exit__`` its pop. Those C functions,
+and the ones reading the stack, act on a stack kept per trace (:class:`ModeStack`), never on
+torch's: the real stack would run the mode on the tracer's fake tensors. While the traced stack
+holds a mode, every torch function, Tensor method and tensor operator the trace calls goes
+through the top mode's ``__torch_function__``, inlined as Python with that mode popped (its own
+calls reach the next mode down, then the graph), as torch does.
+
+What torch hands ``__torch_function__`` (the public callable, ``types``, ``args`` and
+``kwargs``: ``x + y`` arrives as ``Tensor.add(x, y)``, ``x[i]`` as ``Tensor.__getitem__``,
+``F.softmax(x, 1)`` with its keyword arguments) is learnt by calling the op on the fake
+arguments under a probe mode that records the call and stops it, so the trace sees exactly what
+eager's mode would. A torch Python function that calls ops without dispatching itself is traced
+as Python, so the mode sees each op it calls.
+
+A graph break with a mode open in the captured frame is not resumed (the instruction would run
+in Python without the mode): the frame runs eagerly under it. :func:`open_at` says so.
+"""
+
+from __future__ import annotations
+
+import types
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from kiln.capture import dispatch
+from kiln.capture.breaks.reasons import unsupported
+from kiln.capture.values.base import ConstantValue, Value, is_constant
+from kiln.capture.values.containers import DictValue, ListValue, TupleValue
+from kiln.capture.values.objects import ObjectValue
+from kiln.capture.values.tensor import TensorValue
+from kiln.capture.wrap import function_value
+
+if TYPE_CHECKING:
+    from kiln.capture.graph import OutputGraph
+    from kiln.capture.tracer import Tracer
+
+__all__ = ["ModeStack", "dispatch_to_mode", "intercept", "open_at", "stack_of"]
+
+
+class ModeStack:
+    """The torch-function mode stack as the traced program sees it, bottom first.
+
+    ``history`` holds the stack after each change with the root frame's instruction index
+    that made it, so the stack before any root instruction is known after a rollback.
+    """
+
+    def __init__(self) -> None:
+        self.modes: list[Value] = []
+        self.history: list[tuple[int, tuple[Value, ...]]] = []
+
+    def changed(self, tr: Tracer) -> None:
+        root = tr.out.active[0] if tr.out.active else tr
+        self.history.append((root.ip - 1, tuple(self.modes)))
+
+
+_STACKS: weakref.WeakKeyDictionary[OutputGraph, ModeStack] = weakref.WeakKeyDictionary()
+
+
+def stack_of(out: OutputGraph) -> ModeStack:
+    stack = _STACKS.get(out)
+    if stack is None:
+        stack = _STACKS[out] = ModeStack()
+    return stack
+
+
+def open_at(out: OutputGraph, index: int) -> bool:
+    """Whether a mode entered in the frame is open before the root instruction ``index``."""
+    stack = _STACKS.get(out)
+    if stack is None:
+        return False
+    current: tuple[Value, ...] = ()
+    for at, modes in stack.history:
+        if at >= index:
+            break
+        current = modes
+    return bool(current)
+
+
+def _push(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    stack = stack_of(tr.out)
+    stack.modes.append(args[0])
+    stack.changed(tr)
+    return ConstantValue(None)
+
+
+def _pop(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    stack = stack_of(tr.out)
+    if not stack.modes:
+        raise unsupported("user_exception", "pop from an empty torch-function mode stack")
+    mode = stack.modes.pop()
+    stack.changed(tr)
+    return mode
+
+
+def _length(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    return ConstantValue(len(stack_of(tr.out).modes))
+
+
+def _at(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    modes = stack_of(tr.out).modes
+    i = args[0].as_constant()
+    if not isinstance(i, int) or not -len(modes) <= i < len(modes):
+        raise unsupported("user_exception", "torch-function mode stack index out of range")
+    return modes[i]
+
+
+def _enabled(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    return ConstantValue(bool(stack_of(tr.out).modes))
+
+
+_C: Any = torch._C
+_STACK_FUNCTIONS = {
+    name: handler
+    for name, handler in (
+        ("_push_on_torch_function_stack", _push),
+        ("_pop_torch_function_stack", _pop),
+        ("_len_torch_function_stack", _length),
+        ("_get_function_stack_at", _at),
+        ("_is_torch_function_mode_enabled", _enabled),
+    )
+    if hasattr(_C, name)
+}
+_HANDLERS = {getattr(_C, name): handler for name, handler in _STACK_FUNCTIONS.items()}
+
+
+def intercept(tr: Tracer, fn: Any, args: list[Value], kwargs: dict[str, Value]) -> Value | None:
+    """A call of one of torch's mode-stack functions, answered from the traced stack."""
+    try:
+        handler = _HANDLERS.get(fn)
+    except TypeError:  # an unhashable callable
+        return None
+    return handler(tr, args, kwargs) if handler is not None else None
+
+
+class _Probed(Exception):
+    """Raised by :class:`_Probe` to stop the op once torch has handed it to the mode."""
+
+    def __init__(self, func: Any, types_: tuple[type, ...], args: Any, kwargs: Any) -> None:
+        super().__init__()
+        self.call = (func, types_, args, kwargs)
+
+
+class _Probe(torch.overrides.TorchFunctionMode):
+    def __torch_function__(
+        self,
+        func: Any,
+        types: Any,
+        args: Any = (),
+        kwargs: Any = None,
+    ) -> Any:
+        raise _Probed(func, tuple(types), args, kwargs or {})
+
+
+def _fakes(v: Value, found: dict[int, Value]) -> None:
+    if isinstance(v, TensorValue):
+        found[id(v.fake)] = v
+    elif isinstance(v, (ListValue, TupleValue)):
+        for x in v.items:
+            _fakes(x, found)
+    elif isinstance(v, DictValue):
+        for _, x in v.items.values():
+            _fakes(x, found)
+
+
+def _real(v: Value) -> Any:
+    """The object a probe call is given for ``v``: its fake tensor or its constant."""
+    if isinstance(v, TensorValue):
+        return v.fake
+    if isinstance(v, ListValue):
+        return [_real(x) for x in v.items]
+    if isinstance(v, TupleValue):
+        return tuple(_real(x) for x in v.items)
+    if isinstance(v, DictValue) and v.cls is dict:
+        return {k: _real(x) for k, (_, x) in v.items.items()}
+    if isinstance(v, ConstantValue):
+        return v.value
+    if isinstance(v, ObjectValue):
+        return v.obj
+    raise unsupported("unsupported_value", f"{v} as an argument of a torch op under a mode")
+
+
+def _value(obj: Any, found: dict[int, Value]) -> Value:
+    """The traced value for an object the probe saw: an argument's value, or a constant."""
+    if id(obj) in found:
+        return found[id(obj)]
+    if isinstance(obj, torch.Tensor):
+        raise unsupported("unsupported_value", "a tensor made while torch dispatched to a mode")
+    if type(obj) is list:
+        return ListValue([_value(x, found) for x in obj])
+    if type(obj) is tuple and not is_constant(obj):
+        return TupleValue([_value(x, found) for x in obj])
+    if type(obj) is dict:
+        return DictValue({k: (ConstantValue(k), _value(x, found)) for k, x in obj.items()})
+    return ConstantValue(obj) if is_constant(obj) else ObjectValue(obj)
+
+
+def _probe(
+    tr: Tracer, fn: Any, args: list[Value], kwargs: dict[str, Value]
+) -> tuple[Any, tuple[type, ...], list[Value], dict[str, Value]] | None:
+    """What torch hands a mode for ``fn(*args, **kwargs)``; None when it hands it nothing."""
+    found: dict[int, Value] = {}
+    for a in [*args, *kwargs.values()]:
+        _fakes(a, found)
+    real_args = [_real(a) for a in args]
+    real_kwargs = {k: _real(v) for k, v in kwargs.items()}
+    try:
+        with tr.out.fake_mode, _Probe():
+            fn(*real_args, **real_kwargs)
+    except _Probed as p:
+        func, types_, p_args, p_kwargs = p.call
+        leaves = pytree.tree_leaves((p_args, p_kwargs))
+        if any(isinstance(x, torch.Tensor) and id(x) not in found for x in leaves):
+            raise unsupported(
+                "unsupported_call", f"{fn} hands a mode a tensor it made itself"
+            ) from None
+        return (
+            func,
+            types_,
+            [_value(a, found) for a in p_args],
+            {k: _value(v, found) for k, v in p_kwargs.items()},
+        )
+    except Exception:  # the op fails on these arguments before any mode sees it
+        return None
+    return None
+
+
+def dispatch_to_mode(
+    tr: Tracer, fn: Any, args: list[Value], kwargs: dict[str, Value]
+) -> Value | None:
+    """``fn(*args, **kwargs)`` through the traced stack's top mode; None when no mode is open
+    or torch would not hand this call to one (the caller then evaluates it as usual)."""
+    stack = _STACKS.get(tr.out)
+    if stack is None or not stack.modes:
+        return None
+    probed = _probe(tr, fn, args, kwargs)
+    if probed is None:
+        return None
+    func, types_, m_args, m_kwargs = probed
+    if isinstance(fn, types.FunctionType) and func is not fn:
+        # a torch Python function that does not dispatch itself: its ops meet the mode one by one
+        return dispatch.call(tr, function_value(fn, None), args, kwargs)
+    mode = stack.modes.pop()
+    stack.changed(tr)
+    try:
+        handler = dispatch.get_attr(tr, mode, "__torch_function__")
+        result = dispatch.call(
+            tr,
+            handler,
+            [
+                ObjectValue(func),
+                TupleValue([ObjectValue(t) for t in types_]),
+                TupleValue(m_args),
+                DictValue({k: (ConstantValue(k), v) for k, v in m_kwargs.items()}),
+            ],
+            {},
+        )
+    finally:
+        stack.modes.append(mode)
+        stack.changed(tr)
+    if isinstance(result, ConstantValue) and result.value is NotImplemented:
+        raise unsupported(
+            "unsupported_call", f"a torch-function mode returned NotImplemented for {func}"
+        )
+    return result

@@ -1,0 +1,129 @@
+"""Torch-function modes (``TorchFunctionMode``) entered inside a captured function."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from kiln.capture import Unsupported, capture
+
+
+class AddOne(TorchFunctionMode):
+    """Adds 1 to the result of every ``torch.add`` / ``Tensor.add`` (``+`` included)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is torch.add or func is torch.Tensor.add:
+            out = out + 1  # the mode is popped here: this add is not rewritten again
+        return out
+
+
+class DoubleMul(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is torch.Tensor.mul:
+            out = out * 2
+        return out
+
+
+class IndexAsGather(TorchFunctionMode):
+    """Rewrites ``x[i]`` with a tensor index, as transformers' masking code does."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.__getitem__ and isinstance(args[1], torch.Tensor):
+            return torch.index_select(args[0], 0, args[1].reshape(-1)) * 10
+        return func(*args, **(kwargs or {}))
+
+
+class SeesKwargs(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func is F.softmax and "dim" in kwargs:
+            kwargs["dim"] = 0
+        return func(*args, **kwargs)
+
+
+def add_one_block(x, y):
+    a = x * y
+    with AddOne():
+        b = torch.add(a, y) + x
+        c = F.relu(b) * 3
+    return c - a + b
+
+
+def nested_blocks(x, y):
+    with AddOne():
+        b = x + y
+        with DoubleMul():
+            c = b * y + x
+        d = c * x
+    return b, c, d
+
+
+def index_block(x, i):
+    with IndexAsGather():
+        picked = x[i]
+    return picked, x[0]
+
+
+def kwargs_block(x):
+    with SeesKwargs():
+        return F.softmax(x, dim=1)
+
+
+def _capture(fn, args):
+    return capture(fn, args, {}, compile_graph=lambda gm, ex: gm.forward, wrap_callable=lambda f: f)
+
+
+@pytest.mark.parametrize(
+    ("fn", "make"),
+    [
+        (add_one_block, lambda: (torch.randn(3, 4), torch.randn(3, 4))),
+        (nested_blocks, lambda: (torch.randn(3, 4), torch.randn(3, 4))),
+        (index_block, lambda: (torch.randn(5, 3), torch.tensor([3, 1]))),
+        (kwargs_block, lambda: (torch.randn(3, 4),)),
+    ],
+    ids=["add_one", "nested", "getitem", "kwargs"],
+)
+def test_mode_block_one_graph(fn, make):
+    result = _capture(fn, make())
+    assert len(result.graphs) == 1
+    assert not result.graph_breaks
+    assert torch._C._len_torch_function_stack() == 0
+    for _ in range(3):
+        args = make()
+        torch.testing.assert_close(result.function(*args), fn(*args))
+
+
+def test_mode_rewrites_are_in_the_graph():
+    result = _capture(add_one_block, (torch.randn(2), torch.randn(2)))
+    adds = [n for n in result.graphs[0].graph.nodes if "add" in str(n.target)]
+    # torch.add and ``+`` each rewritten (op, then +1), then the two adds after the block
+    assert len(adds) == 5
+
+
+def test_break_inside_mode_block_runs_frame_eagerly():
+    def fn(x):
+        with AddOne():
+            y = x + 1
+            z = y * float(y.sum())  # a data-dependent value breaks the graph
+        return z
+
+    with pytest.raises(Unsupported):
+        _capture(fn, (torch.randn(3),))
+    assert torch._C._len_torch_function_stack() == 0
+
+
+def test_break_after_mode_block_resumes():
+    def fn(x):
+        with AddOne():
+            y = x + 1
+        z = y * float(y.sum())
+        return z + x
+
+    result = _capture(fn, (torch.randn(3),))
+    assert len(result.graph_breaks) == 1
+    x = torch.randn(3)
+    torch.testing.assert_close(result.function(x), fn(x))
