@@ -99,6 +99,25 @@ def test_module_method_shadowed_after_a_call():
     assert kiln.stats().frames_captured == 2
 
 
+class Doubler(torch.nn.Module):
+    def forward(self, x):
+        return x * 2
+
+
+@pytest.mark.parametrize("how", ["called_inside", "compiled_module"])
+def test_module_forward_shadowed_after_a_call(how):
+    m = Doubler()
+
+    def g(x):
+        return m(x) + 1
+
+    eager = g if how == "called_inside" else m
+    compiled = kiln.compile(eager, backend="eager")
+    agree(compiled, eager)
+    m.forward = lambda x: x * 5  # an instance forward wins over the class's in Module.__call__
+    agree(compiled, eager)
+
+
 def test_unshadowed_method_does_not_recompile():
     a = Plain()
 

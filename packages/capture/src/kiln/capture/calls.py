@@ -389,6 +389,8 @@ def call_module(tr: Tracer, mv: ObjectValue, args: list[Value], kwargs: dict[str
     if forward is None:
         fwd = inspect.getattr_static(type(mod), "forward")
         tr.out.guard_class_attr(type(mod), "forward")
+        if mv.source is not None:  # ``m.forward = other`` after the call would win over it
+            tr.out.guard(mv.source, GuardKind.NOT_IN_INSTANCE_DICT, "forward")
         src = mv.source.attr("forward").attr("__func__") if mv.source is not None else None
         out = dispatch.call(tr, function_value(fwd, src), [mv, *args], kwargs)
     else:
