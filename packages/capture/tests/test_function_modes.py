@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from kiln.capture import Unsupported, capture
+from kiln.capture import GlobalState, GuardKind, Unsupported, capture
 
 
 class AddOne(TorchFunctionMode):
@@ -127,3 +127,19 @@ def test_break_after_mode_block_resumes():
     assert len(result.graph_breaks) == 1
     x = torch.randn(3)
     torch.testing.assert_close(result.function(x), fn(x))
+
+
+def test_mode_active_at_call_gives_up():
+    def fn(x, y):
+        return torch.add(x, y) * 2
+
+    # the graph would run without the mode: capture refuses and the frame runs eagerly
+    with AddOne(), pytest.raises(Unsupported, match="torch-function mode"):
+        _capture(fn, (torch.randn(3), torch.randn(3)))
+    result = _capture(fn, (torch.randn(3), torch.randn(3)))
+    state = next(g.expected for g in result.guards if g.kind is GuardKind.GLOBAL_STATE)
+    assert state.function_modes == 0
+    with AddOne():
+        assert GlobalState.current().function_modes == 1
+        with torch.device("cpu"):
+            assert GlobalState.current().function_modes == 1

@@ -184,6 +184,12 @@ def test_grad_mode_and_global_state():
         torch.use_deterministic_algorithms(False)
     with torch.device("meta"):
         assert_fails(check, "default device changed: expected cpu, got meta", 1)
+    with torch.overrides.BaseTorchFunctionMode():
+        assert_fails(check, "torch-function modes changed: expected 0, got 1", 1)
+        with torch.device("cpu"):  # a device context is a mode the default device covers
+            assert_fails(check, "torch-function modes changed: expected 0, got 1", 1)
+    with torch.device("cpu"):
+        assert_passes(check, 1)
     assert_passes(check, 1)
 
 

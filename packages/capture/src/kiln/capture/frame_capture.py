@@ -33,6 +33,7 @@ from kiln.capture.breaks.split import capture_after_break
 from kiln.capture.emit import emit_code, graph_outputs
 from kiln.capture.errors import Unsupported
 from kiln.capture.graph import EAGER_RANDOM, OutputGraph
+from kiln.capture.guard_data import user_function_modes
 from kiln.capture.isolation import no_user_hooks
 from kiln.capture.result import (
     CaptureResult,
@@ -79,6 +80,9 @@ def trace_frame(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Trace
     code = func.__code__
     if code.co_flags & CO_GENERATOR_LIKE:
         raise unsupported("unsupported_call", f"generator or coroutine {code.co_qualname}")
+    if user_function_modes():
+        # the graph would run its ops without the mode; eager runs them through it
+        raise unsupported("unsupported_context", "a torch-function mode active at the call")
     grad_mode = torch.is_grad_enabled()
     out = OutputGraph()
     out.eager_random = bool(getattr(func, EAGER_RANDOM, False))

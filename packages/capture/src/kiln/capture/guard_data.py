@@ -13,6 +13,7 @@ import types
 from typing import Any
 
 import torch
+from torch.utils._device import DeviceContext
 
 from kiln.capture.source import Source
 
@@ -24,6 +25,7 @@ __all__ = [
     "GlobalState",
     "dedupe",
     "storage_fits",
+    "user_function_modes",
 ]
 
 
@@ -121,6 +123,9 @@ class GlobalState:
     deterministic: bool
     inference_mode: bool
     default_device: torch.device | None = None  # None: not checked
+    # torch-function modes active at the call (user_function_modes): a graph runs its ops
+    # without them, so one traced with none must not serve a call under a mode
+    function_modes: int = 0
 
     @classmethod
     def current(cls) -> GlobalState:
@@ -132,7 +137,18 @@ class GlobalState:
             torch.are_deterministic_algorithms_enabled(),
             torch.is_inference_mode_enabled(),
             torch.get_default_device(),
+            user_function_modes(),
         )
+
+
+def user_function_modes() -> int:
+    """The torch-function modes on torch's stack, device contexts aside.
+
+    ``with torch.device(d)`` is a mode too, but the default device it sets is guarded on its own.
+    """
+    c: Any = torch._C
+    n: int = c._len_torch_function_stack()
+    return sum(not isinstance(c._get_function_stack_at(i), DeviceContext) for i in range(n))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

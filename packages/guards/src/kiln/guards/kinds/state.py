@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from kiln.capture.guard_data import GlobalState, GuardKind, GuardSpec
+from kiln.capture.guard_data import GlobalState, GuardKind, GuardSpec, user_function_modes
 from kiln.guards.kinds.base import Emitter, Kind, Rank, register
 
 __all__ = ["GlobalStateKind", "explain_global_state", "global_state_reads"]
@@ -33,6 +33,7 @@ def global_state_reads(expected: GlobalState) -> list[tuple[str, Any, Callable[[
     ]
     if expected.default_device is not None:
         reads.append(("default device", expected.default_device, torch.get_default_device))
+    reads.append(("torch-function modes", expected.function_modes, user_function_modes))
     return reads
 
 
@@ -85,6 +86,11 @@ class GlobalStateKind(Kind):
                 # No torch-function mode at all means no device context: the default is cpu.
                 device = f"({out.bind(stack_len, 'mode_stack_len')}() == 0 or {device})"
             parts.append(device)
+        modes = f"{out.bind(user_function_modes, 'function_modes')}() == {gs.function_modes!r}"
+        stack_len = getattr(torch._C, "_len_torch_function_stack", None)
+        if stack_len is not None and gs.function_modes == 0:
+            modes = f"({out.bind(stack_len, 'mode_stack_len')}() == 0 or {modes})"
+        parts.append(modes)
         return " and ".join(parts)
 
     def explain(self, guard: GuardSpec, where: str, value: Any) -> str | None:
