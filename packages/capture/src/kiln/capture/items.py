@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import operator
 import types
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +19,7 @@ import torch
 from kiln.capture import builtin_types, dispatch
 from kiln.capture.attributes import class_attr
 from kiln.capture.breaks.reasons import raised, unsupported
-from kiln.capture.literals import literal
+from kiln.capture.literals import is_literal, literal, refuse_by_type
 from kiln.capture.source import Source
 from kiln.capture.values.base import ConstantValue, Value, is_constant
 from kiln.capture.values.containers import DictValue, ListValue, TupleValue, dict_key
@@ -86,10 +87,11 @@ def _dict_item(tr: Tracer, v: DictValue, index: Value) -> Value:
 
 @dispatch.GET_ITEM.register(ConstantValue)
 def _constant_item(tr: Tracer, v: ConstantValue, index: Value) -> Value:
-    if not isinstance(index, ConstantValue):
+    refuse_by_type(v, ("__getitem__",), operator.getitem, _plain(index))
+    if not is_literal(index):
         raise unsupported("unsupported_operator", f"{v}[{index}]")
     try:
-        result = v.value[index.value]
+        result = v.value[literal(index)]
     except Exception as e:
         raise raised(e) from e
     return ConstantValue(result)
@@ -186,6 +188,23 @@ def _set_list_item(tr: Tracer, v: ListValue, index: Value, value: Value) -> None
 def _set_dict_item(tr: Tracer, v: DictValue, index: Value, value: Value) -> None:
     if builtin_types.call_override(tr, v, "__setitem__", [index, value]) is None:
         v.set(index, value)
+
+
+@dispatch.SET_ITEM.register(ConstantValue)
+def _set_constant_item(tr: Tracer, v: ConstantValue, index: Value, value: Value) -> None:
+    refuse_by_type(v, ("__setitem__",), operator.setitem, _plain(index), None)
+    raise unsupported("side_effect", f"setting an item of {v}")
+
+
+def _plain(index: Value) -> Any:
+    """The index for a refusal's message (its wording may depend on the index's type)."""
+    return literal(index) if is_literal(index) else None
+
+
+@dispatch.DELETE_ITEM.register(ConstantValue)
+def _delete_constant_item(tr: Tracer, v: ConstantValue, index: Value) -> None:
+    refuse_by_type(v, ("__delitem__",), operator.delitem, _plain(index))
+    raise unsupported("side_effect", f"deleting an item of {v}")
 
 
 @dispatch.DELETE_ITEM.register(Value)

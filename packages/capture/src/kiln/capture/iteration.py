@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from kiln.capture import builtin_types, dispatch
-from kiln.capture.breaks.reasons import unsupported
+from kiln.capture.breaks.reasons import raised, unsupported
 from kiln.capture.guard_data import GuardKind
 from kiln.capture.items import container_item_source
 from kiln.capture.values.base import ConstantValue, Value
@@ -67,7 +67,7 @@ def _iterate_constant(tr: Tracer, v: ConstantValue) -> IteratorValue:
     try:
         return ItemsIterator([ConstantValue(x) for x in v.value])
     except TypeError as e:
-        raise unsupported("user_exception", str(e)) from e
+        raise raised(e) from e
 
 
 @dispatch.ITERATE.register(NewObjectValue)
@@ -155,7 +155,10 @@ def _container_length(
 
 @dispatch.LENGTH.register(ConstantValue)
 def _constant_length(tr: Tracer, v: ConstantValue) -> int:
-    return len(v.value)
+    try:
+        return len(v.value)
+    except TypeError as e:
+        raise raised(e) from e
 
 
 @dispatch.LENGTH.register(ObjectValue)

@@ -21,7 +21,7 @@ from kiln.capture.values.objects import ObjectValue
 if TYPE_CHECKING:
     from kiln.capture.tracer import Tracer
 
-__all__ = ["fold", "is_literal", "literal", "replay_call"]
+__all__ = ["fold", "is_literal", "literal", "refuse_by_type", "replay_call"]
 
 _IDENTITY_OBJECTS = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType)
 
@@ -90,3 +90,20 @@ def replay_call(tr: Tracer, fn: Any, args: list[Value], kwargs: dict[str, Value]
         {k: literal(v) for k, v in kwargs.items()},
     )
     return ConstantValue(None)
+
+
+def refuse_by_type(v: ConstantValue, methods: tuple[str, ...], op: Any, *operands: Any) -> None:
+    """Raise, in the traced program, the TypeError Python raises for ``op`` on ``v``'s type.
+
+    A constant whose type has none of ``methods`` (``None[...]``, ``None(...)``, ``x in None``,
+    item assignment to a tuple) makes Python raise whatever the other operands are, so the program's handlers
+    see it, or the frame runs eagerly. Breaking the graph instead would run the operation in
+    Python after the graph, raising where eager does not when the trace took a path eager
+    does not (library code's branch for ``torch.compiler.is_compiling()``).
+    """
+    if any(hasattr(type(v.value), m) for m in methods):
+        return
+    try:  # the type refuses before it reads an operand: CPython's own message
+        op(v.value, *operands)
+    except TypeError as e:
+        raise raised(e) from None

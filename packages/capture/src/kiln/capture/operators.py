@@ -26,6 +26,7 @@ from kiln.capture import builtin_types, dispatch
 from kiln.capture.breaks.reasons import raised, unsupported
 from kiln.capture.errors import Unsupported
 from kiln.capture.guard_data import GuardKind
+from kiln.capture.literals import refuse_by_type
 from kiln.capture.values.base import ConstantValue, Value
 from kiln.capture.values.containers import (
     DictValue,
@@ -52,6 +53,8 @@ _DUNDER = {
 }  # fmt: skip
 _REFLECTED = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "eq": "eq", "ne": "ne"}
 _EQUALITY = ("==", "!=")
+# ``in`` asks ``__contains__``, else iterates, else indexes from 0
+_MEMBERSHIP = ("__contains__", "__iter__", "__getitem__")
 
 
 def _split(sym: str) -> tuple[str, bool]:
@@ -382,7 +385,8 @@ def _constant_contains(tr: Tracer, item: Value, container: ConstantValue) -> boo
         try:
             return item.value in container.value
         except TypeError as e:
-            raise unsupported("user_exception", str(e)) from e
+            raise raised(e) from e
+    refuse_by_type(container, _MEMBERSHIP, operator.contains, None)
     keys = _set_keys(container)
     if keys is None:
         raise unsupported("unsupported_operator", f"in {container}")
@@ -526,4 +530,4 @@ def _constant_unary_op(tr: Tracer, name: str, v: ConstantValue) -> Value:
     try:
         return ConstantValue(getattr(operator, name)(v.value))
     except Exception as e:
-        raise unsupported("user_exception", str(e)) from e
+        raise raised(e) from e
