@@ -12,7 +12,6 @@ import collections
 import copy
 import functools
 import inspect
-import itertools
 import operator
 import warnings
 from collections.abc import Callable
@@ -25,6 +24,7 @@ from kiln.capture import (
     copies,
     dispatch,
     iteration,
+    itertools_calls,
     literals,
     numpy_calls,
     operators,
@@ -59,7 +59,7 @@ if TYPE_CHECKING:
 __all__ = ["Handler", "handler_for"]
 
 Handler = Callable[["Tracer", list[Value], dict[str, Value]], Value]
-_HANDLERS: dict[Any, Handler] = {}
+_HANDLERS: dict[Any, Handler] = dict(itertools_calls.HANDLERS)
 
 
 def _handles(*objs: Any) -> Callable[[Handler], Handler]:
@@ -325,17 +325,6 @@ def _reduce(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
     for item in items[1:]:
         total = dispatch.call(tr, args[0], [total, item], {})
     return total
-
-
-@_handles(itertools.chain)
-def _chain(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
-    return ItemsIterator([x for a in args for x in dispatch.unpack_iterable(tr, a)])
-
-
-@_handles(itertools.product)
-def _product(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
-    pools = [dispatch.unpack_iterable(tr, a) for a in args]
-    return ItemsIterator([TupleValue(list(p)) for p in itertools.product(*pools)])
 
 
 def _min_max_handler(fn: Callable[..., Any]) -> Handler:

@@ -32,8 +32,8 @@ from kiln.capture.contexts import ExitValue
 from kiln.capture.emit import _Writer
 from kiln.capture.errors import CaptureError
 from kiln.capture.graph import EAGER_RANDOM
-from kiln.capture.values.base import NULL, ConstantValue, Value
-from kiln.capture.values.containers import CellValue, DictViewValue, ListValue, TupleValue
+from kiln.capture.values.base import NULL, Value
+from kiln.capture.values.containers import CellValue, DictViewValue, ListValue
 from kiln.capture.values.functions import (
     BoundMethodValue,
     BuiltinMethodValue,
@@ -41,12 +41,7 @@ from kiln.capture.values.functions import (
     ReplayedCallValue,
     UserFunctionValue,
 )
-from kiln.capture.values.iterators import (
-    EnumerateIterator,
-    ItemsIterator,
-    IteratorValue,
-    ZipIterator,
-)
+from kiln.capture.values.iterators import IteratorValue, remaining
 from kiln.capture.values.tensor import TensorMethodValue
 
 __all__ = [
@@ -57,6 +52,7 @@ __all__ = [
     "Named",
     "NotResumable",
     "cannot",
+    "check_shared_iterators",
     "flat_values",
     "live_values",
 ]
@@ -238,15 +234,25 @@ def cannot(why: str) -> NotResumable:
 
 def _remaining(v: IteratorValue) -> list[Value]:
     """What an interrupted loop's iterator still yields (it has not been advanced)."""
-    if isinstance(v, ItemsIterator):
-        return v.items[v.pos :]
-    if isinstance(v, EnumerateIterator):
-        rest = _remaining(v.inner)
-        return [TupleValue([ConstantValue(v.count + i), x]) for i, x in enumerate(rest)]
-    if isinstance(v, ZipIterator):
-        parts = [_remaining(p) for p in v.parts]
-        return [TupleValue(list(items)) for items in zip(*parts, strict=False)]
-    raise cannot(f"a graph break inside a loop over {type(v).__name__}")
+    rest = remaining(v)
+    if rest is None:
+        raise cannot(f"a graph break inside a loop over {type(v).__name__}")
+    return rest
+
+
+def check_shared_iterators(values: list[Value]) -> None:
+    """Each iterator live at a break goes on as the list of items it still yields; two that
+    advance one iterator (``enumerate(it)`` and ``it``) would each yield those items."""
+    reader: dict[int, int] = {}
+    for top in values:
+        if not isinstance(top, IteratorValue):
+            continue
+        todo = [top]
+        while todo:
+            it = todo.pop()
+            if reader.setdefault(id(it), id(top)) != id(top):
+                raise cannot("a graph break while two live iterators advance the same iterator")
+            todo.extend(it.reads())
 
 
 def flat_values(values: list[Value]) -> list[Value]:

@@ -38,7 +38,7 @@ from kiln.capture.tracer import Tracer
 from kiln.capture.values.base import NULL, ConstantValue, Value
 from kiln.capture.values.containers import DictValue, ListValue, SetValue, TupleValue
 from kiln.capture.values.functions import BuiltinMethodValue
-from kiln.capture.values.iterators import EnumerateIterator, ItemsIterator, ZipIterator
+from kiln.capture.values.iterators import ItemsIterator, IteratorValue
 from kiln.capture.values.objects import NewObjectValue, ObjectValue
 from kiln.capture.values.tensor import TensorMethodValue, TensorValue
 from kiln.capture.wrap import wrap
@@ -154,14 +154,8 @@ class _Snapshot:
         if id(v) in seen:
             return
         seen.add(id(v))
-        if isinstance(v, ItemsIterator):
-            self.mutable.append((v, v.pos))
-        elif isinstance(v, EnumerateIterator):
-            self.mutable.append((v, v.count))
-            self._remember(v.inner, seen, deep)
-        elif isinstance(v, ZipIterator):
-            for part in v.parts:
-                self._remember(part, seen, deep)
+        if isinstance(v, IteratorValue):
+            self.mutable.append((v, v.save()))
         elif deep and isinstance(v, (ListValue, DictValue, SetValue)):
             self.mutable.append((v, (_copy(v.items), v.mutated, dict(v.attrs))))
             for x in _children(v):
@@ -182,10 +176,8 @@ class _Snapshot:
             if node.op != "placeholder" and not node.users:
                 graph.erase_node(node)
         for v, saved in self.mutable:
-            if isinstance(v, ItemsIterator):
-                v.pos = saved
-            elif isinstance(v, EnumerateIterator):
-                v.count = saved
+            if isinstance(v, IteratorValue):
+                saved()
             elif isinstance(v, NewObjectValue):
                 v.attrs = saved
             elif isinstance(v, (ListValue, DictValue, SetValue)):

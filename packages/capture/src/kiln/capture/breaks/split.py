@@ -43,6 +43,7 @@ from kiln.capture.breaks.frame import (
     NotResumable,
     Reraise,
     cannot,
+    check_shared_iterators,
     flat_values,
     live_values,
 )
@@ -409,6 +410,7 @@ def _split(
     in_block = tr._handler_for(state.instruction.offset) is not None
     exits = _grad_mode_exits(state) if in_block else None
     live = list(live_values(state).values())
+    check_shared_iterators([*state.stack, *live])
     effects = out.side_effects
     outputs = graph_outputs(TupleValue(flat_values([*state.stack, *live])), effects)
     writer.output_index = {id(v.node): i for i, v in enumerate(outputs)}
