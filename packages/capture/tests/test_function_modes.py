@@ -143,3 +143,32 @@ def test_mode_active_at_call_gives_up():
         assert GlobalState.current().function_modes == 1
         with torch.device("cpu"):
             assert GlobalState.current().function_modes == 1
+
+
+class Counting(TorchFunctionMode):
+    """Counts what torch hands it: ops, operators and property reads alike."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+def counted_block(x):
+    mode = Counting()
+    with mode:
+        n = x.shape[0]
+        y = x.reshape(n, -1) * x.dtype.itemsize + x.T.sum()
+    return y, mode.calls
+
+
+def test_mode_sees_properties_and_operators():
+    result = _capture(counted_block, (torch.randn(3, 4),))
+    assert len(result.graphs) == 1
+    x = torch.randn(3, 4)
+    got, expected = result.function(x), counted_block(x)
+    torch.testing.assert_close(got[0], expected[0])
+    assert got[1] == expected[1] == 7

@@ -40,7 +40,14 @@ if TYPE_CHECKING:
     from kiln.capture.graph import OutputGraph
     from kiln.capture.tracer import Tracer
 
-__all__ = ["ModeStack", "dispatch_to_mode", "intercept", "open_at", "stack_of"]
+__all__ = [
+    "ModeStack",
+    "dispatch_to_mode",
+    "intercept",
+    "open_at",
+    "property_through_mode",
+    "stack_of",
+]
 
 
 class ModeStack:
@@ -245,6 +252,18 @@ def dispatch_to_mode(
     if isinstance(fn, types.FunctionType) and func is not fn:
         # a torch Python function that does not dispatch itself: its ops meet the mode one by one
         return dispatch.call(tr, function_value(fn, None), args, kwargs)
+    return _call_mode(tr, stack, ObjectValue(func), types_, m_args, m_kwargs)
+
+
+def _call_mode(
+    tr: Tracer,
+    stack: ModeStack,
+    func: ObjectValue,
+    types_: tuple[type, ...],
+    m_args: list[Value],
+    m_kwargs: dict[str, Value],
+) -> Value:
+    """The top mode's ``__torch_function__(func, types_, m_args, m_kwargs)``, with it popped."""
     mode = stack.modes.pop()
     stack.changed(tr)
     try:
@@ -253,7 +272,7 @@ def dispatch_to_mode(
             tr,
             handler,
             [
-                ObjectValue(func),
+                func,
                 TupleValue([ObjectValue(t) for t in types_]),
                 TupleValue(m_args),
                 DictValue({k: (ConstantValue(k), v) for k, v in m_kwargs.items()}),
@@ -265,6 +284,37 @@ def dispatch_to_mode(
         stack.changed(tr)
     if isinstance(result, ConstantValue) and result.value is NotImplemented:
         raise unsupported(
-            "unsupported_call", f"a torch-function mode returned NotImplemented for {func}"
+            "unsupported_call", f"a torch-function mode returned NotImplemented for {func.obj}"
         )
     return result
+
+
+class _PropertyGetter(ObjectValue):
+    """``Tensor.<property>.__get__`` as a mode receives it: calling it reads the property."""
+
+    def __init__(self, getter: Any, name: str) -> None:
+        super().__init__(getter)
+        self.name = name
+
+
+@dispatch.CALL.register(_PropertyGetter)
+def _call_getter(
+    tr: Tracer, fn: _PropertyGetter, args: list[Value], kwargs: dict[str, Value]
+) -> Value:
+    if len(args) != 1 or kwargs:
+        raise unsupported("unsupported_call", f"Tensor.{fn.name}.__get__ with these arguments")
+    return dispatch.get_attr(tr, args[0], fn.name)
+
+
+def property_through_mode(tr: Tracer, tensor: TensorValue, name: str) -> Value | None:
+    """``tensor.name`` for a property torch hands to a mode (``x.shape``); None when no mode
+    is open. The mode gets ``Tensor.name.__get__`` and ``(tensor,)``, as in eager."""
+    stack = _STACKS.get(tr.out)
+    descriptor = getattr(torch._C.TensorBase, name, None)
+    if stack is None or not stack.modes or not hasattr(descriptor, "__get__"):
+        return None
+    probed = _probe(tr, lambda t: getattr(t, name), [tensor], {})
+    if probed is None:
+        return None
+    func, types_, m_args, m_kwargs = probed
+    return _call_mode(tr, stack, _PropertyGetter(func, name), types_, m_args, m_kwargs)

@@ -247,6 +247,10 @@ def call_method(
 def tensor_attribute(tr: Tracer, tensor: TensorValue, name: str) -> Value | None:
     """A non-method attribute of a tensor, or None when ``name`` is a method."""
     fake = tensor.fake
+    if name in _TENSOR_PROPERTIES or name in ("T", "mT", "mH", "H", "real", "imag", "data"):
+        moded = function_modes.property_through_mode(tr, tensor, name)
+        if moded is not None:
+            return moded
     if name in _TENSOR_PROPERTIES:
         return _constant(getattr(fake, name))
     if name == "T":
