@@ -314,3 +314,89 @@ def test_a_view_made_under_no_grad_of_a_result_requiring_grad(backend):
                 e.grad_fn is None,
                 e._is_view(),
             )
+
+
+def _saved_for_an_unused_output_then_changed(x, y):
+    v0 = x + y
+    v1 = v0.abs()  # a dead local: an output of the first graph, whose backward reads v0
+    v0.max().item()  # a graph break
+    v0[-1] = v0[0]  # changes v0 after the graph: eager never runs abs's backward
+    return v0
+
+
+def _saved_result_then_changed(x, y):
+    v0 = x * y
+    v1 = v0.exp()  # eager's backward saves v1, the result
+    v0.max().item()  # a graph break
+    v1.mul_(2)
+    return v0, v1
+
+
+def _input_saved_for_one_output(x, y):
+    return x * 2, x.abs() + y  # abs's backward reads x; x * 2's does not
+
+
+def _changes_first_input(args):
+    args[0].mul_(2)  # x is not a leaf: eager allows the change
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "kiln"])
+@pytest.mark.parametrize(
+    ("fn", "loss_on", "after", "raises"),
+    [
+        (_saved_for_an_unused_output_then_changed, (0,), None, False),
+        (_saved_result_then_changed, (0,), None, False),  # exp's node is not reached
+        (_saved_result_then_changed, (1,), None, True),  # exp's saved result changed
+        (_saved_result_then_changed, (0, 1), None, True),
+        (_input_saved_for_one_output, (0,), _changes_first_input, False),
+        (_input_saved_for_one_output, (1,), _changes_first_input, True),
+        (_input_saved_for_one_output, (0, 1), None, False),
+    ],
+)
+def test_backward_raises_for_a_changed_saved_value_only_where_eager_s_does(
+    backend, fn, loss_on, after, raises
+):
+    """The compiled backward reads values saved for every output; eager's reads those of the
+    nodes the loss reaches. A value the user changed in place after the call (an output, an
+    input) makes Kiln raise exactly where eager raises, with eager's gradients elsewhere."""
+    f = kiln.compile(fn, backend=backend)
+    for shape in ((4,), (4,), (2, 3)):
+        results = []
+        for run in (fn, f):
+            gen = torch.Generator().manual_seed(len(shape))
+            leaves = [torch.randn(shape, generator=gen, requires_grad=True) for _ in range(2)]
+            x, y = leaves[0] * 1, leaves[1]  # x is not a leaf: it may be changed in place
+            out = run(x, y)
+            if after is not None:
+                after((x, y))
+            outs = out if isinstance(out, tuple) else (out,)
+            loss = sum(outs[i].sum() for i in loss_on)
+            if raises:
+                with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+                    torch.autograd.grad(loss, leaves, allow_unused=True)
+                continue
+            grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+            results.append([torch.zeros_like(t) if g is None else g for g, t in zip(grads, leaves)])
+        if not raises:
+            torch.testing.assert_close(results[1], results[0])
+
+
+def _two_outputs_one_unbounded_gradient(x):
+    v = x * 1
+    return v, v.log()  # log's gradient at 0 is infinite
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "kiln"])
+def test_an_output_without_gradient_contributes_nothing(backend):
+    """Eager never runs the backward of an output the loss does not use; a zero tangent for it
+    would multiply log's infinite gradient at 0 into NaN."""
+    f = kiln.compile(_two_outputs_one_unbounded_gradient, backend=backend)
+    for n in (3, 3, 5):
+        x = torch.arange(n, dtype=torch.float32).requires_grad_()
+        for loss_on in ((0,), (1,), (0, 1)):
+            got = [
+                torch.autograd.grad(sum(outs[i].sum() for i in loss_on), x)[0]
+                for outs in (f(x), _two_outputs_one_unbounded_gradient(x))
+            ]
+            torch.testing.assert_close(got[0], got[1], equal_nan=True)
+        assert not f(x)[0].sum().isnan()

@@ -17,6 +17,7 @@ another when none is; one that cannot be compiled then runs eagerly, with a warn
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -30,7 +31,8 @@ from kiln.autograd_aot.errors import AotError
 from kiln.autograd_aot.inputs import Aliasing, InputLayout, fakes_of, shared_memory
 from kiln.autograd_aot.joint import TracedProgram, trace_program
 from kiln.autograd_aot.partition import PartitionStats, partition_joint
-from kiln.autograd_aot.runtime import CompiledProgram, run_inference, run_training
+from kiln.autograd_aot.prune import exposed_saved, prune_backward
+from kiln.autograd_aot.runtime import Backward, CompiledProgram, run_inference, run_training
 from kiln.capture import artifacts, counters
 from kiln.capture.isolation import no_user_hooks
 
@@ -258,7 +260,38 @@ class AotCompiled:
         artifacts.dump("aot_backward.py", bw.code)
         forward = self.fw_compiler(fw, _fake_inputs(fw))
         backward = self.bw_compiler(bw, _fake_inputs(bw))
-        return CompiledProgram(program, forward, backward, layout, eager)
+        num_saved = stats.num_saved
+        return CompiledProgram(
+            program,
+            forward,
+            backward,
+            layout,
+            eager,
+            num_saved=num_saved,
+            exposed=exposed_saved(fw, program.num_user_outputs, num_saved),
+            prune=functools.partial(self._compile_pruned, bw, num_saved),
+        )
+
+    def _compile_pruned(
+        self, bw: fx.GraphModule, num_saved: int, present: tuple[int, ...]
+    ) -> Backward | None:
+        """The backward for the differentiable outputs at ``present`` only (the others got no
+        gradient); None (the full one, with zero tangents) if it cannot be compiled."""
+        try:
+            with no_user_hooks():
+                pruned, used, grads = prune_backward(bw, num_saved, present)
+                log.debug("backward for outputs %s:\n%s", present, pruned.code)
+                fn = self.bw_compiler(pruned, _fake_inputs(pruned)) if grads else None
+        except Exception as e:  # the full backward is right too, but reads every saved value
+            log.warning(
+                "compiling a backward for outputs %s failed (%s: %s); the full one runs",
+                present,
+                type(e).__name__,
+                e,
+            )
+            return None
+        counters.bump("autograd_aot", "pruned_backwards")
+        return Backward(fn, used, list(present), grads)
 
 
 def aot_compile(

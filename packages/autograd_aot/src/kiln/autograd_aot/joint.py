@@ -69,11 +69,13 @@ class TracedProgram:
     # node takes them detached, so a backward never walks into their history (eager's
     # does not: an in-place change there, which its backward would reject, is not reached)
     cut_inputs: list[int] = dataclasses.field(default_factory=list)
-    # user graph outputs and primals that eager's autograd saves (or a view of): the node
-    # saves them too, unused, so that its backward raises where eager's does when one was
-    # changed in place since (the compiled graphs save other values, or none)
-    watched_outputs: list[int] = dataclasses.field(default_factory=list)
-    watched_inputs: list[int] = dataclasses.field(default_factory=list)
+    # user graph outputs and primals that eager's autograd saves (or a view of), each with
+    # the bit mask of the differentiable outputs (positions in ``diff_outputs``) whose
+    # gradient reaches a node that saved it: the runtime checks them so that its backward
+    # raises where eager's does when one was changed in place since, and only where eager's
+    # would run that node (the compiled graphs save other values, or none)
+    watched_outputs: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+    watched_inputs: list[tuple[int, int]] = dataclasses.field(default_factory=list)
 
     @property
     def num_forward_outputs(self) -> int:
@@ -138,9 +140,9 @@ def trace_program(
         i for i, t in enumerate(values) if t.requires_grad and t.grad_fn is not None and recorded[i]
     ]
     grad_inputs = [i for i, f in enumerate(fakes) if f.requires_grad] if joint and diff else []
-    watched: tuple[list[int], list[int]] = ([], [])
+    watched: tuple[list[tuple[int, int]], list[tuple[int, int]]] = ([], [])
     if grad_inputs:
-        watched = _saved_by_autograd(values, user, [] if mutated else fakes)
+        watched = _saved_by_autograd([values[i] for i in diff], user, [] if mutated else fakes)
         leaves = list(grad_leaves) if grad_leaves is not None else list(fakes)
         tangents = [_tangent_like(values[i]) for i in diff]
         for i, t in enumerate(tangents):
@@ -177,43 +179,60 @@ def trace_program(
 
 
 def _saved_by_autograd(
-    values: Sequence[torch.Tensor], user: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]
-) -> tuple[list[int], list[int]]:
+    roots: Sequence[torch.Tensor], user: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]
+) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """Which of ``user`` and of ``inputs`` eager's autograd saves for the backward of
-    ``values``, itself or through a view (views share their base's version counter).
+    ``roots``, itself or through a view (views share their base's version counter), each
+    with the bit mask of the roots whose backward runs a node that saved it.
 
     A saved input comes back as itself; a saved output as a new tensor of the same node and
     output number. The trace's mutations of inputs are written back after the node runs,
     so a program that mutates one passes no ``inputs``: the write would look like a change."""
     nodes: list[Any] = []  # kept alive: their Python objects' ids are the keys
-    seen: set[int] = set()
-    saved: set[int] = set()
-    saved_made_by: set[tuple[int, int]] = set()
-    stack = [t.grad_fn for t in values if t.grad_fn is not None]
+    reach: dict[int, int] = {}  # node id -> mask of the roots whose backward reaches it
+    children: dict[int, list[Any]] = {}
+    order: list[Any] = []  # depth-first post-order: a node after every node it leads to
+    for bit, t in enumerate(roots):
+        if t.grad_fn is not None:
+            reach[id(t.grad_fn)] = reach.get(id(t.grad_fn), 0) | 1 << bit
+    stack: list[tuple[Any, bool]] = [(t.grad_fn, False) for t in roots if t.grad_fn is not None]
     while stack:
-        node = stack.pop()
-        if id(node) in seen:
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)
             continue
-        seen.add(id(node))
+        if id(node) in children:
+            continue
         nodes.append(node)
-        stack.extend(n for n, _ in node.next_functions if n is not None)
+        children[id(node)] = [n for n, _ in node.next_functions if n is not None]
+        stack.append((node, True))
+        stack.extend((n, False) for n in children[id(node)] if id(n) not in children)
+    saved: dict[int, int] = {}  # id of a saved tensor's version root -> mask
+    saved_made_by: dict[tuple[int, int], int] = {}  # (its grad_fn id, output number) -> mask
+    for node in reversed(order):  # every node before the nodes it leads to
+        mask = reach.get(id(node), 0)
+        for child in children[id(node)]:
+            reach[id(child)] = reach.get(id(child), 0) | mask
         for t in _saved_tensors(node):
             root = _version_root(t)
-            saved.add(id(root))
+            saved[id(root)] = saved.get(id(root), 0) | mask
             if root.grad_fn is not None:
                 nodes.append(root.grad_fn)
-                saved_made_by.add((id(root.grad_fn), root.output_nr))
+                key = (id(root.grad_fn), root.output_nr)
+                saved_made_by[key] = saved_made_by.get(key, 0) | mask
 
-    def is_saved(t: torch.Tensor) -> bool:
+    def saved_mask(t: torch.Tensor) -> int:
         root = _version_root(t)
-        return id(root) in saved or (
-            root.grad_fn is not None and (id(root.grad_fn), root.output_nr) in saved_made_by
-        )
+        mask = saved.get(id(root), 0)
+        if root.grad_fn is not None:
+            mask |= saved_made_by.get((id(root.grad_fn), root.output_nr), 0)
+        return mask
 
-    return (
-        [i for i, t in enumerate(user) if is_saved(t)],
-        [i for i, t in enumerate(inputs) if is_saved(t)],
-    )
+    def watched(ts: Sequence[torch.Tensor]) -> list[tuple[int, int]]:
+        masks = [saved_mask(t) for t in ts]
+        return [(i, m) for i, m in enumerate(masks) if m]
+
+    return watched(user), watched(inputs)
 
 
 def _version_root(t: torch.Tensor) -> torch.Tensor:

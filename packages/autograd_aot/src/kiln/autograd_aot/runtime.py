@@ -33,6 +33,18 @@ Compiled = Callable[..., Any]
 
 
 @dataclasses.dataclass
+class Backward:
+    """A compiled backward: takes the saved values at positions ``saved``, then the tangents
+    of the differentiable outputs at positions ``tangents`` (a missing gradient becomes
+    zeros), and returns the gradients of ``program.grad_inputs`` at positions ``grads``."""
+
+    fn: Compiled | None  # None: no gradient reaches an input
+    saved: list[int]
+    tangents: list[int]
+    grads: list[int]
+
+
+@dataclasses.dataclass
 class CompiledProgram:
     """A traced program's signature with its compiled forward (and backward)."""
 
@@ -43,6 +55,27 @@ class CompiledProgram:
     # The program itself, run eagerly on the graph inputs, for a differentiable backward;
     # None when running it again would not give the same values (mutations, random ops).
     eager: Compiled | None = None
+    num_saved: int = 0  # values the compiled forward saves for the backward
+    # the saved values (positions) that are, or view, an input or a returned output
+    exposed: list[int] = dataclasses.field(default_factory=list)
+    # the backward for the differentiable outputs (positions in ``diff_outputs``) that got a
+    # gradient; None: the full backward, with zeros for the others
+    prune: Callable[[tuple[int, ...]], Backward | None] | None = None
+    _backwards: dict[tuple[int, ...], Backward] = dataclasses.field(default_factory=dict)
+
+    def backward_for(self, present: tuple[int, ...]) -> Backward:
+        """The backward to run when the outputs at ``present`` got a gradient (compiled on
+        first use: most programs only ever see all of them get one)."""
+        found = self._backwards.get(present)
+        if found is None:
+            n = len(self.program.diff_outputs)
+            if len(present) < n and self.prune is not None:
+                found = self.prune(present)
+            if found is None:
+                grads = list(range(len(self.program.grad_inputs)))
+                found = Backward(self.backward, list(range(self.num_saved)), list(range(n)), grads)
+            self._backwards[present] = found
+        return found
 
 
 class _AotFunction(torch.autograd.Function):
@@ -55,16 +88,23 @@ class _AotFunction(torch.autograd.Function):
         n = program.num_forward_outputs
         outputs, saved = _fresh(results[:n]), results[n:]
         ctx.compiled = compiled
-        ctx.num_saved = len(saved)
-        ctx.save_for_backward(
-            *saved,
-            *(outputs[i] for i in program.watched_outputs),
-            *(primals[i] for i in program.watched_inputs),
-        )
+        # Saved values the user can change in place (inputs, returned outputs), and those
+        # eager's autograd saves, are checked here, not by autograd: its check of saved
+        # tensors would fire whatever the backward reads, where eager's fires only for the
+        # nodes a gradient reaches. Outputs are held detached (same memory and version
+        # counter), as the outputs themselves would reference this node: a cycle.
+        held = [saved[i].detach() for i in compiled.exposed]
+        held += [outputs[i].detach() for i, _ in program.watched_outputs]
+        held += [primals[i] for i, _ in program.watched_inputs]
+        ctx.held = held
+        ctx.versions = [t._version for t in held]
+        for i in compiled.exposed:
+            saved[i] = None
+        ctx.save_for_backward(*saved)
         ctx.mark_non_differentiable(*(outputs[i] for i in program.non_differentiable))
         # Autograd would hand backward a zero tensor for every output the loss does not
         # reach, non-differentiable ones included (BatchNorm's new running statistics: three
-        # allocations and fills per layer and step); only the tangents are made, when missing.
+        # allocations and fills per layer and step); the backward run depends on which got one.
         ctx.set_materialize_grads(False)
         ctx.tangent_specs = [
             (o.shape, o.dtype, o.device) for o in map(outputs.__getitem__, program.diff_outputs)
@@ -72,39 +112,82 @@ class _AotFunction(torch.autograd.Function):
         if compiled.eager is not None:
             # for a backward with create_graph=True; the versions tell whether they changed
             ctx.primals = primals
-            ctx.versions = [p._version for p in primals]
+            ctx.primal_versions = [p._version for p in primals]
         return tuple(outputs)
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> Any:  # type: ignore[override]
         compiled: CompiledProgram = ctx.compiled
         program = compiled.program
-        assert compiled.backward is not None
-        # unpacking checks the version of every saved tensor, watched ones included
-        saved = ctx.saved_tensors[: ctx.num_saved]
+        present = tuple(k for k, i in enumerate(program.diff_outputs) if grads[i] is not None)
+        if not present:
+            return (None,) * (1 + program.num_primals)
+        bw = compiled.backward_for(present)
+        _check_versions(ctx, bw, sum(1 << k for k in present))
+        # unpacking checks the versions of the saved values the user cannot reach
+        saved = list(ctx.saved_tensors)
         if torch.is_grad_enabled():  # create_graph=True: the result must be differentiable
             return (None, *_differentiable_backward(ctx, grads))
         # the inputs are kept for a differentiable backward only until a plain one ran
         # (with retain_graph a later create_graph=True backward then raises)
         ctx.primals = None
-        tangents = [
-            torch.zeros(shape, dtype=dtype, device=device) if g is None else g.contiguous()
-            for g, (shape, dtype, device) in zip(
-                map(grads.__getitem__, program.diff_outputs), ctx.tangent_specs, strict=True
-            )
-        ]
-        args = [*saved, *tangents]
+        for i, t in zip(compiled.exposed, ctx.held, strict=False):
+            saved[i] = t
+        tangents = []
+        for k in bw.tangents:
+            g = grads[program.diff_outputs[k]]
+            shape, dtype, device = ctx.tangent_specs[k]
+            tangents.append(torch.zeros(shape, dtype=dtype, device=device) if g is None else g)
+        args = [*(saved[i] for i in bw.saved), *(t.contiguous() for t in tangents)]
         del saved, tangents
         # autograd's references go now, not when backward returns (unless the graph is
         # retained); a compiled backward that takes its arguments as a list (``call_boxed``)
         # then frees each activation after its last use, as eager's backward does
         ctx.maybe_clear_saved_tensors()
-        boxed = getattr(compiled.backward, "call_boxed", None)
-        results = boxed(args) if boxed is not None else compiled.backward(*args)
+        if _saved_freed(ctx):
+            ctx.held = None
         out: list[torch.Tensor | None] = [None] * program.num_primals
-        for i, g in zip(program.grad_inputs, results, strict=True):
-            out[i] = g
+        if bw.fn is None:
+            return (None, *out)
+        boxed = getattr(bw.fn, "call_boxed", None)
+        results = boxed(args) if boxed is not None else bw.fn(*args)
+        for j, g in zip(bw.grads, results, strict=True):
+            out[program.grad_inputs[j]] = g
         return (None, *out)
+
+
+def _saved_freed(ctx: Any) -> bool:
+    """Whether autograd freed the node's saved tensors (no ``retain_graph``)."""
+    try:
+        ctx._raw_saved_tensors  # noqa: B018  (raises once they are freed)
+    except RuntimeError:
+        return True
+    return False
+
+
+def _check_versions(ctx: Any, bw: Backward, present: int) -> None:
+    """Raise as eager's backward would where a value it needs was changed in place: one
+    eager's autograd saved for a node the present gradients reach, or one the compiled
+    backward ``bw`` reads (an input or output the user may have changed)."""
+    compiled: CompiledProgram = ctx.compiled
+    program = compiled.program
+    held: list[torch.Tensor] | None = ctx.held
+    if held is None:
+        return  # freed: autograd's own unpacking raises the backward-twice error
+    reads = set(bw.saved)
+    wanted = [i in reads for i in compiled.exposed]
+    wanted += [bool(m & present) for _, m in program.watched_outputs]
+    wanted += [bool(m & present) for _, m in program.watched_inputs]
+    for t, version, want in zip(held, ctx.versions, wanted, strict=True):
+        if want and t._version != version:
+            msg = (
+                "one of the variables needed for gradient computation has been modified by an "
+                f"inplace operation: [{t.type()} {list(t.shape)}], which a compiled graph "
+                f"saved for its backward, is at version {t._version}; expected version "
+                f"{version} instead. Hint: the tensor was changed in place after the compiled "
+                "call that returned (or took) it, and before this backward."
+            )
+            raise RuntimeError(msg)
 
 
 def _differentiable_backward(ctx: Any, grads: Sequence[torch.Tensor | None]) -> list[Any]:
@@ -118,7 +201,7 @@ def _differentiable_backward(ctx: Any, grads: Sequence[torch.Tensor | None]) -> 
         why = "mutates an input or draws random numbers, so it cannot be run again"
     elif primals is None:
         why = "was already differentiated without create_graph=True (retain_graph)"
-    elif [p._version for p in primals] != ctx.versions:
+    elif [p._version for p in primals] != ctx.primal_versions:
         why = "has an input that was modified in place after the forward"
     else:
         why = ""
