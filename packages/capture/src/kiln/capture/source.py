@@ -21,6 +21,8 @@ __all__ = [
     "ItemSource",
     "RawItemSource",
     "DefaultSource",
+    "SizeSource",
+    "StrideSource",
     "MODULE_STORES",
     "root_of",
 ]
@@ -166,8 +168,40 @@ class DefaultSource(Source):
         raise NotImplementedError("defaults are resolved by capture, which holds the function")
 
 
+@dataclasses.dataclass(frozen=True)
+class SizeSource(Source):
+    """``base.size()[dim]``: one size of a tensor, the source of a shape symbol."""
+
+    base: Source
+    dim: int
+
+    def __str__(self) -> str:
+        return f"{self.base}.size()[{self.dim}]"
+
+    def resolve(
+        self, f_locals: dict[str, Any], f_globals: dict[str, Any], cells: dict[str, Any]
+    ) -> Any:
+        return self.base.resolve(f_locals, f_globals, cells).size()[self.dim]
+
+
+@dataclasses.dataclass(frozen=True)
+class StrideSource(Source):
+    """``base.stride()[dim]``: one stride of a tensor, the source of a stride symbol."""
+
+    base: Source
+    dim: int
+
+    def __str__(self) -> str:
+        return f"{self.base}.stride()[{self.dim}]"
+
+    def resolve(
+        self, f_locals: dict[str, Any], f_globals: dict[str, Any], cells: dict[str, Any]
+    ) -> Any:
+        return self.base.resolve(f_locals, f_globals, cells).stride()[self.dim]
+
+
 def root_of(source: Source) -> Source:
     """The local, global or closure source a chain of attributes and items starts from."""
-    while isinstance(source, (AttrSource, ItemSource, RawItemSource)):
+    while isinstance(source, (AttrSource, ItemSource, RawItemSource, SizeSource, StrideSource)):
         source = source.base
     return source

@@ -1,0 +1,286 @@
+"""The shape environment: symbols for input sizes, their sources, hints and ranges, and the
+guards every decision on them adds (the PyTorch 2 paper, section 5).
+
+A trace is specialized to one branch of every decision: asked whether ``s0 > 16``, the
+environment answers from the hints (the sizes of the call being compiled) and records the
+relation it assumed, so the compiled code is reused exactly when every relation holds again.
+Facts known without a guard are answered from value ranges (every unspecialized size is at
+least 2, so ``s0 == 1`` is False and ``s0 >= 2`` True), and guards refine what is known:
+``s1 == s0`` replaces ``s1`` by ``s0`` everywhere, ``int(s2)`` replaces ``s2`` by its value,
+``s0 > 16`` raises ``s0``'s lower bound.
+
+Every symbol, including one a size was specialized to at creation, has a source, so each
+guard is a relation over sources (``L['x'].size()[0] == 1``) for ``kiln.guards`` to check.
+"""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+
+import sympy
+
+from kiln.capture.shapes.exprs import INF, Range, bounds, simplify_relation, tight_bounds
+from kiln.capture.source import Source
+
+__all__ = ["ShapeEnv", "ShapeGuard", "SymbolInfo", "Scalar"]
+
+Scalar = int | float | bool
+
+
+@dataclasses.dataclass
+class SymbolInfo:
+    """One input size: the sympy symbol, where it is read from, its value in the call being
+    compiled, and the values it may take while the compiled code is reused."""
+
+    symbol: sympy.Symbol
+    source: Source
+    hint: int
+    range: Range
+
+
+@dataclasses.dataclass(frozen=True)
+class ShapeGuard:
+    """A relation the compiled code assumes (``expr``, a sympy boolean over the env's symbols)
+    and the user's line whose decision added it (``file:line``, empty when unknown)."""
+
+    expr: sympy.Basic
+    origin: str = ""
+
+
+class ShapeEnv:
+    """Symbols for the sizes of one capture, and the guards decisions on them add.
+
+    ``specialize_zero_one``: sizes 0 and 1 become constants (with a guard), as the paper does:
+    broadcasting and contiguity depend on them, and every symbol left is then known to be at
+    least 2. ``duck_shape``: a size equal to an existing symbol's hint at creation reuses that
+    symbol (with an equality guard), so ``x + y`` of equal sizes needs no broadcast check.
+    """
+
+    def __init__(self, *, specialize_zero_one: bool = True, duck_shape: bool = True) -> None:
+        self.specialize_zero_one = specialize_zero_one
+        self.duck_shape = duck_shape
+        self.symbols: dict[sympy.Symbol, SymbolInfo] = {}
+        self.replacements: dict[sympy.Symbol, sympy.Expr] = {}
+        self._guards: dict[sympy.Basic, ShapeGuard] = {}
+        self._by_source: dict[Source, sympy.Expr] = {}
+        self._duck: dict[int, sympy.Symbol] = {}
+
+    # -- creating symbols ------------------------------------------------------------------
+
+    def create_symbol(
+        self,
+        hint: int,
+        source: Source,
+        *,
+        dynamic: bool = True,
+        min: int | None = None,
+        max: int | None = None,
+    ) -> sympy.Expr:
+        """The expression standing for the size read from ``source`` (``hint`` in this call).
+
+        A fresh symbol when the size is dynamic, at least 2 and not duck-sized; otherwise the
+        existing symbol or constant it was specialized to, with the guard that makes it so.
+        ``min``/``max`` bound a dynamic size (its range; a size with bounds is never
+        duck-sized, so its range stays its own).
+        """
+        if source in self._by_source:
+            return self.simplify(self._by_source[source])
+        if hint < 0:
+            msg = f"size {source} = {hint} is negative"
+            raise ValueError(msg)
+        specialize = not dynamic or (self.specialize_zero_one and hint in (0, 1))
+        # every size left symbolic after 0/1 specialization is at least 2
+        floor = 2 if self.specialize_zero_one else 0
+        lower = floor if min is None else builtins.max(min, floor)
+        upper = INF if max is None else max
+        if not specialize and not lower <= hint <= upper:
+            msg = f"{source} = {hint} is outside the range [{lower}, {upper}] it was marked with"
+            raise ValueError(msg)
+        # a specialized size may be 0, which a positive symbol could never equal
+        positive = {"positive": True} if not specialize and lower > 0 else {}
+        symbol = sympy.Symbol(f"s{len(self.symbols)}", integer=True, nonnegative=True, **positive)
+        bound = Range.point(hint) if specialize else Range(lower, upper)
+        self.symbols[symbol] = SymbolInfo(symbol, source, hint, bound)
+        self._by_source[source] = symbol
+        if specialize:
+            self._record(sympy.Eq(symbol, hint), "")
+        elif self.duck_shape and min is None and max is None and hint in self._duck:
+            self._record(sympy.Eq(symbol, self._duck[hint]), "")
+        elif min is None and max is None:
+            self._duck[hint] = symbol
+        return self.simplify(symbol)
+
+    def source_of(self, symbol: sympy.Symbol) -> Source:
+        return self.symbols[symbol].source
+
+    def hint_of(self, symbol: sympy.Symbol) -> int:
+        return self.symbols[symbol].hint
+
+    def range_of(self, symbol: sympy.Symbol) -> Range:
+        """The values ``symbol`` may take; a point for one replaced by a constant."""
+        value = self.simplify(symbol)
+        if value.is_Integer:
+            return Range.point(int(value))
+        if isinstance(value, sympy.Symbol):
+            return self.symbols[value].range
+        return bounds(value, self._ranges())
+
+    def free_symbols(self) -> list[sympy.Symbol]:
+        """The symbols that are still free: not replaced by a constant or another symbol."""
+        return [s for s in self.symbols if s not in self.replacements]
+
+    # -- answering questions ---------------------------------------------------------------
+
+    def simplify(self, expr: sympy.Basic) -> sympy.Basic:
+        """``expr`` with what guards have established substituted (sympy rebuilds each node,
+        so ``FloorDiv(s0 * s1, s1)`` becomes ``s0`` on the way)."""
+        if not self.replacements or not expr.free_symbols & self.replacements.keys():
+            return expr
+        return expr.xreplace(self.replacements)
+
+    def size_hint(self, expr: sympy.Basic | Scalar) -> Scalar:
+        """The value ``expr`` has in the call being compiled."""
+        if not isinstance(expr, sympy.Basic):
+            return expr
+        values = {s: sympy.Integer(info.hint) for s, info in self.symbols.items()}
+        return _to_python(expr.xreplace(values))
+
+    def static_value(self, expr: sympy.Basic) -> Scalar | None:
+        """The value of ``expr`` if what is known decides it for every reuse, else None."""
+        expr = self.simplify(expr)
+        if not expr.free_symbols:
+            return _to_python(expr)
+        ranges = self._ranges()
+        if isinstance(expr, sympy.Not):
+            inner = self.static_value(expr.args[0])
+            return None if inner is None else not inner
+        if isinstance(expr, (sympy.And, sympy.Or)):
+            values = [self.static_value(a) for a in expr.args]
+            decisive = isinstance(expr, sympy.Or)
+            if decisive in values:
+                return decisive
+            return None if None in values else not decisive
+        if isinstance(expr, sympy.core.relational.Relational):
+            return _decide(expr, tight_bounds(expr.lhs - expr.rhs, ranges))
+        r = bounds(expr, ranges)
+        return int(r.lower) if r.lower == r.upper else None
+
+    def evaluate_expr(
+        self, expr: sympy.Basic, hint: Scalar | None = None, origin: str = ""
+    ) -> Scalar:
+        """Decide ``expr``: its static value if known, else its hint, guarding on the relation
+        that gives that answer (``expr`` or its negation for a boolean, ``expr == hint``
+        for a number). ``origin`` is the user's ``file:line`` that asked."""
+        known = self.static_value(expr)
+        if known is not None:
+            return known
+        value = self.size_hint(expr) if hint is None else hint
+        if isinstance(value, bool):
+            self._record(expr if value else sympy.Not(expr), origin)
+        else:
+            self._record(sympy.Eq(expr, value), origin)
+        return value
+
+    # -- guards ----------------------------------------------------------------------------
+
+    @property
+    def guards(self) -> list[ShapeGuard]:
+        """Every relation recorded, in order, each once."""
+        return list(self._guards.values())
+
+    @property
+    def relations(self) -> list[sympy.Basic]:
+        """The recorded relations alone (sympy booleans over the env's symbols)."""
+        return list(self._guards)
+
+    def _record(self, relation: sympy.Basic, origin: str) -> None:
+        relation = _canonical(simplify_relation(self.simplify(relation), self._ranges()))
+        if relation is sympy.true or relation in self._guards:
+            return
+        if relation is sympy.false:
+            msg = f"a guard that can never hold was recorded ({origin or 'no origin'})"
+            raise AssertionError(msg)
+        self._guards[relation] = ShapeGuard(relation, origin)
+        self._refine(relation)
+
+    def _refine(self, relation: sympy.Basic) -> None:
+        """Learn from a relation just assumed: equalities become replacements, bounds on one
+        symbol narrow its range."""
+        if not isinstance(relation, sympy.core.relational.Relational):
+            return
+        lhs, rhs = relation.lhs, relation.rhs
+        if isinstance(relation, sympy.Eq):
+            self._unify(lhs, rhs)
+            return
+        if not (isinstance(lhs, sympy.Symbol) and rhs.is_Integer and lhs in self.symbols):
+            return
+        info, bound = self.symbols[lhs], int(rhs)
+        new = {
+            sympy.StrictLessThan: Range(-INF, bound - 1),
+            sympy.LessThan: Range(-INF, bound),
+            sympy.StrictGreaterThan: Range(bound + 1, INF),
+            sympy.GreaterThan: Range(bound, INF),
+        }.get(type(relation))
+        if new is not None:
+            info.range = info.range & new
+
+    def _unify(self, lhs: sympy.Expr, rhs: sympy.Expr) -> None:
+        # replace the newest lone symbol of the two sides by the other side
+        candidates = [
+            (side, other)
+            for side, other in ((lhs, rhs), (rhs, lhs))
+            if isinstance(side, sympy.Symbol)
+            and side in self.symbols
+            and side not in other.free_symbols
+            and other.is_integer
+        ]
+        if not candidates:
+            return
+        target, value = max(candidates, key=lambda c: _index(c[0]))
+        if isinstance(value, sympy.Symbol) and value in self.symbols:
+            self.symbols[value].range = self.symbols[value].range & self.symbols[target].range
+        self.replacements = {k: v.xreplace({target: value}) for k, v in self.replacements.items()}
+        self.replacements[target] = value
+
+    def _ranges(self) -> dict[sympy.Symbol, Range]:
+        return {s: info.range for s, info in self.symbols.items()}
+
+
+def _index(symbol: sympy.Symbol) -> int:
+    return int(symbol.name[1:])
+
+
+def _canonical(relation: sympy.Basic) -> sympy.Basic:
+    """One spelling per relation, so equal guards deduplicate (numbers on the right,
+    ``a > b`` as ``b < a`` where sympy orders it so)."""
+    if isinstance(relation, sympy.core.relational.Relational):
+        return relation.canonical
+    return relation
+
+
+def _decide(relation: sympy.Basic, diff: Range) -> bool | None:
+    """The value of ``lhs <op> rhs`` for every ``lhs - rhs`` in ``diff``, or None."""
+    lo, hi = diff.lower, diff.upper
+    answers: dict[type, tuple[bool, bool]] = {
+        # relation kind: (known True when, known False when)
+        sympy.Eq: (lo == hi == 0, lo > 0 or hi < 0),
+        sympy.Ne: (lo > 0 or hi < 0, lo == hi == 0),
+        sympy.StrictLessThan: (hi < 0, lo >= 0),
+        sympy.LessThan: (hi <= 0, lo > 0),
+        sympy.StrictGreaterThan: (lo > 0, hi <= 0),
+        sympy.GreaterThan: (lo >= 0, hi < 0),
+    }
+    true, false = answers.get(type(relation), (False, False))
+    return True if true else False if false else None
+
+
+def _to_python(value: sympy.Basic) -> Scalar:
+    if value is sympy.true or value is sympy.false:
+        return bool(value)
+    if value.is_Integer:
+        return int(value)
+    if value.is_Number:
+        return float(value)
+    msg = f"{value} has no value without its symbols' values"
+    raise ValueError(msg)

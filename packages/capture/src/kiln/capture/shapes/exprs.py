@@ -1,0 +1,221 @@
+"""Sympy pieces of shape expressions: integer functions and value ranges.
+
+Sizes are sympy expressions over symbols that stand for input sizes. Python's ``//`` and
+``%`` on ints are not sympy's ``floor(a / b)`` and ``Mod`` in every form sympy rewrites
+them into, so they are functions of their own here (printed back as ``//`` and ``%``).
+``bounds`` answers the interval an expression lies in from its symbols' ranges (every
+unspecialized size is at least 2), which decides many comparisons without a guard.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+
+import sympy
+
+__all__ = [
+    "FloorDiv",
+    "Mod",
+    "Trunc",
+    "Range",
+    "bounds",
+    "tight_bounds",
+    "simplify_relation",
+    "INF",
+]
+
+INF = math.inf
+
+
+class FloorDiv(sympy.Function):
+    """Python's ``a // b`` on integers."""
+
+    nargs = (2,)
+    is_integer = True
+
+    @classmethod
+    def eval(cls, a: sympy.Expr, b: sympy.Expr) -> sympy.Expr | None:  # type: ignore[override]
+        if b == 1:
+            return a
+        if a == 0:
+            return sympy.Integer(0)
+        if a.is_Integer and b.is_Integer and b != 0:
+            return sympy.Integer(int(a) // int(b))
+        if isinstance(a, FloorDiv):
+            return FloorDiv(a.args[0], a.args[1] * b)
+        if b.is_positive and (a / b).is_integer:
+            return a / b
+        return None
+
+
+class Mod(sympy.Function):
+    """Python's ``a % b`` on integers (the sign of ``b``)."""
+
+    nargs = (2,)
+    is_integer = True
+
+    @classmethod
+    def eval(cls, a: sympy.Expr, b: sympy.Expr) -> sympy.Expr | None:  # type: ignore[override]
+        if b == 1 or a == 0:
+            return sympy.Integer(0)
+        if a.is_Integer and b.is_Integer and b != 0:
+            return sympy.Integer(int(a) % int(b))
+        if (a / b).is_integer:
+            return sympy.Integer(0)
+        return None
+
+
+class Trunc(sympy.Function):
+    """Python's ``int(x)`` on a float: rounds toward zero."""
+
+    nargs = (1,)
+    is_integer = True
+
+    @classmethod
+    def eval(cls, x: sympy.Expr) -> sympy.Expr | None:  # type: ignore[override]
+        if x.is_integer:
+            return x
+        if x.is_Number:
+            return sympy.Integer(int(x))
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """A closed interval ``[lower, upper]`` of reals (``-INF``/``INF`` for unbounded)."""
+
+    lower: float
+    upper: float
+
+    @staticmethod
+    def point(value: float) -> Range:
+        return Range(value, value)
+
+    def __add__(self, other: Range) -> Range:
+        return Range(self.lower + other.lower, self.upper + other.upper)
+
+    def __mul__(self, other: Range) -> Range:
+        products = [
+            _mul(a, b) for a in (self.lower, self.upper) for b in (other.lower, other.upper)
+        ]
+        return Range(min(products), max(products))
+
+    def __and__(self, other: Range) -> Range:
+        return Range(max(self.lower, other.lower), min(self.upper, other.upper))
+
+
+_UNKNOWN = Range(-INF, INF)
+
+
+def _mul(a: float, b: float) -> float:
+    # 0 * inf is 0 here: a factor known to be zero makes the product zero
+    return 0.0 if a == 0 or b == 0 else a * b
+
+
+def _floordiv(a: Range, b: Range) -> Range:
+    if b.lower <= 0:
+        return _UNKNOWN
+    quotients = [x / y for x in (a.lower, a.upper) for y in (b.lower, b.upper)]
+    return Range(
+        math.floor(min(quotients)), math.floor(max(quotients)) if max(quotients) < INF else INF
+    )
+
+
+def bounds(expr: sympy.Basic, ranges: Mapping[sympy.Symbol, Range]) -> Range:
+    """The interval ``expr`` lies in when each symbol lies in its range (unknown: unbounded)."""
+    if expr.is_Number:
+        return Range.point(float(expr))
+    if isinstance(expr, sympy.Symbol):
+        return ranges.get(expr, _UNKNOWN)
+    args = [bounds(a, ranges) for a in expr.args]
+    if isinstance(expr, sympy.Add):
+        total = args[0]
+        for r in args[1:]:
+            total = total + r
+        return total
+    if isinstance(expr, sympy.Mul):
+        product = args[0]
+        for r in args[1:]:
+            product = product * r
+        return product
+    if isinstance(expr, FloorDiv):
+        return _floordiv(args[0], args[1])
+    if isinstance(expr, Mod):
+        if args[1].lower > 0:
+            return Range(0, args[1].upper - 1) & Range(0, max(args[0].upper, 0))
+        return _UNKNOWN
+    if isinstance(expr, sympy.Max):
+        return Range(max(r.lower for r in args), max(r.upper for r in args))
+    if isinstance(expr, sympy.Min):
+        return Range(min(r.lower for r in args), min(r.upper for r in args))
+    if isinstance(expr, sympy.Pow) and expr.args[1].is_Integer:
+        base, n = args[0], int(expr.args[1])
+        if n > 0 and base.lower >= 0:
+            return Range(base.lower**n, base.upper**n)
+        if n < 0 and base.lower > 0:
+            return Range(base.upper**n, base.lower**n)
+    return _UNKNOWN
+
+
+def tight_bounds(expr: sympy.Expr, ranges: Mapping[sympy.Symbol, Range]) -> Range:
+    """``bounds`` of ``expr`` over several equal forms of it, intersected.
+
+    An interval of a sum forgets that its terms share symbols (``s0*s2 - s2`` could be
+    negative term by term), so the sum is also bounded factored (``s2*(s0 - 1)``) and
+    collected on each symbol; ``a // b`` is also bounded as ``a/b - r`` with ``0 <= r < 1``,
+    which relates it to ``a`` elsewhere in the expression.
+    """
+    if expr.is_Symbol or expr.is_Number:
+        return bounds(expr, ranges)
+    ranges = dict(ranges)
+    floors = {}
+    for i, f in enumerate(expr.atoms(FloorDiv)):
+        a, b = f.args
+        if bounds(b, ranges).lower > 0:
+            r = sympy.Dummy(f"r{i}")
+            ranges[r] = Range(0, 1)
+            floors[f] = a / b - r
+    forms = [expr, expr.xreplace(floors)] if floors else [expr]
+    result = Range(-INF, INF)
+    for form in forms:
+        result = result & bounds(form, ranges) & _grouped(form, ranges, depth=3)
+    return result
+
+
+def _grouped(expr: sympy.Expr, ranges: Mapping[sympy.Symbol, Range], depth: int) -> Range:
+    """Bounds of a sum collected on each of its symbols in turn, the coefficients likewise:
+    ``s1*s0*s2 - s1*s2 + 4*s1*r`` as ``s1*(s2*(s0 - 1) + 4*r)``."""
+    expr = sympy.expand(expr)
+    best = bounds(expr, ranges)
+    if depth == 0 or not isinstance(expr, sympy.Add):
+        return best
+    for s in expr.free_symbols & ranges.keys():
+        total = Range.point(0)
+        for key, coeff in sympy.collect(expr, s, evaluate=False).items():
+            total = total + bounds(key, ranges) * _grouped(coeff, ranges, depth - 1)
+        best = best & total
+    return best
+
+
+def simplify_relation(relation: sympy.Basic, ranges: Mapping[sympy.Symbol, Range]) -> sympy.Basic:
+    """An equality or disequality with the positive factors both sides share cancelled and
+    ``a - b*(a // b)`` written as ``a % b``: ``s0*s2 == 4*s0*(s2 // 4)`` is ``s2 % 4 == 0``."""
+    if not isinstance(relation, (sympy.Eq, sympy.Ne)) or relation.has(sympy.Float):
+        return relation
+    diff = sympy.expand(relation.lhs - relation.rhs)
+    floors = {f: (f.args[0] - Mod(*f.args)) / f.args[1] for f in diff.atoms(FloorDiv)}
+    if floors:
+        rewritten = sympy.expand(diff.xreplace(floors))
+        if rewritten.count_ops() < diff.count_ops():
+            diff = rewritten
+    factored = sympy.factor_terms(diff)
+    if isinstance(factored, sympy.Mul):
+        kept = [f for f in factored.args if not bounds(f, ranges).lower > 0]
+        if len(kept) < len(factored.args):
+            diff = sympy.Mul(*kept)
+    if diff == sympy.expand(relation.lhs - relation.rhs):
+        return relation
+    constant = diff.as_coeff_Add()[0]
+    return type(relation)(diff - constant, -constant)
