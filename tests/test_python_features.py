@@ -320,12 +320,8 @@ def test_lru_cache_and_cache_helpers_are_traced_through():
 
 
 def test_lru_cache_helper_reading_state_follows_the_state():
-    """The cached function is traced, its reads guarded: a new state means a new capture.
-
-    Eager's cache keeps the value of the first call while the entry lives; Kiln, like
-    torch.compile, computes from the state at capture (each test call clears the cache, so
-    both agree).
-    """
+    """Each call clears the cache: eager computes from the new state, and Kiln's guard, which
+    calls the cached function again, sees the new answer and captures again."""
 
     def fn(x):
         return x * _stateful(3)

@@ -9,6 +9,8 @@ back what it cached, even after the state its function read has changed.
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -128,3 +130,134 @@ def test_unshadowed_method_does_not_recompile():
     a.other = 1.0  # another name: nothing the trace relied on
     agree(cg, g, calls=3)
     assert kiln.stats().frames_captured == 1
+
+
+# ---- functools caches hand back what they cached ---------------------------------------------
+
+STATE = {"k": 2.0}
+
+
+@pytest.mark.parametrize("decorate", [functools.lru_cache, functools.cache], ids=["lru", "cache"])
+@pytest.mark.parametrize("first", ["eager", "compiled"])
+def test_cached_helper_keeps_its_stale_answer(decorate, first):
+    STATE["k"] = 2.0
+
+    @decorate
+    def scale(n):
+        return STATE["k"] * n
+
+    def g(x):
+        return x * scale(3)
+
+    cg = kiln.compile(g, backend="eager")
+    x = torch.randn(4)
+    if first == "eager":
+        g(x)
+    torch.testing.assert_close(cg(x), g(x))
+    STATE["k"] = 5.0  # eager's cache still answers 6.0
+    agree(cg, g)
+    scale.cache_clear()  # now it recomputes 15.0, and caches it
+    agree(cg, g)
+    assert kiln.stats().frames_captured == 2
+
+
+def test_cached_helper_evicted():
+    STATE["k"] = 2.0
+
+    @functools.lru_cache(maxsize=1)
+    def scale(n):
+        return STATE["k"] * n
+
+    def g(x):
+        return x * scale(3)
+
+    cg = kiln.compile(g, backend="eager")
+    agree(cg, g)
+    STATE["k"] = 4.0
+    agree(cg, g)  # still cached
+    scale(4)  # evicts scale(3): the next call recomputes it
+    agree(cg, g)
+
+
+def test_cached_helper_on_tensors_is_traced():
+    """A tensor hashes by identity: eager's cache misses for every new tensor, so tracing the
+    function computes what eager computes, in the one graph."""
+
+    @functools.lru_cache
+    def double(t, n):
+        return t * n
+
+    def g(x):
+        return double(x, 2) + double(x + 1, 3)
+
+    cg = kiln.compile(g, backend="eager")
+    agree(cg, g, calls=3)
+    assert kiln.stats().graph_breaks == 0
+
+
+def test_cached_helper_on_an_object_is_pinned_by_identity():
+    class Config:
+        def __init__(self, k):
+            self.k = k
+
+    @functools.lru_cache
+    def width(cfg, n):
+        return cfg.k * n
+
+    a, b = Config(2.0), Config(3.0)
+
+    def g(cfg, x):
+        return x * width(cfg, 4)
+
+    cg = kiln.compile(g, backend="eager")
+    x = torch.randn(4)
+    torch.testing.assert_close(cg(a, x), g(a, x))
+    a.k = 10.0  # eager's cache keeps (a, 4) -> 8.0
+    torch.testing.assert_close(cg(a, x), g(a, x))
+    torch.testing.assert_close(cg(b, x), g(b, x))  # another object: another entry
+    torch.testing.assert_close(cg(a, x), g(a, x))
+
+
+def test_cached_helper_on_an_unhashable_argument_raises_as_eager():
+    @functools.lru_cache
+    def total(xs):
+        return sum(xs)
+
+    def g(x):
+        return x * total([1, 2])
+
+    with pytest.raises(TypeError, match="unhashable"):
+        g(torch.randn(4))
+    with pytest.raises(TypeError, match="unhashable"):
+        kiln.compile(g, backend="eager")(torch.randn(4))
+
+
+class Holder:
+    def __init__(self):
+        self.k = 2.0
+
+    @functools.cached_property
+    def scale(self):
+        return self.k * 3
+
+    @functools.lru_cache  # noqa: B019 (keyed by the instance, as in the programs it mimics)
+    def times(self, n):
+        return self.k * n
+
+
+@pytest.mark.parametrize("first", ["eager", "compiled"])
+def test_cached_property_and_cached_method(first):
+    h = Holder()
+
+    def g(x):
+        return x * h.scale + h.times(2)
+
+    cg = kiln.compile(g, backend="eager")
+    x = torch.randn(4)
+    if first == "eager":
+        g(x)
+    torch.testing.assert_close(cg(x), g(x))
+    h.k = 10.0  # both caches keep their answers
+    agree(cg, g)
+    del h.scale  # the property computes again
+    agree(cg, g)

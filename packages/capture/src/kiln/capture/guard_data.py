@@ -18,6 +18,7 @@ from torch.utils._device import DeviceContext
 from kiln.capture.source import Source
 
 __all__ = [
+    "CachedCall",
     "ClassAttr",
     "GuardKind",
     "GuardSpec",
@@ -51,6 +52,10 @@ class GuardKind(enum.Enum):
     # the attribute name: absent from the value's own ``__dict__``, where an attribute set
     # later would shadow the method (or other non-data descriptor) the trace found on its class
     NOT_IN_INSTANCE_DICT = "not_in_instance_dict"
+    # A functools cache function's answer the trace used as a constant: ``expected`` is a
+    # CachedCall. Source None: the check calls the function again (a cache hit), so a cache
+    # cleared or evicted since, which would recompute from the state now, is seen.
+    CACHED_CALL = "cached_call"
     GLOBAL_STATE = "global_state"  # GlobalState; source is None
     # The nn.Module object itself: its whole subtree (submodules, parameters and buffers
     # by identity and metadata, plain attributes, training flags, hooks) must be as it was
@@ -172,6 +177,30 @@ class ClassAttr:
         except AttributeError:
             return False
         return now is self.value or (isinstance(now, types.MethodType) and now == self.value)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class CachedCall:
+    """``fn(*args, **kwargs)`` of a ``functools.lru_cache``/``cache`` function gave the
+    constant ``result`` while tracing, and the compiled code uses it as that constant."""
+
+    fn: Any
+    args: tuple[Any, ...]
+    kwargs: tuple[tuple[str, Any], ...]
+    result: Any
+
+    def __repr__(self) -> str:
+        name = getattr(self.fn, "__qualname__", "?")
+        call = ", ".join([*map(repr, self.args), *(f"{k}={v!r}" for k, v in self.kwargs)])
+        return f"{name}({call}) (function at {id(self.fn):#x}) is {self.result!r}"
+
+    def holds(self) -> bool:
+        """Whether calling it now gives the same constant (its type included)."""
+        try:
+            now = self.fn(*self.args, **dict(self.kwargs))
+        except Exception:
+            return False
+        return now is self.result or (type(now) is type(self.result) and now == self.result)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -35,6 +35,9 @@ class Rank(enum.IntEnum):
     """Every tensor, in one expression."""
     HOOKS = 4
     """Hook registries: several dicts each."""
+    CALL = 5
+    """Calls into user code (a cached function's answer): only once every other guard of the
+    check passed, so the call made is the one the run it admits makes in eager."""
 
 
 Reach = Literal["module", "tensor", "value", "object"]

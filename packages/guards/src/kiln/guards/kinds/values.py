@@ -9,12 +9,14 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from kiln.capture import guard_data
 from kiln.capture.guard_data import GuardKind, GuardSpec
 from kiln.guards import stamps
 from kiln.guards.kinds.base import Emitter, Kind, Rank, Reach, kind_of, register
 
 __all__ = [
     "Bool",
+    "CachedCall",
     "DictKeys",
     "Equals",
     "HasAttr",
@@ -214,3 +216,24 @@ class NotInInstanceDict(Kind):
         if guard.expected not in own:
             return None
         return f"{where}.{guard.expected} is now set on the instance, shadowing its class's"
+
+
+@register(GuardKind.CACHED_CALL)
+class CachedCall(Kind):
+    """A functools cache function still answers its arguments with the constant the trace
+    used: ``expected`` is a :class:`kiln.capture.guard_data.CachedCall`. The check calls it,
+    a cache hit; after ``cache_clear`` or an eviction it recomputes, as eager's call would."""
+
+    rank = Rank.CALL
+    has_source = False
+
+    def accepts(self, expected: Any) -> bool:
+        return isinstance(expected, guard_data.CachedCall)
+
+    def condition(self, out: Emitter, guard: GuardSpec, v: str) -> str:
+        return f"{out.bind(guard.expected, 'cached_call')}.holds()"
+
+    def explain(self, guard: GuardSpec, where: str, value: Any) -> str | None:
+        if guard.expected.holds():
+            return None
+        return f"{guard.expected!r} no longer: its cache was cleared or evicted it"
