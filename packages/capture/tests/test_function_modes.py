@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -172,3 +174,55 @@ def test_mode_sees_properties_and_operators():
     got, expected = result.function(x), counted_block(x)
     torch.testing.assert_close(got[0], expected[0])
     assert got[1] == expected[1] == 7
+
+
+def disabled_blocks(x):
+    with AddOne():
+        with torch._C.DisableTorchFunction():
+            a = torch.add(x, 1)  # no mode runs here
+            with torch._C.DisableTorchFunctionSubclass():
+                b = torch.add(x, 1)  # still none: the outer block disabled them
+        with torch._C.DisableTorchFunctionSubclass():
+            c = torch.add(x, 1)  # modes run: only subclasses are disabled
+        d = torch.add(x, 1)
+    return a, b, c, d
+
+
+def popped_for_a_while(x):
+    with AddOne():
+        mode = torch.overrides._pop_mode()
+        a = torch.add(x, 1)
+        torch.overrides._push_mode(mode)
+        b = torch.add(x, 1)
+    return a, b
+
+
+@pytest.mark.parametrize("fn", [disabled_blocks, popped_for_a_while], ids=lambda f: f.__name__)
+def test_mode_stack_switches(fn):
+    result = _capture(fn, (torch.zeros(3),))
+    assert len(result.graphs) == 1
+    assert not result.graph_breaks
+    for _ in range(3):
+        x = torch.randn(3)
+        torch.testing.assert_close(result.function(x), fn(x))
+
+
+@contextlib.contextmanager
+def _without_mode():
+    mode = torch.overrides._pop_mode()
+    try:
+        yield
+    finally:
+        torch.overrides._push_mode(mode)
+
+
+def popped_in_generator(x):
+    with AddOne():
+        with _without_mode():
+            return torch.add(x, 1)
+
+
+def test_mode_stack_changed_by_a_generator_is_not_traced():
+    # a generator runs to its end at its call: the pop and the push would both precede the add
+    with pytest.raises(Unsupported):
+        _capture(popped_in_generator, (torch.zeros(3),))

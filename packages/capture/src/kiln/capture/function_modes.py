@@ -44,6 +44,7 @@ __all__ = [
     "ModeStack",
     "dispatch_to_mode",
     "intercept",
+    "make_block",
     "open_at",
     "property_through_mode",
     "stack_of",
@@ -59,11 +60,28 @@ class ModeStack:
 
     def __init__(self) -> None:
         self.modes: list[Value] = []
-        self.history: list[tuple[int, tuple[Value, ...]]] = []
+        # open ``DisableTorchFunction`` (True) / ``DisableTorchFunctionSubclass`` (False) blocks
+        self.disabled: list[bool] = []
+        self.history: list[tuple[int, bool]] = []
+
+    def active(self) -> bool:
+        """Whether torch hands calls to the top mode: one is open and none is disabled."""
+        return bool(self.modes) and not any(self.disabled)
+
+    def may_change(self, tr: Tracer) -> None:
+        """Refuse a change made by a generator's code."""
+        t: Tracer | None = tr
+        while t is not None:
+            if t.yielded is not None:
+                # a generator runs to its end at its call, not between its consumer's steps
+                raise unsupported(
+                    "unsupported_context", "torch-function mode state changed in a generator"
+                )
+            t = t.parent
 
     def changed(self, tr: Tracer) -> None:
         root = tr.out.active[0] if tr.out.active else tr
-        self.history.append((root.ip - 1, tuple(self.modes)))
+        self.history.append((root.ip - 1, bool(self.modes or self.disabled)))
 
 
 _STACKS: weakref.WeakKeyDictionary[OutputGraph, ModeStack] = weakref.WeakKeyDictionary()
@@ -81,16 +99,17 @@ def open_at(out: OutputGraph, index: int) -> bool:
     stack = _STACKS.get(out)
     if stack is None:
         return False
-    current: tuple[Value, ...] = ()
-    for at, modes in stack.history:
+    current = False
+    for at, is_open in stack.history:
         if at >= index:
             break
-        current = modes
-    return bool(current)
+        current = is_open
+    return current
 
 
 def _push(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
     stack = stack_of(tr.out)
+    stack.may_change(tr)
     stack.modes.append(args[0])
     stack.changed(tr)
     return ConstantValue(None)
@@ -100,6 +119,7 @@ def _pop(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
     stack = stack_of(tr.out)
     if not stack.modes:
         raise unsupported("user_exception", "pop from an empty torch-function mode stack")
+    stack.may_change(tr)
     mode = stack.modes.pop()
     stack.changed(tr)
     return mode
@@ -118,7 +138,7 @@ def _at(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
 
 
 def _enabled(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
-    return ConstantValue(bool(stack_of(tr.out).modes))
+    return ConstantValue(stack_of(tr.out).active())
 
 
 _C: Any = torch._C
@@ -243,7 +263,7 @@ def dispatch_to_mode(
     """``fn(*args, **kwargs)`` through the traced stack's top mode; None when no mode is open
     or torch would not hand this call to one (the caller then evaluates it as usual)."""
     stack = _STACKS.get(tr.out)
-    if stack is None or not stack.modes:
+    if stack is None or not stack.active():
         return None
     probed = _probe(tr, fn, args, kwargs)
     if probed is None:
@@ -264,8 +284,7 @@ def _call_mode(
     m_kwargs: dict[str, Value],
 ) -> Value:
     """The top mode's ``__torch_function__(func, types_, m_args, m_kwargs)``, with it popped."""
-    mode = stack.modes.pop()
-    stack.changed(tr)
+    mode = stack.modes.pop()  # put back before the call returns: no root state changes
     try:
         handler = dispatch.get_attr(tr, mode, "__torch_function__")
         result = dispatch.call(
@@ -281,7 +300,6 @@ def _call_mode(
         )
     finally:
         stack.modes.append(mode)
-        stack.changed(tr)
     if isinstance(result, ConstantValue) and result.value is NotImplemented:
         raise unsupported(
             "unsupported_call", f"a torch-function mode returned NotImplemented for {func.obj}"
@@ -311,10 +329,67 @@ def property_through_mode(tr: Tracer, tensor: TensorValue, name: str) -> Value |
     is open. The mode gets ``Tensor.name.__get__`` and ``(tensor,)``, as in eager."""
     stack = _STACKS.get(tr.out)
     descriptor = getattr(torch._C.TensorBase, name, None)
-    if stack is None or not stack.modes or not hasattr(descriptor, "__get__"):
+    if stack is None or not stack.active() or not hasattr(descriptor, "__get__"):
         return None
     probed = _probe(tr, lambda t: getattr(t, name), [tensor], {})
     if probed is None:
         return None
     func, types_, m_args, m_kwargs = probed
     return _call_mode(tr, stack, _PropertyGetter(func, name), types_, m_args, m_kwargs)
+
+
+class _DisabledBlock(Value):
+    """``torch._C.DisableTorchFunction()`` (modes too) or ``DisableTorchFunctionSubclass()``.
+
+    Tensors in a trace are plain, so only the modes' part has an effect: none runs inside a
+    ``DisableTorchFunction`` block, nested blocks of either kind included, as in torch.
+    """
+
+    def __init__(self, cls: type) -> None:
+        self.cls = cls
+
+    def python_type(self) -> type:
+        return self.cls
+
+
+class _BlockMethod(Value):
+    def __init__(self, block: _DisabledBlock, name: str) -> None:
+        self.block = block
+        self.name = name
+
+    def python_type(self) -> type:
+        return types.BuiltinMethodType
+
+
+_DISABLING: dict[Any, bool] = {
+    _C.DisableTorchFunction: True,
+    _C.DisableTorchFunctionSubclass: False,
+}
+
+
+def make_block(obj: Any, args: list[Value], kwargs: dict[str, Value]) -> Value | None:
+    """The value of calling ``obj`` when it is one of torch's torch-function switches."""
+    if not isinstance(obj, type) or obj not in _DISABLING:
+        return None
+    if args or kwargs:
+        raise unsupported("unsupported_call", f"{obj.__name__} with arguments")
+    return _DisabledBlock(obj)
+
+
+@dispatch.GET_ATTR.register(_DisabledBlock)
+def _block_attr(tr: Tracer, v: _DisabledBlock, name: str) -> Value:
+    if name not in ("__enter__", "__exit__"):
+        raise unsupported("unsupported_attribute", f"{v.cls.__name__}.{name}")
+    return _BlockMethod(v, name)
+
+
+@dispatch.CALL.register(_BlockMethod)
+def _call_block(tr: Tracer, fn: _BlockMethod, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    stack = stack_of(tr.out)
+    stack.may_change(tr)
+    if fn.name == "__enter__":
+        stack.disabled.append(_DISABLING[fn.block.cls])
+    elif stack.disabled:
+        stack.disabled.pop()
+    stack.changed(tr)
+    return ConstantValue(None)
