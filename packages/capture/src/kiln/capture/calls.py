@@ -29,14 +29,14 @@ from kiln.capture import (
     contexts,
     dispatch,
     function_modes,
+    function_modes,
     literals,
     numpy_calls,
     torch_calls,
     torch_functions,
 )
-from kiln.capture.breaks.reasons import UserException, unsupported
-from kiln.capture.errors import Unsupported
-from kiln.capture.guard_data import GuardKind
+from kiln.capture.breaks.reasons import raised, unsupported
+from kiln.capture.guard_data import CachedCall, GuardKind
 from kiln.capture.values.base import ConstantValue, Value, is_constant
 from kiln.capture.values.containers import DictValue, ListValue, TupleValue
 from kiln.capture.values.functions import (
@@ -47,6 +47,7 @@ from kiln.capture.values.functions import (
 )
 from kiln.capture.values.iterators import IteratorValue
 from kiln.capture.values.objects import NewObjectValue, ObjectValue
+from kiln.capture.values.tensor import TensorValue
 from kiln.capture.wrap import function_value, is_namedtuple, wrap
 
 if TYPE_CHECKING:
@@ -139,6 +140,9 @@ def _call_object(tr: Tracer, fv: ObjectValue, args: list[Value], kwargs: dict[st
     block = function_modes.make_block(obj, args, kwargs)
     if block is not None:
         return block
+    block = function_modes.make_block(obj, args, kwargs)
+    if block is not None:
+        return block
     if isinstance(obj, type):
         return _construct(tr, fv, args, kwargs)
     if torch_functions.is_torch_callable(obj):
@@ -183,31 +187,69 @@ def _call_object(tr: Tracer, fv: ObjectValue, args: list[Value], kwargs: dict[st
 
 
 def _call_cached(tr: Tracer, fv: ObjectValue, args: Args, kwargs: Kwargs) -> Value:
-    """A call of a ``functools.lru_cache``/``cache`` function: the function itself, traced.
+    """A call of a ``functools.lru_cache``/``cache`` function, answered as eager's cache would.
 
-    A cache holds what the function computed from its arguments, so tracing ``__wrapped__``
-    gives the value eager gets, guarded on whatever state the function reads (a value kept at
-    capture time could go stale). Where the function cannot be traced (it reads package
-    metadata, say) and every argument is a constant, the real cached function runs at capture
-    time and its result, a constant, is the value eager's cache hands back on every later call
-    with those arguments.
+    When every argument is a constant or an object the guards pin by identity, the real cached
+    function runs now, so its cache fills and hits as in eager: a constant result is what eager
+    gets on every later call with those arguments, even after the state the function read has
+    changed, and a guard calls it again (a hit) to see that the cache still hands back that
+    constant (after ``cache_clear`` or an eviction it recomputes, as eager would).
+    With tensors among the arguments ``__wrapped__`` is traced: a tensor hashes by identity, so
+    eager's cache misses for every new tensor; passed the very tensor of an earlier call, it
+    hands back that call's result, which differs from the traced one only where the tensor (or
+    that result) was written in place since. Other arguments (unhashable ones, on which eager
+    raises; objects hashed by value) run the call as it is, after a graph break.
     """
+    values = [*args, *kwargs.values()]
+    if all(_pinnable(a) for a in values):
+        for a in values:
+            if isinstance(a, ObjectValue) and a.source is not None:
+                tr.out.guard(a.source, GuardKind.ID_MATCH, id(a.obj))
+        plain = [_real(a) for a in args]
+        plain_kw = {k: _real(a) for k, a in kwargs.items()}
+        try:
+            result = fv.obj(*plain, **plain_kw)
+        except Exception as e:
+            raise raised(e) from e
+        if is_constant(result):
+            cached = CachedCall(fv.obj, tuple(plain), tuple(plain_kw.items()), result)
+            tr.out.guard(None, GuardKind.CACHED_CALL, cached)
+            return ConstantValue(result)
+        # eager hands back the very object it cached; traced, an equal one is built from the
+        # state the function reads now (the same while that state is unchanged)
+    elif not all(_traceable(a) for a in values):
+        name = getattr(fv.obj, "__qualname__", repr(fv.obj))
+        raise unsupported("unsupported_call", f"{name} (a functools cache) on these arguments")
     src = fv.source.attr("__wrapped__") if fv.source is not None else None
-    wrapped = wrap(tr.out, fv.obj.__wrapped__, src)
-    literal_args = all(literals.is_literal(a) for a in [*args, *kwargs.values()])
-    if not literal_args:
-        return dispatch.call(tr, wrapped, args, kwargs)
-    cp = tr.checkpoint()
-    try:
-        return dispatch.call(tr, wrapped, args, kwargs)
-    except UserException:
-        raise
-    except Unsupported:
-        tr.rollback(cp)
-    result = literals.fold(fv.obj, args, kwargs)
-    if not literals.is_literal(result):
-        raise unsupported("unsupported_call", f"{fv.obj.__qualname__} returns {result}")
-    return result
+    return dispatch.call(tr, wrap(tr.out, fv.obj.__wrapped__, src), args, kwargs)
+
+
+def _pinnable(v: Value) -> bool:
+    """A constant, or a frame's object hashed by identity (its guard can pin it)."""
+    if isinstance(v, ObjectValue) and v.source is not None:
+        return _by_identity(type(v.obj))
+    return literals.is_literal(v)
+
+
+def _by_identity(cls: type) -> bool:
+    """Whether instances of ``cls`` hash (and so meet a cache's keys) by identity."""
+    found: Any = getattr(cls, "__hash__", None)
+    return found is object.__hash__
+
+
+def _real(v: Value) -> Any:
+    return v.obj if isinstance(v, ObjectValue) else literals.literal(v)
+
+
+def _traceable(v: Value) -> bool:
+    """Whether eager's cache keys ``v`` by constants and tensors alone (tensors by identity)."""
+    if isinstance(v, TupleValue) and v.cls is tuple:
+        return all(_traceable(x) for x in v.items)
+    if isinstance(v, TensorValue):
+        return True
+    if isinstance(v, NewObjectValue):  # made in this call: a new object each time
+        return _by_identity(v.cls)
+    return literals.is_literal(v) and not isinstance(v, (ListValue, DictValue))
 
 
 def _const(obj: Any) -> Value:
