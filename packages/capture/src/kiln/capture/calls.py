@@ -29,7 +29,6 @@ from kiln.capture import (
     contexts,
     dispatch,
     function_modes,
-    function_modes,
     literals,
     numpy_calls,
     torch_calls,
@@ -137,9 +136,6 @@ def _call_object(tr: Tracer, fv: ObjectValue, args: list[Value], kwargs: dict[st
         return call_module(tr, fv, args, kwargs)
     if torch_functions.is_special(obj):
         return torch_calls.call_function(tr, obj, args, kwargs)
-    block = function_modes.make_block(obj, args, kwargs)
-    if block is not None:
-        return block
     block = function_modes.make_block(obj, args, kwargs)
     if block is not None:
         return block
