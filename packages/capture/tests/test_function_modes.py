@@ -167,6 +167,23 @@ def counted_block(x):
     return y, mode.calls
 
 
+def counted_len_iter(x):
+    mode = Counting()
+    with mode:
+        n = len(x)
+        rows = [r * 2 for r in x]
+    return n, rows, mode.calls
+
+
+def test_mode_sees_len_and_iteration():
+    result = _capture(counted_len_iter, (torch.randn(3, 4),))
+    assert len(result.graphs) == 1
+    x = torch.randn(3, 4)
+    got, expected = result.function(x), counted_len_iter(x)
+    torch.testing.assert_close(got, expected)
+    assert got[2] == 1 + 2 + 3  # len; dim and unbind; one mul per row
+
+
 def test_mode_sees_properties_and_operators():
     result = _capture(counted_block, (torch.randn(3, 4),))
     assert len(result.graphs) == 1

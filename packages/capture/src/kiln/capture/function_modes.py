@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ModeStack",
+    "active",
     "dispatch_to_mode",
     "intercept",
     "make_block",
@@ -92,6 +93,12 @@ def stack_of(out: OutputGraph) -> ModeStack:
     if stack is None:
         stack = _STACKS[out] = ModeStack()
     return stack
+
+
+def active(tr: Tracer) -> bool:
+    """Whether torch would hand the trace's torch calls to a mode now."""
+    stack = _STACKS.get(tr.out)
+    return stack is not None and stack.active()
 
 
 def open_at(out: OutputGraph, index: int) -> bool:

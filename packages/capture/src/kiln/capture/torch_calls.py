@@ -314,6 +314,11 @@ def _tensor_unary_op(tr: Tracer, name: str, v: TensorValue) -> Value:
 def _iterate_tensor(tr: Tracer, v: TensorValue) -> IteratorValue:
     if v.fake.dim() == 0:
         raise unsupported("user_exception", "iteration over a 0-d tensor")
+    if function_modes.active(tr):
+        # Tensor.__iter__ as torch writes it, so an open mode sees its dim() and unbind(0)
+        call_method(tr, v, "dim", [], {})
+        parts = call_method(tr, v, "unbind", [ConstantValue(0)], {})
+        return ItemsIterator(dispatch.unpack_iterable(tr, parts))
     n = v.fake.shape[0]
     return ItemsIterator([dispatch.get_item(tr, v, ConstantValue(i)) for i in range(n)])
 
@@ -322,6 +327,12 @@ def _iterate_tensor(tr: Tracer, v: TensorValue) -> IteratorValue:
 def _tensor_length(tr: Tracer, v: TensorValue) -> int:
     if v.fake.dim() == 0:
         raise unsupported("user_exception", "len() of a 0-d tensor")
+    moded = function_modes.dispatch_to_mode(tr, torch.Tensor.__len__, [v], {})
+    if moded is not None:
+        n = moded.as_constant() if moded.is_constant() else None
+        if not isinstance(n, int):
+            raise unsupported("unsupported_value", f"a torch-function mode's len() gave {moded}")
+        return n
     return int(v.fake.shape[0])
 
 
