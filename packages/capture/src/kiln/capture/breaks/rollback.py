@@ -274,26 +274,11 @@ class BreakTracer(Tracer):
     def run(self) -> Value:
         try:
             return super().run()
-        except UserException as e:
-            if self._raised_by_callee(e):
-                self._attach(e)
+        except UserException:
             raise
         except Unsupported as e:
             self._attach(e)
             raise
-
-    def _raised_by_callee(self, e: UserException) -> bool:
-        """Whether ``e`` escaped a function this frame's call inlined.
-
-        The frame then breaks at the call, which runs as its own compiled frame: the
-        frame that raises runs eagerly there, as it does here when this frame's own
-        instruction raises (library code may raise only on its compiled path, as
-        ``torch.compiler.is_compiling()`` is True while tracing).
-        """
-        snap = self.snapshot
-        if snap is None or self.instructions[snap.index].opname not in _CALLS:
-            return False
-        return e.frame is not None and e.frame != self.user_frame()
 
     def _attach(self, e: Unsupported) -> None:
         snap = self.snapshot
