@@ -172,9 +172,50 @@ def test_view_from_the_inputs_shape() -> None:
     with SymbolicMetaMode():
         out = split_heads(_metas(ShapeEnv(), [(2, 5, 16)])[0])
     assert str(expr_of(out.shape[3])) == "FloorDiv(s2, 4)"
-    # the view is valid where the hidden size divides by the heads: that, and nothing more
-    assert guard_code(env) == ["(L['a0'].size()[2] % 4) == 0"]
+    # the view is valid where the hidden size divides by the heads, and its strides depend
+    # on whether the head size is 1
+    assert guard_code(env) == ["(L['a0'].size()[2] % 4) == 0", "L['a0'].size()[2] != 4"]
+    assert all(g.origin.startswith(f"{__file__}:") for g in env.guards)
     assert failing_guards(env, values_of(env, {"a0": torch.empty(3, 7, 18)}))
+
+
+@pytest.mark.parametrize(
+    "fn, shape, new",
+    [
+        (lambda x: x[:, : x.size(1) - 1], (3, 6), (5, 9)),
+        (lambda x: x[..., 1:], (3, 6), (4, 2)),
+        (lambda x: x[:, None].expand(-1, 4, -1), (3, 6), (5, 7)),
+        (lambda x: x.permute(2, 0, 1).contiguous(), (3, 6, 5), (4, 2, 7)),
+        (lambda x: x.transpose(0, 1).reshape(-1), (3, 6), (5, 4)),
+        (lambda x: F.pad(x, (1, 2)), (3, 6), (5, 2)),
+        (lambda x: x.softmax(-1).cumsum(0), (3, 6), (7, 2)),
+        (
+            lambda q: F.scaled_dot_product_attention(q, q, q, is_causal=True),
+            (2, 3, 5, 4),
+            (3, 2, 7, 6),
+        ),
+        (lambda x: x.unfold(1, 2, 1), (4, 5), (6, 3)),
+        (lambda x: torch.stack([x, x.new_zeros(x.shape)], -1), (4, 5), (2, 9)),
+        (lambda x: x.to(memory_format=torch.channels_last).sum(1), (2, 3, 4, 5), (3, 4, 5, 6)),
+    ],
+    ids=[
+        "slice",
+        "slice_to_end",
+        "expand",
+        "permute_contiguous",
+        "transposed_reshape",
+        "pad",
+        "softmax_cumsum",
+        "sdpa",
+        "unfold",
+        "stack_new_zeros",
+        "channels_last",
+    ],
+)
+def test_ops_keep_sizes_symbolic_without_guards(fn: Any, shape: Shape, new: Shape) -> None:
+    # a kernel reading sizes as plain ints would specialize every size it touched
+    env = check_sizes(fn, [shape], [[new]])
+    assert env.guards == [], guard_code(env)
 
 
 # -- decisions and the guards they record ---------------------------------------------------

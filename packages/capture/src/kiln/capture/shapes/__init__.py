@@ -1,7 +1,7 @@
 """Symbolic shapes: Kiln's shape environment and the SymNode that carries its symbols
 through torch's meta kernels. See the package README, "Symbolic shapes"."""
 
-from kiln.capture.shapes.dispatch import SymbolicMetaMode, run_symbolic
+from kiln.capture.shapes.dispatch import SymbolicMetaMode, has_symbolic_sizes, run_symbolic
 from kiln.capture.shapes.env import Scalar, ShapeEnv, ShapeGuard, SymbolInfo
 from kiln.capture.shapes.exprs import FloorDiv, Mod, Range, Trunc
 from kiln.capture.shapes.guards import (
@@ -29,6 +29,7 @@ __all__ = [
     "symbolic_meta",
     "SymbolicMetaMode",
     "run_symbolic",
+    "has_symbolic_sizes",
     "expr_of",
     "guard_code",
     "expr_code",

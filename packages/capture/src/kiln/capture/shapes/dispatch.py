@@ -1,10 +1,12 @@
 """Running aten ops on meta tensors with symbolic sizes.
 
-Most meta kernels take ``SymInt`` sizes, but some C++ kernels (``expand``, ``mm``'s
-composite callers) convert their size arguments to concrete integers and fail on a symbol.
-For those the op runs as its Python decomposition (torch's reference implementations, whose
-meta kernels are symbolic throughout), or, for a composite op, as what it decomposes into;
-the ops inside run the same way.
+A C++ kernel that reads a tensor's sizes as plain integers either fails on a symbolic tensor
+or, in recent torch, materializes them by guarding each size to its value: the op then runs,
+but every size it touched is specialized. So an op with a symbolic argument runs as its
+Python decomposition (torch's reference implementations, symbolic throughout) or, for a
+composite op, as what it decomposes into, or as its Python meta kernel; only ops whose C++
+kernels take symbolic sizes (factories, ``as_strided``) and ops with none of those run
+directly. The ops inside a decomposition are routed the same way.
 """
 
 from __future__ import annotations
@@ -12,32 +14,59 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch._decomp import decomposition_table
+import torch.utils._pytree as pytree
+from torch._decomp import decomposition_table, meta_table
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["run_symbolic", "SymbolicMetaMode"]
+__all__ = ["run_symbolic", "SymbolicMetaMode", "has_symbolic_sizes"]
 
-# the message of c10's SymIntArrayRef -> IntArrayRef conversion, and its SymInt twin
-_CONCRETE_ONLY = ("expected to contain only concrete integers", "concrete int")
+_aten = torch.ops.aten
+
+# C++ kernels that take symbolic sizes as they are
+_SYMBOLIC_KERNELS = frozenset(
+    {
+        _aten.empty.memory_format,
+        _aten.empty_strided.default,
+        _aten.as_strided.default,
+        _aten.as_strided_.default,
+        _aten.zeros.default,
+        _aten.detach.default,
+        _aten.view_as_real.default,
+        _aten.view_as_complex.default,
+    }
+)
+
+
+def has_symbolic_sizes(t: torch.Tensor) -> bool:
+    """Whether any size or stride of ``t`` is a symbol."""
+    return any(isinstance(s, torch.SymInt) for s in (*t.shape, *t.stride()))
+
+
+def _symbolic(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    return any(
+        isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool))
+        or (isinstance(a, torch.Tensor) and has_symbolic_sizes(a))
+        for a in pytree.tree_leaves((args, kwargs))
+    )
 
 
 def run_symbolic(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """``func(*args, **kwargs)``, through its decomposition where its kernel needs concrete
-    sizes. Decompositions run under ``SymbolicMetaMode``, so their own ops are routed too."""
-    try:
+    """``func(*args, **kwargs)`` without letting a C++ kernel specialize symbolic sizes."""
+    if func in _SYMBOLIC_KERNELS or not _symbolic(args, kwargs):
         return func(*args, **kwargs)
-    except RuntimeError as e:
-        if not any(m in str(e) for m in _CONCRETE_ONLY):
-            raise
-        failure = e
-    decomposition = decomposition_table.get(func)
     with SymbolicMetaMode():
+        decomposition = decomposition_table.get(func)
         if decomposition is not None:
-            return decomposition(*args, **kwargs)
+            out = decomposition(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
         out = func.decompose(*args, **kwargs)
-    if out is NotImplemented:
-        raise failure
-    return out
+        if out is not NotImplemented:
+            return out
+        python_meta = meta_table.get(func)
+        if python_meta is not None:
+            return python_meta(*args, **kwargs)
+    return func(*args, **kwargs)
 
 
 class SymbolicMetaMode(TorchDispatchMode):
@@ -51,8 +80,3 @@ class SymbolicMetaMode(TorchDispatchMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         return run_symbolic(func, args, kwargs or {})
-
-
-def has_symbolic_sizes(t: torch.Tensor) -> bool:
-    """Whether any size or stride of ``t`` is a symbol."""
-    return any(isinstance(s, torch.SymInt) for s in (*t.shape, *t.stride()))

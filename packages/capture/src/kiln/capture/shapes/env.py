@@ -20,7 +20,14 @@ import dataclasses
 
 import sympy
 
-from kiln.capture.shapes.exprs import INF, Range, bounds, simplify_relation, tight_bounds
+from kiln.capture.shapes.exprs import (
+    INF,
+    Range,
+    bounds,
+    reduce_by_ranges,
+    simplify_relation,
+    tight_bounds,
+)
 from kiln.capture.source import Source
 
 __all__ = ["ShapeEnv", "ShapeGuard", "SymbolInfo", "Scalar"]
@@ -148,10 +155,10 @@ class ShapeEnv:
 
     def static_value(self, expr: sympy.Basic) -> Scalar | None:
         """The value of ``expr`` if what is known decides it for every reuse, else None."""
-        expr = self.simplify(expr)
+        ranges = self._ranges()
+        expr = reduce_by_ranges(self.simplify(expr), ranges)
         if not expr.free_symbols:
             return _to_python(expr)
-        ranges = self._ranges()
         if isinstance(expr, sympy.Not):
             inner = self.static_value(expr.args[0])
             return None if inner is None else not inner

@@ -23,6 +23,7 @@ __all__ = [
     "bounds",
     "tight_bounds",
     "simplify_relation",
+    "reduce_by_ranges",
     "INF",
 ]
 
@@ -185,12 +186,18 @@ def tight_bounds(expr: sympy.Expr, ranges: Mapping[sympy.Symbol, Range]) -> Rang
 
 
 def _grouped(expr: sympy.Expr, ranges: Mapping[sympy.Symbol, Range], depth: int) -> Range:
-    """Bounds of a sum collected on each of its symbols in turn, the coefficients likewise:
-    ``s1*s0*s2 - s1*s2 + 4*s1*r`` as ``s1*(s2*(s0 - 1) + 4*r)``."""
+    """Bounds of a sum factored (``s2*(s0*s1*s2 - 1)``) and collected on each of its symbols
+    in turn, the parts likewise: ``s1*s0*s2 - s1*s2 + 4*s1*r`` as ``s1*(s2*(s0 - 1) + 4*r)``."""
     expr = sympy.expand(expr)
     best = bounds(expr, ranges)
     if depth == 0 or not isinstance(expr, sympy.Add):
         return best
+    factored = sympy.factor_terms(expr)
+    if isinstance(factored, sympy.Mul):
+        product = Range.point(1)
+        for factor in factored.args:
+            product = product * _grouped(factor, ranges, depth - 1)
+        best = best & product
     for s in expr.free_symbols & ranges.keys():
         total = Range.point(0)
         for key, coeff in sympy.collect(expr, s, evaluate=False).items():
@@ -219,3 +226,20 @@ def simplify_relation(relation: sympy.Basic, ranges: Mapping[sympy.Symbol, Range
         return relation
     constant = diff.as_coeff_Add()[0]
     return type(relation)(diff - constant, -constant)
+
+
+def reduce_by_ranges(expr: sympy.Basic, ranges: Mapping[sympy.Symbol, Range]) -> sympy.Basic:
+    """``a % b`` as ``a`` and ``a // b`` as 0 where ``0 <= a < b`` for every value in range
+    (``s0 % (s0*s1)`` is ``s0``, ``1 % s2`` is 1: every symbol is at least 2)."""
+
+    def smaller(a: sympy.Expr, b: sympy.Expr) -> bool:
+        return bool(bounds(a, ranges).lower >= 0 and tight_bounds(b - a, ranges).lower > 0)
+
+    replacements: dict[sympy.Basic, sympy.Basic] = {}
+    for m in expr.atoms(Mod):
+        if smaller(*m.args):
+            replacements[m] = m.args[0]
+    for f in expr.atoms(FloorDiv):
+        if smaller(*f.args):
+            replacements[f] = sympy.Integer(0)
+    return expr.xreplace(replacements) if replacements else expr

@@ -251,7 +251,9 @@ class SymNode:
     # -- decisions: each answers from the hint and records a guard -------------------------
 
     def _decide(self, file: str, line: int) -> Scalar:
-        origin = f"{file}:{line}" if file else _user_line()
+        # torch's own lines (its Python or C++ sources) say less than the user's line does
+        inside_torch = not file or "/torch/" in file or "/pytorch/" in file
+        origin = _user_line() if inside_torch else f"{file}:{line}"
         return self.env.evaluate_expr(self.expr, self._hint, origin)
 
     def guard_bool(self, file: str, line: int) -> bool:
