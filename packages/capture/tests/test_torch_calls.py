@@ -309,3 +309,43 @@ def test_nodes_carry_fake_values_and_stack_traces():
             assert is_fake(node.meta["val"])
         if node.op == "call_function":
             assert "return torch.relu(x) + 1" in node.meta["stack_trace"]
+
+
+def _inplace_on_input(x, y):
+    x += y
+    x.mul_(2)
+    return x * y, x.is_leaf
+
+
+@pytest.mark.parametrize("leaf", [False, True])
+def test_in_place_on_an_input_that_requires_grad(leaf):
+    # a non-leaf input (a graph input after a break, say) may be written in place under
+    # autograd; a leaf that requires grad may not: the fake must be the same kind of tensor
+    from kiln.capture import capture
+
+    def run(f):
+        torch.manual_seed(0)
+        w, y = torch.randn(3, requires_grad=True), torch.randn(3)
+        try:
+            out, is_leaf = f(w if leaf else w * 2, y)
+        except RuntimeError as e:
+            return str(e)
+        out.sum().backward()
+        return out.detach(), is_leaf, w.grad
+
+    w = torch.randn(3, requires_grad=True)
+    result = capture(
+        _inplace_on_input,
+        (w if leaf else w * 2, torch.randn(3)),
+        {},
+        compile_graph=lambda gm, ex: gm.forward,
+        wrap_callable=lambda f: f,
+    )
+    expected, actual = run(_inplace_on_input), run(result.function)
+    if leaf:
+        assert isinstance(expected, str) and actual == expected
+        assert [b.kind for b in result.graph_breaks] == ["tensor_op_failed"]
+    else:
+        assert len(result.graphs) == 1 and not result.graph_breaks
+        for a, e in zip(actual, expected, strict=True):
+            assert torch.equal(a, e) if isinstance(e, torch.Tensor) else a == e

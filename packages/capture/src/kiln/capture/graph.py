@@ -25,7 +25,7 @@ from kiln.capture.guard_data import (
     dedupe,
     storage_fits,
 )
-from kiln.capture.meta import FakeMode, to_fake
+from kiln.capture.meta import FakeMode, to_fake, with_history
 from kiln.capture.side_effects import SideEffects
 from kiln.capture.source import Source
 from kiln.capture.values.tensor import TensorValue
@@ -113,6 +113,8 @@ class OutputGraph:
             return known
         node = self.graph.placeholder(self._unique_name(str(source)))
         fake = self.fake_mode.to_fake(real) if id(real) not in self._seen else to_fake(real)
+        if real.requires_grad and not real.is_leaf:  # in-place ops on it are allowed
+            fake = with_history(fake)
         self._seen.add(id(real))
         node.meta["val"] = fake
         node.meta["source"] = source

@@ -29,6 +29,9 @@ API
     a hashable key equal for two fakes exactly when their storages are shared.
 ``fake_like(meta, device)``
     Wrap a meta tensor as a fake reporting ``device``.
+``with_history(fake)``
+    A fake on the same meta tensor that has autograd history (not a leaf), for a
+    real tensor that requires grad and is not a leaf.
 ``run_fake(func, args, kwargs, convert_real)``
     Run one ATen op on fakes (what ``FakeTensor`` and ``FakeMode`` do); for
     dispatch modes of other packages, such as autograd_aot's tracer.
@@ -78,6 +81,7 @@ __all__ = [
     "run_fake",
     "storage_key",
     "to_fake",
+    "with_history",
 ]
 
 aten = torch.ops.aten
@@ -295,6 +299,30 @@ def is_fake(t: object) -> bool:
 def fake_like(meta: torch.Tensor, device: torch.device | str) -> FakeTensor:
     """Wrap ``meta`` as a fake that reports ``device``."""
     return FakeTensor(meta, _normalize(torch.device(device)))
+
+
+class _History(torch.autograd.Function):
+    """Identity whose output is a new fake on the input's meta tensor: not a leaf, not a view.
+
+    Fakes of real tensors are made as leaves; an in-place op on a leaf that requires grad
+    raises (autograd's check), where on a real non-leaf input it is allowed.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: FakeTensor) -> FakeTensor:
+        return FakeTensor(x.meta, x.fake_device)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad
+
+
+def with_history(fake: FakeTensor) -> FakeTensor:
+    """``fake`` as the fake of a non-leaf tensor that requires grad (same meta, so it aliases)."""
+    with torch.enable_grad():
+        out = _History.apply(fake.detach().requires_grad_(True))
+    assert isinstance(out, FakeTensor) and out.grad_fn is not None
+    return out
 
 
 def meta_of(t: torch.Tensor) -> torch.Tensor:
