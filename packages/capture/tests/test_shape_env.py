@@ -23,6 +23,7 @@ from kiln.capture.shapes import (
     SymbolicMetaMode,
     SymNode,
     describe_failure,
+    expr_code,
     expr_of,
     failing_guards,
     guard_code,
@@ -73,8 +74,9 @@ def check_sizes(
     return env
 
 
-def _free(env: ShapeEnv, t: torch.Tensor) -> set[str]:
-    return {str(s) for d in t.shape for s in expr_of(d).free_symbols}
+def decided(env: ShapeEnv) -> list[str]:
+    """The text of the guards decisions added (the symbols' ranges left out)."""
+    return [expr_code(env, g.expr) for g in env.recorded]
 
 
 # -- symbolic sizes through meta kernels and decompositions ---------------------------------
@@ -86,7 +88,7 @@ def test_meta_strides_are_contiguous_in_the_same_symbols() -> None:
     s0, s1, s2 = (expr_of(d) for d in x.shape)
     assert all(isinstance(s, sympy.Symbol) for s in (s0, s1, s2))
     assert [expr_of(s) for s in x.stride()] == [s1 * s2, s2, 1]
-    assert x.is_contiguous() and env.guards == []
+    assert x.is_contiguous() and env.recorded == []
     assert [str(env.source_of(s)) for s in (s0, s1, s2)] == [
         "L['a0'].size()[0]",
         "L['a0'].size()[1]",
@@ -109,7 +111,7 @@ def test_matmul() -> None:
         lambda x, w: x @ w, [(3, 5, 6), (6, 7)], [[(4, 9, 6), (6, 7)], [(2, 2, 6), (6, 3)]]
     )
     # the contracted dims are equal (duck-sized: one symbol, one guard)
-    assert guard_code(env) == ["L['a0'].size()[2] == L['a1'].size()[0]"]
+    assert decided(env) == ["L['a0'].size()[2] == L['a1'].size()[0]"]
 
 
 def test_view_and_reshape_with_minus_one() -> None:
@@ -140,7 +142,7 @@ def test_broadcast_add() -> None:
 
 def test_sum_over_a_dim() -> None:
     env = check_sizes(lambda x: x.sum(1), [(4, 6, 5)], [[(2, 9, 3)], [(8, 3, 7)]], expect_reuse=2)
-    assert env.guards == []
+    assert env.recorded == []
     check_sizes(lambda x: x.mean(-1, keepdim=True), [(4, 6)], [[(9, 3)]])
 
 
@@ -174,8 +176,8 @@ def test_view_from_the_inputs_shape() -> None:
     assert str(expr_of(out.shape[3])) == "FloorDiv(s2, 4)"
     # the view is valid where the hidden size divides by the heads, and its strides depend
     # on whether the head size is 1
-    assert guard_code(env) == ["(L['a0'].size()[2] % 4) == 0", "L['a0'].size()[2] != 4"]
-    assert all(g.origin.startswith(f"{__file__}:") for g in env.guards)
+    assert decided(env) == ["(L['a0'].size()[2] % 4) == 0", "L['a0'].size()[2] != 4"]
+    assert all(g.origin.startswith(f"{__file__}:") for g in env.recorded)
     assert failing_guards(env, values_of(env, {"a0": torch.empty(3, 7, 18)}))
 
 
@@ -215,7 +217,7 @@ def test_view_from_the_inputs_shape() -> None:
 def test_ops_keep_sizes_symbolic_without_guards(fn: Any, shape: Shape, new: Shape) -> None:
     # a kernel reading sizes as plain ints would specialize every size it touched
     env = check_sizes(fn, [shape], [[new]])
-    assert env.guards == [], guard_code(env)
+    assert env.recorded == [], guard_code(env)
 
 
 # -- decisions and the guards they record ---------------------------------------------------
@@ -226,8 +228,8 @@ def test_branch_records_the_relation_not_the_value() -> None:
     (x,) = _metas(env, [(20, 3)])
     taken = x.size(0) > 16
     assert bool(taken) is True
-    assert env.relations == [sympy.Gt(expr_of(x.shape[0]), 16)]
-    assert guard_code(env) == ["L['a0'].size()[0] > 16"]
+    assert [g.expr for g in env.recorded] == [sympy.Gt(expr_of(x.shape[0]), 16)]
+    assert decided(env) == ["L['a0'].size()[0] > 16"]
     assert env.guards[0].origin.startswith(f"{__file__}:")  # the user's line that asked
     for n, holds in [(17, True), (100, True), (16, False), (3, False)]:
         assert not failing_guards(env, values_of(env, {"a0": torch.empty(n, 3)})) == holds
@@ -238,7 +240,7 @@ def test_the_branch_not_taken_is_guarded_by_the_negation() -> None:
     (x,) = _metas(env, [(8, 3)])
     if x.size(0) > 16:
         pytest.fail("the hint is 8")
-    assert guard_code(env) == ["L['a0'].size()[0] <= 16"]
+    assert decided(env) == ["L['a0'].size()[0] <= 16"]
 
 
 def test_guards_are_deduplicated_and_implied_ones_not_recorded() -> None:
@@ -248,7 +250,7 @@ def test_guards_are_deduplicated_and_implied_ones_not_recorded() -> None:
         assert x.size(0) > 16
     assert x.size(0) > 10  # implied by s0 > 16: the range answers it
     assert x.size(0) >= 17
-    assert len(env.guards) == 1
+    assert len(env.recorded) == 1
 
 
 def test_zero_and_one_specialize() -> None:
@@ -257,11 +259,34 @@ def test_zero_and_one_specialize() -> None:
     assert x.shape[0] == 0 and type(x.shape[0]) is int
     assert x.shape[1] == 1 and type(x.shape[1]) is int
     assert isinstance(x.shape[2], torch.SymInt)
-    assert guard_code(env) == ["L['a0'].size()[0] == 0", "L['a0'].size()[1] == 1"]
+    assert decided(env) == ["L['a0'].size()[0] == 0", "L['a0'].size()[1] == 1"]
     values = values_of(env, {"a0": torch.empty(0, 7, 5)})
     (failed,) = failing_guards(env, values)
     assert describe_failure(env, failed, values) == "L['a0'].size()[1] == 1 failed: got 7"
     assert not failing_guards(env, values_of(env, {"a0": torch.empty(0, 1, 9)}))
+
+
+def test_symbols_ranges_are_guarded() -> None:
+    # reasoning assumed every symbol is at least 2 (s0 == 1 was answered False): a size 1 or 0
+    # there must fail the guards, or broadcasting and contiguity answers would be stale
+    env = ShapeEnv()
+    (x,) = _metas(env, [(4, 6)])
+    assert not bool(x.size(0) == 1) and env.recorded == []
+    assert guard_code(env) == ["L['a0'].size()[0] >= 2", "L['a0'].size()[1] >= 2"]
+    for n in (0, 1):
+        values = values_of(env, {"a0": torch.empty(n, 6)})
+        (failed,) = failing_guards(env, values)
+        assert describe_failure(env, failed, values) == f"L['a0'].size()[0] >= 2 failed: got {n}"
+    # a marked range is guarded at both ends; a bound a decision tightened is implied by it
+    env = ShapeEnv()
+    x = symbolic_meta(torch.empty(8, 5), LocalSource("x"), env, ranges={0: (4, 64)})
+    assert bool(x.size(1) > 3)
+    assert guard_code(env) == [
+        "L['x'].size()[1] > 3",
+        "L['x'].size()[0] >= 4",
+        "L['x'].size()[0] <= 64",
+    ]
+    assert failing_guards(env, values_of(env, {"x": torch.empty(65, 5)}))
 
 
 def test_without_zero_one_specialization_sizes_stay_symbolic() -> None:
@@ -277,13 +302,13 @@ def test_duck_sizing_shares_a_symbol_with_a_guard() -> None:
     x, y = _metas(env, [(4, 8), (8, 4)])
     assert expr_of(y.shape[0]) == expr_of(x.shape[1])
     assert expr_of(y.shape[1]) == expr_of(x.shape[0])
-    assert guard_code(env) == [
+    assert decided(env) == [
         "L['a0'].size()[1] == L['a1'].size()[0]",
         "L['a0'].size()[0] == L['a1'].size()[1]",
     ]
     with SymbolicMetaMode():
         assert (x + y.t()).shape == x.shape
-    assert len(env.guards) == 2  # equal symbols broadcast without another guard
+    assert len(env.recorded) == 2  # equal symbols broadcast without another guard
     frame = {"a0": torch.empty(5, 9), "a1": torch.empty(9, 6)}
     (failed,) = failing_guards(env, values_of(env, frame))
     assert "L['a0'].size()[0] == L['a1'].size()[1] failed" in describe_failure(
@@ -294,7 +319,7 @@ def test_duck_sizing_shares_a_symbol_with_a_guard() -> None:
 def test_without_duck_sizing_equal_sizes_get_their_own_symbols() -> None:
     env = ShapeEnv(duck_shape=False)
     x, y = _metas(env, [(4, 8), (4, 8)])
-    assert expr_of(x.shape[0]) != expr_of(y.shape[0]) and env.guards == []
+    assert expr_of(x.shape[0]) != expr_of(y.shape[0]) and env.recorded == []
     with SymbolicMetaMode():
         out = x + y  # broadcasting asks whether the sizes are equal: the answer is guarded
     assert "L['a0'].size()[0] == L['a1'].size()[0]" in guard_code(env)
@@ -308,7 +333,7 @@ def test_value_ranges_answer_without_guards() -> None:
     assert bool(a >= 2) and bool(a != 1) and not bool(a == 0) and not bool(a == 1)
     assert bool(a * b > 1) and bool(a + b >= 4) and not bool(a * b < a)
     assert bool(a // 2 >= 1) and bool(a % 3 < 3)
-    assert env.guards == []
+    assert env.recorded == []
     assert env.static_value(expr_of(a) > 3) is None  # not decided by ranges alone
 
 
@@ -317,9 +342,9 @@ def test_marked_ranges_bound_a_symbol() -> None:
     x = symbolic_meta(
         torch.empty(8, 3), LocalSource("x"), env, dynamic_dims=[0], ranges={0: (4, 64)}
     )
-    assert x.shape[1] == 3 and guard_code(env) == ["L['x'].size()[1] == 3"]
+    assert x.shape[1] == 3 and decided(env) == ["L['x'].size()[1] == 3"]
     s0 = x.size(0)
-    assert bool(s0 <= 64) and bool(s0 > 3) and len(env.guards) == 1
+    assert bool(s0 <= 64) and bool(s0 > 3) and len(env.recorded) == 1
     with pytest.raises(ValueError, match="outside the range"):
         symbolic_meta(torch.empty(80), LocalSource("z"), env, ranges={0: (4, 64)})
 
@@ -329,7 +354,7 @@ def test_int_specializes_with_a_guard() -> None:
     (x,) = _metas(env, [(6, 5)])
     n = int(x.size(0))
     assert n == 6 and type(n) is int
-    assert guard_code(env) == ["L['a0'].size()[0] == 6"]
+    assert decided(env) == ["L['a0'].size()[0] == 6"]
     # from then on the size is the constant everywhere
     assert x.size(0) == 6 and type(x.view(-1).size(0)) is torch.SymInt
     assert str(expr_of(x.view(-1).size(0))) == f"6*{expr_of(x.shape[1])}"
@@ -343,7 +368,7 @@ def test_float_and_float_guards() -> None:
     half = x.size(0) / 4
     assert isinstance(half, torch.SymFloat)
     assert float(half) == 1.5
-    assert guard_code(env) == ["L['a0'].size()[0]/4 == 1.5"]
+    assert decided(env) == ["L['a0'].size()[0]/4 == 1.5"]
     assert math.floor(x.size(1) / 2) == 2  # SymFloat -> floor -> a guarded value
 
 
@@ -369,7 +394,7 @@ def test_arithmetic_on_symints_follows_python() -> None:
         assert env.size_hint(expr_of(value)) == hint
     assert isinstance(torch.sym_float(a), torch.SymFloat)
     assert (a == b).node.hint is False
-    assert env.guards == []
+    assert env.recorded == []
 
 
 def test_symnode_protocol() -> None:
@@ -383,7 +408,7 @@ def test_symnode_protocol() -> None:
     assert node.statically_known_true("", 0) is False
     assert node.ge(node.wrap_int(2)).statically_known_true("", 0) is True
     assert node.sym_sum([node, node.wrap_int(1)]).hint == 8
-    assert env.guards == []
+    assert env.recorded == []
 
 
 def test_source_kinds_for_sizes_and_strides() -> None:
@@ -413,7 +438,7 @@ def test_guards_fail_exactly_where_the_decisions_would_differ() -> None:
     env = ShapeEnv(duck_shape=False)
     x, y = _metas(env, [(10, 6), (7, 5)])
     traced = _program(x, y)
-    assert len(env.guards) == len(traced)
+    assert len(env.recorded) == len(traced)
     code = guard_code(env)
     rng = random.Random(0)
     seen = {True: 0, False: 0}

@@ -44,6 +44,9 @@ class SymbolInfo:
     source: Source
     hint: int
     range: Range
+    # the range given at creation (at least 2, or the user's bounds): reasoning assumed it,
+    # so reuse is guarded on it
+    declared: Range
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,7 +111,7 @@ class ShapeEnv:
         positive = {"positive": True} if not specialize and lower > 0 else {}
         symbol = sympy.Symbol(f"s{len(self.symbols)}", integer=True, nonnegative=True, **positive)
         bound = Range.point(hint) if specialize else Range(lower, upper)
-        self.symbols[symbol] = SymbolInfo(symbol, source, hint, bound)
+        self.symbols[symbol] = SymbolInfo(symbol, source, hint, bound, bound)
         self._by_source[source] = symbol
         if specialize:
             self._record(sympy.Eq(symbol, hint), "")
@@ -193,13 +196,33 @@ class ShapeEnv:
 
     @property
     def guards(self) -> list[ShapeGuard]:
-        """Every relation recorded, in order, each once."""
+        """Every relation recorded, in order, each once, then the ranges of the symbols that
+        stayed free (``2 <= s0``: a size 1 there would break what was assumed of ``s0``)."""
+        return [*self._guards.values(), *self._range_guards()]
+
+    @property
+    def recorded(self) -> list[ShapeGuard]:
+        """The guards decisions and specializations added, without the symbols' ranges."""
         return list(self._guards.values())
 
     @property
     def relations(self) -> list[sympy.Basic]:
-        """The recorded relations alone (sympy booleans over the env's symbols)."""
-        return list(self._guards)
+        """The guards' relations alone (sympy booleans over the env's symbols)."""
+        return [g.expr for g in self.guards]
+
+    def _range_guards(self) -> list[ShapeGuard]:
+        # a bound a recorded guard tightened is implied by that guard
+        out = []
+        for s, info in self.symbols.items():
+            value = self.replacements.get(s)
+            if value is not None and (value.is_Integer or value.is_Symbol):
+                continue  # its equality guard and the other symbol's range cover it
+            declared, now = info.declared, info.range
+            if declared.lower > -INF and now.lower == declared.lower:
+                out.append(ShapeGuard(sympy.Ge(s, int(declared.lower))))
+            if declared.upper < INF and now.upper == declared.upper:
+                out.append(ShapeGuard(sympy.Le(s, int(declared.upper))))
+        return out
 
     def _record(self, relation: sympy.Basic, origin: str) -> None:
         relation = _canonical(simplify_relation(self.simplify(relation), self._ranges()))
