@@ -120,6 +120,31 @@ def test_zero_size_and_scalar_reductions():
     check(fn, e, s)
 
 
+def test_reductions_over_zero_gathered_elements_are_constants():
+    """Over zero elements a reduction has no loop: its body reads an index from a tensor of
+    zero elements, which a loop-invariant load outside an empty loop would read anyway."""
+    x = torch.randn(0, 4)
+    idx = torch.zeros(0, dtype=torch.int64)
+
+    def fn(x, idx):
+        g = aten.index.Tensor(x, [idx])
+        return (
+            aten.sum.default(g),
+            aten.sum.dim_IntList(g, [0]),
+            aten.prod.default(g),
+            aten.mean.default(g),
+            *_pair(aten.var_mean.correction(g, [0], correction=1)),
+            aten.any.default(aten.gt.Scalar(g, 0)),
+            aten.all.default(aten.gt.Scalar(g, 0)),
+            g,
+        )
+
+    compiled = check(fn, x, idx)
+    groups = [s.group for s in compiled.steps if hasattr(s, "group")]
+    reductions = [n for g in groups for n in g.nodes if n.mode != "x"]
+    assert reductions == []
+
+
 @pytest.mark.parametrize("dim", [0, -1])
 def test_scalar_reductions_over_a_dim_stay_scalar_with_keepdim(dim):
     """A 0-d input reduced over dim 0 or -1 gives a 0-d result, keepdim or not (as eager)."""

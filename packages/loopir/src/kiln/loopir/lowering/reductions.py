@@ -11,7 +11,7 @@ import torch
 
 from kiln.loopir import sizes
 from kiln.loopir.analysis import ReadWriteHandler
-from kiln.loopir.ir.loops import Reduction
+from kiln.loopir.ir.loops import Pointwise, Reduction
 from kiln.loopir.ir.views import StorageBox, TensorBox
 from kiln.loopir.lowering.common import compute_dtype, make_pointwise, origin, out_dtype
 from kiln.loopir.lowering.registry import overloads, register_lowering
@@ -79,6 +79,8 @@ def _reduction(
     size = x.get_size()
     ranges = tuple(size[i] for i in kept)
     rranges = tuple(size[i] for i in rdims)
+    if sizes.static_int(sizes.product(rranges)) == 0:
+        return _over_nothing(x, ranges, reduction_type, dtype, output_index)
     load = x.make_loader()
     src = x.get_dtype()
     math = dtype if reduction_type not in ("max", "min", "argmax", "argmin") else compute_dtype(src)
@@ -208,6 +210,36 @@ def _mean(x: TensorBox, dim: Any = None, keepdim: bool = False, *, dtype: Any = 
     count = sizes.product(x.get_size()[d] for d in _dims(x, dim)) if x.dim() else 1
     n = float(sizes.evaluate_int(count))
     return make_pointwise(lambda v: ops.truediv(v, ops.constant(n, math)), [total], dtype=result)
+
+
+# each reduction's value over zero elements (welford: mean, then m2)
+_OVER_NOTHING: dict[str, float | bool] = {"sum": 0, "xor_sum": 0, "prod": 1, "any": False}
+
+
+def _over_nothing(
+    x: TensorBox,
+    ranges: tuple[sympy.Expr, ...],
+    reduction_type: str,
+    dtype: torch.dtype,
+    output_index: int | None,
+) -> TensorBox:
+    """A reduction over zero elements is a constant, with no loop at all.
+
+    As a loop it would be one whose body never runs, yet a backend may compute what the body
+    reads outside the loop (an index loaded from a tensor of zero elements): a read past the
+    end of an input.
+    """
+    if reduction_type == "welford_reduce":
+        value: float | bool = float("nan") if output_index == 0 else 0
+    elif reduction_type in _OVER_NOTHING:
+        value = _OVER_NOTHING[reduction_type]
+    else:
+        raise RuntimeError(f"{reduction_type}() over zero elements has no value (eager raises)")
+    box = StorageBox(
+        Pointwise(x.get_device(), dtype, ranges, origin(), lambda idx: ops.constant(value, dtype))
+    )
+    box.realize()
+    return TensorBox(box)
 
 
 def _refuse_empty(kind: str, x: TensorBox, dim: Any) -> None:
