@@ -9,6 +9,8 @@ back what it cached, even after the state its function read has changed.
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import functools
 
 import pytest
@@ -261,3 +263,102 @@ def test_cached_property_and_cached_method(first):
     agree(cg, g)
     del h.scale  # the property computes again
     agree(cg, g)
+
+
+# ---- ModelOutput lookalikes run their own methods --------------------------------------------
+
+
+@dataclasses.dataclass
+class OwnGetitem(collections.OrderedDict):
+    a: torch.Tensor | None = None
+    b: torch.Tensor | None = None
+
+    def __post_init__(self):
+        self["a"], self["b"] = self.a, self.b
+
+    def __getitem__(self, k):
+        key = ("a", "b")[k] if isinstance(k, int) else k
+        return super().__getitem__(key) * 10
+
+
+@dataclasses.dataclass
+class OwnToTuple(collections.OrderedDict):
+    a: torch.Tensor | None = None
+    b: torch.Tensor | None = None
+
+    def __post_init__(self):
+        self["a"], self["b"] = self.a, self.b
+
+    def to_tuple(self):
+        return (self.b, self.a)
+
+
+@dataclasses.dataclass
+class OwnPostInit(collections.OrderedDict):
+    a: torch.Tensor | None = None
+    b: torch.Tensor | None = None
+
+    def __post_init__(self):
+        self["b"] = self.a * 3  # ``a`` stays an attribute only
+
+
+@dataclasses.dataclass
+class NoPostInit(collections.OrderedDict):
+    a: torch.Tensor | None = None  # an attribute: the dict stays empty
+
+
+def own_getitem(x):
+    o = OwnGetitem(x, x + 1)
+    return o["a"] + o[1]
+
+
+def own_to_tuple(x):
+    return OwnToTuple(x, x * 2).to_tuple()[0]
+
+
+def own_post_init(x):
+    o = OwnPostInit(x)
+    return tuple(o.values()), o.a, len(o)
+
+
+def no_post_init(x):
+    o = NoPostInit(x)
+    return len(o), o.a + 1, "a" in o
+
+
+@pytest.mark.parametrize("fn", [own_getitem, own_to_tuple, own_post_init, no_post_init])
+def test_model_output_lookalike_runs_its_own_methods(fn):
+    cf = kiln.compile(fn, backend="eager")
+    agree(cf, fn)
+    assert kiln.stats().graph_breaks == 0
+
+
+def test_lookalike_from_the_frame_runs_its_own_getitem():
+    out = OwnGetitem(torch.randn(4), torch.randn(4))
+
+    def g(x):
+        return out["a"] + out[1] + x
+
+    agree(kiln.compile(g, backend="eager"), g)
+
+
+def test_transformers_output_with_its_own_to_tuple():
+    """transformers' own subclasses override ``to_tuple`` too (CLIPOutput turns its nested
+    outputs into tuples), and ``output[i]`` indexes that tuple."""
+    from transformers.modeling_outputs import BaseModelOutput
+    from transformers.models.clip.modeling_clip import CLIPOutput
+
+    def g(x):
+        text = BaseModelOutput(last_hidden_state=x * 2)
+        o = CLIPOutput(logits_per_image=x, text_model_output=text)
+        return o.to_tuple(), o[1], o["text_model_output"].last_hidden_state
+
+    cg = kiln.compile(g, backend="eager")
+    for _ in range(2):
+        x = torch.randn(4)
+        got, want = cg(x), g(x)
+        assert type(got[0][1]) is tuple and type(got[1]) is tuple
+        torch.testing.assert_close(got[0][1][0], want[0][1][0])
+        torch.testing.assert_close(got[1][0], want[1][0])
+        torch.testing.assert_close(got[2], want[2])
+    assert kiln.stats().graph_breaks == 0

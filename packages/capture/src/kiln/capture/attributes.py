@@ -26,10 +26,12 @@ from kiln.capture.descriptors import (
     MISSING,
     class_lookup,
     descriptor_get,
+    guard_not_shadowed,
     is_data_descriptor,
     python_setter,
 )
 from kiln.capture.guard_data import GuardKind
+from kiln.capture.model_output import is_model_output
 from kiln.capture.side_effects import log_at
 from kiln.capture.source import MODULE_STORES, Source
 from kiln.capture.values.base import ConstantValue, Value, is_constant
@@ -115,9 +117,9 @@ def _dict_attr(tr: Tracer, v: DictValue, name: str) -> Value:
     own = builtin_types.python_method(tr, v, name)  # ``class Registry(dict)``'s methods
     if own is not None:
         return own
-    if v.cls is not dict and name in v.items and dataclasses.is_dataclass(v.cls):
+    if name in v.items and is_model_output(v.cls):
         return v.items[name][1]
-    if v.cls is not dict and dataclasses.is_dataclass(v.cls):
+    if is_model_output(v.cls):
         field_names = {f.name for f in dataclasses.fields(v.cls)}
         if name in field_names:
             return ConstantValue(None)
@@ -237,28 +239,14 @@ def plain_object_attr(tr: Tracer, v: ObjectValue, name: str) -> Value:
     try:
         static = inspect.getattr_static(obj, name)
     except AttributeError:
-        _guard_not_shadowed(tr, v, name, None)
+        guard_not_shadowed(tr, v, name, None)
         return _missing_attr(tr, v, name)
     in_dict = name in getattr(obj, "__dict__", {})
     descriptor = inspect.getattr_static(type(obj), name, None)
     if in_dict and not is_data_descriptor(descriptor):
         return wrap(tr.out, obj.__dict__[name], src)
-    _guard_not_shadowed(tr, v, name, descriptor)
+    guard_not_shadowed(tr, v, name, descriptor)
     return class_attr(tr, v, type(obj), name, src, static)
-
-
-def _guard_not_shadowed(tr: Tracer, v: ObjectValue, name: str, descriptor: Any) -> None:
-    """Guard that the instance's own ``__dict__`` still lacks ``name``.
-
-    What the trace found on the class (a method, another non-data descriptor) or its missing
-    name (``__getattr__`` ran) loses to an instance attribute of that name set after the call
-    (``a.f = other``). A data descriptor wins over the instance's dict, and an object without
-    a ``__dict__`` cannot be given one: those need no guard.
-    """
-    if v.source is None or is_data_descriptor(descriptor):
-        return
-    if isinstance(getattr(v.obj, "__dict__", None), dict):
-        tr.out.guard(v.source, GuardKind.NOT_IN_INSTANCE_DICT, name)
 
 
 def module_state_source(src: Source | None, store: str, name: str) -> Source | None:
@@ -445,7 +433,7 @@ def _constant_has_attr(tr: Tracer, v: ConstantValue, name: str) -> bool:
 
 @dispatch.HAS_ATTR.register(DictValue)
 def _dict_has_attr(tr: Tracer, v: DictValue, name: str) -> bool:
-    if dataclasses.is_dataclass(v.cls):  # a ModelOutput's fields are its items
+    if is_model_output(v.cls):  # a ModelOutput's fields are its items
         return name in v.items or hasattr(v.cls, name)
     return _class_defines(v.cls, name)
 
@@ -541,7 +529,7 @@ def _set_new_object_attr(
 @dispatch.SET_ATTR.register(DictValue)
 def _set_dict_attr(tr: Tracer, v: DictValue, name: str, value: Value, plain: bool) -> None:
     none = isinstance(value, ConstantValue) and value.value is None
-    model_output = dataclasses.is_dataclass(v.cls) and v.source is None
+    model_output = is_model_output(v.cls) and v.source is None
     if model_output and none and name not in v.items:
         return  # a field that is not an item reads as None already
     if model_output and builtin_types.item_store(v, name, value):

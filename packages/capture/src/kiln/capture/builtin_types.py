@@ -20,7 +20,6 @@ container's C methods: its own ``get`` calls ``super().get(key)``, or code calls
 from __future__ import annotations
 
 import collections
-import dataclasses
 import inspect
 import types
 from typing import TYPE_CHECKING, Any
@@ -29,6 +28,7 @@ from kiln.capture import container_methods, dispatch
 from kiln.capture.breaks.reasons import raised, unsupported
 from kiln.capture.descriptors import MISSING, class_lookup, is_data_descriptor, python_setter
 from kiln.capture.guard_data import GuardKind
+from kiln.capture.model_output import is_model_output, is_model_output_base, written_by_dataclass
 from kiln.capture.source import RawItemSource, Source
 from kiln.capture.values.base import ConstantValue, Value, is_constant
 from kiln.capture.values.containers import DictValue, ListValue, SetValue, TupleValue, dict_key
@@ -62,12 +62,12 @@ def _is_builtin(klass: type) -> bool:
 
 
 def _subclass(cls: type) -> bool:
-    """A Python subclass of a builtin container (ModelOutput-like dataclasses, named tuples
+    """A Python subclass of a builtin container (transformers' ModelOutputs, named tuples
     and structseqs such as ``torch.return_types.max`` excepted: capture models their fields)."""
     return (
         cls not in _BASES
         and issubclass(cls, _BASES)
-        and not dataclasses.is_dataclass(cls)
+        and not is_model_output(cls)
         and not hasattr(cls, "_fields")
         and not hasattr(cls, "n_fields")
     )
@@ -76,19 +76,27 @@ def _subclass(cls: type) -> bool:
 def python_method(tr: Tracer, v: Value, name: str) -> Value | None:
     """``v.name`` when ``v``'s class defines ``name`` in Python above its builtin base."""
     cls = v.python_type()
+    modeled = is_model_output(cls)  # ModelOutput's own methods: capture knows what they do
     if isinstance(v, TupleValue) and is_namedtuple(cls):
         if name in _NAMEDTUPLE_METHODS:  # tuple.__new__ inside: as a constructor call
             return BoundMethodValue(function_value(_NAMEDTUPLE_METHODS[name], None), v)
-    elif not isinstance(v, (DictValue, ListValue, TupleValue, SetValue)) or not _subclass(cls):
+    elif not isinstance(v, (DictValue, ListValue, TupleValue, SetValue)) or not (
+        modeled or _subclass(cls)
+    ):
         return None
     for klass in cls.__mro__:
-        if _is_builtin(klass):
+        if _is_builtin(klass) or (modeled and is_model_output_base(klass)):
             return None
         if name in vars(klass):
             static = vars(klass)[name]
+            if modeled and (written_by_dataclass(static) or not callable(static)):
+                continue  # its fields' __init__, __eq__... and defaults: the fields are items
             if isinstance(static, types.FunctionType):
                 return BoundMethodValue(function_value(static, None), v)
-            return ConstantValue(static) if is_constant(static) else None
+            if is_constant(static):
+                return ConstantValue(static)
+            # plain data the class holds (a dataclass's ``__dataclass_fields__``)
+            return None if hasattr(type(static), "__get__") else wrap(tr.out, static, None)
     return None
 
 

@@ -10,7 +10,6 @@ constant and the callable is known to be pure.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import enum
 import functools
@@ -36,6 +35,7 @@ from kiln.capture import (
 )
 from kiln.capture.breaks.reasons import raised, unsupported
 from kiln.capture.guard_data import CachedCall, GuardKind
+from kiln.capture.model_output import is_model_output
 from kiln.capture.values.base import ConstantValue, Value, is_constant
 from kiln.capture.values.containers import DictValue, ListValue, TupleValue
 from kiln.capture.values.functions import (
@@ -284,7 +284,7 @@ def _construct(tr: Tracer, cv: ObjectValue, args: list[Value], kwargs: dict[str,
         return TupleValue(list(bound.values()), cls)
     if issubclass(cls, torch.nn.Module):
         return _stateless_module(cls, args, kwargs)
-    if issubclass(cls, collections.OrderedDict) and dataclasses.is_dataclass(cls):
+    if is_model_output(cls):
         return _model_output(cls, args, kwargs)
     foldable = cls in (torch.Size, torch.device, torch.dtype, torch.finfo, torch.iinfo) or (
         issubclass(cls, BaseException)
@@ -365,7 +365,8 @@ def _bind_signature(fn: Any, args: list[Value], kwargs: dict[str, Value]) -> dic
 
 
 def _model_output(cls: Any, args: list[Value], kwargs: dict[str, Value]) -> Value:
-    """A dict-like dataclass (transformers' ModelOutput): items are its non-None fields."""
+    """transformers' ModelOutput (see :mod:`~kiln.capture.model_output`): items are its
+    fields that are not None."""
     names = [f.name for f in dataclasses.fields(cls)]
     given = dict(zip(names, args, strict=False))
     given.update(kwargs)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from kiln.capture import dispatch
 from kiln.capture.breaks.reasons import raised, unsupported
+from kiln.capture.guard_data import GuardKind
 from kiln.capture.values.base import Value
 from kiln.capture.values.objects import NewObjectValue, ObjectValue
 from kiln.capture.wrap import function_value
@@ -22,7 +23,14 @@ from kiln.capture.wrap import function_value
 if TYPE_CHECKING:
     from kiln.capture.tracer import Tracer
 
-__all__ = ["MISSING", "class_lookup", "descriptor_get", "is_data_descriptor", "python_setter"]
+__all__ = [
+    "MISSING",
+    "class_lookup",
+    "descriptor_get",
+    "guard_not_shadowed",
+    "is_data_descriptor",
+    "python_setter",
+]
 
 
 MISSING: Any = object()
@@ -79,3 +87,17 @@ def python_setter(cls: type, name: str) -> list[Value] | None:
     if isinstance(setter, types.FunctionType):
         return [function_value(setter, None), ObjectValue(static)]
     return None
+
+
+def guard_not_shadowed(tr: Tracer, v: ObjectValue, name: str, descriptor: Any) -> None:
+    """Guard that the instance's own ``__dict__`` still lacks ``name``.
+
+    What the trace found on the class (a method, another non-data descriptor) or its missing
+    name (``__getattr__`` ran) loses to an instance attribute of that name set after the call
+    (``a.f = other``). A data descriptor wins over the instance's dict, and an object without
+    a ``__dict__`` cannot be given one: those need no guard.
+    """
+    if v.source is None or is_data_descriptor(descriptor):
+        return
+    if isinstance(getattr(v.obj, "__dict__", None), dict):
+        tr.out.guard(v.source, GuardKind.NOT_IN_INSTANCE_DICT, name)

@@ -12,7 +12,6 @@ user's globals.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import keyword
 import math
 import types
@@ -25,6 +24,7 @@ from torch import fx
 from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.errors import CaptureError
 from kiln.capture.graph import GraphInput
+from kiln.capture.model_output import is_model_output
 from kiln.capture.side_effects import SideEffects
 from kiln.capture.source import (
     AttrSource,
@@ -338,7 +338,7 @@ class _Writer:
             pairs = ", ".join(f"{self.value(k)}: {self.value(x)}" for k, x in v.items.values())
             if v.cls is dict:
                 return f"{{{pairs}}}"
-            if not dataclasses.is_dataclass(v.cls) and v.cls is not collections.OrderedDict:
+            if not is_model_output(v.cls) and v.cls is not collections.OrderedDict:
                 return f"{self.const(_build_container)}({self.const(v.cls)}, {{{pairs}}}{self.attrs(v)})"
             return (
                 f"{self.const(v.cls)}(**{{{pairs}}})"
@@ -425,7 +425,7 @@ def _replay(writer: _Writer, effects: SideEffects) -> list[str]:
 
 
 def _kwargs_ctor(v: DictValue) -> bool:
-    return dataclasses.is_dataclass(v.cls) and all(isinstance(k, str) for k in v.items)
+    return is_model_output(v.cls) and all(isinstance(k, str) for k in v.items)
 
 
 def _signature(code: types.CodeType) -> str:

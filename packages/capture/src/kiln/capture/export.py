@@ -23,6 +23,7 @@ from kiln.capture.frame_capture import trace_frame
 from kiln.capture.graph import GraphInput
 from kiln.capture.guard_data import GlobalState, GuardKind, GuardSpec
 from kiln.capture.isolation import no_user_hooks
+from kiln.capture.model_output import is_model_output
 from kiln.capture.side_effects import SideEffects
 from kiln.capture.source import MODULE_STORES, AttrSource, ItemSource, LocalSource, Source
 from kiln.capture.values.base import ConstantValue, Value
@@ -79,7 +80,7 @@ def _materialize(v: Value) -> Any:
         items_d = {k: _materialize(x) for k, (_, x) in v.items.items()}
         if v.cls is dict:
             return items_d
-        return v.cls(**items_d) if dataclasses.is_dataclass(v.cls) else v.cls(items_d)
+        return v.cls(**items_d) if is_model_output(v.cls) else v.cls(items_d)
     raise unsupported("unsupported_value", f"exporting a result containing {v}")
 
 

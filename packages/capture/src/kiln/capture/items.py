@@ -8,7 +8,6 @@ guarded. Tensors' and ndarrays' items are registered by ``torch_calls`` and ``nu
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import operator
 import types
@@ -20,6 +19,7 @@ from kiln.capture import builtin_types, dispatch
 from kiln.capture.attributes import class_attr
 from kiln.capture.breaks.reasons import raised, unsupported
 from kiln.capture.literals import is_literal, literal, refuse_by_type
+from kiln.capture.model_output import is_model_output
 from kiln.capture.source import Source
 from kiln.capture.values.base import ConstantValue, Value, is_constant
 from kiln.capture.values.containers import DictValue, ListValue, TupleValue, dict_key
@@ -75,7 +75,10 @@ def _dict_item(tr: Tracer, v: DictValue, index: Value) -> Value:
     if own is not None:
         return own
     positional = isinstance(index, ConstantValue) and isinstance(index.value, (int, slice))
-    if positional and dataclasses.is_dataclass(v.cls) and not isinstance(index.as_constant(), bool):
+    if positional and is_model_output(v.cls) and not isinstance(index.as_constant(), bool):
+        own_tuple = builtin_types.python_method(tr, v, "to_tuple")  # ModelOutput's reads it
+        if own_tuple is not None:
+            return dispatch.get_item(tr, dispatch.call(tr, own_tuple, [], {}), index)
         values = [x for _, x in v.items.values()]
         found = values[index.as_constant()]
         return TupleValue(found) if isinstance(found, list) else found

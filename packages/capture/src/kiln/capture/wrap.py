@@ -11,7 +11,6 @@ wrapped without guards.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import enum
 import gc
 import inspect
@@ -25,6 +24,7 @@ from kiln.capture import library_functions
 from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.graph import OutputGraph
 from kiln.capture.guard_data import GuardKind
+from kiln.capture.model_output import is_model_output
 from kiln.capture.source import Source
 from kiln.capture.torch_functions import is_special, is_torch_callable
 from kiln.capture.values.base import ConstantValue, Value, is_constant
@@ -315,7 +315,7 @@ def _plain_dict_type(cls: type) -> bool:
     kiln.guards watches) is traced as a plain dict; its type is still guarded."""
     if cls in (dict, collections.OrderedDict) or cls.__dict__.get("__kiln_plain_dict__"):
         return True
-    return dataclasses.is_dataclass(cls) and issubclass(cls, collections.OrderedDict)
+    return is_model_output(cls)
 
 
 def _wrap_sequence(out: OutputGraph, obj: Any, source: Source | None) -> Value:
