@@ -14,6 +14,7 @@ import functools
 import inspect
 import operator
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -50,7 +51,7 @@ from kiln.capture.values.iterators import (
     ZipIterator,
 )
 from kiln.capture.values.ndarray import NdarrayValue
-from kiln.capture.values.objects import NewObjectValue, ObjectValue, SuperValue
+from kiln.capture.values.objects import NewObjectValue, ObjectValue, SuperValue, WeakRefValue
 from kiln.capture.values.tensor import TensorValue
 
 if TYPE_CHECKING:
@@ -518,3 +519,25 @@ def _warn(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
         return literals.replay_call(tr, warnings.warn, args, kwargs)
     where = (frame.code.co_filename, frame.lineno, frame.f_globals)
     return literals.replay_call(tr, functools.partial(side_effects.warn_at, where), args, kwargs)
+
+
+@_handles(weakref.ref)
+def _weakref(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    if len(args) != 1 or kwargs:  # a callback runs when the referent dies
+        raise unsupported("unsupported_call", "weakref.ref with a callback")
+    target = args[0]
+    if isinstance(target, ConstantValue):
+        try:
+            weakref.ref(target.value)
+        except TypeError as e:
+            raise raised(e) from e
+    return WeakRefValue(target)
+
+
+@dispatch.CALL.register(WeakRefValue)
+def _call_weakref(
+    tr: Tracer, fn: WeakRefValue, args: list[Value], kwargs: dict[str, Value]
+) -> Value:
+    if args or kwargs:
+        raise raised(TypeError("weakref.ReferenceType() takes no arguments"))
+    return fn.target

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator, MutableMapping
 from typing import Any, cast
 
@@ -9,7 +10,7 @@ from kiln.capture.source import Source
 from kiln.capture.values.base import ConstantValue, Value
 from kiln.capture.values.containers import DictValue
 
-__all__ = ["InstanceDictValue", "NewObjectValue", "ObjectValue", "SuperValue"]
+__all__ = ["InstanceDictValue", "NewObjectValue", "ObjectValue", "SuperValue", "WeakRefValue"]
 
 
 class ObjectValue(Value):
@@ -41,6 +42,21 @@ class NewObjectValue(Value):
 
     def python_type(self) -> type:
         return self.cls
+
+
+class WeakRefValue(Value):
+    """``weakref.ref(obj)`` made in the trace: calling it gives ``obj``.
+
+    The trace holds ``obj`` while it runs, so the referent is alive at every call the trace
+    makes (eager's weakref could die only once nothing else holds ``obj``; code that checks
+    for that then rebuilds what it lost, which the trace never needs to).
+    """
+
+    def __init__(self, target: Value) -> None:
+        self.target = target
+
+    def python_type(self) -> type:
+        return weakref.ref
 
 
 class SuperValue(Value):
