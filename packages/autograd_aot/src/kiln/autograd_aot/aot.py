@@ -32,6 +32,7 @@ from kiln.autograd_aot.inputs import Aliasing, InputLayout, fakes_of, shared_mem
 from kiln.autograd_aot.joint import TracedProgram, trace_program
 from kiln.autograd_aot.partition import PartitionStats, partition_joint
 from kiln.autograd_aot.prune import exposed_saved, prune_backward
+from kiln.autograd_aot.regions import call_marked, has_regions
 from kiln.autograd_aot.runtime import Backward, CompiledProgram, run_inference, run_training
 from kiln.capture import artifacts, counters
 from kiln.capture.isolation import no_user_hooks
@@ -109,6 +110,8 @@ class AotCompiled:
         ]
         self.partition_stats: PartitionStats | None = None
         self._modes: dict[Mode, _ModePrograms] = {}
+        # checkpointed regions: traced node by node, so their ATen ops carry the marks
+        self._marked = has_regions(gm)
         self._warned = False
         primals = self._primals(example_inputs)
         self._get(self._mode(primals), primals, initial=True)
@@ -194,6 +197,9 @@ class AotCompiled:
         args: list[Any] = list(self.constants)
         for pos, fake in zip(self.tensor_positions, fakes[n:], strict=True):
             args[pos] = fake
+        if self._marked:
+            assert isinstance(self.gm, fx.GraphModule)
+            return call_marked(self.gm, state, args)
         return torch.func.functional_call(self.gm, state, tuple(args))
 
     def _trace(

@@ -6,6 +6,12 @@ and what must not (matmuls, convolutions, reductions, random ops, whose bits
 must match the forward's, and values a backward matmul or convolution reads);
 :mod:`kiln.autograd_aot.mincut` then picks the cheapest set of values to save. ``save_all`` saves every forward value the
 backward uses, the baseline the statistics compare against.
+
+Ops of an activation-checkpointed region (``regions.REGION`` in their meta) are recomputed
+whatever the policy says, in both modes: none of their values may be saved but the region's
+outputs that later forward ops read (the next region's input), so the cut saves what eager's
+checkpointing keeps, the region's inputs. A random op in a region stays in the forward (its
+seed is saved), so the recomputation draws the forward's numbers.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from torch import fx
 from kiln.autograd_aot import rng  # noqa: F401  (defines the kiln_aot ops named below)
 from kiln.autograd_aot.mincut import CutProblem, min_cut
 from kiln.autograd_aot.mutation import is_view
+from kiln.autograd_aot.regions import REGION
 from kiln.autograd_aot.trace import verify_aten_graph
 
 __all__ = ["PartitionStats", "partition_joint", "recomputable", "saved_bytes"]
@@ -97,6 +104,12 @@ def saved_bytes(node: fx.Node) -> float:
     if not isinstance(val, torch.Tensor):
         return math.inf
     return float(val.numel() * val.element_size())
+
+
+def _random(node: fx.Node) -> bool:
+    if node.target is operator.getitem:
+        node = node.all_input_nodes[0]
+    return torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ())
 
 
 def recomputable(node: fx.Node) -> bool:
@@ -193,6 +206,21 @@ def _extract(
     return out
 
 
+def _recompute_late(gm: fx.GraphModule) -> None:
+    """Move each recomputed op of a checkpointed region to just before its first user, so
+    the backward rebuilds a region when its gradients need it, as eager's checkpointing does,
+    rather than every region's values at once (extraction keeps the joint graph's order)."""
+    for node in reversed(list(gm.graph.nodes)):
+        if REGION not in node.meta or node.op != "call_function" or not node.users:
+            continue
+        first = node.next
+        while first not in node.users:
+            first = first.next
+        if first is not node.next:
+            first.prepend(node)
+    gm.recompile()
+
+
 @dataclasses.dataclass
 class _Joint:
     """A joint graph's nodes sorted by role."""
@@ -234,14 +262,40 @@ class _Joint:
             and (n in bw_outs or any(u in self.tangent_side and u in bw_needed for u in n.users))
         }
 
-    def min_cut(self, overwritten: set[fx.Node]) -> set[fx.Node]:
-        """The cheapest values to save, recomputing what the policy allows."""
-        unsavable = overwritten | {n for n in self.relevant if n.op == "get_attr"}
+    def checkpointed(self) -> set[fx.Node]:
+        """The forward ops of checkpointed regions that the backward recomputes and that
+        must not be saved: all but random ones and the region's outputs (values a forward op
+        outside the region reads, or the graph returns), which the forward computes and
+        saves, as eager's checkpointing keeps the next region's input."""
+        fw_needed = _ancestors(self.forward_outputs, set())
+        outputs = set(self.forward_outputs)
+        return {
+            n
+            for n in self.relevant
+            if n.meta.get(REGION) is not None
+            and n not in self.tangent_side
+            and not _random(n)
+            and n not in outputs
+            and not any(u in fw_needed and u.meta.get(REGION) != n.meta[REGION] for u in n.users)
+        }
+
+    def min_cut(self, overwritten: set[fx.Node], *, policy: bool = True) -> set[fx.Node]:
+        """The cheapest values to save, recomputing what the policy allows (with ``policy``
+        False: only checkpointed regions, and backward-only values, are recomputed)."""
+        interior = self.checkpointed()
+        unsavable = overwritten | interior | {n for n in self.relevant if n.op == "get_attr"}
+        fw_needed = _ancestors(self.forward_outputs, set())
         forward = {
             n
             for n in self.relevant
             if n not in self.tangent_side
-            and (not recomputable(n) or materialized_in_backward(n, self.tangent_side))
+            and n not in interior
+            and (
+                REGION in n.meta
+                or (not policy and n in fw_needed)
+                or not recomputable(n)
+                or materialized_in_backward(n, self.tangent_side)
+            )
         }
         problem = CutProblem(
             nodes=self.relevant,
@@ -269,14 +323,17 @@ def partition_joint(
     joint = _Joint.of(gm, num_primals, num_forward_outputs)
     save_all = joint.save_all()
     saved = save_all
-    if mincut:
+    regions = any(REGION in n.meta for n in joint.relevant)
+    if mincut or regions:
         try:
-            saved = joint.min_cut({joint.primals[i] for i in mutated_inputs})
+            saved = joint.min_cut({joint.primals[i] for i in mutated_inputs}, policy=mincut)
         except nx.NetworkXUnbounded:
             log.warning("no finite min cut (a needed value cannot be saved); saving all")
     saved_list = [n for n in gm.graph.nodes if n in saved]
     fw = _extract(gm, joint.primals, [*joint.forward_outputs, *saved_list])
     bw = _extract(gm, saved_list + joint.tangents, joint.grads)
+    if regions:
+        _recompute_late(bw)
     fw_ops = {n.name for n in fw.graph.nodes if n.op == "call_function"}
     stats = PartitionStats(
         saved_bytes=_activation_bytes(saved_list),

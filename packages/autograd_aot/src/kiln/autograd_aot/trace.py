@@ -32,6 +32,7 @@ from kiln.autograd_aot.mutation import (
     scatter_into,
     unhide_mutation,
 )
+from kiln.autograd_aot.regions import REGION, current_region, random_in_region
 from kiln.capture.meta import FakeMode, is_fake, is_noop_restride, meta_of, run_fake, to_fake
 
 __all__ = ["AtenTracer", "trace_aten", "verify_aten_graph"]
@@ -195,6 +196,8 @@ class AtenTracer(TorchDispatchMode):
         if is_mutation(func):
             return self._mutation(func, args, kwargs)
         decomp = self.decompositions.get(func)
+        if decomp is None and current_region.get() is not None:
+            decomp = random_in_region().get(func)
         if decomp is not None:
             with self:
                 out = decomp(*args, **kwargs)
@@ -213,12 +216,17 @@ class AtenTracer(TorchDispatchMode):
         out = run_fake(func, fake_args, fake_kwargs, lambda r: meta_of(self._constant(r)))
         node = self.graph.call_function(func, tuple(node_args), node_kwargs)
         node.meta["val"] = out
+        region = current_region.get()
+        if region is not None:
+            node.meta[REGION] = region
         base = fake_args[0] if is_view(func) else None
         if isinstance(out, (list, tuple)):
             for i, item in enumerate(out):
                 if isinstance(item, torch.Tensor):
                     item_node = self.graph.call_function(operator.getitem, (node, i))
                     item_node.meta["val"] = item
+                    if region is not None:
+                        item_node.meta[REGION] = region
                     step = ViewStep(func, tuple(fake_args[1:]), tuple(fake_kwargs.items()), i)
                     self._track(item, item_node, base, step)
         elif isinstance(out, torch.Tensor):

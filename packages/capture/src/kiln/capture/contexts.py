@@ -7,19 +7,22 @@ fake results get the right ``requires_grad``) and in the graph, as
 where eager code would. (Inside ``inference_mode`` the graph disables grad;
 its results are ordinary tensors, not inference tensors.) ``torch.autocast``
 is entered while tracing and recorded as ``_enter_autocast``/``_exit_autocast``
-nodes around the ops it covers.
+nodes around the ops it covers. Activation checkpointing's region
+(``checkpointing.recompute_region``) marks the nodes made inside it.
 """
 
 from __future__ import annotations
 
+import itertools
 import types
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kiln.capture import dispatch, literals
+from kiln.capture import checkpointing, dispatch, literals
 from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.values.base import ConstantValue, Value
+from kiln.capture.wrap import function_value
 
 if TYPE_CHECKING:
     from kiln.capture.tracer import Tracer
@@ -29,6 +32,7 @@ __all__ = [
     "ContextValue",
     "DecoratedValue",
     "ExitValue",
+    "RegionValue",
     "decorate",
     "make_context",
 ]
@@ -85,6 +89,32 @@ class AutocastValue(ContextValue):
         tr.out.create_node("call_function", exit_fn, (self.nodes.pop(),), {}, None)
 
 
+_REGION_IDS = itertools.count()
+
+
+class RegionValue(ContextValue):
+    """A checkpointed region: the ops traced inside get ``meta["kiln_recompute"]``, one id
+    per region (a nested region's ops take the enclosing one's: the whole is recomputed)."""
+
+    def __init__(self) -> None:
+        super().__init__(torch.is_grad_enabled())
+        self.before: list[set[Any]] = []
+
+    def python_type(self) -> type:
+        return checkpointing.recompute_region
+
+    def enter(self, tr: Tracer) -> None:
+        self.before.append(set(tr.out.graph.nodes))
+
+    def exit(self, tr: Tracer) -> None:
+        if not self.before:
+            return
+        before, region = self.before.pop(), next(_REGION_IDS)
+        for node in tr.out.graph.nodes:
+            if node not in before and node.op.startswith("call_"):
+                node.meta["kiln_recompute"] = region
+
+
 class ExitValue(Value):
     """The ``__exit__`` BEFORE_WITH leaves on the stack for a grad-mode context."""
 
@@ -123,6 +153,8 @@ def make_context(obj: Any, args: list[Value], kwargs: dict[str, Value]) -> Value
     if obj is torch.set_grad_enabled:
         mode = (args[0] if args else kwargs["mode"]).as_constant()
         return _applied(bool(mode))
+    if obj is checkpointing.recompute_region:
+        return RegionValue()
     if obj is torch.inference_mode:
         mode = (args[0] if args else kwargs.get("mode", ConstantValue(True))).as_constant()
         # c10's InferenceMode(enabled) sets grad mode to ``not enabled``: inference_mode(False)
@@ -163,6 +195,18 @@ def _call_decorated(
     result = dispatch.call(tr, fn.fn, args, kwargs)
     fn.ctx.exit(tr)
     return result
+
+
+@dispatch.CALL.register(checkpointing.CheckpointValue)
+def _call_checkpoint(
+    tr: Tracer, fn: checkpointing.CheckpointValue, args: list[Value], kwargs: dict[str, Value]
+) -> Value:
+    why = checkpointing.untraceable(fn.obj, args, kwargs)
+    if why is not None:
+        raise unsupported("unsupported_call", why)
+    stand_in = checkpointing.stand_in(fn.obj)
+    assert stand_in is not None
+    return dispatch.call(tr, function_value(stand_in, None), args, kwargs)
 
 
 @dispatch.CALL.register(ExitValue)

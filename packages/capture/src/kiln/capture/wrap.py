@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from kiln.capture import library_functions
+from kiln.capture import checkpointing, library_functions
 from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.graph import OutputGraph
 from kiln.capture.guard_data import GuardKind
@@ -113,6 +113,8 @@ def _wrap(out: OutputGraph, obj: Any, source: Source | None) -> Value:
     if isinstance(obj, types.FunctionType):
         if source is not None:
             out.guard(source, GuardKind.ID_MATCH, id(obj))
+        if checkpointing.stand_in(obj) is not None:
+            return checkpointing.CheckpointValue(obj, source)
         if is_special(obj) or is_torch_callable(obj) or _runs_natively(obj):
             return ObjectValue(obj, source)
         stand_in = library_functions.substitute(obj)
@@ -196,9 +198,6 @@ def _runs_natively(fn: types.FunctionType) -> bool:
     """Functions called as they are (a graph break), never traced or compiled.
 
     Functions that look at the call stack must see the program's frames, not Kiln's.
-    Activation checkpointing recomputes its region with the original Python function
-    during backward and checks that it saves the same tensors as the forward did: a
-    compiled forward saves others, so the region runs eagerly on both passes.
     """
     inner = getattr(fn, "__wrapped__", fn)
     where = (getattr(inner, "__module__", None), getattr(inner, "__name__", None))
@@ -207,8 +206,6 @@ def _runs_natively(fn: types.FunctionType) -> bool:
 
 _NATIVE_FUNCTIONS = frozenset(
     [
-        ("torch.utils.checkpoint", "checkpoint"),
-        ("torch.utils.checkpoint", "checkpoint_sequential"),
         # they read the running frames: under capture these are Kiln's own
         *(("inspect", n) for n in ("stack", "currentframe", "getouterframes", "trace")),
         *(("traceback", n) for n in ("extract_stack", "format_stack", "print_stack", "walk_stack")),
