@@ -335,8 +335,9 @@ def property_through_mode(tr: Tracer, tensor: TensorValue, name: str) -> Value |
     """``tensor.name`` for a property torch hands to a mode (``x.shape``); None when no mode
     is open. The mode gets ``Tensor.name.__get__`` and ``(tensor,)``, as in eager."""
     stack = _STACKS.get(tr.out)
-    descriptor = getattr(torch._C.TensorBase, name, None)
-    if stack is None or not stack.active() or not hasattr(descriptor, "__get__"):
+    if stack is None or not stack.active():
+        return None
+    if not hasattr(getattr(torch._C.TensorBase, name, None), "__get__"):
         return None
     probed = _probe(tr, lambda t: getattr(t, name), [tensor], {})
     if probed is None:
