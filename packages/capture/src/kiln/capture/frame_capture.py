@@ -44,12 +44,16 @@ from kiln.capture.result import (
     split_method,
 )
 from kiln.capture.source import ClosureSource, LocalSource
+from kiln.capture.torch_functions import Site, answering_compiling
 from kiln.capture.tracer import CO_GENERATOR_LIKE
 from kiln.capture.values.base import Value
 from kiln.capture.values.containers import CellValue
 from kiln.capture.wrap import wrap
 
 __all__ = ["CaptureResult", "GraphBreak", "capture", "trace_frame"]
+
+# places where ``torch.compiler.is_compiling()`` may answer as in eager, one per new trace
+_EAGER_ANSWERS = 3
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +79,30 @@ def _fresh_containers(code: types.CodeType) -> list[str]:
 
 
 def trace_frame(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> TracedFrame:
-    """Trace one call of ``fn`` symbolically; raise :class:`Unsupported` if it cannot."""
+    """Trace one call of ``fn`` symbolically; raise :class:`Unsupported` if it cannot.
+
+    The trace answers ``torch.compiler.is_compiling()`` with True, so library code takes the
+    path it wrote for compilers. Where that path raises an exception the frame does not
+    catch (a default mask eager builds is left None), eager's path may not: the frame is
+    traced again with the last place that asked before the exception answering False, as
+    in eager, a few places at most, and gives up when eager's answers raise too.
+    """
+    eager_sites: frozenset[Site] = frozenset()
+    for _ in range(_EAGER_ANSWERS):
+        with answering_compiling(eager_sites) as answer:
+            try:
+                return _trace(fn, args, kwargs)
+            except Unsupported as e:
+                new = [s for s in answer.asked if s not in eager_sites]
+                if not new or e.kind != "user_exception" or break_state(e) is not None:
+                    raise
+                log.info("%s on the compiled path; tracing eager's answer there", e)
+                eager_sites |= {new[-1]}
+    with answering_compiling(eager_sites):
+        return _trace(fn, args, kwargs)
+
+
+def _trace(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> TracedFrame:
     func, args = split_method(fn, args)
     code = func.__code__
     if code.co_flags & CO_GENERATOR_LIKE:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import fx
 
-from kiln.capture import dispatch, function_modes, numpy_calls
+from kiln.capture import dispatch, function_modes, numpy_calls, tensor_constants
 from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.errors import Unsupported
 from kiln.capture.torch_functions import (
@@ -24,6 +24,7 @@ from kiln.capture.torch_functions import (
     CONSTANT_FOLDED,
     REFUSED,
     RESEEDS,
+    compiling_answer,
     is_special,
     is_torch_callable,
     unwrapped,
@@ -203,7 +204,7 @@ def call_function(tr: Tracer, fn: Any, args: list[Value], kwargs: dict[str, Valu
     """``fn(*args, **kwargs)`` for a torch function or an operator on tensors."""
     base = unwrapped(fn)
     if base in COMPILING:
-        return ConstantValue(True)
+        return ConstantValue(compiling_answer(tuple((t.code, t.ip) for t in tr.out.active)))
     if base in RESEEDS:
         raise unsupported("rng_reseeded", f"torch.{fn.__name__}")
     if base in REFUSED:
@@ -302,6 +303,9 @@ def _call_tensor_method(
 
 @dispatch.TRUTH.register(TensorValue)
 def _tensor_truth(tr: Tracer, v: TensorValue) -> bool:
+    known = tensor_constants.value_of(tr, v)  # computed from constants alone
+    if known is not None:
+        return bool(known)
     raise unsupported("data_dependent_branch", f"the truth of a {v.python_type().__name__}")
 
 

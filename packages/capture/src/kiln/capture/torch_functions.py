@@ -7,7 +7,11 @@ live here, below both, so that wrapping values never depends on the evaluator.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import dataclasses
 import types
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -15,8 +19,12 @@ import torch
 __all__ = [
     "COMPILING",
     "CONSTANT_FOLDED",
+    "CompilingAnswer",
+    "Site",
     "REFUSED",
     "RESEEDS",
+    "answering_compiling",
+    "compiling_answer",
     "is_special",
     "is_torch_callable",
     "unwrapped",
@@ -61,6 +69,48 @@ REFUSED = {
 COMPILING = {
     unwrapped(f) for f in (torch.compiler.is_compiling, torch.compiler.is_dynamo_compiling)
 }
+
+
+#: Where a trace asks ``torch.compiler.is_compiling()``: the code and instruction index of
+#: every frame on the inline stack, outermost first (a loop's iterations share one site).
+Site = tuple[tuple[types.CodeType, int], ...]
+
+
+@dataclasses.dataclass
+class CompilingAnswer:
+    """How one trace answers ``torch.compiler.is_compiling()``, and where it was asked.
+
+    True, the library's compiled path, except at ``eager_sites``, which answer False as
+    eager does.
+    """
+
+    eager_sites: frozenset[Site] = frozenset()
+    asked: list[Site] = dataclasses.field(default_factory=list)
+
+
+_ANSWER: contextvars.ContextVar[CompilingAnswer | None] = contextvars.ContextVar(
+    "kiln_is_compiling", default=None
+)
+
+
+@contextlib.contextmanager
+def answering_compiling(eager_sites: frozenset[Site]) -> Iterator[CompilingAnswer]:
+    """Trace with ``torch.compiler.is_compiling()`` answering False at ``eager_sites``."""
+    answer = CompilingAnswer(eager_sites)
+    token = _ANSWER.set(answer)
+    try:
+        yield answer
+    finally:
+        _ANSWER.reset(token)
+
+
+def compiling_answer(site: Site) -> bool:
+    """``torch.compiler.is_compiling()`` asked at ``site`` in the trace."""
+    answer = _ANSWER.get()
+    if answer is None:
+        return True
+    answer.asked.append(site)
+    return site not in answer.eager_sites
 
 
 def is_special(obj: Any) -> bool:
