@@ -287,6 +287,16 @@ def test_symbols_ranges_are_guarded() -> None:
         "L['x'].size()[0] <= 64",
     ]
     assert failing_guards(env, values_of(env, {"x": torch.empty(65, 5)}))
+    # two symbols found equal keep both ranges
+    env = ShapeEnv(duck_shape=False)
+    x = symbolic_meta(torch.empty(8), LocalSource("x"), env)
+    y = symbolic_meta(torch.empty(8), LocalSource("y"), env, ranges={0: (4, 64)})
+    assert bool(x.size(0) == y.size(0))
+    assert guard_code(env) == [
+        "L['x'].size()[0] == L['y'].size()[0]",
+        "L['x'].size()[0] >= 4",
+        "L['x'].size()[0] <= 64",
+    ]
 
 
 def test_without_zero_one_specialization_sizes_stay_symbolic() -> None:

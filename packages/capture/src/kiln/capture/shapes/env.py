@@ -75,6 +75,7 @@ class ShapeEnv:
         self._guards: dict[sympy.Basic, ShapeGuard] = {}
         self._by_source: dict[Source, sympy.Expr] = {}
         self._duck: dict[int, sympy.Symbol] = {}
+        self._static: dict[sympy.Basic, Scalar | None] = {}
 
     # -- creating symbols ------------------------------------------------------------------
 
@@ -157,7 +158,16 @@ class ShapeEnv:
         return _to_python(expr.xreplace(values))
 
     def static_value(self, expr: sympy.Basic) -> Scalar | None:
-        """The value of ``expr`` if what is known decides it for every reuse, else None."""
+        """The value of ``expr`` if what is known decides it for every reuse, else None.
+        Answers are cached until a guard teaches the env something (meta kernels ask the same
+        questions many times, and bounding a sum several ways is not cheap)."""
+        if expr in self._static:
+            return self._static[expr]
+        value = self._static_value(expr)
+        self._static[expr] = value
+        return value
+
+    def _static_value(self, expr: sympy.Basic) -> Scalar | None:
         ranges = self._ranges()
         expr = reduce_by_ranges(self.simplify(expr), ranges)
         if not expr.free_symbols:
@@ -172,7 +182,9 @@ class ShapeEnv:
                 return decisive
             return None if None in values else not decisive
         if isinstance(expr, sympy.core.relational.Relational):
-            return _decide(expr, tight_bounds(expr.lhs - expr.rhs, ranges))
+            diff = expr.lhs - expr.rhs
+            quick = _decide(expr, bounds(diff, ranges))
+            return quick if quick is not None else _decide(expr, tight_bounds(diff, ranges))
         r = bounds(expr, ranges)
         return int(r.lower) if r.lower == r.upper else None
 
@@ -233,6 +245,7 @@ class ShapeEnv:
             raise AssertionError(msg)
         self._guards[relation] = ShapeGuard(relation, origin)
         self._refine(relation)
+        self._static.clear()
 
     def _refine(self, relation: sympy.Basic) -> None:
         """Learn from a relation just assumed: equalities become replacements, bounds on one
@@ -269,7 +282,10 @@ class ShapeEnv:
             return
         target, value = max(candidates, key=lambda c: _index(c[0]))
         if isinstance(value, sympy.Symbol) and value in self.symbols:
-            self.symbols[value].range = self.symbols[value].range & self.symbols[target].range
+            # the symbol kept carries both ranges, and both are guarded on it
+            kept, gone = self.symbols[value], self.symbols[target]
+            kept.range = kept.range & gone.range
+            kept.declared = kept.declared & gone.declared
         self.replacements = {k: v.xreplace({target: value}) for k, v in self.replacements.items()}
         self.replacements[target] = value
 
