@@ -73,6 +73,22 @@ def test_instance_attribute_set_after_a_call_shadows_the_class(backend, cls):
     agree(cg, g)
 
 
+def test_getattr_answer_then_set_on_the_class():
+    class Lazy:
+        def __getattr__(self, name):
+            return 3.0
+
+    a = Lazy()
+
+    def g(x):
+        return x * a.scale
+
+    cg = kiln.compile(g, backend="eager")
+    agree(cg, g)
+    Lazy.scale = 7.0  # found by the class lookup now: __getattr__ no longer runs
+    agree(cg, g)
+
+
 def test_shadowed_method_of_an_argument():
     def g(obj, x):
         return obj.f(x)

@@ -239,7 +239,7 @@ def plain_object_attr(tr: Tracer, v: ObjectValue, name: str) -> Value:
     try:
         static = inspect.getattr_static(obj, name)
     except AttributeError:
-        guard_not_shadowed(tr, v, name, None)
+        guard_not_shadowed(tr, v, name, MISSING)
         return _missing_attr(tr, v, name)
     in_dict = name in getattr(obj, "__dict__", {})
     descriptor = inspect.getattr_static(type(obj), name, None)

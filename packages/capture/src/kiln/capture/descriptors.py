@@ -93,11 +93,15 @@ def guard_not_shadowed(tr: Tracer, v: ObjectValue, name: str, descriptor: Any) -
     """Guard that the instance's own ``__dict__`` still lacks ``name``.
 
     What the trace found on the class (a method, another non-data descriptor) or its missing
-    name (``__getattr__`` ran) loses to an instance attribute of that name set after the call
-    (``a.f = other``). A data descriptor wins over the instance's dict, and an object without
-    a ``__dict__`` cannot be given one: those need no guard.
+    name (``descriptor`` MISSING: ``__getattr__`` ran) loses to an instance attribute of that
+    name set after the call (``a.f = other``); a missing name, also to one set on the class
+    later. A data descriptor wins over the instance's dict, and an object without a
+    ``__dict__`` cannot be given one: those need no guard.
     """
     if v.source is None or is_data_descriptor(descriptor):
         return
+    if descriptor is MISSING:
+        found = hasattr(type(v.obj), name)
+        tr.out.guard(v.source.attr("__class__"), GuardKind.HASATTR, (name, found))
     if isinstance(getattr(v.obj, "__dict__", None), dict):
         tr.out.guard(v.source, GuardKind.NOT_IN_INSTANCE_DICT, name)
