@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import fx
 
-from kiln.capture import dispatch, function_modes, numpy_calls
+from kiln.capture import dispatch, function_modes, numpy_calls, tensor_constants
 from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.errors import Unsupported
 from kiln.capture.torch_functions import (
@@ -303,6 +303,9 @@ def _call_tensor_method(
 
 @dispatch.TRUTH.register(TensorValue)
 def _tensor_truth(tr: Tracer, v: TensorValue) -> bool:
+    known = tensor_constants.value_of(tr, v)  # computed from constants alone
+    if known is not None:
+        return bool(known)
     raise unsupported("data_dependent_branch", f"the truth of a {v.python_type().__name__}")
 
 
