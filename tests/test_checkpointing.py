@@ -279,3 +279,27 @@ def test_bert_gradient_checkpointing_saves_less() -> None:
         run(ids)
         measured.append(_saved_activation_bytes(model, run, ids))
     assert measured[1] * 4 < measured[0]
+
+
+def test_break_inside_the_region_runs_torch_checkpoint() -> None:
+    """A function capture cannot trace whole runs under torch's own checkpoint."""
+    calls: list[float] = []
+
+    def region(t: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        calls.append(t.sum().item())  # a graph break: the region is left to torch
+        return (t @ w).tanh() * 2
+
+    def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return checkpoint(region, x.cos(), w, use_reentrant=False).sum(-1)
+
+    assert kiln.explain(fn)(torch.randn(3, 4), torch.randn(4, 4)).graph_break_count >= 1
+    compiled = kiln.compile(fn)
+    for _ in range(2):
+        x, w = torch.randn(3, 4), torch.randn(4, 4, requires_grad=True)
+        calls.clear()
+        compiled(x, w).sum().backward()
+        assert len(calls) == 2  # the forward, and torch's recomputation in the backward
+        grad = w.grad
+        w.grad = None
+        fn(x, w).sum().backward()
+        torch.testing.assert_close(grad, w.grad)
