@@ -421,6 +421,24 @@ def test_symnode_protocol() -> None:
     assert env.recorded == []
 
 
+def test_every_decision_form_guards_as_guard_bool_does() -> None:
+    # torch's meta kernels ask through torch._check, guard_or_false, guard_size_oblivious,
+    # expect_true: every symbol has a hint, so each is a decision with a guard
+    env = ShapeEnv()
+    (x,) = _metas(env, [(6, 5)])
+    node = (x.size(0) > 4).node
+    for name in ("expect_true", "guard_size_oblivious", "guard_or_false", "guard_or_true"):
+        assert getattr(node, name)("", 0) is True
+    torch._check(x.size(1) < 9)
+    assert decided(env) == ["L['a0'].size()[0] > 4", "L['a0'].size()[1] < 9"]
+    assert node.statically_known_true("", 0) is True  # known now: it is a guard
+    values = values_of(env, {"a0": torch.empty(6, 12)})
+    (failed,) = failing_guards(env, values)
+    assert describe_failure(env, failed, values).startswith(
+        f"L['a0'].size()[1] < 9 failed: got 12 (assumed at {__file__}:"
+    )
+
+
 def test_source_kinds_for_sizes_and_strides() -> None:
     t = torch.empty(3, 4)
     assert str(SizeSource(LocalSource("x"), 1)) == "L['x'].size()[1]"
@@ -450,6 +468,9 @@ def test_guards_fail_exactly_where_the_decisions_would_differ() -> None:
     traced = _program(x, y)
     assert len(env.recorded) == len(traced)
     code = guard_code(env)
+    local_code = guard_code(
+        env, lambda src: str(src).replace("L['a0']", "a0").replace("L['a1']", "a1")
+    )
     rng = random.Random(0)
     seen = {True: 0, False: 0}
     for _ in range(300):
@@ -459,7 +480,8 @@ def test_guards_fail_exactly_where_the_decisions_would_differ() -> None:
         holds = not failing_guards(env, values_of(env, frame))
         same = _program(frame["a0"], frame["a1"]) == traced
         assert holds == same, (xs, ys)
-        # the printed text agrees with the evaluator
+        # the printed text agrees with the evaluator, however sources are spelled
         assert all(eval(c, {"L": frame, "math": math}) for c in code) == holds
+        assert all(eval(c, {**frame, "math": math}) for c in local_code) == holds
         seen[holds] += 1
     assert seen[True] > 5 and seen[False] > 5

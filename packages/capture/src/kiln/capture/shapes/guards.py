@@ -9,7 +9,7 @@ why one failed in the user's terms (``L['x'].size()[1] == 1 failed: got 7``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import sympy
@@ -25,12 +25,15 @@ class _SourcePrinter(StrPrinter):  # type: ignore[misc]
     """Python text for shape expressions: symbols as their sources, Python's operators for
     Kiln's integer functions (``math`` must be in scope for ``floor``/``ceil``)."""
 
-    def __init__(self, sources: Mapping[sympy.Symbol, Source]) -> None:
+    def __init__(
+        self, sources: Mapping[sympy.Symbol, Source], name_of: Callable[[Source], str]
+    ) -> None:
         super().__init__()
         self.sources = sources
+        self.name_of = name_of
 
     def _print_Symbol(self, expr: sympy.Symbol) -> str:
-        return str(self.sources[expr])
+        return self.name_of(self.sources[expr])
 
     def _wrap(self, expr: Any) -> str:
         text = self._print(expr)
@@ -95,14 +98,15 @@ def _sources(env: ShapeEnv) -> dict[sympy.Symbol, Source]:
     return {s: info.source for s, info in env.symbols.items()}
 
 
-def expr_code(env: ShapeEnv, expr: sympy.Basic) -> str:
-    """``expr`` as Python text over the sources of its symbols."""
-    return str(_SourcePrinter(_sources(env)).doprint(expr))
+def expr_code(env: ShapeEnv, expr: sympy.Basic, name_of: Callable[[Source], str] = str) -> str:
+    """``expr`` as Python text over the sources of its symbols, each printed by ``name_of``
+    (a source's own text by default; a guard compiler passes how it reads a source)."""
+    return str(_SourcePrinter(_sources(env), name_of).doprint(expr))
 
 
-def guard_code(env: ShapeEnv) -> list[str]:
-    """Each recorded guard as a Python boolean expression over sources, in order."""
-    printer = _SourcePrinter(_sources(env))
+def guard_code(env: ShapeEnv, name_of: Callable[[Source], str] = str) -> list[str]:
+    """Each guard (``env.guards``) as a Python boolean expression over sources, in order."""
+    printer = _SourcePrinter(_sources(env), name_of)
     return [str(printer.doprint(g.expr)) for g in env.guards]
 
 
