@@ -243,3 +243,44 @@ def test_mode_stack_changed_by_a_generator_is_not_traced():
     # a generator runs to its end at its call: the pop and the push would both precede the add
     with pytest.raises(Unsupported):
         _capture(popped_in_generator, (torch.zeros(3),))
+
+
+class Bias(TorchFunctionMode):
+    """A mode made outside the frame: its tensor is a graph input, its counter a side effect."""
+
+    def __init__(self, b):
+        super().__init__()
+        self.b = b
+        self.n = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.n += 1
+        out = func(*args, **(kwargs or {}))
+        if func is torch.Tensor.mul:
+            out = out + self.b
+        return out
+
+
+BIAS = Bias(torch.randn(3))
+
+
+def global_mode_block(x):
+    with BIAS:
+        y = F.linear(x, torch.ones(3, 3)) * 2
+    return y * 3
+
+
+def test_mode_made_outside_the_frame():
+    result = _capture(global_mode_block, (torch.randn(2, 3),))
+    assert len(result.graphs) == 1
+    # the counter's store is replayed from the value it had at capture (guards would recompile
+    # when it changes): one call right after capture counts as eager's does
+    start = BIAS.n
+    x = torch.randn(2, 3)
+    got = result.function(x)
+    assert BIAS.n == start + 3
+    torch.testing.assert_close(got, global_mode_block(x))
+    assert BIAS.n == start + 6
+    for _ in range(3):
+        x = torch.randn(2, 3)
+        torch.testing.assert_close(result.function(x), global_mode_block(x))
