@@ -303,3 +303,28 @@ def test_break_inside_the_region_runs_torch_checkpoint() -> None:
         w.grad = None
         fn(x, w).sum().backward()
         torch.testing.assert_close(grad, w.grad)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_nested_regions_keyword_arguments_and_no_grad(backend: str) -> None:
+    """A region inside a region is recomputed with it; keyword arguments reach the
+    function (non-reentrant form); under no_grad the checkpoint is a plain call."""
+    torch.manual_seed(0)
+    lin = nn.Linear(8, 8)
+
+    def inner(x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        return lin(x).relu() * scale
+
+    def outer(x: torch.Tensor) -> torch.Tensor:
+        return checkpoint(inner, x, use_reentrant=False, scale=2.0).tanh() + x
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return checkpoint(outer, x, use_reentrant=False).sin().sum(-1)
+
+    compiled = kiln.compile(fn, backend=backend, fullgraph=True)
+    for _ in range(3):
+        x = torch.randn(4, 8)
+        torch.testing.assert_close(_step(lin, compiled, x), _step(lin, fn, x))
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), fn(x))
+    _no_fallback()
