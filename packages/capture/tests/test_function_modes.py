@@ -284,3 +284,42 @@ def test_mode_made_outside_the_frame():
     for _ in range(3):
         x = torch.randn(2, 3)
         torch.testing.assert_close(result.function(x), global_mode_block(x))
+
+
+@contextlib.contextmanager
+def _no_grad_around():
+    previous = torch.is_grad_enabled()
+    torch.set_grad_enabled(False)
+    try:
+        yield
+    finally:
+        torch.set_grad_enabled(previous)
+
+
+def grad_off_in_generator(x):
+    with _no_grad_around():
+        y = x * 2
+    return y * 3, y.requires_grad
+
+
+def balanced_generator(x):
+    def items():
+        with torch.no_grad():
+            a = x * 2  # grad mode back on before the yield: the consumer sees no change
+        yield a
+        yield x + 1
+
+    return sum(items())
+
+
+def test_generator_yielding_under_changed_grad_mode_is_not_traced_whole():
+    # the generator runs to its end at its call: the block would run with grad enabled again
+    result = _capture(grad_off_in_generator, (torch.randn(3, requires_grad=True),))
+    assert result.graph_breaks
+    x = torch.randn(3, requires_grad=True)
+    got, expected = result.function(x), grad_off_in_generator(x)
+    torch.testing.assert_close(got[0], expected[0])
+    assert got[1] is expected[1] is False
+    assert torch.is_grad_enabled()
+    ok = _capture(balanced_generator, (torch.randn(3, requires_grad=True),))
+    assert len(ok.graphs) == 1 and not ok.graph_breaks

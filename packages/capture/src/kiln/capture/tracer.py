@@ -17,6 +17,8 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from kiln.capture.binding import bind_arguments
 from kiln.capture.breaks.reasons import UserException, unsupported
 from kiln.capture.bytecode.decode import decode
@@ -97,6 +99,9 @@ class Tracer:
         self._exception_table: list[tuple[int, int, int, int, bool]] | None = None
         self.exc_stack: list[Value] = []  # exceptions being handled (PUSH_EXC_INFO)
         self.yielded: list[Value] | None = None  # items of a generator run eagerly
+        # grad mode and open autocast blocks when a generator run eagerly started: its consumer
+        # runs all its steps under them (check_generator_state)
+        self.started_under: tuple[bool, int] | None = None
 
     # the loop ----------------------------------------------------------------
     def run(self) -> Value:
@@ -297,14 +302,31 @@ class Tracer:
         if generator:
             # run the generator to its end now; its items are then iterated as a list
             child.yielded = []
+            child.started_under = (torch.is_grad_enabled(), len(self.out.entered))
             try:
                 returned = child.run()
             except UserException as e:  # raised for the consumer after the items yielded
                 return GeneratorIterator(
                     child.yielded, ConstantValue(None), leaving_generator(e.exc)
                 )
+            child.check_generator_state()
             return GeneratorIterator(child.yielded, returned)
         return child.run()
+
+    def check_generator_state(self) -> None:
+        """Refuse a generator that yields or ends with grad mode or autocast changed.
+
+        It runs to its end at its call, so its consumer's code between two of its steps would
+        run under the state the generator left last, not the one it left at that step (a
+        ``@contextmanager`` that disables grad around its ``yield``).
+        """
+        if self.started_under is None:
+            return
+        if (torch.is_grad_enabled(), len(self.out.entered)) != self.started_under:
+            raise unsupported(
+                "unsupported_context",
+                f"{self.code.co_qualname} yields with grad mode or autocast changed",
+            )
 
     def _real_defaults(self, fn: UserFunctionValue) -> tuple[tuple[Value, ...], dict[str, Value]]:
         real = fn.real

@@ -45,6 +45,7 @@ def return_generator(tr: Tracer, ins: dis.Instruction) -> None:
 def yield_value(tr: Tracer, ins: dis.Instruction) -> None:
     if tr.yielded is None:
         raise unsupported("unsupported_opcode", "yield outside an inlined generator")
+    tr.check_generator_state()
     tr.yielded.append(tr.pop())
     if len(tr.yielded) > MAX_YIELDS:
         raise unsupported("inline_limit", f"a generator with over {MAX_YIELDS} items")
