@@ -328,3 +328,36 @@ def test_nested_regions_keyword_arguments_and_no_grad(backend: str) -> None:
         with torch.no_grad():
             torch.testing.assert_close(compiled(x), fn(x))
     _no_fallback()
+
+
+def test_backward_rebuilds_each_region_when_its_gradients_need_it() -> None:
+    """The backward graph recomputes the last region first and the first last, each just
+    before its gradients, not every region's values at once."""
+    from kiln.autograd_aot import aot_compile
+
+    backwards: list[torch.fx.GraphModule] = []
+
+    def keep(gm: torch.fx.GraphModule, inputs: list[torch.Tensor]) -> Any:
+        backwards.append(gm)
+        return gm
+
+    def backend(gm: torch.fx.GraphModule, inputs: list[torch.Tensor]) -> Any:
+        return aot_compile(gm, inputs, fw_compiler=lambda g, _: g, bw_compiler=keep)
+
+    model = Stack("plain", depth=3)
+    x = torch.randn(4, 16, requires_grad=True)
+    kiln.compile(model, backend=backend, fullgraph=True)(x).sum().backward()
+    (bw,) = backwards
+    nodes = list(bw.graph.nodes)
+    first: dict[int, int] = {}
+    for i, n in enumerate(nodes):
+        if n.op == "call_function" and REGION in n.meta:
+            first.setdefault(n.meta[REGION], i)
+    assert len(first) == 3
+    order = sorted(first, key=first.__getitem__)
+    assert order == sorted(first, reverse=True)
+    gradient_ops = [
+        i for i, n in enumerate(nodes) if n.op == "call_function" and REGION not in n.meta
+    ]
+    # the first region is rebuilt after the later regions' gradients were computed
+    assert sum(1 for i in gradient_ops if i < first[order[-1]]) > 3
