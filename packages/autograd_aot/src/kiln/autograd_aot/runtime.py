@@ -5,6 +5,11 @@ Training runs the compiled forward and backward inside a
 wrapper copies new values into mutated inputs and rebuilds outputs that are
 views of inputs, so autograd sees them as eager would.
 
+Eager's backward runs only the nodes a gradient reaches, and checks only their saved
+tensors for in-place changes. The node runs the backward compiled for the outputs that
+got a gradient (``prune.py``) and checks the saved values the user can reach, and the
+tensors eager's autograd saved, only where that backward or eager's would read them.
+
 A backward with ``create_graph=True`` must itself be differentiable, and the
 compiled backward is not (its saved values carry no history). It runs the
 program again eagerly on the inputs instead and differentiates that, so double
