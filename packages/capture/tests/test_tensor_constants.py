@@ -24,7 +24,8 @@ def _capture(fn, *args):
 
 def test_distribution_built_from_constants(check):
     def fn(x):
-        loc, scale = torch.tensor(0.0, dtype=x.dtype), torch.tensor(1.0, dtype=x.dtype)
+        loc = torch.tensor(0.0, dtype=x.dtype, device=x.device)
+        scale = torch.tensor(1.0, dtype=x.dtype, device="cpu")
         gumbels = torch.distributions.Gumbel(loc, scale).sample(x.shape)
         uniform = torch.distributions.Uniform(torch.zeros(3), torch.ones(3) * 2)
         return (x + gumbels).softmax(-1), uniform.rsample((2,)) * x, uniform.high.sum()

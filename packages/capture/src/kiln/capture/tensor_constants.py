@@ -78,8 +78,8 @@ def value_of(tr: Tracer, v: TensorValue) -> torch.Tensor | None:
         with _disable_current_modes(), torch.no_grad(), _NoRandom():
             for n in ancestors:
                 args, kwargs = fx.node.map_arg((n.args, n.kwargs), lambda a: env[a])
-                args, kwargs = pytree.tree_map(_on_cpu, (args, kwargs))
-                if "device" in kwargs:
+                args, kwargs = pytree.tree_map(_on_cpu, (args, dict(kwargs)))
+                if "device" in kwargs:  # also given as a string
                     kwargs["device"] = _CPU
                 if n.op == "call_method":
                     env[n] = getattr(args[0], str(n.target))(*args[1:], **kwargs)
