@@ -3,6 +3,7 @@ generator and ``explain`` all take a kind's behaviour from its declaration."""
 
 from __future__ import annotations
 
+import functools
 import types
 from typing import Any
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 from kiln import guards
+from kiln.capture import guard_data
 from kiln.capture.guard_data import GuardKind, GuardSpec
 from kiln.capture.source import LocalSource
 from kiln.guards import explain, plan
@@ -116,3 +118,26 @@ def test_condition_and_explanation_agree(guard, passing, failing):
     assert explain.explain(guard, passing) is None
     assert check(None, failing) is False
     assert explain.explain(guard, failing) is not None
+
+
+def test_cached_call_runs_last_and_agrees_with_its_explanation():
+    """A ``CACHED_CALL`` guard calls user code: it runs after every other guard, and it holds
+    while the cache hands back the traced constant (a recomputed equal one counts)."""
+    state = {"k": 2}
+
+    @functools.lru_cache
+    def scale(n):
+        return state["k"] * n
+
+    cached = guard_data.CachedCall(scale, (3,), (), scale(3))
+    guard = GuardSpec(None, GuardKind.CACHED_CALL, cached)
+    others = [plan.rank(k) for k in KINDS if k is not GuardKind.CACHED_CALL]
+    assert plan.rank(GuardKind.CACHED_CALL) > max(others)
+    check = guards.build_check([guard], _pair)
+    state["k"] = 5
+    assert check(None, 1) is True and explain.explain(guard, None) is None  # still cached
+    scale.cache_clear()
+    assert check(None, 1) is False and explain.explain(guard, None) is not None
+    state["k"] = 2
+    scale.cache_clear()
+    assert check(None, 1) is True  # recomputed: the same constant
