@@ -485,3 +485,22 @@ def test_guards_fail_exactly_where_the_decisions_would_differ() -> None:
         assert all(eval(c, {**frame, "math": math}) for c in local_code) == holds
         seen[holds] += 1
     assert seen[True] > 5 and seen[False] > 5
+
+
+def test_bert_forward_keeps_batch_and_sequence_symbolic() -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        vocab_size=100,
+    )
+    model = transformers.BertModel(config).eval().to("meta")
+    env = ShapeEnv()
+    ids = symbolic_meta(torch.randint(0, 100, (2, 8)), LocalSource("input_ids"), env)
+    with torch.no_grad(), SymbolicMetaMode():
+        out = model(input_ids=ids).last_hidden_state
+    assert [str(expr_of(d)) for d in out.shape] == ["s0", "s1", "64"]
+    # the one decision: the sequence fits the position table
+    assert decided(env) == ["L['input_ids'].size()[1] <= 512"]

@@ -48,6 +48,18 @@ def _floordiv(a: sympy.Expr, b: sympy.Expr) -> sympy.Expr:
     return sympy.floor(a / b)
 
 
+def _relation(cls: type) -> ExprFn:
+    """``cls(a, b)`` without sympy's own attempt to decide it, which costs more than the
+    env's range reasoning that decides it when asked; equal sides and numbers still fold."""
+
+    def build(a: sympy.Expr, b: sympy.Expr) -> sympy.Basic:
+        if (a.is_Number and b.is_Number) or a == b:
+            return cls(a, b)
+        return cls(a, b, evaluate=False)
+
+    return build
+
+
 def _binary(
     expr_fn: ExprFn, hint_fn: ExprFn, kind: str = ""
 ) -> Callable[[SymNode, SymNode], SymNode]:
@@ -172,12 +184,12 @@ class SymNode:
     float_pow = _binary(operator.pow, operator.pow, "float")
     sym_min = _binary(sympy.Min, min)
     sym_max = _binary(sympy.Max, max)
-    eq = _binary(sympy.Eq, operator.eq, "bool")
-    ne = _binary(sympy.Ne, operator.ne, "bool")
-    lt = _binary(sympy.Lt, operator.lt, "bool")
-    le = _binary(sympy.Le, operator.le, "bool")
-    gt = _binary(sympy.Gt, operator.gt, "bool")
-    ge = _binary(sympy.Ge, operator.ge, "bool")
+    eq = _binary(_relation(sympy.Eq), operator.eq, "bool")
+    ne = _binary(_relation(sympy.Ne), operator.ne, "bool")
+    lt = _binary(_relation(sympy.Lt), operator.lt, "bool")
+    le = _binary(_relation(sympy.Le), operator.le, "bool")
+    gt = _binary(_relation(sympy.Gt), operator.gt, "bool")
+    ge = _binary(_relation(sympy.Ge), operator.ge, "bool")
     sym_and = _binary(sympy.And, operator.and_, "bool")
     sym_or = _binary(sympy.Or, operator.or_, "bool")
 
@@ -251,10 +263,14 @@ class SymNode:
     # -- decisions: each answers from the hint and records a guard -------------------------
 
     def _decide(self, file: str, line: int) -> Scalar:
+        expr = self.expr
+        known = self.env.static_value(expr)
+        if known is not None:
+            return known
         # torch's own lines (its Python or C++ sources) say less than the user's line does
         inside_torch = not file or "/torch/" in file or "/pytorch/" in file
         origin = _user_line() if inside_torch else f"{file}:{line}"
-        return self.env.evaluate_expr(self.expr, self._hint, origin)
+        return self.env.evaluate_expr(expr, self._hint, origin)
 
     def guard_bool(self, file: str, line: int) -> bool:
         return bool(self._decide(file, line))
