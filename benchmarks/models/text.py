@@ -60,6 +60,13 @@ def bert(s: Size) -> torch.nn.Module:
     return _bert_like("BertConfig", "BertModel", s)
 
 
+def bert_checkpointed(s: Size) -> torch.nn.Module:
+    """BERT whose layers are recomputed in the backward (activation checkpointing)."""
+    model = bert(s)
+    model.gradient_checkpointing_enable()
+    return model
+
+
 def roberta(s: Size) -> torch.nn.Module:
     return _bert_like("RobertaConfig", "RobertaModel", s, pad_token_id=1)
 
@@ -175,6 +182,7 @@ def qwen2(s: Size) -> torch.nn.Module:
 _MODELS: dict[str, tuple[Callable[[Size], torch.nn.Module], bool]] = {
     # name -> (constructor, decoder-only LM using the larger GPU size)
     "hf_bert": (bert, False),
+    "hf_bert_checkpointed": (bert_checkpointed, False),
     "hf_roberta": (roberta, False),
     "hf_distilbert": (distilbert, False),
     "hf_albert": (albert, False),
