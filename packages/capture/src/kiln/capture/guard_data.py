@@ -197,7 +197,7 @@ class CachedCall:
     def holds(self) -> bool:
         """Whether calling it now gives the same constant (its type included)."""
         try:
-            now = self.fn(*self.args, **dict(self.kwargs))
+            now = self.fn(*self.args, **dict(self.kwargs)) if self.kwargs else self.fn(*self.args)
         except Exception:
             return False
         return now is self.result or (type(now) is type(self.result) and now == self.result)
