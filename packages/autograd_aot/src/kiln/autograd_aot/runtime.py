@@ -127,12 +127,15 @@ class _AotFunction(torch.autograd.Function):
         present = tuple(k for k, i in enumerate(program.diff_outputs) if grads[i] is not None)
         if not present:
             return (None,) * (1 + program.num_primals)
-        bw = compiled.backward_for(present)
-        _check_versions(ctx, bw, sum(1 << k for k in present))
-        # unpacking checks the versions of the saved values the user cannot reach
+        mask = sum(1 << k for k in present)
+        # unpacking checks the versions of the saved values the user cannot reach (and
+        # raises if a backward without retain_graph freed them)
         saved = list(ctx.saved_tensors)
         if torch.is_grad_enabled():  # create_graph=True: the result must be differentiable
+            _check_versions(ctx, (), mask)  # it reads no saved value: it runs the program again
             return (None, *_differentiable_backward(ctx, grads))
+        bw = compiled.backward_for(present)
+        _check_versions(ctx, bw.saved, mask)
         # the inputs are kept for a differentiable backward only until a plain one ran
         # (with retain_graph a later create_graph=True backward then raises)
         ctx.primals = None
@@ -170,17 +173,17 @@ def _saved_freed(ctx: Any) -> bool:
     return False
 
 
-def _check_versions(ctx: Any, bw: Backward, present: int) -> None:
+def _check_versions(ctx: Any, reads: Sequence[int], present: int) -> None:
     """Raise as eager's backward would where a value it needs was changed in place: one
-    eager's autograd saved for a node the present gradients reach, or one the compiled
-    backward ``bw`` reads (an input or output the user may have changed)."""
+    eager's autograd saved for a node the present gradients reach, or a saved value at
+    ``reads`` (what the backward run reads) that the user can reach."""
     compiled: CompiledProgram = ctx.compiled
     program = compiled.program
     held: list[torch.Tensor] | None = ctx.held
     if held is None:
         return  # freed: autograd's own unpacking raises the backward-twice error
-    reads = set(bw.saved)
-    wanted = [i in reads for i in compiled.exposed]
+    read = set(reads)
+    wanted = [i in read for i in compiled.exposed]
     wanted += [bool(m & present) for _, m in program.watched_outputs]
     wanted += [bool(m & present) for _, m in program.watched_inputs]
     for t, version, want in zip(held, ctx.versions, wanted, strict=True):
