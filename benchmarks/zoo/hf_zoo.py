@@ -77,6 +77,12 @@ _TINY: dict[str, int] = {
     **dict.fromkeys(["num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"], 4),
     **dict.fromkeys(["num_experts_per_tok", "moe_topk", "top_k"], 2),
     **dict.fromkeys(["n_group", "topk_group", "n_shared_experts"], 1),
+    # Mamba-2 mixers of hybrid models (falcon_h1): the chunked scan materializes
+    # chunk x chunk x heads x state floats, billions at the defaults (256, 128, 256)
+    "mamba_n_heads": HEADS,
+    "mamba_d_ssm": HEADS * 8,
+    "mamba_d_state": 16,
+    "mamba_chunk_size": 16,
     "vocab_size": VOCAB,
     "max_source_positions": 32,
 }
