@@ -347,6 +347,23 @@ def test_value_ranges_answer_without_guards() -> None:
     assert env.static_value(expr_of(a) > 3) is None  # not decided by ranges alone
 
 
+def test_ranges_reduce_max_mod_and_floordiv() -> None:
+    env = ShapeEnv()
+    (x,) = _metas(env, [(9, 5)])
+    a, b = x.size(0), x.size(1)
+    out = (a - 1) // 2 + 1
+    assert bool(torch.sym_max(1, out) == out) and bool(torch.sym_min(a, a * b) == a)
+    assert bool(a % (a * b) == a) and bool((a // (a * b)) == 0)
+    assert expr_of((576 * a * b) // (64 * a * b)) == 9
+    assert env.recorded == []
+    # a real question (is the output size 1?) is recorded without the max around it
+    assert bool(torch.sym_max(1, out) != 1)
+    (text,) = decided(env)
+    assert "max" not in text
+    assert failing_guards(env, values_of(env, {"a0": torch.empty(2, 5)}))
+    assert not failing_guards(env, values_of(env, {"a0": torch.empty(3, 5)}))
+
+
 def test_marked_ranges_bound_a_symbol() -> None:
     env = ShapeEnv()
     x = symbolic_meta(

@@ -237,7 +237,9 @@ class ShapeEnv:
         return out
 
     def _record(self, relation: sympy.Basic, origin: str) -> None:
-        relation = _canonical(simplify_relation(self.simplify(relation), self._ranges()))
+        ranges = self._ranges()
+        relation = reduce_by_ranges(self.simplify(relation), ranges)
+        relation = _canonical(simplify_relation(relation, ranges))
         if relation is sympy.true or relation in self._guards:
             return
         if relation is sympy.false:

@@ -46,8 +46,10 @@ class FloorDiv(sympy.Function):
             return sympy.Integer(int(a) // int(b))
         if isinstance(a, FloorDiv):
             return FloorDiv(a.args[0], a.args[1] * b)
-        if b.is_positive and (a / b).is_integer:
-            return a / b
+        ratio = a / b
+        # a constant ratio (``576*x // (64*x)``) divides exactly whatever x is
+        if ratio.is_Integer or (b.is_positive and ratio.is_integer):
+            return ratio
         return None
 
 
@@ -160,6 +162,9 @@ def bounds(expr: sympy.Basic, ranges: Mapping[sympy.Symbol, Range]) -> Range:
     return _UNKNOWN
 
 
+_MAX_OPS = 40
+
+
 def tight_bounds(expr: sympy.Expr, ranges: Mapping[sympy.Symbol, Range]) -> Range:
     """``bounds`` of ``expr`` over several equal forms of it, intersected.
 
@@ -168,7 +173,8 @@ def tight_bounds(expr: sympy.Expr, ranges: Mapping[sympy.Symbol, Range]) -> Rang
     collected on each symbol; ``a // b`` is also bounded as ``a/b - r`` with ``0 <= r < 1``,
     which relates it to ``a`` elsewhere in the expression.
     """
-    if expr.is_Symbol or expr.is_Number:
+    if expr.is_Symbol or expr.is_Number or sympy.count_ops(expr) > _MAX_OPS:
+        # past a size, expanding and collecting costs more than the guard it could save
         return bounds(expr, ranges)
     ranges = dict(ranges)
     floors = {}
@@ -230,7 +236,8 @@ def simplify_relation(relation: sympy.Basic, ranges: Mapping[sympy.Symbol, Range
 
 def reduce_by_ranges(expr: sympy.Basic, ranges: Mapping[sympy.Symbol, Range]) -> sympy.Basic:
     """``a % b`` as ``a`` and ``a // b`` as 0 where ``0 <= a < b`` for every value in range
-    (``s0 % (s0*s1)`` is ``s0``, ``1 % s2`` is 1: every symbol is at least 2)."""
+    (``s0 % (s0*s1)`` is ``s0``, ``1 % s2`` is 1: every symbol is at least 2), and
+    ``max(a, b)``/``min(a, b)`` as the side that is always the larger/smaller one."""
 
     def smaller(a: sympy.Expr, b: sympy.Expr) -> bool:
         return bool(bounds(a, ranges).lower >= 0 and tight_bounds(b - a, ranges).lower > 0)
@@ -242,4 +249,11 @@ def reduce_by_ranges(expr: sympy.Basic, ranges: Mapping[sympy.Symbol, Range]) ->
     for f in expr.atoms(FloorDiv):
         if smaller(*f.args):
             replacements[f] = sympy.Integer(0)
+    for m in expr.atoms(sympy.Max, sympy.Min):
+        if len(m.args) == 2:
+            a, b = m.args
+            low = tight_bounds(a - b, ranges).lower >= 0  # a >= b always
+            high = tight_bounds(b - a, ranges).lower >= 0  # b >= a always
+            if low or high:
+                replacements[m] = a if low == isinstance(m, sympy.Max) else b
     return expr.xreplace(replacements) if replacements else expr
