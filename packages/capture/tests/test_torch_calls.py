@@ -349,3 +349,37 @@ def test_in_place_on_an_input_that_requires_grad(leaf):
         assert len(result.graphs) == 1 and not result.graph_breaks
         for a, e in zip(actual, expected, strict=True):
             assert torch.equal(a, e) if isinstance(e, torch.Tensor) else a == e
+
+
+def _marks_input_view(x, w):
+    h = x[:, None]  # no history: a leaf, as eager requires
+    h.requires_grad = True
+    return h * w, h.requires_grad, h.is_leaf
+
+
+def _marks_computed(x, w):
+    h = x * w  # has history: eager refuses the flag
+    h.requires_grad = True
+    return h
+
+
+def test_requires_grad_store_on_a_leaf_stays_in_the_graph(check):
+    result = check(_marks_input_view, (torch.randn(3), torch.randn(3, requires_grad=True)))
+    assert not result.graph_breaks
+
+
+def test_requires_grad_store_on_a_non_leaf_raises_as_eager():
+    from kiln.capture import capture
+
+    args = (torch.randn(3), torch.randn(3, requires_grad=True))
+    result = capture(
+        _marks_computed,
+        args,
+        {},
+        compile_graph=lambda gm, ex: gm.forward,
+        wrap_callable=lambda f: f,
+    )
+    assert [b.kind for b in result.graph_breaks] == ["side_effect"]
+    for fn in (_marks_computed, result.function):
+        with pytest.raises(RuntimeError, match="leaf variables"):
+            fn(*args)

@@ -279,6 +279,17 @@ def _tensor_attr(tr: Tracer, v: TensorValue, name: str) -> Value:
     return found if found is not None else TensorMethodValue(v, name)
 
 
+@dispatch.SET_ATTR.register(TensorValue)
+def _set_tensor_attr(tr: Tracer, v: TensorValue, name: str, value: Value, plain: bool) -> None:
+    """``t.requires_grad = flag`` on a tensor that does not require grad (a leaf, so eager
+    allows it: audio encoders mark their input's view for gradient checkpointing) is
+    ``t.requires_grad_(flag)``; other stores to a tensor break the graph and run in Python
+    (eager refuses the flag on a non-leaf, which the fakes cannot tell)."""
+    if name != "requires_grad" or v.fake.requires_grad:
+        raise unsupported("side_effect", f"setting attribute {name!r} of {v}")
+    dispatch.call(tr, TensorMethodValue(v, "requires_grad_"), [value], {})
+
+
 @dispatch.HAS_ATTR.register(TensorValue)
 def _tensor_has_attr(tr: Tracer, v: TensorValue, name: str) -> bool:
     return hasattr(v.fake, name)
