@@ -182,6 +182,15 @@ class _Kiln:
 
 
 class _Dynamo:
+    """torch.compile as it behaves in a fresh process, its own frames run eagerly counted.
+
+    Its first compile in a process turns off argument checks in ``torch.distributions`` for
+    the whole process; here they are off for its own runs only, so the Kiln runs after it in
+    the same process check arguments as a user's program does. A frame it skips (a graph
+    break in a loop runs the whole frame eagerly) counts as given up on, as Kiln's do: graph
+    and break counters alone miss it.
+    """
+
     name = "torch.compile"
 
     def __init__(self) -> None:
@@ -191,6 +200,9 @@ class _Dynamo:
         torch._dynamo.reset()
         counters.clear()
         self.counters = counters
+        distribution = torch.distributions.Distribution
+        self._validate_args = distribution._validate_args
+        distribution.set_default_validate_args(False)
 
     def compile(self, model: torch.nn.Module) -> Callable[..., Any]:
         return torch.compile(model, backend="eager")
@@ -206,9 +218,20 @@ class _Dynamo:
         o.breaks = len(o.sites)
         for site in o.sites:
             o.break_kinds[site["kind"]] = o.break_kinds.get(site["kind"], 0) + 1
+        frames = c["frames"]
+        for _ in range(int(frames.get("total", 0)) - int(frames.get("ok", 0))):
+            o.gave_up.append(
+                {
+                    "frame": "",
+                    "kind": "frame_skipped",
+                    "explanation": "torch.compile ran a frame eagerly",
+                    "where": "",
+                }
+            )
 
     def finish(self, o: Outcome) -> None:
         o.recompiles = int(self.counters["stats"].get("unique_graphs", 0)) - o.graphs
+        torch.distributions.Distribution.set_default_validate_args(self._validate_args)
 
 
 @contextmanager
