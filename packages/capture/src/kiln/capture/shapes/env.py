@@ -76,6 +76,7 @@ class ShapeEnv:
         self._by_source: dict[Source, sympy.Expr] = {}
         self._duck: dict[int, sympy.Symbol] = {}
         self._static: dict[sympy.Basic, Scalar | None] = {}
+        self._decided: dict[sympy.Basic, Scalar] = {}
 
     # -- creating symbols ------------------------------------------------------------------
 
@@ -161,6 +162,8 @@ class ShapeEnv:
         """The value of ``expr`` if what is known decides it for every reuse, else None.
         Answers are cached until a guard teaches the env something (meta kernels ask the same
         questions many times, and bounding a sum several ways is not cheap)."""
+        if expr in self._decided:
+            return self._decided[expr]
         if expr in self._static:
             return self._static[expr]
         value = self._static_value(expr)
@@ -202,6 +205,8 @@ class ShapeEnv:
             self._record(expr if value else sympy.Not(expr), origin)
         else:
             self._record(sympy.Eq(expr, value), origin)
+        # the guard just recorded answers this question from now on, however often it comes
+        self._decided[self.simplify(expr)] = value
         return value
 
     # -- guards ----------------------------------------------------------------------------
