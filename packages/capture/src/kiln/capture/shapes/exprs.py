@@ -10,6 +10,7 @@ unspecialized size is at least 2), which decides many comparisons without a guar
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping
 
@@ -176,7 +177,14 @@ def tight_bounds(expr: sympy.Expr, ranges: Mapping[sympy.Symbol, Range]) -> Rang
     if expr.is_Symbol or expr.is_Number or sympy.count_ops(expr) > _MAX_OPS:
         # past a size, expanding and collecting costs more than the guard it could save
         return bounds(expr, ranges)
-    ranges = dict(ranges)
+    # kernels ask about the same few expressions over and over, under unchanged ranges
+    used = frozenset((s, ranges[s]) for s in expr.free_symbols if s in ranges)
+    return _tight_bounds(expr, used)
+
+
+@functools.lru_cache(maxsize=4096)
+def _tight_bounds(expr: sympy.Expr, used: frozenset[tuple[sympy.Symbol, Range]]) -> Range:
+    ranges = dict(used)
     floors = {}
     for i, f in enumerate(expr.atoms(FloorDiv)):
         a, b = f.args
