@@ -336,3 +336,57 @@ def test_double_backward_through_the_users_backward(backend: str) -> None:
             (g,) = torch.autograd.grad(fn(x).sum(), x, create_graph=True)
             penalties.append(torch.autograd.grad((g * x).pow(2).sum(), x)[0])
         torch.testing.assert_close(penalties[0], penalties[1])
+
+
+def _python_apply(cls: Any, *args: Any, **kwargs: Any) -> Any:
+    """``Function.apply`` as torch 2.11 defines it: a Python classmethod over the C one."""
+    return torch._C._FunctionBase.__dict__["apply"].__get__(None, cls)(*args, **kwargs)
+
+
+_python_apply.__name__ = "apply"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_apply_defined_in_python_is_still_one_node(
+    backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Some torch versions define ``Function.apply`` in Python: reading it on a subclass must
+    still reach the Function support, not trace torch's own ``apply`` as user code."""
+    monkeypatch.setattr(torch.autograd.Function, "apply", classmethod(_python_apply))
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return StraightThrough.apply(x * 2) + ClippedGrad.apply(x, 0.5)
+
+    cf = kiln.compile(f, backend=backend, fullgraph=True)
+    for _ in range(3):
+        x = torch.randn(5, requires_grad=True)
+        x2 = x.detach().requires_grad_()
+        want, got = f(x), cf(x2)
+        torch.testing.assert_close(got, want)
+        want.sum().backward()
+        got.sum().backward()
+        torch.testing.assert_close(x2.grad, x.grad)
+
+
+def test_functions_read_through_two_classes_are_one_function() -> None:
+    """``A.f is Base.f`` (torch's ``setup_context`` test reads it so): the same function read
+    through a subclass and its base is one object, in the trace as in Python."""
+
+    class Base:
+        @staticmethod
+        def s(x: torch.Tensor) -> torch.Tensor:
+            return x
+
+        def m(self, x: torch.Tensor) -> torch.Tensor:
+            return x
+
+    class Sub(Base):
+        pass
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        same = (Sub.s is Base.s, Sub.s == Base.s, Sub.s != Base.s, Sub.m is Base.m)
+        return x + sum(k * int(v) for k, v in zip((1, 10, 100, 1000), same, strict=True))
+
+    cf = kiln.compile(f, backend="eager", fullgraph=True)
+    x = torch.zeros(2)
+    torch.testing.assert_close(cf(x), f(x))

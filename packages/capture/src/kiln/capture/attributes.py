@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kiln.capture import builtin_types, dispatch, literals
+from kiln.capture import autograd_function, builtin_types, dispatch, literals
 from kiln.capture.breaks.reasons import UserException, raised, unsupported
 from kiln.capture.descriptors import (
+    INLINED,
     MISSING,
     class_lookup,
     descriptor_get,
@@ -289,7 +290,7 @@ def class_attr(
             raise raised(
                 AttributeError(f"{cls.__name__!r} object has no attribute {name!r}")
             ) from None
-    if isinstance(static, _INLINED):
+    if isinstance(static, INLINED):
         tr.out.guard_class_attr(cls, name)
     if isinstance(static, types.FunctionType):
         fn_src = src.attr("__func__") if src is not None else None
@@ -316,10 +317,6 @@ def class_attr(
     return _real_attr(tr, v, name, src)
 
 
-# what a class holds whose code the trace inlines (a data descriptor of C runs natively)
-_INLINED = (types.FunctionType, property, classmethod, staticmethod)
-
-
 def _real_attr(tr: Tracer, v: Value, name: str, src: Source | None) -> Value:
     if isinstance(v, ObjectValue):
         try:
@@ -337,9 +334,12 @@ def _class_or_module_attr(tr: Tracer, v: ObjectValue, name: str, src: Source | N
             static = inspect.getattr_static(obj, name)
         except AttributeError:
             raise raised(AttributeError(f"{obj.__name__} has no attribute {name!r}")) from None
-        if isinstance(static, _INLINED):
+        if isinstance(static, INLINED):
             tr.out.guard_class_attr(obj, name)
         if isinstance(static, classmethod) and isinstance(static.__func__, types.FunctionType):
+            bound = getattr(obj, name)
+            if autograd_function.is_apply(bound):  # torch's own, in Python on some versions
+                return ObjectValue(bound)
             return BoundMethodValue(_callable_value(static.__func__), v)
         if isinstance(static, staticmethod) and isinstance(static.__func__, types.FunctionType):
             return function_value(static.__func__, src)
@@ -359,7 +359,7 @@ def _super_attr(tr: Tracer, v: SuperValue, name: str) -> Value:
     for klass in mro[start:]:
         if name in klass.__dict__:
             static = klass.__dict__[name]
-            if isinstance(static, _INLINED):
+            if isinstance(static, INLINED):
                 tr.out.guard_class_attr(klass, name)
             if isinstance(static, types.FunctionType):
                 return BoundMethodValue(function_value(static, None), v.obj)

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from kiln.capture.tracer import Tracer
 
 __all__ = [
+    "INLINED",
     "MISSING",
     "class_lookup",
     "descriptor_get",
@@ -34,6 +35,10 @@ __all__ = [
 
 
 MISSING: Any = object()
+
+# what a class holds whose code a trace inlines (a data descriptor of C runs natively): each
+# such read is guarded on the class (GuardKind.CLASS_ATTR)
+INLINED = (types.FunctionType, property, classmethod, staticmethod)
 
 
 def class_lookup(cls: type, name: str) -> Any:

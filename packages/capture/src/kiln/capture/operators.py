@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import inspect
 import operator
+import types
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -342,6 +343,9 @@ def _identity(a: Value, b: Value) -> bool | None:
         return b.obj is a.value
     if isinstance(a, ConstantValue) and isinstance(b, ConstantValue):
         return a.value is b.value
+    fa, fb = _real_function(a), _real_function(b)
+    if fa is not None and fb is not None:  # one function read through two paths (A.f, Base.f)
+        return fa is fb
     tracked = (ListValue, DictValue, SetValue, NewObjectValue, UserFunctionValue, TensorValue)
     if isinstance(a, tracked) or isinstance(b, tracked):
         if isinstance(a, TensorValue) and isinstance(b, TensorValue):
@@ -354,6 +358,14 @@ def _identity(a: Value, b: Value) -> bool | None:
             return False
         return a is b if type(a) is type(b) else False
     return None
+
+
+def _real_function(v: Value) -> types.FunctionType | None:
+    """The real Python function ``v`` stands for, if any (None for one made in the trace)."""
+    if isinstance(v, UserFunctionValue):
+        return v.real
+    obj = getattr(v, "obj", None)
+    return obj if isinstance(obj, types.FunctionType) else None
 
 
 def is_op(tr: Tracer, a: Value, b: Value) -> bool:
