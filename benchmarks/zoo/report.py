@@ -32,7 +32,9 @@ family and per [transformers](https://github.com/huggingface/transformers) archi
 in eval and train mode, in the same run. This is the PyTorch 2 paper's Table 1 for the zoo: a
 model counts as *one graph* when its forward became a single graph with no graph break, no
 frame left to run eagerly, and eager's outputs (and, in train mode, parameter gradients) over
-several calls with fresh inputs.
+several calls with fresh inputs. A frame `torch.compile` skips (after a graph break inside a
+loop it runs the whole frame eagerly, compiling only the calls it makes) counts as a frame run
+eagerly, as a frame Kiln gives up on does; its graph and break counters alone do not show it.
 
 The inputs are small: a batch of 2; 16 tokens; 64-pixel images for timm where the model
 allows it, else its own size; transformers' vision configs shrunk to 32-pixel images. Dropout
