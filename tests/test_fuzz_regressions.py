@@ -427,3 +427,30 @@ def test_an_output_without_gradient_contributes_nothing(fn, backend):
                 for outs in (got, expected)
             ]
             torch.testing.assert_close(grads[0], grads[1], equal_nan=True)
+
+
+def _unused_max_over_rows(x):
+    x.max(dim=0)  # result unused: a graph would drop it
+    return x * 2
+
+
+def _max_over_rows(x):
+    return x.amax(0), x.argmin(0), x.max(dim=0).values
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "kiln"])
+@pytest.mark.parametrize("fn", [_unused_max_over_rows, _max_over_rows])
+def test_a_reduction_over_zero_elements_raises_as_eager_s_does(fn, backend):
+    """max/min and their kin have no value over zero elements: eager raises, even where the
+    result is unused, while their meta kernels let the empty input through."""
+    f = kiln.compile(fn, backend=backend)
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(f(x), fn(x))
+    for _ in range(2):
+        with pytest.raises(IndexError, match="non-zero size"):
+            fn(torch.randn(0, 3))
+        with pytest.raises(IndexError, match="non-zero size"):
+            f(torch.randn(0, 3))
+    # reduced over a dim that has elements, an empty input has an (empty) answer
+    x = torch.randn(3, 0)
+    torch.testing.assert_close(f(x), fn(x))

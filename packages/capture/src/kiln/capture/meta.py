@@ -194,17 +194,30 @@ _SAME_DTYPE = _packets(
 )
 
 
-def _check_dtypes_as_eager(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    """Raise eager's error for mixed dtypes that the meta kernel accepts.
+# Reductions with no value over zero elements: their CPU and CUDA kernels raise for an empty
+# input (``max(): Expected reduction dim 0 to have non-zero size``), their meta kernels do not.
+_REFUSE_EMPTY = _packets(
+    "max", "min", "amax", "amin", "aminmax", "argmax", "argmin", "kthvalue", "median",
+    "nanmedian", "mode",
+)  # fmt: skip
+
+
+def _check_as_eager(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Raise eager's error where the meta kernel lets the arguments through: mixed dtypes, or
+    a reduction with no value over an empty input.
 
     A graph would compute the op (or drop it when unused) where eager raises. The real kernel
-    runs on zero-stride stand-ins of the arguments (one element of memory each): with mixed
-    dtypes these kernels raise before computing anything.
+    runs on zero-stride stand-ins of the arguments (one element of memory each, none for an
+    empty one): these kernels raise before computing anything.
     """
-    if func.overloadpacket not in _SAME_DTYPE:
-        return
     tensors = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
-    if len({t.dtype for t in tensors}) < 2:
+    mixed = func.overloadpacket in _SAME_DTYPE and len({t.dtype for t in tensors}) >= 2
+    empty = (
+        func.overloadpacket in _REFUSE_EMPTY
+        and not func._schema.is_mutable  # an out= stand-in would be written through
+        and any(t.numel() == 0 for t in tensors)
+    )
+    if not (mixed or empty):
         return
 
     def stand_in(a: Any) -> Any:
@@ -469,7 +482,7 @@ def run_fake(
     device = _result_device(func, args, kwargs)
     if func.overloadpacket in _MASKED_WRITES and _has_mask_index(args):
         return _masked_write(func, args, device)
-    _check_dtypes_as_eager(func, args, kwargs)
+    _check_as_eager(func, args, kwargs)
     by_meta: dict[int, FakeTensor] = {}
 
     def unwrap(a: Any) -> Any:
