@@ -454,3 +454,22 @@ def test_a_reduction_over_zero_elements_raises_as_eager_s_does(fn, backend):
     # reduced over a dim that has elements, an empty input has an (empty) answer
     x = torch.randn(3, 0)
     torch.testing.assert_close(f(x), fn(x))
+
+
+def _minus_a_bool(x):
+    k = bool(x.max().item() > 0.25)  # a graph break: k is a Python bool after it
+    unused = x - k  # noqa: F841  eager raises even though the result is unused
+    return x * 2
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "kiln"])
+def test_minus_with_a_bool_raises_as_eager_s_does(backend):
+    """``-`` with a bool tensor or a Python bool: eager's kernels refuse it, the meta kernel
+    does not, and a graph dropped the unused result where eager raises."""
+    f = kiln.compile(_minus_a_bool, backend=backend)
+    for _ in range(2):
+        x = torch.rand(4) + 0.5
+        with pytest.raises(NotImplementedError, match="bool"):
+            _minus_a_bool(x)
+        with pytest.raises(NotImplementedError, match="bool"):
+            f(x)

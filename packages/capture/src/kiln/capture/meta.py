@@ -202,9 +202,13 @@ _REFUSE_EMPTY = _packets(
 )  # fmt: skip
 
 
+# ``-`` with a bool operand: eager's kernels refuse it (use ``~`` or ``logical_not``)
+_REFUSE_BOOL = _packets("sub", "rsub", "neg", "sub_", "neg_")
+
+
 def _check_as_eager(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    """Raise eager's error where the meta kernel lets the arguments through: mixed dtypes, or
-    a reduction with no value over an empty input.
+    """Raise eager's error where the meta kernel lets the arguments through: mixed dtypes, a
+    reduction with no value over an empty input, or ``-`` with a bool operand.
 
     A graph would compute the op (or drop it when unused) where eager raises. The real kernel
     runs on zero-stride stand-ins of the arguments (one element of memory each, none for an
@@ -217,7 +221,11 @@ def _check_as_eager(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
         and not func._schema.is_mutable  # an out= stand-in would be written through
         and any(t.numel() == 0 for t in tensors)
     )
-    if not (mixed or empty):
+    booleans = func.overloadpacket in _REFUSE_BOOL and any(
+        isinstance(a, bool) or (isinstance(a, torch.Tensor) and a.dtype == torch.bool)
+        for a in pytree.tree_leaves((args, kwargs))
+    )
+    if not (mixed or empty or booleans):
         return
 
     def stand_in(a: Any) -> Any:
