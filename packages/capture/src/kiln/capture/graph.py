@@ -85,7 +85,9 @@ class OutputGraph:
             value = getattr(cls, name)
         except Exception:  # a metaclass's own lookup raising: nothing stable to compare with
             return
-        self.guard(None, GuardKind.CLASS_ATTR, ClassAttr(cls, name, value))
+        found = ClassAttr(cls, name, value)
+        if found.holds():  # a lookup that makes a new object each time pins nothing
+            self.guard(None, GuardKind.CLASS_ATTR, found)
 
     def guards(self) -> list[GuardSpec]:
         return dedupe(self._guards)
