@@ -13,6 +13,7 @@ import contextvars
 import functools
 import itertools
 import logging
+import sys
 import threading
 import types
 import warnings
@@ -25,7 +26,7 @@ import torch
 from torch import fx
 
 from kiln import capture, guards
-from kiln.backends import Backend, lookup_backend, takes_options
+from kiln.backends import Backend, list_backends, lookup_backend, takes_options
 from kiln.capture import artifacts, counters
 from kiln.config import CompileConfig, make_config
 from kiln.fallback import CompileError, run_eagerly_after_failure
@@ -92,7 +93,7 @@ def compile(
         if disable:
             return target
         if isinstance(target, torch.nn.Module):
-            return OptimizedModule(target, CompiledFunction(_trampoline(target), chosen, config))
+            return _rebuild_module(target, chosen, config)
         return CompiledFunction(target, chosen, config)
 
     return wrap if model is None else wrap(model)
@@ -155,6 +156,20 @@ class CompiledFunction:
 
     def __repr__(self) -> str:
         return f"<kiln compiled {getattr(self._orig, '__qualname__', self._orig)!r}>"
+
+    def __reduce__(self) -> str | tuple[Any, ...]:
+        """Pickled (and deep-copied) by value of the original, compiled again lazily on load:
+        compiled code, caches and guards hold this process's objects. A compiled function
+        that its module names (``@kiln.compile`` on a module-level ``def``) pickles as that
+        name, as plain functions do."""
+        module = sys.modules.get(getattr(self._orig, "__module__", None) or "")
+        qualname = getattr(self._orig, "__qualname__", "")
+        found: Any = module
+        for part in qualname.split("."):
+            found = getattr(found, part, None)
+        if found is self and not isinstance(self._orig, types.MethodType):
+            return qualname
+        return (_rebuild_function, (self._orig, *_pickled_settings(self._backend, self._config)))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # The hot path of every compiled call, graph breaks' continuations included.
@@ -396,6 +411,12 @@ class OptimizedModule(torch.nn.Module):
     def __repr__(self) -> str:
         return f"OptimizedModule({self._orig_mod!r})"
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled, ``torch.save``d and deep-copied by value of the original module, compiled
+        again lazily after loading (the compiled entries belong to this process)."""
+        call = self._kiln_call
+        return (_rebuild_module, (self._orig_mod, *_pickled_settings(call._backend, call._config)))
+
     def state_dict(self, *args: Any, **kwargs: Any) -> Any:
         return self._orig_mod.state_dict(*args, **kwargs)
 
@@ -413,6 +434,22 @@ class OptimizedModule(torch.nn.Module):
 
     def named_modules(self, *args: Any, **kwargs: Any) -> Any:
         return self._orig_mod.named_modules(*args, **kwargs)
+
+
+def _pickled_settings(backend: Backend, config: CompileConfig) -> tuple[Any, ...]:
+    """A registered backend by its name (the function itself may not be importable)."""
+    name = next((n for n in list_backends() if lookup_backend(n) is backend), None)
+    return (name if name is not None else backend), config
+
+
+def _rebuild_function(fn: Callable[..., Any], backend: str | Backend, config: CompileConfig) -> Any:
+    return CompiledFunction(fn, lookup_backend(backend), config)
+
+
+def _rebuild_module(
+    mod: torch.nn.Module, backend: str | Backend, config: CompileConfig
+) -> OptimizedModule:
+    return OptimizedModule(mod, CompiledFunction(_trampoline(mod), lookup_backend(backend), config))
 
 
 class _DisableContext(contextlib.ContextDecorator):
