@@ -33,7 +33,9 @@ LINE_BUDGET = {
     "loopir": 10150,
     "codegen_triton": 2850,
     "codegen_cpp": 3050,
-    "frontend": 1170,
+    # + about 380 for the whole-graph cache (graph_cache.py: its key, lookup policy, miss
+    # reasons and cache files) and pickling compiled modules and functions
+    "frontend": 1550,
 }
 
 # Modules allowed over MAX_MODULE_LINES for now, each with a comment saying why and what will

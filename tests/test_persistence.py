@@ -119,3 +119,146 @@ assert kiln.stats().frames_captured == 1 and kiln.stats().eager_fallbacks == 0
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+# --- the whole-graph cache -------------------------------------------------------------------
+
+CHILD = r"""
+import json, sys, torch, kiln
+from kiln import graph_cache
+from kiln.capture import counters
+# Kiln's sources change while this checkout is edited; the key's other parts are under test
+graph_cache._kiln_sources = lambda: "pinned"
+torch.manual_seed(0)
+model = torch.nn.Sequential(
+    torch.nn.Linear(6, 8), torch.nn.LayerNorm(8), torch.nn.GELU(), torch.nn.Linear(8, 3)
+)
+reference = [p.detach().clone() for p in model.parameters()]
+if sys.argv[1:] == ["load"]:
+    kiln.load_cache(sys.argv[0] + ".kc")
+compiled = kiln.compile(model)
+f = kiln.compile(lambda x, y: torch.softmax(x @ y, dim=-1).sum(0) * 2)
+for n in (4, 4, 4):
+    x = torch.randn(n, 6)
+    out = compiled(x)
+    torch.testing.assert_close(out, model(x))
+    out.square().sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model(x).square().sum().backward()
+    for a, p in zip(grads, model.parameters()):
+        torch.testing.assert_close(a, p.grad)
+    model.zero_grad()
+    a, b = torch.randn(3, 5), torch.randn(5, 2)
+    torch.testing.assert_close(f(a, b), torch.softmax(a @ b, dim=-1).sum(0) * 2)
+if sys.argv[1:] == ["save"]:
+    kiln.save_cache(sys.argv[0] + ".kc")
+s = kiln.stats()
+print(json.dumps({
+    "hits": s.graph_cache_hits, "misses": s.graph_cache_misses,
+    "fallbacks": s.eager_fallbacks, "kernels": s.kernels,
+    "cpp": counters.snapshot().get("codegen_cpp", {}),
+}))
+"""
+
+
+def _child(tmp_path: Path, cache: Path, *args: str, **env: str) -> dict[str, object]:
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    environ = {**os.environ, "KILN_CACHE_DIR": str(cache), "OMP_NUM_THREADS": "1"}
+    environ.update({"KILN_GRAPH_CACHE": "1", "KILN_LOGS": "cache", **env})
+    done = subprocess.run(
+        [sys.executable, str(script), *args], env=environ, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, object] = __import__("json").loads(done.stdout.strip().splitlines()[-1])
+    result["log"] = done.stderr
+    assert result["fallbacks"] == 0
+    return result
+
+
+def test_a_fresh_process_loads_every_graph_and_compiles_nothing(tmp_path: Path):
+    cold = _child(tmp_path, tmp_path / "cache")
+    assert (cold["hits"], cold["misses"]) == (0, 2)
+    assert cold["kernels"]
+    warm = _child(tmp_path, tmp_path / "cache")
+    assert (warm["hits"], warm["misses"]) == (2, 0), warm["log"]
+    assert warm["kernels"] == {}  # no graph lowered, no kernel generated
+    assert "libraries_built" not in warm["cpp"]
+    assert warm["cpp"]["libraries_cached"] >= 1
+    off = _child(tmp_path, tmp_path / "cache", KILN_GRAPH_CACHE="0")
+    assert (off["hits"], off["misses"]) == (0, 0)
+
+
+def test_a_saved_cache_file_warms_an_empty_cache(tmp_path: Path):
+    _child(tmp_path, tmp_path / "first", "save")
+    assert (tmp_path / "child.py.kc").stat().st_size > 0
+    loaded = _child(tmp_path, tmp_path / "empty", "load")
+    assert (loaded["hits"], loaded["misses"]) == (2, 0), loaded["log"]
+    assert loaded["kernels"] == {}
+    assert "libraries_built" not in loaded["cpp"]
+
+
+@pytest.fixture
+def graph_cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("KILN_GRAPH_CACHE", "1")
+    return tmp_path / "graphs"
+
+
+def _body(x, w):
+    return torch.relu(x @ w) + x.sum()
+
+
+def _compile_once(caplog, options=None, fn=_body):
+    kiln.reset()
+    compiled = kiln.compile(fn, options=options)
+    x, w = torch.randn(4, 4), torch.randn(4, 4)
+    with caplog.at_level("INFO", logger="kiln.frontend.cache"):
+        caplog.clear()
+        torch.testing.assert_close(compiled(x, w), fn(x, w))
+    s = kiln.stats()
+    return (s.graph_cache_hits, s.graph_cache_misses), caplog.text
+
+
+def test_changed_options_versions_or_graphs_miss(graph_cache_dir, caplog, monkeypatch):
+    assert _compile_once(caplog)[0] == (0, 1)
+    assert _compile_once(caplog)[0] == (1, 0)
+    counts, why = _compile_once(caplog, {"cpp.simd": False})
+    assert counts == (0, 1)
+    assert "differs in: options" in why
+    with monkeypatch.context() as m:
+        m.setattr(torch, "__version__", "0.0.0+other")
+        counts, why = _compile_once(caplog)
+        assert counts == (0, 1)
+        assert "differs in: versions" in why
+    counts, why = _compile_once(caplog, fn=lambda x, w: torch.relu(x @ w) - x.sum())
+    assert counts == (0, 1)
+    assert "no entry for this graph" in why
+    assert _compile_once(caplog)[0] == (1, 0)
+
+
+def test_a_corrupt_entry_misses_and_is_replaced(graph_cache_dir, caplog):
+    assert _compile_once(caplog)[0] == (0, 1)
+    (entry,) = graph_cache_dir.glob("*.graph")
+    entry.write_bytes(entry.read_bytes()[:-10])
+    counts, why = _compile_once(caplog)
+    assert counts == (0, 1)
+    assert "fails verification" in why
+    assert _compile_once(caplog)[0] == (1, 0)
+
+
+def test_a_graph_calling_user_code_is_not_cached():
+    from torch import fx
+
+    from kiln import graph_cache
+
+    def helper(x):
+        return x + 1
+
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    graph.output(graph.call_function(helper, (x,)))
+    gm = fx.GraphModule(torch.nn.Module(), graph)
+    with pytest.raises(graph_cache._Unkeyable, match="helper"):
+        graph_cache.graph_key(gm, [torch.randn(2)], {})

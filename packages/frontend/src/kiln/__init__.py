@@ -23,6 +23,7 @@ from kiln.backends import list_backends, register_backend
 from kiln.capture import KilnError, Unsupported, counters, explain
 from kiln.config import MODES, OPTIONS
 from kiln.fallback import CompileError
+from kiln.graph_cache import load_cache, save_cache
 from kiln.stats import Stats, stats
 
 
@@ -50,7 +51,9 @@ __all__ = [
     "disable",
     "explain",
     "list_backends",
+    "load_cache",
     "register_backend",
     "reset",
+    "save_cache",
     "stats",
 ]

@@ -25,8 +25,9 @@ from typing import Any
 import torch
 from torch import fx
 
-from kiln import capture, guards
+from kiln import capture, graph_cache, guards
 from kiln.backends import Backend, list_backends, lookup_backend, takes_options
+from kiln.backends import kiln as kiln_backend
 from kiln.capture import artifacts, counters
 from kiln.config import CompileConfig, make_config
 from kiln.fallback import CompileError, run_eagerly_after_failure
@@ -330,9 +331,17 @@ class CompiledFunction:
         artifacts.dump("graph.py", gm.print_readable(print_output=False))
         try:
             wanted = self._config.backend_options()
-            if wanted:
-                return self._backend(gm, example_inputs, options=wanted)
-            return self._backend(gm, example_inputs)
+
+            def compile_now() -> Callable[..., Any]:
+                if wanted:
+                    return self._backend(gm, example_inputs, options=wanted)
+                return self._backend(gm, example_inputs)
+
+            if self._backend is kiln_backend and graph_cache.enabled(
+                self._config.option("graph_cache")
+            ):
+                return graph_cache.compile_cached(gm, example_inputs, wanted, compile_now)
+            return compile_now()
         except Exception as e:
             if self._config.fullgraph:
                 raise CompileError(f"kiln backend failed on a graph: {e}") from e

@@ -25,6 +25,7 @@ OPTIONS: dict[str, tuple[type, str]] = {
     "fail_on_recompile_limit": (bool, "raise instead of running eagerly past the recompile limit"),
     "skip_guards": (bool, "UNSAFE: run the newest entry without checking guards"),
     "debug_dir": (str, "dump artifacts of every compiled frame into this folder"),
+    "graph_cache": (bool, "reuse compiled graphs across processes (default: KILN_GRAPH_CACHE)"),
     "max_autotune": (bool, "benchmark more kernel configurations and matmul templates"),
     "cudagraphs": (bool, "capture compiled graphs into CUDA graphs when safe"),
     "fusion": (bool, "let the scheduler fuse kernels"),

@@ -38,6 +38,7 @@ CHANNELS: dict[str, str] = {
     "build": "C++ compiler invocations and cache hits",
     "autotune": "kernel configurations tried and chosen",
     "perf_hints": "places where Kiln left speed on the table, and why",
+    "cache": "whole-graph cache lookups: hits, and why a lookup missed or a graph was not stored",
 }
 
 _FORMAT = "[%(name)s] %(message)s"

@@ -11,7 +11,12 @@ __all__ = ["Stats", "stats"]
 
 @dataclasses.dataclass(frozen=True)
 class Stats:
-    """Counts of compile events; ``kernels`` and ``fallback_ops`` are keyed by backend and op."""
+    """Counts of compile events; ``kernels`` and ``fallback_ops`` are keyed by backend and op.
+
+    ``cache_hits``/``cache_misses`` count calls that found (or not) a compiled entry in
+    memory; ``graph_cache_hits``/``graph_cache_misses`` count graphs loaded from (or not found
+    in) the on-disk whole-graph cache.
+    """
 
     frames_captured: int
     graphs_compiled: int
@@ -20,6 +25,8 @@ class Stats:
     cache_hits: int
     cache_misses: int
     eager_fallbacks: int
+    graph_cache_hits: int
+    graph_cache_misses: int
     kernels: dict[str, int]
     fallback_ops: dict[str, int]
     graph_break_kinds: dict[str, int]
@@ -38,6 +45,8 @@ def stats() -> Stats:
         cache_hits=s.get("cache_hits", 0),
         cache_misses=s.get("cache_misses", 0),
         eager_fallbacks=s.get("eager_fallbacks", 0),
+        graph_cache_hits=s.get("graph_cache_hits", 0),
+        graph_cache_misses=s.get("graph_cache_misses", 0),
         kernels=dict(snap.get("kernels", {})),
         fallback_ops=dict(snap.get("fallback_ops", {})),
         graph_break_kinds=dict(breaks),

@@ -56,6 +56,14 @@ def _has_random_op(gm: fx.GraphModule) -> bool:
     )
 
 
+_EMPTY_GRAPH = fx.GraphModule(torch.nn.Module(), fx.Graph())
+
+
+def _rerun_eagerly(*args: Any) -> Any:
+    """Marks a snapshot's program that can run again eagerly (never called)."""
+    raise AssertionError("a snapshot's placeholder for the eager program was called")
+
+
 # (grad mode of the call, whether any input requires grad)
 Mode = tuple[bool, bool]
 _MISSING: Any = object()
@@ -85,6 +93,7 @@ class AotCompiled:
         bw_compiler: Compiler,
         decompositions: Mapping[Any, Callable[..., Any]],
         partitioner: str,
+        restored: Mapping[Mode, _ModePrograms] | None = None,
     ) -> None:
         self.gm = gm
         self.fw_compiler = fw_compiler
@@ -113,8 +122,43 @@ class AotCompiled:
         # checkpointed regions: traced node by node, so their ATen ops carry the marks
         self._marked = has_regions(gm)
         self._warned = False
+        if restored is not None:
+            self._restore(restored)
+            return
         primals = self._primals(example_inputs)
         self._get(self._mode(primals), primals, initial=True)
+
+    def snapshot(self) -> dict[Mode, _ModePrograms]:
+        """The programs compiled so far, for a whole-graph cache to pickle.
+
+        What ties a program to this process stays behind: the traced graph (the runtime
+        never reads it), the program's eager re-run (marked, and rebuilt over the restoring
+        process's module by :meth:`_restore`) and the compiler of pruned backwards (a restored
+        program runs the full backward, with zeros, for a set of gradients it had not met).
+        """
+        saved: dict[Mode, _ModePrograms] = {}
+        for mode, known in self._modes.items():
+            programs: dict[Aliasing, CompiledProgram | None] = {}
+            for aliasing, compiled in known.programs.items():
+                if compiled is None:
+                    continue
+                program = dataclasses.replace(compiled.program, gm=_EMPTY_GRAPH)
+                programs[aliasing] = dataclasses.replace(
+                    compiled,
+                    program=program,
+                    eager=None if compiled.eager is None else _rerun_eagerly,
+                    prune=None,
+                    _backwards=dict(compiled._backwards),
+                )
+            saved[mode] = _ModePrograms(known.mutated, programs)
+        return saved
+
+    def _restore(self, saved: Mapping[Mode, _ModePrograms]) -> None:
+        for mode, known in saved.items():
+            for compiled in known.programs.values():
+                if compiled is not None and compiled.eager is _rerun_eagerly:
+                    compiled.eager = compiled.layout.wrap(self._call_module)
+            self._modes[mode] = known
 
     def _primals(self, args: Sequence[Any]) -> list[torch.Tensor]:
         state = [getattr(module, attr) for module, attr in self._state_slots]
@@ -308,16 +352,19 @@ def aot_compile(
     bw_compiler: Compiler | None = None,
     decompositions: Mapping[Any, Callable[..., Any]] | None = None,
     partitioner: str = "mincut",
+    restored: Mapping[Mode, _ModePrograms] | None = None,
 ) -> AotCompiled:
     """Compile ``gm`` through ATen graphs; call the result like ``gm``.
 
     ``example_inputs`` are real tensors (non-tensor inputs are baked in).
     ``decompositions=None`` uses :func:`default_decompositions`. ``partitioner``
-    is ``"mincut"`` or ``"save_all"``.
+    is ``"mincut"`` or ``"save_all"``. ``restored``: the :meth:`AotCompiled.snapshot` of an
+    earlier compile of the same graph for the same inputs, used instead of compiling now
+    (other grad modes and aliasings still compile on first use).
     """
     table = default_decompositions() if decompositions is None else dict(decompositions)
     log.info("decomposition table: %d entries", len(table))
     log.debug("%s", describe_table(table))
     return AotCompiled(
-        gm, example_inputs, fw_compiler, bw_compiler or fw_compiler, table, partitioner
+        gm, example_inputs, fw_compiler, bw_compiler or fw_compiler, table, partitioner, restored
     )

@@ -17,13 +17,21 @@ import torch
 from kiln.codegen_cpp.cache import verified
 from kiln.codegen_cpp.errors import CodegenCppError
 
-__all__ = ["KernelFunction", "load_library"]
+__all__ = ["KernelFunction", "load_library", "opened_libraries"]
 
 _ARG_TYPES: dict[str, type] = {
     "ptr": ctypes.c_void_p,
     "i64": ctypes.c_int64,
     "f64": ctypes.c_double,
 }
+
+
+_opened: list[Path] = []
+
+
+def opened_libraries() -> list[Path]:
+    """The libraries this process loaded, in order (what a saved cache file bundles)."""
+    return list(_opened)
 
 
 @functools.cache
@@ -37,7 +45,9 @@ def load_library(path: Path) -> ctypes.CDLL:
     if not verified(path):
         msg = f"the cached library {path} does not match its recorded size and hash"
         raise CodegenCppError(msg)
-    return ctypes.CDLL(str(path))
+    library = ctypes.CDLL(str(path))
+    _opened.append(path)
+    return library
 
 
 class KernelFunction:

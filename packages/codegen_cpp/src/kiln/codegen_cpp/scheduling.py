@@ -18,10 +18,12 @@ import hashlib
 import logging
 import math
 import os
+import pickle
 import re
 import threading
 import warnings
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -93,6 +95,8 @@ class LazyKernel:
         self.group = writer.group
         self.function: KernelFunction | None = None
         self.fallback: Callable[..., object] | None = None
+        self.library_source: str | None = None
+        """The source of the library it was built into (one string per library)."""
 
     def __call__(self, *tensors: torch.Tensor) -> None:
         # The wrapper calls this once per kernel per graph call: one Python frame, data
@@ -131,6 +135,45 @@ class LazyKernel:
 
     def __repr__(self) -> str:
         return f"LazyKernel({self.symbol}, built={self.function is not None})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """A built kernel pickles as its library's source and its symbol (what a whole-graph
+        cache stores): loading builds that source, a hit in the library cache, and binds the
+        symbol. A kernel still queued, or sent to the reference backend, cannot be pickled."""
+        if self.function is None or self.library_source is None or self.fallback is not None:
+            msg = f"C++ kernel {self.symbol} is not built into a library"
+            raise pickle.PicklingError(msg)
+        state = (self.symbol, self.signature, self.sizes, self.checks_indices, self.backend.threads)
+        return (_built_kernel, (self.library_source, *state))
+
+
+_restored_libraries: dict[str, Path] = {}
+_restored_lock = threading.Lock()
+
+
+def _built_kernel(
+    library: str,
+    symbol: str,
+    signature: list[str],
+    sizes: tuple[tuple[int, int], ...],
+    checks_indices: bool,
+    threads: int | None,
+) -> LazyKernel:
+    """A pickled kernel loaded: its library built (found in the cache) once per process."""
+    with _restored_lock:
+        path = _restored_libraries.get(library)
+        if path is None:
+            (built,) = build_libraries([library])
+            counters.bump("codegen_cpp", "libraries_cached" if built.cached else "libraries_built")
+            path = _restored_libraries[library] = built.path
+    kernel = LazyKernel.__new__(LazyKernel)
+    kernel.backend = CppBackend(threads)
+    kernel.batch = []
+    kernel.symbol, kernel.signature, kernel.sizes = symbol, signature, sizes
+    kernel.checks_indices = checks_indices
+    kernel.source, kernel.library_source, kernel.fallback = "", library, None
+    kernel.function = KernelFunction(path, symbol, signature)
+    return kernel
 
 
 class CppBackend:
@@ -244,7 +287,7 @@ class CppBackend:
             except BaseException:
                 batch[:0] = pending
                 raise
-            for part, library in zip(batches, libraries, strict=True):
+            for part, library, source in zip(batches, libraries, sources, strict=True):
                 # Each kernel's source was dumped when generated, inside its frame's folder;
                 # the library only adds the prelude, so it is logged, not dumped again.
                 output_code_log.debug(
@@ -258,6 +301,7 @@ class CppBackend:
                 )
                 for kernel in part:
                     kernel.function = KernelFunction(library.path, kernel.symbol, kernel.signature)
+                    kernel.library_source = source
 
 
 def make_backend(device_type: str = "cpu") -> CppBackend:

@@ -6,7 +6,13 @@ from kiln.loopir.attention import fuse_attention
 from kiln.loopir.attention_masks import simplify_attention_masks
 from kiln.loopir.backend import Backend, BackendTraits, get_backend, register_backend
 from kiln.loopir.decompositions import decompositions
-from kiln.loopir.entry import GRAPH_WRAPPERS, compile_fx, register_graph_wrapper
+from kiln.loopir.entry import (
+    GRAPH_WRAPPERS,
+    compile_fx,
+    load_fx,
+    register_graph_wrapper,
+    save_fx,
+)
 from kiln.loopir.errors import BackendError, IRVerificationError, LoopIRError, LoweringError
 from kiln.loopir.kernel import RINDEX, SEEDS, XINDEX, KernelCode, KernelGroup, KernelNode
 from kiln.loopir.matmul_padding import pad_matmuls
@@ -42,10 +48,12 @@ __all__ = [
     "decompositions",
     "fuse_attention",
     "get_backend",
+    "load_fx",
     "ops",
     "pad_matmuls",
     "register_backend",
     "register_graph_wrapper",
+    "save_fx",
     "set_ops_handler",
     "simplify_attention_masks",
     "sizes",

@@ -50,6 +50,7 @@ __all__ = [
     "entries",
     "evict",
     "private_dir",
+    "read_verified",
     "seal",
     "size_limit",
     "temporary_sibling",
@@ -204,6 +205,19 @@ def verified(path: Path) -> bool:
         return _digest(path) == (record["size"], record["sha256"])
     except (OSError, ValueError, KeyError, TypeError):
         return False
+
+
+def read_verified(path: Path) -> bytes | None:
+    """``path``'s bytes if they match the size and hash its sidecar records, else None (read
+    once, so a file replaced between the check and the read cannot slip through)."""
+    try:
+        record = json.loads(_sidecar(path).read_text())
+        data = path.read_bytes()
+        if (len(data), hashlib.sha256(data).hexdigest()) != (record["size"], record["sha256"]):
+            return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return data
 
 
 def clean_stale(folder: Path, max_age: float = STALE_SECONDS) -> list[Path]:

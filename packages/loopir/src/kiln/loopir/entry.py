@@ -36,6 +36,7 @@ from torch import fx
 from torch.utils import _pytree as pytree
 
 from kiln import autograd_aot
+from kiln.loopir import serialize
 from kiln.loopir.attention import fuse_attention
 from kiln.loopir.attention_masks import simplify_attention_masks
 from kiln.loopir.backend import Backend
@@ -43,7 +44,14 @@ from kiln.loopir.decompositions import decompositions
 from kiln.loopir.matmul_padding import pad_matmuls
 from kiln.loopir.pipeline import compile_graph
 
-__all__ = ["GRAPH_WRAPPERS", "GraphWrapper", "compile_fx", "register_graph_wrapper"]
+__all__ = [
+    "GRAPH_WRAPPERS",
+    "GraphWrapper",
+    "compile_fx",
+    "load_fx",
+    "register_graph_wrapper",
+    "save_fx",
+]
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +120,59 @@ def compile_fx(
     """
     if _has_lazy_bits(example_inputs) or _on_meta_device(gm, example_inputs):
         return gm.forward
+    compile_one = _prepare(gm, backend, options)
+    return autograd_aot.aot_compile(
+        gm,
+        example_inputs,
+        fw_compiler=compile_one,
+        bw_compiler=compile_one,
+        decompositions=decompositions(),
+    )
+
+
+def save_fx(compiled: Callable[..., Any]) -> bytes:
+    """What :func:`compile_fx` returned, as bytes for :func:`load_fx` in another process.
+
+    Raises ``TypeError`` for a graph that runs as captured (nothing compiled to store),
+    and what pickling raises for a program holding something that cannot be stored.
+    """
+    if not isinstance(compiled, autograd_aot.AotCompiled):
+        msg = "the graph runs as captured: nothing was compiled"
+        raise TypeError(msg)
+    return serialize.dumps(compiled.snapshot())
+
+
+def load_fx(
+    data: bytes,
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    *,
+    backend: Backend | None = None,
+    options: Mapping[str, Any] | None = None,
+) -> Callable[..., Any]:
+    """:func:`compile_fx`'s callable for ``gm``, loaded from what :func:`save_fx` wrote for
+    the same graph, inputs and options: its compiled programs are used as they are, and
+    programs for other grad modes or input aliasing compile on first use, as there."""
+    programs = serialize.loads(data)
+    compile_one = _prepare(gm, backend, options)
+    return autograd_aot.aot_compile(
+        gm,
+        example_inputs,
+        fw_compiler=compile_one,
+        bw_compiler=compile_one,
+        decompositions=decompositions(),
+        restored=programs,
+    )
+
+
+def _prepare(
+    gm: fx.GraphModule,
+    backend: Backend | None,
+    options: Mapping[str, Any] | None,
+) -> Callable[[fx.GraphModule, Sequence[Any]], Callable[..., Any]]:
+    """The compiler of each ATen graph under ``options``, after loopir's torch-level rewrites
+    of ``gm``, which run before autograd_aot so the backward is derived from the rewritten
+    program (and, for a loaded one, so later compiles and eager re-runs agree with it)."""
     codegen = dict(options or {})
     fusion = bool(codegen.pop("fusion", True))
     wrappers = [
@@ -131,13 +192,7 @@ def compile_fx(
     fuse_attention(gm)
     simplify_attention_masks(gm)
     pad_matmuls(gm, backend)
-    return autograd_aot.aot_compile(
-        gm,
-        example_inputs,
-        fw_compiler=compile_one,
-        bw_compiler=compile_one,
-        decompositions=decompositions(),
-    )
+    return compile_one
 
 
 def _on_meta_device(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> bool:

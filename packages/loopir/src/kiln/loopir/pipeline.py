@@ -30,7 +30,7 @@ from kiln.loopir.printing import render_buffers, render_group
 from kiln.loopir.reference import ReferenceBackend
 from kiln.loopir.scheduler.nodes import SchedNode
 from kiln.loopir.scheduler.order import KernelStep, Step, schedule
-from kiln.loopir.wrapper import WrapperCode, generate_wrapper
+from kiln.loopir.wrapper import WrapperCode, base_globals, generate_wrapper, load_wrapper
 
 __all__ = ["compile_graph", "compile_graph_reference", "CompiledGraph"]
 
@@ -69,6 +69,15 @@ class CompiledGraph:
     def source(self) -> str:
         return self.wrapper.source
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as the wrapper's source and the names it binds beyond the common ones
+        (kernels, constants, ops), for a whole-graph cache; the IR steps and the memory plan
+        (but its peak) stay behind, so a loaded graph has no steps."""
+        common = base_globals()
+        names = {k: v for k, v in self.wrapper.globals.items() if k not in common}
+        peak = self.memory.peak_bytes
+        return (_loaded_graph, (self.wrapper.source, names, self.input_names, peak))
+
     @property
     def kernel_count(self) -> int:
         return sum(isinstance(s, KernelStep) for s in self.steps)
@@ -76,6 +85,12 @@ class CompiledGraph:
     @property
     def peak_bytes(self) -> int:
         return self.memory.peak_bytes
+
+
+def _loaded_graph(
+    source: str, names: dict[str, Any], input_names: tuple[str | None, ...], peak: int
+) -> CompiledGraph:
+    return CompiledGraph(load_wrapper(source, names), [], MemoryPlan({}, {}, {}, peak), input_names)
 
 
 def _default_device(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> torch.device:

@@ -26,7 +26,7 @@ from kiln.loopir.ir.views import ReinterpretView
 from kiln.loopir.memory import MemoryPlan
 from kiln.loopir.scheduler.order import ExternStep, KernelStep, NopStep, Step
 
-__all__ = ["WrapperCode", "generate_wrapper"]
+__all__ = ["WrapperCode", "base_globals", "generate_wrapper", "load_wrapper"]
 
 log = logging.getLogger(__name__)
 output_log = logging.getLogger("kiln.loopir.output_code")
@@ -209,13 +209,25 @@ def generate_wrapper(
             w.line(f"del {', '.join(plan.free[i])}")
     w.line(f"return {_output_tree(w, [w.expr(o) for o in outputs], output_spec)}")
     source = "\n".join([header, *w.lines]) + "\n"
-    filename = f"<kiln.loopir wrapper {next(_file_ids)}>"
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    namespace = dict(w.globals)
-    exec(compile(source, filename, "exec"), namespace)
     output_log.info("wrapper code (peak %d bytes):\n%s", plan.peak_bytes, source)
     artifacts.dump("output_code.py", source)
-    return WrapperCode(source, w.globals, namespace["call"])
+    return load_wrapper(source, w.globals)
+
+
+def base_globals() -> dict[str, Any]:
+    """What every wrapper's source may name without its own definition (a stored wrapper
+    keeps only the rest: its kernels, constants and ops)."""
+    return _Writer().globals
+
+
+def load_wrapper(source: str, names: dict[str, Any]) -> WrapperCode:
+    """The wrapper ``source`` defines, run over :func:`base_globals` and ``names``."""
+    filename = f"<kiln.loopir wrapper {next(_file_ids)}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    full = {**base_globals(), **names}
+    namespace = dict(full)
+    exec(compile(source, filename, "exec"), namespace)
+    return WrapperCode(source, full, namespace["call"])
 
 
 def _output_tree(w: _Writer, outs: list[str], spec: pytree.TreeSpec) -> str:

@@ -1,0 +1,342 @@
+"""The whole-graph cache: a captured graph's compiled program reused by later processes.
+
+Capture still runs (its graph is the key); what the ``kiln`` backend would do with the graph
+(autograd_aot, loopir, the code generators) is loaded instead: ``kiln.loopir.save_fx`` bytes in
+``<cache root>/graphs/<key>.graph``. The key hashes the graph (node targets, arguments and
+tensor metadata, tensor constants by value), the example inputs' metadata, the backend options,
+Kiln's version and sources, torch's and Python's versions, the global settings tracing reads,
+and the devices (for CPUs the C++ toolchain and its target). A graph holding something the key
+cannot name stably (a user function, an object of an unknown type) is not cached.
+
+Loading an entry unpickles it, so the folder gets the library cache's rules
+(:mod:`kiln.loopir.disk_cache`): private to the user, written atomically, each entry vouched for
+by a size-and-hash sidecar and read once against it, bounded by ``KILN_CACHE_SIZE_MB``. Beside
+each entry, ``<key>.json`` records its key's parts, so ``KILN_LOGS=cache`` can say which part
+differs when a lookup misses. ``save_cache``/``load_cache`` move every graph this process
+compiled or loaded, with its C++ libraries, as one file.
+
+On with ``KILN_GRAPH_CACHE=1`` or ``options={"graph_cache": True}`` (the option wins).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import logging
+import os
+import sys
+import zipfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import fx
+
+import kiln
+from kiln import loopir
+from kiln.capture import counters
+from kiln.codegen_cpp import CompilerNotFound, toolchain
+from kiln.codegen_cpp.cache import cache_dir as cpp_cache_dir
+from kiln.codegen_cpp.cache import cache_root
+from kiln.codegen_cpp.loader import opened_libraries
+from kiln.loopir import disk_cache
+
+__all__ = ["compile_cached", "enabled", "folder", "graph_key", "load_cache", "save_cache"]
+
+log = logging.getLogger("kiln.frontend.cache")
+ENV = "KILN_GRAPH_CACHE"
+_SUFFIX = ".graph"
+# meta entries that only say where a node came from, for messages
+_UNKEYED_META = frozenset({"source", "stack_trace", "user_frame"})
+_TRUSTED_MODULES = ("torch", "_operator", "operator", "math", "builtins", "kiln")
+#: keys of the entries this process stored or loaded: what ``save_cache`` writes
+_used: dict[str, None] = {}
+
+
+class _Unkeyable(Exception):
+    """Something in the graph or its inputs has no stable description."""
+
+
+def enabled(option: bool | None) -> bool:
+    """Whether compiles look up the cache: the option if given, else ``KILN_GRAPH_CACHE``."""
+    if option is not None:
+        return option
+    return os.environ.get(ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def folder() -> Path:
+    """``<cache root>/graphs``, after the same privacy checks as the library cache."""
+    return disk_cache.private_dir(cache_root(), "graphs")
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(repr(value).encode()).hexdigest()[:40]
+
+
+def _tensor(t: torch.Tensor, by_value: bool) -> tuple[Any, ...]:
+    meta = (
+        "tensor",
+        tuple(map(str, t.shape)),
+        tuple(map(str, t.stride())),
+        str(t.storage_offset()),
+        str(t.dtype),
+        str(t.device),
+        t.requires_grad,
+        isinstance(t, torch.nn.Parameter),
+        t.is_conj(),
+        t.is_neg(),
+        str(t.layout),
+    )
+    if not by_value:
+        return meta
+    if t.device.type == "meta" or type(t) not in (torch.Tensor, torch.nn.Parameter):
+        raise _Unkeyable(f"a constant tensor of type {type(t).__name__} on {t.device}")
+    data = t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
+    return (*meta, hashlib.sha256(data).hexdigest())
+
+
+def _target(target: Any) -> str:
+    if isinstance(target, str):
+        return target
+    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return f"op:{target}"
+    module = getattr(target, "__module__", None) or ""
+    if module.split(".")[0] not in _TRUSTED_MODULES:
+        raise _Unkeyable(f"the graph calls {target!r} (from {module or 'no module'})")
+    return f"{module}:{getattr(target, '__qualname__', '?')}:{getattr(target, '__name__', '?')}"
+
+
+def _value(value: Any, by_value: bool = True) -> Any:
+    """A description of ``value`` that is equal in every process exactly when it is equal."""
+    if isinstance(value, fx.Node):
+        return ("node", value.name)
+    if value is None or value is Ellipsis or isinstance(value, (bool, int, float, complex, str)):
+        return (type(value).__name__, repr(value))
+    if isinstance(value, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
+        return (type(value).__name__, str(value))
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return (type(value).__name__, str(value))
+    if isinstance(value, torch.Tensor):
+        return _tensor(value, by_value)
+    if isinstance(value, slice):
+        return ("slice", _value(value.start), _value(value.stop), _value(value.step))
+    if isinstance(value, (tuple, list, torch.Size)):
+        return (type(value).__name__, tuple(_value(v, by_value) for v in value))
+    if isinstance(value, dict):
+        return ("dict", tuple((_value(k), _value(v, by_value)) for k, v in value.items()))
+    raise _Unkeyable(f"a value of type {type(value).__name__}")
+
+
+def _graph(gm: fx.GraphModule) -> list[Any]:
+    described: list[Any] = []
+    for node in gm.graph.nodes:
+        if node.op == "call_module":
+            raise _Unkeyable(f"the graph calls a module ({node.target})")
+        target = _target(node.target)
+        if node.op == "get_attr":
+            target += repr(_value(getattr(gm, node.target)))
+        meta = sorted(
+            (key, _value(value, by_value=False))
+            for key, value in node.meta.items()
+            if key not in _UNKEYED_META
+        )
+        args = _value((node.args, node.kwargs))
+        described.append((node.op, node.name, target, args, meta))
+    return described
+
+
+@functools.cache
+def _kiln_sources() -> str:
+    """A digest of every installed Kiln source file: a changed Kiln compiles anew."""
+    digest = hashlib.sha256(kiln.__version__.encode())
+    for root in sorted(set(kiln.__path__)):
+        for path in sorted(Path(root).rglob("*")):
+            if path.suffix in (".py", ".h") and "__pycache__" not in path.parts:
+                digest.update(str(path.relative_to(root)).encode())
+                digest.update(path.read_bytes())
+    return digest.hexdigest()[:40]
+
+
+def _device(inputs: Sequence[Any]) -> list[str]:
+    devices = sorted({str(t.device) for t in inputs if isinstance(t, torch.Tensor)})
+    described = list(devices)
+    for device in devices:
+        kind = torch.device(device).type
+        if kind == "cpu":
+            with contextlib.suppress(CompilerNotFound):
+                tools = toolchain()
+                described.append(f"{tools.version} {tools.target} {' '.join(tools.flags)}")
+        elif kind == "cuda":
+            index = torch.device(device).index or 0
+            capability = torch.cuda.get_device_capability(index)
+            described.append(
+                f"{torch.cuda.get_device_name(index)} {capability} {torch.version.cuda}"
+            )
+    return described
+
+
+def graph_key(
+    gm: fx.GraphModule, example_inputs: Sequence[Any], options: Mapping[str, Any]
+) -> tuple[str, dict[str, str]]:
+    """The key of compiling ``gm`` for these inputs and options, with its parts' digests;
+    raises ``_Unkeyable`` naming what has no stable description."""
+    parts = {
+        "graph": _digest(_graph(gm)),
+        "inputs": _digest([_value(t, by_value=False) for t in example_inputs]),
+        "options": _digest(sorted((k, repr(v)) for k, v in options.items())),
+        "versions": _digest(
+            (_kiln_sources(), torch.__version__, sys.version, sys.platform, sys.byteorder)
+        ),
+        "settings": _digest(
+            (
+                torch.get_default_dtype(),
+                torch.are_deterministic_algorithms_enabled(),
+                torch.get_float32_matmul_precision(),
+            )
+        ),
+        "device": _digest(_device(example_inputs)),
+    }
+    return _digest(sorted(parts.items())), parts
+
+
+def _why_missed(key: str, parts: Mapping[str, str]) -> str:
+    """Which parts of the key differ from the entry stored for the same graph, if any."""
+    closest: list[str] | None = None
+    for record in folder().glob("*.json"):
+        with contextlib.suppress(OSError, ValueError):
+            stored = json.loads(record.read_text())
+            if stored.get("graph") != parts["graph"]:
+                continue
+            differ = [name for name, value in parts.items() if stored.get(name) != value]
+            if closest is None or len(differ) < len(closest):
+                closest = differ
+    if closest is None:
+        return "no entry for this graph (a new or changed graph)"
+    if not closest:
+        return "its entry is missing, incomplete or fails verification"
+    return f"an entry for this graph differs in: {', '.join(closest)}"
+
+
+def compile_cached(
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    options: Mapping[str, Any],
+    compile_graph: Callable[[], Callable[..., Any]],
+) -> Callable[..., Any]:
+    """The compiled graph loaded from the cache, or ``compile_graph()``'s, stored for next time."""
+    try:
+        key, parts = graph_key(gm, example_inputs, options)
+    except _Unkeyable as e:
+        log.info("graph not cached: %s", e)
+        return compile_graph()
+    path = folder() / f"{key}{_SUFFIX}"
+    data = disk_cache.read_verified(path)
+    if data is not None:
+        try:
+            loaded = loopir.load_fx(data, gm, example_inputs, options=options)
+        except Exception as e:  # a stale or foreign entry: compile as if it were not there
+            log.info("miss %s: its entry failed to load (%s: %s)", key, type(e).__name__, e)
+        else:
+            counters.bump("stats", "graph_cache_hits")
+            disk_cache.touch(path)
+            _used[key] = None
+            log.info("hit %s", key)
+            return loaded
+    else:
+        log.info("miss %s: %s", key, _why_missed(key, parts))
+    counters.bump("stats", "graph_cache_misses")
+    compiled = compile_graph()
+    _store(path, key, parts, compiled)
+    return compiled
+
+
+def _store(path: Path, key: str, parts: Mapping[str, str], compiled: Callable[..., Any]) -> None:
+    try:
+        data = loopir.save_fx(compiled)
+    except Exception as e:
+        log.info("graph %s not stored: %s: %s", key, type(e).__name__, e)
+        return
+    _write(path, data)
+    disk_cache.atomic_write(path.with_suffix(".json"), json.dumps(dict(parts)))
+    _used[key] = None
+    disk_cache.evict(path.parent, keep={key})
+
+
+def _write(path: Path, data: bytes) -> None:
+    staged = disk_cache.temporary_sibling(path)
+    try:
+        staged.write_bytes(data)
+        disk_cache.seal(staged, path)
+    except BaseException:
+        staged.unlink(missing_ok=True)
+        raise
+
+
+def _bundle() -> Iterator[tuple[str, Path]]:
+    """The files ``save_cache`` writes, as (folder name, path)."""
+    graphs = folder()
+    for key in _used:
+        for path in (graphs / f"{key}{_SUFFIX}", graphs / f"{key}.json"):
+            if path.exists():
+                yield "graphs", path
+    for library in dict.fromkeys(opened_libraries()):
+        for path in (library, library.with_suffix(".cpp")):
+            if path.exists():
+                yield "cpp", path
+
+
+def save_cache(path: str | os.PathLike[str]) -> int:
+    """Write every graph this process compiled or loaded through the cache, and the C++
+    libraries its kernels loaded, into one file; the number of files it holds."""
+    manifest = []
+    target = Path(path)
+    staged = disk_cache.temporary_sibling(target)
+    try:
+        with zipfile.ZipFile(staged, "w", zipfile.ZIP_DEFLATED) as archive:
+            for kind, file in _bundle():
+                data = file.read_bytes()
+                name = f"{kind}/{file.name}"
+                manifest.append({"name": name, "sha256": hashlib.sha256(data).hexdigest()})
+                archive.writestr(name, data)
+            archive.writestr("manifest.json", json.dumps({"format": 1, "files": manifest}))
+        os.replace(staged, target)
+    except BaseException:
+        staged.unlink(missing_ok=True)
+        raise
+    return len(manifest)
+
+
+def load_cache(path: str | os.PathLike[str]) -> int:
+    """Add what :func:`save_cache` wrote to this machine's caches (the file is trusted as a
+    pickle is: only load one you made); the number of entries added. Each file must match
+    the hash the file's manifest records, else nothing is added (``ValueError``)."""
+    folders = {"graphs": folder(), "cpp": cpp_cache_dir()}
+    with zipfile.ZipFile(path) as archive:
+        manifest = json.loads(archive.read("manifest.json"))
+        if manifest.get("format") != 1:
+            msg = f"{path} is not a Kiln cache file of a known format"
+            raise ValueError(msg)
+        files = []
+        for item in manifest["files"]:
+            kind, _, name = item["name"].partition("/")
+            if kind not in folders or not name or "/" in name or name.startswith("."):
+                msg = f"{path}: unexpected member {item['name']!r}"
+                raise ValueError(msg)
+            data = archive.read(item["name"])
+            if hashlib.sha256(data).hexdigest() != item["sha256"]:
+                msg = f"{path}: {item['name']} does not match its recorded hash"
+                raise ValueError(msg)
+            files.append((folders[kind] / name, data))
+    added = 0
+    for target, data in files:
+        if target.suffix in (_SUFFIX, ".so"):
+            if disk_cache.read_verified(target) == data:
+                continue
+            _write(target, data)
+            added += 1
+        else:
+            disk_cache.atomic_write(target, data)
+    return added

@@ -1,0 +1,50 @@
+"""Compiled programs as bytes: what a whole-graph cache stores on disk.
+
+A compiled program is pickled: its graphs pickle as their wrappers' source with the kernels,
+constants and ops that source names (:class:`~kiln.loopir.CompiledGraph`), and each kernel as
+its code generator says (a C++ kernel as its library's source and symbol, built again, a hit in
+the library cache, when loaded). ATen operators pickle by their qualified name. Anything else
+that cannot be pickled (a kernel of the reference backend, a graph wrapper's closure) makes
+:func:`dumps` raise, and such a program is not stored.
+
+Loading unpickles, which runs code named in the bytes: read them only from a folder as private
+as the library cache's (:mod:`kiln.loopir.disk_cache`) or from a file the user chose to trust.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from typing import Any
+
+import torch
+
+__all__ = ["dumps", "loads"]
+
+
+def _op(namespace: str, name: str, overload: str) -> Any:
+    packet = getattr(getattr(torch.ops, namespace), name)
+    return packet if overload == "" else getattr(packet, overload)
+
+
+class _Pickler(pickle.Pickler):
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, torch._ops.OpOverload):
+            namespace, name = obj._schema.name.split("::", 1)
+            return _op, (namespace, name, obj._overloadname)
+        if isinstance(obj, torch._ops.OpOverloadPacket):
+            namespace, name = obj._qualified_op_name.split("::", 1)
+            return _op, (namespace, name, "")
+        return NotImplemented
+
+
+def dumps(obj: Any) -> bytes:
+    """``obj`` pickled, ATen operators by name; raises what pickling raises."""
+    buffer = io.BytesIO()
+    _Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buffer.getvalue()
+
+
+def loads(data: bytes) -> Any:
+    """What :func:`dumps` wrote."""
+    return pickle.loads(data)
