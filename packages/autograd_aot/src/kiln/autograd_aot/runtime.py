@@ -87,7 +87,9 @@ class _AotFunction(torch.autograd.Function):
     """The compiled forward and backward as one autograd node."""
 
     @staticmethod
-    def forward(ctx: Any, compiled: CompiledProgram, *primals: torch.Tensor) -> Any:  # type: ignore[override]
+    def forward(  # type: ignore[override]
+        ctx: Any, compiled: CompiledProgram, rebased: tuple[int, ...], *primals: torch.Tensor
+    ) -> Any:
         program = compiled.program
         results = list(compiled.forward(*primals))
         n = program.num_forward_outputs
@@ -103,6 +105,11 @@ class _AotFunction(torch.autograd.Function):
         held += [primals[i] for i, _ in program.watched_inputs]
         ctx.held = held
         ctx.versions = [t._version for t in held]
+        for k, t in enumerate(held):
+            # a saved view of an input rewritten after this call holds its old value: its
+            # version was bumped before the call (``_rebase_hidden_writes``), not after
+            if any(_same_storage(t, primals[i]) for i in rebased):
+                ctx.versions[k] -= 1
         for i in compiled.exposed:
             saved[i] = None
         ctx.save_for_backward(*saved)
@@ -126,14 +133,14 @@ class _AotFunction(torch.autograd.Function):
         program = compiled.program
         present = tuple(k for k, i in enumerate(program.diff_outputs) if grads[i] is not None)
         if not present:
-            return (None,) * (1 + program.num_primals)
+            return (None,) * (2 + program.num_primals)
         mask = sum(1 << k for k in present)
         # unpacking checks the versions of the saved values the user cannot reach (and
         # raises if a backward without retain_graph freed them)
         saved = list(ctx.saved_tensors)
         if torch.is_grad_enabled():  # create_graph=True: the result must be differentiable
             _check_versions(ctx, (), mask)  # it reads no saved value: it runs the program again
-            return (None, *_differentiable_backward(ctx, grads))
+            return (None, None, *_differentiable_backward(ctx, grads))
         bw = compiled.backward_for(present)
         _check_versions(ctx, bw.saved, mask)
         # the inputs are kept for a differentiable backward only until a plain one ran
@@ -156,12 +163,12 @@ class _AotFunction(torch.autograd.Function):
             ctx.held = None
         out: list[torch.Tensor | None] = [None] * program.num_primals
         if bw.fn is None:
-            return (None, *out)
+            return (None, None, *out)
         boxed = getattr(bw.fn, "call_boxed", None)
         results = boxed(args) if boxed is not None else bw.fn(*args)
         for j, g in zip(bw.grads, results, strict=True):
             out[program.grad_inputs[j]] = g
-        return (None, *out)
+        return (None, None, *out)
 
 
 def _saved_freed(ctx: Any) -> bool:
@@ -259,12 +266,42 @@ def run_training(compiled: CompiledProgram, primals: Sequence[torch.Tensor]) -> 
         args = list(primals)
         for i in compiled.program.cut_inputs:
             args[i] = args[i].detach()
+    rebased = _rebase_hidden_writes(compiled.program, args)
     if torch.is_grad_enabled():
-        outputs = _AotFunction.apply(compiled, *args)
+        outputs = _AotFunction.apply(compiled, rebased, *args)
     else:
         with torch.enable_grad():
-            outputs = _AotFunction.apply(compiled, *args)
-    return _finish(compiled.program, primals, list(outputs))
+            outputs = _AotFunction.apply(compiled, rebased, *args)
+    return _finish(compiled.program, primals, list(outputs), rebased)
+
+
+def _rebase_hidden_writes(program: TracedProgram, args: Sequence[torch.Tensor]) -> tuple[int, ...]:
+    """The mutated inputs that are views requiring grad, written where autograd does not
+    see it (under ``no_grad``), made ready for the node to take them.
+
+    Eager's in-place write bumps the view's version, so its next use regenerates its
+    ``grad_fn`` (a view of its base again), and the ops after the write, and a later
+    ``autograd.grad(out, view)``, meet that new node. The compiled node takes the view before
+    its new value is written back; a write-back after it would regenerate the node once more
+    and leave the node's edge on a node no gradient asks for (``grad(out, view)`` is None).
+    So the version is bumped, and the node regenerated, before the call, and the new value
+    is written back without a bump (``_write_back``): the same one bump eager makes, seen
+    by every tensor saved before the call."""
+    n = program.num_user_outputs
+    diff = set(program.diff_outputs)
+    rebased = tuple(
+        i
+        for k, i in enumerate(program.mutated_inputs)
+        if n + k not in diff and args[i].requires_grad and args[i]._is_view()
+    )
+    for i in rebased:
+        torch.autograd.graph.increment_version(args[i])
+        args[i].grad_fn  # noqa: B018  (reading it regenerates it for the new version)
+    return rebased
+
+
+def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
 def run_inference(compiled: CompiledProgram, primals: Sequence[torch.Tensor]) -> Any:
@@ -293,10 +330,15 @@ def _fresh(outputs: list[Any]) -> list[Any]:
     return outputs
 
 
-def _finish(program: TracedProgram, primals: Sequence[torch.Tensor], outputs: list[Any]) -> Any:
+def _finish(
+    program: TracedProgram,
+    primals: Sequence[torch.Tensor],
+    outputs: list[Any],
+    rebased: tuple[int, ...] = (),
+) -> Any:
     n = program.num_user_outputs
     if program.mutated_inputs:
-        _write_back(primals, program.mutated_inputs, outputs[n:])
+        _write_back(primals, program.mutated_inputs, outputs[n:], rebased)
     direct = program.direct_outputs
     if direct is not None:
         return tuple([outputs[i] for i in direct])
@@ -333,7 +375,10 @@ def _rebuild_view(
 
 
 def _write_back(
-    primals: Sequence[torch.Tensor], mutated: Sequence[int], values: Sequence[torch.Tensor]
+    primals: Sequence[torch.Tensor],
+    mutated: Sequence[int],
+    values: Sequence[torch.Tensor],
+    rebased: tuple[int, ...] = (),
 ) -> None:
     """Copy the new values of mutated inputs into them. Those without history (BatchNorm's
     running statistics: three per layer) go in one foreach copy, a launch or two for all
@@ -342,7 +387,10 @@ def _write_back(
     (aliased ones are traced over their bases), so the order of the copies does not matter."""
     dsts, srcs = [], []
     for i, value in zip(mutated, values, strict=True):
-        if value.requires_grad:  # keeps its history through the copy, as in eager
+        if i in rebased:  # its version was bumped before the call
+            with torch.no_grad():
+                primals[i].data.copy_(value)
+        elif value.requires_grad:  # keeps its history through the copy, as in eager
             with torch.enable_grad():
                 primals[i].copy_(value)
         elif primals[i].is_conj() or primals[i].is_neg():
