@@ -262,3 +262,29 @@ def test_a_graph_calling_user_code_is_not_cached():
     gm = fx.GraphModule(torch.nn.Module(), graph)
     with pytest.raises(graph_cache._Unkeyable, match="helper"):
         graph_cache.graph_key(gm, [torch.randn(2)], {})
+
+
+class _Launcher:
+    """Stands for a code generator's object that holds process state (a device handle)."""
+
+    __module__ = "kiln.codegen_triton.runtime"
+
+    def __init__(self) -> None:
+        self.handle = 0x7F00
+
+
+def test_kiln_objects_without_a_stored_form_are_refused():
+    from kiln.loopir import serialize
+
+    with pytest.raises(pickle.PicklingError, match="no stored form"):
+        serialize.dumps({"kernel": _Launcher()})
+    op = torch.ops.aten.mm.default
+    assert serialize.loads(serialize.dumps([op, torch.ops.aten.mm])) == [op, torch.ops.aten.mm]
+
+
+def test_the_cache_folder_is_listed_and_cleared(graph_cache_dir, caplog):
+    assert _compile_once(caplog)[0] == (0, 1)
+    assert kiln.cache.folders()["graphs"] == graph_cache_dir
+    assert [i.entries for i in kiln.cache.info() if i.name == "graphs"] == [1]
+    kiln.cache.clear()
+    assert not list(graph_cache_dir.iterdir())

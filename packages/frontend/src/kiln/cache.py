@@ -1,7 +1,8 @@
 """Kiln's on-disk caches: where they are, how big, and emptying them.
 
-Two folders persist across runs: built C++ libraries (``KILN_CACHE_DIR``,
-default ``~/.cache/kiln``, subfolder ``cpp``) and generated Triton kernels
+Folders persist across runs: built C++ libraries (``KILN_CACHE_DIR``,
+default ``~/.cache/kiln``, subfolder ``cpp``), compiled graphs (subfolder ``graphs``,
+:mod:`kiln.graph_cache`) and generated Triton kernels
 (``KILN_TRITON_CACHE``, default ``~/.cache/kiln/triton``; listed only where
 ``kiln.codegen_triton`` and Triton can be imported). Each is bounded by
 ``KILN_CACHE_SIZE_MB`` with least-recently-used eviction. ``python -m kiln cache
@@ -13,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from kiln import graph_cache
 from kiln.codegen_cpp.cache import cache_dir as cpp_cache_dir
 from kiln.loopir import disk_cache
 
@@ -39,7 +41,7 @@ class CacheInfo:
 
 def folders() -> dict[str, Path]:
     """Each cache's folder, after the same privacy checks (and fallback) a build makes."""
-    found = {"cpp": cpp_cache_dir()}
+    found = {"cpp": cpp_cache_dir(), "graphs": graph_cache.folder()}
     if triton_options is not None:
         triton_root = triton_options.cache_dir
         found["triton kernels"] = disk_cache.private_dir(triton_root, "kernels")

@@ -27,8 +27,25 @@ def _op(namespace: str, name: str, overload: str) -> Any:
     return packet if overload == "" else getattr(packet, overload)
 
 
+_PLAIN_DATA = ("kiln.autograd_aot.",)
+"""Packages whose objects are plain data (a program's signature, how its inputs are laid out),
+stored field by field. Any other Kiln or Triton object must say how it is stored
+(``__reduce__``): pickled field by field, a launcher's device handles and a loaded library's
+addresses would load as numbers that mean nothing in another process."""
+
+
 class _Pickler(pickle.Pickler):
     def reducer_override(self, obj: Any) -> Any:
+        kind = type(obj)
+        module = getattr(kind, "__module__", "") or ""
+        if (
+            module.startswith(("kiln.", "triton"))
+            and not module.startswith(_PLAIN_DATA)
+            and not isinstance(obj, type)
+            and "__reduce__" not in vars(kind)
+        ):
+            msg = f"{kind.__qualname__} (from {module}) has no stored form"
+            raise pickle.PicklingError(msg)
         if isinstance(obj, torch._ops.OpOverload):
             namespace, name = obj._schema.name.split("::", 1)
             return _op, (namespace, name, obj._overloadname)
