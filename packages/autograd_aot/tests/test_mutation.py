@@ -88,9 +88,26 @@ def test_batchnorm_running_stats_are_functional():
     assert len(gm(x, bn.running_mean, bn.running_var)) == 3  # output, mean, var
 
 
-def test_metadata_mutation_is_rejected():
+def test_metadata_mutation_of_an_input_is_rejected():
     with pytest.raises(UnsupportedMutation, match="sizes or strides"):
-        trace_aten(lambda x: (x * 1).t_(), [torch.randn(2, 3)], {})
+        trace_aten(lambda x: x.t_(), [torch.randn(2, 3)], {})
+
+
+def _restrided(x):
+    z = x * 1
+    v = z[0]  # taken before: keeps its own view of the storage
+    z.t_()
+    z[0].add_(1)  # a write through the new view reaches v
+    w = z.unsqueeze_(0)
+    return z, v, w.sum(), z.squeeze_(0) * 2
+
+
+def test_metadata_mutation_of_an_intermediate_is_the_view_from_then_on():
+    """ATen's composites restride their own intermediates (matmul of a vector squeezes its
+    mm in place, torch.func's batching rules pass that down): the tensor becomes the view."""
+    x = torch.randn(2, 3)
+    gm = trace_aten(_restrided, [x], {})
+    torch.testing.assert_close(gm(x.clone()), _restrided(x.clone()))
 
 
 def test_mutating_an_expanded_view_is_rejected():

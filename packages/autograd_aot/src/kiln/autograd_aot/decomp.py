@@ -4,7 +4,8 @@ The tracer applies the table recursively (a decomposition's own ops are traced
 again) until only ops outside the table remain. Kiln adds decompositions where
 its compiler prefers pointwise ops and reductions to a fused ATen kernel, and
 one for the functional ``copy`` that functionalization emits, and seeded random
-ops (``rng.py``) so a backward can recompute them.
+ops (``rng.py``) so a backward can recompute them, and forward-mode AD's data-less zero
+tensors as plain zeros.
 """
 
 from __future__ import annotations
@@ -73,11 +74,18 @@ def _masked_index_put(
     return aten.where.self(mask, value, self)
 
 
+def _materialized_zeros(size: list[int], **options: Any) -> torch.Tensor:
+    """``_efficientzerotensor``: forward-mode AD's (``jvp``, ``jacfwd``) zero tangent, a
+    ZeroTensor that owns no data, as plain zeros, which compiled kernels can read."""
+    return aten.zeros.default(size, **options)
+
+
 def kiln_decompositions() -> dict[Any, Callable[..., Any]]:
     """Kiln's additions to the core set."""
     table: dict[Any, Callable[..., Any]] = {
         aten.copy.default: _functional_copy,
         aten.index_put.default: _masked_index_put,
+        aten._efficientzerotensor.default: _materialized_zeros,
     }
     table.update(random_decompositions())
     full = torch._decomp.decomposition_table
