@@ -24,6 +24,7 @@ from kiln.capture import (
     container_methods,
     copies,
     dispatch,
+    functorch_calls,
     iteration,
     itertools_calls,
     literals,
@@ -60,7 +61,7 @@ if TYPE_CHECKING:
 __all__ = ["Handler", "handler_for"]
 
 Handler = Callable[["Tracer", list[Value], dict[str, Value]], Value]
-_HANDLERS: dict[Any, Handler] = dict(itertools_calls.HANDLERS)
+_HANDLERS: dict[Any, Handler] = {**itertools_calls.HANDLERS, **functorch_calls.HANDLERS}
 
 
 def _handles(*objs: Any) -> Callable[[Handler], Handler]:
