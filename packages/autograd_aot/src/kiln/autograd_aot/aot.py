@@ -26,6 +26,11 @@ from typing import Any
 import torch
 from torch import fx
 
+from kiln.autograd_aot.control_flow import (
+    ControlFlowInterpreter,
+    compile_branches,
+    has_control_flow,
+)
 from kiln.autograd_aot.decomp import default_decompositions, describe_table, for_training
 from kiln.autograd_aot.errors import AotError
 from kiln.autograd_aot.inputs import Aliasing, InputLayout, fakes_of, shared_memory
@@ -119,8 +124,9 @@ class AotCompiled:
         ]
         self.partition_stats: PartitionStats | None = None
         self._modes: dict[Mode, _ModePrograms] = {}
-        # checkpointed regions: traced node by node, so their ATen ops carry the marks
-        self._marked = has_regions(gm)
+        # checkpointed regions and control flow: traced node by node, so their ATen ops
+        # carry the marks, and cond/while_loop nodes trace their branches
+        self._marked = has_regions(gm) or has_control_flow(gm)
         self._warned = False
         if restored is not None:
             self._restore(restored)
@@ -243,7 +249,7 @@ class AotCompiled:
             args[pos] = fake
         if self._marked:
             assert isinstance(self.gm, fx.GraphModule)
-            return call_marked(self.gm, state, args)
+            return call_marked(self.gm, state, args, ControlFlowInterpreter)
         return torch.func.functional_call(self.gm, state, tuple(args))
 
     def _trace(
@@ -292,6 +298,7 @@ class AotCompiled:
         if not program.is_joint:
             log.debug("forward-only graph:\n%s", program.gm.code)
             artifacts.dump("aot_inference.py", program.gm.code)
+            compile_branches(program.gm, self.fw_compiler)
             forward = self.fw_compiler(program.gm, _fake_inputs(program.gm))
             return CompiledProgram(program, forward, layout=layout)
         log.debug("joint graph:\n%s", program.gm.code)
@@ -308,6 +315,8 @@ class AotCompiled:
         log.debug("forward graph:\n%s\nbackward graph:\n%s", fw.code, bw.code)
         artifacts.dump("aot_forward.py", fw.code)
         artifacts.dump("aot_backward.py", bw.code)
+        compile_branches(fw, self.fw_compiler)
+        compile_branches(bw, self.bw_compiler)
         forward = self.fw_compiler(fw, _fake_inputs(fw))
         backward = self.bw_compiler(bw, _fake_inputs(bw))
         num_saved = stats.num_saved

@@ -119,6 +119,8 @@ def recomputable(node: fx.Node) -> bool:
     target = node.target
     if target is operator.getitem:
         return True
+    if not hasattr(target, "_schema"):  # a higher-order node (control_flow.py): saved
+        return False
     tags = getattr(target, "tags", ())
     if torch.Tag.nondeterministic_seeded in tags:
         return False

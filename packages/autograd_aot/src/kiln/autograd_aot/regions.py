@@ -21,7 +21,14 @@ from torch import fx
 
 from kiln.autograd_aot.rng import random_decompositions
 
-__all__ = ["REGION", "call_marked", "current_region", "has_regions", "random_in_region"]
+__all__ = [
+    "REGION",
+    "MarkingInterpreter",
+    "call_marked",
+    "current_region",
+    "has_regions",
+    "random_in_region",
+]
 
 REGION = "kiln_recompute"
 """The node meta key: the id of the checkpointed region the node belongs to."""
@@ -49,7 +56,7 @@ def has_regions(gm: torch.nn.Module) -> bool:
     return isinstance(graph, fx.Graph) and any(REGION in n.meta for n in graph.nodes)
 
 
-class _MarkingInterpreter(fx.Interpreter):
+class MarkingInterpreter(fx.Interpreter):
     def run_node(self, n: fx.Node) -> Any:
         token = current_region.set(n.meta.get(REGION))
         try:
@@ -62,15 +69,22 @@ class _Marked(torch.nn.Module):
     """Runs ``gm`` node by node, so the tracer knows each op's region; its state is ``gm``'s
     (under ``gm.``), so ``functional_call`` swaps it as it would ``gm``'s."""
 
-    def __init__(self, gm: fx.GraphModule) -> None:
+    def __init__(self, gm: fx.GraphModule, interpreter: type[fx.Interpreter]) -> None:
         super().__init__()
         self.gm = gm
+        self.interpreter = interpreter
 
     def forward(self, *args: Any) -> Any:
-        return _MarkingInterpreter(self.gm).run(*args)
+        return self.interpreter(self.gm).run(*args)
 
 
-def call_marked(gm: fx.GraphModule, state: Mapping[str, torch.Tensor], args: Sequence[Any]) -> Any:
-    """``functional_call(gm, state, args)``, naming each node's region while it runs."""
+def call_marked(
+    gm: fx.GraphModule,
+    state: Mapping[str, torch.Tensor],
+    args: Sequence[Any],
+    interpreter: type[fx.Interpreter] = MarkingInterpreter,
+) -> Any:
+    """``functional_call(gm, state, args)``, naming each node's region while it runs (with
+    ``interpreter``: a subclass of the marking one that runs some nodes its own way)."""
     prefixed = {f"gm.{name}": value for name, value in state.items()}
-    return torch.func.functional_call(_Marked(gm), prefixed, tuple(args))
+    return torch.func.functional_call(_Marked(gm, interpreter), prefixed, tuple(args))

@@ -39,7 +39,7 @@ from kiln.capture.wrap import wrap
 if TYPE_CHECKING:
     from kiln.capture.tracer import Tracer
 
-__all__ = ["TracedCtx", "apply_target", "call_apply", "is_apply"]
+__all__ = ["TraceState", "TracedCtx", "apply_target", "call_apply", "is_apply"]
 
 _BASE_SETUP_CONTEXT = torch.autograd.Function.setup_context
 
@@ -127,7 +127,7 @@ def _check_methods(tr: Tracer, cls_value: Value, cls: type, args: list[Value]) -
     With ``set_materialize_grads(False)`` autograd hands backward None for an output no
     gradient reached, so backward is traced once more for each such pattern."""
     cp = tr.checkpoint()
-    before = _State(tr)
+    before = TraceState(tr)
     grad_mode = torch.is_grad_enabled()
     try:
         tensors, materialize = _trace(tr, cls_value, cls, args, before, frozenset())
@@ -139,7 +139,7 @@ def _check_methods(tr: Tracer, cls_value: Value, cls: type, args: list[Value]) -
     tr.rollback(cp)
 
 
-class _State:
+class TraceState:
     """What a check must leave as it found: graph inputs, recorded effects, the frame's
     containers (a mutation changes these without recording an effect, as the end of the frame
     writes them back; one first read inside the check joins the end of the list)."""
@@ -149,15 +149,17 @@ class _State:
         self.effects = tr.out.side_effects.version
         self.containers = _container_contents(tr)
 
-    def check(self, tr: Tracer, method: str) -> None:
-        now = _State(tr)
+    def check(self, tr: Tracer, method: str, *, kind: str = "autograd_function") -> None:
+        """Raise a ``kind`` break if ``method`` changed what outlives it or, for a Function
+        (whose tensors must be apply's arguments), made a graph input."""
+        now = TraceState(tr)
         old = len(self.containers)
         changed = now.containers[:old] != self.containers or any(
             mutated for _, _, mutated in now.containers[old:]
         )
         if changed or now.effects != self.effects:
-            raise unsupported("autograd_function", f"{method} changes state that outlives the call")
-        if now.inputs != self.inputs:
+            raise unsupported(kind, f"{method} changes state that outlives the call")
+        if kind == "autograd_function" and now.inputs != self.inputs:
             detail = (
                 f"{method} reads a tensor that is not an argument of apply (pass it to apply, "
                 "so that it is an input of the compiled graph)"
@@ -170,7 +172,7 @@ def _trace(
     cls_value: Value,
     cls: type,
     args: list[Value],
-    before: _State,
+    before: TraceState,
     absent: frozenset[int],
 ) -> tuple[list[int], bool]:
     """One trace of forward, then backward with None for the outputs in ``absent``: which

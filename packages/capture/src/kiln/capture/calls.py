@@ -26,6 +26,7 @@ from kiln.capture import (
     builtin_calls,
     builtin_types,
     contexts,
+    control_flow,
     dispatch,
     function_modes,
     literals,
@@ -122,6 +123,8 @@ def _call_object(tr: Tracer, fv: ObjectValue, args: list[Value], kwargs: dict[st
         return handler(tr, args, kwargs)
     if autograd_function.is_apply(obj):
         return autograd_function.call_apply(tr, fv, args, kwargs)
+    if torch_functions.is_control_flow(obj):
+        return control_flow.call(tr, obj, args, kwargs)
     owned = builtin_types.descriptor(obj)  # dict.get(d, k), super().__setitem__(k, v)
     if owned is not None:
         return builtin_types.call_descriptor(tr, *owned, args, kwargs)

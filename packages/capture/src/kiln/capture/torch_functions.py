@@ -18,6 +18,7 @@ import torch
 
 __all__ = [
     "COMPILING",
+    "CONTROL_FLOW",
     "CONSTANT_FOLDED",
     "CompilingAnswer",
     "Site",
@@ -25,6 +26,7 @@ __all__ = [
     "RESEEDS",
     "answering_compiling",
     "compiling_answer",
+    "is_control_flow",
     "is_special",
     "is_torch_callable",
     "unwrapped",
@@ -111,6 +113,21 @@ def compiling_answer(site: Site) -> bool:
         return True
     answer.asked.append(site)
     return site not in answer.eager_sites
+
+
+CONTROL_FLOW = frozenset(
+    f for f in (getattr(torch, "cond", None), getattr(torch, "while_loop", None)) if f is not None
+)
+"""``torch.cond`` and ``torch.while_loop``: traced into subgraphs (``control_flow``), never
+inlined (their Python bodies call torch's own compiler)."""
+
+
+def is_control_flow(obj: Any) -> bool:
+    """Whether ``obj`` is ``torch.cond`` or ``torch.while_loop``."""
+    try:
+        return obj in CONTROL_FLOW
+    except TypeError:  # unhashable
+        return False
 
 
 def is_special(obj: Any) -> bool:

@@ -26,7 +26,7 @@ from kiln.capture.graph import OutputGraph
 from kiln.capture.guard_data import GuardKind
 from kiln.capture.model_output import is_model_output
 from kiln.capture.source import Source
-from kiln.capture.torch_functions import is_special, is_torch_callable
+from kiln.capture.torch_functions import is_control_flow, is_special, is_torch_callable
 from kiln.capture.values.base import ConstantValue, Value, is_constant
 from kiln.capture.values.containers import (
     CellValue,
@@ -115,7 +115,9 @@ def _wrap(out: OutputGraph, obj: Any, source: Source | None) -> Value:
             out.guard(source, GuardKind.ID_MATCH, id(obj))
         if checkpointing.stand_in(obj) is not None:
             return checkpointing.CheckpointValue(obj, source)
-        if is_special(obj) or is_torch_callable(obj) or _runs_natively(obj):
+        if is_special(obj) or is_torch_callable(obj) or is_control_flow(obj):
+            return ObjectValue(obj, source)
+        if _runs_natively(obj):
             return ObjectValue(obj, source)
         stand_in = library_functions.substitute(obj)
         if stand_in is not None:

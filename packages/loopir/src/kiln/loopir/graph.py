@@ -21,6 +21,7 @@ import torch.fx
 from torch.utils import _pytree as pytree
 
 from kiln.capture import counters
+from kiln.capture.control_flow import CondCall, WhileLoopCall
 from kiln.loopir.backend import Backend, get_backend
 from kiln.loopir.decompose import run_decomposition
 from kiln.loopir.decompositions import declined_decomposition
@@ -223,6 +224,8 @@ class GraphLowering:
         saved = self.current_meta, self.current_op
         self.current_meta, self.current_op = meta, op
         try:
+            if isinstance(op, (CondCall, WhileLoopCall)):  # runs the branches compiled apart
+                return chosen_extern(op, args, kwargs)
             if _touches_complex(args, kwargs, meta) or _has_lazy_bit(meta):
                 return _complex_call(op, args, kwargs, meta)
             decomposition = self.decompositions.get(op)

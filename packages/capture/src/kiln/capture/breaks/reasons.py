@@ -111,11 +111,11 @@ REASONS: dict[str, BreakReason] = {
         "keep forward and backward to tensor code on apply's arguments and ctx, without side "
         "effects",
     ),
-    "functorch": BreakReason(
-        "a torch.func transform (vmap, grad, vjp, jvp, jacrev, functional_call ...) whose "
-        "function Kiln cannot trace into a subgraph",
-        "keep the transformed function to tensor code on its arguments and closed-over "
-        "tensors, without side effects, and pass the transform's options as constants",
+    "control_flow": BreakReason(
+        "a torch.cond or torch.while_loop call Kiln cannot trace into subgraphs (each "
+        "function is traced on the operands; its outputs' shapes and dtypes must agree)",
+        "keep the branches to tensor code on the operands and closed-over tensors, without "
+        "side effects, returning tensors of the same shapes and dtypes",
     ),
     "module_hooks": BreakReason(
         "the module has hooks Kiln cannot inline",
