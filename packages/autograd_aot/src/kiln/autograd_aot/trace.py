@@ -33,11 +33,25 @@ from kiln.autograd_aot.mutation import (
     unhide_mutation,
 )
 from kiln.autograd_aot.regions import REGION, current_region, random_in_region
-from kiln.capture.meta import FakeMode, is_fake, is_noop_restride, meta_of, run_fake, to_fake
+from kiln.capture.meta import (
+    FakeMode,
+    fake_like,
+    is_fake,
+    is_noop_restride,
+    meta_of,
+    run_fake,
+    to_fake,
+)
 
 __all__ = ["AtenTracer", "trace_aten", "verify_aten_graph"]
 
 aten = torch.ops.aten
+
+# in-place changes of sizes and strides that an out-of-place view op expresses
+_RESTRIDES = frozenset(
+    getattr(aten, name)
+    for name in ("t_", "transpose_", "swapdims_", "swapaxes_", "squeeze_", "unsqueeze_")
+)
 
 
 @dataclasses.dataclass
@@ -193,6 +207,8 @@ class AtenTracer(TorchDispatchMode):
         func = unhide_mutation(func, args)
         if is_noop_restride(func, args, kwargs):
             return args[0]
+        if func.overloadpacket in _RESTRIDES:
+            return self._restride(func, args, kwargs)
         if is_mutation(func):
             return self._mutation(func, args, kwargs)
         decomp = self.decompositions.get(func)
@@ -262,6 +278,30 @@ class AtenTracer(TorchDispatchMode):
         parent = self._tracked[id(base)]
         chain = (*parent.chain, step)
         self._tracked[id(out)] = _Tracked(out, node, parent.root, chain, parent.version)
+
+    def _restride(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """``t.squeeze_(0)`` and the like on a tensor the trace computed: from here on ``t``
+        is the view the out-of-place op makes. ATen's composite ops do this to their own
+        intermediates (``matmul`` of a vector squeezes its ``mm`` in place), which torch.func's
+        batching rules pass down as they are. On an input or a constant the change would be
+        seen outside the graph, which the functional graph cannot express: refused."""
+        target = self._as_fake(args[0])
+        self.node_of(target)
+        info = self._tracked[id(target)]
+        root = self._roots[info.root]
+        if root.kind != "value":
+            mutated_args(func, args, kwargs)  # raises the refusal
+        with self:
+            view = functional_variant(func).op(target, *args[1:], **kwargs)
+        if root.fake is target:  # the root keeps its own metadata: views are rebuilt from it
+            alias = target.meta.as_strided(target.shape, target.stride(), target.storage_offset())
+            root.fake = fake_like(alias, target.device)
+            self._tracked[id(root.fake)] = dataclasses.replace(info, fake=root.fake)
+        with torch._C._DisableTorchDispatch():
+            func(meta_of(target), *args[1:], **kwargs)
+            func(target, *args[1:], **kwargs)
+        self._tracked[id(target)] = dataclasses.replace(self._tracked[id(view)], fake=target)
+        return target
 
     def _mutation(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         targets = mutated_args(func, args, kwargs)

@@ -117,6 +117,12 @@ REASONS: dict[str, BreakReason] = {
         "keep the branches to tensor code on the operands and closed-over tensors, without "
         "side effects, returning tensors of the same shapes and dtypes",
     ),
+    "functorch": BreakReason(
+        "a torch.func transform (vmap, grad, vjp, jvp, jacrev, functional_call ...) whose "
+        "function Kiln cannot trace into a subgraph",
+        "keep the transformed function to tensor code on its arguments and closed-over "
+        "tensors, without side effects, and pass the transform's options as constants",
+    ),
     "module_hooks": BreakReason(
         "the module has hooks Kiln cannot inline",
         "remove the hooks, or make them plain Python functions",
