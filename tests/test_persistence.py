@@ -127,6 +127,7 @@ CHILD = r"""
 import json, sys, torch, kiln
 from kiln import graph_cache
 from kiln.capture import counters
+from kiln.loopir.decompositions import _table
 # Kiln's sources change while this checkout is edited; the key's other parts are under test
 graph_cache._kiln_sources = lambda: "pinned"
 torch.manual_seed(0)
@@ -158,6 +159,7 @@ print(json.dumps({
     "hits": s.graph_cache_hits, "misses": s.graph_cache_misses,
     "fallbacks": s.eager_fallbacks, "kernels": s.kernels,
     "cpp": counters.snapshot().get("codegen_cpp", {}),
+    "decompositions": _table.cache_info().currsize,
 }))
 """
 
@@ -184,6 +186,7 @@ def test_a_fresh_process_loads_every_graph_and_compiles_nothing(tmp_path: Path):
     warm = _child(tmp_path, tmp_path / "cache")
     assert (warm["hits"], warm["misses"]) == (2, 0), warm["log"]
     assert warm["kernels"] == {}  # no graph lowered, no kernel generated
+    assert warm["decompositions"] == 0  # nothing traced: the table is never built
     assert "libraries_built" not in warm["cpp"]
     assert warm["cpp"]["libraries_cached"] >= 1
     off = _child(tmp_path, tmp_path / "cache", KILN_GRAPH_CACHE="0")

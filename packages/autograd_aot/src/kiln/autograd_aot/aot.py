@@ -371,9 +371,13 @@ def aot_compile(
     earlier compile of the same graph for the same inputs, used instead of compiling now
     (other grad modes and aliasings still compile on first use).
     """
-    table = default_decompositions() if decompositions is None else dict(decompositions)
-    log.info("decomposition table: %d entries", len(table))
-    log.debug("%s", describe_table(table))
+    table: Mapping[Any, Callable[..., Any]]
+    if restored is not None and decompositions is not None:
+        table = decompositions  # read only if another variant compiles: a lazy one stays unbuilt
+    else:
+        table = default_decompositions() if decompositions is None else dict(decompositions)
+        log.info("decomposition table: %d entries", len(table))
+        log.debug("%s", describe_table(table))
     return AotCompiled(
         gm, example_inputs, fw_compiler, bw_compiler or fw_compiler, table, partitioner, restored
     )

@@ -26,9 +26,10 @@ skipped with one warning naming what is missing.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeAlias
 
 import torch
@@ -160,9 +161,27 @@ def load_fx(
         example_inputs,
         fw_compiler=compile_one,
         bw_compiler=compile_one,
-        decompositions=decompositions(),
+        decompositions=_LazyTable(),
         restored=programs,
     )
+
+
+class _LazyTable(Mapping[Any, Callable[..., Any]]):
+    """:func:`decompositions`, built on first read: a loaded program reads it only when another
+    grad mode or aliasing compiles, and building it is a good part of a warm start."""
+
+    @functools.cached_property
+    def _table(self) -> dict[Any, Callable[..., Any]]:
+        return decompositions()
+
+    def __getitem__(self, op: Any) -> Callable[..., Any]:
+        return self._table[op]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._table)
+
+    def __len__(self) -> int:
+        return len(self._table)
 
 
 def _prepare(
