@@ -236,9 +236,54 @@ def test_while_loop_is_one_node() -> None:
         return gm
 
     def fn(x: torch.Tensor) -> torch.Tensor:
-        return torch.while_loop(lambda t: t.sum() < 100, lambda t: t * 2, (x,))[0]
+        return torch.while_loop(lambda t: t.sum() < 100, lambda t: t * 2, (x,))
 
     out = kiln.compile(fn, backend=backend, fullgraph=True)(torch.ones(3))
-    torch.testing.assert_close(out, torch.full((3,), 64.0))
+    torch.testing.assert_close(out, torch.full((3,), 64.0))  # a tensor, as the body returns
     (gm,) = graphs
     assert sum(isinstance(n.target, WhileLoopCall) for n in gm.graph.nodes) == 1
+
+
+def test_while_loop_carrying_values_that_require_grad_runs_eagerly_with_a_warning() -> None:
+    """No backward for while_loop: the graph's program runs eagerly, one warning, eager's
+    values and gradients."""
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.while_loop(lambda t: t.sum() < 10, lambda t: (t * 2,), (x,))[0]
+
+    compiled = kiln.compile(fn, backend="aot_eager")
+    x = torch.ones(3, requires_grad=True)
+    with pytest.warns(RuntimeWarning, match="while_loop"):
+        out = compiled(x)
+    out.sum().backward()
+    torch.testing.assert_close(out, torch.full((3,), 4.0))
+    torch.testing.assert_close(x.grad, torch.full((3,), 4.0))
+
+
+def test_a_node_describes_its_branches() -> None:
+    """The target's ``__qualname__`` (what a cache of compiled graphs keys a target by)
+    differs where the branches differ, nested ones included, and only there."""
+    graphs: list[fx.GraphModule] = []
+
+    def backend(gm: fx.GraphModule, inputs: list[torch.Tensor]) -> Any:
+        graphs.append(gm)
+        return gm
+
+    def make(inner: Callable[[torch.Tensor], torch.Tensor]) -> Callable[..., Any]:
+        def fn(x: torch.Tensor) -> torch.Tensor:
+            def outer(t: torch.Tensor) -> torch.Tensor:
+                return torch.cond(t.mean() > 0, inner, lambda u: u * 2, (t,))
+
+            return torch.cond(x.sum() > 0, outer, lambda t: t - 1, (x,))
+
+        return fn
+
+    for inner in (torch.sin, torch.cos, torch.sin):
+        kiln.compile(make(inner), backend=backend, fullgraph=True)(torch.randn(3))
+    names = [
+        n.target.__qualname__
+        for g in graphs
+        for n in g.graph.nodes
+        if n.op == "call_function" and isinstance(n.target, CondCall)
+    ]
+    assert len(names) == 3 and names[0] == names[2] != names[1]

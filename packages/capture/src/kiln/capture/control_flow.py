@@ -22,13 +22,14 @@ metadata.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import fx
 
-from kiln.capture import dispatch, torch_calls
+from kiln.capture import dispatch, subgraphs, torch_calls
 from kiln.capture.autograd_function import TraceState
 from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.errors import Unsupported
@@ -38,7 +39,7 @@ from kiln.capture.values.containers import ListValue, TupleValue
 from kiln.capture.values.tensor import TensorValue
 
 if TYPE_CHECKING:
-    from kiln.capture.tracer import Checkpoint, Tracer
+    from kiln.capture.tracer import Tracer
 
 __all__ = ["CondCall", "WhileLoopCall", "call"]
 
@@ -57,6 +58,7 @@ class CondCall:
 
     def __init__(self, true_fn: Callable[..., Any], false_fn: Callable[..., Any]) -> None:
         self.kiln_cond = (true_fn, false_fn)
+        self.__qualname__ = f"kiln_cond.{_digest(true_fn, false_fn)}"
 
     def __repr__(self) -> str:
         return "kiln.cond"
@@ -79,6 +81,7 @@ class WhileLoopCall:
         self, cond_fn: Callable[..., Any], body_fn: Callable[..., Any], carried: int
     ) -> None:
         self.kiln_while_loop = (cond_fn, body_fn, carried)
+        self.__qualname__ = f"kiln_while_loop.{carried}.{_digest(cond_fn, body_fn)}"
 
     def __repr__(self) -> str:
         return "kiln.while_loop"
@@ -92,6 +95,21 @@ class WhileLoopCall:
         while cond_fn(*values, *free)[0]:
             values = tuple(body_fn(*values, *free))
         return _fresh(values, args)
+
+
+def _digest(*functions: Callable[..., Any]) -> str:
+    """What the functions compute, as text equal across processes exactly when their graphs
+    are (nested nodes by their own digests): the target's ``__qualname__``, which describes
+    it to whatever keys a graph by its targets (an on-disk cache of compiled graphs)."""
+    parts = []
+    for fn in functions:
+        graph = getattr(fn, "graph", None)
+        if not isinstance(fn, fx.GraphModule) or graph is None:
+            parts.append(repr(fn))
+            continue
+        parts.append(fn.code)
+        parts += [n.target.__qualname__ for n in graph.nodes if isinstance(n.target, _CALLS)]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
 def _no_meta(*args: Any) -> None:
@@ -116,12 +134,15 @@ def _like_both(first: Sequence[torch.Tensor], second: Sequence[torch.Tensor]) ->
     )
 
 
+_CALLS = (CondCall, WhileLoopCall)
+
+
 @dataclasses.dataclass
 class _Traced:
     """One function traced on the operands: its subgraph and the outer nodes it reads."""
 
     gm: fx.GraphModule
-    free: list[fx.Node]
+    free: list[TensorValue]
     outputs: list[TensorValue]
     kind: type  # the output's container: TensorValue, TupleValue or ListValue
 
@@ -165,7 +186,7 @@ def _cond(tr: Tracer, pred: Value, true_fn: Value, false_fn: Value, operands: Va
         raise unsupported(_KIND, "torch.cond's branches return tensors of different metadata")
     free = _widen(first, second)
     target = CondCall(first.gm, second.gm)
-    args: list[Value] = [pred, *ops, *(_value(n) for n in free)]
+    args: list[Value] = [pred, *ops, *free]
     out = torch_calls.call_function(tr, target, args, {})
     return _rebuild(out, first.kind)
 
@@ -180,8 +201,8 @@ def _while_loop(tr: Tracer, cond_fn: Value, body_fn: Value, carried: Value) -> V
         raise unsupported(_KIND, "torch.while_loop's body_fn changes its carried values' metadata")
     free = _widen(test, body)
     target = WhileLoopCall(test.gm, body.gm, len(values))
-    out = torch_calls.call_function(tr, target, [*values, *(_value(n) for n in free)], {})
-    return _rebuild(out, TupleValue)
+    out = torch_calls.call_function(tr, target, [*values, *free], {})
+    return _rebuild(out, body.kind)  # the body's structure, as torch's returns
 
 
 def _same_meta(a: Sequence[TensorValue], b: Sequence[TensorValue]) -> bool:
@@ -189,10 +210,6 @@ def _same_meta(a: Sequence[TensorValue], b: Sequence[TensorValue]) -> bool:
         return (tuple(t.fake.shape), t.fake.dtype, t.fake.device)
 
     return len(a) == len(b) and all(meta(x) == meta(y) for x, y in zip(a, b, strict=True))
-
-
-def _value(node: fx.Node) -> TensorValue:
-    return TensorValue(node, node.meta["val"])
 
 
 def _rebuild(out: Value, kind: type) -> Value:
@@ -203,7 +220,7 @@ def _rebuild(out: Value, kind: type) -> Value:
 
 
 def _trace(
-    tr: Tracer, fn: Value, operands: list[TensorValue], known: list[fx.Node], what: str
+    tr: Tracer, fn: Value, operands: list[TensorValue], known: list[TensorValue], what: str
 ) -> _Traced:
     """Trace ``fn(*operands)`` into a subgraph taking ``(*operands, *known, *more)``, where
     ``more`` are the outer nodes it reads besides; the main graph is left as it was (inputs
@@ -227,8 +244,9 @@ def _trace(
     if not all(isinstance(i, TensorValue) for i in items):
         raise unsupported(_KIND, f"{what} must return only tensors")
     outputs: list[TensorValue] = list(items)
-    gm, free = _extract(tr, cp, [o.node for o in operands], known, [o.node for o in outputs])
-    read = [*operands, *(_value(n) for n in [*known, *free])]
+    entries, ends = [o.node for o in operands], [o.node for o in outputs]
+    gm, free = subgraphs.cut(tr, cp.nodes, entries, ends, [v.node for v in known])
+    read = [*operands, *known, *free]
     if _aliased(outputs, [t for t in read if isinstance(t.fake, torch.Tensor)]):
         raise unsupported(_KIND, f"{what} returns an input, a view of one or a tensor twice")
     tr.rollback(cp)
@@ -247,44 +265,14 @@ def _aliased(outputs: list[TensorValue], inputs: list[TensorValue]) -> bool:
     return False
 
 
-def _extract(
-    tr: Tracer,
-    cp: Checkpoint,
-    inputs: list[fx.Node],
-    known: list[fx.Node],
-    outputs: list[fx.Node],
-) -> tuple[fx.GraphModule, list[fx.Node]]:
-    """The ops recorded since ``cp``, copied into a graph over ``inputs``, ``known`` and the
-    other outer nodes they read (returned, after ``known``)."""
-    made = [n for n in tr.out.graph.nodes if n not in cp.nodes and n.op != "placeholder"]
-    inside = set(made)
-    free = list(known)
-    for n in [*made, *outputs]:
-        for used in n.all_input_nodes if n in inside else [n]:
-            if used not in inside and used not in inputs and used not in free:
-                free.append(used)
-    graph = fx.Graph()
-    env: dict[fx.Node, fx.Node] = {}
-    for i, n in enumerate([*inputs, *free]):
-        if n in env:  # an operand passed twice
-            graph.placeholder(f"unused_{i}")
-            continue
-        env[n] = graph.placeholder(f"arg_{i}")
-        env[n].meta["val"] = n.meta.get("val")
-    for n in made:
-        env[n] = graph.node_copy(n, env.__getitem__)
-    graph.output(tuple(env[o] for o in outputs))
-    return fx.GraphModule(torch.nn.Module(), graph), free[len(known) :]
-
-
-def _widen(first: _Traced, second: _Traced) -> list[fx.Node]:
+def _widen(first: _Traced, second: _Traced) -> list[TensorValue]:
     """Every outer node either function reads; ``first``'s subgraph gets inputs for those
     only ``second`` reads (``second``'s already takes ``first``'s, in front of its own)."""
     graph = first.gm.graph
     last = [n for n in graph.nodes if n.op == "placeholder"][-1]
-    for node in second.free:
+    for value in second.free:
         with graph.inserting_after(last):
             last = graph.placeholder(f"unused_{len(graph.nodes)}")
-        last.meta["val"] = node.meta.get("val")
+        last.meta["val"] = value.fake
     first.gm.recompile()
     return first.free + second.free

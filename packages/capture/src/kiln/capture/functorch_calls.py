@@ -39,7 +39,7 @@ import torch.func
 from torch import fx
 from torch.utils import _pytree as pytree
 
-from kiln.capture import dispatch
+from kiln.capture import dispatch, subgraphs
 from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.errors import Unsupported
 from kiln.capture.meta import fake_like
@@ -233,7 +233,7 @@ def trace_subgraph(
     if _containers(tr) != containers:
         raise unsupported("functorch", f"{name} of {func} changes state that outlives the call")
     entries = [s.node for s in stand_ins if s is not None]
-    gm, lifted = _cut(tr, cp.nodes, entries, [v.node for v in out_leaves if _is_tensor(v)])
+    gm, lifted = subgraphs.cut(tr, cp.nodes, entries, [v.node for v in out_leaves if _is_tensor(v)])
     tr.rollback(cp)
     return Subgraph(
         gm,
@@ -256,34 +256,6 @@ def _containers(tr: Tracer) -> list[tuple[Any, ...]]:
         (id(c), list(c.items) if isinstance(c, ListValue) else dict(c.items), c.mutated)
         for c in tr.out.side_effects.containers
     ]
-
-
-def _cut(
-    tr: Tracer, before: set[fx.Node], entries: list[fx.Node], outputs: list[fx.Node]
-) -> tuple[fx.GraphModule, list[TensorValue]]:
-    """A graph of the ops recorded since ``before``: its inputs ``entries``, then the older
-    values they read (returned, to be passed by the node that calls it)."""
-    made = [n for n in tr.out.graph.nodes if n not in before and n.op != "placeholder"]
-    inside = set(made)
-    body = [n for n in made if n not in set(entries)]
-    sub = fx.Graph()
-    env: dict[fx.Node, fx.Node] = {}
-    for i, e in enumerate(entries):
-        env[e] = sub.placeholder(f"arg{i}")
-        env[e].meta["val"] = e.meta["val"]
-    lifted: list[TensorValue] = []
-    for n in [*body, *outputs]:
-        for used in n.all_input_nodes if n in inside else [n]:
-            if used not in inside and used not in env:
-                env[used] = sub.placeholder(f"lifted{len(lifted)}")
-                env[used].meta["val"] = used.meta["val"]
-                lifted.append(TensorValue(used, used.meta["val"]))
-    for n in body:
-        env[n] = sub.node_copy(n, lambda a: env[a])
-    sub.output(tuple(env[o] for o in outputs))
-    gm = fx.GraphModule(torch.nn.Module(), sub)
-    gm.graph.lint()
-    return gm, lifted
 
 
 @dataclasses.dataclass
