@@ -251,19 +251,32 @@ def test_a_corrupt_entry_misses_and_is_replaced(graph_cache_dir, caplog):
     assert _compile_once(caplog)[0] == (1, 0)
 
 
-def test_a_graph_calling_user_code_is_not_cached():
+class _Holder:
+    """A callable object as a node's target: what it holds (subgraphs) is not in its name."""
+
+    __module__ = "kiln.capture.control_flow"
+    __qualname__ = "kiln_cond.same"
+    __name__ = "kiln_cond"
+
+    def __call__(self, x):
+        return x
+
+
+def _helper(x):
+    return x + 1
+
+
+@pytest.mark.parametrize("target", [_helper, lambda x: x * 2, _Holder()], ids=repr)
+def test_a_graph_calling_what_its_name_does_not_pin_is_not_cached(target):
     from torch import fx
 
     from kiln import graph_cache
 
-    def helper(x):
-        return x + 1
-
     graph = fx.Graph()
     x = graph.placeholder("x")
-    graph.output(graph.call_function(helper, (x,)))
+    graph.output(graph.call_function(target, (x,)))
     gm = fx.GraphModule(torch.nn.Module(), graph)
-    with pytest.raises(graph_cache._Unkeyable, match="helper"):
+    with pytest.raises(graph_cache._Unkeyable, match="the graph calls"):
         graph_cache.graph_key(gm, [torch.randn(2)], {})
 
 

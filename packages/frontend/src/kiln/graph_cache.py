@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import sys
+import types
 import zipfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -52,6 +53,7 @@ _SUFFIX = ".graph"
 # meta entries that only say where a node came from, for messages
 _UNKEYED_META = frozenset({"source", "stack_trace", "user_frame"})
 _TRUSTED_MODULES = ("torch", "_operator", "operator", "math", "builtins", "kiln")
+_NAMED_KINDS = (types.FunctionType, types.BuiltinFunctionType, type)
 #: keys of the entries this process stored or loaded: what ``save_cache`` writes
 _used: dict[str, None] = {}
 
@@ -103,10 +105,19 @@ def _target(target: Any) -> str:
         return target
     if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         return f"op:{target}"
+    # A function or class names itself: its module's attribute of that name is that very
+    # object. A callable object (a node holding subgraphs) or a local function does not.
     module = getattr(target, "__module__", None) or ""
-    if module.split(".")[0] not in _TRUSTED_MODULES:
+    if module.split(".")[0] not in _TRUSTED_MODULES or not isinstance(target, _NAMED_KINDS):
         raise _Unkeyable(f"the graph calls {target!r} (from {module or 'no module'})")
-    return f"{module}:{getattr(target, '__qualname__', '?')}:{getattr(target, '__name__', '?')}"
+    owner = sys.modules.get(module)
+    qualname = getattr(target, "__qualname__", "")
+    found: Any = owner
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    if found is not target and getattr(owner, target.__name__, None) is not target:
+        raise _Unkeyable(f"the graph calls {target!r}, which its module does not name")
+    return f"{module}:{qualname}:{target.__name__}"
 
 
 def _value(value: Any, by_value: bool = True) -> Any:
