@@ -132,6 +132,17 @@ def _vmap_of_module(x: torch.Tensor) -> torch.Tensor:
     return vmap(MLP)(x) + vmap(lambda r: MLP(r).relu())(x)
 
 
+def _nested_masks(q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+    """transformers' mask building: four vmaps over index vectors, a device move inside."""
+
+    def mask(b: torch.Tensor, h: torch.Tensor, qi: torch.Tensor, ki: torch.Tensor) -> torch.Tensor:
+        return qi.new_ones((), dtype=torch.bool) & (ki <= qi).to(qi.device) & (b >= h)
+
+    for dims in [(None, None, None, 0), (None, None, 0, None), (None, 0, None, None)]:
+        mask = vmap(mask, in_dims=dims, out_dims=0)
+    return vmap(mask, in_dims=(0, None, None, None))(torch.arange(2), torch.arange(1), q, kv)
+
+
 CASES: dict[str, tuple[Callable[..., Any], Callable[[int], tuple[torch.Tensor, ...]]]] = {
     "vmap": (_batched_dot, lambda n: (torch.randn(n, 3),)),
     "vmap_in_out_dims": (_in_out_dims, lambda n: (torch.randn(4, n), torch.randn(5))),
@@ -149,6 +160,7 @@ CASES: dict[str, tuple[Callable[..., Any], Callable[[int], tuple[torch.Tensor, .
     "ensemble": (_ensemble, lambda n: (torch.randn(n, 3), torch.randn(4, 8, 3))),
     "per_sample_grads": (_per_sample_grads, lambda n: (torch.randn(n, 3), torch.randn(n, 2))),
     "vmap_of_module": (_vmap_of_module, lambda n: (torch.randn(n, 3),)),
+    "nested_masks": (_nested_masks, lambda n: (torch.randperm(n), torch.randperm(n + 1))),
 }
 
 

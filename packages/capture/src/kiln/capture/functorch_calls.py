@@ -38,11 +38,12 @@ import torch
 import torch.func
 from torch import fx
 from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from kiln.capture import dispatch, subgraphs
 from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.errors import Unsupported
-from kiln.capture.meta import fake_like
+from kiln.capture.meta import fake_like, is_fake, meta_of
 from kiln.capture.values.base import ConstantValue, Value, is_constant
 from kiln.capture.values.containers import DictValue, ListValue, TupleValue
 from kiln.capture.values.objects import ObjectValue
@@ -297,25 +298,19 @@ def _target(name: str, make: Make, sub: Subgraph, call: _Call) -> Callable[..., 
 def _emit(
     tr: Tracer, name: str, make: Make, sub: Subgraph, call: _Call, inputs: list[TensorValue]
 ) -> Value:
-    """One node applying ``make``'s transform to ``sub`` on ``inputs``; the result's value.
-
-    The result's metadata comes from running the node on plain meta tensors: the transform's
-    batching rules resize intermediates in place (``squeeze_``), which capture's fakes, whose
-    sizes are fixed, refuse.
-    """
+    """One node applying ``make``'s transform to ``sub`` on ``inputs``; the result's value."""
     target = _target(name, make, sub, call)
     values = [*inputs, *sub.lifted]
     try:
-        out = target(*[_meta(v.fake) for v in values])
+        with tr.out.fake_mode, _RestrideInPlace():
+            out = target(*[v.fake for v in values])
     except Unsupported:
         raise
     except Exception as e:  # eager raises it too (randomness="error"), or it needs data
         raise unsupported("functorch", f"{name}: {type(e).__name__}: {e}") from e
-    device = values[0].fake.device if values else torch.device("cpu")
-    fakes = tuple(fake_like(o, device) if isinstance(o, torch.Tensor) else o for o in out)
-    node = tr.out.create_node("call_function", target, tuple(v.node for v in values), {}, fakes)
+    node = tr.out.create_node("call_function", target, tuple(v.node for v in values), {}, out)
     leaves: list[Value] = []
-    for i, o in enumerate(fakes):
+    for i, o in enumerate(out):
         if isinstance(o, torch.Tensor):
             item = tr.out.create_node("call_function", operator.getitem, (node, i), {}, o)
             leaves.append(TensorValue(item, o))
@@ -324,9 +319,28 @@ def _emit(
     return _as_value(pytree.tree_unflatten(leaves, target.out_spec))  # type: ignore[attr-defined]
 
 
-def _meta(fake: torch.Tensor) -> torch.Tensor:
-    meta = torch.empty_strided(fake.shape, fake.stride(), dtype=fake.dtype, device="meta")
-    return meta.requires_grad_(fake.requires_grad)
+_RESTRIDES = frozenset(
+    getattr(torch.ops.aten, name)
+    for name in ("t_", "transpose_", "swapdims_", "swapaxes_", "squeeze_", "unsqueeze_")
+)
+
+
+class _RestrideInPlace(TorchDispatchMode):
+    """While a node's result metadata is computed: an in-place restride (``squeeze_``) of a
+    fake changes the fake itself. Batching rules pass down the ones ATen's composites make on
+    their own intermediates (``matmul`` of a vector squeezes its ``mm``); capture refuses them
+    in user code, where the graph would have to express them, but this run records nothing."""
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        if func.overloadpacket in _RESTRIDES and is_fake(args[0]):
+            with torch._C._DisableTorchDispatch():
+                func(meta_of(args[0]), *args[1:], **kwargs)
+                func(args[0], *args[1:], **kwargs)
+            return args[0]
+        return func(*args, **kwargs)
 
 
 def apply(tr: Tracer, name: str, make: Make, func: Value, args: Args, kwargs: Kwargs) -> Value:
