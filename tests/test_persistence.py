@@ -304,3 +304,30 @@ def test_the_cache_folder_is_listed_and_cleared(graph_cache_dir, caplog):
     assert [i.entries for i in kiln.cache.info() if i.name == "graphs"] == [1]
     kiln.cache.clear()
     assert not list(graph_cache_dir.iterdir())
+
+
+def test_state_is_keyed_by_metadata_and_constants_by_value():
+    from torch import fx
+
+    from kiln import graph_cache
+
+    root = torch.nn.Module()
+    root.w = torch.nn.Parameter(torch.randn(3))
+    root.c = torch.randn(3)
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    w, c = graph.get_attr("w"), graph.get_attr("c")
+    graph.output(graph.call_function(torch.add, (graph.call_function(torch.mul, (x, w)), c)))
+    gm = fx.GraphModule(root, graph)
+    del gm.c  # registered as a buffer (state) by GraphModule: make it a plain constant again
+    object.__setattr__(gm, "c", torch.randn(3))
+
+    def key():
+        return graph_cache.graph_key(gm, [torch.randn(3)], {})[0]
+
+    first = key()
+    with torch.no_grad():
+        gm.w.add_(1)  # read at each call: the compiled program stays right
+    assert key() == first
+    gm.c.add_(1)  # baked into the compiled code
+    assert key() != first

@@ -142,13 +142,17 @@ def _value(value: Any, by_value: bool = True) -> Any:
 
 
 def _graph(gm: fx.GraphModule) -> list[Any]:
+    # parameters and buffers are read at each call (autograd_aot lifts them into inputs):
+    # keyed by metadata; other tensors the graph reads are baked into its code: by value
+    state = {name for name, _ in gm.named_parameters()} | {name for name, _ in gm.named_buffers()}
     described: list[Any] = []
     for node in gm.graph.nodes:
         if node.op == "call_module":
             raise _Unkeyable(f"the graph calls a module ({node.target})")
         target = _target(node.target)
         if node.op == "get_attr":
-            target += repr(_value(getattr(gm, node.target)))
+            value = getattr(gm, node.target)
+            target += repr(_value(value, by_value=node.target not in state))
         meta = sorted(
             (key, _value(value, by_value=False))
             for key, value in node.meta.items()
