@@ -590,3 +590,73 @@ def test_a_value_saved_before_an_input_is_written_under_no_grad(fn, backend):
         assert grads == [None, None]
     else:
         torch.testing.assert_close(grads[1], grads[0])
+
+
+def _add_a_shifted_slice(x):
+    x[:4].add_(x[2:6])
+    return x * 2
+
+
+def _copy_its_own_unsqueezed_view(x):
+    x.unsqueeze(0).copy_(x)  # one range of memory, laid out apart: eager refuses it
+    return x + 1
+
+
+def _copy_its_transpose(x):
+    m = x[:8].view(4, 2)[:2]
+    m.copy_(m.t())
+    return x.sum()
+
+
+def _add_into_an_expanded_tensor(x):
+    e = x[:1].expand(3)
+    e.add_(1)
+    return x
+
+
+def _where_into_an_overlapping_out(x):
+    torch.where(x[2:6] > 0, x[2:6], x[1:5], out=x[:4])
+    return x
+
+
+def _allowed_overlaps(x):
+    x.mul_(x)  # the same tensor
+    x[:4].add_(x[::2][:4])  # one of them not dense: too hard to tell, eager lets it through
+    x[:1].expand(3).fill_(2.0)  # fill_ does not check
+    x[:4].masked_fill_(x[2:6] > 1, 0.5)  # nor does masked_fill_
+    return x.sum()
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "kiln"])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        _add_a_shifted_slice,
+        _copy_its_own_unsqueezed_view,
+        _copy_its_transpose,
+        _add_into_an_expanded_tensor,
+        _where_into_an_overlapping_out,
+        _allowed_overlaps,
+    ],
+)
+def test_writes_over_overlapping_memory_raise_where_eager_s_do(fn, backend):
+    """Eager's kernels refuse a write whose memory overlaps its inputs' (or its own); the meta
+    kernels do not look, so capture checks as TensorIterator does, and lets through what it
+    lets through."""
+    compiled = kiln.compile(fn, backend=backend)
+    for n in (8, 10, 8):
+        results = []
+        for f in (fn, compiled):
+            torch.manual_seed(n)
+            x = torch.randn(n)
+            try:
+                results.append((f(x), x))
+            except RuntimeError as e:
+                results.append((str(e), None))
+        (out_e, x_e), (out_k, x_k) = results
+        if x_e is None:
+            assert out_k == out_e
+            assert "memory location" in out_e
+        else:
+            torch.testing.assert_close(out_k, out_e)
+            torch.testing.assert_close(x_k, x_e)

@@ -65,6 +65,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils.weak import WeakIdKeyDictionary
 
+from kiln.capture.eager_refusals import check_as_eager
 from kiln.capture.errors import Unsupported
 
 __all__ = [
@@ -186,56 +187,6 @@ def _is_data_dependent(func: Any, args: tuple[Any, ...]) -> bool:
 
 
 _MASKED_WRITES = _packets("index_put", "index_put_", "_index_put_impl_")
-
-# Ops whose CPU and CUDA kernels refuse tensor arguments of different dtypes (no type
-# promotion) where the meta kernels let them through.
-_SAME_DTYPE = _packets(
-    "mm", "bmm", "addmm", "addmv", "addbmm", "baddbmm", "mv", "dot", "vdot", "addr", "convolution"
-)
-
-
-# Reductions with no value over zero elements: their CPU and CUDA kernels raise for an empty
-# input (``max(): Expected reduction dim 0 to have non-zero size``), their meta kernels do not.
-_REFUSE_EMPTY = _packets(
-    "max", "min", "amax", "amin", "aminmax", "argmax", "argmin", "kthvalue", "median",
-    "nanmedian", "mode",
-)  # fmt: skip
-
-
-# ``-`` with a bool operand: eager's kernels refuse it (use ``~`` or ``logical_not``)
-_REFUSE_BOOL = _packets("sub", "rsub", "neg", "sub_", "neg_")
-
-
-def _check_as_eager(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    """Raise eager's error where the meta kernel lets the arguments through: mixed dtypes, a
-    reduction with no value over an empty input, or ``-`` with a bool operand.
-
-    A graph would compute the op (or drop it when unused) where eager raises. The real kernel
-    runs on zero-stride stand-ins of the arguments (one element of memory each, none for an
-    empty one): these kernels raise before computing anything.
-    """
-    tensors = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
-    mixed = func.overloadpacket in _SAME_DTYPE and len({t.dtype for t in tensors}) >= 2
-    empty = (
-        func.overloadpacket in _REFUSE_EMPTY
-        and not func._schema.is_mutable  # an out= stand-in would be written through
-        and any(t.numel() == 0 for t in tensors)
-    )
-    booleans = func.overloadpacket in _REFUSE_BOOL and any(
-        isinstance(a, bool) or (isinstance(a, torch.Tensor) and a.dtype == torch.bool)
-        for a in pytree.tree_leaves((args, kwargs))
-    )
-    if not (mixed or empty or booleans):
-        return
-
-    def stand_in(a: Any) -> Any:
-        if isinstance(a, torch.Tensor):
-            return torch.zeros((), dtype=a.dtype).expand(a.shape)
-        return a
-
-    real_args, real_kwargs = pytree.tree_map(stand_in, (args, kwargs))
-    with _disable_current_modes():
-        func(*real_args, **real_kwargs)
 
 
 def _masked_write(func: Any, args: tuple[Any, ...], device: torch.device) -> Any:
@@ -490,7 +441,7 @@ def run_fake(
     device = _result_device(func, args, kwargs)
     if func.overloadpacket in _MASKED_WRITES and _has_mask_index(args):
         return _masked_write(func, args, device)
-    _check_as_eager(func, args, kwargs)
+    check_as_eager(func, args, kwargs)
     by_meta: dict[int, FakeTensor] = {}
 
     def unwrap(a: Any) -> Any:
