@@ -1,5 +1,5 @@
-"""Kiln's sessions: tests on 3.11 and 3.12, lint, typecheck, per-package isolation, demo, bench,
-models-latest, docs, no-triton, lowering-corpus.
+"""Kiln's sessions: tests on 3.11, 3.12 and 3.13, lint, typecheck, per-package isolation, demo,
+bench, models-latest, docs, no-triton, lowering-corpus.
 
 torch with its CUDA libraries is ~5.7 GB, so no session gets its own copy: one dependency
 environment per Python version (`.nox/_deps-<version>`) holds every third-party package, and each
@@ -55,7 +55,7 @@ def _python(version: str) -> str:
     return version
 
 
-PY311, PY312 = _python("3.11"), _python("3.12")
+PY311, PY312, PY313 = _python("3.11"), _python("3.12"), _python("3.13")
 
 
 def _site_packages(session: nox.Session, python: str) -> str:
@@ -150,6 +150,12 @@ def tests(session: nox.Session) -> None:
 @nox.session(name="tests-3.12", python=PY312)
 def tests_312(session: nox.Session) -> None:
     """The same suite on Python 3.12 (the GPU machine's Python)."""
+    _staged_tests(session)
+
+
+@nox.session(name="tests-3.13", python=PY313)
+def tests_313(session: nox.Session) -> None:
+    """The same suite on Python 3.13."""
     _staged_tests(session)
 
 
