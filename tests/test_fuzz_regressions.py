@@ -660,3 +660,51 @@ def test_writes_over_overlapping_memory_raise_where_eager_s_do(fn, backend):
         else:
             torch.testing.assert_close(out_k, out_e)
             torch.testing.assert_close(x_k, x_e)
+
+
+def _doubles_itself_with_grad(v):
+    with torch.enable_grad():
+        v += v
+    return v
+
+
+def _scales_itself_then_uses_it(v):
+    with torch.enable_grad():
+        v.mul_(3)
+        w = v.sin()
+    return v, w
+
+
+def _doubles_after_a_break_in_no_grad(x):
+    v = x.mean(0)
+    with torch.no_grad():
+        k = x.sum().item()  # a graph break: the rest resumes inside the block
+    v += v
+    return v * k
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "kiln"])
+@pytest.mark.parametrize(
+    ("fn", "caller"),
+    [
+        (_doubles_itself_with_grad, torch.no_grad),
+        (_scales_itself_then_uses_it, torch.no_grad),
+        (_doubles_after_a_break_in_no_grad, torch.enable_grad),
+    ],
+)
+def test_an_input_written_with_grad_inside_a_no_grad_call(fn, caller, backend):
+    """A program called under ``no_grad`` that enables grad itself is traced twice (the first
+    trace tells it needs a backward); each trace gets fresh fakes, or the second one's
+    backward runs through the first one's writes too (the gradient doubled)."""
+    compiled = kiln.compile(fn, backend=backend)
+    for step in range(3):
+        grads = []
+        for f in (fn, compiled):
+            torch.manual_seed(step)
+            x = torch.randn(3, 2, requires_grad=True)
+            arg = x if fn is _doubles_after_a_break_in_no_grad else x * 1
+            with caller():
+                out = f(arg)
+            leaves = [t for t in torch.utils._pytree.tree_leaves(out) if t.requires_grad]
+            grads.append(torch.autograd.grad(sum(t.sum() for t in leaves), x)[0])
+        torch.testing.assert_close(grads[1], grads[0])

@@ -256,10 +256,11 @@ class AotCompiled:
         self, mode: Mode, primals: Sequence[torch.Tensor], layout: InputLayout
     ) -> TracedProgram:
         grad_enabled, wants_grad = mode
-        fakes, leaves = fakes_of(layout.prepare(primals), wants_grad)
         fn = layout.wrap(self._call_module)
 
         def trace(table: Mapping[Any, Callable[..., Any]]) -> TracedProgram:
+            # fresh fakes for each trace: a trace mutates its fakes in place, with history
+            fakes, leaves = fakes_of(layout.prepare(primals), wants_grad)
             return trace_program(fn, fakes, table, joint=wants_grad, grad_leaves=leaves)
 
         if grad_enabled and wants_grad:
