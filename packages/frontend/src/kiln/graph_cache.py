@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import importlib.util
 import json
 import logging
 import os
@@ -36,8 +37,8 @@ from typing import Any
 import torch
 from torch import fx
 
-import kiln
 from kiln import loopir
+from kiln.__about__ import __version__
 from kiln.capture import counters
 from kiln.codegen_cpp import CompilerNotFound, toolchain
 from kiln.codegen_cpp.cache import cache_dir as cpp_cache_dir
@@ -163,15 +164,21 @@ def _graph(gm: fx.GraphModule) -> list[Any]:
     return described
 
 
+_PACKAGES = ("capture", "guards", "autograd_aot", "loopir", "codegen_cpp", "codegen_triton")
+
+
 @functools.cache
 def _kiln_sources() -> str:
     """A digest of every installed Kiln source file: a changed Kiln compiles anew."""
-    digest = hashlib.sha256(kiln.__version__.encode())
-    for root in sorted(set(kiln.__path__)):
-        for path in sorted(Path(root).rglob("*")):
-            if path.suffix in (".py", ".h") and "__pycache__" not in path.parts:
-                digest.update(str(path.relative_to(root)).encode())
-                digest.update(path.read_bytes())
+    digest = hashlib.sha256(__version__.encode())
+    files = {p for p in Path(__file__).parent.glob("*.py")}
+    for name in _PACKAGES:
+        spec = importlib.util.find_spec(f"kiln.{name}")
+        for root in (spec.submodule_search_locations or []) if spec else []:
+            files.update(p for p in Path(root).rglob("*") if p.suffix in (".py", ".h"))
+    for path in sorted(files):
+        digest.update(str(path).encode())
+        digest.update(path.read_bytes())
     return digest.hexdigest()[:40]
 
 
