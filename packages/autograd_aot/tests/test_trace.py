@@ -63,3 +63,18 @@ def test_foreign_fake_is_rejected():
     stray = to_fake(torch.randn(3))
     with pytest.raises(AotError, match="outside this trace"):
         trace_aten(lambda x: x + stray, [torch.randn(3)], {})
+
+
+def test_a_number_handed_as_to_copys_tensor_becomes_a_scalar_tensor():
+    """torch hands a dispatch mode a wrapped number as the number itself (vmap's batching rule
+    promoting ``i.float() * 2``): the graph makes the tensor, so backends lower a tensor."""
+    gm = trace_aten(lambda x: torch.vmap(lambda i: i.float() * 2)(x), [torch.arange(4)], {})
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert torch.ops.aten.scalar_tensor.default in targets
+    assert all(
+        not isinstance(n.args[0], (int, float))
+        for n in gm.graph.nodes
+        if n.target is torch.ops.aten._to_copy.default
+    )
+    x = torch.randperm(5)
+    torch.testing.assert_close(gm(x)[0], x.float() * 2)

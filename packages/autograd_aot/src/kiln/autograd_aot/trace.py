@@ -54,6 +54,14 @@ _RESTRIDES = frozenset(
 )
 
 
+_NUMBER_DTYPES = {
+    bool: torch.bool,
+    int: torch.int64,
+    float: torch.float64,
+    complex: torch.complex128,
+}
+
+
 @dataclasses.dataclass
 class _Root:
     """A value that views hang off: a graph input, a constant or a computed tensor."""
@@ -209,6 +217,14 @@ class AtenTracer(TorchDispatchMode):
             return args[0]
         if func.overloadpacket in _RESTRIDES:
             return self._restride(func, args, kwargs)
+        if func is aten._to_copy.default and isinstance(args[0], (bool, int, float, complex)):
+            # torch hands a mode a wrapped number (a batching rule promoting ``i * 2``'s 2) as
+            # the number itself; the graph makes the tensor, which backends can lower
+            options = {k: v for k, v in kwargs.items() if k in ("dtype", "device")}
+            if options.get("dtype") is None:  # a wrapped number's own dtype
+                options["dtype"] = _NUMBER_DTYPES[type(args[0])]
+            with self:
+                return aten.scalar_tensor.default(args[0], **options)
         if is_mutation(func):
             return self._mutation(func, args, kwargs)
         decomp = self.decompositions.get(func)
