@@ -310,7 +310,9 @@ class AtenTracer(TorchDispatchMode):
         with self:
             view = functional_variant(func).op(target, *args[1:], **kwargs)
         if root.fake is target:  # the root keeps its own metadata: views are rebuilt from it
-            alias = target.meta.as_strided(target.shape, target.stride(), target.storage_offset())
+            alias = meta_of(target).as_strided(
+                target.shape, target.stride(), target.storage_offset()
+            )
             root.fake = fake_like(alias, target.device)
             self._tracked[id(root.fake)] = dataclasses.replace(info, fake=root.fake)
         with torch._C._DisableTorchDispatch():
