@@ -143,6 +143,35 @@ def _nested_masks(q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
     return vmap(mask, in_dims=(0, None, None, None))(torch.arange(2), torch.arange(1), q, kv)
 
 
+class _Take(torch.autograd.Function):
+    """transformers' padding masks index through such a Function (torch's ``mod_index``),
+    kept in a variable as ``ModIndex.apply``, under vmap."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten.index(x, [i])
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        ctx.save_for_backward(inputs[1])
+        ctx.shape = inputs[0].shape
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> Any:
+        (i,) = ctx.saved_tensors
+        grad = grad_out.new_zeros(ctx.shape).index_put((i,), grad_out, accumulate=True)
+        return grad, None
+
+
+_take = _Take.apply
+
+
+def _vmap_of_function_alias(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    return vmap(lambda i: _take(x, i) * 2)(idx) + _take(x, idx)
+
+
 CASES: dict[str, tuple[Callable[..., Any], Callable[[int], tuple[torch.Tensor, ...]]]] = {
     "vmap": (_batched_dot, lambda n: (torch.randn(n, 3),)),
     "vmap_in_out_dims": (_in_out_dims, lambda n: (torch.randn(4, n), torch.randn(5))),
@@ -161,6 +190,7 @@ CASES: dict[str, tuple[Callable[..., Any], Callable[[int], tuple[torch.Tensor, .
     "per_sample_grads": (_per_sample_grads, lambda n: (torch.randn(n, 3), torch.randn(n, 2))),
     "vmap_of_module": (_vmap_of_module, lambda n: (torch.randn(n, 3),)),
     "nested_masks": (_nested_masks, lambda n: (torch.randperm(n), torch.randperm(n + 1))),
+    "function_alias": (_vmap_of_function_alias, lambda n: (torch.randn(n), torch.randperm(n))),
 }
 
 

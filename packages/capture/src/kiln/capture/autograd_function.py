@@ -20,7 +20,6 @@ and the call runs in Python.
 
 from __future__ import annotations
 
-import types
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -30,6 +29,7 @@ import torch
 from kiln.capture import contexts, dispatch, torch_calls
 from kiln.capture.breaks.reasons import UserException, unsupported
 from kiln.capture.errors import Unsupported
+from kiln.capture.torch_functions import is_apply
 from kiln.capture.values.base import ConstantValue, Value
 from kiln.capture.values.containers import DictValue, ListValue, TupleValue
 from kiln.capture.values.objects import ObjectValue
@@ -76,20 +76,6 @@ class TracedCtx:
     @property
     def saved_variables(self) -> tuple[Any, ...]:
         return self.saved_tensors
-
-
-def is_apply(obj: Any) -> bool:
-    """Whether ``obj`` is ``Fn.apply`` of a custom ``torch.autograd.Function``."""
-    if not isinstance(obj, (types.MethodType, types.BuiltinMethodType)):
-        return False
-    cls = obj.__self__
-    if getattr(obj, "__name__", None) != "apply" or not isinstance(cls, type):
-        return False
-    if not issubclass(cls, torch.autograd.Function):
-        return False
-    # torch's own ``apply`` (a C classmethod, or a Python one calling it), not a user override
-    owner = next(k for k in cls.__mro__ if "apply" in vars(k))
-    return owner.__module__.startswith("torch")
 
 
 _TARGETS: weakref.WeakKeyDictionary[type, Callable[..., Any]] = weakref.WeakKeyDictionary()

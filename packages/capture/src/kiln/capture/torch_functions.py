@@ -26,6 +26,7 @@ __all__ = [
     "RESEEDS",
     "answering_compiling",
     "compiling_answer",
+    "is_apply",
     "is_control_flow",
     "is_special",
     "is_torch_callable",
@@ -128,6 +129,20 @@ def is_control_flow(obj: Any) -> bool:
         return obj in CONTROL_FLOW
     except TypeError:  # unhashable
         return False
+
+
+def is_apply(obj: Any) -> bool:
+    """Whether ``obj`` is ``Fn.apply`` of a custom ``torch.autograd.Function``."""
+    if not isinstance(obj, (types.MethodType, types.BuiltinMethodType)):
+        return False
+    cls = obj.__self__
+    if getattr(obj, "__name__", None) != "apply" or not isinstance(cls, type):
+        return False
+    if not issubclass(cls, torch.autograd.Function):
+        return False
+    # torch's own ``apply`` (a C classmethod, or a Python one calling it), not a user override
+    owner = next(k for k in cls.__mro__ if "apply" in vars(k))
+    return owner.__module__.startswith("torch")
 
 
 def is_special(obj: Any) -> bool:

@@ -26,7 +26,12 @@ from kiln.capture.graph import OutputGraph
 from kiln.capture.guard_data import GuardKind
 from kiln.capture.model_output import is_model_output
 from kiln.capture.source import Source
-from kiln.capture.torch_functions import is_control_flow, is_special, is_torch_callable
+from kiln.capture.torch_functions import (
+    is_apply,
+    is_control_flow,
+    is_special,
+    is_torch_callable,
+)
 from kiln.capture.values.base import ConstantValue, Value, is_constant
 from kiln.capture.values.containers import (
     CellValue,
@@ -241,6 +246,8 @@ def _wrap_method(out: OutputGraph, m: types.MethodType, source: Source | None) -
     Every read of ``obj.meth`` makes a new method object, so its identity would
     fail on the next call; ``__func__`` and ``__self__`` decide what it does.
     """
+    if is_apply(m):  # ``index = Index.apply`` kept in a variable: the Function, not its body
+        return ObjectValue(m, source)
     func = wrap(out, m.__func__, source.attr("__func__") if source is not None else None)
     receiver = _wrap_receiver(out, m.__self__, source)
     return BoundMethodValue(func, receiver, source)
