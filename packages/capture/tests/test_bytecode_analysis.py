@@ -1,5 +1,8 @@
 """Stack depth and liveness on hand-made examples (the corpus checks depth against CPython)."""
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 
 from kiln.capture.bytecode import (
@@ -10,12 +13,23 @@ from kiln.capture.bytecode import (
     max_stack_depth,
     stack_depths,
 )
+from kiln.capture.bytecode.assemble import split_pair
 from kiln.capture.bytecode.build import new_body
 from kiln.capture.errors import CaptureError
 
+_PAIRS = ("LOAD_FAST_LOAD_FAST", "STORE_FAST_LOAD_FAST", "STORE_FAST_STORE_FAST")
+
+
+def _halves(body):
+    """``body`` with 3.13's two-local superinstructions split into their halves."""
+    for ins in list(body.instrs):
+        if ins.opname in _PAIRS:
+            body.replace(ins, split_pair(ins))
+    return body
+
 
 def _live_before(fn, opname, arg=None, nth=0):
-    body = decode(fn.__code__)
+    body = _halves(decode(fn.__code__))
     live = live_locals(body.instrs, body.exception_table)
     hits = [
         i
@@ -71,6 +85,24 @@ def test_live_around_a_loop():
     assert _live_before(loop, "LOAD_FAST", "n") == {"i", "n", "t"}
     assert _live_before(loop, "STORE_FAST", "i", nth=1) == {"n", "t"}  # i is being overwritten
     assert _live_before(loop, "LOAD_FAST", "t", nth=-1) == {"t"}
+
+
+def test_superinstructions_live_as_their_halves():
+    spec = importlib.util.spec_from_file_location(
+        "bytecode_corpus", Path(__file__).with_name("bytecode_corpus.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    corpus = [fn for fn, _, _ in module.CASES]
+    for fn in [loop, branches, deleted, handler_reads, *corpus]:
+        body = decode(fn.__code__)
+        fused = live_locals(body.instrs, body.exception_table)
+        starts = list(body.instrs)
+        split = _halves(body.clone())
+        halves = live_locals(split.instrs, split.exception_table)
+        firsts = {ins.offset: live for ins, live in zip(split.instrs, halves, strict=True)}
+        for ins, live in zip(starts, fused, strict=True):
+            assert live == firsts[ins.offset], (fn.__name__, ins)
 
 
 def test_handler_keeps_locals_live():

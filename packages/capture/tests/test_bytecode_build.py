@@ -4,16 +4,24 @@ import dis
 
 import pytest
 
-from kiln.capture.bytecode import PY311, ExceptionEntry, Instr, assemble, decode
+from kiln.capture.bytecode import PY311, VERSION, ExceptionEntry, Instr, assemble, decode
 from kiln.capture.bytecode.build import (
     binary_op,
+    build_function,
     call,
     load_callable,
     make_cell,
     make_function,
     new_body,
+    to_bool,
 )
 from kiln.capture.errors import CaptureError
+
+
+def _load_callable(load):
+    """``load`` and the NULL a call finds beside it, in this Python's order."""
+    null = Instr("PUSH_NULL")
+    return [load, null] if VERSION.null_above_callable else [null, load]
 
 
 def test_signature_with_star_args_and_kwonly():
@@ -61,14 +69,13 @@ def test_cells_and_free_variables():
         Instr("LOAD_CLOSURE", "x"),
         Instr("BUILD_TUPLE", 1),
         Instr("LOAD_CONST", inner_code),
-        Instr("MAKE_FUNCTION", 0x08),
+        *build_function(0x08),
         Instr("STORE_FAST", "fn"),
         Instr("LOAD_DEREF", "x"),
         Instr("LOAD_DEREF", "scale"),
         binary_op("*"),
         Instr("STORE_DEREF", "x"),
-        Instr("PUSH_NULL"),
-        Instr("LOAD_FAST", "fn"),
+        *_load_callable(Instr("LOAD_FAST", "fn")),
         *call(0),
         Instr("RETURN_VALUE"),
     ]
@@ -94,6 +101,7 @@ def test_backward_conditional_loop():
         binary_op("+"),
         Instr("STORE_FAST", "acc"),
         Instr("LOAD_FAST", "n"),
+        *to_bool(),
         Instr("POP_JUMP_IF_TRUE", top),
         Instr("LOAD_FAST", "acc"),
         Instr("RETURN_VALUE"),
@@ -189,6 +197,7 @@ def test_assemble_leaves_its_input_alone():
         binary_op("-"),
         Instr("STORE_FAST", "n"),
         Instr("LOAD_FAST", "n"),
+        *to_bool(),
         Instr("POP_JUMP_IF_TRUE", top),
         Instr("JUMP", done),
         done,
@@ -214,6 +223,7 @@ def test_backward_conditional_inside_a_handler_range():
         binary_op("-"),
         Instr("STORE_FAST", "n"),
         Instr("LOAD_FAST", "n"),
+        *to_bool(),
         cond,
         Instr("JUMP", done),
         handler,

@@ -1,4 +1,5 @@
-"""Every code object of a few standard-library modules round-trips byte for byte.
+"""Every code object of standard-library modules and of the test files round-trips byte
+for byte.
 
 Compiled from source here, so the code is this interpreter's own compiler
 output: async code, decorators, big classes, nested scopes and all.
@@ -6,12 +7,39 @@ output: async code, decorators, big classes, nested scopes and all.
 
 import importlib
 import types
+from pathlib import Path
 
 import pytest
 
 from kiln.capture.bytecode import assemble, decode, live_locals, max_stack_depth
 
-MODULES = ["dis", "dataclasses", "contextlib", "asyncio.tasks", "json.decoder", "string"]
+MODULES = [
+    "dis",
+    "dataclasses",
+    "contextlib",
+    "asyncio.tasks",
+    "json",
+    "json.decoder",
+    "json.encoder",
+    "string",
+    "collections",
+    "functools",
+    "argparse",
+    "inspect",
+    "typing",
+    "enum",
+    "ast",
+    "re._parser",
+    "pathlib",
+    "logging",
+    "unittest.mock",
+]
+ROOT = Path(__file__).resolve().parents[3]
+TEST_FILES = sorted(
+    str(p.relative_to(ROOT))
+    for pattern in ("packages/*/tests/*.py", "tests/*.py")
+    for p in ROOT.glob(pattern)
+)
 FIELDS = [
     "co_code",
     "co_linetable",
@@ -31,9 +59,7 @@ def _walk(code):
             yield from _walk(c)
 
 
-@pytest.mark.parametrize("name", MODULES)
-def test_module_round_trips(name):
-    path = importlib.import_module(name).__file__
+def _round_trips(path):
     with open(path) as f:
         top = compile(f.read(), path, "exec")
     for code in _walk(top):
@@ -44,3 +70,14 @@ def test_module_round_trips(name):
         assert len(rebuilt.co_consts) == len(code.co_consts)
         assert max_stack_depth(body.instrs, body.exception_table) == code.co_stacksize
         assert len(live_locals(body.instrs, body.exception_table)) == len(body.instrs)
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_module_round_trips(name):
+    _round_trips(importlib.import_module(name).__file__)
+
+
+def test_test_files_round_trip():
+    assert len(TEST_FILES) > 50
+    for name in TEST_FILES:
+        _round_trips(ROOT / name)

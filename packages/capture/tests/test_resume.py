@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kiln.capture.breaks.resume import STACK_NULL, STACK_VALUE, make_resume
-from kiln.capture.bytecode import PY311, decode, stack_depths
+from kiln.capture.bytecode import PY311, VERSION, decode, stack_depths
 from kiln.capture.errors import CaptureError, Unsupported
 
 
@@ -25,12 +25,24 @@ def _load(stem):
 corpus = _load("bytecode_corpus_tools").load_sibling("bytecode_corpus")
 
 
+_PAIRS = {"LOAD_FAST_LOAD_FAST": "LOAD_FAST", "STORE_FAST_LOAD_FAST": "STORE_FAST"}
+
+
 def offsets_of(fn, opname, arg=None):
+    """Where ``opname`` (with ``arg``) starts, also as the first half of a 3.13 pair."""
     return [
         i.offset
         for i in dis.get_instructions(fn)
-        if i.opname == opname and (arg is None or i.argval == arg)
+        if (i.opname == opname and (arg is None or i.argval == arg))
+        or (arg is not None and _PAIRS.get(i.opname) == opname and i.argval[0] == arg)
     ]
+
+
+def call_start(fn, name):
+    """Where a call of the local ``name`` starts: its NULL before 3.13, the load after."""
+    if VERSION.null_above_callable:
+        return offsets_of(fn, "LOAD_FAST", name)[0]
+    return next(o for o in offsets_of(fn, "PUSH_NULL") if o < offsets_of(fn, "LOAD_FAST", name)[0])
 
 
 class Log:
@@ -104,6 +116,7 @@ def keyword_call(a):
     return sorted([a, 1, 2], reverse=True)
 
 
+@pytest.mark.skipif(VERSION.call_kw, reason="3.13 passes the names on the stack (below)")
 def test_break_at_call_with_null_and_keywords():
     off = offsets_of(keyword_call, "CALL")[0]
     r = make_resume(keyword_call.__code__, off, [STACK_NULL, STACK_VALUE, STACK_VALUE, STACK_VALUE])
@@ -113,6 +126,16 @@ def test_break_at_call_with_null_and_keywords():
     assert r.entry_offset == offsets_of(keyword_call, "KW_NAMES")[0] < off
     if PY311:
         assert any(i.opname == "PRECALL" for i in dis.get_instructions(r.code))
+
+
+@pytest.mark.skipif(not VERSION.call_kw, reason="CALL_KW is 3.13's")
+def test_break_at_call_kw_with_null_and_keywords():
+    off = offsets_of(keyword_call, "CALL_KW")[0]
+    kinds = [STACK_VALUE, STACK_NULL, STACK_VALUE, STACK_VALUE, STACK_VALUE]
+    r = make_resume(keyword_call.__code__, off, kinds)
+    assert r.stack_args == ("___stack0", "___stack2", "___stack3", "___stack4")
+    assert r.make_function({})(sorted, [3, 9, 1], False, ("reverse",)) == [1, 3, 9]
+    assert r.entry_offset == off
 
 
 def with_cells(n):
@@ -127,7 +150,7 @@ def with_cells(n):
 
 
 def test_cells_are_passed_as_closure():
-    off = offsets_of(with_cells, "PUSH_NULL")[0]
+    off = call_start(with_cells, "bump")
     r = make_resume(with_cells.__code__, off)
     assert r.locals == ("bump",) and r.closure == ("count",)
     cell = types.CellType(41)
@@ -194,7 +217,7 @@ def test_refusals_say_why():
     with pytest.raises(CaptureError, match="stack kinds"):
         make_resume(in_for.__code__, 0, ["tensor"])
     with pytest.raises(CaptureError, match="closure cells"):
-        make_resume(with_cells.__code__, offsets_of(with_cells, "PUSH_NULL")[0], live=("count",))
+        make_resume(with_cells.__code__, call_start(with_cells, "bump"), live=("count",))
 
 
 # Every corpus function without cells, resumed at statement starts with an empty stack,
@@ -339,7 +362,11 @@ def late_closure(n):
 def test_cells_by_value_when_no_closure_exists_yet():
     from kiln.capture.breaks.resume import CELLS_AS_VALUES
 
-    off = offsets_of(late_closure, "LOAD_CLOSURE")[0]
+    # where the closure's cells are loaded (3.13: LOAD_FAST of the cells' slots)
+    if VERSION.cells_by_load_fast:
+        off = offsets_of(late_closure, "LOAD_FAST", "k")[0]
+    else:
+        off = offsets_of(late_closure, "LOAD_CLOSURE")[0]
     r = make_resume(late_closure.__code__, off, 0, cells=CELLS_AS_VALUES)
     assert r.closure == () and set(r.locals) == {"k", "m"}
     values = {"k": 10, "m": 5}
@@ -360,23 +387,25 @@ def comprehension(xs, k):
 def test_break_inside_a_comprehension():
     # 3.12 inlines the comprehension: the stack holds the saved x (NULL: x was unbound),
     # the list being built and the iterator. 3.11 runs it in its own code object.
+    # 3.13 stores and loads x in one STORE_FAST_LOAD_FAST: the break is before it, with
+    # the item still on the stack.
     if PY311:
         code = next(c for c in comprehension.__code__.co_consts if hasattr(c, "co_code"))
         kinds, k_cell = [STACK_VALUE, STACK_VALUE], True
     else:
         code = comprehension.__code__
         kinds, k_cell = [STACK_NULL, STACK_VALUE, STACK_VALUE], False
-    off = [
-        i.offset for i in dis.get_instructions(code) if i.opname == "LOAD_FAST" and i.argval == "x"
-    ][-1]
-    r = make_resume(code, off, kinds)
-    assert "x" in r.locals
+    op = "STORE_FAST_LOAD_FAST" if VERSION.superinstructions else "LOAD_FAST"
+    off = [i.offset for i in dis.get_instructions(code) if i.opname == op and "x" in i.argval][-1]
     it = iter([1, 2, 3])
     x = next(it)
+    item = [x] if VERSION.superinstructions else []
+    r = make_resume(code, off, kinds + [STACK_VALUE] * len(item))
+    assert ("x" in r.locals) != bool(item)
     values = {"x": x, "k": 10}
     cells = [types.CellType(10)] if k_cell else []
     fn = r.make_function({}, cells)
-    assert fn([], it, *(values[n] for n in r.locals)) == [10, 20, 30]
+    assert fn([], it, *item, *(values[n] for n in r.locals)) == [10, 20, 30]
 
 
 def two_breaks(a, b):

@@ -17,7 +17,7 @@ import pytest
 from kiln.capture.breaks.resume import STACK_NULL, STACK_VALUE, make_resume
 from kiln.capture.bytecode import ExceptionEntry, Instr, assemble, code_info, decode
 from kiln.capture.bytecode.analysis import reachable
-from kiln.capture.bytecode.build import call, make_function
+from kiln.capture.bytecode.build import call, load_callable, make_function
 
 
 def _load(stem):
@@ -42,7 +42,9 @@ def break_points(code):
         for i in range(first, len(instrs))
         if i in normal
         and instrs[i - 1].opname not in ("KW_NAMES", "PRECALL")
-        and instrs[i].opname != "END_FOR"  # 3.12: FOR_ITER lands just past it
+        # FOR_ITER lands just past END_FOR (3.12) or the POP_TOP after it (3.13)
+        and instrs[i].opname != "END_FOR"
+        and instrs[i - 1].opname != "END_FOR"
     ]
 
 
@@ -85,8 +87,7 @@ def break_at(fn, i):
     body = decode(code)
     target = body.instrs[i]
     handover = [Instr("STORE_FAST", s) for s in reversed(slots)]
-    handover += [Instr("PUSH_NULL"), Instr("LOAD_CONST", bridge)]
-    handover += [Instr("PUSH_NULL"), Instr("LOAD_CONST", locals), *call(0)]
+    handover += [*load_callable(bridge), *load_callable(locals), *call(0)]
     handover += [Instr("LOAD_CLOSURE", c) for c in own_cells]
     handover += [Instr("BUILD_TUPLE", len(own_cells)), *call(2)]
     handover.append(Instr("RETURN_VALUE"))

@@ -12,7 +12,6 @@ import builtins
 import dis
 import linecache
 import logging
-import sys
 import types
 from collections.abc import Callable
 from typing import Any
@@ -38,7 +37,6 @@ log = logging.getLogger(__name__)
 
 MAX_INLINE_DEPTH = 48
 MAX_STEPS = 1_000_000  # instructions per capture, inlined calls included
-PY312 = sys.version_info >= (3, 12)
 CO_GENERATOR = 0x20
 CO_GENERATOR_LIKE = (
     0x20 | 0x80 | 0x100 | 0x200
@@ -95,7 +93,6 @@ class Tracer:
         self.return_value: Value | None = None
         self.current: dis.Instruction | None = None
         self.lineno = code.co_firstlineno
-        self.py312 = PY312
         self._exception_table: list[tuple[int, int, int, int, bool]] | None = None
         self.exc_stack: list[Value] = []  # exceptions being handled (PUSH_EXC_INFO)
         self.yielded: list[Value] | None = None  # items of a generator run eagerly

@@ -26,8 +26,9 @@ import types
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from kiln.capture.bytecode import PY312, Bytecode, CodeInfo, Instr, assemble, code_info
-from kiln.capture.bytecode.analysis import prune_unreachable, reachable
+from kiln.capture.bytecode import VERSION, Bytecode, CodeInfo, Instr, assemble, code_info
+from kiln.capture.bytecode.analysis import local_accesses, prune_unreachable, reachable
+from kiln.capture.bytecode.assemble import split_pair
 from kiln.capture.bytecode.build import CO_GENERATOR_LIKE, make_function, prologue
 from kiln.capture.errors import CaptureError, Unsupported
 
@@ -156,7 +157,9 @@ def _make_resume(
     by_value = own if cells == CELLS_AS_VALUES else []
     shared = [*body.freevars, *(n for n in own if n not in by_value)]
     if live is None:
-        live = tuple(sorted(info.live[index] - set(own))) + tuple(by_value)
+        # (3.13 loads closure cells with LOAD_FAST: the cells are no locals to pass)
+        slots = set(body.cellvars) | set(body.freevars)
+        live = tuple(sorted(info.live[index] - slots)) + tuple(by_value)
     elif set(live) & set(shared):
         msg = f"{sorted(set(live) & set(shared))} are cells: pass them as closure cells"
         raise CaptureError(msg)
@@ -200,6 +203,30 @@ def _check_normally_reachable(body: Bytecode, index: int) -> None:
         )
 
 
+def _check_loads(
+    body: Bytecode, target: Instr, rest: list[Instr], bound: set[str]
+) -> tuple[Instr, list[Instr]]:
+    """Loads of locals not passed in made checked loads; returns the new target and rest.
+
+    LOAD_FAST (and 3.13's superinstructions that load) trust the compiler's proof that
+    a local is bound; locals that are not passed in start unbound here.
+    """
+    for ins in list(rest):
+        unbound = [n for w, n in local_accesses(ins) if not w and n not in bound]
+        if ins.opname == "LOAD_FAST" and unbound:
+            ins.opname = "LOAD_FAST_CHECK"
+        elif ins.opname in VERSION.superinstructions and unbound:
+            halves = split_pair(ins)
+            for half in halves:
+                if half.opname == "LOAD_FAST" and half.arg not in bound:
+                    half.opname = "LOAD_FAST_CHECK"
+            body.replace(ins, halves)
+            at = next(i for i, x in enumerate(rest) if x is ins)
+            rest[at : at + 1] = halves
+            target = halves[0] if target is ins else target
+    return target, rest
+
+
 def _rewrite(
     body: Bytecode,
     target: Instr,
@@ -226,14 +253,10 @@ def _rewrite(
     for kind in kinds:
         ins = Instr("PUSH_NULL") if kind == STACK_NULL else Instr("LOAD_FAST", next(values))
         head.append(ins.at(where))
+    if VERSION.unchecked_load_fast:
+        target, rest = _check_loads(body, target, rest, set(args) | set(shared) | set(by_value))
     jump = Instr("JUMP_FORWARD", target, where)
     head.append(jump)
-    if PY312:
-        # LOAD_FAST trusts the compiler's proof that a local is bound; locals that are
-        # not passed in start unbound here, so they need the checked load.
-        for ins in rest:
-            if ins.opname == "LOAD_FAST" and ins.arg not in args:
-                ins.opname = "LOAD_FAST_CHECK"
     instrs, table = prune_unreachable(head + rest, body.exception_table)
     at = instrs.index(jump)
     if instrs[at + 1] is target:  # everything in between was dead

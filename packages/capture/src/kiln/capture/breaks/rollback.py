@@ -35,7 +35,7 @@ from kiln.capture.errors import Unsupported
 from kiln.capture.guard_data import GuardKind
 from kiln.capture.side_effects import SideEffects
 from kiln.capture.tracer import Tracer
-from kiln.capture.values.base import NULL, ConstantValue, Value
+from kiln.capture.values.base import ConstantValue, Value, callable_and_args
 from kiln.capture.values.containers import DictValue, ListValue, SetValue, TupleValue
 from kiln.capture.values.functions import BuiltinMethodValue
 from kiln.capture.values.iterators import ItemsIterator, IteratorValue
@@ -45,7 +45,7 @@ from kiln.capture.wrap import wrap
 
 __all__ = ["BreakState", "BreakTracer", "GradModeExit", "ResumeIterator", "break_state"]
 
-_CALLS = frozenset({"CALL", "CALL_FUNCTION_EX", "PRECALL"})
+_CALLS = frozenset({"CALL", "CALL_KW", "CALL_FUNCTION_EX", "PRECALL"})
 _STATE_ATTR = "kiln_break_state"
 
 
@@ -194,10 +194,11 @@ def _may_run_user_code(tr: Tracer, ins: dis.Instruction) -> bool:
         return False
     arg = ins.arg or 0
     argc = 1 + (arg & 1) if ins.opname == "CALL_FUNCTION_EX" else arg  # (args, kwargs) or args
-    below = tr.stack[-(argc + 2) :]
+    stack = tr.stack[:-1] if ins.opname == "CALL_KW" else tr.stack  # 3.13: the keywords' names
+    below = stack[-(argc + 2) :]
     if len(below) < 2:
         return True
-    fn, operands = (below[1], below[2:]) if below[0] is NULL else (below[0], below[1:])
+    fn, operands = callable_and_args(below[0], below[1], below[2:])
     if not all(_plain_data(v) for v in operands):
         return True
     if isinstance(fn, (TensorMethodValue, BuiltinMethodValue)):

@@ -48,6 +48,7 @@ from kiln.capture.breaks.frame import (
     live_values,
 )
 from kiln.capture.breaks.rollback import BreakState, break_state
+from kiln.capture.bytecode.versions import VERSION
 from kiln.capture.contexts import AutocastValue, ExitValue
 from kiln.capture.emit import _replay, _Writer, assemble, graph_outputs
 from kiln.capture.errors import CaptureError, Unsupported
@@ -60,7 +61,7 @@ from kiln.capture.result import (
     split_method,
 )
 from kiln.capture.tracer import CO_GENERATOR_LIKE
-from kiln.capture.values.base import NULL, Value
+from kiln.capture.values.base import NULL, Value, callable_and_args
 from kiln.capture.values.containers import TupleValue
 from kiln.capture.values.functions import (
     BoundMethodValue,
@@ -117,6 +118,16 @@ def _slice(container: Any, start: Any, stop: Any) -> Any:
     return container[start:stop]
 
 
+@functools.cache
+def _bool_of(fn: Callable[[Any, Any], Any]) -> Callable[[Any, Any], bool]:
+    """``bool(fn(a, b))``: one function per operator, so the emitted code's constant is shared."""
+
+    def truth(a: Any, b: Any) -> bool:
+        return bool(fn(a, b))
+
+    return truth
+
+
 def _format_value(conversion: int, value: Any, spec: str = "") -> str:
     if conversion:
         value = (str, repr, ascii)[conversion - 1](value)
@@ -140,9 +151,9 @@ def _raising_stack(state: BreakState, w: _Writer) -> list[Value] | None:
         return stack
     ins = state.instruction
     if ins.opname == "CALL_FUNCTION_EX":
-        n = 4 if (ins.arg or 0) & 1 else 3
-        if len(stack) >= n and stack[-n] is NULL:
-            stack[-n + 1] = raiser  # f(*args, **kwargs): ``func`` is compiled on its own
+        fn_at = _star_callable(stack, 4 if (ins.arg or 0) & 1 else 3)
+        if fn_at is not None:
+            stack[fn_at] = raiser  # f(*args, **kwargs): ``func`` is compiled on its own
             return stack
         return None
     if ins.opname in _RAISING_JUMPS:
@@ -195,19 +206,37 @@ def _unwind_mode(state: BreakState) -> bool:
     return state.grad_enabled
 
 
-def _call_parts(state: BreakState) -> tuple[int, Value, list[Value], list[Value]] | None:
-    """For CALL: how many stack items it takes, the callable, positional and keyword values."""
+def _call_parts(
+    state: BreakState,
+) -> tuple[int, Value, list[Value], list[Value], tuple[str, ...]] | None:
+    """For CALL (and 3.13's CALL_KW): how many stack items it takes, the callable,
+    positional and keyword values, and the keywords' names."""
     ins, stack = state.instruction, state.stack
     argc = ins.arg or 0
-    if ins.opname != "CALL" or len(stack) < argc + 2:
+    names = state.kw_names
+    if ins.opname == "CALL_KW" and len(stack) >= argc + 3 and stack[-1].is_constant():
+        names, stack = tuple(stack[-1].as_constant()), stack[:-1]
+    elif ins.opname != "CALL":
+        return None
+    if len(stack) < argc + 2:
         return None
     first, second, *args = stack[len(stack) - argc - 2 :]
-    if first is NULL:
-        fn = second
-    else:
-        fn, args = first, [second, *args]
-    nkw = len(state.kw_names)
-    return argc + 2, fn, args[: len(args) - nkw], args[len(args) - nkw :]
+    fn, args = callable_and_args(first, second, args)
+    nkw = len(names)
+    taken = argc + 2 + (ins.opname == "CALL_KW")
+    return taken, fn, args[: len(args) - nkw], args[len(args) - nkw :], names
+
+
+def _star_callable(stack: list[Value], n: int) -> int | None:
+    """Where CALL_FUNCTION_EX's callable sits among its ``n`` items: beside a NULL (below
+    it before 3.13, above it from 3.13 on); None for a method call's stack."""
+    if len(stack) < n:
+        return None
+    if stack[-n] is NULL:
+        return len(stack) - n + 1
+    if stack[-n + 1] is NULL:
+        return len(stack) - n
+    return None
 
 
 def _user_function(v: Value) -> types.FunctionType | None:
@@ -267,7 +296,7 @@ def _native(state: BreakState, frame: Frame, rest: Continuations) -> list[str]:
     follow = instructions[state.index + 1].offset if state.index + 1 < len(instructions) else -1
     parts = _call_parts(state)
     if parts is not None:
-        n, fn, args, kwargs = parts
+        n, fn, args, kwargs, kw_names = parts
         if isinstance(fn, BoundMethodValue) and _user_function(fn.func) is not None:
             args = [fn.self_value, *args]
             fn = fn.func
@@ -280,18 +309,18 @@ def _native(state: BreakState, frame: Frame, rest: Continuations) -> list[str]:
         if user is not None:  # a function that could not be inlined is compiled on its own
             fn = Named(w.const(rest.wrap_callable(user)))
         texts.extend(
-            f"**{{{name!r}: {frame.expr(v)}}}"
-            for name, v in zip(state.kw_names, kwargs, strict=True)
+            f"**{{{name!r}: {frame.expr(v)}}}" for name, v in zip(kw_names, kwargs, strict=True)
         )
         result = frame.temp(f"{frame.expr(fn)}({', '.join(texts)})", after=True)
         call = rest.call(follow, [*stack[:-n], Named(result)])
         return [call]
     if ins.opname == "CALL_FUNCTION_EX":
         n = 4 if (ins.arg or 0) & 1 else 3
-        if len(stack) < n or stack[-n] is not NULL:
-            raise cannot("CALL_FUNCTION_EX without a NULL below the callable")
+        fn_at = _star_callable(stack, n)
+        if fn_at is None:
+            raise cannot("CALL_FUNCTION_EX without a NULL beside the callable")
         kw = f", **{frame.expr(stack[-1])}" if n == 4 else ""
-        fn, star_args = stack[-n + 1], f"*{frame.expr(stack[-n + 2])}"
+        fn, star_args = stack[fn_at], f"*{frame.expr(stack[-n + 2])}"
         forward, user = _plain_forward(fn), _user_function(fn)
         if forward is not None:  # the module's forward is compiled on its own
             star_args = f"{frame.expr(fn)}, {star_args}"
@@ -332,19 +361,24 @@ _EXHAUSTED = object()  # what ``next(it, default)`` returns at the end of a loop
 
 
 def _loop_exit(state: BreakState) -> int:
-    """Where FOR_ITER goes when its iterator is exhausted (3.12: past the END_FOR it targets)."""
+    """Where FOR_ITER goes when its iterator is exhausted (3.12+: past the END_FOR it
+    targets, and on 3.13 the POP_TOP after it)."""
     tr = state.tracer
     at = tr.index_of[state.instruction.argval]
     if tr.instructions[at].opname == "END_FOR":
-        at += 1
+        at += VERSION.for_iter_skips
     return tr.instructions[at].offset
 
 
 def _operator(
     ins: dis.Instruction, w: _Writer, f_globals: dict[str, Any]
 ) -> tuple[str | None, int]:
+    if ins.opname == "COMPARE_OP" and ins.argrepr.startswith("bool("):
+        # 3.13 makes the result a bool here: the jump after it takes only True or False
+        fn = _BINARY.get(ins.argrepr[5:-1])
+        return (w.const(_bool_of(fn)), 2) if fn is not None else (None, 0)
     if ins.opname in ("BINARY_OP", "COMPARE_OP"):
-        fn = _BINARY.get(str(ins.argrepr).replace("bool(", "").rstrip(")"))
+        fn = _BINARY.get(str(ins.argrepr))
         return (w.const(fn), 2) if fn is not None else (None, 0)
     if ins.opname == "BINARY_SUBSCR":
         return w.const(operator.getitem), 2
@@ -359,6 +393,10 @@ def _operator(
     if ins.opname == "FORMAT_VALUE":  # f-string piece: value (and its format spec)
         arg = ins.arg or 0
         return w.const(functools.partial(_format_value, arg & 3)), 2 if arg & 4 else 1
+    if ins.opname == "CONVERT_VALUE":  # 3.13's f-string pieces: !s, !r, !a ...
+        return w.const((str, repr, ascii)[(ins.arg or 1) - 1]), 1
+    if ins.opname in ("FORMAT_SIMPLE", "FORMAT_WITH_SPEC"):  # ... then the formatting
+        return w.const(format), 1 if ins.opname == "FORMAT_SIMPLE" else 2
     return None, 0
 
 

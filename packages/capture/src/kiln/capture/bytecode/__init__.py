@@ -1,4 +1,4 @@
-"""CPython 3.11/3.12 bytecode as editable data: decode, analyse, assemble.
+"""CPython 3.11/3.12/3.13 bytecode as editable data: decode, analyse, assemble.
 
 The leaf layer every bytecode transformation in Kiln stands on::
 
@@ -29,12 +29,16 @@ from kiln.capture.bytecode.decode import decode
 from kiln.capture.bytecode.format import format_bytecode, format_code, log_code
 from kiln.capture.bytecode.info import CodeInfo, code_info
 from kiln.capture.bytecode.instructions import Bytecode, ExceptionEntry, Instr, Positions
-from kiln.capture.bytecode.optable import PY311, PY312, ArgKind
+from kiln.capture.bytecode.optable import PY311, PY312, PY313, ArgKind
+from kiln.capture.bytecode.versions import VERSION, BytecodeVersion
 
 __all__ = [
     "PY311",
     "PY312",
+    "PY313",
+    "VERSION",
     "ArgKind",
+    "BytecodeVersion",
     "Bytecode",
     "CodeInfo",
     "ExceptionEntry",

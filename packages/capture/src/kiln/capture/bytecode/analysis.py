@@ -22,6 +22,7 @@ __all__ = [
     "LOCAL_WRITES",
     "covering_entries",
     "live_locals",
+    "local_accesses",
     "max_stack_depth",
     "prune_unreachable",
     "reachable",
@@ -36,6 +37,27 @@ _CALL = dis.opmap["CALL"]
 #: Fast-local accesses that read the variable (DELETE_FAST raises if unbound).
 LOCAL_READS = frozenset({"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR", "DELETE_FAST"})
 LOCAL_WRITES = frozenset({"STORE_FAST", "STORE_FAST_MAYBE_NULL", "DELETE_FAST"})
+#: 3.13's two-local superinstructions: per half, whether it writes (else reads).
+_PAIR_WRITES = {
+    "LOAD_FAST_LOAD_FAST": (False, False),
+    "STORE_FAST_LOAD_FAST": (True, False),
+    "STORE_FAST_STORE_FAST": (True, True),
+}
+
+
+def local_accesses(instr: Instr) -> list[tuple[bool, str]]:
+    """``(writes, name)`` for each fast local ``instr`` touches, in the order it does.
+
+    Every local instruction counts (a LOAD_CLOSURE or, on 3.13, a LOAD_FAST of a
+    cell's slot too); DELETE_FAST reads (it raises if unbound) then writes.
+    """
+    if instr.opname in _PAIR_WRITES:
+        return list(zip(_PAIR_WRITES[instr.opname], instr.arg, strict=True))
+    if instr.kind != ArgKind.LOCAL:
+        return []
+    reads = instr.opname in LOCAL_READS or instr.opname not in LOCAL_WRITES
+    writes = instr.opname in LOCAL_WRITES
+    return [(False, instr.arg)] * reads + [(True, instr.arg)] * writes
 
 
 def covering_entries(
@@ -70,7 +92,7 @@ def stack_effect(instr: Instr, *, jump: bool | None = None) -> int:
     """Net stack effect of ``instr``; ``jump`` picks the branch of a jump."""
     if instr.opname == "RETURN_GENERATOR":
         return 1  # resuming the new generator pushes the value sent in
-    if optable.PY311 and instr.opname in ("PRECALL", "CALL"):
+    if optable.VERSION.precall and instr.opname in ("PRECALL", "CALL"):
         # CPython counts a call's arguments as consumed by PRECALL; they stay on the
         # stack until CALL, so count them there (the maximum depth is the same).
         if instr.opname == "PRECALL":
@@ -202,6 +224,8 @@ def max_stack_depth(
         if depth is not None:
             # the deepest point of an instruction is after it pushes, on whichever branch
             deepest = max(deepest, depth, depth + stack_effect(instrs[i]))
+            if instrs[i].opname == "RETURN_CONST":
+                deepest = max(deepest, depth + optable.VERSION.return_const_peak)
     return deepest
 
 
@@ -226,12 +250,12 @@ def live_locals(
     while work:
         i = work.pop()
         pending.discard(i)
-        ins = instrs[i]
         now = set(live_out[i])
-        if ins.opname in LOCAL_WRITES:
-            now.discard(ins.arg)
-        if ins.opname in LOCAL_READS:
-            now.add(ins.arg)
+        for writes, name in reversed(local_accesses(instrs[i])):
+            if writes:
+                now.discard(name)
+            elif instrs[i].opname in LOCAL_READS or instrs[i].opname in _PAIR_WRITES:
+                now.add(name)
         frozen = frozenset(now)
         if frozen == live[i]:
             continue

@@ -16,12 +16,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from kiln.capture.bytecode import optable
-from kiln.capture.bytecode.analysis import max_stack_depth
+from kiln.capture.bytecode.analysis import local_accesses, max_stack_depth
 from kiln.capture.bytecode.instructions import (
     Bytecode,
     ExceptionEntry,
     Instr,
     Positions,
+    concrete_opname,
     name_flag,
 )
 from kiln.capture.bytecode.optable import ArgKind
@@ -64,7 +65,7 @@ def _direction_name(opname: str, backward: bool) -> str:
         return "JUMP_BACKWARD" if backward else "JUMP_FORWARD"
     if opname in ("JUMP_NO_INTERRUPT", "JUMP_BACKWARD_NO_INTERRUPT"):
         return "JUMP_BACKWARD_NO_INTERRUPT" if backward else "JUMP_FORWARD"
-    if optable.PY311 and opname.startswith("POP_JUMP_"):
+    if optable.VERSION.directional_jumps and opname.startswith("POP_JUMP_"):
         cond = opname.rsplit("_IF_", 1)[1]
         return f"POP_JUMP_{'BACKWARD' if backward else 'FORWARD'}_IF_{cond}"
     if backward:
@@ -82,13 +83,18 @@ def _resolve_jumps(code: Bytecode) -> None:
     for i, ins in enumerate(instrs):
         out.append(ins)
         if not ins.is_jump:
+            ins.opname = concrete_opname(ins.opname)
             continue
         if id(ins.arg) not in index:
             msg = f"jump target of {ins!r} (instruction {i}) is not in the instruction list"
             raise CaptureError(msg)
         backward = index[id(ins.arg)] <= i
-        if optable.PY312 and backward and ins.opname.startswith("POP_JUMP_IF_"):
-            # 3.12 has no backward conditional: branch forward over a JUMP_BACKWARD.
+        if (
+            not optable.VERSION.directional_jumps
+            and backward
+            and ins.opname.startswith("POP_JUMP_IF_")
+        ):
+            # 3.12+ has no backward conditional: branch forward over a JUMP_BACKWARD.
             cond = ins.opname[len("POP_JUMP_IF_") :]
             skip = Instr("NOP", positions=ins.positions)
             out += [Instr("JUMP_BACKWARD", ins.arg, ins.positions), skip]
@@ -96,7 +102,7 @@ def _resolve_jumps(code: Bytecode) -> None:
             moved_ends[id(ins)] = skip
             continue
         ins.opname = _direction_name(ins.opname, backward)
-    if optable.PY311:
+    if optable.VERSION.precall:
         _check_precall_pairs(out)
     else:
         _check_for_iter_targets(out)
@@ -114,11 +120,18 @@ def _check_precall_pairs(instrs: list[Instr]) -> None:
 
 
 def _check_for_iter_targets(instrs: list[Instr]) -> None:
-    """3.12's FOR_ITER, when the iterator is exhausted, jumps past the END_FOR it targets."""
+    """3.12+'s FOR_ITER, when the iterator is exhausted, jumps past the END_FOR it targets."""
+    index = {id(ins): i for i, ins in enumerate(instrs)}
     for i, ins in enumerate(instrs):
         if ins.opname == "FOR_ITER" and ins.arg.opname != "END_FOR":
-            msg = f"FOR_ITER (instruction {i}) must target an END_FOR on Python 3.12"
+            msg = f"FOR_ITER (instruction {i}) must target an END_FOR on Python 3.12+"
             raise CaptureError(msg)
+        # 3.13's exhausted FOR_ITER skips END_FOR and the POP_TOP after it, not looking
+        if ins.opname == "FOR_ITER" and optable.VERSION.for_iter_skips == 2:
+            after = index[id(ins.arg)] + 1
+            if after == len(instrs) or instrs[after].opname != "POP_TOP":
+                msg = f"FOR_ITER (instruction {i}) must target END_FOR; POP_TOP on Python 3.13"
+                raise CaptureError(msg)
 
 
 class _Pools:
@@ -149,7 +162,13 @@ class _Pools:
             self.names.append(name)
         return self.name_index[name]
 
+    def is_cell_slot(self, name: str) -> bool:
+        """A LOAD_FAST of a cell's own slot (3.13 loads closure cells so), not a plain local."""
+        return name not in self.varnames and (name in self.cellvars or name in self.freevars)
+
     def local(self, name: str) -> int:
+        if self.is_cell_slot(name):
+            return self.cell(name)
         if name not in self.varnames:
             self.varnames.append(name)
         return self.varnames.index(name)
@@ -193,6 +212,9 @@ def _oparg(ins: Instr, pools: _Pools) -> int:
             raise CaptureError(str(e)) from None
     if kind == ArgKind.JUMP:
         return 0  # filled in by the layout
+    if kind == ArgKind.LOCAL_PAIR:
+        first, second = ins.arg
+        return (pools.local(first) << 4) | pools.local(second)
     if kind == ArgKind.NAME and ins.opname in optable.NAME_FLAG_BITS:
         flag, name = name_flag(ins)
         return (pools.name(name) << optable.NAME_FLAG_BITS[ins.opname]) | flag
@@ -254,8 +276,8 @@ def _linetable(instrs: list[Instr], starts: list[int], firstlineno: int) -> byte
     spans: list[tuple[Positions | None, int]] = []
     for i, ins in enumerate(instrs):
         units = starts[i + 1] - starts[i]
-        # 3.12 merges runs with one location; 3.11 writes one run per instruction.
-        if optable.PY312 and spans and spans[-1][0] == ins.positions:
+        # 3.12+ merges runs with one location; 3.11 writes one run per instruction.
+        if optable.VERSION.merged_locations and spans and spans[-1][0] == ins.positions:
             spans[-1] = (ins.positions, spans[-1][1] + units)
         else:
             spans.append((ins.positions, units))
@@ -289,6 +311,28 @@ def _exception_rows(
     return rows
 
 
+#: Each half of a two-local superinstruction as an instruction of its own.
+_PAIR_HALVES = {
+    "LOAD_FAST_LOAD_FAST": ("LOAD_FAST", "LOAD_FAST"),
+    "STORE_FAST_LOAD_FAST": ("STORE_FAST", "LOAD_FAST"),
+    "STORE_FAST_STORE_FAST": ("STORE_FAST", "STORE_FAST"),
+}
+
+
+def split_pair(ins: Instr) -> list[Instr]:
+    """A two-local superinstruction as the two plain instructions it fuses (the first
+    keeps its offset: it starts where the pair did)."""
+    (first, second), (a, b) = _PAIR_HALVES[ins.opname], ins.arg
+    return [Instr(first, a, ins.positions, ins.offset), Instr(second, b, ins.positions)]
+
+
+def _split_wide_pairs(code: Bytecode, pools: _Pools) -> None:
+    """A superinstruction holds each local's index in four bits: wider ones are split."""
+    for ins in list(code.instrs):
+        if ins.kind == ArgKind.LOCAL_PAIR and max(pools.local(n) for n in ins.arg) >= 16:
+            code.replace(ins, split_pair(ins))
+
+
 def assemble(code: Bytecode) -> types.CodeType:
     """Build the code object for ``code``; raises :class:`CaptureError` if it is malformed."""
     code = code.clone()  # jumps are renamed and rewritten in place
@@ -296,9 +340,12 @@ def assemble(code: Bytecode) -> types.CodeType:
     instrs = code.instrs
     pools = _Pools(code)
     for ins in instrs:
-        if ins.kind == ArgKind.LOCAL:
-            pools.local(ins.arg)
+        for _, name in local_accesses(ins):
+            if not pools.is_cell_slot(name):
+                pools.local(name)
     pools.freeze_cells()
+    _split_wide_pairs(code, pools)
+    instrs = code.instrs
     opargs = [_oparg(ins, pools) for ins in instrs]
     starts = _layout(instrs, opargs)
     table = encode_exception_table(_exception_rows(instrs, code.exception_table, starts))

@@ -21,7 +21,9 @@ from kiln.capture.errors import CaptureError
 __all__ = [
     "CO_GENERATOR_LIKE",
     "binary_op",
+    "build_function",
     "call",
+    "to_bool",
     "load_callable",
     "make_cell",
     "make_function",
@@ -36,7 +38,7 @@ CO_GENERATOR_LIKE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASY
 def prologue(
     cellvars: Sequence[str], freevars: Sequence[str], flags: int, positions: Positions | None
 ) -> list[Instr]:
-    """The instructions that open a function body on 3.11/3.12, RESUME last."""
+    """The instructions that open a function body on 3.11+, RESUME last."""
     out = [Instr("COPY_FREE_VARS", len(freevars), positions)] if freevars else []
     out += [Instr("MAKE_CELL", name, positions) for name in cellvars]
     if flags & CO_GENERATOR_LIKE:
@@ -128,20 +130,46 @@ def make_function(
 
 
 def load_callable(value: Any) -> list[Instr]:
-    """Push NULL then ``value`` as a constant: the stack shape :func:`call` expects."""
-    return [Instr("PUSH_NULL"), Instr("LOAD_CONST", value)]
+    """``value`` as a constant and a NULL, in the order :func:`call` expects them.
+
+    The NULL goes below the callable before 3.13 and above it from 3.13 on.
+    """
+    null, const = Instr("PUSH_NULL"), Instr("LOAD_CONST", value)
+    return [const, null] if optable.VERSION.null_above_callable else [null, const]
 
 
 def call(nargs: int, kw_names: Sequence[str] = ()) -> list[Instr]:
-    """Call with ``NULL, callable, *args`` on the stack (the last ``len(kw_names)`` by keyword).
+    """Call what :func:`load_callable` pushed with ``*args`` above it (the last
+    ``len(kw_names)`` by keyword).
 
-    3.11 needs ``PRECALL`` before ``CALL``; both take ``KW_NAMES`` first.
+    3.11 needs ``PRECALL`` before ``CALL``; 3.11 and 3.12 take the keyword names
+    in ``KW_NAMES`` first, 3.13 as a tuple on the stack for ``CALL_KW``.
     """
+    if optable.VERSION.call_kw:
+        if not kw_names:
+            return [Instr("CALL", nargs)]
+        return [Instr("LOAD_CONST", tuple(kw_names)), Instr("CALL_KW", nargs)]
     out = [Instr("KW_NAMES", tuple(kw_names))] if kw_names else []
-    if optable.PY311:
+    if optable.VERSION.precall:
         out.append(Instr("PRECALL", nargs))
     out.append(Instr("CALL", nargs))
     return out
+
+
+def to_bool() -> list[Instr]:
+    """What a POP_JUMP_IF_TRUE/FALSE or UNARY_NOT needs before it to test any object:
+    3.13's TO_BOOL (they take only an exact bool there); nothing before 3.13."""
+    return [Instr("TO_BOOL")] if optable.VERSION.exact_bool_jumps else []
+
+
+def build_function(flags: int = 0) -> list[Instr]:
+    """Make a function of the code on top of the stack and, below it, the attributes
+    ``flags`` names (0x08 closure, on top, 0x04 annotations, 0x02 keyword defaults,
+    0x01 defaults): one MAKE_FUNCTION before 3.13, then a SET_FUNCTION_ATTRIBUTE each."""
+    if not optable.VERSION.function_attributes:
+        return [Instr("MAKE_FUNCTION", flags)]
+    sets = [Instr("SET_FUNCTION_ATTRIBUTE", f) for f in (0x08, 0x04, 0x02, 0x01) if flags & f]
+    return [Instr("MAKE_FUNCTION"), *sets]
 
 
 _NB_OPS = {symbol: i for i, (_, symbol) in enumerate(dis._nb_ops)}  # type: ignore[attr-defined]

@@ -32,7 +32,9 @@ class Instr:
     name string (NAME, LOCAL, CELL); ``(flag, name)`` for LOAD_GLOBAL (push
     NULL first) and, on 3.12, LOAD_ATTR (method load) and LOAD_SUPER_ATTR
     (two flag bits), where a bare name means flag 0; the operator string for
-    COMPARE_OP (``"<"``); the target ``Instr`` (JUMP); the oparg int (RAW); or
+    COMPARE_OP (``"<"``; on 3.13 ``"bool(<)"`` where the result is made a bool);
+    the target ``Instr`` (JUMP); two local names for 3.13's superinstructions
+    (LOCAL_PAIR: ``LOAD_FAST_LOAD_FAST`` and friends); the oparg int (RAW); or
     None. Jump opnames may be the generic ``JUMP``/``JUMP_NO_INTERRUPT`` and,
     on 3.11, ``POP_JUMP_IF_<cond>``: the assembler picks the direction.
     ``offset`` is where a decoded instruction sat in its original code (None
@@ -75,11 +77,14 @@ class Instr:
 def concrete_opname(opname: str) -> str:
     """A real opcode name of this Python with the same argument kind and stack effect.
 
-    Generic jump names (``JUMP``, 3.11's ``POP_JUMP_IF_*``) map to their forward form.
+    Generic jump names (``JUMP``, 3.11's ``POP_JUMP_IF_*``) map to their forward form;
+    ``LOAD_CLOSURE`` to 3.13's ``LOAD_FAST`` of the cell's slot.
     """
+    if opname == "LOAD_CLOSURE" and optable.VERSION.cells_by_load_fast:
+        return "LOAD_FAST"
     if opname in ("JUMP", "JUMP_NO_INTERRUPT"):
         return "JUMP_FORWARD"
-    if optable.PY311 and opname.startswith("POP_JUMP_IF_"):
+    if optable.VERSION.directional_jumps and opname.startswith("POP_JUMP_IF_"):
         return "POP_JUMP_FORWARD_IF_" + opname[len("POP_JUMP_IF_") :]
     return opname
 

@@ -1,10 +1,11 @@
-"""What each opcode's argument means on the running CPython (3.11 or 3.12).
+"""What each opcode's argument means on the running CPython (3.11, 3.12 or 3.13).
 
 Decoding and assembling both ask the same questions of an opcode: does its
 oparg index the constants, the names, the fast locals or the cells; is it a
 jump, and which way may it jump; how many inline CACHE units follow it. The
-answers differ between 3.11 and 3.12, so they live here, computed once from
-the interpreter's own ``opcode`` tables.
+answers differ between versions, so they live here, computed once from the
+interpreter's own ``opcode`` tables and the version's table
+(:mod:`~kiln.capture.bytecode.versions`).
 """
 
 from __future__ import annotations
@@ -14,12 +15,16 @@ import functools
 import opcode
 import sys
 
+from kiln.capture.bytecode.versions import PY311, PY312, PY313, VERSION
+
 __all__ = [
     "NAME_FLAG_BITS",
     "PY311",
     "PY312",
+    "PY313",
     "TERMINATORS",
     "UNCONDITIONAL_JUMPS",
+    "VERSION",
     "ArgKind",
     "arg_kind",
     "cache_entries",
@@ -32,9 +37,6 @@ __all__ = [
     "opcode_of",
 ]
 
-PY311 = sys.version_info[:2] == (3, 11)
-PY312 = sys.version_info[:2] == (3, 12)
-
 
 class ArgKind:
     """How an instruction's argument is represented in :class:`~.Instr`."""
@@ -46,6 +48,7 @@ class ArgKind:
     NAME = "name"  # a name string, or (flag, name) for NAME_FLAG_BITS ops
     LOCAL = "local"  # a fast-local name
     CELL = "cell"  # a cell or free variable name
+    LOCAL_PAIR = "local_pair"  # two fast-local names (3.13's superinstructions)
     JUMP = "jump"  # the target Instr
 
 
@@ -60,11 +63,7 @@ _CELL = _real(dis.hasfree)
 _JUMP = _real(dis.hasjrel) | _real(dis.hasjabs)
 
 #: Name ops whose low oparg bits carry a flag; their arg is ``(flag, name)``.
-#: LOAD_GLOBAL: push NULL first; 3.12 LOAD_ATTR: method load;
-#: 3.12 LOAD_SUPER_ATTR: two bits (method load, two-argument super).
-NAME_FLAG_BITS: dict[str, int] = {"LOAD_GLOBAL": 1}
-if PY312:
-    NAME_FLAG_BITS.update({"LOAD_ATTR": 1, "LOAD_SUPER_ATTR": 2})
+NAME_FLAG_BITS: dict[str, int] = dict(VERSION.name_flag_bits)
 
 UNCONDITIONAL_JUMPS = frozenset(
     {"JUMP_FORWARD", "JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT", "JUMP", "JUMP_NO_INTERRUPT"}
@@ -84,23 +83,27 @@ _BACKWARD = frozenset(
 )
 
 
-# 3.12 keeps, under the operator, the outcome bits its specialized compares
-# test: unordered 1, less 2, greater 4, equal 8 (CPython's compare_masks).
+# The outcome bits specialized compares test: unordered 1, less 2, greater 4,
+# equal 8 (CPython's compare_masks).
 _COMPARE_MASKS = {"<": 2, "<=": 2 | 8, "==": 8, "!=": 1 | 2 | 4, ">": 4, ">=": 4 | 8}
 
 
 def compare_oparg(op: str) -> int:
-    """The COMPARE_OP oparg for an operator string on this Python."""
-    if op not in _COMPARE_MASKS:
+    """The COMPARE_OP oparg for an operator string (``"bool(<)"``: with the bool bit)."""
+    inner = op[5:-1] if op.startswith("bool(") and op.endswith(")") else op
+    if inner not in _COMPARE_MASKS or (inner != op and not VERSION.compare_bool_bit):
         msg = f"unknown comparison {op!r}; expected one of {list(dis.cmp_op)}"
         raise ValueError(msg)
-    index = dis.cmp_op.index(op)
-    return (index << 4) | _COMPARE_MASKS[op] if PY312 else index
+    oparg = dis.cmp_op.index(inner) << VERSION.compare_shift
+    if VERSION.compare_masks:
+        oparg |= _COMPARE_MASKS[inner]
+    return oparg | VERSION.compare_bool_bit if inner != op else oparg
 
 
 def compare_from_oparg(oparg: int) -> str:
-    """The operator string of a COMPARE_OP oparg on this Python."""
-    return dis.cmp_op[oparg >> 4 if PY312 else oparg]
+    """The operator string of a COMPARE_OP oparg; ``"bool(<)"`` where the bool bit is set."""
+    op = dis.cmp_op[oparg >> VERSION.compare_shift]
+    return f"bool({op})" if oparg & VERSION.compare_bool_bit else op
 
 
 @functools.cache
@@ -115,7 +118,10 @@ def opcode_of(opname: str) -> int:
 
 @functools.cache
 def has_arg(opname: str) -> bool:
-    """Whether the instruction takes an oparg."""
+    """Whether the instruction takes an oparg (3.13's MAKE_FUNCTION, past HAVE_ARGUMENT, does not)."""
+    hasarg = getattr(dis, "hasarg", None)
+    if hasarg is not None:
+        return opcode_of(opname) in hasarg
     return opcode_of(opname) >= opcode.HAVE_ARGUMENT
 
 
@@ -130,6 +136,8 @@ def arg_kind(opname: str) -> str:
         return ArgKind.COMPARE
     if opname in _NAME:
         return ArgKind.NAME
+    if opname in VERSION.superinstructions:
+        return ArgKind.LOCAL_PAIR
     if opname in _LOCAL:
         return ArgKind.LOCAL
     if opname in _CELL:
@@ -140,7 +148,10 @@ def arg_kind(opname: str) -> str:
 @functools.cache
 def cache_entries(opname: str) -> int:
     """How many inline CACHE code units follow the instruction."""
-    return int(opcode._inline_cache_entries[opcode_of(opname)])  # type: ignore[attr-defined]
+    entries = opcode._inline_cache_entries  # type: ignore[attr-defined]
+    if isinstance(entries, dict):  # 3.13: by name, only the instructions that have any
+        return int(entries.get(opname, 0))
+    return int(entries[opcode_of(opname)])
 
 
 def is_unconditional_jump(opname: str) -> bool:

@@ -82,6 +82,25 @@ def format_value(tr: Tracer, ins: dis.Instruction) -> None:
     tr.push(ConstantValue(format(value, spec)))
 
 
+@handles("CONVERT_VALUE")
+def convert_value(tr: Tracer, ins: dis.Instruction) -> None:
+    """3.13's f-string conversion (``!s``, ``!r``, ``!a``), before the formatting."""
+    convert = _CONVERSIONS[ins.arg or 0]
+    value = literals.literal(tr.pop())
+    tr.push(ConstantValue(convert(value) if convert is not None else value))
+
+
+@handles("FORMAT_SIMPLE")
+def format_simple(tr: Tracer, ins: dis.Instruction) -> None:
+    tr.push(ConstantValue(format(literals.literal(tr.pop()), "")))
+
+
+@handles("FORMAT_WITH_SPEC")
+def format_with_spec(tr: Tracer, ins: dis.Instruction) -> None:
+    spec = tr.pop().as_constant()
+    tr.push(ConstantValue(format(literals.literal(tr.pop()), spec)))
+
+
 @handles("BUILD_STRING")
 def build_string(tr: Tracer, ins: dis.Instruction) -> None:
     parts = tr.popn(ins.arg or 0)

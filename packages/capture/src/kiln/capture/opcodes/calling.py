@@ -1,4 +1,5 @@
-"""Calls (3.11 PRECALL/CALL/KW_NAMES, 3.12 CALL), functions, classes, returns, imports, ``with``."""
+"""Calls (3.11 PRECALL/CALL/KW_NAMES, 3.12 CALL, 3.13 CALL_KW), functions, classes, returns,
+imports, ``with``."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING
 from kiln.capture import contexts, dispatch
 from kiln.capture.breaks.reasons import raised, unsupported
 from kiln.capture.opcodes.common import registry
-from kiln.capture.values.base import ConstantValue, NullValue, Value
+from kiln.capture.values.base import ConstantValue, NullValue, Value, callable_and_args
 from kiln.capture.values.containers import CellValue, DictValue, TupleValue
 from kiln.capture.values.functions import UserFunctionValue
 from kiln.capture.values.objects import ObjectValue
@@ -32,16 +33,20 @@ def kw_names(tr: Tracer, ins: dis.Instruction) -> None:
     tr.kw_names = tuple(tr.code_const(ins.arg or 0))
 
 
+@handles("CALL_KW")
+def call_kw(tr: Tracer, ins: dis.Instruction) -> None:
+    """3.13: the keyword names are a constant tuple above the arguments."""
+    tr.kw_names = tuple(tr.pop().as_constant())
+    call(tr, ins)
+
+
 @handles("CALL")
 def call(tr: Tracer, ins: dis.Instruction) -> None:
     argc = ins.arg or 0
     args = tr.popn(argc)
     second = tr.pop()
     first = tr.pop()
-    if isinstance(first, NullValue):
-        fn = second
-    else:
-        fn, args = first, [second, *args]
+    fn, args = callable_and_args(first, second, args)
     kwargs: dict[str, Value] = {}
     if tr.kw_names:
         n = len(tr.kw_names)
@@ -62,47 +67,50 @@ def call_function_ex(tr: Tracer, ins: dis.Instruction) -> None:
         kwargs = {str(k): v for k, (_, v) in kw.items.items()}
     args = dispatch.unpack_iterable(tr, tr.pop())
     fn = tr.pop()
-    if tr.stack and isinstance(tr.peek(), NullValue):
+    if isinstance(fn, NullValue):  # 3.13: the NULL is above the callable
+        fn = tr.pop()
+    elif tr.stack and isinstance(tr.peek(), NullValue):
         tr.pop()
     _refuse_class_statement(fn, args)
     tr.push(dispatch.call(tr, fn, args, kwargs))
 
 
+def _set_function_attribute(fn: UserFunctionValue, flag: int, value: Value) -> None:
+    """One of MAKE_FUNCTION's flags: 1 defaults, 2 keyword defaults, 4 annotations, 8 closure
+    (other bits, such as 3.13's annotate function, do not change behaviour)."""
+    if flag == 0x08:
+        assert isinstance(value, TupleValue)
+        fn.closure = tuple(c for c in value.items if isinstance(c, CellValue))
+    elif flag == 0x02:
+        assert isinstance(value, DictValue)
+        fn.kwdefaults = {str(k): v for k, (_, v) in value.items.items()}
+    elif flag == 0x01:
+        fn.defaults = (
+            tuple(value.items)
+            if isinstance(value, TupleValue)
+            else tuple(ConstantValue(x) for x in value.as_constant())
+        )
+
+
 @handles("MAKE_FUNCTION")
 def make_function(tr: Tracer, ins: dis.Instruction) -> None:
+    """Before 3.13 the oparg's flags say which attributes lie below the code, closure on top."""
     flags = ins.arg or 0
     code = tr.pop().as_constant()
-    closure: tuple[CellValue, ...] = ()
-    if flags & 0x08:
-        cells = tr.pop()
-        assert isinstance(cells, TupleValue)
-        closure = tuple(c for c in cells.items if isinstance(c, CellValue))
-    if flags & 0x04:
-        tr.pop()  # annotations do not change behaviour
-    kwdefaults: dict[str, Value] = {}
-    if flags & 0x02:
-        kw = tr.pop()
-        assert isinstance(kw, DictValue)
-        kwdefaults = {str(k): v for k, (_, v) in kw.items.items()}
-    defaults: tuple[Value, ...] = ()
-    if flags & 0x01:
-        d = tr.pop()
-        defaults = (
-            tuple(d.items)
-            if isinstance(d, TupleValue)
-            else tuple(ConstantValue(x) for x in d.as_constant())
-        )
-    tr.push(
-        UserFunctionValue(
-            code,
-            tr.f_globals,
-            name=code.co_name,
-            defaults=defaults,
-            kwdefaults=kwdefaults,
-            closure=closure,
-            globals_source=tr.globals_source,
-        )
-    )
+    fn = UserFunctionValue(code, tr.f_globals, name=code.co_name, globals_source=tr.globals_source)
+    for flag in (0x08, 0x04, 0x02, 0x01):
+        if flags & flag:
+            _set_function_attribute(fn, flag, tr.pop())
+    tr.push(fn)
+
+
+@handles("SET_FUNCTION_ATTRIBUTE")
+def set_function_attribute(tr: Tracer, ins: dis.Instruction) -> None:
+    """3.13: MAKE_FUNCTION made the function from the code alone; each attribute follows."""
+    fn = tr.pop()
+    assert isinstance(fn, UserFunctionValue)
+    _set_function_attribute(fn, ins.arg or 0, tr.pop())
+    tr.push(fn)
 
 
 @handles("RETURN_VALUE")

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from kiln.capture import dispatch, iteration
 from kiln.capture.breaks.reasons import unsupported
+from kiln.capture.bytecode.versions import VERSION
 from kiln.capture.opcodes.common import registry
 from kiln.capture.values.base import NULL, ConstantValue, Value
 from kiln.capture.values.iterators import IteratorValue
@@ -127,10 +128,19 @@ def for_iter(tr: Tracer, ins: dis.Instruction) -> None:
         return
     tr.pop()
     tr.jump_to(ins.argval)
-    if tr.instructions[tr.ip].opname == "END_FOR":  # 3.12 skips END_FOR on exhaustion
-        tr.ip += 1
+    if tr.instructions[tr.ip].opname == "END_FOR":  # 3.12+ skips END_FOR (and 3.13 POP_TOP)
+        tr.ip += VERSION.for_iter_skips
 
 
 @handles("END_FOR")
 def end_for(tr: Tracer, ins: dis.Instruction) -> None:
-    tr.popn(2)
+    tr.popn(VERSION.end_for_pops)
+
+
+@handles("TO_BOOL")
+def to_bool(tr: Tracer, ins: dis.Instruction) -> None:
+    """3.13: the value's truth is taken where the jump or ``not`` after it uses it.
+
+    Taking it there as before 3.13 keeps one evaluation of ``__bool__`` and a
+    data-dependent branch breaking at the jump, where the split knows both ways on.
+    """

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from kiln.capture import dispatch, iteration
 from kiln.capture.breaks.reasons import raised, unsupported
+from kiln.capture.bytecode.versions import VERSION
 from kiln.capture.opcodes.common import registry
 from kiln.capture.values.base import ConstantValue, Value
 from kiln.capture.values.iterators import GeneratorIterator, IteratorValue
@@ -78,7 +79,7 @@ def send(tr: Tracer, ins: dis.Instruction) -> None:
     returned: Value = ConstantValue(None)
     if isinstance(receiver, GeneratorIterator):
         returned = receiver.returned
-    if not tr.py312:
+    if not VERSION.send_keeps_receiver:
         tr.pop()
     tr.push(returned)
     tr.jump_to(ins.argval)

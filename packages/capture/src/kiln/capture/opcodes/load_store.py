@@ -7,8 +7,9 @@ from typing import TYPE_CHECKING
 
 from kiln.capture import dispatch
 from kiln.capture.breaks.reasons import unsupported
+from kiln.capture.bytecode.versions import VERSION
 from kiln.capture.opcodes.common import registry
-from kiln.capture.values.base import NULL, ConstantValue, NullValue
+from kiln.capture.values.base import NULL, ConstantValue, NullValue, Value
 from kiln.capture.values.containers import CellValue
 from kiln.capture.values.objects import ObjectValue, SuperValue
 from kiln.capture.wrap import wrap
@@ -24,12 +25,35 @@ def load_const(tr: Tracer, ins: dis.Instruction) -> None:
     tr.push(wrap(tr.out, ins.argval, None))
 
 
-@handles("LOAD_FAST", "LOAD_FAST_CHECK")
-def load_fast(tr: Tracer, ins: dis.Instruction) -> None:
-    name = ins.argval
+def _push_callable(tr: Tracer, value: Value, null: bool) -> None:
+    """``value`` and, if asked, the NULL a call finds beside it (above it from 3.13 on)."""
+    if null and not VERSION.null_above_callable:
+        tr.push(NULL)
+    tr.push(value)
+    if null and VERSION.null_above_callable:
+        tr.push(NULL)
+
+
+def _load_fast(tr: Tracer, name: str) -> None:
+    if name not in tr.locals and VERSION.cells_by_load_fast and name in tr.cells:
+        tr.push(tr.cells[name])  # 3.13 loads a closure's cell from the cell's own slot
+        return
     if name not in tr.locals:
         raise unsupported("user_exception", f"UnboundLocalError: {name!r}")
     tr.push(tr.locals[name])
+
+
+def _store_fast(tr: Tracer, name: str) -> None:
+    value = tr.pop()
+    if isinstance(value, NullValue):  # restoring an unbound comprehension variable (3.12+)
+        tr.locals.pop(name, None)
+    else:
+        tr.locals[name] = value
+
+
+@handles("LOAD_FAST", "LOAD_FAST_CHECK")
+def load_fast(tr: Tracer, ins: dis.Instruction) -> None:
+    _load_fast(tr, ins.argval)
 
 
 @handles("LOAD_FAST_AND_CLEAR")
@@ -39,11 +63,28 @@ def load_fast_and_clear(tr: Tracer, ins: dis.Instruction) -> None:
 
 @handles("STORE_FAST")
 def store_fast(tr: Tracer, ins: dis.Instruction) -> None:
-    value = tr.pop()
-    if isinstance(value, NullValue):  # restoring an unbound comprehension variable (3.12)
-        tr.locals.pop(ins.argval, None)
-    else:
-        tr.locals[ins.argval] = value
+    _store_fast(tr, ins.argval)
+
+
+@handles("LOAD_FAST_LOAD_FAST")
+def load_fast_load_fast(tr: Tracer, ins: dis.Instruction) -> None:
+    first, second = ins.argval
+    _load_fast(tr, first)
+    _load_fast(tr, second)
+
+
+@handles("STORE_FAST_LOAD_FAST")
+def store_fast_load_fast(tr: Tracer, ins: dis.Instruction) -> None:
+    first, second = ins.argval
+    _store_fast(tr, first)
+    _load_fast(tr, second)
+
+
+@handles("STORE_FAST_STORE_FAST")
+def store_fast_store_fast(tr: Tracer, ins: dis.Instruction) -> None:
+    first, second = ins.argval
+    _store_fast(tr, first)
+    _store_fast(tr, second)
 
 
 @handles("DELETE_FAST")
@@ -53,9 +94,7 @@ def delete_fast(tr: Tracer, ins: dis.Instruction) -> None:
 
 @handles("LOAD_GLOBAL")
 def load_global(tr: Tracer, ins: dis.Instruction) -> None:
-    if ins.arg is not None and ins.arg & 1:
-        tr.push(NULL)
-    tr.push(tr.load_global(ins.argval))
+    _push_callable(tr, tr.load_global(ins.argval), bool(ins.arg is not None and ins.arg & 1))
 
 
 @handles("STORE_GLOBAL")
@@ -118,12 +157,9 @@ def delete_deref(tr: Tracer, ins: dis.Instruction) -> None:
 def load_attr(tr: Tracer, ins: dis.Instruction) -> None:
     obj = tr.pop()
     method_form = ins.opname == "LOAD_METHOD" or (
-        ins.opname == "LOAD_ATTR" and tr.py312 and ins.arg is not None and ins.arg & 1
+        ins.opname in VERSION.name_flag_bits and ins.arg is not None and ins.arg & 1
     )
-    value = dispatch.get_attr(tr, obj, ins.argval)
-    if method_form:
-        tr.push(NULL)
-    tr.push(value)
+    _push_callable(tr, dispatch.get_attr(tr, obj, ins.argval), bool(method_form))
 
 
 @handles("LOAD_SUPER_ATTR")
@@ -134,9 +170,7 @@ def load_super_attr(tr: Tracer, ins: dis.Instruction) -> None:
     if not isinstance(cls_v, ObjectValue) or not isinstance(cls_v.obj, type):
         raise unsupported("unsupported_call", "super() with an unknown class")
     value = dispatch.get_attr(tr, SuperValue(cls_v.obj, self_v), ins.argval)
-    if ins.arg is not None and ins.arg & 1:
-        tr.push(NULL)
-    tr.push(value)
+    _push_callable(tr, value, bool(ins.arg is not None and ins.arg & 1))
 
 
 @handles("STORE_ATTR")

@@ -15,7 +15,15 @@ import torch
 from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.source import Source
 
-__all__ = ["CONSTANT_TYPES", "NULL", "ConstantValue", "NullValue", "Value", "is_constant"]
+__all__ = [
+    "CONSTANT_TYPES",
+    "NULL",
+    "ConstantValue",
+    "NullValue",
+    "Value",
+    "callable_and_args",
+    "is_constant",
+]
 
 CONSTANT_TYPES: tuple[type, ...] = (
     int,
@@ -89,10 +97,24 @@ class ConstantValue(Value):
 
 
 class NullValue(Value):
-    """The NULL the 3.11/3.12 calling convention pushes below a callable."""
+    """The NULL the calling convention pushes beside a callable (below it before 3.13,
+    above it from 3.13 on) where there is no ``self``."""
 
     def python_type(self) -> type:
         return type(None)
 
 
 NULL = NullValue()
+
+
+def callable_and_args(first: Value, second: Value, args: list[Value]) -> tuple[Value, list[Value]]:
+    """The callable and arguments of a call's stack ``first, second, *args``.
+
+    One of ``first``/``second`` is NULL (below the callable before 3.13, above it
+    from 3.13 on), or they are a method and its ``self``.
+    """
+    if isinstance(first, NullValue):
+        return second, args
+    if isinstance(second, NullValue):
+        return first, args
+    return first, [second, *args]
