@@ -287,3 +287,37 @@ def test_a_node_describes_its_branches() -> None:
         if n.op == "call_function" and isinstance(n.target, CondCall)
     ]
     assert len(names) == 3 and names[0] == names[2] != names[1]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cond_over_closures_alone_and_a_branch_without_gradient(backend: str) -> None:
+    """No operands (the branches read closures); one branch's output does not depend on
+    what requires grad; an operand that requires none."""
+    weight = torch.randn(4, requires_grad=True)
+
+    def fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        a = torch.cond(x.sum() > 0, lambda: x * weight, lambda: x - weight, ())
+        b = torch.cond(x.sum() > 0, lambda s, t: torch.zeros_like(s), lambda s, t: s * t, (x, y))
+        return a + b
+
+    _check(fn, lambda i: (_flipping(i, 4, grad=True), torch.randn(4)), backend, params=[weight])
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "kiln"])
+def test_differentiated_random_branch_runs_eagerly(backend: str) -> None:
+    """The backward runs a branch again, which would draw another dropout mask: such a graph
+    runs eagerly (one warning), and the gradient follows the forward's mask."""
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.cond(
+            x.sum() > 0, lambda t: nn.functional.dropout(t, 0.5), lambda t: t.cos(), (x,)
+        )
+
+    x = _flipping(0, 200, grad=True)
+    with pytest.warns(RuntimeWarning, match="random"):
+        out = kiln.compile(fn, backend=backend)(x)
+    out.sum().backward()
+    assert x.grad is not None
+    assert torch.equal(x.grad != 0, out != 0)
+    with torch.no_grad():  # not differentiated: compiled
+        torch.testing.assert_close(kiln.compile(fn, backend=backend)(-x), (-x).cos())

@@ -13,7 +13,9 @@ calls its backward when the joint graph is traced; that records a second cond no
 branches' backward graphs, each the derivative of its branch (traced with autograd on fresh
 leaves: the branch's forward runs again inside the backward, so the forward saves only the
 predicate and the operands). The backward picks the branch the forward took, as it reads the
-same predicate. ``torch.while_loop`` is forward only: a loop whose carried values require grad
+same predicate. As the backward runs the branch again, a differentiated branch that draws
+random numbers raises :class:`AotError` (its backward would draw others: a new dropout mask).
+``torch.while_loop`` is forward only: a loop whose carried values require grad
 raises :class:`AotError` (the graph then runs eagerly, with a warning).
 
 Before a graph holding such nodes is handed to the backend, :func:`compile_branches` compiles
@@ -112,6 +114,17 @@ def _own(tracer: AtenTracer, t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def _draws_random(gm: Any) -> bool:
+    """Whether an ATen graph, or a branch of one of its control-flow nodes, draws random
+    numbers."""
+    for node in getattr(gm, "graph", fx.Graph()).nodes:
+        if torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
+            return True
+        if any(_draws_random(b) for b in (_branches(node.target) or ())[:2]):
+            return True
+    return False
+
+
 def _outputs(gm: fx.GraphModule) -> list[torch.Tensor]:
     (out,) = (n.args[0] for n in gm.graph.nodes if n.op == "output")
     return [_fake(n.meta["val"]) for n in out]
@@ -126,6 +139,10 @@ class _Cond(torch.autograd.Function):
         ctx: Any, tracer: AtenTracer, branches: tuple[fx.GraphModule, ...], pred: Any, *ops: Any
     ) -> Any:
         graphs = [_aten_graph(tracer, lambda *a, b=b: _run(b, a), ops) for b in branches]
+        if any(ctx.needs_input_grad) and any(map(_draws_random, graphs)):
+            # the backward runs the branch again: it would draw other numbers (a new mask)
+            msg = "a torch.cond branch that draws random numbers, differentiated"
+            raise AotError(msg)
         results = tracer.record_call(CondCall(*graphs), [pred, *ops], _outputs(graphs[0]))
         ctx.tracer, ctx.branches, ctx.args, ctx.results = tracer, branches, (pred, *ops), results
         ctx.mark_non_differentiable(*(r for r in results if not r.dtype.is_floating_point))

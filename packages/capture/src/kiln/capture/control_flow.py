@@ -168,6 +168,8 @@ def _bind(args: list[Value], kwargs: dict[str, Value], names: tuple[str, ...]) -
 
 def _tensors(v: Value, what: str) -> list[TensorValue]:
     """The tensors of a flat tuple or list (torch.cond's operands, while_loop's carried)."""
+    if isinstance(v, ConstantValue) and v.value in ((), []):
+        return []
     items = v.items if isinstance(v, (TupleValue, ListValue)) else None
     if items is None or not all(isinstance(i, TensorValue) for i in items):
         raise unsupported(_KIND, f"{what} must be a tuple or list of tensors")
