@@ -111,8 +111,16 @@ def test_metadata_mutation_of_an_intermediate_is_the_view_from_then_on():
 
 
 def test_mutating_an_expanded_view_is_rejected():
+    # fill_ writes an expanded tensor in eager (add_ raises eager's overlap error instead)
     with pytest.raises(UnsupportedMutation, match="view op"):
+        trace_aten(lambda x: (x * 1).expand(2, 3).fill_(1), [torch.randn(3)], {})
+
+
+def test_a_write_eager_refuses_raises_eager_s_error():
+    with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
         trace_aten(lambda x: (x * 1).expand(2, 3).add_(1), [torch.randn(3)], {})
+    with pytest.raises(RuntimeError, match="some elements of the input tensor"):
+        trace_aten(lambda x: x[:2].add_(x[1:]), [torch.randn(3)], {})
 
 
 def test_tensors_made_from_data_may_be_mutated():

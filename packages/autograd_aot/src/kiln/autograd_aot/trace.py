@@ -33,6 +33,7 @@ from kiln.autograd_aot.mutation import (
     unhide_mutation,
 )
 from kiln.autograd_aot.regions import REGION, current_region, random_in_region
+from kiln.capture.eager_refusals import check_as_eager
 from kiln.capture.meta import (
     FakeMode,
     fake_like,
@@ -322,6 +323,8 @@ class AtenTracer(TorchDispatchMode):
         return target
 
     def _mutation(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        # inputs traced over their bases share memory here where capture's fakes did not
+        check_as_eager(func, args, kwargs)
         targets = mutated_args(func, args, kwargs)
         functional = functional_variant(func)
         fkwargs = {k: v for k, v in kwargs.items() if k not in functional.drop}
