@@ -165,7 +165,10 @@ _NEVER_IN_FUNCTIONS = {
     "STORE_NAME",
     "IMPORT_STAR",
     "PRINT_EXPR",
-    # pseudo-ops and the interpreter's own
+    # pseudo-ops and the interpreter's own (3.13's ENTER_EXECUTOR replaces a JUMP_BACKWARD in
+    # the adaptive code only; EXIT_INIT_CHECK is in the shim a specialized class call runs)
+    "ENTER_EXECUTOR",
+    "EXIT_INIT_CHECK",
     "INTERPRETER_EXIT",
     "RESERVED",
     "LOAD_SUPER_METHOD",

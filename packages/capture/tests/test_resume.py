@@ -138,6 +138,20 @@ def test_break_at_call_kw_with_null_and_keywords():
     assert r.entry_offset == off
 
 
+def truth_branch(v):
+    if v:
+        return "yes"
+    return "no"
+
+
+@pytest.mark.parametrize(("value", "expected"), [(0, "no"), ([], "no"), ([0], "yes"), (2, "yes")])
+def test_resume_at_a_conditional_jump_takes_the_truth_of_any_value(value, expected):
+    # 3.13's jumps test for the exact True/False a TO_BOOL made; a break hands in the value
+    jump = next(i for i in dis.get_instructions(truth_branch) if i.opname.startswith("POP_JUMP"))
+    r = make_resume(truth_branch.__code__, jump.offset, 1)
+    assert r.make_function({})(value) == expected
+
+
 def with_cells(n):
     count = n
 

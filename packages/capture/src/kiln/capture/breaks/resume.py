@@ -51,6 +51,8 @@ _PROLOGUE_OPS = frozenset({"COPY_FREE_VARS", "MAKE_CELL", "RESUME"})
 #: on 3.11, that the compiler's stack accounting treats as taking the arguments
 #: (PRECALL): a break at the CALL resumes at them so they run again.
 _CALL_SETUP = frozenset({"KW_NAMES", "PRECALL"})
+#: Instructions that take only an exact bool on 3.13 (TO_BOOL makes it).
+_BOOL_TAKERS = frozenset({"POP_JUMP_IF_TRUE", "POP_JUMP_IF_FALSE", "UNARY_NOT"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,6 +257,14 @@ def _rewrite(
         head.append(ins.at(where))
     if VERSION.unchecked_load_fast:
         target, rest = _check_loads(body, target, rest, set(args) | set(shared) | set(by_value))
+    if VERSION.exact_bool_jumps and target.opname in _BOOL_TAKERS:
+        # the value handed in is whatever the break saw (a tensor, a raiser), not the bool
+        # the TO_BOOL before a 3.13 jump makes: take its truth again, where the same
+        # handlers cover it
+        truth = Instr("TO_BOOL", None, target.positions)
+        body.insert_before(target, [truth])
+        rest.insert(next(i for i, x in enumerate(rest) if x is target), truth)
+        target = truth
     jump = Instr("JUMP_FORWARD", target, where)
     head.append(jump)
     instrs, table = prune_unreachable(head + rest, body.exception_table)
