@@ -172,6 +172,32 @@ def _vmap_of_function_alias(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     return vmap(lambda i: _take(x, i) * 2)(idx) + _take(x, idx)
 
 
+_BATCHED = vmap(lambda r: (r * W).sum().sin())
+_HESSIAN = hessian(lambda a: (a**3).sum())
+
+
+class _PerRow(nn.Module):
+    """A transform made once, in ``__init__``, over a bound method."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 2)
+        self.rows = vmap(self.row)
+
+    def row(self, r: torch.Tensor) -> torch.Tensor:
+        return self.lin(r).relu()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.rows(x)
+
+
+PER_ROW = _PerRow()
+
+
+def _made_outside(x: torch.Tensor) -> Any:
+    return _BATCHED(x), _HESSIAN(x[0]), PER_ROW(x)
+
+
 CASES: dict[str, tuple[Callable[..., Any], Callable[[int], tuple[torch.Tensor, ...]]]] = {
     "vmap": (_batched_dot, lambda n: (torch.randn(n, 3),)),
     "vmap_in_out_dims": (_in_out_dims, lambda n: (torch.randn(4, n), torch.randn(5))),
@@ -190,6 +216,7 @@ CASES: dict[str, tuple[Callable[..., Any], Callable[[int], tuple[torch.Tensor, .
     "per_sample_grads": (_per_sample_grads, lambda n: (torch.randn(n, 3), torch.randn(n, 2))),
     "vmap_of_module": (_vmap_of_module, lambda n: (torch.randn(n, 3),)),
     "nested_masks": (_nested_masks, lambda n: (torch.randperm(n), torch.randperm(n + 1))),
+    "made_outside": (_made_outside, lambda n: (torch.randn(n, 3),)),
     "function_alias": (_vmap_of_function_alias, lambda n: (torch.randn(n), torch.randperm(n))),
 }
 

@@ -29,6 +29,7 @@ from kiln.capture import (
     control_flow,
     dispatch,
     function_modes,
+    functorch_calls,
     literals,
     numpy_calls,
     torch_calls,
@@ -123,6 +124,8 @@ def _call_object(tr: Tracer, fv: ObjectValue, args: list[Value], kwargs: dict[st
         return handler(tr, args, kwargs)
     if autograd_function.is_apply(obj):
         return autograd_function.call_apply(tr, fv, args, kwargs)
+    if torch_functions.made_by_transform(obj) is not None:
+        return functorch_calls.call_made(tr, fv, args, kwargs)
     if torch_functions.is_control_flow(obj):
         return control_flow.call(tr, obj, args, kwargs)
     owned = builtin_types.descriptor(obj)  # dict.get(d, k), super().__setitem__(k, v)

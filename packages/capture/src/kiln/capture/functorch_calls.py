@@ -44,29 +44,29 @@ from kiln.capture import dispatch, subgraphs
 from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.errors import Unsupported
 from kiln.capture.meta import fake_like, is_fake, meta_of
+from kiln.capture.torch_functions import TRANSFORMS, made_by_transform
 from kiln.capture.values.base import ConstantValue, Value, is_constant
 from kiln.capture.values.containers import DictValue, ListValue, TupleValue
 from kiln.capture.values.objects import ObjectValue
 from kiln.capture.values.tensor import TensorValue
+from kiln.capture.wrap import wrap
 
 if TYPE_CHECKING:
     from kiln.capture.tracer import Tracer
 
-__all__ = ["HANDLERS", "Subgraph", "TransformedValue", "VjpFnValue", "trace_subgraph"]
+__all__ = [
+    "HANDLERS",
+    "Subgraph",
+    "TransformedValue",
+    "VjpFnValue",
+    "call_made",
+    "trace_subgraph",
+]
 
 Args = list[Value]
 Kwargs = dict[str, Value]
 Make = Callable[[Callable[..., Any]], Callable[..., Any]]
 
-# transforms that return a function of the same arguments, by their torch.func function
-_WRAPPERS: dict[Any, str] = {
-    torch.func.vmap: "vmap",
-    torch.func.grad: "grad",
-    torch.func.grad_and_value: "grad_and_value",
-    torch.func.jacrev: "jacrev",
-    torch.func.jacfwd: "jacfwd",
-    torch.func.hessian: "hessian",
-}
 # the transforms that run their function with grad mode on, whatever the caller's
 _ENABLE_GRAD = frozenset({"grad", "grad_and_value", "jacrev", "hessian", "vjp"})
 
@@ -351,6 +351,21 @@ def apply(tr: Tracer, name: str, make: Make, func: Value, args: Args, kwargs: Kw
     return _emit(tr, name, make, sub, call, [v for v in leaves if _is_tensor(v)])
 
 
+def call_made(tr: Tracer, fv: ObjectValue, args: Args, kwargs: Kwargs) -> Value:
+    """A call of a function a torch.func transform returned outside the compiled code
+    (``batched = vmap(f)``), traced as that transform of its function."""
+    made = made_by_transform(fv.obj)
+    assert made is not None
+    name, where, at = made
+    cells = fv.obj.__closure__
+    options = {k: cells[i].cell_contents for k, i in where.items()}
+    if not all(is_constant(v) for v in options.values()):
+        raise unsupported("functorch", f"{name} made with options that are not constants")
+    src = fv.source.attr("__closure__").item(at).attr("cell_contents") if fv.source else None
+    func = wrap(tr.out, cells[at].cell_contents, src)
+    return _call_transformed(tr, TransformedValue(name, func, options), args, kwargs)
+
+
 @dispatch.CALL.register(TransformedValue)
 def _call_transformed(tr: Tracer, fn: TransformedValue, args: Args, kwargs: Kwargs) -> Value:
     return apply(tr, fn.name, fn.make(), fn.func, args, kwargs)
@@ -380,7 +395,7 @@ def _options(bound: dict[str, Any], name: str, skip: tuple[str, ...]) -> dict[st
 
 
 def _wrapper_handler(fn: Any) -> Callable[[Tracer, Args, Kwargs], Value]:
-    name = _WRAPPERS[fn]
+    name = TRANSFORMS[fn]
 
     def handle(tr: Tracer, args: Args, kwargs: Kwargs) -> Value:
         bound = _bind(fn, args, kwargs)
@@ -532,7 +547,7 @@ def _substitute(
 
 
 HANDLERS: dict[Any, Callable[[Tracer, Args, Kwargs], Value]] = {
-    **{fn: _wrapper_handler(fn) for fn in _WRAPPERS},
+    **{fn: _wrapper_handler(fn) for fn in TRANSFORMS},
     torch.func.jvp: _jvp,
     torch.func.vjp: _vjp,
     torch.func.functional_call: _functional_call,

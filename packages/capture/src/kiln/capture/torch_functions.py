@@ -10,11 +10,13 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import inspect
 import types
 from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch.func
 
 __all__ = [
     "COMPILING",
@@ -22,6 +24,7 @@ __all__ = [
     "CONSTANT_FOLDED",
     "CompilingAnswer",
     "Site",
+    "TRANSFORMS",
     "REFUSED",
     "RESEEDS",
     "answering_compiling",
@@ -30,6 +33,7 @@ __all__ = [
     "is_control_flow",
     "is_special",
     "is_torch_callable",
+    "made_by_transform",
     "unwrapped",
 ]
 
@@ -154,6 +158,39 @@ def is_special(obj: Any) -> bool:
         return False
 
 
+#: torch.func's transforms that return a function of the same arguments, by their name
+TRANSFORMS: dict[Any, str] = {
+    torch.func.vmap: "vmap",
+    torch.func.grad: "grad",
+    torch.func.grad_and_value: "grad_and_value",
+    torch.func.jacrev: "jacrev",
+    torch.func.jacfwd: "jacfwd",
+    torch.func.hessian: "hessian",
+}
+
+
+def _made_codes() -> dict[types.CodeType, tuple[str, dict[str, int], int]]:
+    """The code of the function each transform returns: its name, where its options and its
+    function sit in the closure (read from a sample, as torch versions differ)."""
+    found: dict[types.CodeType, tuple[str, dict[str, int], int]] = {}
+    for transform, name in TRANSFORMS.items():
+        made = transform(is_special)
+        code, params = made.__code__, inspect.signature(transform).parameters
+        cells = {v: i for i, v in enumerate(code.co_freevars)}
+        if "func" in cells and code not in found:  # hessian returns jacfwd's function
+            options = {k: i for k, i in cells.items() if k in params and k != "func"}
+            found[code] = (name, options, cells["func"])
+    return found
+
+
+def made_by_transform(fn: Any) -> tuple[str, dict[str, int], int] | None:
+    """For a function a torch.func transform returned (``batched = vmap(f)``): the
+    transform's name, where its options and its function sit in the closure."""
+    if not isinstance(fn, types.FunctionType) or fn.__closure__ is None:
+        return None
+    return _MADE.get(fn.__code__)
+
+
 def is_torch_callable(obj: Any) -> bool:
     """Whether calling ``obj`` is a torch op to put in the graph (or fold on fakes)."""
     if isinstance(obj, type):
@@ -172,3 +209,6 @@ def is_torch_callable(obj: Any) -> bool:
         )
         and obj.__name__ not in {"_in_projection_packed"}
     )
+
+
+_MADE = _made_codes()

@@ -31,6 +31,7 @@ from kiln.capture.torch_functions import (
     is_control_flow,
     is_special,
     is_torch_callable,
+    made_by_transform,
 )
 from kiln.capture.values.base import ConstantValue, Value, is_constant
 from kiln.capture.values.containers import (
@@ -123,6 +124,8 @@ def _wrap(out: OutputGraph, obj: Any, source: Source | None) -> Value:
         if is_special(obj) or is_torch_callable(obj) or is_control_flow(obj):
             return ObjectValue(obj, source)
         if _runs_natively(obj):
+            return ObjectValue(obj, source)
+        if made_by_transform(obj) is not None:  # ``batched = vmap(f)``: traced as the transform
             return ObjectValue(obj, source)
         stand_in = library_functions.substitute(obj)
         if stand_in is not None:
