@@ -193,14 +193,16 @@ def test_a_constant_predicate_picks_its_branch_while_tracing() -> None:
         (lambda t: t.sum(0), "different metadata"),
         (lambda t: t[:], "a view of one"),
         (lambda t: t, "returns an input"),
+        (lambda t: t.add_(1) * 3, "in place"),
+        (lambda t: t[0].mul_(2) * t, "in place"),
     ],
-    ids=["shape", "view", "operand"],
+    ids=["shape", "view", "operand", "mutation", "view_mutation"],
 )
 def test_branches_torch_refuses_break_the_graph_and_eager_raises(
     false_fn: Callable[[torch.Tensor], torch.Tensor], why: str
 ) -> None:
-    """Branches whose outputs differ in shape, or alias an operand: a graph break, after
-    which torch.cond itself raises torch's error."""
+    """Branches whose outputs differ in shape, alias an operand or change one in place: a
+    graph break, after which torch.cond itself raises torch's error."""
 
     def fn(x: torch.Tensor) -> torch.Tensor:
         return torch.cond(x.sum() > 0, lambda t: t * 2, false_fn, (x,))
@@ -321,3 +323,17 @@ def test_differentiated_random_branch_runs_eagerly(backend: str) -> None:
     assert torch.equal(x.grad != 0, out != 0)
     with torch.no_grad():  # not differentiated: compiled
         torch.testing.assert_close(kiln.compile(fn, backend=backend)(-x), (-x).cos())
+
+
+def test_a_branch_updating_a_buffer_breaks_the_graph() -> None:
+    """BatchNorm in training writes its running statistics, buffers first read inside the
+    branch: torch.cond refuses that, so Kiln's trace does."""
+    norm = nn.BatchNorm1d(4)
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.cond(x.sum() > 0, lambda t: norm(t), lambda t: t * 2, (x,))
+
+    before = norm.running_mean.clone()
+    with pytest.raises(Unsupported, match="in place"):
+        kiln.compile(fn, backend="eager", fullgraph=True)(torch.randn(5, 4) + 1)
+    torch.testing.assert_close(norm.running_mean, before)

@@ -229,6 +229,7 @@ def _trace(
     it found stay, as a rollback leaves them)."""
     cp = tr.checkpoint()
     before = TraceState(tr)
+    versions = {n: n.meta["val"]._version for n in cp.nodes if _is_tensor(n.meta.get("val"))}
     grad_mode = torch.is_grad_enabled()
     try:
         out = dispatch.call(tr, fn, list(operands), {})
@@ -248,11 +249,17 @@ def _trace(
     outputs: list[TensorValue] = list(items)
     entries, ends = [o.node for o in operands], [o.node for o in outputs]
     gm, free = subgraphs.cut(tr, cp.nodes, entries, ends, [v.node for v in known])
-    read = [*operands, *known, *free]
-    if _aliased(outputs, [t for t in read if isinstance(t.fake, torch.Tensor)]):
+    read = [t for t in [*operands, *known, *free] if _is_tensor(t.fake)]
+    if _aliased(outputs, read):
         raise unsupported(_KIND, f"{what} returns an input, a view of one or a tensor twice")
+    if any(t.fake._version != versions.get(t.node, 0) for t in read):
+        raise unsupported(_KIND, f"{what} changes a tensor it reads in place")
     tr.rollback(cp)
     return _Traced(gm, free, outputs, kind)
+
+
+def _is_tensor(v: Any) -> bool:
+    return isinstance(v, torch.Tensor)
 
 
 def _aliased(outputs: list[TensorValue], inputs: list[TensorValue]) -> bool:
