@@ -41,6 +41,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from kiln.capture import dispatch, subgraphs
+from kiln.capture.autograd_function import TraceState
 from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.errors import Unsupported
 from kiln.capture.meta import fake_like, is_fake, meta_of
@@ -213,7 +214,7 @@ def trace_subgraph(
         if not (isinstance(leaf, torch.Tensor) or is_constant(leaf)):
             raise unsupported("functorch", f"{name} of a function given a {type(leaf).__name__}")
     cp = tr.checkpoint()
-    containers = _containers(tr)
+    before = TraceState(tr)
     grad_mode = torch.is_grad_enabled()
     stand_ins = [_stand_in(tr, t) if isinstance(t, torch.Tensor) else None for t in leaves]
     args = pytree.tree_unflatten(
@@ -225,14 +226,13 @@ def trace_subgraph(
             torch._C._set_grad_enabled(True)  # as the transform runs it; no node: it does so
         result = dispatch.call(tr, func, [_as_value(a) for a in args], kwargs)
         out_leaves, out_spec = _flatten(result)
+        before.check(tr, f"{name} of {func}", kind="functorch")
     except Unsupported as e:
         if e.kind == "functorch":
             raise
         raise unsupported("functorch", f"{name} of {func}: {e.kind}: {e.explanation}") from e
     finally:
         torch._C._set_grad_enabled(grad_mode)
-    if _containers(tr) != containers:
-        raise unsupported("functorch", f"{name} of {func} changes state that outlives the call")
     entries = [s.node for s in stand_ins if s is not None]
     gm, lifted = subgraphs.cut(tr, cp.nodes, entries, [v.node for v in out_leaves if _is_tensor(v)])
     tr.rollback(cp)
@@ -248,15 +248,6 @@ def trace_subgraph(
 
 def _is_tensor(v: Any) -> bool:
     return isinstance(v, TensorValue)
-
-
-def _containers(tr: Tracer) -> list[tuple[Any, ...]]:
-    """The frame's containers' contents: a mutation changes them without recording an effect
-    (the end of the frame writes them back)."""
-    return [
-        (id(c), list(c.items) if isinstance(c, ListValue) else dict(c.items), c.mutated)
-        for c in tr.out.side_effects.containers
-    ]
 
 
 @dataclasses.dataclass
