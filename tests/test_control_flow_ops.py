@@ -87,6 +87,11 @@ def test_cond_on_a_tensor_predicate(backend: str) -> None:
         ).exp()
 
     _check(fn, lambda i: (_flipping(i, 3, 4), torch.randn(3, 4)), backend)
+    if backend == "kiln":  # the branches are compiled; the wrapper calls the node
+        counts = kiln.counters.snapshot()
+        assert counts["extern_kernels"].get("kiln.cond") == 1, counts
+        assert "kiln.cond" not in counts.get("fallback_ops", {}), counts
+        assert sum(counts["kernels"].values()) >= 3, counts  # each branch, and the graph
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
