@@ -304,6 +304,7 @@ def test_cond_over_closures_alone_and_a_branch_without_gradient(backend: str) ->
 
     def fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         a = torch.cond(x.sum() > 0, lambda: x * weight, lambda: x - weight, ())
+        a = a + torch.cond(x.sum() > 0, lambda: torch.ones(4), lambda: x * 2, ())
         b = torch.cond(x.sum() > 0, lambda s, t: torch.zeros_like(s), lambda s, t: s * t, (x, y))
         return a + b
 

@@ -278,9 +278,11 @@ def _widen(first: _Traced, second: _Traced) -> list[TensorValue]:
     """Every outer node either function reads; ``first``'s subgraph gets inputs for those
     only ``second`` reads (``second``'s already takes ``first``'s, in front of its own)."""
     graph = first.gm.graph
-    last = [n for n in graph.nodes if n.op == "placeholder"][-1]
-    for value in second.free:
-        with graph.inserting_after(last):
+    nodes = list(graph.nodes)
+    last = next((n for n in reversed(nodes) if n.op == "placeholder"), None)
+    for value in second.free:  # after the last input, or first of all where there is none
+        where = graph.inserting_after(last) if last else graph.inserting_before(nodes[0])
+        with where:
             last = graph.placeholder(f"unused_{len(graph.nodes)}")
         last.meta["val"] = value.fake
     first.gm.recompile()
