@@ -963,3 +963,28 @@ def test_module_holding_a_random_tensor_is_built_by_python():
     got = compiled(x)
     torch.manual_seed(0)
     torch.testing.assert_close(got, fn(x))
+
+
+_ANNOTATED = """
+import collections.abc, typing, torch
+
+def annotated(x):
+    def pick(
+        x: torch.Tensor,
+        is_leaf: collections.abc.Callable[[int], bool] | None = None,
+        y: typing.Optional[int] | str = None,
+        z: int | None = None,
+    ) -> torch.Tensor | None:
+        return x.sin()
+
+    return pick(x) * 2
+"""
+
+
+def test_union_annotations_of_a_nested_def_fold() -> None:
+    """A nested ``def`` evaluates its annotations where it runs (torch's pytree helpers, as
+    vmap's internals define them: ``is_leaf: Callable[[PyTree], bool] | None``); the unions
+    of classes and typing forms fold instead of breaking the graph."""
+    namespace: dict[str, Any] = {}
+    exec(compile(_ANNOTATED, "<annotated>", "exec"), namespace)  # no postponed annotations
+    differential(namespace["annotated"])

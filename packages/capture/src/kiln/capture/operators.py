@@ -194,7 +194,31 @@ def _pair_key(v: Value) -> Any:
 @dispatch.BINARY_OP.register(NewObjectValue, ObjectValue)
 def _user_binary_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value | None:
     base, inplace = _split(sym)
+    left, right = _annotation(a), _annotation(b)
+    if base == "|" and left is not _NOT_ANNOTATION and right is not _NOT_ANNOTATION:
+        # ``Callable[[T], bool] | None``: an annotation a nested ``def`` evaluates as it runs
+        # (torch's pytree helpers); building the union has no effect, so it folds
+        return ObjectValue(left | right)
     return _dunder(tr, base, a, b, inplace)
+
+
+_NOT_ANNOTATION = object()
+_TYPING_MODULES = frozenset({"typing", "types", "_collections_abc", "collections.abc"})
+
+
+def _annotation(v: Value) -> Any:
+    """The class or typing form ``v`` holds (None for None), else ``_NOT_ANNOTATION``; a
+    class whose metaclass has its own ``|`` is not one (that may be the program's code)."""
+    if isinstance(v, ConstantValue) and v.value is None:
+        return None
+    if not isinstance(v, ObjectValue):
+        return _NOT_ANNOTATION
+    meta: Any = type(v.obj)
+    if isinstance(v.obj, type) and meta.__or__ is type.__or__ and meta.__ror__ is type.__ror__:
+        return v.obj
+    if meta.__module__ in _TYPING_MODULES:
+        return v.obj
+    return _NOT_ANNOTATION
 
 
 def _dunder(tr: Tracer, sym: str, a: Value, b: Value, inplace: bool) -> Value | None:
