@@ -121,14 +121,7 @@ def compile_fx(
     """
     if _has_lazy_bits(example_inputs) or _on_meta_device(gm, example_inputs):
         return gm.forward
-    compile_one = _prepare(gm, backend, options)
-    return autograd_aot.aot_compile(
-        gm,
-        example_inputs,
-        fw_compiler=compile_one,
-        bw_compiler=compile_one,
-        decompositions=decompositions(),
-    )
+    return _aot_compile(gm, example_inputs, backend, options)
 
 
 def save_fx(compiled: Callable[..., Any]) -> bytes:
@@ -154,15 +147,24 @@ def load_fx(
     """:func:`compile_fx`'s callable for ``gm``, loaded from what :func:`save_fx` wrote for
     the same graph, inputs and options: its compiled programs are used as they are, and
     programs for other grad modes or input aliasing compile on first use, as there."""
-    programs = serialize.loads(data)
+    return _aot_compile(gm, example_inputs, backend, options, serialize.loads(data))
+
+
+def _aot_compile(
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    backend: Backend | None,
+    options: Mapping[str, Any] | None,
+    restored: Any = None,
+) -> autograd_aot.AotCompiled:
     compile_one = _prepare(gm, backend, options)
     return autograd_aot.aot_compile(
         gm,
         example_inputs,
         fw_compiler=compile_one,
         bw_compiler=compile_one,
-        decompositions=_LazyTable(),
-        restored=programs,
+        decompositions=decompositions() if restored is None else _LazyTable(),
+        restored=restored,
     )
 
 
