@@ -343,3 +343,34 @@ def test_a_branch_updating_a_buffer_breaks_the_graph() -> None:
     with pytest.raises(Unsupported, match="in place"):
         kiln.compile(fn, backend="eager", fullgraph=True)(torch.randn(5, 4) + 1)
     torch.testing.assert_close(norm.running_mean, before)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cond_on_strided_operands(backend: str) -> None:
+    """Transposed operands: the gradients the backward's cond returns are laid out as the
+    node says (compiled code reads them by those strides)."""
+
+    def fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        xt, yt = x.t(), y[:, ::2]
+        out = torch.cond(xt.sum() > 0, lambda a, b: a.exp() * b, lambda a, b: a * b.sin(), (xt, yt))
+        return (out + xt.cos() * yt).cumsum(0)  # a kernel adds up each operand's gradients
+
+    _check(
+        fn,
+        lambda i: (_flipping(i, 5, 3, grad=True), torch.randn(3, 10, requires_grad=True)),
+        backend,
+    )
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_while_loop_on_strided_carried_values(backend: str) -> None:
+    """A transposed carried value, through zero or more iterations: every iteration sees the
+    layout its compiled functions were compiled for."""
+
+    def fn(n: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        _, out = torch.while_loop(
+            lambda i, t: i < n, lambda i, t: (i + 1, t * 2 + t.sum(1, keepdim=True)), (n * 0, x.t())
+        )
+        return out.cumsum(1)
+
+    _check(fn, lambda i: (torch.tensor(i % 3), torch.randn(4, 3)), backend)

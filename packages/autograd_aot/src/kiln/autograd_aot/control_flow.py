@@ -79,10 +79,12 @@ def _run(gm: fx.GraphModule, args: Sequence[Any]) -> list[torch.Tensor]:
     return list(call_marked(gm, {}, args, ControlFlowInterpreter))
 
 
-def _fake(like: torch.Tensor, requires_grad: bool = False) -> FakeTensor:
-    """A new fake with ``like``'s metadata (a graph input of a branch, or a node's output)."""
+def _fake(like: torch.Tensor, requires_grad: bool = False, contiguous: bool = False) -> FakeTensor:
+    """A new fake with ``like``'s metadata (a graph input of a branch, or a node's output),
+    laid out contiguously with ``contiguous``."""
+    stride = torch.empty(like.shape, device="meta").stride() if contiguous else like.stride()
     with _disable_current_modes():
-        meta = torch.empty_strided(like.shape, like.stride(), dtype=like.dtype, device="meta")
+        meta = torch.empty_strided(like.shape, stride, dtype=like.dtype, device="meta")
     return FakeTensor(meta, like.device, requires_grad=requires_grad)
 
 
@@ -91,12 +93,17 @@ def _aten_graph(
     fn: Callable[..., Sequence[torch.Tensor]],
     inputs: Sequence[torch.Tensor],
     needs_grad: Sequence[bool] = (),
+    contiguous: int = 0,
 ) -> fx.GraphModule:
-    """``fn`` traced on fresh fakes like ``inputs`` into its own functional ATen graph, with
-    ``outer``'s table and outside ``outer`` (whose graph must not see the branch's ops)."""
+    """``fn`` traced on fresh fakes like ``inputs`` (the first ``contiguous`` of them laid out
+    contiguously) into its own functional ATen graph, with ``outer``'s table and outside
+    ``outer`` (whose graph must not see the branch's ops)."""
     with _disable_current_modes():
         tracer = AtenTracer(outer.decompositions)
-        fakes = [_fake(t, i < len(needs_grad) and needs_grad[i]) for i, t in enumerate(inputs)]
+        fakes = [
+            _fake(t, i < len(needs_grad) and needs_grad[i], i < contiguous)
+            for i, t in enumerate(inputs)
+        ]
         for i, f in enumerate(fakes):
             tracer.placeholder(f, f"arg{i}")
         with tracer:
@@ -182,7 +189,7 @@ class _Cond(torch.autograd.Function):
                 ]
 
             graphs.append(_aten_graph(ctx.tracer, derivative, [*ops, *outs], needs))
-        fakes = [_fake(ops[i]) for i in wanted]
+        fakes = _outputs(graphs[0])  # contiguous, as _own makes each branch's
         found = iter(ctx.tracer.record_call(CondCall(*graphs), [pred, *ops, *outs], fakes))
         return (None, None, None, *(next(found) if need else None for need in needs))
 
@@ -191,7 +198,12 @@ def _while_loop(tracer: AtenTracer, loop: tuple[Any, ...], args: Sequence[Any]) 
     test, body, carried = loop
     if torch.is_grad_enabled() and any(a.requires_grad for a in args[:carried]):
         raise AotError("torch.while_loop with carried values that require grad has no backward")
-    graphs = [_aten_graph(tracer, lambda *a, g=g: _run(g, a), args) for g in (test, body)]
+    # the carried values are contiguous in every iteration (the body's outputs are; the node
+    # makes the first ones so), so the graphs are traced for that layout
+    graphs = [
+        _aten_graph(tracer, lambda *a, g=g: _run(g, a), args, contiguous=carried)
+        for g in (test, body)
+    ]
     results = _outputs(graphs[1])
     target = WhileLoopCall(graphs[0], graphs[1], carried)
     return tracer.record_call(target, args, results)

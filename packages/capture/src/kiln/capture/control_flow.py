@@ -92,6 +92,8 @@ class WhileLoopCall:
         if any(is_fake(v) for v in values):
             return _like_both(values, body_fn(*values, *free))
         _no_meta(*args)
+        # every iteration sees one layout (compiled functions are compiled for one)
+        values = tuple(v.contiguous() for v in values)
         while cond_fn(*values, *free)[0]:
             values = tuple(body_fn(*values, *free))
         return _fresh(values, args)
@@ -121,8 +123,12 @@ def _no_meta(*args: Any) -> None:
 
 def _fresh(outputs: Sequence[torch.Tensor], args: Sequence[Any]) -> tuple[Any, ...]:
     """The outputs, each an argument among them cloned: the node makes new tensors, as its
-    fakes say (a branch may return an operand as it is)."""
-    return tuple(o.clone() if any(o is a for a in args) else o for o in outputs)
+    fakes say (a loop that never ran returns its carried values; a contiguous copy, as the
+    body's outputs are in compiled graphs)."""
+    return tuple(
+        o.clone(memory_format=torch.contiguous_format) if any(o is a for a in args) else o
+        for o in outputs
+    )
 
 
 def _like_both(first: Sequence[torch.Tensor], second: Sequence[torch.Tensor]) -> tuple[Any, ...]:
