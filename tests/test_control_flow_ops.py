@@ -374,3 +374,17 @@ def test_while_loop_on_strided_carried_values(backend: str) -> None:
         return out.cumsum(1)
 
     _check(fn, lambda i: (torch.tensor(i % 3), torch.randn(4, 3)), backend)
+
+
+def test_cond_over_convolutions_with_the_kiln_backend() -> None:
+    """Branches whose compiled kernels pick their own layouts (convolutions): the graph
+    around the node reads the branch's results and gradients as eager's."""
+    torch.manual_seed(0)
+    wide, narrow = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(3, 8, 1)
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        y = torch.cond(x.sum() > 0, lambda t: wide(t).relu(), lambda t: narrow(t).sigmoid(), (x,))
+        return (y * 2 + 1).sum(1)
+
+    params = [*wide.parameters(), *narrow.parameters()]
+    _check(fn, lambda i: (_flipping(i, 2, 3, 8, 8, grad=True),), "kiln", params=params, calls=4)
