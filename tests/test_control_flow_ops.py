@@ -21,6 +21,9 @@ from kiln.capture.control_flow import CondCall, WhileLoopCall
 from kiln.capture.errors import Unsupported
 
 BACKENDS = ["eager", "aot_eager", "kiln"]
+needs_while_loop = pytest.mark.skipif(
+    not hasattr(torch, "while_loop"), reason="this torch has no torch.while_loop"
+)
 
 
 @pytest.fixture(autouse=True)
@@ -221,6 +224,7 @@ def test_branches_torch_refuses_break_the_graph_and_eager_raises(
         kiln.compile(fn, backend="eager")(torch.randn(2, 3))
 
 
+@needs_while_loop
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_while_loop_forward(backend: str) -> None:
     weight = torch.randn(4)
@@ -235,6 +239,7 @@ def test_while_loop_forward(backend: str) -> None:
     _check(fn, lambda i: (torch.tensor(i * 2), torch.randn(4)), backend)
 
 
+@needs_while_loop
 def test_while_loop_is_one_node() -> None:
     graphs: list[fx.GraphModule] = []
 
@@ -251,6 +256,7 @@ def test_while_loop_is_one_node() -> None:
     assert sum(isinstance(n.target, WhileLoopCall) for n in gm.graph.nodes) == 1
 
 
+@needs_while_loop
 def test_while_loop_carrying_values_that_require_grad_runs_eagerly_with_a_warning() -> None:
     """No backward for while_loop: the graph's program runs eagerly, one warning, eager's
     values and gradients."""
@@ -362,6 +368,7 @@ def test_cond_on_strided_operands(backend: str) -> None:
     )
 
 
+@needs_while_loop
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_while_loop_on_strided_carried_values(backend: str) -> None:
     """A transposed carried value, through zero or more iterations: every iteration sees the
