@@ -736,3 +736,23 @@ def test_an_overlapping_write_between_two_inputs_raises_where_eager_s_does(backe
             except RuntimeError as e:
                 messages.append(str(e))
         assert messages[1] == messages[0]
+
+
+def _saves_a_value_that_crosses_a_break_then_changes_it(x):
+    v = x * 1.5
+    w = v.square()  # saves v for its backward
+    if w.sum() > 0:  # a graph break: v is an output of the first graph
+        v.mul_(0.5)
+    return torch.exp(w.clamp(-3, 3))
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "kiln"])
+def test_a_saved_output_changed_after_a_break_fails_the_backward(backend):
+    """The node checks the outputs eager's autograd saved (found by walking the trace's
+    autograd graph, whose nodes' Python objects must stay alive while their ids are keys)."""
+    fn = _saves_a_value_that_crosses_a_break_then_changes_it
+    compiled = kiln.compile(fn, backend=backend)
+    for f in (fn, compiled, compiled):
+        out = f(torch.randn(3, 3, requires_grad=True))
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            out.sum().backward()

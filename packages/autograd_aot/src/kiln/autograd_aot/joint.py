@@ -188,14 +188,17 @@ def _saved_by_autograd(
     A saved input comes back as itself; a saved output as a new tensor of the same node and
     output number. The trace's mutations of inputs are written back after the node runs,
     so a program that mutates one passes no ``inputs``: the write would look like a change."""
-    nodes: list[Any] = []  # kept alive: their Python objects' ids are the keys
+    # Kept alive: their Python objects' ids are the keys. A node's Python object lives only
+    # while referenced (torch 2.11 makes a new one at the next ``grad_fn`` read once the last
+    # one died), so every node is held from its first read on.
+    nodes: list[Any] = [t.grad_fn for t in roots if t.grad_fn is not None]
     reach: dict[int, int] = {}  # node id -> mask of the roots whose backward reaches it
     children: dict[int, list[Any]] = {}
     order: list[Any] = []  # depth-first post-order: a node after every node it leads to
     for bit, t in enumerate(roots):
         if t.grad_fn is not None:
             reach[id(t.grad_fn)] = reach.get(id(t.grad_fn), 0) | 1 << bit
-    stack: list[tuple[Any, bool]] = [(t.grad_fn, False) for t in roots if t.grad_fn is not None]
+    stack: list[tuple[Any, bool]] = [(node, False) for node in nodes]
     while stack:
         node, expanded = stack.pop()
         if expanded:
