@@ -350,3 +350,28 @@ def test_options_that_are_not_constants_break() -> None:
     x = torch.randn(3, 2)
     with pytest.raises(Unsupported, match="not a constant"):
         kiln.compile(fn, fullgraph=True)(x)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_vector_matmul_in_and_out_of_vmap(backend: str) -> None:
+    """``vector @ matrix``: ATen's matmul squeezes its mm in place, which fakes mirror and the
+    ATen tracer records as a view (the mm node keeps its own shape); a per-example function
+    meets it under vmap. A restride in user code still breaks the graph."""
+    m = torch.randn(3, 2)
+
+    def fn(a: torch.Tensor, rows: torch.Tensor) -> Any:
+        return a @ m, vmap(lambda r: r @ m)(rows), (rows @ m).sum()
+
+    compiled = kiln.compile(fn, backend=backend, fullgraph=True)
+    for n in (4, 4, 5):
+        args = (torch.randn(3), torch.randn(n, 3))
+        torch.testing.assert_close(compiled(*args), fn(*args))
+
+    def restrides(x: torch.Tensor) -> torch.Tensor:
+        y = x * 2
+        y.t_()
+        return y + 1
+
+    assert kiln.explain(restrides)(torch.randn(2, 3)).graph_break_count == 1
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(kiln.compile(restrides, backend=backend)(x), restrides(x))

@@ -171,9 +171,8 @@ def test_backward_on_cuda_fakes():
 @pytest.mark.parametrize(
     "fn",
     [
-        lambda x: x.t_(),
-        lambda x: x.unsqueeze_(0),
         lambda x: x.resize_(6),
+        lambda x: x.as_strided_((3, 2), (1, 3)),
         lambda x: torch.add(x, 1, out=to_fake(torch.empty(0))),
     ],
 )
@@ -182,6 +181,17 @@ def test_metadata_mutations_raise(fn):
     with pytest.raises(MetadataMutation):
         fn(x)
     assert x.shape == x.meta.shape == (2, 3)
+
+
+def test_restrides_a_view_op_expresses_are_mirrored():
+    """ATen's composites restride their own intermediates (vector @ matrix squeezes its mm
+    in place): the fake and its meta tensor change as the real tensor would."""
+    x = to_fake(torch.randn(2, 3))
+    assert x.t_() is x and x.shape == x.meta.shape == (3, 2) and x.stride() == (1, 3)
+    x.unsqueeze_(0).squeeze_(0)
+    assert x.shape == x.meta.shape == (3, 2)
+    v, m = to_fake(torch.randn(3)), to_fake(torch.randn(3, 2))
+    assert (v @ m).shape == (2,)
 
 
 def test_metadata_mutations_are_every_inplace_view_op():

@@ -35,11 +35,13 @@ from kiln.autograd_aot.mutation import (
 from kiln.autograd_aot.regions import REGION, current_region, random_in_region
 from kiln.capture.eager_refusals import check_as_eager
 from kiln.capture.meta import (
+    RESTRIDES,
     FakeMode,
     fake_like,
     is_fake,
     is_noop_restride,
     meta_of,
+    restride_in_place,
     run_fake,
     to_fake,
 )
@@ -47,13 +49,6 @@ from kiln.capture.meta import (
 __all__ = ["AtenTracer", "trace_aten", "verify_aten_graph"]
 
 aten = torch.ops.aten
-
-# in-place changes of sizes and strides that an out-of-place view op expresses
-_RESTRIDES = frozenset(
-    getattr(aten, name)
-    for name in ("t_", "transpose_", "swapdims_", "swapaxes_", "squeeze_", "unsqueeze_")
-)
-
 
 _NUMBER_DTYPES = {
     bool: torch.bool,
@@ -216,7 +211,7 @@ class AtenTracer(TorchDispatchMode):
         func = unhide_mutation(func, args)
         if is_noop_restride(func, args, kwargs):
             return args[0]
-        if func.overloadpacket in _RESTRIDES:
+        if func.overloadpacket in RESTRIDES:
             return self._restride(func, args, kwargs)
         if func is aten._to_copy.default and isinstance(args[0], (bool, int, float, complex)):
             # torch hands a mode a wrapped number (a batching rule promoting ``i * 2``'s 2) as
@@ -310,15 +305,16 @@ class AtenTracer(TorchDispatchMode):
             mutated_args(func, args, kwargs)  # raises the refusal
         with self:
             view = functional_variant(func).op(target, *args[1:], **kwargs)
-        if root.fake is target:  # the root keeps its own metadata: views are rebuilt from it
-            alias = meta_of(target).as_strided(
-                target.shape, target.stride(), target.storage_offset()
-            )
-            root.fake = fake_like(alias, target.device)
-            self._tracked[id(root.fake)] = dataclasses.replace(info, fake=root.fake)
-        with torch._C._DisableTorchDispatch():
-            func(meta_of(target), *args[1:], **kwargs)
-            func(target, *args[1:], **kwargs)
+        # the nodes that computed ``t`` and its root keep their metadata (the graph's
+        # values do not change; views are rebuilt from the root): a fake of the old one
+        alias = meta_of(target).as_strided(target.shape, target.stride(), target.storage_offset())
+        before = fake_like(alias, target.device)
+        if info.node.meta.get("val") is target:
+            info.node.meta["val"] = before
+        if root.fake is target:
+            root.fake = before
+            self._tracked[id(before)] = dataclasses.replace(info, fake=before)
+        restride_in_place(func, target, *args[1:], **kwargs)
         self._tracked[id(target)] = dataclasses.replace(self._tracked[id(view)], fake=target)
         return target
 

@@ -38,13 +38,12 @@ import torch
 import torch.func
 from torch import fx
 from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from kiln.capture import dispatch, subgraphs
 from kiln.capture.autograd_function import TraceState
 from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.errors import Unsupported
-from kiln.capture.meta import fake_like, is_fake, meta_of
+from kiln.capture.meta import fake_like
 from kiln.capture.torch_functions import TRANSFORMS, made_by_transform
 from kiln.capture.values.base import ConstantValue, Value, is_constant
 from kiln.capture.values.containers import DictValue, ListValue, TupleValue
@@ -293,7 +292,7 @@ def _emit(
     target = _target(name, make, sub, call)
     values = [*inputs, *sub.lifted]
     try:
-        with tr.out.fake_mode, _RestrideInPlace():
+        with tr.out.fake_mode:
             out = target(*[v.fake for v in values])
     except Unsupported:
         raise
@@ -308,30 +307,6 @@ def _emit(
         else:
             leaves.append(_as_value(o))
     return _as_value(pytree.tree_unflatten(leaves, target.out_spec))  # type: ignore[attr-defined]
-
-
-_RESTRIDES = frozenset(
-    getattr(torch.ops.aten, name)
-    for name in ("t_", "transpose_", "swapdims_", "swapaxes_", "squeeze_", "unsqueeze_")
-)
-
-
-class _RestrideInPlace(TorchDispatchMode):
-    """While a node's result metadata is computed: an in-place restride (``squeeze_``) of a
-    fake changes the fake itself. Batching rules pass down the ones ATen's composites make on
-    their own intermediates (``matmul`` of a vector squeezes its ``mm``); capture refuses them
-    in user code, where the graph would have to express them, but this run records nothing."""
-
-    def __torch_dispatch__(
-        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
-    ) -> Any:
-        kwargs = kwargs or {}
-        if func.overloadpacket in _RESTRIDES and is_fake(args[0]):
-            with torch._C._DisableTorchDispatch():
-                func(meta_of(args[0]), *args[1:], **kwargs)
-                func(args[0], *args[1:], **kwargs)
-            return args[0]
-        return func(*args, **kwargs)
 
 
 def apply(tr: Tracer, name: str, make: Make, func: Value, args: Args, kwargs: Kwargs) -> Value:

@@ -35,6 +35,9 @@ API
 ``run_fake(func, args, kwargs, convert_real)``
     Run one ATen op on fakes (what ``FakeTensor`` and ``FakeMode`` do); for
     dispatch modes of other packages, such as autograd_aot's tracer.
+``RESTRIDES``, ``restride_in_place(func, fake, *args)``
+    The in-place restrides a view op expresses (``squeeze_``), which fakes mirror (ATen's
+    composites apply them to their own intermediates); capture refuses them in user code.
 ``DataDependentOp``, ``NoMetaKernel``, ``MetadataMutation``
     Raised for ops whose output depends on data (``item``, ``nonzero``,
     ``unique``, ``tolist``, ``bool(t)`` ...), that have no meta kernel, or that
@@ -73,12 +76,14 @@ __all__ = [
     "FakeMode",
     "FakeTensor",
     "METADATA_MUTATIONS",
+    "RESTRIDES",
     "MetadataMutation",
     "NoMetaKernel",
     "fake_like",
     "is_fake",
     "is_noop_restride",
     "meta_of",
+    "restride_in_place",
     "run_fake",
     "storage_key",
     "to_fake",
@@ -116,10 +121,11 @@ class NoMetaKernel(Unsupported):
 
 
 class MetadataMutation(Unsupported):
-    """An in-place op that changes a fake's sizes or strides (``t_``, ``resize_`` ...).
+    """An in-place op that changes a tensor's sizes or strides (``t_``, ``resize_`` ...).
 
-    A wrapper tensor's metadata is fixed when it is made, so such ops cannot be
-    mirrored on fakes.
+    A graph cannot say that a value changed its sizes in place, so user code doing it breaks
+    the graph; on fakes, only the restrides a view op expresses (:data:`RESTRIDES`) are
+    mirrored, for the composites that apply them to their own intermediates.
     """
 
     def __init__(self, op: str) -> None:
@@ -168,6 +174,20 @@ METADATA_MUTATIONS = _packets(
 )
 # detach_ leaves sizes and strides alone: a fake runs it as the real tensor does
 _RESHAPING_MUTATIONS = METADATA_MUTATIONS - _packets("detach_")
+#: The in-place restrides an out-of-place view op expresses (``squeeze_`` as ``squeeze``).
+#: ATen's composites apply them to their own intermediates (``matmul`` of a vector squeezes
+#: its ``mm``; torch.func's batching rules pass that down), so fakes mirror them
+#: (:func:`restride_in_place`); capture refuses them in user code (``torch_calls``).
+RESTRIDES = _packets("t_", "transpose_", "swapdims_", "swapaxes_", "squeeze_", "unsqueeze_")
+
+
+def restride_in_place(func: Any, fake: FakeTensor, *args: Any, **kwargs: Any) -> FakeTensor:
+    """Run the restride ``func`` on ``fake`` itself: its meta tensor, and the wrapper's own
+    sizes and strides, which dispatch never reaches."""
+    with torch._C._DisableTorchDispatch():
+        func(fake.meta, *args, **kwargs)
+        func(fake, *args, **kwargs)
+    return fake
 
 
 def _has_mask_index(args: tuple[Any, ...]) -> bool:
@@ -437,6 +457,8 @@ def run_fake(
     if func.overloadpacket in _RESHAPING_MUTATIONS:
         if is_noop_restride(func, args, kwargs):
             return args[0]
+        if func.overloadpacket in RESTRIDES and isinstance(args[0], FakeTensor):
+            return restride_in_place(func, *args, **kwargs)
         raise MetadataMutation(str(func))
     device = _result_device(func, args, kwargs)
     if func.overloadpacket in _MASKED_WRITES and _has_mask_index(args):

@@ -19,6 +19,7 @@ from torch import fx
 from kiln.capture import dispatch, function_modes, numpy_calls, tensor_constants
 from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.errors import Unsupported
+from kiln.capture.meta import RESTRIDES, MetadataMutation
 from kiln.capture.torch_functions import (
     COMPILING,
     CONSTANT_FOLDED,
@@ -68,6 +69,8 @@ _DATA_METHODS = frozenset(
     }
 )
 
+
+_RESTRIDE_METHODS = frozenset(op.__name__ for op in RESTRIDES)
 
 # ops that draw from torch's generator, by function or method name
 RANDOM_OPS = frozenset(
@@ -234,6 +237,8 @@ def call_method(
     """``tensor.name(*args, **kwargs)`` as a ``call_method`` node."""
     if name in _DATA_METHODS:
         raise unsupported("data_dependent_value", f"Tensor.{name}()")
+    if name in _RESTRIDE_METHODS:  # fakes mirror them, for composites; a graph cannot
+        raise MetadataMutation(f"Tensor.{name}")
     if name == "numpy" and not args:
         return numpy_calls.from_tensor(tr, tensor, kwargs)
     if tr.out.eager_random and name in RANDOM_OPS:
