@@ -171,6 +171,7 @@ METADATA_MUTATIONS = _packets(
     "resize_as_",
     "set_",
     "detach_",
+    "rename_",  # dimension names (tagged so up to torch 2.11)
 )
 # detach_ leaves sizes and strides alone: a fake runs it as the real tensor does
 _RESHAPING_MUTATIONS = METADATA_MUTATIONS - _packets("detach_")
