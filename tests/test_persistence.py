@@ -266,7 +266,9 @@ def _helper(x):
     return x + 1
 
 
-@pytest.mark.parametrize("target", [_helper, lambda x: x * 2, _Holder()], ids=repr)
+@pytest.mark.parametrize(
+    "target", [_helper, lambda x: x * 2, _Holder()], ids=["function", "lambda", "callable_object"]
+)
 def test_a_graph_calling_what_its_name_does_not_pin_is_not_cached(target):
     from torch import fx
 
