@@ -301,7 +301,8 @@ def _rebase_hidden_writes(program: TracedProgram, args: Sequence[torch.Tensor]) 
 
 
 def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    # the storage object, not its data pointer: empty storages all point at null
+    return bool(a.untyped_storage()._cdata == b.untyped_storage()._cdata)
 
 
 def run_inference(compiled: CompiledProgram, primals: Sequence[torch.Tensor]) -> Any:
