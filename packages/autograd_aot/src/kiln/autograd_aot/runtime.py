@@ -31,6 +31,7 @@ from kiln.autograd_aot.errors import AotError
 from kiln.autograd_aot.inputs import InputLayout
 from kiln.autograd_aot.joint import OutputSpec, TracedProgram
 from kiln.autograd_aot.mutation import apply_view
+from kiln.capture.meta import storage_key
 
 __all__ = ["CompiledProgram", "run_inference", "run_training"]
 
@@ -108,7 +109,7 @@ class _AotFunction(torch.autograd.Function):
         for k, t in enumerate(held):
             # a saved view of an input rewritten after this call holds its old value: its
             # version was bumped before the call (``_rebase_hidden_writes``), not after
-            if any(_same_storage(t, primals[i]) for i in rebased):
+            if any(storage_key(t) == storage_key(primals[i]) for i in rebased):
                 ctx.versions[k] -= 1
         for i in compiled.exposed:
             saved[i] = None
@@ -298,11 +299,6 @@ def _rebase_hidden_writes(program: TracedProgram, args: Sequence[torch.Tensor]) 
         torch.autograd.graph.increment_version(args[i])
         args[i].grad_fn  # noqa: B018  (reading it regenerates it for the new version)
     return rebased
-
-
-def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
-    # the storage object, not its data pointer: empty storages all point at null
-    return bool(a.untyped_storage()._cdata == b.untyped_storage()._cdata)
 
 
 def run_inference(compiled: CompiledProgram, primals: Sequence[torch.Tensor]) -> Any:

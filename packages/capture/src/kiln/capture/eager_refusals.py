@@ -24,7 +24,7 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
-__all__ = ["check_as_eager"]
+__all__ = ["check_as_eager", "is_dense"]
 
 aten = torch.ops.aten
 
@@ -132,7 +132,7 @@ def _check_overlap(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
 def _partly_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     """ATen's ``get_overlap_status(a, b) == Partial``: both dense on one storage, their
     memory ranges meet, and they are not the same range laid out alike."""
-    if a.numel() == 0 or b.numel() == 0 or not (_dense(a) and _dense(b)):
+    if a.numel() == 0 or b.numel() == 0 or not (is_dense(a) and is_dense(b)):
         return False  # none, or too hard to tell: eager lets it through
     if a.untyped_storage()._cdata != b.untyped_storage()._cdata:
         return False
@@ -143,7 +143,7 @@ def _partly_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(a_begin < b_end and b_begin < a_end)
 
 
-def _dense(t: torch.Tensor) -> bool:
+def is_dense(t: torch.Tensor) -> bool:
     """Whether ``t``'s elements fill a block of memory without gaps or repeats, in some order
     of its dimensions (ATen's ``is_non_overlapping_and_dense``)."""
     expected = 1

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import sympy
 import torch
 
+from kiln.capture.eager_refusals import is_dense
 from kiln.loopir import sizes
 from kiln.loopir.errors import IRVerificationError
 
@@ -130,16 +131,3 @@ def layout_of_tensor(t: torch.Tensor) -> Layout:
         tuple(sizes.sympify(s) for s in t.shape),
         tuple(sizes.sympify(s) for s in t.stride()),
     )
-
-
-def is_dense(t: torch.Tensor) -> bool:
-    """Non-overlapping and dense: some permutation of a contiguous layout."""
-    dims = sorted(range(t.dim()), key=lambda d: (t.stride(d), t.shape[d]))
-    expected = 1
-    for d in dims:
-        if t.shape[d] == 1:
-            continue
-        if t.stride(d) != expected:
-            return False
-        expected *= t.shape[d]
-    return True
