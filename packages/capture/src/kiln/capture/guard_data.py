@@ -25,6 +25,7 @@ __all__ = [
     "TensorMeta",
     "GlobalState",
     "dedupe",
+    "dense_in_order",
     "storage_fits",
     "user_function_modes",
 ]
@@ -66,23 +67,34 @@ class GuardKind(enum.Enum):
     # (class, name) however many instances share it, so reassigning ``A.f = g`` after a call
     # is seen without a guard per object.
     CLASS_ATTR = "class_attr"
+    # Relations over input sizes that a graph traced with symbolic sizes assumes: ``expected``
+    # is the capture's ``kiln.capture.shapes.ShapeEnv`` (no longer changed once capture
+    # returns; ``guard_code``/``failing_guards``/``describe_failure`` read it). Source None.
+    SHAPE = "shape"
 
 
 @dataclasses.dataclass(frozen=True)
 class TensorMeta:
-    """Everything a compiled graph assumes about one input tensor."""
+    """Everything a compiled graph assumes about one input tensor.
+
+    A size or stride that is ``None`` is symbolic (a dynamic dimension): the frame's
+    ``SHAPE`` guard states what it may be. ``dense_order``, when given, says the strides are
+    those of a dense tensor whose dims, innermost first, come in this order (a dim of size 1
+    may have any stride): the strides of a dynamic input follow its sizes.
+    """
 
     type: type
     dtype: torch.dtype
     device: torch.device
     requires_grad: bool
-    sizes: tuple[int, ...]
-    strides: tuple[int, ...]
+    sizes: tuple[int | None, ...]
+    strides: tuple[int | None, ...]
     dispatch_keys: frozenset[str] = frozenset()
     # lazy bits ATen alone resolves (``z.conj()``, ``z.conj().imag``): a graph compiled for a
     # tensor without them reads a tensor with them wrongly
     conj: bool = False
     neg: bool = False
+    dense_order: tuple[int, ...] | None = None
 
     @classmethod
     def of(cls, t: torch.Tensor) -> TensorMeta:
@@ -96,6 +108,23 @@ class TensorMeta:
             conj=t.is_conj(),
             neg=t.is_neg(),
         )
+
+
+def dense_in_order(t: torch.Tensor, order: tuple[int, ...]) -> bool:
+    """Whether ``t``'s strides are a dense layout with dims ``order`` innermost first (the
+    strides ``TensorMeta.dense_order`` promises); a dim of size 1 may have any stride, and a
+    tensor without elements any strides (none is ever read)."""
+    if t.numel() == 0:
+        return True
+    expected = 1
+    sizes = t.shape
+    strides = t.stride()
+    for d in order:
+        n = sizes[d]
+        if n != 1 and strides[d] != expected:
+            return False
+        expected *= n
+    return True
 
 
 def storage_fits(t: torch.Tensor) -> bool:
