@@ -8,6 +8,7 @@ printable source, and the ordered guards it was made from, which
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import logging
 import types
@@ -23,6 +24,7 @@ from kiln.capture.guard_data import GuardKind, GuardSpec
 from kiln.capture.source import LocalSource
 from kiln.guards import codegen, explain, frame, plan
 from kiln.guards.errors import UnsupportedGuard
+from kiln.guards.kinds import kind_of
 
 __all__ = ["GuardCheck", "build_check"]
 
@@ -100,12 +102,14 @@ class GuardCheck:
         except TypeError as e:
             return f"the arguments do not fit {self.target.__qualname__}{self.signature}: {e}"
         for g in self.guards:
-            value = None
+            value: Any = None
             if g.source is not None:
                 try:
                     value = frame.resolve(g.source, f_locals, self.target)
                 except Exception as e:
                     return f"could not read {explain.describe(g.source)}: {type(e).__name__}: {e}"
+            elif kind_of(g.kind).reads_frame:
+                value = functools.partial(frame.resolve, f_locals=f_locals, fn=self.target)
             try:
                 reason = explain.explain(g, value)
             except Exception as e:

@@ -33,7 +33,9 @@ from kiln.capture.source import (
     GlobalSource,
     ItemSource,
     LocalSource,
+    SizeSource,
     Source,
+    StrideSource,
 )
 from kiln.guards import frame, hooks, stamps
 from kiln.guards.config import config
@@ -100,6 +102,7 @@ class CheckSource:
         self.namespace: dict[str, Any] = {f"{prefix}default": None}
         self._bound: dict[int, str] = {}
         self._locals: dict[str, str] = {}
+        self._kept: dict[str, str] = {}  # text -> the local a condition keeps its value in
         self._uses: collections.Counter[str] = collections.Counter()
         self.lines: list[str] = []
         self.indent = 0
@@ -145,6 +148,30 @@ class CheckSource:
 
     def literal(self, value: Any, stem: str = "k") -> str:
         return repr(value) if _is_literal(value) else self.bind(value, stem)
+
+    def keep(self, text: str, stem: str) -> tuple[str, str]:
+        name = self._kept.get(text)
+        if name is not None:
+            return name, name
+        name = f"{self.prefix}{stem}{self._n_locals}"
+        self._n_locals += 1
+        self._kept[text] = name
+        return f"({name} := {text})", name
+
+    def in_scope(self, name: str, obj: Any) -> None:
+        if name in self.params or name == self.fn.__name__:
+            msg = f"a guard of {self.fn.__qualname__} needs the name {name!r}, which its parameters or its own name take"
+            raise UnsupportedGuard(msg)
+        self.namespace[name] = obj
+
+    def _size(self, source: SizeSource | StrideSource) -> str:
+        """One size or stride, through the tuple a tensor condition kept when there is one."""
+        base = self.expr(source.base)
+        if isinstance(source, SizeSource):
+            kept = self._kept.get(f"{base}.shape")
+            return f"{kept if kept else f'{base}.shape'}[{source.dim}]"
+        kept = self._kept.get(f"{base}.stride()")
+        return f"{kept}[{source.dim}]" if kept else f"{base}.stride({source.dim})"
 
     def count_uses(self, guards: list[GuardSpec]) -> None:
         for g in guards:
@@ -205,6 +232,8 @@ class CheckSource:
             return f"{self.expr(source.base)}[{self.literal(source.index, 'idx')}]"
         if isinstance(source, DefaultSource):
             return self._default(source)
+        if isinstance(source, (SizeSource, StrideSource)):
+            return self._size(source)
         return self._resolved(source)
 
     def _resolved(self, source: Source) -> str:
@@ -284,10 +313,10 @@ class CheckSource:
         quiet.append(f"(not {untracked}.entries or {untracked}.unchanged())")
         name = f"{self.prefix}group{len(self.functions)}"
         root = f"{self.prefix}root"
-        outer = (self.lines, self._locals, self.indent, self.in_group)
+        outer = (self.lines, self._locals, self._kept, self.indent, self.in_group)
         outer_bound, self.bound = self.bound, {}  # the group reads the real paths
         self.in_group = True
-        self.lines, self._locals, self.indent = [], {str(tree.source): root}, 0
+        self.lines, self._locals, self._kept, self.indent = [], {str(tree.source): root}, {}, 0
         self.line(f"{self.prefix}now = {stamp}[0]")
         emit_members()
         # modules and tensors that joined the tree since it was last watched
@@ -297,7 +326,7 @@ class CheckSource:
         self.line("return True")
         body = "\n".join(f"    {line}" for line in self.lines)
         self.functions.append(f"def {name}({root}):\n{body}\n")
-        self.lines, self._locals, self.indent, self.in_group = outer
+        self.lines, self._locals, self._kept, self.indent, self.in_group = outer
         self.bound = outer_bound
         self.require(f"{' and '.join(quiet)} or {name}({self.expr(tree.source)})")
 

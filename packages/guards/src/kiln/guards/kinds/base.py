@@ -33,9 +33,12 @@ class Rank(enum.IntEnum):
     """Container lengths and keys, ``hasattr``."""
     TENSOR = 3
     """Every tensor, in one expression."""
-    HOOKS = 4
+    SHAPE = 4
+    """Relations between symbolic sizes: they read sizes by index, so every tensor's rank is
+    checked first."""
+    HOOKS = 5
     """Hook registries: several dicts each."""
-    CALL = 5
+    CALL = 6
     """Calls into user code (a cached function's answer): only once every other guard of the
     check passed, so the call made is the one the run it admits makes in eager."""
 
@@ -70,6 +73,24 @@ class Emitter(Protocol):
         """``value`` as Python text: its repr where that rebuilds it, else a bound name."""
         ...
 
+    def expr(self, source: Source) -> str:
+        """Python text reading ``source`` in the check (a size source through what an earlier
+        condition kept, see :meth:`keep`)."""
+        ...
+
+    def keep(self, text: str, stem: str) -> tuple[str, str]:
+        """A local that keeps the value of ``text`` (``v.shape``, ``v.stride()``) for later
+        readers: ``(first, name)``, where ``first`` (``(name := text)``) must stand where it
+        is evaluated on every path that reaches a reader, and ``name`` reads it there.
+        ``text`` kept before gives its name twice."""
+        ...
+
+    def in_scope(self, name: str, obj: Any) -> None:
+        """Make the bare ``name`` read ``obj`` in the check (for text printed elsewhere that
+        names a module, such as ``math.floor``); :class:`UnsupportedGuard` when a parameter
+        or the check's own name would shadow it."""
+        ...
+
 
 class Kind:
     """How kiln.guards checks, orders and explains one :class:`GuardKind`.
@@ -90,6 +111,9 @@ class Kind:
     batched: ClassVar[bool] = False
     """All its guards join one ``and`` expression at the place of the first (no jump per
     guard: every tensor of a frame is checked in one test)."""
+    reads_frame: ClassVar[bool] = False
+    """A kind without a source whose guard still reads the call's values: :meth:`explain`
+    then gets, as its value, a function reading a source in the call."""
     tests_type: ClassVar[bool] = False
     """Its condition compares ``type(value)`` with :meth:`known_type` itself."""
     stamp_protects: ClassVar[frozenset[Reach]] = frozenset()
@@ -110,7 +134,7 @@ class Kind:
 
     def condition(self, out: Emitter, guard: GuardSpec, v: str) -> str:
         """The Python expression, true when ``guard`` holds for the value ``v`` names
-        (``""`` for a kind without a source)."""
+        (``v`` is ``""`` for a kind without a source)."""
         raise NotImplementedError
 
     def explain(self, guard: GuardSpec, where: str, value: Any) -> str | None:

@@ -1,7 +1,10 @@
 """The ``TENSOR_MATCH`` kind: everything a compiled graph assumes about one input tensor.
 
 Every tensor of a frame is checked in one boolean expression rather than by a helper over a
-tuple of tensors: no call, no tuple, literals in the code.
+tuple of tensors: no call, no tuple, literals in the code. A tensor with symbolic sizes (``None``
+entries, a ``dense_order``) is checked dim by dim over its shape and strides, each read once into
+a local by an assignment expression inside that same expression; the frame's ``SHAPE`` guard
+reads its sizes from those locals.
 """
 
 from __future__ import annotations
@@ -10,7 +13,13 @@ from typing import Any
 
 import torch
 
-from kiln.capture.guard_data import GuardKind, GuardSpec, TensorMeta, storage_fits
+from kiln.capture.guard_data import (
+    GuardKind,
+    GuardSpec,
+    TensorMeta,
+    dense_in_order,
+    storage_fits,
+)
 from kiln.guards.kinds.base import Emitter, Kind, Rank, register
 from kiln.guards.kinds.values import type_name
 
@@ -47,10 +56,16 @@ def explain_tensor(where: str, value: Any, meta: TensorMeta) -> str | None:
         ("stride", meta.strides, tuple(value.stride())),
     ):
         for i, (expected, got) in enumerate(zip(expected_seq, got_seq, strict=True)):
-            if expected != got:
+            if expected is not None and expected != got:
                 return (
                     f"tensor {where} {what} mismatch at index {i}: expected {expected}, got {got}"
                 )
+    if meta.dense_order is not None and not dense_in_order(value, meta.dense_order):
+        return (
+            f"tensor {where} layout mismatch: expected a dense layout with dims "
+            f"{meta.dense_order} innermost first, got strides {tuple(value.stride())} "
+            f"for sizes {tuple(value.shape)}"
+        )
     if meta.dispatch_keys and dispatch_key_names(value) != meta.dispatch_keys:
         got_keys = sorted(dispatch_key_names(value))
         return f"tensor {where} dispatch keys mismatch: expected {sorted(meta.dispatch_keys)}, got {got_keys}"
@@ -68,6 +83,66 @@ def _dispatch_keys_condition(out: Emitter, v: str, names: frozenset[str]) -> str
         keys = out.bind(names, "keys")
         return f"{out.bind(dispatch_key_names, 'dispatch_keys')}({v}) == {keys}"
     return f"{out.bind(torch._C._dispatch_keys, 'dispatch_keys')}({v}).raw_repr() == {raw}"
+
+
+def _is_static(meta: TensorMeta) -> bool:
+    return meta.dense_order is None and None not in meta.sizes and None not in meta.strides
+
+
+def _dense_condition(meta: TensorMeta, v: str, shape: str | None, strides: str) -> str | None:
+    """``dense_in_order`` as one expression over the kept shape and strides: each stride is
+    the product of the sizes inside it, a dim of size 1 takes any stride, and a tensor
+    without elements any strides. Static sizes fold into the products; None when no stride
+    is constrained (a static size 0)."""
+    assert meta.dense_order is not None
+    terms: list[str] = []
+    factors: list[str] = []
+    static = 1
+    for d in meta.dense_order:
+        n = meta.sizes[d]
+        if n == 0:
+            return None
+        product = " * ".join([*factors, str(static)] if static != 1 or not factors else factors)
+        if n is None:
+            assert shape is not None
+            terms.append(f"({strides}[{d}] == {product} or {shape}[{d}] == 1)")
+            factors.append(f"{shape}[{d}]")
+        elif n != 1:
+            terms.append(f"{strides}[{d}] == {product}")
+            static *= n
+    if not terms:
+        return None
+    if shape is None:  # every size static and none 0: at least one element
+        return " and ".join(terms)
+    return f"({' and '.join(terms)} or {v}.numel() == 0)"
+
+
+def _symbolic_condition(out: Emitter, meta: TensorMeta, v: str) -> list[str]:
+    """Rank first, then the static sizes and strides, then the dense layout: a relation of
+    the ``SHAPE`` guard reads a size by index only after the rank matched."""
+    parts: list[str] = []
+    shape: str | None = None
+    if None in meta.sizes:
+        first, shape = out.keep(f"{v}.shape", "shape")
+        parts.append(f"len({first}) == {len(meta.sizes)}")
+        parts.extend(f"{shape}[{d}] == {n}" for d, n in enumerate(meta.sizes) if n is not None)
+    else:
+        parts.append(f"{v}.shape == {tuple(meta.sizes)!r}")
+    if meta.dense_order is None and None not in meta.strides:
+        parts.append(f"{v}.stride() == {tuple(meta.strides)!r}")
+        return parts
+    static = [(d, s) for d, s in enumerate(meta.strides) if s is not None]
+    first, strides = out.keep(f"{v}.stride()", "strides")
+    tests = [f"{strides}[{d}] == {s}" for d, s in static]
+    if meta.dense_order is not None:
+        layout = _dense_condition(meta, v, shape, strides)
+        if layout is not None:
+            tests.append(layout)
+    if not tests:
+        return parts
+    # the first test, always evaluated, reads the strides into the local the others read
+    tests[0] = tests[0].replace(strides, first, 1)
+    return [*parts, *tests]
 
 
 @register(GuardKind.TENSOR_MATCH)
@@ -92,10 +167,16 @@ class TensorMatch(Kind):
             device = f"{v}.is_{dev.type}"
         else:
             device = f"{v}.device == {out.bind(dev, 'dev')}"
+        if _is_static(meta):
+            layout = [
+                f"{v}.shape == {tuple(meta.sizes)!r}",
+                f"{v}.stride() == {tuple(meta.strides)!r}",
+            ]
+        else:
+            layout = _symbolic_condition(out, meta, v)
         parts = [
             f"type({v}) is {out.bind(meta.type, 'T')}",
-            f"{v}.shape == {tuple(meta.sizes)!r}",
-            f"{v}.stride() == {tuple(meta.strides)!r}",
+            *layout,
             f"{v}.dtype is {out.bind(meta.dtype, 'dtype')}",
             device,
             f"{v}.requires_grad is {meta.requires_grad!r}",
