@@ -22,6 +22,7 @@ from kiln.api import (
 from kiln.backends import list_backends, register_backend
 from kiln.capture import KilnError, Unsupported, counters, explain
 from kiln.config import MODES, OPTIONS
+from kiln.dynamic import mark_dynamic, mark_static, maybe_mark_dynamic
 from kiln.fallback import CompileError
 from kiln.graph_cache import load_cache, save_cache
 from kiln.stats import Stats, stats
@@ -52,6 +53,9 @@ __all__ = [
     "explain",
     "list_backends",
     "load_cache",
+    "mark_dynamic",
+    "mark_static",
+    "maybe_mark_dynamic",
     "register_backend",
     "reset",
     "save_cache",

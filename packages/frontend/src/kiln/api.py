@@ -25,10 +25,11 @@ from typing import Any
 import torch
 from torch import fx
 
-from kiln import capture, graph_cache, guards
+from kiln import capture, dynamic, graph_cache, guards
 from kiln.backends import Backend, list_backends, lookup_backend, takes_options
 from kiln.backends import kiln as kiln_backend
 from kiln.capture import artifacts, counters
+from kiln.capture.dynamic_dims import dynamic_dims
 from kiln.config import CompileConfig, make_config
 from kiln.fallback import CompileError, run_eagerly_after_failure
 
@@ -293,7 +294,10 @@ class CompiledFunction:
         counters.bump("stats", "cache_misses")
         root = self._config.option("debug_dir")
         name = self._target.__code__.co_qualname
-        with artifacts.frame(name, Path(root) if root else None):
+        sizes = dynamic.policy(
+            self._config.dynamic, cache, self._config.option("automatic_dynamic_shapes", True)
+        )
+        with artifacts.frame(name, Path(root) if root else None), dynamic_dims(sizes):
             try:
                 result = capture.capture(
                     self._target,
@@ -331,17 +335,24 @@ class CompiledFunction:
         artifacts.dump("graph.py", gm.print_readable(print_output=False))
         try:
             wanted = self._config.backend_options()
-
-            def compile_now() -> Callable[..., Any]:
-                if wanted:
-                    return self._backend(gm, example_inputs, options=wanted)
-                return self._backend(gm, example_inputs)
-
-            if self._backend is kiln_backend and graph_cache.enabled(
+            cached = self._backend is kiln_backend and graph_cache.enabled(
                 self._config.option("graph_cache")
-            ):
-                return graph_cache.compile_cached(gm, example_inputs, wanted, compile_now)
-            return compile_now()
+            )
+
+            def compile_static(g: fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
+                def compile_now() -> Callable[..., Any]:
+                    if wanted:
+                        return self._backend(g, inputs, options=wanted)
+                    return self._backend(g, inputs)
+
+                if cached:
+                    return graph_cache.compile_cached(g, inputs, wanted, compile_now)
+                return compile_now()
+
+            if dynamic.serves_symbols(self._backend):
+                return compile_static(gm, example_inputs)
+            limit = self._config.option("recompile_limit") or guards.config.recompile_limit
+            return dynamic.per_size(compile_static, gm, example_inputs, limit)
         except Exception as e:
             if self._config.fullgraph:
                 raise CompileError(f"kiln backend failed on a graph: {e}") from e

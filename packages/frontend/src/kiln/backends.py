@@ -89,6 +89,10 @@ def eager(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., An
     return gm.forward
 
 
+# the captured graph computes its sizes from its inputs, so it runs at any size
+eager.dynamic_shapes = True  # type: ignore[attr-defined]
+
+
 @register_backend
 def aot_eager(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
     """ATen-level graphs from autograd_aot, run with eager kernels."""

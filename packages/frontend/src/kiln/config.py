@@ -23,6 +23,10 @@ MODES: tuple[str, ...] = (
 OPTIONS: dict[str, tuple[type, str]] = {
     "recompile_limit": (int, "cache entries per code object before the frame runs eagerly"),
     "fail_on_recompile_limit": (bool, "raise instead of running eagerly past the recompile limit"),
+    "automatic_dynamic_shapes": (
+        bool,
+        "with dynamic=None, capture a size that changed between calls as a symbol",
+    ),
     "skip_guards": (bool, "UNSAFE: run the newest entry without checking guards"),
     "debug_dir": (str, "dump artifacts of every compiled frame into this folder"),
     "graph_cache": (bool, "reuse compiled graphs across processes (default: KILN_GRAPH_CACHE)"),

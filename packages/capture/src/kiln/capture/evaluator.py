@@ -20,6 +20,7 @@ from kiln.capture import (
     numpy_calls,
     opcodes,
     operators,
+    symbolic_numbers,
     torch_calls,
 )
 
@@ -34,6 +35,7 @@ MODULES = (
     attributes,
     items,
     operators,
+    symbolic_numbers,
     iteration,
     builtin_calls,
     calls,

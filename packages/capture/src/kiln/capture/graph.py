@@ -10,12 +10,14 @@ user line as a :class:`~kiln.capture.errors.UserFrame` in ``meta["user_frame"]``
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
 import torch
 from torch import fx
 
+from kiln.capture import dynamic_dims
 from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.guard_data import (
     ClassAttr,
@@ -25,15 +27,31 @@ from kiln.capture.guard_data import (
     dedupe,
     storage_fits,
 )
-from kiln.capture.meta import FakeMode, to_fake, with_history
+from kiln.capture.meta import FakeMode, FakeTensor, to_fake, with_history
+from kiln.capture.shapes import ShapeEnv, SymNode, expr_of, symbolic_meta, wrap
+from kiln.capture.shapes.materialize import CannotMaterialize, Materializer
+from kiln.capture.shapes.tensors import dense_order
 from kiln.capture.side_effects import SideEffects
-from kiln.capture.source import Source
+from kiln.capture.source import SizeSource, Source, StrideSource
+from kiln.capture.values.symbolic import is_symbolic, specialize
 from kiln.capture.values.tensor import TensorValue
 
 __all__ = ["EAGER_RANDOM", "GraphInput", "OutputGraph"]
 
 # ``Py_TPFLAGS_IMMUTABLETYPE``: builtin and extension types refuse ``cls.name = ...``
 _IMMUTABLE_TYPE = 1 << 8
+
+
+def _tensor_meta(real: torch.Tensor, fake: torch.Tensor) -> TensorMeta:
+    """What the graph assumes of ``real``: its metadata, less the sizes and strides that are
+    symbols in ``fake`` (the SHAPE guard states those)."""
+    meta = TensorMeta.of(real)
+    sizes = tuple(None if is_symbolic(n) else n for n in fake.shape)
+    strides = tuple(None if is_symbolic(n) else n for n in fake.stride())
+    if sizes == meta.sizes and strides == meta.strides:
+        return meta
+    order = dense_order(real) if None in strides else None
+    return dataclasses.replace(meta, sizes=sizes, strides=strides, dense_order=order)
 
 
 class GraphInput:
@@ -67,6 +85,10 @@ class OutputGraph:
         self.eager_random = False
         self.steps = 0  # instructions run, for the capture-wide budget
         self._names: set[str] = set()
+        # which input sizes are symbols (kiln.capture.dynamic_dims), and their environment
+        self.dynamic = dynamic_dims.current()
+        self.shape_env: ShapeEnv | None = None
+        self._materialize = Materializer(self._symbol_node, self._expr_node)
 
     # guards ----------------------------------------------------------------
     def guard(self, source: Source | None, kind: GuardKind, expected: Any = None) -> None:
@@ -90,7 +112,10 @@ class OutputGraph:
             self.guard(None, GuardKind.CLASS_ATTR, found)
 
     def guards(self) -> list[GuardSpec]:
-        return dedupe(self._guards)
+        shape = []
+        if self.shape_env is not None and self.shape_env.guards:
+            shape = [GuardSpec(None, GuardKind.SHAPE, self.shape_env)]
+        return dedupe(self._guards + shape)
 
     # inputs ----------------------------------------------------------------
     def add_input(self, source: Source, real: torch.Tensor) -> TensorValue:
@@ -109,12 +134,15 @@ class OutputGraph:
         if real.device.type != "meta" and not storage_fits(real):
             detail = f"{source}: its storage is smaller than its sizes and strides need"
             raise unsupported("unsupported_value", detail)
-        self.guard(source, GuardKind.TENSOR_MATCH, TensorMeta.of(real))
         known = self._by_source.get(str(source))
         if known is not None:
+            self.guard(source, GuardKind.TENSOR_MATCH, _tensor_meta(real, known.fake))
             return known
         node = self.graph.placeholder(self._unique_name(str(source)))
-        fake = self.fake_mode.to_fake(real) if id(real) not in self._seen else to_fake(real)
+        fake = self._symbolic_fake(source, real)
+        if fake is None:
+            fake = self.fake_mode.to_fake(real) if id(real) not in self._seen else to_fake(real)
+        self.guard(source, GuardKind.TENSOR_MATCH, _tensor_meta(real, fake))
         if real.requires_grad and not real.is_leaf:  # in-place ops on it are allowed
             fake = with_history(fake)
         self._seen.add(id(real))
@@ -125,6 +153,58 @@ class OutputGraph:
         self.inputs.append(GraphInput(source, real, value))
         self._move_placeholders_first(node)
         return value
+
+    def _symbolic_fake(self, source: Source, real: torch.Tensor) -> FakeTensor | None:
+        """A fake whose sizes are symbols where the capture's policy wants them; None for a
+        fully static input."""
+        dims = dynamic_dims.dims_of(self.dynamic, source, real)
+        if not dims:
+            return None
+        if self.shape_env is None:
+            self.shape_env = ShapeEnv()
+            self.shape_env.user_line = self._user_line
+        meta = symbolic_meta(real, source, self.shape_env, dims.keys(), dims)
+        meta.requires_grad_(False)
+        fake = FakeTensor(meta, real.device, requires_grad=real.requires_grad)
+        if not any(is_symbolic(n) for n in (*fake.shape, *fake.stride())):
+            return None  # every size specialized (0 or 1): a plain fake shares storages
+        self.fake_mode._fakes[real] = fake
+        return fake
+
+    def _user_line(self) -> str:
+        if not self.active:
+            return ""
+        frame = self.active[-1].user_frame()
+        return f"{frame.filename}:{frame.lineno}"
+
+    # symbolic numbers as graph values ---------------------------------------------------------
+    def sym_arg(self, sym: Any) -> Any:
+        """The graph argument for a symbolic number: nodes computing it from the inputs'
+        sizes; a plain number (with a guard) where it has no node form."""
+        expr = expr_of(sym)
+        try:
+            return self._materialize(expr)
+        except CannotMaterialize:
+            return specialize(sym)
+
+    def _symbol_node(self, symbol: Any) -> fx.Node:
+        assert self.shape_env is not None
+        source = self.shape_env.source_of(symbol)
+        if not isinstance(source, (SizeSource, StrideSource)):
+            raise CannotMaterialize(str(source))
+        tensor = self._by_source.get(str(source.base))
+        if tensor is None:
+            raise CannotMaterialize(str(source))
+        op = torch.ops.aten.sym_size.int if isinstance(source, SizeSource) else None
+        op = op or torch.ops.aten.sym_stride.int
+        return self._expr_node(op, (tensor.node, source.dim), symbol)
+
+    def _expr_node(self, target: Any, args: tuple[Any, ...], expr: Any) -> fx.Node:
+        assert self.shape_env is not None
+        env = self.shape_env
+        kind = bool if expr.is_Boolean else int if expr.is_integer else float
+        val = wrap(SymNode(expr, env, kind, env.size_hint(expr)))
+        return self.create_node("call_function", target, args, {}, val)
 
     def _move_placeholders_first(self, node: fx.Node) -> None:
         """Keep placeholders ahead of ops, in input order (inputs appear mid-trace)."""

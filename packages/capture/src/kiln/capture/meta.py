@@ -70,6 +70,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from kiln.capture.eager_refusals import check_as_eager
 from kiln.capture.errors import Unsupported
+from kiln.capture.shapes.dispatch import run_symbolic
 
 __all__ = [
     "DataDependentOp",
@@ -483,12 +484,13 @@ def run_fake(
         meta_args = (*meta_args[:at], torch.device("meta"), *meta_args[at + 1 :])
     try:
         with _disable_current_modes():
-            out = func(*meta_args, **meta_kwargs)
+            # symbolic sizes run through decompositions: a C++ kernel would specialize them
+            out = run_symbolic(func, meta_args, meta_kwargs)
     except NotImplementedError as e:
         raise NoMetaKernel(str(func), str(e).splitlines()[0] if str(e) else "") from e
 
     for fake in by_meta.values():
-        if fake.meta.shape != fake.shape or fake.meta.stride() != fake.stride():
+        if not _same_layout(fake.meta, fake):
             raise MetadataMutation(f"{func} (resizing its output)")
 
     def wrap(r: Any) -> Any:
@@ -500,6 +502,23 @@ def run_fake(
         return r
 
     return pytree.tree_map(wrap, out)
+
+
+def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` have the same sizes and strides, compared without asking a
+    shape environment: symbolic sizes are the same when they are the same expression."""
+    return len(a.shape) == len(b.shape) and all(
+        _same_size(x, y)
+        for x, y in zip((*a.shape, *a.stride()), (*b.shape, *b.stride()), strict=True)
+    )
+
+
+def _same_size(x: Any, y: Any) -> bool:
+    if isinstance(x, torch.SymInt) or isinstance(y, torch.SymInt):
+        ex = x.node.expr if isinstance(x, torch.SymInt) else x
+        ey = y.node.expr if isinstance(y, torch.SymInt) else y
+        return bool(ex == ey)
+    return bool(x == y)
 
 
 class FakeMode(TorchDispatchMode):

@@ -35,6 +35,7 @@ from kiln.capture.values.containers import DictValue, ListValue, TupleValue
 from kiln.capture.values.iterators import ItemsIterator, IteratorValue
 from kiln.capture.values.ndarray import NdarrayValue
 from kiln.capture.values.objects import ObjectValue
+from kiln.capture.values.symbolic import SymValue, is_symbolic
 from kiln.capture.values.tensor import TensorMethodValue, TensorValue
 
 if TYPE_CHECKING:
@@ -104,20 +105,22 @@ _TENSOR_PROPERTIES = frozenset(
 )
 
 
-def _unpack(v: Value) -> tuple[Any, Any]:
+def _unpack(tr: Tracer, v: Value) -> tuple[Any, Any]:
     """(graph argument, fake argument) for a value passed to a torch op."""
     if isinstance(v, TensorValue):
         return v.node, v.fake
+    if isinstance(v, SymValue):  # a size the graph computes from its inputs' sizes
+        return tr.out.sym_arg(v.sym), v.sym
     if isinstance(v, ConstantValue):
         if type(v.value).__module__ == "numpy":  # numpy.float64 is a float, but fx prints it
             return v.value.item(), v.value  # as ``np.float64(...)``, a name the graph lacks
         return v.value, v.value
     if isinstance(v, (ListValue, TupleValue)):
-        pairs = [_unpack(x) for x in v.items]
+        pairs = [_unpack(tr, x) for x in v.items]
         seq: Callable[[Any], Any] = list if isinstance(v, ListValue) else tuple
         return seq(p[0] for p in pairs), seq(p[1] for p in pairs)
     if isinstance(v, DictValue) and v.cls is dict:
-        pairs_d = {k: _unpack(x) for k, (_, x) in v.items.items()}
+        pairs_d = {k: _unpack(tr, x) for k, (_, x) in v.items.items()}
         return {k: p[0] for k, p in pairs_d.items()}, {k: p[1] for k, p in pairs_d.items()}
     if isinstance(v, ObjectValue) and isinstance(v.obj, (torch.finfo, torch.iinfo)):
         return v.obj, v.obj
@@ -162,11 +165,15 @@ def _wrap_result(tr: Tracer, node: fx.Node, result: Any) -> Value:
 
 
 def _constant(result: Any) -> Value:
+    if is_symbolic(result):
+        return SymValue(result)
     if is_constant(result):
         return ConstantValue(result)
     if isinstance(result, (list, tuple)):
         items = [_constant(r) for r in result]
-        return ListValue(items) if isinstance(result, list) else TupleValue(items, type(result))
+        if isinstance(result, list):
+            return ListValue(items)
+        return TupleValue(items, torch.Size if isinstance(result, torch.Size) else type(result))
     return ObjectValue(result)
 
 
@@ -178,8 +185,8 @@ def _run(
     args: list[Value],
     kwargs: dict[str, Value],
 ) -> Value:
-    unpacked = [_unpack(a) for a in args]
-    unpacked_kw = {k: _unpack(v) for k, v in kwargs.items()}
+    unpacked = [_unpack(tr, a) for a in args]
+    unpacked_kw = {k: _unpack(tr, v) for k, v in kwargs.items()}
     fake_args = [u[1] for u in unpacked]
     fake_kwargs = {k: u[1] for k, u in unpacked_kw.items()}
     try:

@@ -1,5 +1,6 @@
 """Symbolic shapes: Kiln's shape environment and the SymNode that carries its symbols
-through torch's meta kernels. See the package README, "Symbolic shapes"."""
+through torch's meta kernels. See the package README, "Symbolic shapes". (``specialize``,
+which runs graphs on fakes, is imported as its own module: ``meta`` imports this package.)"""
 
 from kiln.capture.shapes.dispatch import SymbolicMetaMode, has_symbolic_sizes, run_symbolic
 from kiln.capture.shapes.env import Scalar, ShapeEnv, ShapeGuard, SymbolInfo

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+from collections.abc import Callable
 
 import sympy
 
@@ -77,6 +78,9 @@ class ShapeEnv:
         self._duck: dict[int, sympy.Symbol] = {}
         self._static: dict[sympy.Basic, Scalar | None] = {}
         self._decided: dict[sympy.Basic, Scalar] = {}
+        # ``file:line`` of the program line asking a question, where the caller knows it
+        # better than the Python stack does (capture evaluates the user's code itself)
+        self.user_line: Callable[[], str] | None = None
 
     # -- creating symbols ------------------------------------------------------------------
 

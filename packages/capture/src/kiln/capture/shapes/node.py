@@ -269,7 +269,10 @@ class SymNode:
             return known
         # torch's own lines (its Python or C++ sources) say less than the user's line does
         inside_torch = not file or "/torch/" in file or "/pytorch/" in file
-        origin = _user_line() if inside_torch else f"{file}:{line}"
+        if self.env.user_line is not None:  # a tracer knows the traced program's line
+            origin = self.env.user_line()
+        else:
+            origin = _user_line() if inside_torch else f"{file}:{line}"
         return self.env.evaluate_expr(expr, self._hint, origin)
 
     def guard_bool(self, file: str, line: int) -> bool:

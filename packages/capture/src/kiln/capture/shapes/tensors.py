@@ -16,7 +16,7 @@ from kiln.capture.shapes.env import ShapeEnv
 from kiln.capture.shapes.node import SymNode, wrap
 from kiln.capture.source import SizeSource, Source, StrideSource
 
-__all__ = ["create_symint", "symbolic_meta"]
+__all__ = ["create_symint", "dense_order", "symbolic_meta"]
 
 SymIntLike = torch.SymInt | int
 
@@ -73,13 +73,18 @@ def symbolic_meta(
     return meta.requires_grad_(tensor.requires_grad) if tensor.is_floating_point() else meta
 
 
+def dense_order(tensor: torch.Tensor) -> tuple[int, ...]:
+    """``tensor``'s dims innermost first (by stride): the order its symbolic strides follow."""
+    if tensor.numel() == 0:
+        # no element is ever read: any strides serve, so the contiguous ones
+        return tuple(range(tensor.dim() - 1, -1, -1))
+    return tuple(sorted(range(tensor.dim()), key=lambda d: (tensor.stride(d), tensor.size(d))))
+
+
 def _dense_strides(tensor: torch.Tensor, sizes: list[SymIntLike]) -> list[SymIntLike] | None:
     """Strides over ``sizes`` with ``tensor``'s layout (its dims ordered by stride), or None
     when ``tensor`` is not dense in that order."""
-    order = sorted(range(tensor.dim()), key=lambda d: (tensor.stride(d), tensor.size(d)))
-    if tensor.numel() == 0:
-        # no element is ever read: any strides serve, so the contiguous ones
-        order = list(range(tensor.dim() - 1, -1, -1))
+    order = dense_order(tensor)
     strides: list[SymIntLike] = [0] * tensor.dim()
     expected: SymIntLike = 1
     real = 1

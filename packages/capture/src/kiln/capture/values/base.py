@@ -52,6 +52,8 @@ def is_constant(obj: Any) -> bool:
         return all(is_constant(x) for x in obj)
     if isinstance(obj, slice):
         return all(is_constant(x) for x in (obj.start, obj.stop, obj.step))
+    if isinstance(obj, torch.Size):  # symbolic sizes are not known values
+        return not any(isinstance(n, torch.SymInt) for n in obj)
     return isinstance(obj, CONSTANT_TYPES)
 
 

@@ -1,0 +1,110 @@
+"""Shape expressions as fx nodes: how a graph computes ``s0 * 4`` from its own inputs.
+
+A graph traced with symbolic sizes passes sizes to ops (``view(x, [s0 * 4, s1])``); in the
+graph those arguments must be values the graph computes, not sympy objects. Every symbol is a
+size (or stride) of some tensor the graph takes, so a symbol becomes ``aten.sym_size.int``
+of that input (``leaf`` says which node), and an expression the operator nodes over those
+(``operator.mul``, ``operator.floordiv``, ...). The graph then needs no extra inputs: it reads
+its sizes from the tensors it is called with, whichever sizes they have.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import sympy
+import torch
+
+from kiln.capture.shapes.exprs import FloorDiv, Mod
+
+__all__ = ["CannotMaterialize", "Materializer"]
+
+
+class CannotMaterialize(Exception):
+    """An expression with no node form here (the caller specializes the value instead)."""
+
+
+Leaf = Callable[[sympy.Symbol], Any]
+Create = Callable[[Any, tuple[Any, ...], sympy.Expr], Any]
+
+_RELATIONS: dict[Any, Any] = {
+    sympy.Eq: operator.eq,
+    sympy.Ne: operator.ne,
+    sympy.Lt: operator.lt,
+    sympy.Le: operator.le,
+    sympy.Gt: operator.gt,
+    sympy.Ge: operator.ge,
+}
+
+
+class Materializer:
+    """Builds (and remembers) the nodes of shape expressions in one graph.
+
+    ``leaf(symbol)`` gives the node reading a symbol; ``create(target, args, expr)`` adds a
+    ``call_function`` node computing ``expr`` (its ``meta["val"]`` is the caller's business).
+    """
+
+    def __init__(self, leaf: Leaf, create: Create) -> None:
+        self.leaf = leaf
+        self.create = create
+        self._memo: dict[sympy.Basic, Any] = {}
+
+    def __call__(self, expr: sympy.Basic) -> Any:
+        """A node (or a Python number) that computes ``expr``."""
+        if expr.is_Integer:
+            return int(expr)
+        if expr.is_Float:
+            return float(expr)
+        if expr is sympy.true or expr is sympy.false:
+            return bool(expr)
+        found = self._memo.get(expr)
+        if found is None:
+            found = self._memo[expr] = self._build(expr)
+        return found
+
+    def _node(self, target: Any, args: tuple[Any, ...], expr: sympy.Basic) -> Any:
+        return self.create(target, args, expr)
+
+    def _fold(self, op: Any, terms: list[sympy.Basic], expr: sympy.Basic) -> Any:
+        # numbers last, so ``s0 * 4`` reads as it was written (and a node is never a constant)
+        terms = sorted(terms, key=lambda t: t.is_Number)
+        acc_expr = terms[0]
+        acc = self(acc_expr)
+        for t in terms[1:]:
+            acc_expr = acc_expr + t if op is operator.add else acc_expr * t
+            acc = self._node(op, (acc, self(t)), acc_expr if t is not terms[-1] else expr)
+        return acc
+
+    def _build(self, expr: sympy.Basic) -> Any:
+        if isinstance(expr, sympy.Symbol):
+            return self.leaf(expr)
+        if isinstance(expr, sympy.Add):
+            return self._fold(operator.add, list(expr.args), expr)
+        if isinstance(expr, sympy.Mul):
+            if any(a.is_Rational and not a.is_Integer for a in expr.args):
+                raise CannotMaterialize(str(expr))
+            return self._fold(operator.mul, list(expr.args), expr)
+        if isinstance(expr, FloorDiv):
+            a, b = expr.args
+            return self._node(operator.floordiv, (self(a), self(b)), expr)
+        if isinstance(expr, Mod):
+            a, b = expr.args
+            return self._node(operator.mod, (self(a), self(b)), expr)
+        if isinstance(expr, sympy.Pow) and expr.exp.is_Integer and int(expr.exp) >= 0:
+            return self._node(operator.pow, (self(expr.base), int(expr.exp)), expr)
+        if isinstance(expr, (sympy.Max, sympy.Min)):
+            fn = torch.sym_max if isinstance(expr, sympy.Max) else torch.sym_min
+            return self._fold_minmax(fn, list(expr.args), expr)
+        for cls, op in _RELATIONS.items():
+            if isinstance(expr, cls):
+                lhs, rhs = expr.args
+                return self._node(op, (self(lhs), self(rhs)), expr)
+        raise CannotMaterialize(str(expr))
+
+    def _fold_minmax(self, fn: Any, terms: list[sympy.Basic], expr: sympy.Basic) -> Any:
+        acc = self(terms[0])
+        for t in terms[1:]:
+            acc = self._node(fn, (acc, self(t)), expr)
+        return acc

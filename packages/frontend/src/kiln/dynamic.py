@@ -1,0 +1,115 @@
+"""Dynamic shapes in the frontend: which sizes a capture makes symbolic, and backends that
+compile static shapes only.
+
+``kiln.compile(dynamic=None)`` (the default) compiles static first; once a frame's inputs
+come with a size that changed since an earlier capture, the frame is captured again with that
+dimension symbolic (automatic dynamic shapes). ``dynamic=True`` makes every input size
+symbolic from the first call (module parameters and buffers stay static); ``dynamic=False``
+never makes one symbolic. ``mark_dynamic``, ``maybe_mark_dynamic`` and ``mark_static`` mark a
+tensor's dimensions (``torch._dynamo``'s marks are honoured as well).
+
+A backend that declares ``dynamic_shapes = True`` gets graphs with symbolic sizes and
+serves every size their guards admit. Any other backend gets, for each distinct set of input
+sizes, the graph specialized to them (:func:`per_size`): one capture still serves all sizes,
+and the backend compiles per size, up to the recompile limit.
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import fx
+
+from kiln.capture import counters
+from kiln.capture.dynamic_dims import (
+    STATIC,
+    DynamicDims,
+    SizeHistory,
+    mark_dynamic,
+    mark_static,
+    maybe_mark_dynamic,
+)
+from kiln.capture.shapes.specialize import has_symbolic_inputs, specialize_graph
+
+__all__ = [
+    "mark_dynamic",
+    "mark_static",
+    "maybe_mark_dynamic",
+    "per_size",
+    "policy",
+    "serves_symbols",
+]
+
+_histories: weakref.WeakKeyDictionary[Any, SizeHistory] = weakref.WeakKeyDictionary()
+
+
+def policy(dynamic: bool | None, cache: Any, automatic: bool = True) -> DynamicDims:
+    """The capture policy of ``kiln.compile(dynamic=...)`` for one frame's ``cache``."""
+    if dynamic is False:
+        return STATIC
+    if dynamic is True:
+        return DynamicDims(every_size=True)
+    if not automatic:
+        return DynamicDims()
+    history = _histories.get(cache)
+    if history is None:
+        history = _histories[cache] = SizeHistory()
+    return DynamicDims(history=history)
+
+
+def serves_symbols(backend: Any) -> bool:
+    """Whether ``backend`` compiles graphs with symbolic sizes itself."""
+    return bool(getattr(backend, "dynamic_shapes", False))
+
+
+def per_size(
+    compile_static: Callable[[fx.GraphModule, Sequence[Any]], Callable[..., Any]],
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    limit: int,
+) -> Callable[..., Any]:
+    """A callable running ``gm`` (symbolic sizes) through ``compile_static``'s graph for
+    each call's sizes, compiling one per new set of sizes; past ``limit`` of them, new
+    sizes run the graph itself (eager kernels) with one warning."""
+    if not has_symbolic_inputs(gm):
+        return compile_static(gm, example_inputs)
+    positions = [
+        i
+        for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")
+        if isinstance(n.meta.get("val"), torch.Tensor)
+    ]
+    compiled: dict[tuple[Any, ...], Callable[..., Any]] = {}
+    warned = [False]
+
+    def key(args: Sequence[Any]) -> tuple[Any, ...]:
+        return tuple((args[i].shape, args[i].stride()) for i in positions)
+
+    def compile_for(args: Sequence[Any]) -> Callable[..., Any]:
+        if len(compiled) >= limit:
+            if not warned[0]:
+                warned[0] = True
+                counters.bump("stats", "eager_fallbacks")
+                warnings.warn(
+                    f"kiln: a graph with dynamic sizes was compiled for {limit} sets of sizes "
+                    "(the recompile limit); its backend compiles static shapes only, so new "
+                    "sizes run the graph with eager kernels",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
+            return gm.forward
+        counters.bump("stats", "size_specializations")
+        return compile_static(specialize_graph(gm, args), args)
+
+    def run(*args: Any) -> Any:
+        k = key(args)
+        fn = compiled.get(k)
+        if fn is None:
+            fn = compiled[k] = compile_for(args)
+        return fn(*args)
+
+    compiled[key(example_inputs)] = compile_for(example_inputs)
+    return run
