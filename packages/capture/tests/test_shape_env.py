@@ -123,6 +123,28 @@ def test_view_and_reshape_with_minus_one() -> None:
     assert failing_guards(env, values_of(env, {"a0": torch.empty(3, 5, 7)}))
 
 
+def _python_dispatcher_on() -> bool:
+    return torch._C._dispatch_tls_is_dispatch_key_included(torch._C.DispatchKey.PythonDispatcher)
+
+
+def test_mode_runs_composites_in_python_and_only_while_inside() -> None:
+    # matmul's C++ composite kernel reads numel() as an int on some torch versions; its
+    # Python kernel, which the mode's Python dispatcher runs, keeps the sizes symbolic
+    env = ShapeEnv()
+    x, w = _metas(env, [(3, 5, 6), (6, 7)])
+    assert not _python_dispatcher_on()
+    with SymbolicMetaMode():
+        assert _python_dispatcher_on()
+        with SymbolicMetaMode():
+            out = torch.matmul(x, w)
+        assert _python_dispatcher_on()
+    assert not _python_dispatcher_on()
+    assert [str(expr_of(d)) for d in out.shape] == ["s0", "s1", "s4"]
+    with pytest.raises(ValueError), SymbolicMetaMode():
+        raise ValueError
+    assert not _python_dispatcher_on()
+
+
 def test_cat_adds_the_symbols() -> None:
     env = ShapeEnv()
     x, y = _metas(env, [(3, 8), (5, 8)])
@@ -382,9 +404,12 @@ def test_int_specializes_with_a_guard() -> None:
     n = int(x.size(0))
     assert n == 6 and type(n) is int
     assert decided(env) == ["L['a0'].size()[0] == 6"]
-    # from then on the size is the constant everywhere
-    assert x.size(0) == 6 and type(x.view(-1).size(0)) is torch.SymInt
-    assert str(expr_of(x.view(-1).size(0))) == f"6*{expr_of(x.shape[1])}"
+    # from then on the size is the constant everywhere (the view runs in the mode, as every
+    # op on symbolic metas must: torch 2.11's C++ view kernel reads numel() as an int)
+    with SymbolicMetaMode():
+        flat = x.view(-1)
+    assert x.size(0) == 6 and type(flat.size(0)) is torch.SymInt
+    assert str(expr_of(flat.size(0))) == f"6*{expr_of(x.shape[1])}"
     assert [i for i in range(x.size(1))] == [0, 1, 2, 3, 4]  # range() takes __index__
     assert "L['a0'].size()[1] == 5" in guard_code(env)
 

@@ -7,15 +7,24 @@ Python decomposition (torch's reference implementations, symbolic throughout) or
 composite op, as what it decomposes into, or as its Python meta kernel; only ops whose C++
 kernels take symbolic sizes (factories, ``as_strided``) and ops with none of those run
 directly. The ops inside a decomposition are routed the same way.
+
+A composite op (``matmul``, ``scaled_dot_product_attention``) is decomposed before a
+dispatch mode sees it, by its C++ kernel, which may read sizes as plain integers (torch 2.11's
+``matmul`` calls ``numel()``; its ``sdpa`` math kernel asks for ``sizes()``). So the mode
+also switches on torch's Python dispatcher: the Python kernels torch registers for composite
+ops (``matmul``) and for meta (``view``) then run instead of C++ ones, on every supported
+torch, and a C++ composite kernel calls back into them.
 """
 
 from __future__ import annotations
 
+from types import TracebackType
 from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
 from torch._decomp import decomposition_table, meta_table
+from torch._dispatch.python import enable_python_dispatcher
 from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = ["run_symbolic", "SymbolicMetaMode", "has_symbolic_sizes"]
@@ -70,7 +79,30 @@ def run_symbolic(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
 
 
 class SymbolicMetaMode(TorchDispatchMode):
-    """Every aten op inside runs through ``run_symbolic``."""
+    """Every aten op inside runs through ``run_symbolic``, with the Python dispatcher on so a
+    composite op's Python decomposition runs in place of its C++ one."""
+
+    def __enter__(self) -> SymbolicMetaMode:
+        dispatcher = enable_python_dispatcher()
+        dispatcher.__enter__()
+        self._dispatchers = [*getattr(self, "_dispatchers", []), dispatcher]
+        try:
+            super().__enter__()
+        except BaseException:
+            self._dispatchers.pop().__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            super().__exit__(exc_type, exc, tb)
+        finally:
+            self._dispatchers.pop().__exit__(exc_type, exc, tb)
 
     def __torch_dispatch__(
         self,
