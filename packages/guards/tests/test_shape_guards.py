@@ -156,6 +156,24 @@ def test_relations_read_sources_the_way_the_check_does() -> None:
     assert_fails(check, "rank mismatch", [torch.empty(3)])
 
 
+def test_stride_relations_read_strides_the_check_reads() -> None:
+    """A non-dense input keeps constant strides, guarded through its stride sources; with the
+    meta leaving every stride to the relations, they read the strides themselves."""
+    env = ShapeEnv()
+    real = torch.empty(6, 20)[:, ::2]
+    fake = symbolic_meta(real, LocalSource("u"), env)
+    meta = TensorMeta(torch.Tensor, real.dtype, real.device, False, (None, None), (None, None))
+    specs = [
+        GuardSpec(LocalSource("u"), GuardKind.TENSOR_MATCH, meta),
+        GuardSpec(None, GuardKind.SHAPE, env),
+    ]
+    assert isinstance(fake.stride(0), int)
+    check = guards.build_check(specs, lambda u: u)
+    assert "u.stride(0) == 20" in check.source
+    assert_passes(check, torch.empty(3, 20)[:, ::2])
+    assert_fails(check, "L['u'].stride()[0] == 20 failed: got 10", torch.empty(3, 10))
+
+
 def test_an_empty_environment_adds_nothing() -> None:
     real = torch.empty(4, 5)
     meta = symbolic_tensor_meta(torch.empty(4, 5), real)  # static sizes, dense strides

@@ -85,6 +85,9 @@ def _dispatch_keys_condition(out: Emitter, v: str, names: frozenset[str]) -> str
     return f"{out.bind(torch._C._dispatch_keys, 'dispatch_keys')}({v}).raw_repr() == {raw}"
 
 
+_STRIDES = "\0strides"
+
+
 def _is_static(meta: TensorMeta) -> bool:
     return meta.dense_order is None and None not in meta.sizes and None not in meta.strides
 
@@ -131,18 +134,18 @@ def _symbolic_condition(out: Emitter, meta: TensorMeta, v: str) -> list[str]:
     if meta.dense_order is None and None not in meta.strides:
         parts.append(f"{v}.stride() == {tuple(meta.strides)!r}")
         return parts
-    static = [(d, s) for d, s in enumerate(meta.strides) if s is not None]
-    first, strides = out.keep(f"{v}.stride()", "strides")
-    tests = [f"{strides}[{d}] == {s}" for d, s in static]
+    # written over a placeholder for the strides' local, which is made only if a test reads it
+    tests = [f"{_STRIDES}[{d}] == {s}" for d, s in enumerate(meta.strides) if s is not None]
     if meta.dense_order is not None:
-        layout = _dense_condition(meta, v, shape, strides)
+        layout = _dense_condition(meta, v, shape, _STRIDES)
         if layout is not None:
             tests.append(layout)
     if not tests:
         return parts
+    first, strides = out.keep(f"{v}.stride()", "strides")
     # the first test, always evaluated, reads the strides into the local the others read
-    tests[0] = tests[0].replace(strides, first, 1)
-    return [*parts, *tests]
+    tests[0] = tests[0].replace(_STRIDES, first, 1)
+    return [*parts, *(t.replace(_STRIDES, strides) for t in tests)]
 
 
 @register(GuardKind.TENSOR_MATCH)
