@@ -29,7 +29,9 @@ LINE_BUDGET = {
     # (bytecode/versions.py), superinstructions, CALL_KW, SET_FUNCTION_ATTRIBUTE, TO_BOOL and
     # the f-string opcodes in the evaluator, the split and resume functions
     "capture": 18700,
-    "guards": 2650,
+    # + about 200 for dynamic shapes: symbolic sizes and dense layouts in TENSOR_MATCH and
+    # the SHAPE kind (kinds/shape.py)
+    "guards": 2900,
     # + about 300 for backwards compiled per set of outputs that got a gradient (prune.py)
     # and version checks of saved values only where eager's backward makes them
     # + about 60 for torch.func's ATen: in-place restrides of computed tensors, numbers handed
