@@ -39,6 +39,7 @@ from kiln.autograd_aot.partition import PartitionStats, partition_joint
 from kiln.autograd_aot.prune import exposed_saved, prune_backward
 from kiln.autograd_aot.regions import call_marked, has_regions
 from kiln.autograd_aot.runtime import Backward, CompiledProgram, run_inference, run_training
+from kiln.autograd_aot.symbolic import is_symbolic
 from kiln.capture import artifacts, counters
 from kiln.capture.isolation import no_user_hooks
 
@@ -51,6 +52,10 @@ Compiler = Callable[[fx.GraphModule, list[torch.Tensor]], Callable[..., Any]]
 
 def _fake_inputs(gm: fx.GraphModule) -> list[torch.Tensor]:
     return [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def _output_nodes(gm: fx.GraphModule) -> list[Any]:
+    return list(next(n for n in gm.graph.nodes if n.op == "output").args[0])
 
 
 def _has_random_op(gm: fx.GraphModule) -> bool:
@@ -127,6 +132,8 @@ class AotCompiled:
         # checkpointed regions and control flow: traced node by node, so their ATen ops
         # carry the marks, and cond/while_loop nodes trace their branches
         self._marked = has_regions(gm) or has_control_flow(gm)
+        # the captured graph's fakes with symbolic sizes, by primal: traced as they are
+        self._templates = self._symbolic_templates(gm, len(self.state_names))
         self._warned = False
         if restored is not None:
             self._restore(restored)
@@ -165,6 +172,19 @@ class AotCompiled:
                 if compiled is not None and compiled.eager is _rerun_eagerly:
                     compiled.eager = compiled.layout.wrap(self._call_module)
             self._modes[mode] = known
+
+    def _symbolic_templates(self, gm: torch.nn.Module, num_state: int) -> list[torch.Tensor | None]:
+        """Per primal, the placeholder's fake when it has symbolic sizes; empty when none has
+        (static graphs trace fakes of the real inputs, as always)."""
+        if not isinstance(gm, fx.GraphModule):
+            return []
+        vals = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+        if len(vals) != len(self.constants) or not any(map(is_symbolic, vals)):
+            return []
+        templates: list[torch.Tensor | None] = [None] * num_state
+        return templates + [
+            vals[i] if is_symbolic(vals[i]) else None for i in self.tensor_positions
+        ]
 
     def _primals(self, args: Sequence[Any]) -> list[torch.Tensor]:
         state = [getattr(module, attr) for module, attr in self._state_slots]
@@ -260,7 +280,10 @@ class AotCompiled:
 
         def trace(table: Mapping[Any, Callable[..., Any]]) -> TracedProgram:
             # fresh fakes for each trace: a trace mutates its fakes in place, with history
-            fakes, leaves = fakes_of(layout.prepare(primals), wants_grad)
+            # symbolic sizes only where inputs are not traced over shared bases (an aliasing
+            # program is chosen by its inputs' exact views, sizes included)
+            templates = self._templates if not layout.groups else []
+            fakes, leaves = fakes_of(layout.prepare(primals), wants_grad, templates)
             return trace_program(fn, fakes, table, joint=wants_grad, grad_leaves=leaves)
 
         if grad_enabled and wants_grad:
@@ -321,6 +344,8 @@ class AotCompiled:
         forward = self.fw_compiler(fw, _fake_inputs(fw))
         backward = self.bw_compiler(bw, _fake_inputs(bw))
         num_saved = stats.num_saved
+        fw_outputs = _output_nodes(fw)
+        saved_vals = [n.meta.get("val") for n in fw_outputs[len(fw_outputs) - num_saved :]]
         return CompiledProgram(
             program,
             forward,
@@ -328,6 +353,9 @@ class AotCompiled:
             layout,
             eager,
             num_saved=num_saved,
+            saved_sizes=tuple(
+                i for i, v in enumerate(saved_vals) if not isinstance(v, torch.Tensor)
+            ),
             exposed=exposed_saved(fw, program.num_user_outputs, num_saved),
             prune=functools.partial(self._compile_pruned, bw, num_saved),
         )

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from kiln.autograd_aot.errors import AotError
+from kiln.autograd_aot.symbolic import fresh_fake
 from kiln.capture.meta import FakeMode, FakeTensor, storage_key, to_fake
 
 __all__ = ["Aliasing", "InputLayout", "fakes_of", "shared_memory"]
@@ -36,20 +37,29 @@ Aliasing = tuple[Group, ...]
 
 
 def fakes_of(
-    primals: Sequence[torch.Tensor], needs_grad: bool
+    primals: Sequence[torch.Tensor],
+    needs_grad: bool,
+    templates: Sequence[torch.Tensor | None] = (),
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Fakes of the inputs, and the leaves to differentiate with respect to.
 
     Views of one storage alias; a tensor passed twice gets two fakes (each position
     gets its own gradient, which autograd sums). A non-leaf input that requires
     grad is traced as a clone of a fake leaf, so that it may be mutated.
+    An input with a symbolic template (the captured graph's fake for it, with symbolic
+    sizes) gets a fresh fake with the template's sizes and strides instead, so the trace
+    holds for every size the template admits; it shares memory with no other input.
     """
     mode = FakeMode()
     seen: set[int] = set()
     fakes: list[torch.Tensor] = []
     leaves: list[torch.Tensor] = []
-    for p in primals:
-        leaf = to_fake(p) if id(p) in seen else mode.to_fake(p)
+    for i, p in enumerate(primals):
+        template = templates[i] if i < len(templates) else None
+        if template is not None:
+            leaf: torch.Tensor = fresh_fake(template, p.device, p.requires_grad)
+        else:
+            leaf = to_fake(p) if id(p) in seen else mode.to_fake(p)
         seen.add(id(p))
         leaves.append(leaf)
         if needs_grad and p.requires_grad and not p.is_leaf:

@@ -30,6 +30,7 @@ from kiln.autograd_aot import rng  # noqa: F401  (defines the kiln_aot ops named
 from kiln.autograd_aot.mincut import CutProblem, min_cut
 from kiln.autograd_aot.mutation import is_view
 from kiln.autograd_aot.regions import REGION
+from kiln.autograd_aot.symbolic import hint, is_symbolic_value
 from kiln.autograd_aot.trace import verify_aten_graph
 
 __all__ = ["PartitionStats", "partition_joint", "recomputable", "saved_bytes"]
@@ -99,11 +100,20 @@ def _activation_bytes(nodes: Iterable[fx.Node]) -> int:
 
 
 def saved_bytes(node: fx.Node) -> float:
-    """The bytes a node's value takes, or infinity if it is not one tensor."""
+    """The bytes a node's value takes (a symbolic size's: one int), or infinity if it is not
+    one tensor or size. Symbolic sizes count at their hints (a number would add a guard)."""
     val = node.meta.get("val")
+    if is_symbolic_value(val):
+        return 8.0
     if not isinstance(val, torch.Tensor):
         return math.inf
-    return float(val.numel() * val.element_size())
+    return float(hint(val.numel()) * val.element_size())
+
+
+def _is_size_op(node: fx.Node) -> bool:
+    """A node computing a symbolic size (``sym_size`` and the arithmetic over it): cheap to
+    recompute from what holds its sizes, or saved as one int."""
+    return is_symbolic_value(node.meta.get("val"))
 
 
 def _random(node: fx.Node) -> bool:
@@ -117,7 +127,7 @@ def recomputable(node: fx.Node) -> bool:
     if node.op != "call_function":
         return node.op == "get_attr"
     target = node.target
-    if target is operator.getitem:
+    if target is operator.getitem or _is_size_op(node):
         return True
     if not hasattr(target, "_schema"):  # a higher-order node (control_flow.py): saved
         return False

@@ -62,6 +62,9 @@ class CompiledProgram:
     # None when running it again would not give the same values (mutations, random ops).
     eager: Compiled | None = None
     num_saved: int = 0  # values the compiled forward saves for the backward
+    # the saved values (positions) that are sizes, not tensors: a symbolic size the backward
+    # reads that no saved tensor holds (kept on the node, as autograd saves tensors only)
+    saved_sizes: tuple[int, ...] = ()
     # the saved values (positions) that are, or view, an input or a returned output
     exposed: list[int] = dataclasses.field(default_factory=list)
     # the backward for the differentiable outputs (positions in ``diff_outputs``) that got a
@@ -113,6 +116,10 @@ class _AotFunction(torch.autograd.Function):
                 ctx.versions[k] -= 1
         for i in compiled.exposed:
             saved[i] = None
+        if compiled.saved_sizes:
+            ctx.saved_sizes = [saved[i] for i in compiled.saved_sizes]
+            for i in compiled.saved_sizes:
+                saved[i] = None
         ctx.save_for_backward(*saved)
         ctx.mark_non_differentiable(*(outputs[i] for i in program.non_differentiable))
         # Autograd would hand backward a zero tensor for every output the loss does not
@@ -149,6 +156,8 @@ class _AotFunction(torch.autograd.Function):
         ctx.primals = None
         for i, t in zip(compiled.exposed, ctx.held, strict=False):
             saved[i] = t
+        for i, size in zip(compiled.saved_sizes, getattr(ctx, "saved_sizes", ()), strict=True):
+            saved[i] = size
         tangents = []
         for k in bw.tangents:
             g = grads[program.diff_outputs[k]]

@@ -33,6 +33,7 @@ from kiln.autograd_aot.mutation import (
     unhide_mutation,
 )
 from kiln.autograd_aot.regions import REGION, current_region, random_in_region
+from kiln.autograd_aot.symbolic import SymbolReader, is_symbolic_value
 from kiln.capture.eager_refusals import check_as_eager
 from kiln.capture.meta import (
     RESTRIDES,
@@ -99,6 +100,9 @@ class AtenTracer(TorchDispatchMode):
         self._roots: list[_Root] = []
         self._constants = FakeMode()
         self._last_placeholder: fx.Node | None = None
+        self._inputs: list[tuple[fx.Node, Any]] = []
+        # symbolic sizes an op takes become nodes reading them from the inputs
+        self._symbols = SymbolReader(self.graph, lambda: self._inputs)
 
     # inputs and outputs -------------------------------------------------------------
 
@@ -110,6 +114,7 @@ class AtenTracer(TorchDispatchMode):
             node = self.graph.placeholder(name)
         node.meta["val"] = fake
         self._last_placeholder = node
+        self._inputs.append((node, fake))
         index = sum(1 for r in self._roots if r.kind == "input")
         self._new_root(fake, node, "input", index)
         return node
@@ -196,7 +201,9 @@ class AtenTracer(TorchDispatchMode):
         return info.node
 
     def _as_node(self, a: Any) -> Any:
-        return self.node_of(a) if isinstance(a, torch.Tensor) else a
+        if isinstance(a, torch.Tensor):
+            return self.node_of(a)
+        return self._symbols.node_for(a) if is_symbolic_value(a) else a
 
     # dispatch ---------------------------------------------------------------------
 

@@ -1,0 +1,201 @@
+"""Graphs whose inputs have symbolic sizes: compiled once, right at every size they admit.
+
+The graphs are built by hand as capture builds them: placeholders whose ``meta["val"]`` is a
+fake with symbolic sizes (``symbolic_meta``), sizes the program reads as ``aten.sym_size.int``
+nodes with ``operator`` arithmetic over them, torch functions as ``call_function`` nodes.
+Each call's sizes satisfy the shape environment's guards (checked), as the frame's guards
+would ensure; the outputs and gradients are compared with the graph run eagerly.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import fx
+
+from kiln.autograd_aot import aot_eager, aot_eager_decomp_partition
+from kiln.capture import counters
+from kiln.capture.meta import FakeTensor
+from kiln.capture.shapes import ShapeEnv, failing_guards, symbolic_meta
+from kiln.capture.source import LocalSource
+
+aten = torch.ops.aten
+Body = Callable[[fx.Graph, list[fx.Node]], Sequence[fx.Node]]
+
+
+def _graph(
+    examples: Sequence[torch.Tensor],
+    dynamic: Sequence[Sequence[int]],
+    body: Body,
+    root: torch.nn.Module | None = None,
+) -> tuple[fx.GraphModule, ShapeEnv]:
+    """A capture-like graph over ``examples``: input ``i``'s dims ``dynamic[i]`` symbolic."""
+    env = ShapeEnv()
+    graph = fx.Graph()
+    inputs = []
+    for i, (t, dims) in enumerate(zip(examples, dynamic, strict=True)):
+        node = graph.placeholder(f"x{i}")
+        meta = symbolic_meta(t, LocalSource(f"x{i}"), env, dynamic_dims=dims)
+        node.meta["val"] = FakeTensor(meta, t.device, requires_grad=t.requires_grad)
+        inputs.append(node)
+    graph.output(tuple(body(graph, inputs)))
+    return fx.GraphModule(root or torch.nn.Module(), graph), env
+
+
+def _size(graph: fx.Graph, x: fx.Node, d: int) -> fx.Node:
+    return graph.call_function(aten.sym_size.int, (x, d))
+
+
+def _values(env: ShapeEnv, inputs: Sequence[torch.Tensor]) -> dict:
+    return {
+        s: int(info.source.resolve({f"x{i}": t for i, t in enumerate(inputs)}, {}, {}))
+        for s, info in env.symbols.items()
+    }
+
+
+def _clone(ts: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    return [t.detach().clone().requires_grad_(t.requires_grad) for t in ts]
+
+
+def _check(
+    gm: fx.GraphModule,
+    env: ShapeEnv,
+    calls: Sequence[Sequence[torch.Tensor]],
+    backend: Callable = aot_eager,
+    grad: bool = False,
+) -> None:
+    """Compile with ``calls[0]``, run every call; one program traced for them all."""
+    before = counters.snapshot().get("autograd_aot", {}).get("programs", 0)
+    compiled = backend(gm, _clone(calls[0]))
+    for inputs in calls:
+        assert not failing_guards(env, _values(env, inputs)), [t.shape for t in inputs]
+        mine, theirs = _clone(inputs), _clone(inputs)
+        got, expect = compiled(*mine), gm(*theirs)
+        torch.testing.assert_close(got, expect, rtol=1e-4, atol=1e-5)
+        if grad:
+            weights = [torch.randn_like(t) for t in expect]
+            sum((o * w).sum() for o, w in zip(got, weights, strict=True)).backward()
+            sum((o * w).sum() for o, w in zip(expect, weights, strict=True)).backward()
+            for a, b in zip(mine, theirs, strict=True):
+                if b.requires_grad:
+                    torch.testing.assert_close(a.grad, b.grad, rtol=1e-3, atol=1e-4)
+    after = counters.snapshot().get("autograd_aot", {}).get("programs", 0)
+    assert len(compiled.variants()) == 1
+    assert after - before == 1
+
+
+def _view_body(graph: fx.Graph, xs: list[fx.Node]) -> list[fx.Node]:
+    (x,) = xs
+    b, s = _size(graph, x, 0), _size(graph, x, 1)
+    bs = graph.call_function(operator.mul, (b, s))
+    flat = graph.call_function(torch.Tensor.view, (x, bs, 8))
+    half = graph.call_function(operator.floordiv, (s, 2))
+    back = graph.call_function(torch.reshape, (flat, (b, s, 2, 4)))
+    rows = graph.call_function(torch.narrow, (back, 1, 0, half))
+    return [
+        graph.call_function(torch.sin, (flat,)),
+        graph.call_function(torch.mul, (back, 2)),
+        graph.call_function(torch.sum, (rows, 1)),
+    ]
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_view_reshape_and_size_arithmetic(grad: bool) -> None:
+    sizes = [(3, 5), (4, 7), (2, 9), (6, 4)]
+    calls = [[torch.randn(b, s, 8, requires_grad=grad)] for b, s in sizes]
+    gm, env = _graph(calls[0], [(0, 1)], _view_body)
+    _check(gm, env, calls, grad=grad)
+
+
+def _attention_body(graph: fx.Graph, xs: list[fx.Node]) -> list[fx.Node]:
+    x, w = xs
+    b, s = _size(graph, x, 0), _size(graph, x, 1)
+    h = graph.call_function(F.linear, (x, w))  # (b, s, 16)
+    heads = graph.call_function(torch.Tensor.view, (h, b, s, 2, 8))
+    q = graph.call_function(torch.transpose, (heads, 1, 2))
+    scores = graph.call_function(
+        torch.matmul, (q, graph.call_function(torch.transpose, (q, -1, -2)))
+    )
+    probs = graph.call_function(torch.softmax, (scores, -1))
+    ctx = graph.call_function(torch.matmul, (probs, q))
+    merged = graph.call_function(
+        torch.reshape, (graph.call_function(torch.transpose, (ctx, 1, 2)), (b, s, -1))
+    )
+    normed = graph.call_function(F.layer_norm, (merged, (16,)))
+    return [normed, graph.call_function(torch.sum, (normed, 1))]
+
+
+@pytest.mark.parametrize("backend", [aot_eager, aot_eager_decomp_partition])
+@pytest.mark.parametrize("grad", [False, True])
+def test_attention_block(backend: Callable, grad: bool) -> None:
+    w = torch.randn(16, 8, requires_grad=grad)
+    sizes = [(2, 5), (3, 9), (4, 3), (2, 12)]
+    calls = [[torch.randn(b, s, 8, requires_grad=grad), w] for b, s in sizes]
+    gm, env = _graph(calls[0], [(0, 1), ()], _attention_body)
+    _check(gm, env, calls, backend, grad=grad)
+
+
+def _conv_body(graph: fx.Graph, xs: list[fx.Node]) -> list[fx.Node]:
+    x, w = xs
+    y = graph.call_function(F.conv2d, (x, w), {"padding": 1})
+    y = graph.call_function(F.relu, (y,))
+    n = _size(graph, y, 0)
+    flat = graph.call_function(torch.Tensor.view, (y, n, -1))
+    return [graph.call_function(torch.mean, (flat, -1)), y]
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_conv2d_at_several_image_sizes(grad: bool) -> None:
+    w = torch.randn(4, 3, 3, 3, requires_grad=grad)
+    sizes = [(2, 8, 10), (3, 12, 7), (2, 5, 5)]
+    calls = [[torch.randn(n, 3, h, ww, requires_grad=grad), w] for n, h, ww in sizes]
+    gm, env = _graph(calls[0], [(0, 2, 3), ()], _conv_body)
+    _check(gm, env, calls, aot_eager_decomp_partition, grad=grad)
+
+
+class _Linear(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 4)
+
+
+def test_module_parameters_with_symbolic_inputs() -> None:
+    root = _Linear()
+
+    def body(graph: fx.Graph, xs: list[fx.Node]) -> list[fx.Node]:
+        (x,) = xs
+        w = graph.get_attr("lin.weight")
+        bias = graph.get_attr("lin.bias")
+        y = graph.call_function(F.linear, (x, w, bias))
+        return [graph.call_function(torch.sum, (y, 0))]
+
+    calls = [[torch.randn(n, 8)] for n in (3, 6, 11)]
+    gm, env = _graph(calls[0], [(0,)], body, root)
+    compiled = aot_eager(gm, calls[0])
+    for (x,) in calls:
+        expect = gm(x)[0]
+        got = compiled(x)[0]
+        torch.testing.assert_close(got, expect)
+        expect.sum().backward()
+        grad_e = root.lin.weight.grad.clone()
+        root.lin.weight.grad = None
+        got.sum().backward()
+        torch.testing.assert_close(root.lin.weight.grad, grad_e)
+        root.lin.weight.grad = None
+    assert len(compiled.variants()) == 1
+
+
+def test_static_graph_traces_as_before() -> None:
+    def body(graph: fx.Graph, xs: list[fx.Node]) -> list[fx.Node]:
+        return [graph.call_function(torch.softmax, (xs[0], -1))]
+
+    x = torch.randn(3, 4)
+    gm, _ = _graph([x], [()], body)
+    compiled = aot_eager(gm, [x])
+    code = compiled.variants()[0].forward.code
+    assert "sym_size" not in code
+    torch.testing.assert_close(compiled(x)[0], torch.softmax(x, -1))
