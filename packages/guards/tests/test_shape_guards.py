@@ -138,6 +138,13 @@ def test_wrong_rank_fails_without_raising(check: guards.GuardCheck) -> None:
     assert_fails(check, "L['y'] is not a tensor", torch.empty(20, 8), 3)
 
 
+def test_relations_alone_fail_on_a_wrong_rank_without_raising() -> None:
+    env, specs = traced_env()
+    check = guards.build_check([specs[2]], pair)
+    assert_passes(check, torch.empty(20, 8), torch.empty(8, 1, 12))
+    assert_fails(check, "could not read L['x'].size()[1]: IndexError", torch.empty(20), 3)
+
+
 def test_relations_read_sources_the_way_the_check_does() -> None:
     """A tensor inside a list is read through the local its condition hoisted; the relations
     read the shape that condition kept."""

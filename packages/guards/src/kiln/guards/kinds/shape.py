@@ -52,6 +52,11 @@ class ShapeKind(Kind):
     def explain(self, guard: GuardSpec, where: str, value: Any) -> str | None:
         env: ShapeEnv = guard.expected
         read: Callable[[Source], Any] = value
-        values = {s: int(read(info.source)) for s, info in env.symbols.items()}
+        values = {}
+        for s, info in env.symbols.items():
+            try:
+                values[s] = int(read(info.source))
+            except Exception as e:  # no tensor guard checked its rank (the check says False)
+                return f"could not read {info.source}: {type(e).__name__}: {e}"
         failed = failing_guards(env, values)
         return describe_failure(env, failed[0], values) if failed else None
