@@ -122,7 +122,7 @@ def mark_dynamic(
 ) -> None:
     """Compile ``t``'s size at ``dim`` as a symbol from the first call, in ``[min, max]``.
 
-    Calls with a size outside the range compile again. A size of 0 or 1 at the first call
+    A call with a size outside the range compiles that size statically. A size of 0 or 1
     is still specialized (as ``torch._dynamo.mark_dynamic`` does in its default mode).
     """
     for given in [dim] if isinstance(dim, int) else dim:
@@ -170,6 +170,10 @@ def _torch_marks(t: torch.Tensor) -> tuple[dict[int, DimRange], set[int]]:
     return ranges, {int(d) for d in getattr(t, _TORCH_STATIC, ()) or ()}
 
 
+def _within(n: int, r: DimRange) -> bool:
+    return (r[0] is None or n >= r[0]) and (r[1] is None or n <= r[1])
+
+
 def in_module_state(source: Source) -> bool:
     """Whether ``source`` reads a parameter or buffer of a module (``..._parameters['w']``)."""
     s: Source | None = source
@@ -191,7 +195,11 @@ def dims_of(policy: DynamicDims, source: Source, t: torch.Tensor) -> dict[int, D
     for d in getattr(t, _WEAK, ()):
         marked.setdefault(d, (None, None))
     static = set(getattr(t, _STATIC, ())) | torch_static
-    dims: dict[int, DimRange] = {d: r for d, r in marked.items() if d not in static}
+    # a size outside its marked range is compiled static for this call (the graph for the
+    # range would never be reused for it)
+    dims: dict[int, DimRange] = {
+        d: r for d, r in marked.items() if d not in static and _within(t.shape[d], r)
+    }
     if isinstance(t, torch.nn.Parameter) or in_module_state(source):
         return dims
     if policy.every_size:

@@ -35,7 +35,7 @@ from kiln.capture.values.containers import DictValue, ListValue, TupleValue
 from kiln.capture.values.iterators import ItemsIterator, IteratorValue
 from kiln.capture.values.ndarray import NdarrayValue
 from kiln.capture.values.objects import ObjectValue
-from kiln.capture.values.symbolic import SymValue, is_symbolic
+from kiln.capture.values.symbolic import SymSliceValue, SymValue, is_symbolic
 from kiln.capture.values.tensor import TensorMethodValue, TensorValue
 
 if TYPE_CHECKING:
@@ -111,6 +111,10 @@ def _unpack(tr: Tracer, v: Value) -> tuple[Any, Any]:
         return v.node, v.fake
     if isinstance(v, SymValue):  # a size the graph computes from its inputs' sizes
         return tr.out.sym_arg(v.sym), v.sym
+    if isinstance(v, SymSliceValue):
+        s = v.sym_slice
+        bounds = [tr.out.sym_arg(b) if is_symbolic(b) else b for b in (s.start, s.stop, s.step)]
+        return slice(*bounds), s
     if isinstance(v, ConstantValue):
         if type(v.value).__module__ == "numpy":  # numpy.float64 is a float, but fx prints it
             return v.value.item(), v.value  # as ``np.float64(...)``, a name the graph lacks

@@ -10,6 +10,7 @@ from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.opcodes.common import registry
 from kiln.capture.values.base import ConstantValue
 from kiln.capture.values.containers import DictValue, ListValue, SetValue, TupleValue, dict_key
+from kiln.capture.values.symbolic import slice_value
 
 if TYPE_CHECKING:
     from kiln.capture.tracer import Tracer
@@ -54,7 +55,7 @@ def build_slice(tr: Tracer, ins: dis.Instruction) -> None:
     parts = tr.popn(ins.arg or 2)
     if not all(isinstance(p, ConstantValue) for p in parts):
         raise unsupported("unsupported_value", "a slice bound that is not a constant")
-    tr.push(ConstantValue(slice(*(p.as_constant() for p in parts))))
+    tr.push(slice_value(parts))  # type: ignore[arg-type]
 
 
 @handles("LIST_APPEND")

@@ -12,6 +12,7 @@ from kiln.capture.opcodes.common import registry
 from kiln.capture.values.base import NULL, ConstantValue, NullValue, Value
 from kiln.capture.values.containers import CellValue
 from kiln.capture.values.objects import ObjectValue, SuperValue
+from kiln.capture.values.symbolic import slice_value
 from kiln.capture.wrap import wrap
 
 if TYPE_CHECKING:
@@ -210,7 +211,9 @@ def delete_subscr(tr: Tracer, ins: dis.Instruction) -> None:
 def _slice(tr: Tracer) -> ConstantValue:
     end = tr.pop()
     start = tr.pop()
-    return ConstantValue(slice(start.as_constant(), end.as_constant()))
+    if not (isinstance(start, ConstantValue) and isinstance(end, ConstantValue)):
+        return ConstantValue(slice(start.as_constant(), end.as_constant()))
+    return slice_value([start, end])
 
 
 @handles("BINARY_SLICE")

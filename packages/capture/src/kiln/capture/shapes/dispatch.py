@@ -3,8 +3,10 @@
 A C++ kernel that reads a tensor's sizes as plain integers either fails on a symbolic tensor
 or, in recent torch, materializes them by guarding each size to its value: the op then runs,
 but every size it touched is specialized. So an op with a symbolic argument runs as its
-Python decomposition (torch's reference implementations, symbolic throughout) or, for a
-composite op, as what it decomposes into, or as its Python meta kernel; only ops whose C++
+Python meta kernel (written to lay results out as eager's kernel does), else its Python
+decomposition (torch's reference implementations, symbolic throughout; a decomposition may
+lay its result out otherwise, ``repeat``'s is not contiguous) or, for a composite op, as
+what it decomposes into; only ops whose C++
 kernels take symbolic sizes (factories, ``as_strided``) and ops with none of those run
 directly. The ops inside a decomposition are routed the same way.
 
@@ -64,6 +66,11 @@ def run_symbolic(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
     if func in _SYMBOLIC_KERNELS or not _symbolic(args, kwargs):
         return func(*args, **kwargs)
     with SymbolicMetaMode():
+        # a Python meta kernel first: it gives the strides eager's kernel gives, where a
+        # decomposition may lay its result out otherwise (``repeat``'s is not contiguous)
+        python_meta = meta_table.get(func)
+        if python_meta is not None:
+            return python_meta(*args, **kwargs)
         decomposition = decomposition_table.get(func)
         if decomposition is not None:
             out = decomposition(*args, **kwargs)
@@ -72,9 +79,6 @@ def run_symbolic(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
         out = func.decompose(*args, **kwargs)
         if out is not NotImplemented:
             return out
-        python_meta = meta_table.get(func)
-        if python_meta is not None:
-            return python_meta(*args, **kwargs)
     return func(*args, **kwargs)
 
 

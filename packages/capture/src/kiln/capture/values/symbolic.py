@@ -17,7 +17,7 @@ import torch
 
 from kiln.capture.values.base import ConstantValue
 
-__all__ = ["SymValue", "is_symbolic", "specialize"]
+__all__ = ["SymSliceValue", "SymValue", "is_symbolic", "slice_value", "specialize"]
 
 SymNumber = torch.SymInt | torch.SymFloat | torch.SymBool
 
@@ -57,3 +57,27 @@ class SymValue(ConstantValue):
 
     def __repr__(self) -> str:
         return f"SymValue({self.sym.node.expr})"  # type: ignore[union-attr]
+
+
+class SymSliceValue(ConstantValue):
+    """A slice with a symbolic bound (``t[:, : s + 1]``): torch ops index with ``sym_slice``;
+    anywhere else ``value`` is the slice of plain numbers (guarded, as ``SymValue.value``)."""
+
+    def __init__(self, sym_slice: slice) -> None:
+        self.sym_slice = sym_slice
+        self.source = None
+
+    @property  # type: ignore[override]
+    def value(self) -> Any:
+        s = self.sym_slice
+        return slice(specialize(s.start), specialize(s.stop), specialize(s.step))
+
+    def python_type(self) -> type:
+        return slice
+
+
+def slice_value(parts: list[ConstantValue]) -> ConstantValue:
+    """The value of ``slice(*parts)``: symbolic where a bound is."""
+    if any(isinstance(p, SymValue) for p in parts):
+        return SymSliceValue(slice(*(p.sym if isinstance(p, SymValue) else p.value for p in parts)))
+    return ConstantValue(slice(*(p.value for p in parts)))

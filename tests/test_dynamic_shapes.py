@@ -1,0 +1,271 @@
+"""Dynamic shapes end to end: symbolic sizes from capture through guards to every backend.
+
+Each test compares with eager over several calls whose sizes change, and checks what was
+compiled: how many captures, which sizes stayed symbolic in the graph, which guard failed.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kiln
+from kiln.capture import counters
+
+BACKENDS = ["eager", "aot_eager", "kiln"]
+
+
+@pytest.fixture(autouse=True)
+def _fresh() -> Iterator[None]:
+    kiln.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no eager fallback, no warning
+        yield
+    kiln.reset()
+
+
+def _captures() -> int:
+    return kiln.stats().frames_captured
+
+
+def _check(fn: Callable[..., Any], compiled: Callable[..., Any], *args: Any) -> None:
+    torch.testing.assert_close(compiled(*args), fn(*args))
+
+
+def _graphs(fn: Callable[..., Any], *args: Any, dynamic: bool | None = True) -> list[Any]:
+    """The fx graphs a compile of ``fn`` hands its backend."""
+    seen: list[Any] = []
+
+    def backend(gm: Any, example_inputs: Any) -> Any:
+        seen.append(gm)
+        return gm.forward
+
+    backend.dynamic_shapes = True  # type: ignore[attr-defined]
+    kiln.compile(fn, backend=backend, dynamic=dynamic)(*args)
+    return seen
+
+
+def heads(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    b, s, h = x.shape
+    y = x.view(b, s, 4, h // 4).transpose(1, 2)
+    if s > 4:
+        y = y * 2
+    return (y.reshape(b * 4, s, -1) @ w).softmax(-1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dynamic_true_one_capture_serves_every_admitted_size(backend: str) -> None:
+    w = torch.randn(4, 5)
+    compiled = kiln.compile(heads, backend=backend, dynamic=True)
+    for b, s in [(2, 8), (3, 9), (4, 10), (5, 12)]:
+        _check(heads, compiled, torch.randn(b, s, 16), w)
+    assert _captures() == 1
+    _check(heads, compiled, torch.randn(2, 3, 16), w)  # s > 4 no longer holds
+    assert _captures() == 2
+
+
+def test_graph_reads_sizes_from_its_inputs() -> None:
+    (gm,) = _graphs(heads, torch.randn(2, 8, 16), torch.randn(4, 5))
+    targets = [n.target for n in gm.graph.nodes]
+    assert targets.count(torch.ops.aten.sym_size.int) == 3
+    view = next(n for n in gm.graph.nodes if n.target == "view")
+    assert all(isinstance(a, torch.fx.Node) for a in view.args[1:3])  # b and s, not 2 and 8
+    assert view.args[3] == 4
+    placeholder = next(n for n in gm.graph.nodes if n.op == "placeholder")
+    assert all(isinstance(n, torch.SymInt) for n in placeholder.meta["val"].shape)
+
+
+@pytest.mark.parametrize("backend", ["eager", "kiln"])
+def test_automatic_dynamic_recompiles_once_for_a_changed_size(backend: str) -> None:
+    w = torch.randn(4, 5)
+    compiled = kiln.compile(heads, backend=backend)
+    for s in (8, 9, 10, 11, 12, 30):
+        _check(heads, compiled, torch.randn(2, s, 16), w)
+    assert _captures() == 2  # static, then with the sequence length symbolic
+    assert not kiln.stats().eager_fallbacks
+
+
+def test_dynamic_false_never_makes_a_size_symbolic() -> None:
+    compiled = kiln.compile(heads, backend="eager", dynamic=False)
+    w = torch.randn(4, 5)
+    for s in (8, 9, 10):
+        _check(heads, compiled, torch.randn(2, s, 16), w)
+    assert _captures() == 3
+
+
+def test_automatic_dynamic_can_be_switched_off() -> None:
+    compiled = kiln.compile(heads, backend="eager", options={"automatic_dynamic_shapes": False})
+    w = torch.randn(4, 5)
+    for s in (8, 9, 10):
+        _check(heads, compiled, torch.randn(2, s, 16), w)
+    assert _captures() == 3
+
+
+def _scale(x: torch.Tensor) -> torch.Tensor:
+    return x * 2 + x.shape[0]
+
+
+def test_mark_dynamic_makes_one_dim_symbolic_from_the_first_call() -> None:
+    x = torch.randn(6, 3)
+    kiln.mark_dynamic(x, 0)
+    (gm,) = _graphs(_scale, x, dynamic=None)
+    shape = next(n for n in gm.graph.nodes if n.op == "placeholder").meta["val"].shape
+    assert isinstance(shape[0], torch.SymInt)
+    assert shape[1] == 3
+
+
+def test_mark_dynamic_range_is_guarded() -> None:
+    compiled = kiln.compile(_scale, backend="eager")
+    for n in (4, 5, 8, 9):
+        x = torch.randn(n, 3)
+        kiln.mark_dynamic(x, 0, min=2, max=8)
+        _check(_scale, compiled, x)
+    assert _captures() == 2  # 9 is past the range: a new capture
+
+
+def test_mark_static_wins_over_dynamic_true() -> None:
+    x = torch.randn(6, 3)
+    kiln.mark_static(x, 0)
+    (gm,) = _graphs(_scale, x)
+    shape = next(n for n in gm.graph.nodes if n.op == "placeholder").meta["val"].shape
+    assert shape[0] == 6 and not isinstance(shape[0], torch.SymInt)
+    assert isinstance(shape[1], torch.SymInt)
+
+
+def test_maybe_mark_dynamic_and_torch_marks_are_honoured() -> None:
+    x = torch.randn(6, 3)
+    kiln.maybe_mark_dynamic(x, 1)
+    y = torch.randn(6, 3)
+    y._dynamo_dynamic_indices = {0}  # what torch._dynamo.mark_dynamic leaves on a tensor
+    (gm,) = _graphs(lambda a, b: a + b.sum(), x, y, dynamic=None)
+    placeholders = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+    assert isinstance(placeholders[0].shape[1], torch.SymInt)
+    assert isinstance(placeholders[1].shape[0], torch.SymInt)
+
+
+def test_mark_dynamic_checks_its_arguments() -> None:
+    with pytest.raises(IndexError, match="out of range"):
+        kiln.mark_dynamic(torch.randn(2, 3), 2)
+    with pytest.raises(ValueError, match="above max"):
+        kiln.mark_dynamic(torch.randn(2, 3), 0, min=5, max=3)
+
+
+def test_parameters_stay_static_under_dynamic_true() -> None:
+    lin = torch.nn.Linear(8, 4)
+    (gm,) = _graphs(lin, torch.randn(3, 8))
+    vals = {n.name: n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"}
+    weight = next(v for k, v in vals.items() if "weight" in k)
+    assert weight.shape == (4, 8) and not any(isinstance(n, torch.SymInt) for n in weight.shape)
+
+
+# each relation kind, violated: a recompile (or eager's error), never a wrong answer
+def _duck(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return x + y  # equal sizes at the first call share a symbol
+
+
+def _bound(x: torch.Tensor) -> torch.Tensor:
+    return x * 2 if x.shape[0] > 16 else x - 1
+
+
+def _divisible(x: torch.Tensor) -> torch.Tensor:
+    return x.view(x.shape[0], 4, -1).sum(1)
+
+
+@pytest.mark.parametrize(
+    ("fn", "first", "violating"),
+    [
+        (_duck, [(5, 3), (5, 3)], [(5, 3), (1, 3)]),  # broadcasting: a size of 1
+        (_duck, [(5, 3), (5, 3)], [(4, 3), (4, 3)]),  # still equal: no recompile needed
+        (_bound, [(20, 3)], [(10, 3)]),
+        (_bound, [(1, 3)], [(7, 3)]),  # 1 was specialized
+        (_divisible, [(3, 8)], [(3, 12)]),  # 12 // 4 is not 8 // 4, but 12 % 4 == 0 holds
+    ],
+)
+def test_guards_hold_or_recompile(fn: Callable[..., Any], first: Any, violating: Any) -> None:
+    compiled = kiln.compile(fn, backend="eager", dynamic=True)
+    _check(fn, compiled, *(torch.randn(*s) for s in first))
+    _check(fn, compiled, *(torch.randn(*s) for s in violating))
+
+
+def test_divisibility_guard_fails_to_eager_error() -> None:
+    compiled = kiln.compile(_divisible, backend="eager", dynamic=True)
+    _check(_divisible, compiled, torch.randn(3, 8))
+    with pytest.raises(RuntimeError, match="invalid for input of size 30"):
+        compiled(torch.randn(3, 10))  # 10 is not divisible by 4: eager raises too
+
+
+def test_recompile_reason_names_the_relation(caplog: pytest.LogCaptureFixture) -> None:
+    compiled = kiln.compile(_bound, backend="eager", dynamic=True)
+    compiled(torch.randn(20, 3))
+    with caplog.at_level(logging.INFO, logger="kiln.guards.recompiles"):
+        compiled(torch.randn(10, 3))
+    text = caplog.text
+    assert "L['x'].size()[0] > 16 failed: got 10" in text, text
+
+
+# size arithmetic the graph keeps symbolic, and what specializes with a guard
+def _arange_pad(x: torch.Tensor) -> torch.Tensor:
+    b, s = x.shape[:2]
+    pos = torch.arange(s, device=x.device)
+    return F.pad(x + pos[None, :, None] + torch.zeros(b, s)[..., None], (0, (8 - s % 8) % 8))
+
+
+def _slices(x: torch.Tensor) -> torch.Tensor:
+    n = x.size(-1)
+    return torch.cat([x[..., : n // 2], x[:, :1]], 1).cumsum(1)[:, -1]
+
+
+def _repeat_view(x: torch.Tensor) -> torch.Tensor:
+    return x.unsqueeze(1).repeat(1, 2, 1).view(-1, x.shape[-1]) + x.new_zeros(1, x.shape[1])
+
+
+def _attention(x: torch.Tensor) -> torch.Tensor:
+    b, s, d = x.shape
+    q = x.view(b, s, 2, d // 2).transpose(1, 2)
+    out = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+    return out.transpose(1, 2).reshape(b, s, d)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    ("fn", "shapes"),
+    [
+        (_arange_pad, [(2, 5, 3), (3, 7, 3), (4, 9, 3)]),
+        (_slices, [(3, 4), (5, 6), (7, 8)]),
+        (_repeat_view, [(3, 4), (5, 6), (7, 2)]),
+        (_attention, [(2, 5, 8), (3, 7, 8), (4, 9, 16)]),
+    ],
+)
+def test_size_arithmetic_stays_symbolic(fn: Callable[..., Any], shapes: Any, backend: str) -> None:
+    compiled = kiln.compile(fn, backend=backend, dynamic=True)
+    for s in shapes:
+        _check(fn, compiled, torch.randn(*s))
+    assert _captures() == 1
+
+
+def _python_number(x: torch.Tensor) -> torch.Tensor:
+    return x * math.sqrt(x.shape[-1])  # a plain float of the size: specialized
+
+
+def test_a_size_used_as_a_python_number_specializes_with_a_guard() -> None:
+    compiled = kiln.compile(_python_number, backend="eager", dynamic=True)
+    for n in (4, 9, 4, 9):
+        _check(_python_number, compiled, torch.randn(3, n))
+    assert _captures() == 2  # one per value, then reused
+
+
+def test_static_backend_compiles_per_size_from_one_capture() -> None:
+    counters.clear()
+    compiled = kiln.compile(heads, backend="kiln", dynamic=True)
+    w = torch.randn(4, 5)
+    for s in (8, 9, 8, 10):
+        _check(heads, compiled, torch.randn(2, s, 16), w)
+    assert _captures() == 1
+    assert counters.snapshot()["stats"]["size_specializations"] == 3
