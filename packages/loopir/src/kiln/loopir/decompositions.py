@@ -123,12 +123,23 @@ _FLOAT_STATISTICS = {
 }
 
 
+def _contiguous_repeat(self: torch.Tensor, repeats: Any) -> torch.Tensor:
+    """torch's ``repeat`` decomposition, laid out contiguously as ATen's kernel lays it out.
+
+    The decomposition's result is a permuted view of an expanded copy, so a ``view`` of it
+    (``x.repeat(1, 2, 1).view(-1, d)``, which eager allows) would fail while tracing.
+    """
+    out: torch.Tensor = decomposition_table[aten.repeat.default](self, repeats)
+    return out.contiguous()
+
+
 @functools.cache
 def _table() -> dict[Any, Callable[..., Any]]:
     table: dict[Any, Callable[..., Any]] = default_decompositions()
     table.update(get_decompositions([op for op in _EXTRA if op is not None]))
     for op, training_at in _FLOAT_STATISTICS.items():
         table[op] = _float_statistics(op, training_at)
+    table[aten.repeat.default] = _contiguous_repeat
     return {op: fn for op, fn in table.items() if op not in LOWERINGS}
 
 
