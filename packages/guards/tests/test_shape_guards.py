@@ -242,14 +242,10 @@ def test_the_inline_dense_test_is_dense_in_order() -> None:
         traced, now = _layout(rng), _layout(rng)
         order = tuple(sorted(range(traced.dim()), key=lambda d: (traced.stride(d), traced.size(d))))
         sizes = tuple(n if rng.random() < 0.3 else None for n in traced.shape)
+        # capture keeps the strides that stay static (the innermost 1) beside the order
+        strides = tuple(s if rng.random() < 0.3 else None for s in traced.stride())
         meta = TensorMeta(
-            torch.Tensor,
-            now.dtype,
-            now.device,
-            False,
-            sizes,
-            (None,) * traced.dim(),
-            dense_order=order,
+            torch.Tensor, now.dtype, now.device, False, sizes, strides, dense_order=order
         )
         check = guards.build_check(
             [GuardSpec(LocalSource("x"), GuardKind.TENSOR_MATCH, meta)], lambda x: x
@@ -257,6 +253,7 @@ def test_the_inline_dense_test_is_dense_in_order() -> None:
         expected = (
             now.dim() == len(sizes)
             and all(n is None or n == m for n, m in zip(sizes, now.shape, strict=True))
+            and all(n is None or n == m for n, m in zip(strides, now.stride(), strict=True))
             and dense_in_order(now, order)
         )
         assert check(now) is expected, (sizes, order, now.shape, now.stride(), check.source)

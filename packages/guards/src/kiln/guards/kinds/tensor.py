@@ -106,12 +106,16 @@ def _dense_condition(meta: TensorMeta, v: str, shape: str | None, strides: str) 
         if n == 0:
             return None
         product = " * ".join([*factors, str(static)] if static != 1 or not factors else factors)
+        # a static stride equal to the product is tested already (the innermost stride 1)
+        pinned = not factors and meta.strides[d] == static
         if n is None:
             assert shape is not None
-            terms.append(f"({strides}[{d}] == {product} or {shape}[{d}] == 1)")
+            if not pinned:
+                terms.append(f"({strides}[{d}] == {product} or {shape}[{d}] == 1)")
             factors.append(f"{shape}[{d}]")
         elif n != 1:
-            terms.append(f"{strides}[{d}] == {product}")
+            if not pinned:
+                terms.append(f"{strides}[{d}] == {product}")
             static *= n
     if not terms:
         return None
