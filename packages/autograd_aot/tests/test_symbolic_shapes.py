@@ -199,3 +199,87 @@ def test_static_graph_traces_as_before() -> None:
     code = compiled.variants()[0].forward.code
     assert "sym_size" not in code
     torch.testing.assert_close(compiled(x)[0], torch.softmax(x, -1))
+
+
+def _alias_body(graph: fx.Graph, xs: list[fx.Node]) -> list[fx.Node]:
+    (x,) = xs
+    b, s = _size(graph, x, 0), _size(graph, x, 1)
+    flat = graph.call_function(torch.Tensor.view, (x, graph.call_function(operator.mul, (b, s)), 8))
+    tail = graph.call_function(torch.narrow, (x, 1, 1, graph.call_function(operator.sub, (s, 1))))
+    summed = graph.call_function(torch.sum, (x, 1, True))
+    wide = graph.call_function(torch.Tensor.expand, (summed, b, s, 8))
+    return [flat, tail, wide, graph.call_function(operator.mul, (s, 2))]
+
+
+@pytest.mark.parametrize("backend", [aot_eager, aot_eager_decomp_partition])
+def test_views_of_inputs_and_sizes_as_outputs(backend: Callable) -> None:
+    """Views of inputs are rebuilt outside the graph with this call's sizes; a returned size
+    is this call's; a backward for the one output that gets a gradient."""
+    calls = [[torch.randn(b, s, 8, requires_grad=True)] for b, s in [(3, 5), (4, 7), (2, 9)]]
+    gm, env = _graph(calls[0], [(0, 1)], _alias_body)
+    compiled = backend(gm, _clone(calls[0]))
+    for inputs in calls:
+        assert not failing_guards(env, _values(env, inputs))
+        (mine,), (theirs,) = _clone(inputs), _clone(inputs)
+        got, expect = compiled(mine), gm(theirs)
+        assert got[3] == expect[3] and isinstance(got[3], int)
+        torch.testing.assert_close(got[:3], expect[:3])
+        assert got[0]._base is mine and got[1]._base is mine
+        (got[2] * 2).sum().backward()
+        (expect[2] * 2).sum().backward()
+        torch.testing.assert_close(mine.grad, theirs.grad)
+    assert len(compiled.variants()) == 1
+
+
+def test_mutated_symbolic_input() -> None:
+    def body(graph: fx.Graph, xs: list[fx.Node]) -> list[fx.Node]:
+        x, y = xs
+        graph.call_function(torch.Tensor.add_, (x, y))
+        return [graph.call_function(torch.sum, (x, 0))]
+
+    calls = [[torch.randn(n, 8), torch.randn(n, 8)] for n in (3, 5, 9)]
+    gm, env = _graph(calls[0], [(0,), (0,)], body)
+    compiled = aot_eager(gm, _clone(calls[0]))
+    for inputs in calls:
+        mine, theirs = _clone(inputs), _clone(inputs)
+        torch.testing.assert_close(compiled(*mine), gm(*theirs))
+        torch.testing.assert_close(mine, theirs)
+    assert len(compiled.variants()) == 1
+
+
+class _TwoOutputs(torch.autograd.Function):
+    """A backward node that takes both outputs' gradients at once: the pruned backward gives
+    the missing one zeros, of symbolic size."""
+
+    @staticmethod
+    def forward(ctx: object, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x * 2, x * 3
+
+    @staticmethod
+    def backward(ctx: object, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.stack([a, b]).sum(0) * 5
+
+
+def two_outputs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return _TwoOutputs.apply(x)
+
+
+@pytest.mark.parametrize("backend", [aot_eager, aot_eager_decomp_partition])
+def test_pruned_backward_with_symbolic_zeros(backend: Callable) -> None:
+    def body(graph: fx.Graph, xs: list[fx.Node]) -> list[fx.Node]:
+        pair = graph.call_function(two_outputs, (graph.call_function(torch.sin, (xs[0],)),))
+        return [graph.call_function(operator.getitem, (pair, i)) for i in (0, 1)]
+
+    calls = [[torch.randn(b, s, 8, requires_grad=True)] for b, s in [(3, 6), (4, 8), (2, 10)]]
+    gm, env = _graph(calls[0], [(0, 1)], body)
+    compiled = backend(gm, _clone(calls[0]))
+    pruned = counters.snapshot().get("autograd_aot", {}).get("pruned_backwards", 0)
+    for inputs in calls:
+        (mine,), (theirs,) = _clone(inputs), _clone(inputs)
+        got, expect = compiled(mine), gm(theirs)
+        torch.testing.assert_close(got, expect)
+        (got[1] * 2).sum().backward()
+        (expect[1] * 2).sum().backward()
+        torch.testing.assert_close(mine.grad, theirs.grad)
+    assert counters.snapshot()["autograd_aot"]["pruned_backwards"] == pruned + 1
+    assert len(compiled.variants()) == 1

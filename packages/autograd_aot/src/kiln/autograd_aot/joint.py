@@ -22,6 +22,13 @@ from torch.utils import _pytree as pytree
 
 from kiln.autograd_aot.decomp import DecompositionTable
 from kiln.autograd_aot.mutation import ViewStep
+from kiln.autograd_aot.symbolic import (
+    SizeSources,
+    has_symbolic,
+    is_symbolic,
+    is_symbolic_value,
+    size_sources,
+)
 from kiln.autograd_aot.trace import AtenTracer
 from kiln.capture.meta import FakeTensor
 
@@ -50,6 +57,8 @@ class OutputSpec:
     # whether a view was made with grad enabled: one made under no_grad may still require
     # grad (a view of a leaf that does) but has no path back to its base, as in eager
     grad_path: bool = True
+    # ``steps`` or ``value`` hold symbolic sizes, made concrete from each call's inputs
+    symbolic: bool = False
 
 
 @dataclasses.dataclass
@@ -76,6 +85,8 @@ class TracedProgram:
     # would run that node (the compiled graphs save other values, or none)
     watched_outputs: list[tuple[int, int]] = dataclasses.field(default_factory=list)
     watched_inputs: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+    # where the symbols of the inputs' sizes are read, for outputs rebuilt outside the graph
+    size_sources: SizeSources = ()
 
     @property
     def num_forward_outputs(self) -> int:
@@ -175,6 +186,7 @@ def trace_program(
         cut_inputs=cut if grad_inputs else [],
         watched_outputs=watched[0] if grad_inputs else [],
         watched_inputs=watched[1] if grad_inputs else [],
+        size_sources=size_sources(fakes) if any(s.symbolic for s in specs) else (),
     )
 
 
@@ -294,7 +306,7 @@ def _output_specs(
 
     for leaf in leaves:
         if not isinstance(leaf, torch.Tensor):
-            specs.append(OutputSpec("const", value=leaf))
+            specs.append(OutputSpec("const", value=leaf, symbolic=is_symbolic_value(leaf)))
             continue
         source = tracer.input_root(leaf)
         if source is not None:
@@ -312,6 +324,7 @@ def _output_specs(
                 requires_grad=leaf.requires_grad,
                 steps=chain,
                 grad_path=leaf.grad_fn is not None,
+                symbolic=has_symbolic([(s.args, s.kwargs) for s in chain]),
             )
             specs.append(spec)
             continue
@@ -370,6 +383,17 @@ def _alias_spec(
     ``as_strided`` cannot say what they do (another dtype: ``view_as_complex``, ``real``,
     ``view(torch.int32)``; a lazy conjugate or negative bit: ``conj``)."""
     replay = leaf.dtype != base.dtype or any(step.func in _LAZY_BIT_VIEWS for step in chain)
+    if is_symbolic(leaf) or is_symbolic(base):
+        # its sizes, strides and offset vary with the call: its view ops are replayed
+        return OutputSpec(
+            "alias",
+            index=source,
+            requires_grad=leaf.requires_grad,
+            same_object=leaf is base,
+            steps=chain,
+            grad_path=leaf is base or leaf.grad_fn is not None,
+            symbolic=has_symbolic([(s.args, s.kwargs) for s in chain]),
+        )
     return OutputSpec(
         "alias",
         index=source,

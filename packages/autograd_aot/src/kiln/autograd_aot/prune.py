@@ -21,6 +21,7 @@ import torch
 from torch import fx
 
 from kiln.autograd_aot.mutation import is_view
+from kiln.autograd_aot.symbolic import SymbolReader
 from kiln.autograd_aot.trace import verify_aten_graph
 from kiln.capture.meta import FakeTensor
 
@@ -89,12 +90,18 @@ def prune_backward(
         env[p] = graph.placeholder(p.name)
         env[p].meta = dict(p.meta)
 
+    # symbolic sizes of the zeros are read from the inputs the pruned graph keeps
+    sizes = SymbolReader(
+        graph, lambda: [(env[p], p.meta.get("val")) for p in placeholders if p in env]
+    )
+
     def arg(a: fx.Node) -> fx.Node:
         if a in env:
             return env[a]
         val = a.meta["val"]
+        shape = [sizes.node_for(n) for n in val.shape]
         zeros = graph.call_function(
-            aten.zeros.default, (list(val.shape),), {"dtype": val.dtype, "device": val.device}
+            aten.zeros.default, (shape,), {"dtype": val.dtype, "device": val.device}
         )
         zeros.meta["val"] = FakeTensor(
             torch.empty(val.shape, dtype=val.dtype, device="meta"), val.device

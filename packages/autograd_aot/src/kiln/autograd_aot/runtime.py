@@ -31,6 +31,7 @@ from kiln.autograd_aot.errors import AotError
 from kiln.autograd_aot.inputs import InputLayout
 from kiln.autograd_aot.joint import OutputSpec, TracedProgram
 from kiln.autograd_aot.mutation import apply_view
+from kiln.autograd_aot.symbolic import SizeSources, concrete
 from kiln.capture.meta import storage_key
 
 __all__ = ["CompiledProgram", "run_inference", "run_training"]
@@ -353,25 +354,41 @@ def _finish(
         if spec.kind == "graph":
             flat.append(outputs[spec.index])
         elif spec.kind == "const":
-            flat.append(spec.value)
+            value = spec.value
+            if spec.symbolic:
+                value = concrete(value, program.size_sources, primals)
+            flat.append(value)
         elif spec.same_object:
             flat.append(primals[spec.index])
         else:
             # the program may have enabled grad itself, or made the view under no_grad:
             # the traced view's own grad mode decides, not the caller's
             with torch.set_grad_enabled(spec.requires_grad and spec.grad_path):
-                view = _rebuild_view(spec, primals, outputs)
+                view = _rebuild_view(spec, primals, outputs, program.size_sources)
             flat.append(view if spec.requires_grad else view.detach())
     return pytree.tree_unflatten(flat, program.out_spec)
 
 
 def _rebuild_view(
-    spec: OutputSpec, primals: Sequence[torch.Tensor], outputs: list[Any]
+    spec: OutputSpec,
+    primals: Sequence[torch.Tensor],
+    outputs: list[Any],
+    sources: SizeSources = (),
 ) -> torch.Tensor:
     """The view ``spec`` describes, of this call's input or graph output."""
-    if spec.kind == "view" or spec.steps:
+    if spec.kind == "view" or spec.steps or spec.symbolic:
         view = outputs[spec.index] if spec.kind == "view" else primals[spec.index]
-        for step in spec.steps:
+        steps = spec.steps
+        if spec.symbolic:
+            steps = tuple(
+                dataclasses.replace(
+                    s,
+                    args=concrete(s.args, sources, primals),
+                    kwargs=concrete(s.kwargs, sources, primals),
+                )
+                for s in steps
+            )
+        for step in steps:
             view = apply_view(step, view)
         return view
     # guards match sizes and strides, not the storage offset: a view of another part of

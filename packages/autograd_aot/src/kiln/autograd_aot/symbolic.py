@@ -23,13 +23,18 @@ from typing import Any
 import sympy
 import torch
 from torch import fx
+from torch.utils import _pytree as pytree
 
 from kiln.autograd_aot.errors import AotError
 from kiln.capture.meta import FakeTensor
 from kiln.capture.shapes import FloorDiv, Mod, SymNode, expr_of, has_symbolic_sizes, wrap
 
 __all__ = [
+    "SizeSources",
     "SymbolReader",
+    "concrete",
+    "has_symbolic",
+    "size_sources",
     "expr_nodes",
     "fresh_fake",
     "hint",
@@ -217,6 +222,38 @@ class SymbolReader:
         raise AotError(msg)
 
 
-def symbolic_inputs(values: Sequence[Any]) -> bool:
-    """Whether any of a graph's input values has symbolic sizes or is a symbolic number."""
-    return any(is_symbolic(v) or is_symbolic_value(v) for v in values)
+SizeSources = tuple[tuple[sympy.Symbol, int, int], ...]
+
+
+def size_sources(inputs: Sequence[Any]) -> SizeSources:
+    """Where each symbol of the inputs' sizes is read: (symbol, input position, dim)."""
+    found: dict[sympy.Symbol, tuple[int, int]] = {}
+    for i, t in enumerate(inputs):
+        for d, size in enumerate(t.shape if isinstance(t, torch.Tensor) else ()):
+            expr = _expr(size) if isinstance(size, torch.SymInt) else None
+            if isinstance(expr, sympy.Symbol):
+                found.setdefault(expr, (i, d))
+    return tuple((s, i, d) for s, (i, d) in found.items())
+
+
+def has_symbolic(tree: Any) -> bool:
+    """Whether a nest of values (an op's arguments) holds a symbolic number."""
+    return any(map(is_symbolic_value, pytree.tree_leaves(tree)))
+
+
+def concrete(tree: Any, sources: SizeSources, inputs: Sequence[torch.Tensor]) -> Any:
+    """``tree`` with each symbolic number replaced by its value for these ``inputs`` (the
+    runtime's, whose sizes ``sources`` reads): what a view rebuilt outside a compiled graph
+    takes. A sympy substitution per value: for the rare output that views an input."""
+    values = {s: sympy.Integer(inputs[i].shape[d]) for s, i, d in sources}
+
+    def value(a: Any) -> Any:
+        if not is_symbolic_value(a):
+            return a
+        number = _expr(a).xreplace(values)
+        if number.free_symbols:
+            msg = f"the symbolic value {a} is not computed from the inputs' sizes"
+            raise AotError(msg)
+        return bool(number) if number in (sympy.true, sympy.false) else int(number)
+
+    return pytree.tree_map(value, tree)
