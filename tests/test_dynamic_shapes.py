@@ -269,3 +269,72 @@ def test_static_backend_compiles_per_size_from_one_capture() -> None:
         _check(heads, compiled, torch.randn(2, s, 16), w)
     assert _captures() == 1
     assert counters.snapshot()["stats"]["size_specializations"] == 3
+
+
+def _is_none(x: torch.Tensor, n: Any = None) -> torch.Tensor:
+    k = x.shape[1]
+    if k is None or not isinstance(k, int) or isinstance(k, torch.SymInt):
+        return x
+    return x[:, : k - 1]
+
+
+def test_identity_and_isinstance_keep_sizes_symbolic() -> None:
+    compiled = kiln.compile(_is_none, backend="eager", dynamic=True)
+    for n in (4, 5, 6):
+        _check(_is_none, compiled, torch.randn(3, n))
+    assert _captures() == 1
+
+
+# models as users run them: at most a few captures, never an eager fallback
+def test_bert_variable_batch_and_sequence() -> None:
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+        vocab_size=1000,
+    )  # fmt: skip
+    model = transformers.BertModel(cfg).eval()
+    compiled = kiln.compile(model, backend="aot_eager")
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for b, s in [(2, 8), (3, 17), (1, 40), (4, 23), (2, 31), (1, 9), (3, 12)]:
+            ids = torch.randint(0, 1000, (b, s), generator=gen)
+            torch.testing.assert_close(
+                compiled(input_ids=ids).last_hidden_state, model(input_ids=ids).last_hidden_state
+            )
+    assert _captures() <= 3
+    kiln.reset()
+    compiled = kiln.compile(model, backend="aot_eager", dynamic=True)
+    with torch.no_grad():
+        for b, s in [(2, 8), (3, 17), (4, 40), (2, 23)]:
+            ids = torch.randint(0, 1000, (b, s), generator=gen)
+            torch.testing.assert_close(
+                compiled(input_ids=ids).last_hidden_state, model(input_ids=ids).last_hidden_state
+            )
+    assert _captures() == 1
+
+
+def test_gpt2_generate_compiles_a_few_times() -> None:
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=500, n_positions=64)
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    ids = torch.randint(0, 500, (1, 6), generator=torch.Generator().manual_seed(0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # transformers' own notes on the toy config
+        expected = model.generate(ids, max_new_tokens=20, do_sample=False, pad_token_id=0)
+        model.forward = kiln.compile(model.forward, backend="aot_eager")
+        with torch.no_grad():
+            got = model.generate(ids, max_new_tokens=20, do_sample=False, pad_token_id=0)
+    assert torch.equal(got, expected)
+    stats = kiln.stats()
+    assert stats.frames_captured <= 4 and not stats.eager_fallbacks, stats
+
+
+def test_cnn_variable_image_size() -> None:
+    timm = pytest.importorskip("timm")
+    model = timm.create_model("resnet18", pretrained=False, num_classes=10).eval()
+    compiled = kiln.compile(model, backend="aot_eager")
+    with torch.no_grad():
+        for s in (160, 192, 256, 176):
+            x = torch.randn(2, 3, s, s)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    assert _captures() == 2

@@ -188,7 +188,7 @@ def test_skip_guards_reuses_the_newest_entry_unchecked():
 
 
 def test_recompile_limit_runs_eagerly_with_one_warning():
-    f = kiln.compile(toy_body, backend="eager", options={"recompile_limit": 2})
+    f = kiln.compile(toy_body, backend="eager", dynamic=False, options={"recompile_limit": 2})
     with pytest.warns(RuntimeWarning, match="recompile limit"):
         for n in range(2, 7):
             a, b = torch.randn(n), torch.randn(n)
@@ -198,6 +198,7 @@ def test_recompile_limit_runs_eagerly_with_one_warning():
         g = kiln.compile(
             toy_body,
             backend="eager",
+            dynamic=False,
             options={"recompile_limit": 1, "fail_on_recompile_limit": True},
         )
         g(torch.randn(2), torch.randn(2))

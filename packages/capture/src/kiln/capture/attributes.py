@@ -528,7 +528,7 @@ def _set_new_object_attr(
 
 @dispatch.SET_ATTR.register(DictValue)
 def _set_dict_attr(tr: Tracer, v: DictValue, name: str, value: Value, plain: bool) -> None:
-    none = isinstance(value, ConstantValue) and value.value is None
+    none = isinstance(value, ConstantValue) and value.is_none()
     model_output = is_model_output(v.cls) and v.source is None
     if model_output and none and name not in v.items:
         return  # a field that is not an item reads as None already
@@ -581,9 +581,7 @@ def _buffer_rebinding(obj: Any, name: str, value: Value) -> bool:
         return False
     if name not in obj.__dict__.get("_buffers", {}):
         return False
-    return isinstance(value, TensorValue) or (
-        isinstance(value, ConstantValue) and value.value is None
-    )
+    return isinstance(value, TensorValue) or (isinstance(value, ConstantValue) and value.is_none())
 
 
 def _plain_attribute(obj: Any, name: str, plain: bool) -> bool:

@@ -53,6 +53,7 @@ from kiln.capture.values.iterators import (
 )
 from kiln.capture.values.ndarray import NdarrayValue
 from kiln.capture.values.objects import NewObjectValue, ObjectValue, SuperValue, WeakRefValue
+from kiln.capture.values.symbolic import SymValue
 from kiln.capture.values.tensor import TensorValue
 
 if TYPE_CHECKING:
@@ -107,7 +108,7 @@ def _types_of(v: Value) -> tuple[type, ...]:
 def _isinstance(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
     v, types_v = args
     cls = v.python_type()
-    if isinstance(v, (ObjectValue, ConstantValue)):
+    if isinstance(v, (ObjectValue, ConstantValue)) and not isinstance(v, SymValue):
         obj = v.obj if isinstance(v, ObjectValue) else v.value
         return ConstantValue(isinstance(obj, _types_of(types_v)))
     return ConstantValue(issubclass(cls, _types_of(types_v)))
@@ -232,7 +233,7 @@ def _map(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
 
 @_handles(filter)
 def _filter(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
-    fn = None if isinstance(args[0], ConstantValue) and args[0].value is None else args[0]
+    fn = None if isinstance(args[0], ConstantValue) and args[0].is_none() else args[0]
     return MapIterator(fn, [dispatch.iterate(tr, args[1])], keep=True)
 
 
@@ -300,7 +301,7 @@ def _ordered(
     tr: Tracer, items: list[Value], kwargs: dict[str, Value]
 ) -> list[tuple[Any, int, Value]]:
     key = kwargs.get("key")
-    key = None if isinstance(key, ConstantValue) and key.value is None else key
+    key = None if isinstance(key, ConstantValue) and key.is_none() else key
     keys = _sort_keys(tr, items, key)
     return [(k, i, item) for i, (k, item) in enumerate(zip(keys, items, strict=True))]
 

@@ -166,7 +166,7 @@ def item_store(v: DictValue, name: str, value: Value) -> bool:
     own also adds a field that is not a key yet. Other stores (None, a new key under another
     class's hook) may leave the item and the attribute apart, which capture cannot represent.
     """
-    if isinstance(value, ConstantValue) and value.value is None:
+    if isinstance(value, ConstantValue) and value.is_none():
         return False
     if name in v.items:
         return True

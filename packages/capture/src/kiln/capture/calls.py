@@ -389,7 +389,7 @@ def _model_output(cls: Any, args: list[Value], kwargs: dict[str, Value]) -> Valu
     items: dict[Any, tuple[Value, Value]] = {}
     for name in names:
         v = given.get(name)
-        if v is None or (isinstance(v, ConstantValue) and v.value is None):
+        if v is None or (isinstance(v, ConstantValue) and v.is_none()):
             continue
         items[name] = (ConstantValue(name), v)
     return DictValue(items, cls)
@@ -471,7 +471,7 @@ def _kw(kwargs: dict[str, Value]) -> DictValue:
 
 
 def _is_none(v: Value) -> bool:
-    return isinstance(v, ConstantValue) and v.value is None
+    return isinstance(v, ConstantValue) and v.is_none()
 
 
 def _unpack_pair(result: Value) -> tuple[list[Value], dict[str, Value]]:

@@ -94,7 +94,7 @@ def _list_method(
 def _sort(tr: Tracer, lst: ListValue, kwargs: dict[str, Value]) -> None:
     """``lst.sort(key=..., reverse=...)`` where every key is a constant (stable, as Python's)."""
     key = kwargs.get("key")
-    if key is not None and isinstance(key, ConstantValue) and key.value is None:
+    if key is not None and isinstance(key, ConstantValue) and key.is_none():
         key = None
     keys = [
         literals.literal(dispatch.call(tr, key, [x], {}) if key is not None else x)

@@ -441,7 +441,7 @@ def _functional_call(tr: Tracer, args: Args, kwargs: Kwargs) -> Value:
     )
     given = _given_tensors(bound["parameter_and_buffer_dicts"])
     call_args = bound.get("args", ConstantValue(None))
-    if isinstance(call_args, ConstantValue) and call_args.value is None:
+    if isinstance(call_args, ConstantValue) and call_args.is_none():
         positional: list[Value] = []
     elif isinstance(call_args, TupleValue) and call_args.cls is tuple:
         positional = list(call_args.items)
@@ -450,7 +450,7 @@ def _functional_call(tr: Tracer, args: Args, kwargs: Kwargs) -> Value:
     call_kwargs = bound.get("kwargs", ConstantValue(None))
     if isinstance(call_kwargs, DictValue):
         named = {str(k): v for k, (_, v) in call_kwargs.items.items()}
-    elif isinstance(call_kwargs, ConstantValue) and call_kwargs.value is None:
+    elif isinstance(call_kwargs, ConstantValue) and call_kwargs.is_none():
         named = {}
     else:
         raise unsupported("functorch", f"functional_call with kwargs {call_kwargs}")

@@ -122,10 +122,10 @@ def _islice(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
 @_handles(itertools.accumulate)
 def _accumulate(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
     func = args[1] if len(args) > 1 else kwargs.get("func", ConstantValue(None))
-    if isinstance(func, ConstantValue) and func.value is None:
+    if isinstance(func, ConstantValue) and func.is_none():
         func = ObjectValue(operator.add)
     initial = kwargs.get("initial")
-    if isinstance(initial, ConstantValue) and initial.value is None:
+    if isinstance(initial, ConstantValue) and initial.is_none():
         initial = None
     return AccumulateIterator(dispatch.iterate(tr, args[0]), func, initial)
 
@@ -161,7 +161,7 @@ HANDLERS[itertools.dropwhile] = _while_handler(False)
 
 @_handles(itertools.filterfalse)
 def _filterfalse(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
-    fn = None if isinstance(args[0], ConstantValue) and args[0].value is None else args[0]
+    fn = None if isinstance(args[0], ConstantValue) and args[0].is_none() else args[0]
     return MapIterator(fn, [dispatch.iterate(tr, args[1])], keep=True, invert=True)
 
 

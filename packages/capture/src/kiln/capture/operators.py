@@ -39,6 +39,7 @@ from kiln.capture.values.containers import (
 )
 from kiln.capture.values.functions import UserFunctionValue
 from kiln.capture.values.objects import NewObjectValue, ObjectValue
+from kiln.capture.values.symbolic import SymValue
 from kiln.capture.values.tensor import TensorValue
 from kiln.capture.wrap import function_value
 
@@ -209,7 +210,7 @@ _TYPING_MODULES = frozenset({"typing", "types", "_collections_abc", "collections
 def _annotation(v: Value) -> Any:
     """The class or typing form ``v`` holds (None for None), else ``_NOT_ANNOTATION``; a
     class whose metaclass has its own ``|`` is not one (that may be the program's code)."""
-    if isinstance(v, ConstantValue) and v.value is None:
+    if isinstance(v, ConstantValue) and v.is_none():
         return None
     if not isinstance(v, ObjectValue):
         return _NOT_ANNOTATION
@@ -358,6 +359,11 @@ def _user_compare_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value | None:
 def _identity(a: Value, b: Value) -> bool | None:
     if a is b:
         return True
+    for x, y in ((a, b), (b, a)):  # a size is never None, a type, a function ...
+        if isinstance(x, SymValue) and not isinstance(y, SymValue):
+            plain = y.value if isinstance(y, ConstantValue) else None
+            if not isinstance(plain, (int, float)):
+                return False
     oa, ob = getattr(a, "obj", None), getattr(b, "obj", None)
     if oa is not None and ob is not None:
         return oa is ob

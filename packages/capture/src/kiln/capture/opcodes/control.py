@@ -53,7 +53,7 @@ def jump(tr: Tracer, ins: dis.Instruction) -> None:
 
 
 def _is_none(v: Value) -> bool:
-    return isinstance(v, ConstantValue) and v.value is None
+    return isinstance(v, ConstantValue) and v.is_none()
 
 
 def _pop_jump(tr: Tracer, ins: dis.Instruction, condition: bool) -> None:

@@ -204,7 +204,7 @@ def prep_reraise_star_311(tr: Tracer, ins: dis.Instruction) -> None:
 
 
 def _is_none(v: Value) -> bool:
-    return isinstance(v, ConstantValue) and v.value is None
+    return isinstance(v, ConstantValue) and v.is_none()
 
 
 def _same_metadata(a: BaseException, b: BaseException) -> bool:

@@ -68,7 +68,7 @@ def send(tr: Tracer, ins: dis.Instruction) -> None:
     """
     sent = tr.pop()
     receiver = tr.peek()
-    if not (isinstance(sent, ConstantValue) and sent.value is None):
+    if not (isinstance(sent, ConstantValue) and sent.is_none()):
         raise unsupported("unsupported_opcode", "SEND of a value into a generator")
     if not isinstance(receiver, IteratorValue):
         raise unsupported("unsupported_opcode", f"yield from {receiver}")

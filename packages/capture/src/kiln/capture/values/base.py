@@ -94,6 +94,10 @@ class ConstantValue(Value):
     def as_constant(self) -> Any:
         return self.value
 
+    def is_none(self) -> bool:
+        """Whether the value is None (asked without reading a symbolic number's value)."""
+        return self.value is None
+
     def __repr__(self) -> str:
         return f"ConstantValue({self.value!r})"
 

@@ -55,6 +55,9 @@ class SymValue(ConstantValue):
     def python_type(self) -> type:
         return _PYTHON_TYPES[type(self.sym)]
 
+    def is_none(self) -> bool:
+        return False
+
     def __repr__(self) -> str:
         return f"SymValue({self.sym.node.expr})"  # type: ignore[union-attr]
 
