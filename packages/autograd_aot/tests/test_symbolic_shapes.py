@@ -283,3 +283,36 @@ def test_pruned_backward_with_symbolic_zeros(backend: Callable) -> None:
         torch.testing.assert_close(mine.grad, theirs.grad)
     assert counters.snapshot()["autograd_aot"]["pruned_backwards"] == pruned + 1
     assert len(compiled.variants()) == 1
+
+
+class _Norm(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.bn = torch.nn.BatchNorm2d(4)
+
+
+@pytest.mark.parametrize("backend", [aot_eager, aot_eager_decomp_partition])
+def test_batch_norm_training_updates_statistics(backend: Callable) -> None:
+    """Running statistics (mutated buffers) follow eager's at every size; the decomposed
+    update's unbiased factor ``n / (n - 1)`` is a float over sizes, computed in the graph."""
+    root, ref = _Norm(), _Norm()
+
+    def body(graph: fx.Graph, xs: list[fx.Node]) -> list[fx.Node]:
+        names = ("running_mean", "running_var", "weight", "bias")
+        mean, var, weight, bias = (graph.get_attr(f"bn.{n}") for n in names)
+        y = graph.call_function(F.batch_norm, (xs[0], mean, var, weight, bias, True))
+        return [graph.call_function(torch.relu, (y,))]
+
+    calls = [[torch.randn(n, 4, h, w)] for n, h, w in [(2, 5, 6), (3, 7, 9), (5, 4, 11)]]
+    gm, env = _graph(calls[0], [(0, 2, 3)], body, root)
+    compiled = backend(gm, _clone(calls[0]))
+    for (x,) in calls:
+        assert not failing_guards(env, _values(env, [x]))
+        got, expect = compiled(x)[0], ref.bn(x).relu()
+        torch.testing.assert_close(got, expect)
+        got.pow(2).sum().backward()
+        expect.pow(2).sum().backward()
+        torch.testing.assert_close(root.bn.running_mean, ref.bn.running_mean)
+        torch.testing.assert_close(root.bn.running_var, ref.bn.running_var)
+        torch.testing.assert_close(root.bn.weight.grad, ref.bn.weight.grad, rtol=1e-3, atol=1e-4)
+    assert len(compiled.variants()) == 1

@@ -36,3 +36,8 @@ def aot_eager_decomp_partition(
         decompositions=default_decompositions(),
         partitioner="mincut",
     )
+
+
+# Both compile a graph whose inputs have symbolic sizes once for every size its guards admit.
+aot_eager.dynamic_shapes = True  # type: ignore[attr-defined]
+aot_eager_decomp_partition.dynamic_shapes = True  # type: ignore[attr-defined]
