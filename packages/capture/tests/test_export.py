@@ -104,3 +104,56 @@ def test_export_varargs_and_kwargs_leaves():
     ep = export(fn, a, b, k=c)
     a2, b2, c2 = torch.randn(2), torch.randn(2), torch.randn(2)
     torch.testing.assert_close(ep(a2, b2, k=c2), fn(a2, b2, k=c2))
+
+
+def _head(x, y):
+    return torch.nn.functional.relu(x @ torch.ones(8, 4)).sum(-1) + y[: x.shape[0]]
+
+
+def test_export_with_dynamic_shapes_runs_at_other_sizes():
+    from kiln.capture import Dim
+
+    exported = export(
+        _head, torch.randn(5, 8), torch.randn(10), dynamic_shapes=({0: Dim("b", 2, 64)}, None)
+    )
+    assert exported.dynamic_dims == {"L['x']": {0: (2, 64)}}
+    assert "sym_size" in exported.graph_module.code
+    for b in (3, 7, 9):
+        x, y = torch.randn(b, 8), torch.randn(10)
+        torch.testing.assert_close(exported(x, y), _head(x, y))
+    shape = [g for g in exported.guards if g.kind.value == "shape"]
+    relations = {str(g.expr) for g in shape[0].expected.guards}
+    assert {"s0 >= 2", "s0 <= 10"} <= relations  # y[:b] assumed b <= 10, tighter than 64
+
+
+def test_export_dynamic_shapes_by_name_and_per_dim_sequence():
+    exported = export(_head, torch.randn(5, 8), torch.randn(10), dynamic_shapes={"x": [True, None]})
+    assert exported.dynamic_dims == {"L['x']": {0: (None, None)}}
+
+
+def _needs_eight(x):
+    return x.view(8, -1) if x.shape[0] == 8 else x
+
+
+def test_export_refuses_a_dynamic_dim_the_program_fixes():
+    from kiln.capture import DynamicShapesError
+
+    with pytest.raises(DynamicShapesError, match=r"L\['x'\].size\(\)\[0\] was marked dynamic.*8"):
+        export(_needs_eight, torch.randn(8, 4), dynamic_shapes=({0: True},))
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (({5: True},), "no dimension 5"),
+        (([True],), "has 2 dims, its spec 1"),
+        ({"z": {0: True}}, "no argument 'z'"),
+        (({0: 3},), "a dimension's spec is"),
+        ("x", "must be a tuple, list or dict"),
+    ],
+)
+def test_export_dynamic_shapes_spec_errors(spec, message):
+    from kiln.capture import DynamicShapesError
+
+    with pytest.raises(DynamicShapesError, match=message):
+        export(_needs_eight, torch.randn(8, 4), dynamic_shapes=spec)

@@ -8,6 +8,7 @@ from kiln.capture.__about__ import __version__
 from kiln.capture.errors import CaptureError, KilnError, Unsupported, UserFrame
 from kiln.capture.explain import ExplainOutput, explain
 from kiln.capture.export import ExportResult, export
+from kiln.capture.export_shapes import Dim, DynamicShapesError
 from kiln.capture.frame_capture import CaptureResult, GraphBreak, capture
 from kiln.capture.guard_data import GlobalState, GuardKind, GuardSpec, TensorMeta
 from kiln.capture.source import (
@@ -44,4 +45,6 @@ __all__ = [
     "counters",
     "explain",
     "export",
+    "Dim",
+    "DynamicShapesError",
 ]

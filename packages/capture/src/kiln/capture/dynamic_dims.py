@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import torch
 
@@ -78,6 +78,8 @@ class DynamicDims:
     every_size: bool = False
     history: SizeHistory | None = None
     never: bool = False
+    # input source text -> dims (with ranges) made symbolic, as export's dynamic_shapes says
+    by_source: Mapping[str, Mapping[int, DimRange]] = dataclasses.field(default_factory=dict)
 
     @property
     def any(self) -> bool:
@@ -189,6 +191,7 @@ def dims_of(policy: DynamicDims, source: Source, t: torch.Tensor) -> dict[int, D
     if policy.never or t.dim() == 0:
         return {}
     marked: dict[int, DimRange] = dict(getattr(t, _DYNAMIC, {}))
+    marked.update(policy.by_source.get(str(source), {}))
     torch_marked, torch_static = _torch_marks(t)
     for d, r in torch_marked.items():
         marked.setdefault(d, r)

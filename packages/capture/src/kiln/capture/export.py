@@ -19,6 +19,8 @@ from torch import fx
 from torch.utils import _pytree as pytree
 
 from kiln.capture.breaks.reasons import unsupported
+from kiln.capture.dynamic_dims import DimRange, DynamicDims, dynamic_dims
+from kiln.capture.export_shapes import check_kept_dynamic, dims_by_source
 from kiln.capture.frame_capture import trace_frame
 from kiln.capture.graph import GraphInput
 from kiln.capture.guard_data import GlobalState, GuardKind, GuardSpec
@@ -51,6 +53,8 @@ class ExportResult:
     buffers: dict[str, torch.Tensor]
     constants: dict[str, torch.Tensor]
     guards: list[GuardSpec]
+    # input source -> {dim: (min, max)} the graph keeps symbolic (its SHAPE guard says how)
+    dynamic_dims: dict[str, dict[int, DimRange]] = dataclasses.field(default_factory=dict)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         flat, spec = pytree.tree_flatten((args, kwargs))
@@ -190,13 +194,22 @@ def _changes_state(effects: SideEffects) -> bool:
     return bool(effects.mutated_containers() or effects.calls)
 
 
-def export(fn_or_module: Any, *args: Any, **kwargs: Any) -> ExportResult:
-    """Export one call of a function or module as a single graph, or raise ``Unsupported``."""
+def export(
+    fn_or_module: Any, *args: Any, dynamic_shapes: Any = None, **kwargs: Any
+) -> ExportResult:
+    """Export one call of a function or module as a single graph, or raise ``Unsupported``.
+
+    ``dynamic_shapes`` (see ``export_shapes``) names the input dimensions the graph keeps
+    symbolic: it then runs at any size its guards admit, and ``dynamic_dims`` records them.
+    """
     module = fn_or_module if isinstance(fn_or_module, torch.nn.Module) else None
     fn = fn_or_module.forward if module is not None else fn_or_module
-    with no_user_hooks():
+    wanted = {} if dynamic_shapes is None else dims_by_source(fn, args, kwargs, dynamic_shapes)
+    policy = DynamicDims(by_source=wanted)  # and the marks tensors carry
+    with no_user_hooks(), dynamic_dims(policy):
         traced = trace_frame(fn, args, kwargs)
     out = traced.out
+    check_kept_dynamic(wanted, out.inputs, out.shape_env)
     if _changes_state(out.side_effects):
         raise unsupported("side_effect", "an exported program cannot mutate Python state")
     flat_out, out_spec = pytree.tree_flatten(_materialize(traced.result))
@@ -230,6 +243,7 @@ def export(fn_or_module: Any, *args: Any, **kwargs: Any) -> ExportResult:
         buffers={n: i.real for n, i in buffers.items()},
         constants={n: i.real for n, i in consts.items()},
         guards=guards,
+        dynamic_dims={k: dict(v) for k, v in wanted.items()},
     )
 
 
