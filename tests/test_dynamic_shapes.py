@@ -338,3 +338,38 @@ def test_cnn_variable_image_size() -> None:
             x = torch.randn(2, 3, s, s)
             torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
     assert _captures() == 2
+
+
+class _Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = torch.nn.Linear(16, 48)
+        self.norm = torch.nn.LayerNorm(16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape
+        q, k, v = self.qkv(self.norm(x)).view(b, s, 3, 2, d // 2).unbind(2)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        )
+        return x + out.transpose(1, 2).reshape(b, s, d)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "aot_eager_decomp_partition"])
+def test_training_traces_once_for_every_size(backend: str) -> None:
+    model = _Block()
+    compiled = kiln.compile(model, backend=backend, dynamic=True)
+    counters.clear()
+    for b, s in [(2, 5), (3, 9), (4, 7)]:
+        x = torch.randn(b, s, 16, requires_grad=True)
+        model.zero_grad()
+        compiled(x).pow(2).sum().backward()
+        got = [x.grad, *(p.grad for p in model.parameters())]
+        x2 = x.detach().requires_grad_(True)
+        model.zero_grad()
+        model(x2).pow(2).sum().backward()
+        want = [x2.grad, *(p.grad for p in model.parameters())]
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w)
+    assert _captures() == 1
+    assert counters.snapshot()["autograd_aot"]["programs"] == 1

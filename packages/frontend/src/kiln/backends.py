@@ -99,12 +99,19 @@ def aot_eager(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[...
     return autograd_aot.aot_eager(gm, example_inputs)
 
 
+# autograd_aot traces a graph with symbolic sizes once, for every size it admits
+aot_eager.dynamic_shapes = True  # type: ignore[attr-defined]
+
+
 @register_backend
 def aot_eager_decomp_partition(
     gm: fx.GraphModule, example_inputs: Sequence[Any]
 ) -> Callable[..., Any]:
     """aot_eager with decompositions and the min-cut partitioner applied."""
     return autograd_aot.aot_eager_decomp_partition(gm, example_inputs)
+
+
+aot_eager_decomp_partition.dynamic_shapes = True  # type: ignore[attr-defined]
 
 
 @register_backend
