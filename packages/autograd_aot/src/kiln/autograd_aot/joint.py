@@ -24,6 +24,7 @@ from kiln.autograd_aot.decomp import DecompositionTable
 from kiln.autograd_aot.mutation import ViewStep
 from kiln.autograd_aot.symbolic import (
     SizeSources,
+    as_exprs,
     has_symbolic,
     is_symbolic,
     is_symbolic_value,
@@ -306,7 +307,8 @@ def _output_specs(
 
     for leaf in leaves:
         if not isinstance(leaf, torch.Tensor):
-            specs.append(OutputSpec("const", value=leaf, symbolic=is_symbolic_value(leaf)))
+            symbolic = is_symbolic_value(leaf)
+            specs.append(OutputSpec("const", value=as_exprs(leaf), symbolic=symbolic))
             continue
         source = tracer.input_root(leaf)
         if source is not None:
@@ -322,7 +324,7 @@ def _output_specs(
                 "view",
                 graph_index(base),
                 requires_grad=leaf.requires_grad,
-                steps=chain,
+                steps=_symbolic_steps(chain),
                 grad_path=leaf.grad_fn is not None,
                 symbolic=has_symbolic([(s.args, s.kwargs) for s in chain]),
             )
@@ -376,6 +378,15 @@ def _no_grad_view(t: torch.Tensor) -> bool:
     return t._is_view() and t.requires_grad and t.grad_fn is None
 
 
+def _symbolic_steps(chain: tuple[ViewStep, ...]) -> tuple[ViewStep, ...]:
+    """``chain`` with its symbolic sizes as expressions, made concrete per call."""
+    if not has_symbolic([(s.args, s.kwargs) for s in chain]):
+        return chain
+    return tuple(
+        dataclasses.replace(s, args=as_exprs(s.args), kwargs=as_exprs(s.kwargs)) for s in chain
+    )
+
+
 def _alias_spec(
     leaf: torch.Tensor, source: int, base: torch.Tensor, chain: tuple[ViewStep, ...]
 ) -> OutputSpec:
@@ -390,7 +401,7 @@ def _alias_spec(
             index=source,
             requires_grad=leaf.requires_grad,
             same_object=leaf is base,
-            steps=chain,
+            steps=_symbolic_steps(chain),
             grad_path=leaf is base or leaf.grad_fn is not None,
             symbolic=has_symbolic([(s.args, s.kwargs) for s in chain]),
         )

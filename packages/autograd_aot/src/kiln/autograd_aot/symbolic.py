@@ -32,6 +32,7 @@ from kiln.capture.shapes.materialize import CannotMaterialize, Materializer
 __all__ = [
     "SizeSources",
     "SymbolReader",
+    "as_exprs",
     "concrete",
     "has_symbolic",
     "size_sources",
@@ -161,16 +162,23 @@ def has_symbolic(tree: Any) -> bool:
     return any(map(is_symbolic_value, pytree.tree_leaves(tree)))
 
 
+def as_exprs(tree: Any) -> Any:
+    """``tree`` with each symbolic number replaced by its sympy expression: what a program
+    keeps to evaluate later (picklable, unlike a ``SymInt``, and tied to no trace)."""
+    return pytree.tree_map(lambda a: _expr(a) if is_symbolic_value(a) else a, tree)
+
+
 def concrete(tree: Any, sources: SizeSources, inputs: Sequence[torch.Tensor]) -> Any:
-    """``tree`` with each symbolic number replaced by its value for these ``inputs`` (the
-    runtime's, whose sizes ``sources`` reads): what a view rebuilt outside a compiled graph
-    takes. A sympy substitution per value: for the rare output that views an input."""
+    """``tree`` (made by :func:`as_exprs`) with each expression replaced by its value for these
+    ``inputs`` (the runtime's, whose sizes ``sources`` reads): what a view rebuilt outside a
+    compiled graph takes. A sympy substitution per value: for the rare output that views an
+    input."""
     values = {s: sympy.Integer(inputs[i].shape[d]) for s, i, d in sources}
 
     def value(a: Any) -> Any:
-        if not is_symbolic_value(a):
+        if not isinstance(a, sympy.Basic):
             return a
-        number = _expr(a).xreplace(values)
+        number = a.xreplace(values)
         if number.free_symbols:
             msg = f"the symbolic value {a} is not computed from the inputs' sizes"
             raise AotError(msg)
