@@ -9,6 +9,7 @@ would ensure; the outputs and gradients are compared with the graph run eagerly.
 
 from __future__ import annotations
 
+import copy
 import operator
 from collections.abc import Callable, Sequence
 
@@ -18,7 +19,8 @@ import torch.nn.functional as F
 from torch import fx
 
 from kiln.autograd_aot import aot_eager, aot_eager_decomp_partition
-from kiln.capture import counters
+from kiln.capture import capture, counters
+from kiln.capture.dynamic_dims import DynamicDims, dynamic_dims
 from kiln.capture.meta import FakeTensor
 from kiln.capture.shapes import ShapeEnv, failing_guards, symbolic_meta
 from kiln.capture.source import LocalSource
@@ -316,3 +318,41 @@ def test_batch_norm_training_updates_statistics(backend: Callable) -> None:
         torch.testing.assert_close(root.bn.running_var, ref.bn.running_var)
         torch.testing.assert_close(root.bn.weight.grad, ref.bn.weight.grad, rtol=1e-3, atol=1e-4)
     assert len(compiled.variants()) == 1
+
+
+def test_captured_training_step_at_several_sizes() -> None:
+    """Kiln's own capture with every size symbolic: one program serves every size."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(4, 8), torch.nn.LayerNorm(8), torch.nn.GELU(), torch.nn.Linear(8, 2)
+    )
+    reference = copy.deepcopy(model)
+
+    def step(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        b, s, _ = x.shape
+        y = model(x).reshape(b * s, -1)
+        return y.sum(), y
+
+    before = counters.snapshot().get("autograd_aot", {}).get("programs", 0)
+    x = torch.randn(3, 5, 4, requires_grad=True)
+    with dynamic_dims(DynamicDims(every_size=True)):
+        result = capture(
+            step,
+            (model, x),
+            {},
+            compile_graph=aot_eager_decomp_partition,
+            wrap_callable=lambda f: f,
+        )
+    for shape in [(3, 5, 4), (4, 7, 4), (2, 9, 4)]:
+        x = torch.randn(*shape, requires_grad=True)
+        got = result.function(model, x)
+        got[0].backward()
+        grad_x, x.grad = x.grad, None
+        expect = step(reference, x)
+        expect[0].backward()
+        torch.testing.assert_close(got, expect)
+        torch.testing.assert_close(grad_x, x.grad)
+        for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad)
+            p.grad = q.grad = None
+    assert counters.snapshot()["autograd_aot"]["programs"] == before + 1
