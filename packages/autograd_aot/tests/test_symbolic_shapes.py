@@ -356,3 +356,22 @@ def test_captured_training_step_at_several_sizes() -> None:
             torch.testing.assert_close(p.grad, q.grad)
             p.grad = q.grad = None
     assert counters.snapshot()["autograd_aot"]["programs"] == before + 1
+
+
+def _scale_body(graph: fx.Graph, xs: list[fx.Node]) -> list[fx.Node]:
+    (x,) = xs
+    d = _size(graph, x, 2)
+    root = graph.call_function(operator.pow, (d, 0.5))
+    inverse = graph.call_function(operator.truediv, (1, d))
+    return [
+        graph.call_function(operator.truediv, (x, root)),
+        graph.call_function(operator.mul, (x, inverse)),
+    ]
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_float_factors_of_sizes(grad: bool) -> None:
+    """``x / d ** 0.5`` and ``x * (1 / d)``: float expressions over sizes, computed in the graph."""
+    calls = [[torch.randn(2, b, d, requires_grad=grad)] for b, d in [(3, 4), (5, 9), (4, 16)]]
+    gm, env = _graph(calls[0], [(1, 2)], _scale_body)
+    _check(gm, env, calls, aot_eager_decomp_partition, grad=grad)

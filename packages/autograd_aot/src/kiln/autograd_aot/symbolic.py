@@ -86,13 +86,15 @@ def _value_of(expr: sympy.Basic, env: ShapeEnv) -> Any:
 
 
 class _WithDivision(Materializer):
-    """Capture's ``Materializer`` plus true division: a decomposition's float factors over
-    sizes (batch norm's unbiased ``n / (n - 1)``) are fractions of size expressions."""
+    """Capture's ``Materializer`` plus true division and fractional powers: float factors
+    over sizes (batch norm's unbiased ``n / (n - 1)``, attention's ``d ** 0.5``)."""
 
     def _build(self, expr: sympy.Basic) -> Any:
         num, den = sympy.fraction(expr)
         if den != 1 and not expr.is_integer:
             return self._node(operator.truediv, (self(num), self(den)), expr)
+        if isinstance(expr, sympy.Pow) and not expr.exp.is_Integer and expr.exp.is_Number:
+            return self._node(operator.pow, (self(expr.base), float(expr.exp)), expr)
         return super()._build(expr)
 
 
