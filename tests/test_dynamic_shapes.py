@@ -373,3 +373,55 @@ def test_training_traces_once_for_every_size(backend: str) -> None:
             torch.testing.assert_close(g, w)
     assert _captures() == 1
     assert counters.snapshot()["autograd_aot"]["programs"] == 1
+
+
+# Python numbers: symbolic once they change (ints under dynamic=True from the first call)
+def _numbers(x: torch.Tensor, n: int, scale: float) -> torch.Tensor:
+    return x[:, :n] * scale + n
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_changing_numbers_become_symbolic_inputs(backend: str) -> None:
+    compiled = kiln.compile(_numbers, backend=backend)
+    for i in range(6):
+        _check(_numbers, compiled, torch.randn(3, 10), 3 + i, 0.5 + i)
+    assert _captures() == 2
+
+
+def test_numbers_are_graph_inputs_guarded_by_type() -> None:
+    (gm,) = _graphs(_numbers, torch.randn(3, 10), 4, 0.5)
+    vals = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+    assert isinstance(vals[1], torch.SymInt)  # dynamic=True: ints symbolic from the start
+    assert len(vals) == 2  # floats only once they change: 0.5 is a constant of this graph
+    kiln.reset()
+    compiled = kiln.compile(_numbers, backend="eager", dynamic=True)
+    _check(_numbers, compiled, torch.randn(3, 10), 4, 0.5)
+    _check(_numbers, compiled, torch.randn(3, 10), 5, 0.5)
+    assert _captures() == 1
+    with pytest.raises(TypeError, match="slice indices"):  # a float: eager's error, no int entry
+        compiled(torch.randn(3, 10), 5.0, 0.5)
+
+
+def _loop(x: torch.Tensor, n: int) -> torch.Tensor:
+    for _ in range(n):  # the trip count is the graph's structure: specialized
+        x = x * 2
+    return x
+
+
+def test_a_number_that_sets_structure_specializes() -> None:
+    compiled = kiln.compile(_loop, backend="eager", dynamic=True)
+    for n in (2, 3, 2, 3):
+        _check(_loop, compiled, torch.randn(4), n)
+    assert _captures() == 2
+
+
+def _item_across_break(x: torch.Tensor) -> torch.Tensor:
+    v = x.sum().item()  # a graph break: the rest is a resume function taking the float
+    return x * v + 1
+
+
+def test_item_float_across_a_break_compiles_twice() -> None:
+    compiled = kiln.compile(_item_across_break, backend="eager")
+    for _ in range(20):
+        _check(_item_across_break, compiled, torch.randn(4))
+    assert _captures() <= 3  # the frame once, its continuation twice (static, then symbolic)

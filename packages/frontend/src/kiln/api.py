@@ -349,7 +349,7 @@ class CompiledFunction:
                     return graph_cache.compile_cached(g, inputs, wanted, compile_now)
                 return compile_now()
 
-            if dynamic.serves_symbols(self._backend):
+            if dynamic.serves_symbols(self._backend, gm):
                 return compile_static(gm, example_inputs)
             limit = self._config.option("recompile_limit") or guards.config.recompile_limit
             return dynamic.per_size(compile_static, gm, example_inputs, limit)

@@ -9,9 +9,10 @@ never makes one symbolic. ``mark_dynamic``, ``maybe_mark_dynamic`` and ``mark_st
 tensor's dimensions (``torch._dynamo``'s marks are honoured as well).
 
 A backend that declares ``dynamic_shapes = True`` gets graphs with symbolic sizes and
-serves every size their guards admit. Any other backend gets, for each distinct set of input
-sizes, the graph specialized to them (:func:`per_size`): one capture still serves all sizes,
-and the backend compiles per size, up to the recompile limit.
+symbolic Python numbers as inputs, and serves every value their guards admit (``"sizes"``:
+symbolic sizes only). Any other graph is specialized to each distinct set of input sizes
+(and numbers) (:func:`per_size`): one capture still serves them all, and the backend
+compiles per set, up to the recompile limit.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from kiln.capture.dynamic_dims import (
     mark_static,
     maybe_mark_dynamic,
 )
-from kiln.capture.shapes.specialize import has_symbolic_inputs, specialize_graph
+from kiln.capture.shapes.specialize import has_symbolic_inputs, number_inputs, specialize_graph
 
 __all__ = [
     "mark_dynamic",
@@ -61,9 +62,11 @@ def policy(dynamic: bool | None, cache: Any, automatic: bool = True) -> DynamicD
     return DynamicDims(history=history)
 
 
-def serves_symbols(backend: Any) -> bool:
-    """Whether ``backend`` compiles graphs with symbolic sizes itself."""
-    return bool(getattr(backend, "dynamic_shapes", False))
+def serves_symbols(backend: Any, gm: fx.GraphModule) -> bool:
+    """Whether ``backend`` compiles ``gm``'s symbols itself: ``dynamic_shapes = True`` says
+    it takes symbolic sizes and symbolic numbers as inputs, ``"sizes"`` the sizes alone."""
+    serves = getattr(backend, "dynamic_shapes", False)
+    return serves is True or (serves == "sizes" and not number_inputs(gm))
 
 
 def per_size(
@@ -82,11 +85,13 @@ def per_size(
         for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")
         if isinstance(n.meta.get("val"), torch.Tensor)
     ]
+    numbers = number_inputs(gm)
     compiled: dict[tuple[Any, ...], Callable[..., Any]] = {}
     warned = [False]
 
     def key(args: Sequence[Any]) -> tuple[Any, ...]:
-        return tuple((args[i].shape, args[i].stride()) for i in positions)
+        sizes = tuple((args[i].shape, args[i].stride()) for i in positions)
+        return (sizes, tuple(args[i] for i in numbers)) if numbers else sizes
 
     def compile_for(args: Sequence[Any]) -> Callable[..., Any]:
         if len(compiled) >= limit:

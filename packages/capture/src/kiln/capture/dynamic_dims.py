@@ -19,7 +19,7 @@ from collections.abc import Iterator, Mapping
 
 import torch
 
-from kiln.capture.source import AttrSource, ItemSource, Source
+from kiln.capture.source import AttrSource, ItemSource, LocalSource, Source
 
 __all__ = [
     "DimRange",
@@ -32,6 +32,7 @@ __all__ = [
     "mark_dynamic",
     "mark_static",
     "maybe_mark_dynamic",
+    "number_is_dynamic",
 ]
 
 #: (min, max) a dynamic size may take; None: unbounded on that side
@@ -55,6 +56,15 @@ class SizeHistory:
 
     def __init__(self) -> None:
         self._seen: dict[str, tuple[int | None, ...]] = {}
+        self._numbers: dict[str, int | float | None] = {}  # None: changed
+
+    def changed_value(self, source: Source, value: int | float) -> bool:
+        """Record a Python number read from ``source``; whether it has changed, now or before."""
+        key = str(source)
+        before = self._numbers.get(key, value)
+        changed = before is None or type(before) is not type(value) or before != value
+        self._numbers[key] = None if changed else value
+        return changed
 
     def changed_dims(self, source: Source, t: torch.Tensor) -> set[int]:
         """Record ``t``'s sizes for ``source``; the dims that have changed, now or before."""
@@ -170,6 +180,25 @@ def _torch_marks(t: torch.Tensor) -> tuple[dict[int, DimRange], set[int]]:
     for d in getattr(t, _TORCH_WEAK, ()) or ():
         ranges.setdefault(int(d), (None, None))
     return ranges, {int(d) for d in getattr(t, _TORCH_STATIC, ()) or ()}
+
+
+def number_is_dynamic(policy: DynamicDims, source: Source, value: object) -> bool:
+    """Whether a Python int or float argument is traced as a symbol: under ``dynamic=True``
+    (ints) or once its value changed between captures. Only the frame's own arguments and
+    what they hold are (an attribute read, such as a module's ``num_heads``, stays a constant).
+    """
+    if policy.never or type(value) not in (int, float) or not _argument(source):
+        return False
+    if policy.history is not None and policy.history.changed_value(source, value):  # type: ignore[arg-type]
+        return True
+    return policy.every_size and type(value) is int
+
+
+def _argument(source: Source) -> bool:
+    s: Source = source
+    while isinstance(s, ItemSource):
+        s = s.base
+    return isinstance(s, LocalSource)
 
 
 def _within(n: int, r: DimRange) -> bool:

@@ -217,14 +217,14 @@ def export(
     leaf_sources = _leaf_sources(fn, args, kwargs)
     params, buffers, consts, by_index = _classify(out.inputs, module, leaf_sources)
     graph = out.graph
-    order: list[fx.Node] = [i.value.node for i in (*params.values(), *buffers.values())]
-    order.extend(i.value.node for i in consts.values())
+    order: list[fx.Node] = [i.node for i in (*params.values(), *buffers.values())]
+    order.extend(i.node for i in consts.values())
     for index, leaf in enumerate(flat_in):
         if not isinstance(leaf, torch.Tensor):
             continue
         found = by_index.get(index)
         if found is not None:
-            order.append(found.value.node)
+            order.append(found.node)
         else:
             node = graph.placeholder(f"unused_input_{index}")
             node.meta["val"] = out.fake_mode.to_fake(leaf)

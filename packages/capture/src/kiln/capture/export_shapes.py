@@ -136,7 +136,7 @@ def check_kept_dynamic(
     by_source = {str(i.source): i for i in inputs}
     for where, dims in wanted.items():
         found = by_source.get(where)
-        if found is None:
+        if found is None or not isinstance(found.real, torch.Tensor):
             continue
         shape = found.value.fake.shape
         for d in dims:

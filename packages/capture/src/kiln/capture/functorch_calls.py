@@ -495,7 +495,7 @@ def _substitute(
     known = {name for name, _ in state}
     if not set(given) <= known or (strict and set(given) != known):
         raise unsupported("functorch", "functional_call's tensors do not match the module's")
-    real_of = {i.value.node: i.real for i in tr.out.inputs}
+    real_of = {i.node: i.real for i in tr.out.inputs}
     for i, v in enumerate(sub.lifted):
         real = real_of.get(v.node)
         found = [given[n] for n in names.get(id(real), []) if n in given]

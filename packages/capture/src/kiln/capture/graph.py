@@ -33,7 +33,7 @@ from kiln.capture.shapes.materialize import CannotMaterialize, Materializer
 from kiln.capture.shapes.tensors import dense_order
 from kiln.capture.side_effects import SideEffects
 from kiln.capture.source import SizeSource, Source, StrideSource
-from kiln.capture.values.symbolic import is_symbolic, specialize
+from kiln.capture.values.symbolic import SymValue, is_symbolic, specialize
 from kiln.capture.values.tensor import TensorValue
 
 __all__ = ["EAGER_RANDOM", "GraphInput", "OutputGraph"]
@@ -55,12 +55,20 @@ def _tensor_meta(real: torch.Tensor, fake: torch.Tensor) -> TensorMeta:
 
 
 class GraphInput:
-    """One placeholder: where the real tensor comes from, and the tensor at capture time."""
+    """One placeholder: where the real value comes from, and the value at capture time (a
+    tensor, or a Python number traced as a symbol)."""
 
-    def __init__(self, source: Source, real: torch.Tensor, value: TensorValue) -> None:
+    def __init__(
+        self,
+        source: Source,
+        real: Any,
+        value: TensorValue | SymValue,
+        node: fx.Node,
+    ) -> None:
         self.source = source
         self.real = real
         self.value = value
+        self.node = node
 
 
 #: the attribute marking a continuation made after torch's generator was reseeded in the frame
@@ -89,6 +97,8 @@ class OutputGraph:
         self.dynamic = dynamic_dims.current()
         self.shape_env: ShapeEnv | None = None
         self._materialize = Materializer(self._symbol_node, self._expr_node)
+        self._symbol_nodes: dict[Any, fx.Node] = {}
+        self._numbers: dict[str, SymValue] = {}
 
     # guards ----------------------------------------------------------------
     def guard(self, source: Source | None, kind: GuardKind, expected: Any = None) -> None:
@@ -150,7 +160,7 @@ class OutputGraph:
         node.meta["source"] = source
         value = TensorValue(node, fake, source, type(real))
         self._by_source[str(source)] = value
-        self.inputs.append(GraphInput(source, real, value))
+        self.inputs.append(GraphInput(source, real, value, node))
         self._move_placeholders_first(node)
         return value
 
@@ -160,16 +170,40 @@ class OutputGraph:
         dims = dynamic_dims.dims_of(self.dynamic, source, real)
         if not dims:
             return None
-        if self.shape_env is None:
-            self.shape_env = ShapeEnv()
-            self.shape_env.user_line = self._user_line
-        meta = symbolic_meta(real, source, self.shape_env, dims.keys(), dims)
+        meta = symbolic_meta(real, source, self._env(), dims.keys(), dims)
         meta.requires_grad_(False)
         fake = FakeTensor(meta, real.device, requires_grad=real.requires_grad)
         if not any(is_symbolic(n) for n in (*fake.shape, *fake.stride())):
             return None  # every size specialized (0 or 1): a plain fake shares storages
         self.fake_mode._fakes[real] = fake
         return fake
+
+    def number_input(self, source: Source, value: int | float) -> SymValue | None:
+        """A Python int or float argument as a symbolic graph input, where the capture's policy
+        makes it one (it changed between calls, or ``dynamic=True`` for ints); else None."""
+        if not dynamic_dims.number_is_dynamic(self.dynamic, source, value):
+            return None
+        known = self._numbers.get(str(source))
+        if known is not None:
+            return known
+        env = self._env()
+        expr = env.create_scalar(value, source)
+        sym = wrap(SymNode(expr, env, type(value), value))
+        node = self.graph.placeholder(self._unique_name(str(source)))
+        node.meta["val"] = sym
+        node.meta["source"] = source
+        self._symbol_nodes[expr] = node
+        number = self._numbers[str(source)] = SymValue(sym)  # type: ignore[arg-type]
+        self.inputs.append(GraphInput(source, value, number, node))
+        self._move_placeholders_first(node)
+        self.guard(source, GuardKind.TYPE_MATCH, type(value))
+        return number
+
+    def _env(self) -> ShapeEnv:
+        if self.shape_env is None:
+            self.shape_env = ShapeEnv()
+            self.shape_env.user_line = self._user_line
+        return self.shape_env
 
     def _user_line(self) -> str:
         if not self.active:
@@ -189,6 +223,8 @@ class OutputGraph:
 
     def _symbol_node(self, symbol: Any) -> fx.Node:
         assert self.shape_env is not None
+        if symbol in self._symbol_nodes:  # a number the graph takes as an input
+            return self._symbol_nodes[symbol]
         source = self.shape_env.source_of(symbol)
         if not isinstance(source, (SizeSource, StrideSource)):
             raise CannotMaterialize(str(source))

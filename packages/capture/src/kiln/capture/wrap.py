@@ -98,6 +98,10 @@ def _wrap(out: OutputGraph, obj: Any, source: Source | None) -> Value:
             raise unsupported("unsupported_value", f"a tensor of type {type(obj).__name__}")
         return out.add_input(source, obj)
     if is_constant(obj):
+        if source is not None and type(obj) in (int, float):
+            number = out.number_input(source, obj)  # traced as a symbol if it changes
+            if number is not None:
+                return number
         if source is not None:
             if obj is None:
                 out.guard(source, GuardKind.IS_NONE)

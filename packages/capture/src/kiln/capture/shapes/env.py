@@ -43,7 +43,7 @@ class SymbolInfo:
 
     symbol: sympy.Symbol
     source: Source
-    hint: int
+    hint: int | float
     range: Range
     # the range given at creation (at least 2, or the user's bounds): reasoning assumed it,
     # so reuse is guarded on it
@@ -127,10 +127,22 @@ class ShapeEnv:
             self._duck[hint] = symbol
         return self.simplify(symbol)
 
+    def create_scalar(self, hint: int | float, source: Source) -> sympy.Expr:
+        """A symbol for a Python int or float argument read from ``source`` (``hint`` now):
+        any value of its type, never specialized or shared with another at creation."""
+        if source in self._by_source:
+            return self.simplify(self._by_source[source])
+        kind = {"integer": True} if isinstance(hint, int) else {"real": True}
+        symbol = sympy.Symbol(f"s{len(self.symbols)}", **kind)
+        bound = Range(-INF, INF)
+        self.symbols[symbol] = SymbolInfo(symbol, source, hint, bound, bound)
+        self._by_source[source] = symbol
+        return symbol
+
     def source_of(self, symbol: sympy.Symbol) -> Source:
         return self.symbols[symbol].source
 
-    def hint_of(self, symbol: sympy.Symbol) -> int:
+    def hint_of(self, symbol: sympy.Symbol) -> int | float:
         return self.symbols[symbol].hint
 
     def range_of(self, symbol: sympy.Symbol) -> Range:
@@ -159,7 +171,7 @@ class ShapeEnv:
         """The value ``expr`` has in the call being compiled."""
         if not isinstance(expr, sympy.Basic):
             return expr
-        values = {s: sympy.Integer(info.hint) for s, info in self.symbols.items()}
+        values = {s: number(info.hint) for s, info in self.symbols.items()}
         return _to_python(expr.xreplace(values))
 
     def static_value(self, expr: sympy.Basic) -> Scalar | None:
@@ -302,6 +314,13 @@ class ShapeEnv:
 
     def _ranges(self) -> dict[sympy.Symbol, Range]:
         return {s: info.range for s, info in self.symbols.items()}
+
+
+def number(value: int | float) -> sympy.Number:
+    """``value`` as a sympy number: a float with the 17 digits that give it back exactly."""
+    if isinstance(value, float):
+        return sympy.Float(value, 17)
+    return sympy.Integer(value)
 
 
 def _index(symbol: sympy.Symbol) -> int:

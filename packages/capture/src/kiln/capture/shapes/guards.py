@@ -15,7 +15,7 @@ from typing import Any
 import sympy
 from sympy.printing.str import StrPrinter
 
-from kiln.capture.shapes.env import ShapeEnv, ShapeGuard
+from kiln.capture.shapes.env import ShapeEnv, ShapeGuard, number
 from kiln.capture.source import Source
 
 __all__ = ["guard_code", "expr_code", "values_of", "failing_guards", "describe_failure"]
@@ -115,25 +115,31 @@ def values_of(
     f_locals: dict[str, Any],
     f_globals: dict[str, Any] | None = None,
     cells: dict[str, Any] | None = None,
-) -> dict[sympy.Symbol, int]:
+) -> dict[sympy.Symbol, int | float]:
     """Each symbol's value in a frame: its source read from the frame's values."""
     return {
-        s: int(info.source.resolve(f_locals, f_globals or {}, cells or {}))
+        s: _plain(info.source.resolve(f_locals, f_globals or {}, cells or {}))
         for s, info in env.symbols.items()
     }
 
 
-def _holds(guard: ShapeGuard, values: Mapping[sympy.Symbol, int]) -> bool:
-    substituted = guard.expr.xreplace({s: sympy.Integer(v) for s, v in values.items()})
+def _plain(value: Any) -> int | float:
+    return value if isinstance(value, float) else int(value)
+
+
+def _holds(guard: ShapeGuard, values: Mapping[sympy.Symbol, int | float]) -> bool:
+    substituted = guard.expr.xreplace({s: number(v) for s, v in values.items()})
     return bool(substituted)
 
 
-def failing_guards(env: ShapeEnv, values: Mapping[sympy.Symbol, int]) -> list[ShapeGuard]:
+def failing_guards(env: ShapeEnv, values: Mapping[sympy.Symbol, int | float]) -> list[ShapeGuard]:
     """The guards that do not hold when each symbol has its value in ``values``."""
     return [g for g in env.guards if not _holds(g, values)]
 
 
-def describe_failure(env: ShapeEnv, guard: ShapeGuard, values: Mapping[sympy.Symbol, int]) -> str:
+def describe_failure(
+    env: ShapeEnv, guard: ShapeGuard, values: Mapping[sympy.Symbol, int | float]
+) -> str:
     """Why ``guard`` failed: its text and the sizes it read (``... failed: got 7``)."""
     sources = _sources(env)
     read = sorted(guard.expr.free_symbols, key=lambda s: str(sources[s]))

@@ -20,7 +20,7 @@ from torch.utils import _pytree as pytree
 from kiln.capture.meta import FakeMode
 from kiln.capture.shapes.dispatch import has_symbolic_sizes
 
-__all__ = ["has_symbolic_inputs", "specialize_graph"]
+__all__ = ["has_symbolic_inputs", "number_inputs", "specialize_graph"]
 
 
 def _is_symbolic(v: Any) -> bool:
@@ -28,12 +28,19 @@ def _is_symbolic(v: Any) -> bool:
 
 
 def has_symbolic_inputs(gm: fx.GraphModule) -> bool:
-    """Whether any placeholder of ``gm`` has symbolic sizes (a graph of dynamic shapes)."""
+    """Whether any placeholder of ``gm`` has symbolic sizes or is a symbolic number."""
     return any(
-        isinstance(v := n.meta.get("val"), torch.Tensor) and has_symbolic_sizes(v)
+        (isinstance(v := n.meta.get("val"), torch.Tensor) and has_symbolic_sizes(v))
+        or _is_symbolic(v)
         for n in gm.graph.nodes
         if n.op == "placeholder"
     )
+
+
+def number_inputs(gm: fx.GraphModule) -> list[int]:
+    """The positions of ``gm``'s placeholders that are symbolic Python numbers."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    return [i for i, n in enumerate(placeholders) if _is_symbolic(n.meta.get("val"))]
 
 
 class _Propagate(fx.Interpreter):
