@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import torch
 from torch.utils import _pytree as pytree
 
+from kiln.loopir import sizes
 from kiln.loopir.ir.strided import as_strided_view
 from kiln.loopir.ir.views import TensorBox
 
@@ -34,7 +35,7 @@ class IRTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, box: TensorBox, lowerer: _Lowerer) -> IRTensor:
-        size = [int(s) for s in box.get_size()]
+        size = [sizes.evaluate_int(s) for s in box.get_size()]
         # real strides when the value is a window on a buffer, so decompositions that
         # read strides (or call as_strided) see the truth; contiguous otherwise
         found = as_strided_view(box)

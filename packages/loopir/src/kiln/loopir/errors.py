@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from kiln.capture.errors import KilnError
 
-__all__ = ["LoopIRError", "LoweringError", "Unlowerable", "BackendError", "IRVerificationError"]
+__all__ = [
+    "LoopIRError",
+    "LoweringError",
+    "Unlowerable",
+    "BackendError",
+    "IRVerificationError",
+    "StaticShapesOnly",
+]
 
 
 class LoopIRError(KilnError):
@@ -25,3 +32,11 @@ class IRVerificationError(LoopIRError):
 
 class BackendError(LoopIRError):
     """No code generator is available for a device, or one misbehaved."""
+
+
+class StaticShapesOnly(LoopIRError, ValueError):
+    """A graph with symbolic sizes uses something loopir compiles for static sizes only (a
+    size it must know as a number, a size expression it cannot print, a size no input
+    carries). Raised before any kernel of the graph runs, so the frontend can compile the
+    graph once per set of sizes instead (``kiln.dynamic.per_size``). A ``ValueError`` too,
+    as the size evaluation that raises it always was."""

@@ -22,10 +22,12 @@ from torch.utils import _pytree as pytree
 
 from kiln.capture import counters
 from kiln.capture.control_flow import CondCall, WhileLoopCall
+from kiln.capture.shapes import Range
+from kiln.loopir import sizes, symbolic
 from kiln.loopir.backend import Backend, get_backend
 from kiln.loopir.decompose import run_decomposition
 from kiln.loopir.decompositions import declined_decomposition
-from kiln.loopir.errors import LoweringError, Unlowerable
+from kiln.loopir.errors import LoweringError, StaticShapesOnly, Unlowerable
 from kiln.loopir.ir.buffers import Buffer, InputBuffer
 from kiln.loopir.ir.layout import (
     Layout,
@@ -48,6 +50,8 @@ __all__ = ["GraphLowering", "prefers_channels_last"]
 
 log = logging.getLogger(__name__)
 aten = torch.ops.aten
+
+SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
 class GraphLowering:
@@ -82,6 +86,12 @@ class GraphLowering:
         self.current_meta: Any = None
         self.current_op: Any = None
         self.layout_hints: dict[int, Any] = {}
+        self.size_bindings: dict[sympy.Symbol, symbolic.SizeBinding] = {}
+        """Where the wrapper reads each size symbol of a graph with symbolic sizes."""
+        self.size_hints: dict[sympy.Symbol, int] = {}
+        """Each size symbol's value in the call being compiled (:func:`symbolic.hint`)."""
+        self.size_ranges: dict[sympy.Symbol, Range] = {}
+        """Each size symbol's range in every call its guards admit."""
         self._ids = itertools.count()
         self._const_ids = itertools.count()
         self.channels_last = (
@@ -182,6 +192,8 @@ class GraphLowering:
                     env[node] = self._placeholder(node, next(placeholders, None))
                 elif node.op == "get_attr":
                     env[node] = self.add_constant(getattr(self.gm, node.target))
+                elif node.op == "call_function" and isinstance(node.meta.get("val"), SYMBOLIC):
+                    env[node] = self._size_value(node)
                 elif node.op == "call_function":
                     args, kwargs = torch.fx.map_arg((node.args, node.kwargs), env.__getitem__)
                     self.layout_hints = {
@@ -196,15 +208,49 @@ class GraphLowering:
 
     def _placeholder(self, node: torch.fx.Node, example: Any) -> Any:
         val = node.meta.get("val", example)
+        if isinstance(val, torch.SymInt):  # a size a backward receives (saved by its forward)
+            self.graph_inputs.append(node.name)
+            expr = self._note_symbols(val)
+            self._bind(expr, symbolic.SizeBinding(node.name, None))
+            return expr
         if not isinstance(val, torch.Tensor):
             self.graph_inputs.append(None)
             return val
+        for d, n in enumerate(val.shape):
+            if isinstance(n, torch.SymInt):
+                self._bind(self._note_symbols(n), symbolic.SizeBinding(node.name, d))
         buf = InputBuffer(node.name, self._fix_device(layout_of_tensor(val)))
         self.graph_inputs.append(node.name)
         self.input_buffers[node.name] = buf
         self.input_metas[node.name] = val
         self.name_to_buffer[node.name] = buf
         return TensorBox(StorageBox(buf))
+
+    def _note_symbols(self, value: torch.SymInt) -> sympy.Expr:
+        """``value``'s expression, noting the hints of the symbols it holds."""
+        expr = sizes.sympify(value)
+        env = getattr(value.node, "env", None)
+        for sym in symbolic.size_symbols([expr]):
+            if sym not in self.size_hints and env is not None:
+                self.size_hints[sym] = int(env.size_hint(sym))
+                self.size_ranges[sym] = env.range_of(sym)
+        return expr
+
+    def _bind(self, expr: sympy.Expr, binding: symbolic.SizeBinding) -> None:
+        if isinstance(expr, sympy.Symbol) and expr not in self.size_bindings:
+            self.size_bindings[expr] = binding
+
+    def _size_value(self, node: torch.fx.Node) -> Any:
+        """A node computing a size (``sym_size``, arithmetic over sizes): its expression.
+
+        Sizes are not computed in the wrapper: what reads one (a view's shape, a factory's
+        size) holds its expression over the size symbols the wrapper binds from the inputs.
+        """
+        val = node.meta["val"]
+        if not isinstance(val, torch.SymInt):
+            msg = f"{node.format_node()}: a symbolic {type(val).__name__} is not supported"
+            raise StaticShapesOnly(msg)
+        return self._note_symbols(val)
 
     def _call(self, node: torch.fx.Node, args: Any, kwargs: Any) -> Any:
         meta = node.meta.get("val")
@@ -262,7 +308,7 @@ class GraphLowering:
 
         def to_meta(x: Any) -> Any:
             if isinstance(x, TensorBox):
-                size = [int(s) for s in x.get_size()]
+                size = [sizes.evaluate_int(s) for s in x.get_size()]
                 return torch.empty(size, dtype=x.get_dtype(), device="meta")
             return x
 

@@ -19,8 +19,10 @@ import torch
 import torch.fx
 
 from kiln.capture import artifacts, counters
+from kiln.loopir import symbolic
 from kiln.loopir.backend import Backend, configure, get_backend
 from kiln.loopir.decompositions import decompositions
+from kiln.loopir.errors import StaticShapesOnly
 from kiln.loopir.graph import GraphLowering
 from kiln.loopir.ir.buffers import InputBuffer
 from kiln.loopir.ir.layout import Layout
@@ -120,16 +122,28 @@ def compile_graph(
     :mod:`kiln.loopir.backend`). ``channels_last`` forces (True) or forbids (False) NHWC
     4-D buffers; None decides by :func:`~kiln.loopir.graph.prefers_channels_last`.
     """
+    graph = GraphLowering(
+        aten_gm,
+        example_inputs,
+        decompositions(),
+        _default_device(aten_gm, example_inputs),
+        channels_last=channels_last,
+        backend=backend,
+    )
+    known = symbolic.SizeFacts(graph.size_hints, graph.size_ranges)
+    with symbolic.facts(known):  # filled as lowering meets the inputs' symbols
+        return _compile(graph, backend, fusion, options)
+
+
+def _compile(
+    graph: GraphLowering,
+    backend: Backend | None,
+    fusion: bool,
+    options: Mapping[str, Any] | None,
+) -> CompiledGraph:
     with _pass("lower"):
-        graph = GraphLowering(
-            aten_gm,
-            example_inputs,
-            decompositions(),
-            _default_device(aten_gm, example_inputs),
-            channels_last=channels_last,
-            backend=backend,
-        )
         graph.run()
+        _check_bound(graph)
     with _pass("verify"):
         for buf in graph.buffers:
             buf.verify()
@@ -174,7 +188,7 @@ def compile_graph(
     with _pass("wrapper"):
         wrapper = generate_wrapper(
             steps, plan, graph.graph_inputs, graph.outputs, graph.output_spec,
-            constants, graph.seed_count, graph.seed_devices,
+            constants, graph.seed_count, graph.seed_devices, graph.size_bindings,
         )  # fmt: skip
     compiled = CompiledGraph(wrapper, steps, plan, tuple(graph.graph_inputs))
     for step in steps:
@@ -182,6 +196,20 @@ def compile_graph(
             counters.bump("kernels", step.backend)
     log.info("compiled %d kernels, peak %d bytes", compiled.kernel_count, plan.peak_bytes)
     return compiled
+
+
+def _check_bound(graph: GraphLowering) -> None:
+    """Every size symbol a buffer's layout holds must be one the wrapper reads from an
+    input: nothing else tells a call its value."""
+    used = symbolic.size_symbols(
+        e
+        for buf in graph.name_to_buffer.values()
+        for e in (*buf.layout.size, *buf.layout.stride, buf.layout.offset)
+    )
+    unbound = sorted(str(s) for s in used - graph.size_bindings.keys())
+    if unbound:
+        msg = f"size symbols {', '.join(unbound)} are no input's size"
+        raise StaticShapesOnly(msg)
 
 
 def render_steps(steps: Sequence[Step], made_by: str) -> str:

@@ -16,6 +16,9 @@ from collections.abc import Iterable, Sequence
 
 import sympy
 
+from kiln.loopir import symbolic
+from kiln.loopir.errors import StaticShapesOnly
+
 __all__ = [
     "Expr",
     "FloorDiv",
@@ -115,7 +118,7 @@ def sympify(value: int | sympy.Expr | object) -> sympy.Expr:
     node = getattr(value, "node", None)
     expr = getattr(node, "expr", None)
     if isinstance(expr, sympy.Expr):
-        return expr
+        return expr if expr.is_Atom else symbolic.from_capture(expr)
     return sympy.Integer(int(value))  # type: ignore[call-overload, arg-type]
 
 
@@ -254,8 +257,8 @@ def evaluate_int(expr: sympy.Expr | int) -> int:
     """The integer value of a size with no free symbols (the static-shape path)."""
     value = static_int(sympy.sympify(expr))
     if value is None:
-        msg = f"size {expr} is symbolic; dynamic shapes need the wrapper to bind its symbols"
-        raise ValueError(msg)
+        msg = f"size {expr} is symbolic where loopir needs a number"
+        raise StaticShapesOnly(msg)
     return value
 
 

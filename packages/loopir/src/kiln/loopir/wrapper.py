@@ -12,19 +12,23 @@ import dataclasses
 import itertools
 import linecache
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+import sympy
 import torch
 from torch.utils import _pytree as pytree
 
 from kiln.capture import artifacts, counters
-from kiln.loopir import random_bits, sizes
+from kiln.loopir import random_bits, sizes, symbolic
+from kiln.loopir.errors import StaticShapesOnly
+from kiln.loopir.index_printer import IndexPrinter
 from kiln.loopir.ir.buffers import Buffer, ExternBuffer
 from kiln.loopir.ir.layout import Layout
 from kiln.loopir.ir.views import ReinterpretView
 from kiln.loopir.memory import MemoryPlan
 from kiln.loopir.scheduler.order import ExternStep, KernelStep, NopStep, Step
+from kiln.loopir.symbolic import SizeBinding
 
 __all__ = ["WrapperCode", "base_globals", "generate_wrapper", "load_wrapper"]
 
@@ -148,29 +152,62 @@ class _Writer:
         """Python source for an argument of an extern call or an output."""
         if isinstance(value, ReinterpretView):
             lay = value.layout
-            size = tuple(sizes.evaluate_int(s) for s in lay.size)
-            stride = tuple(sizes.evaluate_int(s) for s in lay.stride)
-            off = sizes.evaluate_int(lay.offset)
+            size, stride = _ints(lay.size), _ints(lay.stride)
+            off = _int(lay.offset)
             if off == 0:  # as_strided keeps the base's storage offset: no Python frame
                 return f"as_strided({value.get_name()}, {size}, {stride})"
             return f"reinterpret({value.get_name()}, {size}, {stride}, {off})"
         if isinstance(value, Buffer):
             return value.get_name()
+        if isinstance(value, sympy.Expr) and symbolic.is_symbolic(value):
+            return _PRINTER.print(value)  # a size argument (a view's shape): this call's
         if isinstance(value, (list, tuple)) and any(
-            isinstance(v, (Buffer, ReinterpretView)) for v in pytree.tree_leaves(value)
+            isinstance(v, (Buffer, ReinterpretView))
+            or (isinstance(v, sympy.Expr) and symbolic.is_symbolic(v))
+            for v in pytree.tree_leaves(value)
         ):
             inner = ", ".join(self.expr(v) for v in value)
             return f"[{inner}]" if isinstance(value, list) else f"({inner},)"
         return self.const(value)
 
 
-def _strides(layout: Layout) -> tuple[int, ...]:
-    return tuple(sizes.evaluate_int(s) for s in layout.stride)
+class _Sizes:
+    """A tuple of sizes as the wrapper prints it: ints as they are (a static graph's source
+    is what it always was), a symbolic size as Python over the symbols the wrapper bound."""
+
+    def __init__(self, values: Sequence[sympy.Expr]) -> None:
+        self.values = values
+
+    def __str__(self) -> str:
+        parts = [_PRINTER.print(v) for v in self.values]
+        return f"({parts[0]},)" if len(parts) == 1 else f"({', '.join(parts)})"
+
+
+class _SizePrinter(IndexPrinter):
+    """Python for a size over the size symbols; what it cannot print stays static."""
+
+    error = StaticShapesOnly
+
+
+_PRINTER = _SizePrinter()
+
+
+def _int(value: sympy.Expr) -> int | str:
+    return _PRINTER.print(value) if symbolic.is_symbolic(value) else sizes.evaluate_int(value)
+
+
+def _ints(values: Sequence[sympy.Expr]) -> tuple[int, ...] | _Sizes:
+    if any(symbolic.is_symbolic(v) for v in values):
+        return _Sizes(values)
+    return tuple(sizes.evaluate_int(s) for s in values)
+
+
+def _strides(layout: Layout) -> tuple[int, ...] | _Sizes:
+    return _ints(layout.stride)
 
 
 def _alloc(w: _Writer, layout: Layout) -> str:
-    size = tuple(sizes.evaluate_int(s) for s in layout.size)
-    stride = tuple(sizes.evaluate_int(s) for s in layout.stride)
+    size, stride = _ints(layout.size), _ints(layout.stride)
     # a torch.device, not its name: one parse less per allocation (hundreds a training step)
     device = "_device_" + str(layout.device).replace(":", "")
     w.globals[device] = layout.device
@@ -186,6 +223,7 @@ def generate_wrapper(
     constants: dict[str, torch.Tensor],
     seed_count: int,
     seed_devices: dict[str, torch.device],
+    size_bindings: Mapping[sympy.Symbol, SizeBinding] | None = None,
 ) -> WrapperCode:
     w = _Writer()
     params = [name or f"_unused{i}" for i, name in enumerate(graph_inputs)]
@@ -193,6 +231,8 @@ def generate_wrapper(
     if params:
         w.line(f"{', '.join(params)}, = args")
     w.line("args.clear()")
+    for sym, binding in sorted((size_bindings or {}).items(), key=lambda kv: kv[0].name):
+        w.line(f"{sym.name} = {binding.source()}")  # once per call: sizes below use it
     for name, value in constants.items():
         w.line(f"{name} = {w.const(value, 'const')}")
     for name, device in seed_devices.items():

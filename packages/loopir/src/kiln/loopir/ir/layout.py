@@ -9,7 +9,7 @@ import sympy
 import torch
 
 from kiln.capture.eager_refusals import is_dense
-from kiln.loopir import sizes
+from kiln.loopir import sizes, symbolic
 from kiln.loopir.errors import IRVerificationError
 
 __all__ = [
@@ -52,9 +52,9 @@ class Layout:
         )
 
     def nbytes(self) -> int:
-        """Bytes of storage, for memory accounting (static shapes)."""
+        """Bytes of storage, for memory accounting (symbolic sizes at their hints)."""
         elem = torch.empty((), dtype=self.dtype).element_size()
-        return sizes.evaluate_int(self.storage_size()) * elem
+        return symbolic.hint(self.storage_size()) * elem
 
     def as_fixed(self) -> Layout:
         return dataclasses.replace(self, flexible=False)

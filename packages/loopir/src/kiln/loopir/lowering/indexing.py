@@ -8,8 +8,8 @@ from typing import Any
 import sympy
 import torch
 
-from kiln.loopir import sizes
-from kiln.loopir.errors import Unlowerable
+from kiln.loopir import sizes, symbolic
+from kiln.loopir.errors import StaticShapesOnly, Unlowerable
 from kiln.loopir.ir.buffers import Buffer, MutationBuffer, SliceBuffer
 from kiln.loopir.ir.layout import Layout
 from kiln.loopir.ir.loops import Pointwise, Scatter
@@ -38,11 +38,16 @@ pieces costs a multiple of their copy); inlined into a pointwise consumer (a bat
 over concatenated features), it stays one loop and is never stored."""
 
 
-def _in_range(expr: sympy.Expr, lo: int, hi: int) -> Any:
+def _in_range(expr: sympy.Expr, lo: Any, hi: Any) -> Any:
     pos = ops.index_expr(expr, torch.int64)
-    return ops.logical_and(
-        ops.ge(pos, ops.constant(lo, torch.int64)), ops.lt(pos, ops.constant(hi, torch.int64))
-    )
+    return ops.logical_and(ops.ge(pos, _bound(lo)), ops.lt(pos, _bound(hi)))
+
+
+def _bound(value: Any) -> Any:
+    """An int, or a symbolic size (this call's value)."""
+    if isinstance(value, sympy.Basic) and symbolic.is_symbolic(value):
+        return ops.index_expr(value, torch.int64)
+    return ops.constant(value, torch.int64)
 
 
 def _converted_loader(x: TensorBox, dtype: torch.dtype) -> Any:
@@ -56,6 +61,16 @@ def _bind(load: Any, index: list[sympy.Expr]) -> Callable[[], Any]:
     return lambda: load(index)
 
 
+def _cat_length(n: sympy.Expr) -> Any:
+    """An input's length along the ``cat`` dim: an int, or a symbolic size that is never 0
+    (an empty piece is dropped, so whether it is must not depend on the call)."""
+    if not symbolic.is_symbolic(n):
+        return sizes.evaluate_int(n)
+    if not symbolic.provably(sympy.Gt(n, 0)):
+        raise StaticShapesOnly(f"cat input of length {n} may be empty")
+    return n
+
+
 @register_lowering(*overloads("cat", "default"))
 def _cat(tensors: Sequence[TensorBox], dim: int = 0) -> TensorBox:
     parts = [t for t in tensors if not (t.dim() == 1 and t.get_size()[0] == 0)]
@@ -67,11 +82,11 @@ def _cat(tensors: Sequence[TensorBox], dim: int = 0) -> TensorBox:
     pieces: list[tuple[int, int, Any]] = []
     offset = 0
     for t in parts:
-        n = sizes.evaluate_int(t.get_size()[dim])
+        n = _cat_length(t.get_size()[dim])
         pieces.append((offset, offset + n, _converted_loader(t, result)))
         offset += n
     size = list(parts[0].get_size())
-    size[dim] = S(offset)
+    size[dim] = sympy.sympify(offset)
     device = parts[0].get_device()
 
     def into_slices(layout: Layout) -> Buffer:
@@ -81,7 +96,7 @@ def _cat(tensors: Sequence[TensorBox], dim: int = 0) -> TensorBox:
         layout = V.graph.new_layout(device, result, tuple(size)).as_fixed()
         return TensorBox(StorageBox(into_slices(layout)))
 
-    live = [p for p in pieces if p[1] > p[0]] or pieces[:1]  # empty pieces give no element
+    live = [p for p in pieces if bool(p[1] != p[0])] or pieces[:1]  # empty pieces give no element
 
     def inner(index: Index) -> Any:
         if len(live) == 1:

@@ -9,8 +9,9 @@ from typing import Any
 import sympy
 import torch
 
-from kiln.loopir import sizes
+from kiln.loopir import sizes, symbolic
 from kiln.loopir.analysis import ReadWriteHandler
+from kiln.loopir.errors import StaticShapesOnly
 from kiln.loopir.ir.loops import Pointwise, Reduction
 from kiln.loopir.ir.views import StorageBox, TensorBox
 from kiln.loopir.lowering.common import compute_dtype, make_pointwise, origin, out_dtype
@@ -208,8 +209,14 @@ def _mean(x: TensorBox, dim: Any = None, keepdim: bool = False, *, dtype: Any = 
     math = compute_dtype(result)
     total = reduce(x, dim, keepdim, "sum", math)
     count = sizes.product(x.get_size()[d] for d in _dims(x, dim)) if x.dim() else 1
-    n = float(sizes.evaluate_int(count))
-    return make_pointwise(lambda v: ops.truediv(v, ops.constant(n, math)), [total], dtype=result)
+    return make_pointwise(lambda v: ops.truediv(v, _count(count, math)), [total], dtype=result)
+
+
+def _count(count: sympy.Expr | int, dtype: torch.dtype) -> Any:
+    """A number of elements as a value: a constant, or (symbolic) this call's size."""
+    if symbolic.is_symbolic(count):
+        return ops.index_expr(sympy.sympify(count), dtype)
+    return ops.constant(float(sizes.evaluate_int(count)), dtype)
 
 
 # each reduction's value over zero elements (welford: mean, then m2)
@@ -251,7 +258,10 @@ def _refuse_empty(kind: str, x: TensorBox, dim: Any) -> None:
     if not x.dim():
         return
     extent = sizes.product(x.get_size()[d] for d in _dims(x, dim))
-    if sizes.evaluate_int(extent) == 0:
+    if symbolic.is_symbolic(extent):
+        if not symbolic.provably(sympy.Gt(extent, 0)):
+            raise StaticShapesOnly(f"{kind}() over {extent} elements, which may be 0")
+    elif sizes.evaluate_int(extent) == 0:
         raise RuntimeError(f"{kind}() over zero elements has no value (eager raises)")
 
 
@@ -324,11 +334,17 @@ def welford(
     else:
         mean = reduce(x, dim, keepdim, "welford_reduce", math, output_index=0)
         m2 = reduce(x, dim, keepdim, "welford_reduce", math, output_index=1)
-    count = sizes.evaluate_int(sizes.product(x.get_size()[d] for d in rdims))
-    denom = float(max(0, count - correction))
+    count = sizes.product(x.get_size()[d] for d in rdims)
+    if symbolic.is_symbolic(count) and correction == int(correction):
+        size = sympy.Max(0, count - int(correction))
 
-    def var_fn(v: Any) -> Any:
-        return ops.truediv(v, ops.constant(denom, math))
+        def var_fn(v: Any) -> Any:
+            return ops.truediv(v, ops.index_expr(size, math))
+    else:
+        denom = float(max(0, sizes.evaluate_int(count) - correction))
+
+        def var_fn(v: Any) -> Any:
+            return ops.truediv(v, ops.constant(denom, math))
 
     var = make_pointwise(var_fn, [m2], dtype=math)
     return var, mean, result

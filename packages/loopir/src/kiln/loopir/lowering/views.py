@@ -8,8 +8,8 @@ from typing import Any
 import sympy
 import torch
 
-from kiln.loopir import sizes
-from kiln.loopir.errors import Unlowerable
+from kiln.loopir import sizes, symbolic
+from kiln.loopir.errors import StaticShapesOnly, Unlowerable
 from kiln.loopir.ir.buffers import Buffer
 from kiln.loopir.ir.layout import Layout
 from kiln.loopir.ir.strided import as_strided_view, copy_like
@@ -181,6 +181,9 @@ def slice_(
     x: TensorBox, dim: int = 0, start: int | None = None, end: int | None = None, step: int = 1
 ) -> TensorBox:
     dim = canonical_dim(dim, x.dim())
+    bounds = (x.get_size()[dim], start, end)
+    if any(isinstance(v, sympy.Basic) and symbolic.is_symbolic(v) for v in bounds):
+        return _slice_symbolic(x, dim, start, end, step)
     n = sizes.evaluate_int(x.get_size()[dim])
     lo = clip_index(start if start is not None else 0, n)
     hi = clip_index(end if end is not None else n, n)
@@ -198,9 +201,59 @@ def slice_(
     return _remap(x, size, reindex, "slice")
 
 
+_TO_THE_END = 2**62
+"""A slice end at least this large means "to the end" (Python's ``x[a:]`` passes maxsize)."""
+
+
+def _clip_symbolic(v: int | sympy.Expr, n: sympy.Expr) -> sympy.Expr:
+    """``clip_index`` over symbolic sizes, where every admitted size decides it alike."""
+    v = sympy.sympify(v)
+    if v.is_Integer and int(v) >= _TO_THE_END:
+        return n
+    if not symbolic.provably(sympy.Ge(v, 0)):
+        if not symbolic.provably(sympy.Gt(-v, 0)):
+            raise StaticShapesOnly(f"slice bound {v} of a dim of size {n} has no fixed sign")
+        v = v + n
+        if not symbolic.provably(sympy.Ge(v, 0)):
+            raise StaticShapesOnly(f"slice bound {v} may fall before the start of size {n}")
+    if symbolic.provably(sympy.Ge(n - v, 0)):
+        return v
+    if symbolic.provably(sympy.Ge(v - n, 0)):
+        return n
+    raise StaticShapesOnly(f"slice bound {v} may pass the end of size {n}")
+
+
+def _slice_symbolic(x: TensorBox, dim: int, start: Any, end: Any, step: int) -> TensorBox:
+    n = x.get_size()[dim]
+    lo = _clip_symbolic(start if start is not None else 0, n)
+    hi = _clip_symbolic(end if end is not None else n, n)
+    if not symbolic.provably(sympy.Ge(hi - lo, 0)):
+        raise StaticShapesOnly(f"slice [{lo}:{hi}] may be empty for some sizes")
+    length = hi - lo if step == 1 else sizes.FloorDiv(hi - lo + step - 1, S(step))
+    if (lo, length, step) == (0, n, 1):
+        return x
+    size = list(x.get_size())
+    size[dim] = length
+
+    def reindex(index: Index) -> list[sympy.Expr]:
+        out = list(index)
+        out[dim] = lo + out[dim] * step
+        return out
+
+    return _remap(x, size, reindex, "slice")
+
+
 @register_lowering(*overloads("select", "int"))
 def _select(x: TensorBox, dim: int, index: int) -> TensorBox:
     dim = canonical_dim(dim, x.dim())
+    if symbolic.is_symbolic(x.get_size()[dim]):
+        n_expr = x.get_size()[dim]
+        pos_expr = index + n_expr if index < 0 else S(index)
+        inside = sympy.Ge(pos_expr, 0) if index < 0 else sympy.Gt(n_expr - index, 0)
+        if not symbolic.provably(inside):
+            raise StaticShapesOnly(f"select {index} of a dim of size {n_expr}: not always inside")
+        size = [s for i, s in enumerate(x.get_size()) if i != dim]
+        return _remap(x, size, lambda idx: [*idx[:dim], pos_expr, *idx[dim:]], "select")
     n = sizes.evaluate_int(x.get_size()[dim])
     pos = index + n if index < 0 else index
     size = [s for i, s in enumerate(x.get_size()) if i != dim]

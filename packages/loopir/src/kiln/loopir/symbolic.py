@@ -1,0 +1,164 @@
+"""Symbolic sizes: the capture's size symbols as loopir sees them.
+
+A graph captured with dynamic shapes carries fake tensors whose sizes are ``SymInt`` s over
+one ``kiln.capture.shapes.ShapeEnv``. loopir keeps their sympy expressions in layouts and
+index expressions (capture's ``FloorDiv``/``Mod`` become :mod:`kiln.loopir.sizes`' own), so a
+compiled graph serves every size its guards admit. Where a decision needs a number (memory
+accounting, heuristics), :func:`hint` gives the size of the call being compiled, without a
+guard: such a decision only makes the program faster or slower, never wrong. What needs a
+number for correctness raises :class:`~kiln.loopir.errors.StaticShapesOnly`.
+
+The wrapper reads each size symbol once per call from a graph input (:class:`SizeBinding`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+from collections.abc import Iterable, Iterator, Mapping
+
+import sympy
+
+from kiln.capture.shapes import exprs as capture_exprs
+from kiln.loopir.errors import StaticShapesOnly
+
+__all__ = [
+    "SizeBinding",
+    "SizeFacts",
+    "facts",
+    "from_capture",
+    "hint",
+    "is_symbolic",
+    "lower_bound",
+    "provably",
+    "size_symbols",
+]
+
+SIZE_PREFIX = "s"
+"""Capture names its size symbols ``s0, s1, ...``; loopir's index symbols use other prefixes."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SizeFacts:
+    """What is known of the size symbols of the graph being compiled: each one's value in
+    this call (``hints``) and the range every call's value lies in (``ranges``: the shape
+    environment's, which its guards check)."""
+
+    hints: Mapping[sympy.Symbol, int]
+    ranges: Mapping[sympy.Symbol, capture_exprs.Range]
+
+
+_facts: contextvars.ContextVar[SizeFacts | None] = contextvars.ContextVar(
+    "kiln_loopir_size_facts", default=None
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class SizeBinding:
+    """Where the wrapper reads a size symbol: dimension ``dim`` of input ``name``, or the
+    input itself (an int a backward receives) when ``dim`` is None."""
+
+    name: str
+    dim: int | None
+
+    def source(self) -> str:
+        """Python that reads the value in the wrapper."""
+        return self.name if self.dim is None else f"{self.name}.shape[{self.dim}]"
+
+
+def from_capture(expr: sympy.Basic) -> sympy.Expr:
+    """A capture size expression in loopir's terms (its integer functions).
+
+    Raises ``StaticShapesOnly`` for what loopir's index expressions cannot hold.
+    """
+    if not isinstance(expr, sympy.Expr):
+        msg = f"size {expr} is not an integer expression"
+        raise StaticShapesOnly(msg)
+    if expr.is_Atom:
+        return expr
+    if isinstance(expr, capture_exprs.FloorDiv):
+        from kiln.loopir.sizes import FloorDiv
+
+        return FloorDiv(from_capture(expr.args[0]), from_capture(expr.args[1]))
+    if isinstance(expr, capture_exprs.Mod):
+        from kiln.loopir.sizes import ModularIndexing
+
+        return ModularIndexing(from_capture(expr.args[0]), sympy.S.One, from_capture(expr.args[1]))
+    if isinstance(expr, (sympy.Add, sympy.Mul)) or (
+        isinstance(expr, sympy.Pow) and expr.exp.is_Integer and int(expr.exp) > 0
+    ):
+        return expr.func(*[from_capture(a) for a in expr.args])
+    msg = f"size expression {expr} ({type(expr).__name__}) is not supported symbolically"
+    raise StaticShapesOnly(msg)
+
+
+def is_symbolic(expr: sympy.Basic | int) -> bool:
+    """Whether ``expr`` holds a size symbol."""
+    return isinstance(expr, sympy.Basic) and bool(size_symbols([expr]))
+
+
+def size_symbols(exprs: Iterable[sympy.Basic | int]) -> set[sympy.Symbol]:
+    """The size symbols (not index symbols) in ``exprs``."""
+    found: set[sympy.Symbol] = set()
+    for expr in exprs:
+        if isinstance(expr, sympy.Basic):
+            found |= {s for s in expr.free_symbols if _is_size_symbol(s)}
+    return found
+
+
+def _is_size_symbol(sym: sympy.Basic) -> bool:
+    return isinstance(sym, sympy.Symbol) and sym.name[:1] == SIZE_PREFIX and sym.name[1:].isdigit()
+
+
+@contextlib.contextmanager
+def facts(known: SizeFacts) -> Iterator[None]:
+    """What :func:`hint` and :func:`lower_bound` read within (the mappings may still grow)."""
+    token = _facts.set(known)
+    try:
+        yield
+    finally:
+        _facts.reset(token)
+
+
+def lower_bound(expr: sympy.Expr | int) -> float:
+    """The least value ``expr`` takes in any call the guards admit (``-inf`` if unknown)."""
+    expr = sympy.sympify(expr)
+    if expr.is_Integer:
+        return int(expr)
+    known = _facts.get()
+    if known is None or any(isinstance(a, sympy.Function) for a in sympy.preorder_traversal(expr)):
+        return -capture_exprs.INF
+    ranges = {s: known.ranges.get(s, _ANY) for s in expr.free_symbols}
+    return capture_exprs.bounds(expr, ranges).lower
+
+
+_ANY = capture_exprs.Range(-capture_exprs.INF, capture_exprs.INF)
+
+
+def provably(relation: sympy.Basic) -> bool:
+    """Whether ``lhs >= rhs`` / ``lhs > rhs`` holds in every admitted call (a sympy ``Ge`` or
+    ``Gt`` over sizes); False when it cannot be shown, whatever the hints say."""
+    if relation is sympy.true or relation is sympy.false:
+        return bool(relation)
+    diff = relation.lhs - relation.rhs  # type: ignore[attr-defined]
+    low = lower_bound(diff)
+    return low > 0 if isinstance(relation, sympy.StrictGreaterThan) else low >= 0
+
+
+def hint(expr: sympy.Expr | int) -> int:
+    """``expr``'s value in the call being compiled: for a decision that only tunes the
+    program (memory accounting, heuristics), never for one its correctness rests on."""
+    if isinstance(expr, int):
+        return expr
+    if expr.is_Integer:
+        return int(expr)
+    known = _facts.get()
+    if known is None:
+        msg = f"size {expr} is symbolic and no size hints are known"
+        raise StaticShapesOnly(msg)
+    found = sympy.sympify(sympy.sympify(expr).xreplace(dict(known.hints)))
+    if not found.is_Integer:
+        msg = f"size {expr} has a symbol without a hint"
+        raise StaticShapesOnly(msg)
+    return int(found)
