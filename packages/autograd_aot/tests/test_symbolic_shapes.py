@@ -22,7 +22,7 @@ from kiln.autograd_aot import aot_eager, aot_eager_decomp_partition
 from kiln.capture import capture, counters
 from kiln.capture.dynamic_dims import DynamicDims, dynamic_dims
 from kiln.capture.meta import FakeTensor
-from kiln.capture.shapes import ShapeEnv, failing_guards, symbolic_meta
+from kiln.capture.shapes import ShapeEnv, create_symint, failing_guards, symbolic_meta
 from kiln.capture.source import LocalSource
 
 aten = torch.ops.aten
@@ -375,3 +375,33 @@ def test_float_factors_of_sizes(grad: bool) -> None:
     calls = [[torch.randn(2, b, d, requires_grad=grad)] for b, d in [(3, 4), (5, 9), (4, 16)]]
     gm, env = _graph(calls[0], [(1, 2)], _scale_body)
     _check(gm, env, calls, aot_eager_decomp_partition, grad=grad)
+
+
+@pytest.mark.parametrize("backend", [aot_eager, aot_eager_decomp_partition])
+def test_symbolic_number_input(backend: Callable) -> None:
+    """A Python int the graph takes as a symbolic number (capture's SymInt placeholder) is a
+    graph input of the program, bound per call: one program for every value."""
+    env = ShapeEnv()
+    x0 = torch.randn(3, 8, requires_grad=True)
+    graph = fx.Graph()
+    x = graph.placeholder("x0")
+    x.meta["val"] = FakeTensor(
+        symbolic_meta(x0, LocalSource("x0"), env), x0.device, requires_grad=True
+    )
+    n = graph.placeholder("n")
+    n.meta["val"] = create_symint(env, 5, LocalSource("n"))
+    head = graph.call_function(torch.narrow, (x, 1, 0, n))
+    scaled = graph.call_function(torch.mul, (graph.call_function(torch.sin, (head,)), n))
+    graph.output((scaled, graph.call_function(operator.add, (n, 1))))
+    gm = fx.GraphModule(torch.nn.Module(), graph)
+    compiled = backend(gm, [x0, 5])
+    for (b, d), count in [((3, 8), 5), ((4, 10), 3), ((6, 7), 7)]:
+        x_in = torch.randn(b, d, requires_grad=True)
+        (mine,), (theirs,) = _clone([x_in]), _clone([x_in])
+        got, expect = compiled(mine, count), gm(theirs, count)
+        torch.testing.assert_close(got[0], expect[0])
+        assert got[1] == count + 1
+        got[0].sum().backward()
+        expect[0].sum().backward()
+        torch.testing.assert_close(mine.grad, theirs.grad)
+    assert len(compiled.variants()) == 1

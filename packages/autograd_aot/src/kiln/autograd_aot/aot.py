@@ -39,7 +39,7 @@ from kiln.autograd_aot.partition import PartitionStats, partition_joint
 from kiln.autograd_aot.prune import exposed_saved, prune_backward
 from kiln.autograd_aot.regions import call_marked, has_regions
 from kiln.autograd_aot.runtime import Backward, CompiledProgram, run_inference, run_training
-from kiln.autograd_aot.symbolic import is_symbolic
+from kiln.autograd_aot.symbolic import is_symbolic, is_symbolic_value
 from kiln.capture import artifacts, counters
 from kiln.capture.isolation import no_user_hooks
 
@@ -56,6 +56,29 @@ def _fake_inputs(gm: fx.GraphModule) -> list[torch.Tensor]:
 
 def _output_nodes(gm: fx.GraphModule) -> list[Any]:
     return list(next(n for n in gm.graph.nodes if n.op == "output").args[0])
+
+
+def _placeholder_values(gm: torch.nn.Module, positions: Sequence[int]) -> list[Any]:
+    if not positions:
+        return []
+    assert isinstance(gm, fx.GraphModule)
+    vals = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+    return [vals[i] for i in positions]
+
+
+def _number_positions(gm: torch.nn.Module, example_inputs: Sequence[Any]) -> list[int]:
+    """The inputs that are symbolic numbers in the captured graph (its placeholder's value is
+    a ``SymInt``/``SymFloat``): they become graph inputs instead of constants."""
+    if not isinstance(gm, fx.GraphModule):
+        return []
+    vals = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(vals) != len(example_inputs):
+        return []
+    return [
+        i
+        for i, (v, a) in enumerate(zip(vals, example_inputs, strict=True))
+        if is_symbolic_value(v) and not isinstance(a, torch.Tensor)
+    ]
 
 
 def _has_random_op(gm: fx.GraphModule) -> bool:
@@ -122,10 +145,14 @@ class AotCompiled:
         self.tensor_positions = [
             i for i, a in enumerate(example_inputs) if isinstance(a, torch.Tensor)
         ]
-        # The non-tensor inputs (baked into the graphs); tensors are not kept alive.
+        # Symbolic Python numbers (capture's SymInt/SymFloat placeholders) are graph inputs
+        # after the tensors; the other non-tensor inputs are baked into the graphs.
+        self.number_positions = _number_positions(gm, example_inputs)
         self.constants = [None if isinstance(a, torch.Tensor) else a for a in example_inputs]
         self.constant_positions = [
-            i for i, a in enumerate(example_inputs) if not isinstance(a, torch.Tensor)
+            i
+            for i, a in enumerate(example_inputs)
+            if not isinstance(a, torch.Tensor) and i not in self.number_positions
         ]
         self.partition_stats: PartitionStats | None = None
         self._modes: dict[Mode, _ModePrograms] = {}
@@ -134,6 +161,7 @@ class AotCompiled:
         self._marked = has_regions(gm) or has_control_flow(gm)
         # the captured graph's fakes with symbolic sizes, by primal: traced as they are
         self._templates = self._symbolic_templates(gm, len(self.state_names))
+        self._number_fakes = _placeholder_values(gm, self.number_positions)
         self._warned = False
         if restored is not None:
             self._restore(restored)
@@ -170,7 +198,7 @@ class AotCompiled:
         for mode, known in saved.items():
             for compiled in known.programs.values():
                 if compiled is not None and compiled.eager is _rerun_eagerly:
-                    compiled.eager = compiled.layout.wrap(self._call_module)
+                    compiled.eager = self._program_fn(compiled.layout)
             self._modes[mode] = known
 
     def _symbolic_templates(self, gm: torch.nn.Module, num_state: int) -> list[torch.Tensor | None]:
@@ -214,6 +242,8 @@ class AotCompiled:
         if compiled is None:
             return self.gm(*args)
         primals = compiled.layout.prepare(primals)
+        if self.number_positions:
+            primals += [args[i] for i in self.number_positions]
         if compiled.program.is_joint:
             return run_training(compiled, primals)
         return run_inference(compiled, primals)
@@ -261,12 +291,27 @@ class AotCompiled:
             known.programs[_aliasing(known, primals)] = None
             return None
 
-    def _call_module(self, *fakes: torch.Tensor) -> Any:
+    def _program_fn(self, layout: InputLayout) -> Callable[..., Any]:
+        """The program over its graph inputs: ``layout``'s tensors, then the numbers."""
+        count = len(self.number_positions)
+        if not count:
+            return layout.wrap(self._call_module)
+
+        def call(*inputs: Any) -> Any:
+            numbers = inputs[len(inputs) - count :]
+            with_numbers = functools.partial(self._call_module, numbers=numbers)
+            return layout.wrap(with_numbers)(*inputs[: len(inputs) - count])
+
+        return call
+
+    def _call_module(self, *fakes: torch.Tensor, numbers: Sequence[Any] = ()) -> Any:
         n = len(self.state_names)
         state = dict(zip(self.state_names, fakes[:n], strict=True))
         args: list[Any] = list(self.constants)
         for pos, fake in zip(self.tensor_positions, fakes[n:], strict=True):
             args[pos] = fake
+        for pos, number in zip(self.number_positions, numbers, strict=True):
+            args[pos] = number
         if self._marked:
             assert isinstance(self.gm, fx.GraphModule)
             return call_marked(self.gm, state, args, ControlFlowInterpreter)
@@ -276,7 +321,7 @@ class AotCompiled:
         self, mode: Mode, primals: Sequence[torch.Tensor], layout: InputLayout
     ) -> TracedProgram:
         grad_enabled, wants_grad = mode
-        fn = layout.wrap(self._call_module)
+        fn = self._program_fn(layout)
 
         def trace(table: Mapping[Any, Callable[..., Any]]) -> TracedProgram:
             # fresh fakes for each trace: a trace mutates its fakes in place, with history
@@ -284,6 +329,8 @@ class AotCompiled:
             # program is chosen by its inputs' exact views, sizes included)
             templates = self._templates if not layout.groups else []
             fakes, leaves = fakes_of(layout.prepare(primals), wants_grad, templates)
+            fakes += self._number_fakes
+            leaves += self._number_fakes
             return trace_program(fn, fakes, table, joint=wants_grad, grad_leaves=leaves)
 
         if grad_enabled and wants_grad:
@@ -316,7 +363,7 @@ class AotCompiled:
 
     def _compile(self, program: TracedProgram, layout: InputLayout) -> CompiledProgram:
         counters.bump("autograd_aot", "programs")
-        eager = None if program.mutated_inputs else layout.wrap(self._call_module)
+        eager = None if program.mutated_inputs else self._program_fn(layout)
         if eager is not None and _has_random_op(program.gm):
             eager = None
         if not program.is_joint:

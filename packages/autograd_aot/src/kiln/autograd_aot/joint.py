@@ -151,10 +151,11 @@ def trace_program(
     diff = [
         i for i, t in enumerate(values) if t.requires_grad and t.grad_fn is not None and recorded[i]
     ]
-    grad_inputs = [i for i, f in enumerate(fakes) if f.requires_grad] if joint and diff else []
+    tensors = [f for f in fakes if isinstance(f, torch.Tensor)]  # symbolic numbers follow
+    grad_inputs = [i for i, f in enumerate(tensors) if f.requires_grad] if joint and diff else []
     watched: tuple[list[tuple[int, int]], list[tuple[int, int]]] = ([], [])
     if grad_inputs:
-        watched = _saved_by_autograd([values[i] for i in diff], user, [] if mutated else fakes)
+        watched = _saved_by_autograd([values[i] for i in diff], user, [] if mutated else tensors)
         leaves = list(grad_leaves) if grad_leaves is not None else list(fakes)
         tangents = [_tangent_like(values[i]) for i in diff]
         for i, t in enumerate(tangents):
@@ -173,7 +174,7 @@ def trace_program(
     else:
         diff = []
     non_diff = [i for i in range(len(values)) if i not in diff]
-    cut = [i for i, f in enumerate(fakes) if f.requires_grad and i not in grad_inputs]
+    cut = [i for i, f in enumerate(tensors) if f.requires_grad and i not in grad_inputs]
     return TracedProgram(
         gm=tracer.finish(outputs),
         num_primals=len(fakes),

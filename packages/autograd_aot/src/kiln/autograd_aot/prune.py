@@ -53,7 +53,9 @@ def exposed_saved(fw: fx.GraphModule, num_user_outputs: int, num_saved: int) -> 
     return [
         i
         for i, n in enumerate(saved)
-        if isinstance(n, fx.Node) and (_view_root(n).op == "placeholder" or _view_root(n) in roots)
+        if isinstance(n, fx.Node)
+        and isinstance(n.meta.get("val"), torch.Tensor)  # not a saved size
+        and (_view_root(n).op == "placeholder" or _view_root(n) in roots)
     ]
 
 

@@ -133,7 +133,7 @@ class _AotFunction(torch.autograd.Function):
         if compiled.eager is not None:
             # for a backward with create_graph=True; the versions tell whether they changed
             ctx.primals = primals
-            ctx.primal_versions = [p._version for p in primals]
+            ctx.primal_versions = _versions(primals)
         return tuple(outputs)
 
     @staticmethod
@@ -182,6 +182,11 @@ class _AotFunction(torch.autograd.Function):
         return (None, None, *out)
 
 
+def _versions(primals: Sequence[Any]) -> list[int]:
+    """The inputs' version counters (a symbolic number input has none: 0)."""
+    return [getattr(p, "_version", 0) for p in primals]
+
+
 def _saved_freed(ctx: Any) -> bool:
     """Whether autograd freed the node's saved tensors (no ``retain_graph``)."""
     try:
@@ -227,7 +232,7 @@ def _differentiable_backward(ctx: Any, grads: Sequence[torch.Tensor | None]) -> 
         why = "mutates an input or draws random numbers, so it cannot be run again"
     elif primals is None:
         why = "was already differentiated without create_graph=True (retain_graph)"
-    elif [p._version for p in primals] != ctx.primal_versions:
+    elif _versions(primals) != ctx.primal_versions:
         why = "has an input that was modified in place after the forward"
     else:
         why = ""

@@ -149,9 +149,12 @@ SizeSources = tuple[tuple[sympy.Symbol, int, int], ...]
 
 
 def size_sources(inputs: Sequence[Any]) -> SizeSources:
-    """Where each symbol of the inputs' sizes is read: (symbol, input position, dim)."""
+    """Where each symbol of the inputs' sizes is read: (symbol, input position, dim); dim -1
+    for an input that is a symbolic number itself."""
     found: dict[sympy.Symbol, tuple[int, int]] = {}
     for i, t in enumerate(inputs):
+        if is_symbolic_value(t) and isinstance(_expr(t), sympy.Symbol):
+            found.setdefault(_expr(t), (i, -1))
         for d, size in enumerate(t.shape if isinstance(t, torch.Tensor) else ()):
             expr = _expr(size) if isinstance(size, torch.SymInt) else None
             if isinstance(expr, sympy.Symbol):
@@ -175,7 +178,7 @@ def concrete(tree: Any, sources: SizeSources, inputs: Sequence[torch.Tensor]) ->
     ``inputs`` (the runtime's, whose sizes ``sources`` reads): what a view rebuilt outside a
     compiled graph takes. A sympy substitution per value: for the rare output that views an
     input."""
-    values = {s: sympy.Integer(inputs[i].shape[d]) for s, i, d in sources}
+    values = {s: sympy.sympify(inputs[i] if d < 0 else inputs[i].shape[d]) for s, i, d in sources}
 
     def value(a: Any) -> Any:
         if not isinstance(a, sympy.Basic):
@@ -184,6 +187,8 @@ def concrete(tree: Any, sources: SizeSources, inputs: Sequence[torch.Tensor]) ->
         if number.free_symbols:
             msg = f"the symbolic value {a} is not computed from the inputs' sizes"
             raise AotError(msg)
-        return bool(number) if number in (sympy.true, sympy.false) else int(number)
+        if number in (sympy.true, sympy.false):
+            return bool(number)
+        return int(number) if number.is_integer else float(number)
 
     return pytree.tree_map(value, tree)

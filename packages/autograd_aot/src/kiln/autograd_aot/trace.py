@@ -115,8 +115,9 @@ class AtenTracer(TorchDispatchMode):
         node.meta["val"] = fake
         self._last_placeholder = node
         self._inputs.append((node, fake))
-        index = sum(1 for r in self._roots if r.kind == "input")
-        self._new_root(fake, node, "input", index)
+        if isinstance(fake, torch.Tensor):  # not a symbolic number
+            index = sum(1 for r in self._roots if r.kind == "input")
+            self._new_root(fake, node, "input", index)
         return node
 
     def input_root(self, t: torch.Tensor) -> int | None:
