@@ -99,9 +99,8 @@ def aot_eager(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[...
     return autograd_aot.aot_eager(gm, example_inputs)
 
 
-# autograd_aot traces a graph with symbolic sizes once, for every size it admits (Python
-# numbers as inputs it still bakes in: those graphs are specialized per value)
-aot_eager.dynamic_shapes = "sizes"  # type: ignore[attr-defined]
+# autograd_aot traces a graph with symbolic sizes and numbers once, for every value it admits
+aot_eager.dynamic_shapes = True  # type: ignore[attr-defined]
 
 
 @register_backend
@@ -112,7 +111,7 @@ def aot_eager_decomp_partition(
     return autograd_aot.aot_eager_decomp_partition(gm, example_inputs)
 
 
-aot_eager_decomp_partition.dynamic_shapes = "sizes"  # type: ignore[attr-defined]
+aot_eager_decomp_partition.dynamic_shapes = True  # type: ignore[attr-defined]
 
 
 @register_backend
