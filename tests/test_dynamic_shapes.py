@@ -263,7 +263,8 @@ def test_a_size_used_as_a_python_number_specializes_with_a_guard() -> None:
 
 def test_static_backend_compiles_per_size_from_one_capture() -> None:
     counters.clear()
-    compiled = kiln.compile(heads, backend="kiln", dynamic=True)
+    # loopir's reference backend evaluates kernels at fixed sizes: it declares no dynamic_shapes
+    compiled = kiln.compile(heads, backend="loopir_reference", dynamic=True)
     w = torch.randn(4, 5)
     for s in (8, 9, 8, 10):
         _check(heads, compiled, torch.randn(2, s, 16), w)
@@ -425,3 +426,25 @@ def test_item_float_across_a_break_compiles_twice() -> None:
     for _ in range(20):
         _check(_item_across_break, compiled, torch.randn(4))
     assert _captures() <= 3  # the frame once, its continuation twice (static, then symbolic)
+
+
+def _scaled(x: torch.Tensor, scale: float) -> torch.Tensor:
+    return x * scale + 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dynamic_true_makes_a_changing_float_symbolic(backend: str) -> None:
+    """dynamic=True never recompiles more than dynamic=None: a float argument is symbolic
+    once it changes (it had been specialized per value, since every size being symbolic had
+    left the frame without the history that notices a change)."""
+    compiled = kiln.compile(_scaled, backend=backend, dynamic=True)
+    for i in range(5):
+        _check(_scaled, compiled, torch.randn(5 + i, 3), 0.5 + i)
+    assert _captures() == 2
+
+
+def test_dynamic_true_item_float_across_a_break_compiles_twice() -> None:
+    compiled = kiln.compile(_item_across_break, backend="eager", dynamic=True)
+    for i in range(10):
+        _check(_item_across_break, compiled, torch.randn(4 + i % 3))
+    assert _captures() <= 3

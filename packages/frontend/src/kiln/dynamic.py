@@ -52,14 +52,15 @@ def policy(dynamic: bool | None, cache: Any, automatic: bool = True) -> DynamicD
     """The capture policy of ``kiln.compile(dynamic=...)`` for one frame's ``cache``."""
     if dynamic is False:
         return STATIC
-    if dynamic is True:
-        return DynamicDims(every_size=True)
     if not automatic:
-        return DynamicDims()
+        return DynamicDims(every_size=dynamic is True)
     history = _histories.get(cache)
     if history is None:
         history = _histories[cache] = SizeHistory()
-    return DynamicDims(history=history)
+    # under dynamic=True the history still serves the Python floats a frame takes: they are
+    # symbolic once they change, as under dynamic=None (a resume function's float argument,
+    # computed from data, would otherwise recompile for every value)
+    return DynamicDims(every_size=dynamic is True, history=history)
 
 
 def serves_symbols(backend: Any, gm: fx.GraphModule) -> bool:
