@@ -89,18 +89,29 @@ def test_sizes_become_parameters():
     assert "if(s0 * s1 * 1 >= " in text or "if(" in text
 
 
-def test_unbindable_symbol_is_reported():
+def _with_numel_times(symbol):
     group = _pointwise_group()
-    hidden = sympy.Symbol("s9", integer=True, positive=True)
-    bad = KernelGroup(
+    return KernelGroup(
         group.name,
         CPU,
-        group.numel * hidden,
+        group.numel * symbol,
         group.rnumel,
         group.nodes,
         group.buffers,
         group.inputs,
         group.outputs,
     )
-    with pytest.raises(CodegenCppError, match="s9"):
-        KernelWriter(bad, "k", 16)
+
+
+def test_size_no_tensor_carries_is_a_size_argument():
+    """A size symbol no argument's shape holds is passed by the caller after the tensors."""
+    writer = KernelWriter(
+        _with_numel_times(sympy.Symbol("s9", integer=True, positive=True)), "k", 16
+    )
+    assert writer.size_args == ("s9",)
+    assert "int64_t s0, int64_t s1, int64_t s9, int64_t nthreads" in writer.generate()
+
+
+def test_symbol_no_one_can_pass_is_reported():
+    with pytest.raises(CodegenCppError, match="q9"):
+        KernelWriter(_with_numel_times(sympy.Symbol("q9", integer=True, positive=True)), "k", 16)

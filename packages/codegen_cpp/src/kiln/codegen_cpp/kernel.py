@@ -29,6 +29,7 @@ from kiln.codegen_cpp.printer import cpp_index
 from kiln.codegen_cpp.reductions import Accumulator
 from kiln.codegen_cpp.row_cache import ROW_CACHE_BYTES, RowCache
 from kiln.codegen_cpp.segments import Segment
+from kiln.codegen_cpp.size_args import size_bindings
 from kiln.loopir import sizes
 from kiln.loopir.kernel import RINDEX, XINDEX, KernelGroup, KernelNode
 from kiln.loopir.virtualized import set_ops_handler
@@ -117,7 +118,7 @@ class KernelWriter:
         self.numel = Extent(group.numel)
         self.rnumel = Extent(group.rnumel)
         self.pointers = _pointer_names(group)
-        self.size_symbols = size_bindings(group)
+        self.size_symbols, self.size_args = size_bindings(group)
         # Extents of loop symbols that replace xindex (2-D pointwise loops), for simplification.
         self.index_ranges: dict[sympy.Symbol, int] = {}
         self.vectorized = False
@@ -142,7 +143,7 @@ class KernelWriter:
     def generate(self) -> str:
         """The whole ``extern "C"`` function."""
         params = [self._param(name, i) for i, name in enumerate(self.group.args)]
-        params += [f"int64_t {name}" for name in self.size_symbols]
+        params += [f"int64_t {name}" for name in (*self.size_symbols, *self.size_args)]
         params.append("int64_t nthreads")
         origins = ", ".join(self.group.origins()) or "?"
         lines = [
@@ -546,40 +547,6 @@ def _is_uniform(expr: str, uniform: set[str]) -> bool:
     if re.search(r"\blane\b|kiln::iota", expr):
         return False
     return all(name in uniform for name in re.findall(r"\btmp\d+\b", expr))
-
-
-def size_bindings(group: KernelGroup) -> dict[str, tuple[int, int]]:
-    """Each size symbol of ``group`` and where to read it: (argument, dimension).
-
-    Kernels take symbolic sizes as ``int64_t`` parameters; the Python side reads
-    them from the shapes of the tensors it passes, so loopir's calling
-    convention (tensors only) covers dynamic shapes too.
-    """
-    found: set[sympy.Symbol] = set()
-    for expr in (group.numel, group.rnumel):
-        found |= sympy.sympify(expr).free_symbols
-    for layout in group.buffers.values():
-        for expr in (*layout.size, *layout.stride, layout.offset):
-            found |= sympy.sympify(expr).free_symbols
-    bindings: dict[str, tuple[int, int]] = {}
-    for sym in sorted(found, key=lambda s: s.name):
-        where = next(
-            (
-                (pos, dim)
-                for pos, name in enumerate(group.args)
-                for dim, size in enumerate(group.buffers[name].size)
-                if size == sym
-            ),
-            None,
-        )
-        if where is None:
-            msg = (
-                f"{group.name}: size symbol {sym} is not the size of any tensor the kernel "
-                "receives, so the C++ kernel cannot learn its value"
-            )
-            raise CodegenCppError(msg)
-        bindings[sym.name] = where
-    return bindings
 
 
 def _pointer_names(group: KernelGroup) -> dict[str, str]:

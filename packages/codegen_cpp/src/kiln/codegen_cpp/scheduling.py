@@ -88,9 +88,12 @@ class LazyKernel:
         """The queue this kernel waits in until built (its compiling thread's)."""
         self.symbol = symbol
         self.source = source
-        # Symbolic sizes are read from the shapes of the tensors passed: (arg, dim).
+        # Symbolic sizes are read from the shapes of the tensors passed: (arg, dim); the
+        # size arguments follow the tensors in the call.
         self.sizes = tuple(writer.size_symbols.values())
-        self.signature = ["ptr"] * len(writer.group.args) + ["i64"] * (len(self.sizes) + 1)
+        self.extra = len(writer.size_args)
+        ints = len(self.sizes) + self.extra + 1
+        self.signature = ["ptr"] * len(writer.group.args) + ["i64"] * ints
         self.checks_indices = writer.checks_indices
         self.group = writer.group
         self.function: KernelFunction | None = None
@@ -106,7 +109,9 @@ class LazyKernel:
             self._call_unbuilt(tensors)
             return
         threads = self.backend.threads or torch.get_num_threads()
-        if self.sizes:
+        if self.extra:
+            self._call_with_sizes(function, tensors, threads)
+        elif self.sizes:
             sizes = [tensors[arg].shape[dim] for arg, dim in self.sizes]
             function.c_function(*map(_data_ptr, tensors), *sizes, threads)
         else:
@@ -114,12 +119,19 @@ class LazyKernel:
         if self.checks_indices:
             self._raise_index_error()
 
+    def _call_with_sizes(
+        self, function: KernelFunction, args: tuple[Any, ...], threads: int
+    ) -> None:
+        tensors, passed = args[: -self.extra], args[-self.extra :]
+        sizes = [tensors[arg].shape[dim] for arg, dim in self.sizes]
+        function.c_function(*map(_data_ptr, tensors), *sizes, *passed, threads)
+
     def _call_unbuilt(self, tensors: tuple[torch.Tensor, ...]) -> None:
         """The first call (build the pending batch), or every call after a failed build."""
         if self.fallback is None:
             self.backend.build_on_first_call(self.batch)
         if self.fallback is not None:
-            self.fallback(*tensors)
+            self.fallback(*(tensors[: -self.extra] if self.extra else tensors))
         else:
             self(*tensors)
 
@@ -144,7 +156,7 @@ class LazyKernel:
             msg = f"C++ kernel {self.symbol} is not built into a library"
             raise pickle.PicklingError(msg)
         state = (self.symbol, self.signature, self.sizes, self.checks_indices, self.backend.threads)
-        return (_built_kernel, (self.library_source, *state))
+        return (_built_kernel, (self.library_source, *state, self.extra))
 
 
 _restored_libraries: dict[str, Path] = {}
@@ -158,6 +170,7 @@ def _built_kernel(
     sizes: tuple[tuple[int, int], ...],
     checks_indices: bool,
     threads: int | None,
+    extra: int = 0,
 ) -> LazyKernel:
     """A pickled kernel loaded: its library built (found in the cache) once per process."""
     with _restored_lock:
@@ -170,6 +183,7 @@ def _built_kernel(
     kernel.backend = CppBackend(threads)
     kernel.batch = []
     kernel.symbol, kernel.signature, kernel.sizes = symbol, signature, sizes
+    kernel.extra = extra
     kernel.checks_indices = checks_indices
     kernel.source, kernel.library_source, kernel.fallback = "", library, None
     kernel.function = KernelFunction(path, symbol, signature)
@@ -235,7 +249,7 @@ class CppBackend:
         kernel = LazyKernel(self, symbol, text, writer, pending)
         with self._lock:
             pending.append(kernel)
-        return KernelCode(group.name, text, kernel, "cpp")
+        return KernelCode(group.name, text, kernel, "cpp", writer.size_args)
 
     def build_on_first_call(self, batch: list[LazyKernel] | None = None) -> None:
         """:meth:`finalize` for a kernel called before anyone finalized (``batch``: its queue).

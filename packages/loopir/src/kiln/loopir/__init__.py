@@ -13,7 +13,13 @@ from kiln.loopir.entry import (
     register_graph_wrapper,
     save_fx,
 )
-from kiln.loopir.errors import BackendError, IRVerificationError, LoopIRError, LoweringError
+from kiln.loopir.errors import (
+    BackendError,
+    IRVerificationError,
+    LoopIRError,
+    LoweringError,
+    StaticShapesOnly,
+)
 from kiln.loopir.kernel import RINDEX, SEEDS, XINDEX, KernelCode, KernelGroup, KernelNode
 from kiln.loopir.matmul_padding import pad_matmuls
 from kiln.loopir.ops import OpsHandler, OpsHandlerBase
@@ -39,6 +45,7 @@ __all__ = [
     "OpsHandler",
     "OpsHandlerBase",
     "ReferenceBackend",
+    "StaticShapesOnly",
     "V",
     "__version__",
     "backend",

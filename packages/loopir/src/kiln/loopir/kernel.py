@@ -221,9 +221,13 @@ class KernelGroup:
 @dataclasses.dataclass(frozen=True)
 class KernelCode:
     """A generated kernel: its source (for dumps) and the callable the wrapper calls
-    as ``fn(*tensors)``, one tensor per name of ``KernelGroup.args``."""
+    as ``fn(*tensors, *sizes)``, one tensor per name of ``KernelGroup.args``, then this
+    call's value of each size symbol named in ``size_args`` (ints)."""
 
     name: str
     source: str
     fn: Callable[..., object]
     language: str = "python"
+    size_args: tuple[str, ...] = ()
+    """Size symbols (by name) the kernel takes after its tensors: ones it cannot read from
+    the shapes of the tensors it receives (a size only its index expressions use)."""

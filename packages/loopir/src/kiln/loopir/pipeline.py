@@ -132,7 +132,15 @@ def compile_graph(
     )
     known = symbolic.SizeFacts(graph.size_hints, graph.size_ranges)
     with symbolic.facts(known):  # filled as lowering meets the inputs' symbols
-        return _compile(graph, backend, fusion, options)
+        try:
+            return _compile(graph, backend, fusion, options)
+        except TypeError as exc:
+            if not graph.size_hints:
+                raise
+            # sympy's answer to a yes/no question or int() of a symbolic size: a lowering
+            # that decides on sizes as numbers, which a graph over symbols cannot answer
+            msg = f"a lowering needs a number for a symbolic size: {exc}"
+            raise StaticShapesOnly(msg) from exc
 
 
 def _compile(

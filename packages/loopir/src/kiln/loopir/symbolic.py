@@ -29,6 +29,7 @@ __all__ = [
     "facts",
     "from_capture",
     "hint",
+    "in_symbolic_graph",
     "is_symbolic",
     "lower_bound",
     "provably",
@@ -119,6 +120,12 @@ def facts(known: SizeFacts) -> Iterator[None]:
         yield
     finally:
         _facts.reset(token)
+
+
+def in_symbolic_graph() -> bool:
+    """Whether the graph being compiled has size symbols."""
+    known = _facts.get()
+    return known is not None and bool(known.hints)
 
 
 def lower_bound(expr: sympy.Expr | int) -> float:

@@ -288,7 +288,7 @@ def _emit_step(w: _Writer, step: Step) -> None:
         w.globals[step.code.name] = step.code.fn
         artifacts.dump(f"{step.code.name}.{step.code.language}.txt", step.code.source)
         w.line(f"# {step.group.describe()}  [{', '.join(step.group.origins())}]")
-        w.line(f"{step.code.name}({', '.join(step.group.args)})")
+        w.line(f"{step.code.name}({', '.join([*step.group.args, *step.code.size_args])})")
     elif isinstance(step, ExternStep):
         buf: ExternBuffer = step.buffer
         op = w.const(_binding(buf.op, buf.kwargs), "op")
