@@ -30,6 +30,7 @@ from kiln.backends import Backend, list_backends, lookup_backend, takes_options
 from kiln.backends import kiln as kiln_backend
 from kiln.capture import artifacts, counters
 from kiln.capture.dynamic_dims import dynamic_dims
+from kiln.capture.shapes.specialize import has_symbolic_inputs
 from kiln.config import CompileConfig, make_config
 from kiln.fallback import CompileError, run_eagerly_after_failure
 
@@ -345,13 +346,15 @@ class CompiledFunction:
                         return self._backend(g, inputs, options=wanted)
                     return self._backend(g, inputs)
 
-                if cached:
+                # a program for symbolic sizes is not stored: its key would be the one of
+                # the graph specialized to these sizes, whose program serves them alone
+                if cached and not has_symbolic_inputs(g):
                     return graph_cache.compile_cached(g, inputs, wanted, compile_now)
                 return compile_now()
 
-            if dynamic.serves_symbols(self._backend, gm):
-                return compile_static(gm, example_inputs)
             limit = self._config.option("recompile_limit") or guards.config.recompile_limit
+            if dynamic.serves_symbols(self._backend, gm):
+                return dynamic.symbolic_or_per_size(compile_static, gm, example_inputs, limit)
             return dynamic.per_size(compile_static, gm, example_inputs, limit)
         except Exception as e:
             if self._config.fullgraph:

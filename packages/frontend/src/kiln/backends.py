@@ -125,6 +125,11 @@ def kiln(
     return loopir.compile_fx(gm, example_inputs, options=options)
 
 
+# loopir compiles a graph with symbolic sizes once; where it meets a construct it compiles for
+# static sizes only it raises loopir.StaticShapesOnly, and the frontend compiles per size
+kiln.dynamic_shapes = "sizes"  # type: ignore[attr-defined]
+
+
 @register_backend
 def loopir_reference(
     gm: fx.GraphModule,

@@ -17,6 +17,7 @@ compiles per set, up to the recompile limit.
 
 from __future__ import annotations
 
+import logging
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
@@ -35,15 +36,19 @@ from kiln.capture.dynamic_dims import (
     maybe_mark_dynamic,
 )
 from kiln.capture.shapes.specialize import has_symbolic_inputs, number_inputs, specialize_graph
+from kiln.loopir import StaticShapesOnly
 
 __all__ = [
     "mark_dynamic",
     "mark_static",
     "maybe_mark_dynamic",
     "per_size",
+    "symbolic_or_per_size",
     "policy",
     "serves_symbols",
 ]
+
+log = logging.getLogger(__name__)
 
 _histories: weakref.WeakKeyDictionary[Any, SizeHistory] = weakref.WeakKeyDictionary()
 
@@ -119,3 +124,23 @@ def per_size(
 
     compiled[key(example_inputs)] = compile_for(example_inputs)
     return run
+
+
+def symbolic_or_per_size(
+    compile_static: Callable[[fx.GraphModule, Sequence[Any]], Callable[..., Any]],
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    limit: int,
+) -> Callable[..., Any]:
+    """``gm`` compiled once with its symbolic sizes; where the backend raises
+    ``loopir.StaticShapesOnly`` (a construct the default backend compiles for static sizes
+    only, found before it ran anything), compiled per set of sizes (:func:`per_size`).
+    Only that exception falls back: any other is the backend failing on the graph."""
+    try:
+        return compile_static(gm, example_inputs)
+    except StaticShapesOnly as e:
+        if not has_symbolic_inputs(gm):
+            raise
+        log.info("graph compiled per size: %s", e)
+        counters.bump("stats", "static_shape_fallbacks")
+        return per_size(compile_static, gm, example_inputs, limit)

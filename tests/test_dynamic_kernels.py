@@ -1,0 +1,181 @@
+"""The default backend with symbolic sizes: one capture, one compile, C++ kernels that take
+their sizes at run time, equal to eager at every size.
+
+Each program is compiled with ``dynamic=True`` and called at several sizes; the first call's
+sizes are unusual numbers, so a kernel or wrapper that baked one in shows it as a literal.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kiln
+from kiln import loopir
+from kiln.capture import counters
+
+torch.manual_seed(0)
+_LINEAR = torch.nn.Linear(24, 24)
+_NORM = torch.nn.LayerNorm(24)
+_EMBED = torch.nn.Embedding(50, 24)
+
+
+@pytest.fixture(autouse=True)
+def _fresh() -> Iterator[None]:
+    kiln.reset()
+    counters.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no eager fallback, no kernel on the reference backend
+        yield
+    kiln.reset()
+
+
+def _mlp(x: torch.Tensor) -> torch.Tensor:
+    return _NORM(F.gelu(_LINEAR(x)) + x)
+
+
+def _reductions(x: torch.Tensor) -> torch.Tensor:
+    return x.sum(-1) + x.mean(-1) * x.amax(-1) - x.var(-1) + x.sum(0).mean()
+
+
+def _softmaxes(x: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(x, -1) + torch.log_softmax(x * 2, 0)
+
+
+def _views(x: torch.Tensor) -> torch.Tensor:
+    n = x.shape[0]
+    heads = x.view(n, 4, 6).transpose(0, 1).contiguous() * 2
+    flat = x.reshape(-1).sin().view(n, -1)
+    return heads.transpose(0, 1).reshape(n, 24) + flat + x.t().contiguous().t()
+
+
+def _slices(x: torch.Tensor) -> torch.Tensor:
+    y = torch.cat([x[1:], x[:1]], 0) + x[:, :1].expand(-1, 24)
+    return torch.cat([y, x[-1:] * 3], 0)
+
+
+def _attention(x: torch.Tensor) -> torch.Tensor:
+    q = x.view(1, x.shape[0], 4, 6).transpose(1, 2)
+    return F.scaled_dot_product_attention(q, q * 0.5, q).transpose(1, 2).reshape(x.shape)
+
+
+def _written_attention(x: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(x @ x.t() / 4.0, -1) @ x
+
+
+def _embedding(x: torch.Tensor) -> torch.Tensor:
+    return _EMBED((x.abs() * 10).long() % 50).sum(1) + x.new_zeros(x.shape[0], 3).sum()
+
+
+PROGRAMS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "mlp": _mlp,
+    "reductions": _reductions,
+    "softmaxes": _softmaxes,
+    "views": _views,
+    "slices": _slices,
+    "attention": _attention,
+    "written_attention": _written_attention,
+    "embedding": _embedding,
+}
+
+
+def _sources(folder: Path) -> str:
+    files = [*folder.rglob("*.cpp"), *folder.rglob("output_code.py")]
+    assert files, "no generated source was dumped"
+    return "\n".join(p.read_text() for p in files)
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_compiles_once_for_every_size(name: str, tmp_path: Path) -> None:
+    fn = PROGRAMS[name]
+    compiled = kiln.compile(fn, dynamic=True, options={"debug_dir": str(tmp_path)})
+    with torch.no_grad():
+        for rows in (37, 53, 5, 71):
+            x = torch.randn(rows, 24)
+            torch.testing.assert_close(compiled(x), fn(x), atol=2e-5, rtol=2e-5)
+    stats = counters.snapshot()["stats"]
+    assert stats["frames_captured"] == 1
+    assert stats["graphs_compiled"] == 1
+    assert not stats.get("size_specializations")
+    assert not stats.get("static_shape_fallbacks")
+    assert not stats.get("eager_fallbacks")
+    text = _sources(tmp_path)
+    assert not re.search(r"\b37\b", text), "a dynamic size was baked into the generated code"
+    assert "s0 = " in text  # the wrapper binds the size once per call
+
+
+def _unproven_slice(x: torch.Tensor) -> torch.Tensor:
+    return x[:, : x.shape[1] // 2].sin()  # its end is not provably inside the dim
+
+
+def test_what_loopir_compiles_static_only_is_compiled_per_size() -> None:
+    compiled = kiln.compile(_unproven_slice, dynamic=True)
+    for n in (9, 12, 9):
+        x = torch.randn(3, n)
+        torch.testing.assert_close(compiled(x), _unproven_slice(x))
+    stats = counters.snapshot()["stats"]
+    assert stats["frames_captured"] == 1
+    assert stats["static_shape_fallbacks"] == 1
+    assert stats["size_specializations"] == 2
+
+
+def _static(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(x, -1) @ y + x.mean(-1, keepdim=True)
+
+
+_STATIC_WRAPPER = """\
+def call(args):
+    primals_1, primals_2, = args
+    args.clear()
+    buf0 = empty_strided((4,), (1,), device=_device_cpu, dtype=torch.float32)
+    buf1 = empty_strided((4,), (1,), device=_device_cpu, dtype=torch.float32)
+    buf2 = empty_strided((4, 6), (6, 1), device=_device_cpu, dtype=torch.float32)
+    # kernel0(numel=4, rnumel=6): buf0[reduction,xr], buf1[reduction,xr], buf2[pointwise,xr]  [aten.amax.default, aten.sum.dim_IntList, aten.div.Tensor]
+    kernel0(primals_1, buf0, buf1, buf2)
+    del buf1
+    buf3 = as_layout(_op0(buf2, primals_2), (6, 1), 'aten.mm.default', torch.float32)  # extern aten.mm.default
+    del buf2, primals_2
+    buf4 = buf0; del buf0  # reuse
+    buf5 = buf3  # inplace
+    # kernel1(numel=4, rnumel=6): buf4[reduction,xr], buf5[pointwise,xr]  [aten.mean.dim, aten.add.Tensor]
+    kernel1(primals_1, buf3, buf4, buf5)
+    del buf3, buf4, primals_1
+    return (buf5, )
+"""
+
+
+def test_a_static_graph_generates_what_it_did(tmp_path: Path) -> None:
+    """No symbol, no change: the wrapper loopir generated before it took symbolic sizes (and
+    kernels without size parameters)."""
+    compiled = kiln.compile(_static, dynamic=False, options={"debug_dir": str(tmp_path)})
+    x, y = torch.randn(4, 6), torch.randn(6, 6)
+    torch.testing.assert_close(compiled(x, y), _static(x, y))
+    (wrapper,) = tmp_path.rglob("output_code.py")
+    assert wrapper.read_text() == _STATIC_WRAPPER
+    kernels = [p.read_text() for p in tmp_path.rglob("*.cpp")]
+    assert kernels and all("int64_t s" not in k for k in kernels)
+
+
+def test_loopir_raises_static_shapes_only_before_compiling() -> None:
+    seen: list[BaseException] = []
+
+    def backend(gm: Any, example_inputs: Any) -> Any:
+        try:
+            return loopir.compile_fx(gm, example_inputs)
+        except loopir.StaticShapesOnly as e:
+            seen.append(e)
+            return gm.forward
+
+    backend.dynamic_shapes = True  # type: ignore[attr-defined]
+    x = torch.randn(3, 9)
+    torch.testing.assert_close(
+        kiln.compile(_unproven_slice, backend=backend, dynamic=True)(x), _unproven_slice(x)
+    )
+    assert len(seen) == 1 and "slice" in str(seen[0])
