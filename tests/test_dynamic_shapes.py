@@ -448,3 +448,23 @@ def test_dynamic_true_item_float_across_a_break_compiles_twice() -> None:
     for i in range(10):
         _check(_item_across_break, compiled, torch.randn(4 + i % 3))
     assert _captures() <= 3
+
+
+def _split_log(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    a, b = x.split([2, x.shape[0] - 2])
+    return a * 2, b.log()
+
+
+def test_pruned_backward_reads_sizes_only_a_missing_gradient_had() -> None:
+    """The gradient of ``a`` alone runs a backward without ``b``'s part; the zeros standing
+    for ``b``'s gradient have ``b``'s symbolic size, which only the forward's inputs carry
+    (a full backward with a zero gradient would make NaN from log's infinite slope at 0)."""
+    compiled = kiln.compile(_split_log, backend="aot_eager", dynamic=True)
+    for rows in (4, 5, 7):
+        x = torch.rand(rows, 3)
+        x[-1] = 0
+        x.requires_grad_()
+        (got,) = torch.autograd.grad(compiled(x)[0].sum(), x)
+        (want,) = torch.autograd.grad(_split_log(x)[0].sum(), x)
+        torch.testing.assert_close(got, want)
+    assert _captures() == 1

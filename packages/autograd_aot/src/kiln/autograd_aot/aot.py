@@ -39,7 +39,7 @@ from kiln.autograd_aot.partition import PartitionStats, partition_joint
 from kiln.autograd_aot.prune import exposed_saved, prune_backward
 from kiln.autograd_aot.regions import call_marked, has_regions
 from kiln.autograd_aot.runtime import Backward, CompiledProgram, run_inference, run_training
-from kiln.autograd_aot.symbolic import is_symbolic, is_symbolic_value
+from kiln.autograd_aot.symbolic import is_symbolic, is_symbolic_value, symbol_reads
 from kiln.capture import artifacts, counters
 from kiln.capture.isolation import no_user_hooks
 
@@ -391,6 +391,7 @@ class AotCompiled:
         forward = self.fw_compiler(fw, _fake_inputs(fw))
         backward = self.bw_compiler(bw, _fake_inputs(bw))
         num_saved = stats.num_saved
+        reads = symbol_reads(_fake_inputs(fw))
         fw_outputs = _output_nodes(fw)
         saved_vals = [n.meta.get("val") for n in fw_outputs[len(fw_outputs) - num_saved :]]
         return CompiledProgram(
@@ -404,17 +405,19 @@ class AotCompiled:
                 i for i, v in enumerate(saved_vals) if not isinstance(v, torch.Tensor)
             ),
             exposed=exposed_saved(fw, program.num_user_outputs, num_saved),
-            prune=functools.partial(self._compile_pruned, bw, num_saved),
+            symbol_reads=tuple((i, d) for i, d, _ in reads),
+            prune=functools.partial(self._compile_pruned, bw, num_saved, [v for _, _, v in reads]),
         )
 
     def _compile_pruned(
-        self, bw: fx.GraphModule, num_saved: int, present: tuple[int, ...]
+        self, bw: fx.GraphModule, num_saved: int, symbols: list[Any], present: tuple[int, ...]
     ) -> Backward | None:
         """The backward for the differentiable outputs at ``present`` only (the others got no
-        gradient); None (the full one, with zero tangents) if it cannot be compiled."""
+        gradient); None (the full one, with zero tangents) if it cannot be compiled.
+        ``symbols``: the forward's size symbols, which the pruned backward takes too."""
         try:
             with no_user_hooks():
-                pruned, used, grads = prune_backward(bw, num_saved, present)
+                pruned, used, grads = prune_backward(bw, num_saved, present, symbols)
                 log.debug("backward for outputs %s:\n%s", present, pruned.code)
                 fn = self.bw_compiler(pruned, _fake_inputs(pruned)) if grads else None
         except Exception as e:  # the full backward is right too, but reads every saved value
@@ -426,7 +429,7 @@ class AotCompiled:
             )
             return None
         counters.bump("autograd_aot", "pruned_backwards")
-        return Backward(fn, used, list(present), grads)
+        return Backward(fn, used, list(present), grads, symbols=bool(symbols))
 
 
 def aot_compile(

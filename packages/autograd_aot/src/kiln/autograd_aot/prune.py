@@ -16,6 +16,7 @@ reads them, since autograd's own check of saved tensors would fire whatever ran.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import fx
@@ -60,7 +61,7 @@ def exposed_saved(fw: fx.GraphModule, num_user_outputs: int, num_saved: int) -> 
 
 
 def prune_backward(
-    bw: fx.GraphModule, num_saved: int, present: Sequence[int]
+    bw: fx.GraphModule, num_saved: int, present: Sequence[int], symbols: Sequence[Any] = ()
 ) -> tuple[fx.GraphModule, list[int], list[int]]:
     """``bw`` (``(*saved, *tangents) -> grads``) for the tangents at positions ``present``
     only: the graph ``(*used saved, *present tangents) -> live grads``, the saved positions it
@@ -69,7 +70,11 @@ def prune_backward(
     A node computed only from missing tangents is never run by eager's backward: it goes.
     Where it meets a live value in a sum, the sum is the live value; anywhere else (a node
     fed by several outputs' gradients at once) it is a zero tensor, as eager hands such a
-    node for an output without a gradient."""
+    node for an output without a gradient.
+
+    ``symbols`` (the forward's size symbols, as SymInts) are taken as extra inputs after the
+    tangents, so a zero tensor's symbolic size can be read where no kept input carries it
+    (the missing tangent alone did)."""
     placeholders = [n for n in bw.graph.nodes if n.op == "placeholder"]
     tangents = placeholders[num_saved:]
     keep = {tangents[i] for i in present}
@@ -92,9 +97,14 @@ def prune_backward(
         env[p] = graph.placeholder(p.name)
         env[p].meta = dict(p.meta)
 
+    extra = []
+    for k, sym in enumerate(symbols):
+        node = graph.placeholder(f"symbol_{k}")
+        node.meta["val"] = sym
+        extra.append((node, sym))
     # symbolic sizes of the zeros are read from the inputs the pruned graph keeps
     sizes = SymbolReader(
-        graph, lambda: [(env[p], p.meta.get("val")) for p in placeholders if p in env]
+        graph, lambda: [(env[p], p.meta.get("val")) for p in placeholders if p in env] + extra
     )
 
     def arg(a: fx.Node) -> fx.Node:

@@ -49,6 +49,8 @@ class Backward:
     saved: list[int]
     tangents: list[int]
     grads: list[int]
+    # it takes the call's size symbols after the tangents (``CompiledProgram.symbol_reads``)
+    symbols: bool = False
 
 
 @dataclasses.dataclass
@@ -66,6 +68,9 @@ class CompiledProgram:
     # the saved values (positions) that are sizes, not tensors: a symbolic size the backward
     # reads that no saved tensor holds (kept on the node, as autograd saves tensors only)
     saved_sizes: tuple[int, ...] = ()
+    # where each size symbol of the forward's inputs is read (input, dim; dim None for a
+    # number input), for the backwards that take them (``Backward.symbols``)
+    symbol_reads: tuple[tuple[int, int | None], ...] = ()
     # the saved values (positions) that are, or view, an input or a returned output
     exposed: list[int] = dataclasses.field(default_factory=list)
     # the backward for the differentiable outputs (positions in ``diff_outputs``) that got a
@@ -117,6 +122,10 @@ class _AotFunction(torch.autograd.Function):
                 ctx.versions[k] -= 1
         for i in compiled.exposed:
             saved[i] = None
+        if compiled.symbol_reads:
+            ctx.symbol_values = [
+                primals[i] if d is None else primals[i].shape[d] for i, d in compiled.symbol_reads
+            ]
         if compiled.saved_sizes:
             ctx.saved_sizes = [saved[i] for i in compiled.saved_sizes]
             for i in compiled.saved_sizes:
@@ -165,6 +174,8 @@ class _AotFunction(torch.autograd.Function):
             shape, dtype, device = ctx.tangent_specs[k]
             tangents.append(torch.zeros(shape, dtype=dtype, device=device) if g is None else g)
         args = [*(saved[i] for i in bw.saved), *(t.contiguous() for t in tangents)]
+        if bw.symbols:
+            args.extend(ctx.symbol_values)
         del saved, tangents
         # autograd's references go now, not when backward returns (unless the graph is
         # retained); a compiled backward that takes its arguments as a list (``call_boxed``)

@@ -32,6 +32,7 @@ from kiln.capture.shapes.materialize import CannotMaterialize, Materializer
 __all__ = [
     "SizeSources",
     "SymbolReader",
+    "symbol_reads",
     "as_exprs",
     "concrete",
     "has_symbolic",
@@ -192,3 +193,23 @@ def concrete(tree: Any, sources: SizeSources, inputs: Sequence[torch.Tensor]) ->
         return int(number) if number.is_integer else float(number)
 
     return pytree.tree_map(value, tree)
+
+
+def symbol_reads(values: Sequence[Any]) -> list[tuple[int, int | None, Any]]:
+    """Where a call's inputs hold each symbol of ``values`` (the traced inputs' fakes and
+    symbolic numbers), once per symbol: ``(input, dim, SymInt)``, dim None for a number input.
+    The runtime reads these values per call for a backward that needs a symbol no tensor it
+    gets carries."""
+    seen: set[sympy.Basic] = set()
+    out: list[tuple[int, int | None, Any]] = []
+    for i, v in enumerate(values):
+        if is_symbolic_value(v) and _expr(v).is_Symbol and _expr(v) not in seen:
+            seen.add(_expr(v))
+            out.append((i, None, v))
+        if not isinstance(v, torch.Tensor):
+            continue
+        for d, size in enumerate(v.shape):
+            if is_symbolic_value(size) and _expr(size).is_Symbol and _expr(size) not in seen:
+                seen.add(_expr(size))
+                out.append((i, d, size))
+    return out
