@@ -179,3 +179,35 @@ def test_loopir_raises_static_shapes_only_before_compiling() -> None:
         kiln.compile(_unproven_slice, backend=backend, dynamic=True)(x), _unproven_slice(x)
     )
     assert len(seen) == 1 and "slice" in str(seen[0])
+
+
+def _train_mlp(x: torch.Tensor) -> torch.Tensor:
+    return _NORM(F.gelu(_LINEAR(x)) + x).sum()
+
+
+def _train_statistics(x: torch.Tensor) -> torch.Tensor:
+    return (x.mean(-1) * x.var(-1)).sum() + _LINEAR(x)[1:].sum()
+
+
+def _train_attention(x: torch.Tensor) -> torch.Tensor:
+    q = _LINEAR(x).view(1, x.shape[0], 4, 6).transpose(1, 2)
+    return F.scaled_dot_product_attention(q, q, q).sum()
+
+
+@pytest.mark.parametrize("fn", [_train_mlp, _train_statistics, _train_attention])
+def test_training_compiles_once_for_every_size(fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    compiled = kiln.compile(fn, dynamic=True)
+    for rows in (37, 53, 5):
+        x = torch.randn(rows, 24, requires_grad=True)
+        _LINEAR.zero_grad()
+        compiled(x).backward()
+        got = (x.grad, _LINEAR.weight.grad.clone())
+        x2 = x.detach().clone().requires_grad_()
+        _LINEAR.zero_grad()
+        fn(x2).backward()
+        torch.testing.assert_close(got[0], x2.grad, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(got[1], _LINEAR.weight.grad, atol=1e-3, rtol=1e-4)
+    stats = counters.snapshot()["stats"]
+    assert stats["graphs_compiled"] == 1
+    assert not stats.get("size_specializations")
+    assert not stats.get("static_shape_fallbacks")

@@ -14,7 +14,8 @@ from typing import Any
 import sympy
 import torch
 
-from kiln.loopir import sizes
+from kiln.loopir import sizes, symbolic
+from kiln.loopir.errors import StaticShapesOnly
 from kiln.loopir.ir.loops import Pointwise
 from kiln.loopir.ir.views import TensorBox, pointwise_copy
 from kiln.loopir.lowering import views
@@ -101,16 +102,24 @@ def _slice_scatter(
     step: int = 1,
 ) -> TensorBox:
     dim = canonical_dim(dim, x.dim())
-    n = sizes.evaluate_int(x.get_size()[dim])
-    lo = views.clip_index(start if start is not None else 0, n)
-    hi = views.clip_index(end if end is not None else n, n)
+    bounds = (x.get_size()[dim], start, end)
+    lo: Any
+    hi: Any
+    if any(isinstance(v, sympy.Basic) and symbolic.is_symbolic(v) for v in bounds):
+        if step != 1:
+            raise StaticShapesOnly("slice_scatter with a step over a symbolic size")
+        size = x.get_size()[dim]
+        lo = views.clip_symbolic(start if start is not None else 0, size)
+        hi = views.clip_symbolic(end if end is not None else size, size)
+    else:
+        n = sizes.evaluate_int(x.get_size()[dim])
+        lo = views.clip_index(start if start is not None else 0, n)
+        hi = views.clip_index(end if end is not None else n, n)
     load = _converted(src, x.get_dtype())
 
     def take(index: Index) -> Any:
         pos = ops.index_expr(index[dim], torch.int64)
-        inside = ops.logical_and(
-            ops.ge(pos, ops.constant(lo, torch.int64)), ops.lt(pos, ops.constant(hi, torch.int64))
-        )
+        inside = ops.logical_and(ops.ge(pos, _bound(lo)), ops.lt(pos, _bound(hi)))
         if step == 1:
             return inside
         phase = ops.index_expr(
@@ -125,15 +134,30 @@ def _slice_scatter(
     return _select_values(x, chosen, take)
 
 
+def _bound(value: Any) -> Any:
+    """An int, or a symbolic size (this call's value)."""
+    if isinstance(value, sympy.Basic) and symbolic.is_symbolic(value):
+        return ops.index_expr(value, torch.int64)
+    return ops.constant(value, torch.int64)
+
+
 @register_lowering(*overloads("select_scatter", "default"))
 def _select_scatter(x: TensorBox, src: TensorBox, dim: int, index: int) -> TensorBox:
     dim = canonical_dim(dim, x.dim())
-    n = sizes.evaluate_int(x.get_size()[dim])
-    pos = index + n if index < 0 else index
+    pos: Any
+    if symbolic.is_symbolic(x.get_size()[dim]):
+        size = x.get_size()[dim]
+        pos = index + size if index < 0 else sympy.Integer(index)
+        inside = sympy.Ge(pos, 0) if index < 0 else sympy.Gt(size - index, 0)
+        if not symbolic.provably(inside):
+            raise StaticShapesOnly(f"select_scatter {index} of size {size}: not always inside")
+    else:
+        n = sizes.evaluate_int(x.get_size()[dim])
+        pos = index + n if index < 0 else index
     load = _converted(src, x.get_dtype())
 
     def take(idx: Index) -> Any:
-        return ops.eq(ops.index_expr(idx[dim], torch.int64), ops.constant(pos, torch.int64))
+        return ops.eq(ops.index_expr(idx[dim], torch.int64), _bound(pos))
 
     return _select_values(x, lambda idx: load([*idx[:dim], *idx[dim + 1 :]]), take)
 

@@ -205,7 +205,7 @@ _TO_THE_END = 2**62
 """A slice end at least this large means "to the end" (Python's ``x[a:]`` passes maxsize)."""
 
 
-def _clip_symbolic(v: int | sympy.Expr, n: sympy.Expr) -> sympy.Expr:
+def clip_symbolic(v: int | sympy.Expr, n: sympy.Expr) -> sympy.Expr:
     """``clip_index`` over symbolic sizes, where every admitted size decides it alike."""
     v = sympy.sympify(v)
     if v.is_Integer and int(v) >= _TO_THE_END:
@@ -225,8 +225,8 @@ def _clip_symbolic(v: int | sympy.Expr, n: sympy.Expr) -> sympy.Expr:
 
 def _slice_symbolic(x: TensorBox, dim: int, start: Any, end: Any, step: int) -> TensorBox:
     n = x.get_size()[dim]
-    lo = _clip_symbolic(start if start is not None else 0, n)
-    hi = _clip_symbolic(end if end is not None else n, n)
+    lo = clip_symbolic(start if start is not None else 0, n)
+    hi = clip_symbolic(end if end is not None else n, n)
     if not symbolic.provably(sympy.Ge(hi - lo, 0)):
         raise StaticShapesOnly(f"slice [{lo}:{hi}] may be empty for some sizes")
     length = hi - lo if step == 1 else sizes.FloorDiv(hi - lo + step - 1, S(step))
