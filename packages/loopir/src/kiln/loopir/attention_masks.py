@@ -22,6 +22,8 @@ import torch.nn.functional as F
 from torch import fx
 from torch.utils import _pytree as pytree
 
+from kiln.capture.shapes import has_symbolic_sizes
+
 __all__ = ["simplify_attention_masks"]
 
 log = logging.getLogger("kiln.loopir")
@@ -82,8 +84,12 @@ class _Evaluator:
         inputs = [a for a in leaves if isinstance(a, fx.Node)]
         if not inputs and target not in _FACTORIES:
             raise _NotConstant
+        traced = node.meta.get("val")
+        if isinstance(traced, torch.Tensor) and has_symbolic_sizes(traced):
+            # its value changes with the sizes (and reading its size would guard on them)
+            raise _NotConstant
         # the traced value says how large the result is before it is computed
-        if self.nbytes + _nbytes(node.meta.get("val")) > _MAX_BYTES:
+        if self.nbytes + _nbytes(traced) > _MAX_BYTES:
             raise _NotConstant
         values = {a: self(a) for a in inputs}
         args, kwargs = pytree.tree_map(
