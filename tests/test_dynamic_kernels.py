@@ -211,3 +211,23 @@ def test_training_compiles_once_for_every_size(fn: Callable[[torch.Tensor], torc
     assert stats["graphs_compiled"] == 1
     assert not stats.get("size_specializations")
     assert not stats.get("static_shape_fallbacks")
+
+
+def _add_norm(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return _NORM(x + y)
+
+
+def test_symbolic_sizes_fuse_as_static_ones() -> None:
+    """A flat index split by a symbolic size and rejoined (the add read in the layer norm's
+    row loop) simplifies to the plain index, so the kernels fuse as with static sizes."""
+    counts = []
+    for dynamic in (False, True):
+        kiln.reset()
+        counters.clear()
+        compiled = kiln.compile(_add_norm, dynamic=dynamic)
+        with torch.no_grad():
+            for rows in (37, 53):
+                x, y = torch.randn(2, rows, 24), torch.randn(2, rows, 24)
+                torch.testing.assert_close(compiled(x, y), _add_norm(x, y))
+        counts.append(kiln.stats().kernels["cpp"] // (2 if not dynamic else 1))
+    assert counts[0] == counts[1] == 1

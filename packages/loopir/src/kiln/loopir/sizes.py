@@ -322,7 +322,7 @@ def _simplify(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sympy.Expr:
         d = static_int(expr.args[1])
         if b is not None and d is not None and b[0] >= 0 and b[1] < d:
             return sympy.S.Zero
-        factored = _factor_divisor(expr.args[0], d, ranges)
+        factored = _factor_divisor(expr.args[0], expr.args[1], ranges)
         return expr if factored is None else _simplify(FloorDiv(*factored), ranges)
     if isinstance(expr, ModularIndexing):
         base, div, mod = expr.args
@@ -330,7 +330,7 @@ def _simplify(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sympy.Expr:
         span = static_int(div * mod)
         if b is not None and span is not None and b[0] >= 0 and b[1] < span:
             return _simplify(FloorDiv(base, div), ranges)
-        factored = _factor_divisor(base, static_int(div), ranges)
+        factored = _factor_divisor(base, div, ranges)
         if factored is None:
             return expr
         return _simplify(ModularIndexing(*factored, mod), ranges)
@@ -340,14 +340,17 @@ def _simplify(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sympy.Expr:
 
 
 def _factor_divisor(
-    base: sympy.Expr, divisor: int | None, ranges: dict[sympy.Symbol, int]
+    base: sympy.Expr, divisor_expr: sympy.Expr, ranges: dict[sympy.Symbol, int]
 ) -> tuple[sympy.Expr, sympy.Expr] | None:
     """``(base / m - rest, divisor / m)`` for the largest ``m`` dividing ``divisor`` and
     the coefficients of all terms of ``base`` but a remainder ``0 <= rest < m``:
     ``(56*r + c) // 802816`` is ``r // 14336`` when ``c < 56`` (a row of 56 columns
-    lies in one block of 802816 elements)."""
-    if divisor is None or divisor <= 1:
+    lies in one block of 802816 elements). A symbolic divisor's integer factor counts
+    alike: ``(r + 256*x) // (256*s1)`` is ``x // s1`` when ``r < 256``."""
+    coeff, symbolic_part = sympy.sympify(divisor_expr).as_coeff_Mul()
+    if not coeff.is_Integer or int(coeff) <= 1:
         return None
+    divisor = int(coeff)
     terms = sympy.Add.make_args(base)
     coeffs = [t.as_coeff_Mul()[0] for t in terms]
     if not all(c.is_Integer for c in coeffs):
@@ -359,7 +362,7 @@ def _factor_divisor(
         if b is None or b[0] < 0 or b[1] >= m:
             continue
         big = sympy.Add(*[t for t, c in zip(terms, coeffs, strict=True) if not int(c) % m])
-        return sympy.expand(big / m), sympy.Integer(divisor // m)
+        return sympy.expand(big / m), sympy.Integer(divisor // m) * symbolic_part
     return None
 
 
