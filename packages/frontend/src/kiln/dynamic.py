@@ -135,12 +135,39 @@ def symbolic_or_per_size(
     """``gm`` compiled once with its symbolic sizes; where the backend raises
     ``loopir.StaticShapesOnly`` (a construct the default backend compiles for static sizes
     only, found before it ran anything), compiled per set of sizes (:func:`per_size`).
-    Only that exception falls back: any other is the backend failing on the graph."""
+    Only that exception falls back: any other is the backend failing on the graph.
+
+    The backend may compile more on a later call (the training program once a call needs
+    gradients): raised there, the call and every later one run per size instead."""
     try:
-        return compile_static(gm, example_inputs)
+        compiled = compile_static(gm, example_inputs)
     except StaticShapesOnly as e:
         if not has_symbolic_inputs(gm):
             raise
-        log.info("graph compiled per size: %s", e)
-        counters.bump("stats", "static_shape_fallbacks")
-        return per_size(compile_static, gm, example_inputs, limit)
+        return _per_size_after(e, compile_static, gm, example_inputs, limit)
+    if not has_symbolic_inputs(gm):
+        return compiled
+    current = [compiled]
+
+    def run(*args: Any) -> Any:
+        try:
+            return current[0](*args)
+        except StaticShapesOnly as e:
+            if current[0] is not compiled:
+                raise
+            current[0] = _per_size_after(e, compile_static, gm, args, limit)
+            return current[0](*args)
+
+    return run
+
+
+def _per_size_after(
+    reason: Exception,
+    compile_static: Callable[[fx.GraphModule, Sequence[Any]], Callable[..., Any]],
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    limit: int,
+) -> Callable[..., Any]:
+    log.info("graph compiled per size: %s", reason)
+    counters.bump("stats", "static_shape_fallbacks")
+    return per_size(compile_static, gm, example_inputs, limit)

@@ -37,11 +37,13 @@ from torch import fx
 from torch.utils import _pytree as pytree
 
 from kiln import autograd_aot
+from kiln.capture.shapes.specialize import has_symbolic_inputs
 from kiln.loopir import serialize
 from kiln.loopir.attention import fuse_attention
 from kiln.loopir.attention_masks import simplify_attention_masks
 from kiln.loopir.backend import Backend
 from kiln.loopir.decompositions import decompositions
+from kiln.loopir.errors import StaticShapesOnly
 from kiln.loopir.matmul_padding import pad_matmuls
 from kiln.loopir.pipeline import compile_graph
 
@@ -210,9 +212,15 @@ def _prepare(
             compiled = wrap(compiled)
         return compiled
 
-    fuse_attention(gm)
-    simplify_attention_masks(gm)
-    pad_matmuls(gm, backend)
+    try:
+        fuse_attention(gm)
+        simplify_attention_masks(gm)
+        pad_matmuls(gm, backend)
+    except Exception as exc:
+        if not has_symbolic_inputs(gm):
+            raise
+        msg = f"a torch-level rewrite failed on symbolic sizes ({type(exc).__name__}: {exc})"
+        raise StaticShapesOnly(msg) from exc
     return compile_one
 
 

@@ -134,12 +134,16 @@ def compile_graph(
     with symbolic.facts(known):  # filled as lowering meets the inputs' symbols
         try:
             return _compile(graph, backend, fusion, options)
-        except TypeError as exc:
+        except StaticShapesOnly:
+            raise
+        except Exception as exc:
             if not graph.size_hints:
                 raise
-            # sympy's answer to a yes/no question or int() of a symbolic size: a lowering
-            # that decides on sizes as numbers, which a graph over symbols cannot answer
-            msg = f"a lowering needs a number for a symbolic size: {exc}"
+            # mostly sympy's answer to a yes/no question or int() of a symbolic size (a
+            # lowering that decides on sizes as numbers); whatever it is, the graph compiled
+            # per set of sizes is what ran before symbolic sizes reached loopir
+            log.debug("symbolic compile failed", exc_info=True)
+            msg = f"compiling with symbolic sizes failed ({type(exc).__name__}: {exc})"
             raise StaticShapesOnly(msg) from exc
 
 
