@@ -468,3 +468,24 @@ def test_pruned_backward_reads_sizes_only_a_missing_gradient_had() -> None:
         (want,) = torch.autograd.grad(_split_log(x)[0].sum(), x)
         torch.testing.assert_close(got, want)
     assert _captures() == 1
+
+
+def _masked(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (x + mask).softmax(-1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_expanded_input_follows_its_sizes(backend: str) -> None:
+    """An expanded input (an attention mask handed across a graph break) keeps stride 0 on
+    its broadcast dims and dense strides over its sizes elsewhere: one capture for every
+    size (its strides had been constants, a recompile per size); another layout of the same
+    sizes recompiles."""
+    compiled = kiln.compile(_masked, backend=backend, dynamic=True)
+    for b, s in [(2, 8), (3, 12), (4, 10)]:
+        mask = torch.randn(b, 1, 1, s).expand(b, 1, s, s)
+        _check(_masked, compiled, torch.randn(b, 1, s, s), mask)
+    assert _captures() == 1
+    x = torch.randn(4, 1, 10, 10)
+    _check(_masked, compiled, x, torch.randn(4, 1, 10, 10))  # dense: stride 0 test fails
+    _check(_masked, compiled, x, torch.randn(1, 1, 10, 10).expand(4, 1, 10, 10))
+    assert _captures() == 3

@@ -223,7 +223,7 @@ def test_floor_and_ceil_find_math_in_scope() -> None:
 
 def _layout(rng: random.Random) -> torch.Tensor:
     """A tensor of random rank, sizes (0, 1 or more) and dim order, with a gap in one dim
-    at times."""
+    or one dim broadcast (stride 0, as ``expand`` makes) at times."""
     rank = rng.randint(1, 4)
     sizes = [rng.choice([0, 1, 1, 2, 3, 5]) for _ in range(rank)]
     gap = rng.randrange(rank) if rng.random() < 0.3 else None
@@ -231,12 +231,16 @@ def _layout(rng: random.Random) -> torch.Tensor:
     rng.shuffle(perm)
     full = [n * 2 if d == gap else n for d, n in enumerate(sizes)]
     t = torch.empty([full[p] for p in perm]).permute(*[perm.index(d) for d in range(rank)])
-    return t if gap is None else t.narrow(gap, 0, sizes[gap])
+    t = t if gap is None else t.narrow(gap, 0, sizes[gap])
+    if rng.random() < 0.25 and t.numel():
+        d = rng.randrange(rank)
+        t = t.narrow(d, 0, 1).expand(*[3 if i == d else -1 for i in range(rank)])
+    return t
 
 
 def test_the_inline_dense_test_is_dense_in_order() -> None:
     """The generated layout test agrees with ``dense_in_order`` on random layouts, with
-    symbolic, static and size-1 dims in the meta."""
+    symbolic, static, size-1 and broadcast dims in the meta."""
     rng = random.Random(0)
     for _ in range(400):
         traced, now = _layout(rng), _layout(rng)
@@ -254,7 +258,7 @@ def test_the_inline_dense_test_is_dense_in_order() -> None:
             now.dim() == len(sizes)
             and all(n is None or n == m for n, m in zip(sizes, now.shape, strict=True))
             and all(n is None or n == m for n, m in zip(strides, now.stride(), strict=True))
-            and dense_in_order(now, order)
+            and dense_in_order(now, order, {d for d, s in enumerate(strides) if s == 0})
         )
         assert check(now) is expected, (sizes, order, now.shape, now.stride(), check.source)
         assert (check.failure_reason(now) is None) is expected

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import types
+from collections.abc import Collection
 from typing import Any
 
 import torch
@@ -80,7 +81,8 @@ class TensorMeta:
     A size or stride that is ``None`` is symbolic (a dynamic dimension): the frame's
     ``SHAPE`` guard states what it may be. ``dense_order``, when given, says the strides are
     those of a dense tensor whose dims, innermost first, come in this order (a dim of size 1
-    may have any stride): the strides of a dynamic input follow its sizes.
+    may have any stride; a dim whose stride here is 0, a broadcast one, is left out): the
+    strides of a dynamic input follow its sizes.
     """
 
     type: type
@@ -110,10 +112,13 @@ class TensorMeta:
         )
 
 
-def dense_in_order(t: torch.Tensor, order: tuple[int, ...]) -> bool:
+def dense_in_order(
+    t: torch.Tensor, order: tuple[int, ...], broadcast: Collection[int] = ()
+) -> bool:
     """Whether ``t``'s strides are a dense layout with dims ``order`` innermost first (the
     strides ``TensorMeta.dense_order`` promises); a dim of size 1 may have any stride, and a
-    tensor without elements any strides (none is ever read)."""
+    tensor without elements any strides (none is ever read). Dims in ``broadcast`` are left
+    out: the meta pins their stride to 0 (an expanded input), which is tested on its own."""
     if t.numel() == 0:
         return True
     expected = 1
@@ -121,6 +126,8 @@ def dense_in_order(t: torch.Tensor, order: tuple[int, ...]) -> bool:
     strides = t.stride()
     for d in order:
         n = sizes[d]
+        if d in broadcast:
+            continue
         if n != 1 and strides[d] != expected:
             return False
         expected *= n

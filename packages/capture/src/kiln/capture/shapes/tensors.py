@@ -47,8 +47,9 @@ def symbolic_meta(
     """A meta tensor like ``tensor`` whose sizes in ``dynamic_dims`` (every dim when None) are
     symbols read from ``source.size()[d]``, bounded by ``ranges[d] = (min, max)``.
 
-    Strides follow the sizes when ``tensor`` is dense; a tensor that is not (a slice with
-    gaps) keeps its strides as constants, guarded through ``source.stride()[d]``.
+    Strides follow the sizes when ``tensor`` is dense (broadcast dims aside: stride 0); a
+    tensor that is not (a slice with gaps) keeps its strides as constants, guarded through
+    ``source.stride()[d]``.
     """
     dims = range(tensor.dim()) if dynamic_dims is None else dynamic_dims
     ranges = ranges or {}
@@ -83,12 +84,16 @@ def dense_order(tensor: torch.Tensor) -> tuple[int, ...]:
 
 def _dense_strides(tensor: torch.Tensor, sizes: list[SymIntLike]) -> list[SymIntLike] | None:
     """Strides over ``sizes`` with ``tensor``'s layout (its dims ordered by stride), or None
-    when ``tensor`` is not dense in that order."""
+    when ``tensor`` is not dense in that order. Broadcast dims (stride 0, as ``expand`` makes:
+    attention masks) keep stride 0 and the others are dense around them, so an expanded input
+    follows its sizes too rather than recompiling for each one."""
     order = dense_order(tensor)
     strides: list[SymIntLike] = [0] * tensor.dim()
     expected: SymIntLike = 1
     real = 1
     for d in order:
+        if tensor.numel() and tensor.size(d) != 1 and tensor.stride(d) == 0:
+            continue  # a broadcast dim (``expand``): stride 0 whatever its size, a constant
         if tensor.numel() and tensor.size(d) != 1 and tensor.stride(d) != real:
             return None
         strides[d] = expected

@@ -60,7 +60,8 @@ def explain_tensor(where: str, value: Any, meta: TensorMeta) -> str | None:
                 return (
                     f"tensor {where} {what} mismatch at index {i}: expected {expected}, got {got}"
                 )
-    if meta.dense_order is not None and not dense_in_order(value, meta.dense_order):
+    broadcast = {d for d, s in enumerate(meta.strides) if s == 0}
+    if meta.dense_order is not None and not dense_in_order(value, meta.dense_order, broadcast):
         return (
             f"tensor {where} layout mismatch: expected a dense layout with dims "
             f"{meta.dense_order} innermost first, got strides {tuple(value.stride())} "
@@ -105,6 +106,8 @@ def _dense_condition(meta: TensorMeta, v: str, shape: str | None, strides: str) 
         n = meta.sizes[d]
         if n == 0:
             return None
+        if meta.strides[d] == 0:
+            continue  # a broadcast dim: its stride 0 is tested with the static strides
         product = " * ".join([*factors, str(static)] if static != 1 or not factors else factors)
         # a static stride equal to the product is tested already (the innermost stride 1)
         pinned = not factors and meta.strides[d] == static
