@@ -90,8 +90,27 @@ def from_capture(expr: sympy.Basic) -> sympy.Expr:
         isinstance(expr, sympy.Pow) and expr.exp.is_Integer and int(expr.exp) > 0
     ):
         return expr.func(*[from_capture(a) for a in expr.args])
+    if isinstance(expr, (sympy.Max, sympy.Min)):
+        return _max_min(expr.func, [from_capture(a) for a in expr.args])
     msg = f"size expression {expr} ({type(expr).__name__}) is not supported symbolically"
     raise StaticShapesOnly(msg)
+
+
+def _max_min(func: type, args: list[sympy.Expr]) -> sympy.Expr:
+    """``Max``/``Min`` of sizes, resolved where the ranges decide it for every admitted size
+    (a convolution's ``Max(1, (s - 1) // 2 + 1)`` is its second argument)."""
+    is_max = func is sympy.Max
+    for pick in args:
+        others = [a for a in args if a is not pick]
+        if all(_at_least(pick, o) if is_max else _at_least(o, pick) for o in others):
+            return pick
+    msg = f"{func.__name__}{tuple(args)} of sizes is not decided for every size"
+    raise StaticShapesOnly(msg)
+
+
+def _at_least(a: sympy.Expr, b: sympy.Expr) -> bool:
+    """Whether ``a >= b`` for every admitted size (``b`` an integer, or ``a - b`` bounded)."""
+    return lower_bound(a - b) >= 0
 
 
 def is_symbolic(expr: sympy.Basic | int) -> bool:
@@ -134,10 +153,27 @@ def lower_bound(expr: sympy.Expr | int) -> float:
     if expr.is_Integer:
         return int(expr)
     known = _facts.get()
-    if known is None or any(isinstance(a, sympy.Function) for a in sympy.preorder_traversal(expr)):
+    if known is None:
+        return -capture_exprs.INF
+    from kiln.loopir.sizes import FloorDiv
+
+    def to_capture(e: sympy.Expr) -> sympy.Expr:
+        if isinstance(e, FloorDiv):
+            return capture_exprs.FloorDiv(*[to_capture(a) for a in e.args])
+        if isinstance(e, sympy.Function):
+            raise _Unbounded
+        return e.func(*[to_capture(a) for a in e.args]) if e.args else e
+
+    try:
+        expr = to_capture(expr)
+    except _Unbounded:
         return -capture_exprs.INF
     ranges = {s: known.ranges.get(s, _ANY) for s in expr.free_symbols}
     return capture_exprs.bounds(expr, ranges).lower
+
+
+class _Unbounded(Exception):
+    """An expression :func:`lower_bound` does not bound."""
 
 
 _ANY = capture_exprs.Range(-capture_exprs.INF, capture_exprs.INF)

@@ -21,12 +21,12 @@ from typing import Any
 import sympy
 import torch
 
-from kiln.loopir import sizes
+from kiln.loopir import sizes, symbolic
 from kiln.loopir.errors import Unlowerable
 from kiln.loopir.ir.loops import Pointwise, Reduction
 from kiln.loopir.ir.views import StorageBox, TensorBox
 from kiln.loopir.lowering.common import compute_dtype, origin, out_meta
-from kiln.loopir.lowering.registry import overloads, register_lowering
+from kiln.loopir.lowering.registry import LOWERINGS, overloads, register_lowering
 from kiln.loopir.virtualized import ops
 
 __all__ = ["UNROLL"]
@@ -45,8 +45,8 @@ class _Dim:
     ``s``, padding ``p`` and dilation ``d``. Position of offset ``j`` in window ``o``:
     ``o*s - p + j*d``."""
 
-    n: int
-    out: int
+    n: int | sympy.Expr
+    out: int | sympy.Expr
     k: int
     s: int
     p: int
@@ -55,23 +55,42 @@ class _Dim:
     def at(self, o: sympy.Expr, j: sympy.Expr) -> sympy.Expr:
         return o * self.s - self.p + j * self.d
 
-    def extent(self, j: sympy.Expr | None = None) -> tuple[int, int]:
+    def extent(self, j: sympy.Expr | None = None) -> tuple[int, Any]:
         """Lowest and highest position offset ``j`` reaches (any offset: None or a symbol)."""
         lo_j, hi_j = (int(j), int(j)) if j is not None and j.is_Integer else (0, self.k - 1)
         return lo_j * self.d - self.p, (self.out - 1) * self.s - self.p + hi_j * self.d
 
-    def inside(self, o: sympy.Expr, j: sympy.Expr, lo: int, hi: int) -> Any:
+    def inside(self, o: sympy.Expr, j: sympy.Expr, lo: int, hi: Any) -> Any:
         """``lo <= position < hi`` as an ops value; None when always true."""
         low, high = self.extent(j)
-        if low >= lo and high < hi:
+        below = _below(high, hi)
+        if low >= lo and below:
             return None
         pos = ops.index_expr(self.at(o, j), torch.int64)
         conds = []
         if low < lo:
             conds.append(ops.ge(pos, ops.constant(lo, torch.int64)))
-        if high >= hi:
-            conds.append(ops.lt(pos, ops.constant(hi, torch.int64)))
+        if not below:
+            conds.append(ops.lt(pos, _int64(hi)))
         return _all(conds)
+
+
+def _int64(value: Any) -> Any:
+    """An int, or a symbolic size (this call's value), as an int64 value."""
+    if _is_symbolic(value):
+        return ops.index_expr(value, torch.int64)
+    return ops.constant(value, torch.int64)
+
+
+def _is_symbolic(value: Any) -> bool:
+    return isinstance(value, sympy.Basic) and symbolic.is_symbolic(value)
+
+
+def _below(a: Any, b: Any) -> bool:
+    """``a < b``, for every admitted size where either is symbolic (else not known: False)."""
+    if _is_symbolic(a) or _is_symbolic(b):
+        return symbolic.provably(sympy.Gt(b - a, 0))
+    return bool(a < b)
 
 
 def _all(conds: Sequence[Any]) -> Any:
@@ -100,10 +119,16 @@ def _dims(
     k = _ints(kernel)
     s = _ints(stride) if stride else k
     p, d = _ints(padding), _ints(dilation)
-    n = [sizes.evaluate_int(e) for e in x_size[-2:]]
-    o = [int(e) for e in out_size[-2:]]
+    n = [_size(e) for e in x_size[-2:]]
+    o = [_size(e) for e in out_size[-2:]]
     h, w = (_Dim(n[i], o[i], k[i], s[i], p[i], d[i]) for i in range(2))
     return h, w
+
+
+def _size(value: Any) -> int | sympy.Expr:
+    """A pooled size: an int, or a symbolic size (read without a guard)."""
+    expr = sizes.sympify(value)
+    return expr if symbolic.is_symbolic(expr) else sizes.evaluate_int(expr)
 
 
 def _fold(
@@ -225,7 +250,7 @@ def _covering(dim: _Dim, i: sympy.Expr, j: sympy.Expr) -> tuple[sympy.Expr, Any]
     pos = ops.index_expr(o, torch.int64)
     conds = [
         ops.ge(pos, ops.constant(0, torch.int64)),
-        ops.lt(pos, ops.constant(dim.out, torch.int64)),
+        ops.lt(pos, _int64(dim.out)),
         ops.lt(
             ops.index_expr(i + dim.p - o * dim.s, torch.int64), ops.constant(dim.k, torch.int64)
         ),
@@ -408,6 +433,9 @@ def _adaptive_counts(index: Index, n: Sequence[int], out: Sequence[int]) -> list
 def _adaptive_avg_pool2d(x: TensorBox, output_size: Sequence[int]) -> TensorBox:
     _floating(x)
     out_size = out_meta().shape
+    if list(output_size) == [1, 1] and any(_is_symbolic(n) for n in x.get_size()[-2:]):
+        # a global average: the mean over the image, whatever its size
+        return LOWERINGS[torch.ops.aten.mean.dim](x, [-2, -1], True)
     uniform = _uniform(x, out_size)
     if uniform is not None:
         return _avg_pool(x, *uniform, out_size, True, None)
