@@ -21,6 +21,9 @@ import kiln
 from kiln import loopir
 from kiln.capture import counters
 
+# the default backend compiles symbolic sizes once only when asked (off by default)
+_SYMBOLIC = {"dynamic_kernels": True}
+
 torch.manual_seed(0)
 _LINEAR = torch.nn.Linear(24, 24)
 _NORM = torch.nn.LayerNorm(24)
@@ -95,7 +98,9 @@ def _sources(folder: Path) -> str:
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
 def test_compiles_once_for_every_size(name: str, tmp_path: Path) -> None:
     fn = PROGRAMS[name]
-    compiled = kiln.compile(fn, dynamic=True, options={"debug_dir": str(tmp_path)})
+    compiled = kiln.compile(
+        fn, dynamic=True, options={"debug_dir": str(tmp_path), "dynamic_kernels": True}
+    )
     with torch.no_grad():
         for rows in (37, 53, 5, 71):
             x = torch.randn(rows, 24)
@@ -116,7 +121,7 @@ def _unproven_slice(x: torch.Tensor) -> torch.Tensor:
 
 
 def test_what_loopir_compiles_static_only_is_compiled_per_size() -> None:
-    compiled = kiln.compile(_unproven_slice, dynamic=True)
+    compiled = kiln.compile(_unproven_slice, dynamic=True, options=_SYMBOLIC)
     for n in (9, 12, 9):
         x = torch.randn(3, n)
         torch.testing.assert_close(compiled(x), _unproven_slice(x))
@@ -196,7 +201,7 @@ def _train_attention(x: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("fn", [_train_mlp, _train_statistics, _train_attention])
 def test_training_compiles_once_for_every_size(fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
-    compiled = kiln.compile(fn, dynamic=True)
+    compiled = kiln.compile(fn, dynamic=True, options=_SYMBOLIC)
     for rows in (37, 53, 5):
         x = torch.randn(rows, 24, requires_grad=True)
         _LINEAR.zero_grad()
@@ -224,7 +229,7 @@ def test_symbolic_sizes_fuse_as_static_ones() -> None:
     for dynamic in (False, True):
         kiln.reset()
         counters.clear()
-        compiled = kiln.compile(_add_norm, dynamic=dynamic)
+        compiled = kiln.compile(_add_norm, dynamic=dynamic, options=_SYMBOLIC)
         with torch.no_grad():
             for rows in (37, 53):
                 x, y = torch.randn(2, rows, 24), torch.randn(2, rows, 24)

@@ -489,3 +489,56 @@ def test_expanded_input_follows_its_sizes(backend: str) -> None:
     _check(_masked, compiled, x, torch.randn(4, 1, 10, 10))  # dense: stride 0 test fails
     _check(_masked, compiled, x, torch.randn(1, 1, 10, 10).expand(4, 1, 10, 10))
     assert _captures() == 3
+
+
+# fuzzer findings under automatic dynamic shapes
+def _grad_block_item(x: torch.Tensor) -> torch.Tensor:
+    with torch.enable_grad():
+        v = x * 3 + 1
+        v = v + x.sum().item()  # a break inside the block; the continuation takes the float
+    return v
+
+
+def test_continuation_keeps_its_grad_mode_when_specialized_per_size() -> None:
+    compiled = kiln.compile(_grad_block_item)
+    for rows, no_grad in ((2, False), (5, True), (4, True)):
+        x = torch.randn(rows, 2, requires_grad=True)
+        with torch.set_grad_enabled(not no_grad):
+            got, want = compiled(x), _grad_block_item(x)
+        assert got.requires_grad == want.requires_grad
+        torch.testing.assert_close(got, want)
+
+
+def _nan_across_break(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    k = float((y * 0).sum() / 0)  # NaN, handed to the continuation
+    return x.square() + k
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_nan_number_is_one_value(backend: str) -> None:
+    compiled = kiln.compile(_nan_across_break, backend=backend)
+    for _ in range(3):
+        x, y = torch.randn(1, 3), torch.randn(1, 3)
+        torch.testing.assert_close(compiled(x, y), _nan_across_break(x, y), equal_nan=True)
+    assert _captures() == 2
+
+
+def _mask_rows(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    v0 = y * 3 + 1
+    v8 = v0.clone()
+    v10 = v8[(v8 > 0).nonzero()[:, 0]]
+    v8.sigmoid_()
+    return v10, v0
+
+
+def test_rows_picked_by_a_mask_across_layouts() -> None:
+    compiled = kiln.compile(_mask_rows)
+    for layout in ("transposed", "contiguous", "sliced", "sliced"):
+        if layout == "transposed":
+            y = torch.randn(5, 2).t()
+        elif layout == "contiguous":
+            y = torch.randn(5, 3)
+        else:
+            y = torch.randn(6, 5)[:-1, 2:]
+        for got, want in zip(compiled(y), _mask_rows(y), strict=True):
+            torch.testing.assert_close(got, want)

@@ -353,7 +353,10 @@ class CompiledFunction:
                 return compile_now()
 
             limit = self._config.option("recompile_limit") or guards.config.recompile_limit
-            if dynamic.serves_symbols(self._backend, gm):
+            symbolic_kernels = self._backend is not kiln_backend or self._config.option(
+                "dynamic_kernels", False
+            )
+            if symbolic_kernels and dynamic.serves_symbols(self._backend, gm):
                 return dynamic.symbolic_or_per_size(compile_static, gm, example_inputs, limit)
             return dynamic.per_size(compile_static, gm, example_inputs, limit)
         except Exception as e:

@@ -27,6 +27,10 @@ OPTIONS: dict[str, tuple[type, str]] = {
         bool,
         "with dynamic=None, capture a size that changed between calls as a symbol",
     ),
+    "dynamic_kernels": (
+        bool,
+        "let the default backend compile a graph with symbolic sizes once (off: per size)",
+    ),
     "skip_guards": (bool, "UNSAFE: run the newest entry without checking guards"),
     "debug_dir": (str, "dump artifacts of every compiled frame into this folder"),
     "graph_cache": (bool, "reuse compiled graphs across processes (default: KILN_GRAPH_CACHE)"),

@@ -97,7 +97,9 @@ def per_size(
 
     def key(args: Sequence[Any]) -> tuple[Any, ...]:
         sizes = tuple((args[i].shape, args[i].stride()) for i in positions)
-        return (sizes, tuple(args[i] for i in numbers)) if numbers else sizes
+        # NaN keys by name: a NaN is unequal to itself, and each call passes a new one
+        values = tuple("nan" if args[i] != args[i] else args[i] for i in numbers)
+        return (sizes, values) if numbers else sizes
 
     def compile_for(args: Sequence[Any]) -> Callable[..., Any]:
         if len(compiled) >= limit:

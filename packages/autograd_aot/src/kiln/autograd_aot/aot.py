@@ -255,7 +255,7 @@ class AotCompiled:
             raise AotError(msg)
         for i in self.constant_positions:
             arg, example = args[i], self.constants[i]
-            if arg != example:
+            if arg != example and not (arg != arg and example != example):  # NaN is NaN
                 msg = (
                     f"input {i} was {example!r} when compiled and is {arg!r} now; non-tensor "
                     "inputs are constants of the compiled graphs (the caller must guard them)"

@@ -49,6 +49,11 @@ _TORCH_STATIC = "_dynamo_static_indices"
 _TORCH_RANGES = "_dynamo_dynamic_range"
 
 
+def _same(a: int | float, b: int | float) -> bool:
+    """Equal, NaN equal to NaN (a NaN argument is the same value on every call)."""
+    return a == b or (a != a and b != b)
+
+
 class SizeHistory:
     """The sizes one frame's captures saw, per input source: a dim whose size differs from
     the one seen before is symbolic from then on (automatic dynamic shapes). Captures of a
@@ -62,7 +67,7 @@ class SizeHistory:
         """Record a Python number read from ``source``; whether it has changed, now or before."""
         key = str(source)
         before = self._numbers.get(key, value)
-        changed = before is None or type(before) is not type(value) or before != value
+        changed = before is None or type(before) is not type(value) or not _same(before, value)
         self._numbers[key] = None if changed else value
         return changed
 

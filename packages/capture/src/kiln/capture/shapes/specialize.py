@@ -62,9 +62,13 @@ def specialize_graph(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.Gr
     graph = copy.deepcopy(gm.graph)
     out = fx.GraphModule(gm, graph)
     mode = FakeMode()
-    with mode:
-        fakes = [mode.to_fake(a) if isinstance(a, torch.Tensor) else a for a in example_inputs]
-        _Propagate(out, mode).run(*fakes)
+    grad_mode = torch.is_grad_enabled()  # the graph's own grad-mode nodes run too
+    try:
+        with mode:
+            fakes = [mode.to_fake(a) if isinstance(a, torch.Tensor) else a for a in example_inputs]
+            _Propagate(out, mode).run(*fakes)
+    finally:
+        torch._C._set_grad_enabled(grad_mode)
     for n in list(graph.nodes):
         value = n.meta.get("val")
         if n.op == "call_function" and _is_size_node(n) and isinstance(value, (int, float, bool)):
