@@ -18,6 +18,7 @@ compiles per set, up to the recompile limit.
 from __future__ import annotations
 
 import logging
+import math
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
@@ -75,6 +76,10 @@ def serves_symbols(backend: Any, gm: fx.GraphModule) -> bool:
     return serves is True or (serves == "sizes" and not number_inputs(gm))
 
 
+def _is_nan(v: Any) -> bool:
+    return isinstance(v, float) and math.isnan(v)
+
+
 def per_size(
     compile_static: Callable[[fx.GraphModule, Sequence[Any]], Callable[..., Any]],
     gm: fx.GraphModule,
@@ -98,7 +103,7 @@ def per_size(
     def key(args: Sequence[Any]) -> tuple[Any, ...]:
         sizes = tuple((args[i].shape, args[i].stride()) for i in positions)
         # NaN keys by name: a NaN is unequal to itself, and each call passes a new one
-        values = tuple("nan" if args[i] != args[i] else args[i] for i in numbers)
+        values = tuple("nan" if _is_nan(args[i]) else args[i] for i in numbers)
         return (sizes, values) if numbers else sizes
 
     def compile_for(args: Sequence[Any]) -> Callable[..., Any]:

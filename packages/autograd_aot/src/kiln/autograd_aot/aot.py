@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -79,6 +80,10 @@ def _number_positions(gm: torch.nn.Module, example_inputs: Sequence[Any]) -> lis
         for i, (v, a) in enumerate(zip(vals, example_inputs, strict=True))
         if is_symbolic_value(v) and not isinstance(a, torch.Tensor)
     ]
+
+
+def _is_nan(v: Any) -> bool:
+    return isinstance(v, float) and math.isnan(v)
 
 
 def _has_random_op(gm: fx.GraphModule) -> bool:
@@ -255,7 +260,7 @@ class AotCompiled:
             raise AotError(msg)
         for i in self.constant_positions:
             arg, example = args[i], self.constants[i]
-            if arg != example and not (arg != arg and example != example):  # NaN is NaN
+            if arg != example and not (_is_nan(arg) and _is_nan(example)):  # NaN is NaN
                 msg = (
                     f"input {i} was {example!r} when compiled and is {arg!r} now; non-tensor "
                     "inputs are constants of the compiled graphs (the caller must guard them)"

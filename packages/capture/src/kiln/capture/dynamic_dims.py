@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import math
 from collections.abc import Iterator, Mapping
 
 import torch
@@ -51,7 +52,9 @@ _TORCH_RANGES = "_dynamo_dynamic_range"
 
 def _same(a: int | float, b: int | float) -> bool:
     """Equal, NaN equal to NaN (a NaN argument is the same value on every call)."""
-    return a == b or (a != a and b != b)
+    return a == b or (
+        isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b)
+    )
 
 
 class SizeHistory:
