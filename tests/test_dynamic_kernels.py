@@ -236,3 +236,29 @@ def test_symbolic_sizes_fuse_as_static_ones() -> None:
                 torch.testing.assert_close(compiled(x, y), _add_norm(x, y))
         counts.append(kiln.stats().kernels["cpp"] // (2 if not dynamic else 1))
     assert counts[0] == counts[1] == 1
+
+
+_CNN = torch.nn.Sequential(
+    torch.nn.Conv2d(3, 8, 3, 2, 1),
+    torch.nn.BatchNorm2d(8),
+    torch.nn.ReLU(),
+    torch.nn.MaxPool2d(3, 2, 1),
+    torch.nn.Conv2d(8, 8, 3, 1, 1),
+    torch.nn.AdaptiveAvgPool2d(1),
+    torch.nn.Flatten(),
+    torch.nn.Linear(8, 4),
+).eval()
+
+
+def test_a_cnn_compiles_once_for_every_image_size() -> None:
+    """Convolution output sizes (Max of sizes the ranges decide), a padded max pool masked
+    against this call's size, a global average pool."""
+    compiled = kiln.compile(_CNN, dynamic=True, options=_SYMBOLIC)
+    with torch.no_grad():
+        for hw in ((40, 48), (33, 57), (64, 64)):
+            x = torch.randn(2, 3, *hw)
+            torch.testing.assert_close(compiled(x), _CNN(x), atol=1e-4, rtol=1e-4)
+    stats = counters.snapshot()["stats"]
+    assert stats["graphs_compiled"] == 1
+    assert not stats.get("size_specializations")
+    assert not stats.get("static_shape_fallbacks")
