@@ -757,3 +757,21 @@ def test_a_saved_output_changed_after_a_break_fails_the_backward(backend):
         out = f(torch.randn(3, 3, requires_grad=True))
         with pytest.raises(RuntimeError, match="modified by an inplace operation"):
             out.sum().backward()
+
+
+def _row_of_no_grad_scaled(x, y):
+    with torch.no_grad():
+        y = y * 0.5
+    return x @ y[0]
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "kiln"])
+def test_a_saved_view_keeps_the_strides_the_backward_was_traced_with(backend):
+    """``y[0]`` of a transposed ``y`` steps by 5; the default backend kept it as a row of its
+    own contiguous buffer (step 1), and the backward, traced with step 5, read other values."""
+    f = kiln.compile(_row_of_no_grad_scaled, backend=backend)
+    x = torch.randn(5, 5).t().requires_grad_()
+    y = torch.randn(5, 5).t().requires_grad_()
+    (got,) = torch.autograd.grad(f(x, y).sum(), x)
+    (want,) = torch.autograd.grad(_row_of_no_grad_scaled(x, y).sum(), x)
+    torch.testing.assert_close(got, want)

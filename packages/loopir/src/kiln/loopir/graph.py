@@ -354,7 +354,7 @@ class GraphLowering:
             return copy_like(value, meta, "output of a non-view op")
         if found is not None and _strides_match(found.layout, meta):
             return found
-        if not isinstance(meta, torch.Tensor) or not is_dense(meta):
+        if not isinstance(meta, torch.Tensor) or not (is_dense(meta) or _gaps_only(meta)):
             return found if found is not None else realize_as_tensor(value, "output")
         # a later graph (the backward reading saved tensors) was traced with the
         # meta's strides: an extern result or a view laid out otherwise is copied
@@ -412,6 +412,18 @@ def _complex_call(op: Any, args: Any, kwargs: Any, meta: Any) -> Any:
     if op is not aten.imag.default and not real_with_bit:
         return result
     return chosen_extern(aten.clone.default, (result,), {})
+
+
+def _gaps_only(meta: torch.Tensor) -> bool:
+    """Whether ``meta``'s strides leave gaps but never overlap (a row of a transposed
+    matrix, a slice with a step): a buffer can be laid out so, as the output eager gives."""
+    dims = sorted((s, n) for n, s in zip(meta.shape, meta.stride(), strict=True) if n > 1)
+    reach = 1
+    for stride, n in dims:
+        if stride < reach:
+            return False
+        reach = stride * n
+    return True
 
 
 def _strides_match(layout: Layout, meta: Any) -> bool:
