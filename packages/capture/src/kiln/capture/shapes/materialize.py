@@ -60,7 +60,8 @@ class Materializer:
         if expr is sympy.true or expr is sympy.false:
             return bool(expr)
         found = self._memo.get(expr)
-        if found is None:
+        # a node a rollback of the trace erased since is built again
+        if found is None or getattr(found, "_erased", False):
             found = self._memo[expr] = self._build(expr)
         return found
 
