@@ -340,11 +340,17 @@ class CompiledFunction:
                 self._config.option("graph_cache")
             )
 
+            # The compiled graph keeps this function (it compiles per size on later calls),
+            # and the emitted code object keeps the compiled graph: a reference to ``self``
+            # here would close a cycle through a code object, which the garbage collector
+            # cannot see, and the compiled function would outlive its module.
+            backend = self._backend
+
             def compile_static(g: fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
                 def compile_now() -> Callable[..., Any]:
                     if wanted:
-                        return self._backend(g, inputs, options=wanted)
-                    return self._backend(g, inputs)
+                        return backend(g, inputs, options=wanted)
+                    return backend(g, inputs)
 
                 # a program for symbolic sizes is not stored: its key would be the one of
                 # the graph specialized to these sizes, whose program serves them alone

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import weakref
 from typing import Any
 
 import torch
@@ -52,6 +53,14 @@ def _tensor_meta(real: torch.Tensor, fake: torch.Tensor) -> TensorMeta:
         return meta
     order = dense_order(real) if None in strides else None
     return dataclasses.replace(meta, sizes=sizes, strides=strides, dense_order=order)
+
+
+def _user_line(graph: OutputGraph | None) -> str:
+    """``file:line`` of the traced program's line being evaluated, while a trace runs."""
+    if graph is None or not graph.active:
+        return ""
+    frame = graph.active[-1].user_frame()
+    return f"{frame.filename}:{frame.lineno}"
 
 
 class GraphInput:
@@ -202,14 +211,11 @@ class OutputGraph:
     def _env(self) -> ShapeEnv:
         if self.shape_env is None:
             self.shape_env = ShapeEnv()
-            self.shape_env.user_line = self._user_line
+            # weakly: the env outlives the capture in its SHAPE guard, and this graph holds
+            # the frame's real tensors and modules
+            graph = weakref.ref(self)
+            self.shape_env.user_line = lambda: _user_line(graph())
         return self.shape_env
-
-    def _user_line(self) -> str:
-        if not self.active:
-            return ""
-        frame = self.active[-1].user_frame()
-        return f"{frame.filename}:{frame.lineno}"
 
     # symbolic numbers as graph values ---------------------------------------------------------
     def sym_arg(self, sym: Any) -> Any:
