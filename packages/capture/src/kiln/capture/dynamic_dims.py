@@ -43,7 +43,7 @@ DimRange = tuple[int | None, int | None]
 _DYNAMIC = "_kiln_dynamic_dims"
 _WEAK = "_kiln_weak_dynamic_dims"
 _STATIC = "_kiln_static_dims"
-# what torch._dynamo.mark_dynamic / maybe_mark_dynamic / mark_static leave on a tensor
+# what torch.compile's mark_dynamic / maybe_mark_dynamic / mark_static leave on a tensor
 _TORCH_DYNAMIC = "_dynamo_dynamic_indices"
 _TORCH_WEAK = "_dynamo_weak_dynamic_indices"
 _TORCH_STATIC = "_dynamo_static_indices"
