@@ -262,3 +262,46 @@ def test_a_cnn_compiles_once_for_every_image_size() -> None:
     assert stats["graphs_compiled"] == 1
     assert not stats.get("size_specializations")
     assert not stats.get("static_shape_fallbacks")
+
+
+def _mask_rows(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    v0 = y * 3 + 1
+    v8 = v0.clone()
+    v10 = v8[(v8 > 0).nonzero()[:, 0]]
+    v8.sigmoid_()
+    return v10, v0
+
+
+def test_rows_picked_by_a_mask_across_layouts() -> None:
+    """The continuation past ``nonzero`` mutates an input that shares memory with another:
+    traced over their base, on the sizes of its first call, so a later call whose row count
+    differs takes a program of its own."""
+    compiled = kiln.compile(_mask_rows, options=_SYMBOLIC)
+    for layout in ("transposed", "contiguous", "sliced", "sliced", "contiguous"):
+        if layout == "transposed":
+            y = torch.randn(5, 2).t()
+        elif layout == "contiguous":
+            y = torch.randn(5, 3)
+        else:
+            y = torch.randn(6, 5)[:-1, 2:]
+        for got, want in zip(compiled(y), _mask_rows(y), strict=True):
+            torch.testing.assert_close(got, want)
+
+
+def _write_one_view(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    a.mul_(2)
+    return b.sum(0) + c.sum(0)
+
+
+def test_a_write_through_a_shared_view_serves_other_inputs_sizes() -> None:
+    """``a`` and ``b`` overlap and ``a`` is written: the program over their base is traced
+    on static fakes, so the size of ``c`` (symbolic in the graph) selects the program too."""
+    compiled = kiln.compile(_write_one_view, dynamic=True, options=_SYMBOLIC)
+    for rows in (37, 53, 5, 53):
+        base, expected = torch.randn(8, 6), torch.randn(8, 6)
+        expected.copy_(base)
+        c = torch.randn(rows, 6)
+        got = compiled(base[:4], base[2:6], c)
+        want = _write_one_view(expected[:4], expected[2:6], c)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(base, expected)

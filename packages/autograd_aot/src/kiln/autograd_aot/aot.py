@@ -107,17 +107,37 @@ Mode = tuple[bool, bool]
 _MISSING: Any = object()
 
 
+# One input's exact view: sizes, strides, storage offset.
+_View = tuple[tuple[int, ...], tuple[int, ...], int]
+# What selects a program within a mode: how inputs share memory with the mutated ones and,
+# where some do in a graph with symbolic sizes, the views of the inputs with symbolic sizes
+# outside those groups. A program over shared bases is traced on static fakes (its inputs'
+# exact views), so every size it read is part of what it assumes, not the groups' alone.
+_Key = tuple[Aliasing, tuple[_View, ...]]
+_UNALIASED: _Key = ((), ())
+
+
 @dataclasses.dataclass
 class _ModePrograms:
     """The programs compiled for one mode, by how inputs share memory with mutated ones."""
 
     mutated: tuple[int, ...]  # the inputs the program writes (traced without shared memory)
-    programs: dict[Aliasing, CompiledProgram | None]  # None: could not compile, runs eagerly
+    programs: dict[_Key, CompiledProgram | None]  # None: could not compile, runs eagerly
 
 
-def _aliasing(known: _ModePrograms, primals: Sequence[torch.Tensor]) -> Aliasing:
-    """How inputs overlap the mutated ones now; not looked at when nothing is mutated."""
-    return shared_memory(primals, known.mutated) if known.mutated else ()
+def _key(known: _ModePrograms, primals: Sequence[torch.Tensor], symbolic: Sequence[int]) -> _Key:
+    """How inputs overlap the mutated ones now (not looked at when nothing is mutated) and,
+    when some do, the views of the inputs at ``symbolic`` (those with symbolic sizes)."""
+    if not known.mutated:
+        return _UNALIASED
+    aliasing = shared_memory(primals, known.mutated)
+    if not aliasing or not symbolic:
+        return aliasing, ()
+    views = tuple(
+        (tuple(t.shape), tuple(t.stride()), int(t.storage_offset()))
+        for t in (primals[i] for i in symbolic)
+    )
+    return aliasing, views
 
 
 class AotCompiled:
@@ -167,6 +187,7 @@ class AotCompiled:
         # the captured graph's fakes with symbolic sizes, by primal: traced as they are
         self._templates = self._symbolic_templates(gm, len(self.state_names))
         self._number_fakes = _placeholder_values(gm, self.number_positions)
+        self._symbolic_primals = [i for i, t in enumerate(self._templates) if t is not None]
         self._warned = False
         if restored is not None:
             self._restore(restored)
@@ -184,12 +205,12 @@ class AotCompiled:
         """
         saved: dict[Mode, _ModePrograms] = {}
         for mode, known in self._modes.items():
-            programs: dict[Aliasing, CompiledProgram | None] = {}
-            for aliasing, compiled in known.programs.items():
+            programs: dict[_Key, CompiledProgram | None] = {}
+            for key, compiled in known.programs.items():
                 if compiled is None:
                     continue
                 program = dataclasses.replace(compiled.program, gm=_EMPTY_GRAPH)
-                programs[aliasing] = dataclasses.replace(
+                programs[key] = dataclasses.replace(
                     compiled,
                     program=program,
                     eager=None if compiled.eager is None else _rerun_eagerly,
@@ -273,7 +294,7 @@ class AotCompiled:
         """The program for this call; None when it could not be compiled (run eagerly)."""
         known = self._modes.get(mode)
         if known is not None:
-            found = known.programs.get(_aliasing(known, primals), _MISSING)
+            found = known.programs.get(self._key(known, primals), _MISSING)
             if found is not _MISSING:
                 return found
         try:
@@ -293,8 +314,11 @@ class AotCompiled:
                     stacklevel=3,
                 )
             known = self._modes.setdefault(mode, _ModePrograms((), {}))
-            known.programs[_aliasing(known, primals)] = None
+            known.programs[self._key(known, primals)] = None
             return None
+
+    def _key(self, known: _ModePrograms, primals: Sequence[torch.Tensor]) -> _Key:
+        return _key(known, primals, self._symbolic_primals)
 
     def _program_fn(self, layout: InputLayout) -> Callable[..., Any]:
         """The program over its graph inputs: ``layout``'s tensors, then the numbers."""
@@ -331,7 +355,7 @@ class AotCompiled:
         def trace(table: Mapping[Any, Callable[..., Any]]) -> TracedProgram:
             # fresh fakes for each trace: a trace mutates its fakes in place, with history
             # symbolic sizes only where inputs are not traced over shared bases (an aliasing
-            # program is chosen by its inputs' exact views, sizes included)
+            # program is chosen by the exact views of its inputs with symbolic sizes: _key)
             templates = self._templates if not layout.groups else []
             fakes, leaves = fakes_of(layout.prepare(primals), wants_grad, templates)
             fakes += self._number_fakes
@@ -354,7 +378,8 @@ class AotCompiled:
         if known is None:
             program = self._trace(mode, primals, identity)
             known = self._modes[mode] = _ModePrograms(tuple(program.mutated_inputs), {})
-        aliasing = _aliasing(known, primals)
+        key = self._key(known, primals)
+        aliasing = key[0]
         layout = InputLayout.for_aliasing(primals, aliasing) or identity
         if aliasing:
             counters.bump("autograd_aot", "aliased_programs")
@@ -363,7 +388,7 @@ class AotCompiled:
             )
         if program is None or aliasing:
             program = self._trace(mode, primals, layout)
-        compiled = known.programs[aliasing] = self._compile(program, layout)
+        compiled = known.programs[key] = self._compile(program, layout)
         return compiled
 
     def _compile(self, program: TracedProgram, layout: InputLayout) -> CompiledProgram:
