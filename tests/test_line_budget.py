@@ -57,7 +57,9 @@ LINE_BUDGET = {
     # reasons and cache files) and pickling compiled modules and functions
     # + about 80 for dynamic shapes: the capture policy of dynamic=, and static backends
     # served per size from one capture (dynamic.py)
-    "frontend": 1720,
+    # + about 640 for the minifier (minifier/: watching a stage, delta debugging over a
+    # graph's nodes, writing and checking repro.py)
+    "frontend": 2400,
 }
 
 # Modules allowed over MAX_MODULE_LINES for now, each with a comment saying why and what will

@@ -42,6 +42,10 @@ ENV_HELP: dict[str, str] = {
     "all); see [Debugging](debugging.md#logs)",
     "KILN_DEBUG_DIR": "folder to dump every artifact into, one folder per compiled frame "
     "(the `debug_dir` option sets it per compiled function)",
+    "KILN_REPRO": "`after_capture` or `after_aot`: write a minified `repro.py` for a graph that "
+    "fails at that stage; see [Debugging](debugging.md#the-minifier)",
+    "KILN_REPRO_LEVEL": "what counts as failing for `KILN_REPRO`: `exception` (default) or "
+    "`accuracy` (a result that differs from eager)",
     "KILN_CACHE_DIR": "root of the on-disk caches (default `$XDG_CACHE_HOME/kiln`, else "
     "`~/.cache/kiln`)",
     "XDG_CACHE_HOME": "the usual base folder for caches; the default cache root is "

@@ -33,6 +33,8 @@ from kiln.capture.dynamic_dims import dynamic_dims
 from kiln.capture.shapes.specialize import has_symbolic_inputs
 from kiln.config import CompileConfig, make_config
 from kiln.fallback import CompileError, run_eagerly_after_failure
+from kiln.minifier import settings as repro_settings
+from kiln.minifier import watch_backend
 
 __all__ = ["compile", "CompiledFunction", "OptimizedModule", "disable"]
 
@@ -344,7 +346,10 @@ class CompiledFunction:
             # and the emitted code object keeps the compiled graph: a reference to ``self``
             # here would close a cycle through a code object, which the garbage collector
             # cannot see, and the compiled function would outlive its module.
-            backend = self._backend
+            backend = watch_backend(
+                self._backend,
+                *repro_settings(self._config.option("repro"), self._config.option("repro_level")),
+            )
 
             def compile_static(g: fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
                 def compile_now() -> Callable[..., Any]:

@@ -33,6 +33,8 @@ OPTIONS: dict[str, tuple[type, str]] = {
     ),
     "skip_guards": (bool, "UNSAFE: run the newest entry without checking guards"),
     "debug_dir": (str, "dump artifacts of every compiled frame into this folder"),
+    "repro": (str, "write repro.py for a graph that fails: after_capture or after_aot"),
+    "repro_level": (str, "what fails for repro: exception (default) or accuracy"),
     "graph_cache": (bool, "reuse compiled graphs across processes (default: KILN_GRAPH_CACHE)"),
     "max_autotune": (bool, "benchmark more kernel configurations and matmul templates"),
     "cudagraphs": (bool, "capture compiled graphs into CUDA graphs when safe"),

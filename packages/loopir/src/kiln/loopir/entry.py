@@ -46,6 +46,7 @@ from kiln.loopir.decompositions import decompositions
 from kiln.loopir.errors import StaticShapesOnly
 from kiln.loopir.matmul_padding import pad_matmuls
 from kiln.loopir.pipeline import compile_graph
+from kiln.loopir.wrapper import current_region, naming_region
 
 __all__ = [
     "GRAPH_WRAPPERS",
@@ -54,6 +55,7 @@ __all__ = [
     "load_fx",
     "register_graph_wrapper",
     "save_fx",
+    "set_aten_stage_hook",
 ]
 
 log = logging.getLogger(__name__)
@@ -68,6 +70,10 @@ GRAPH_WRAPPERS: dict[str, str] = {
 """Graph wrappers by the option that turns them on, as ``"module:attribute"``."""
 
 _registered: dict[str, GraphWrapper] = {}
+AtenStageHook: TypeAlias = Callable[..., Callable[..., Any]]
+"""``hook(stage, aten_gm, inputs, backend) -> callable``: runs ``stage(aten_gm, inputs)``
+(loopir's compile of one ATen graph) its own way; the frontend's minifier checks it there."""
+_aten_hook: list[AtenStageHook] = []
 _unavailable: dict[str, str] = {}  # option -> why its wrapper cannot be imported (warned once)
 
 
@@ -102,6 +108,11 @@ def _graph_wrapper(option: str) -> GraphWrapper | None:
         return None
     _registered[option] = wrapper
     return wrapper
+
+
+def set_aten_stage_hook(hook: AtenStageHook | None) -> None:
+    """Route every ATen graph's compile through ``hook`` (None: compile directly)."""
+    _aten_hook[:] = [hook] if hook is not None else []
 
 
 def _wrapper_options() -> set[str]:
@@ -160,14 +171,27 @@ def _aot_compile(
     restored: Any = None,
 ) -> autograd_aot.AotCompiled:
     compile_one = _prepare(gm, backend, options)
+    # a backward (or another grad mode's program) compiles on first use, outside the
+    # frontend's naming: its profiler range is named now
+    region = current_region()
     return autograd_aot.aot_compile(
         gm,
         example_inputs,
-        fw_compiler=compile_one,
-        bw_compiler=compile_one,
+        fw_compiler=functools.partial(_named, compile_one, region),
+        bw_compiler=functools.partial(_named, compile_one, f"{region} backward"),
         decompositions=decompositions() if restored is None else _LazyTable(),
         restored=restored,
     )
+
+
+def _named(
+    compile_one: Callable[[fx.GraphModule, Sequence[Any]], Callable[..., Any]],
+    region: str,
+    aten_gm: fx.GraphModule,
+    inputs: Sequence[Any],
+) -> Callable[..., Any]:
+    with naming_region(region):
+        return compile_one(aten_gm, inputs)
 
 
 class _LazyTable(Mapping[Any, Callable[..., Any]]):
@@ -204,9 +228,12 @@ def _prepare(
         if codegen.pop(name, False) and (found := _graph_wrapper(name)) is not None
     ]
 
+    def stage(aten_gm: fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
+        return compile_graph(aten_gm, inputs, backend=backend, fusion=fusion, options=codegen)
+
     def compile_one(aten_gm: fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
-        compiled: Callable[..., Any] = compile_graph(
-            aten_gm, inputs, backend=backend, fusion=fusion, options=codegen
+        compiled: Callable[..., Any] = (
+            _aten_hook[0](stage, aten_gm, inputs, backend) if _aten_hook else stage(aten_gm, inputs)
         )
         for wrap in wrappers:
             compiled = wrap(compiled)
