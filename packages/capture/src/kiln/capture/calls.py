@@ -288,6 +288,9 @@ def _construct(tr: Tracer, cv: ObjectValue, args: list[Value], kwargs: dict[str,
     if is_namedtuple(cls):
         bound = _bind_signature(cls, args, kwargs)
         return TupleValue(list(bound.values()), cls)
+    if issubclass(cls, tuple) and hasattr(cls, "n_fields") and len(args) == 1 and not kwargs:
+        # a structseq (``torch.return_types.max``) from a sequence: a subclass's results
+        return TupleValue(dispatch.unpack_iterable(tr, args[0]), cls)
     if issubclass(cls, torch.nn.Module):
         return _stateless_module(cls, args, kwargs)
     if is_model_output(cls):

@@ -35,6 +35,7 @@ from kiln.capture.source import (
     RawItemSource,
     Source,
 )
+from kiln.capture.tensor_subclasses import as_plain, is_function_subclass
 from kiln.capture.values.base import ConstantValue, Value
 from kiln.capture.values.containers import (
     CellValue,
@@ -261,7 +262,7 @@ class _Writer:
             name = f"__kiln_s{len(self._hoisted)}"
             lines.append(f"{name} = {self.source(prefix)}")
             self._hoisted[str(prefix)] = name
-        args = ", ".join(self.source(s) for s in sources)
+        args = ", ".join(self._graph_arg(i) for i in inputs)
         self._hoisted.clear()
         call = f"__kiln_out = {self.const(compiled)}({args})"
         needed = mode_after is not None or unwind is not None
@@ -274,6 +275,13 @@ class _Writer:
         if mode_after is not None:
             lines.append(f"{switch}({mode_after})")
         return lines
+
+    def _graph_arg(self, given: GraphInput) -> str:
+        """A graph input: a ``__torch_function__`` subclass's as its plain data (the graph holds
+        the override's ops already)."""
+        if isinstance(given.value, TensorValue) and is_function_subclass(given.value.real_type):
+            return f"{self.const(as_plain)}({self.source(given.source)})"
+        return self.source(given.source)
 
     def source(self, src: Source) -> str:
         hoisted = self._hoisted.get(str(src)) if self._hoisted else None
@@ -304,7 +312,10 @@ class _Writer:
         if isinstance(v, TensorValue):
             if v.node.op == "placeholder" and v.source is not None:
                 return self.source(v.source)
-            return f"__kiln_out[{self.output_index[id(v.node)]}]"
+            out = f"__kiln_out[{self.output_index[id(v.node)]}]"
+            if is_function_subclass(v.real_type):  # the graph computed its plain data
+                return f"{out}.as_subclass({self.const(v.real_type)})"
+            return out
         if isinstance(v, NdarrayValue):
             return f"{self.const(as_numpy)}({self.value(v.tensor)}, {v.scalar})"
         if isinstance(v, ConstantValue):

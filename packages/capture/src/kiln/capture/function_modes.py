@@ -234,7 +234,7 @@ def _value(obj: Any, found: dict[int, Value]) -> Value:
     return ConstantValue(obj) if is_constant(obj) else ObjectValue(obj)
 
 
-def _probe(
+def probe(
     tr: Tracer, fn: Any, args: list[Value], kwargs: dict[str, Value]
 ) -> tuple[Any, tuple[type, ...], list[Value], dict[str, Value]] | None:
     """What torch hands a mode for ``fn(*args, **kwargs)``; None when it hands it nothing."""
@@ -272,7 +272,7 @@ def dispatch_to_mode(
     stack = _STACKS.get(tr.out)
     if stack is None or not stack.active():
         return None
-    probed = _probe(tr, fn, args, kwargs)
+    probed = probe(tr, fn, args, kwargs)
     if probed is None:
         return None
     func, types_, m_args, m_kwargs = probed
@@ -314,7 +314,7 @@ def _call_mode(
     return result
 
 
-class _PropertyGetter(ObjectValue):
+class PropertyGetter(ObjectValue):
     """``Tensor.<property>.__get__`` as a mode receives it: calling it reads the property."""
 
     def __init__(self, getter: Any, name: str) -> None:
@@ -322,9 +322,9 @@ class _PropertyGetter(ObjectValue):
         self.name = name
 
 
-@dispatch.CALL.register(_PropertyGetter)
+@dispatch.CALL.register(PropertyGetter)
 def _call_getter(
-    tr: Tracer, fn: _PropertyGetter, args: list[Value], kwargs: dict[str, Value]
+    tr: Tracer, fn: PropertyGetter, args: list[Value], kwargs: dict[str, Value]
 ) -> Value:
     if len(args) != 1 or kwargs:
         raise unsupported("unsupported_call", f"Tensor.{fn.name}.__get__ with these arguments")
@@ -339,11 +339,11 @@ def property_through_mode(tr: Tracer, tensor: TensorValue, name: str) -> Value |
         return None
     if not hasattr(getattr(torch._C.TensorBase, name, None), "__get__"):
         return None
-    probed = _probe(tr, lambda t: getattr(t, name), [tensor], {})
+    probed = probe(tr, lambda t: getattr(t, name), [tensor], {})
     if probed is None:
         return None
     func, types_, m_args, m_kwargs = probed
-    return _call_mode(tr, stack, _PropertyGetter(func, name), types_, m_args, m_kwargs)
+    return _call_mode(tr, stack, PropertyGetter(func, name), types_, m_args, m_kwargs)
 
 
 class _DisabledBlock(Value):

@@ -28,12 +28,13 @@ from kiln.capture.guard_data import (
     dedupe,
     storage_fits,
 )
-from kiln.capture.meta import FakeMode, FakeTensor, to_fake, with_history
+from kiln.capture.meta import FakeMode, FakeTensor, fake_like, to_fake, with_history
 from kiln.capture.shapes import ShapeEnv, SymNode, expr_of, symbolic_meta, wrap
 from kiln.capture.shapes.materialize import CannotMaterialize, Materializer
 from kiln.capture.shapes.tensors import dense_order
 from kiln.capture.side_effects import SideEffects
 from kiln.capture.source import SizeSource, Source, StrideSource
+from kiln.capture.tensor_subclasses import as_plain, is_dispatch_wrapper, is_function_subclass
 from kiln.capture.values.symbolic import SymValue, is_symbolic, specialize
 from kiln.capture.values.tensor import TensorValue
 
@@ -43,16 +44,28 @@ __all__ = ["EAGER_RANDOM", "GraphInput", "OutputGraph"]
 _IMMUTABLE_TYPE = 1 << 8
 
 
-def _tensor_meta(real: torch.Tensor, fake: torch.Tensor) -> TensorMeta:
-    """What the graph assumes of ``real``: its metadata, less the sizes and strides that are
-    symbols in ``fake`` (the SHAPE guard states those)."""
-    meta = TensorMeta.of(real)
+def _tensor_meta(real: torch.Tensor, fake: torch.Tensor, real_type: type) -> TensorMeta:
+    """What the graph assumes of ``real`` (an input of type ``real_type``): its metadata, less
+    the sizes and strides that are symbols in ``fake`` (the SHAPE guard states those)."""
+    meta = dataclasses.replace(TensorMeta.of(real), type=real_type)
     sizes = tuple(None if is_symbolic(n) else n for n in fake.shape)
     strides = tuple(None if is_symbolic(n) else n for n in fake.stride())
     if sizes == meta.sizes and strides == meta.strides:
         return meta
     order = dense_order(real) if None in strides else None
     return dataclasses.replace(meta, sizes=sizes, strides=strides, dense_order=order)
+
+
+def _plain_stand_in(real: torch.Tensor) -> torch.Tensor:
+    """What the fake of an input is made from: a ``__torch_function__`` subclass's plain data
+    (read without its override), an empty meta tensor of a dispatch wrapper's outer sizes and
+    strides (it has no data of its own; autograd_aot traces through its inner tensors)."""
+    if is_function_subclass(type(real)):
+        return as_plain(real)
+    if is_dispatch_wrapper(type(real)):
+        meta = torch.empty_strided(real.shape, real.stride(), dtype=real.dtype, device="meta")
+        return fake_like(meta, real.device).requires_grad_(real.requires_grad)
+    return real
 
 
 def _user_line(graph: OutputGraph | None) -> str:
@@ -144,6 +157,8 @@ class OutputGraph:
         placeholders with separate fakes: guards do not check aliasing, so the
         graph must not assume it.
         """
+        given, real_type = real, type(real)
+        real = _plain_stand_in(real)
         if real.layout is not torch.strided or real.is_nested or real.is_quantized:
             # no fake models them (sparse and nested tensors have no strides, a quantized
             # one's scale is not part of its metadata), and kernels read plain storage
@@ -155,21 +170,24 @@ class OutputGraph:
             raise unsupported("unsupported_value", detail)
         known = self._by_source.get(str(source))
         if known is not None:
-            self.guard(source, GuardKind.TENSOR_MATCH, _tensor_meta(real, known.fake))
+            self.guard(source, GuardKind.TENSOR_MATCH, _tensor_meta(real, known.fake, real_type))
             return known
         node = self.graph.placeholder(self._unique_name(str(source)))
         fake = self._symbolic_fake(source, real)
         if fake is None:
             fake = self.fake_mode.to_fake(real) if id(real) not in self._seen else to_fake(real)
-        self.guard(source, GuardKind.TENSOR_MATCH, _tensor_meta(real, fake))
-        if real.requires_grad and not real.is_leaf:  # in-place ops on it are allowed
+        self.guard(source, GuardKind.TENSOR_MATCH, _tensor_meta(real, fake, real_type))
+        if given.requires_grad and not given.is_leaf:  # in-place ops on it are allowed
             fake = with_history(fake)
         self._seen.add(id(real))
         node.meta["val"] = fake
         node.meta["source"] = source
-        value = TensorValue(node, fake, source, type(real))
+        value = TensorValue(node, fake, source, real_type)
         self._by_source[str(source)] = value
-        self.inputs.append(GraphInput(source, real, value, node))
+        # the graph runs on the plain data; a dispatch wrapper's backend desugars the object
+        self.inputs.append(
+            GraphInput(source, given if is_dispatch_wrapper(real_type) else real, value, node)
+        )
         self._move_placeholders_first(node)
         return value
 

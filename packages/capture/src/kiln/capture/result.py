@@ -94,7 +94,7 @@ def compile_partial(
         return CompiledGraph([])
     gm = out.finish(outputs)
     graph_log.debug("captured graph of %s%s:\n%s", func.__qualname__, what, gm.code)
-    compiled = compile_graph(gm, [i.real for i in out.inputs])
+    compiled = compile_graph(gm, [i.real for i in out.inputs])  # subclasses: see add_input
     return CompiledGraph([gm], compiled, grad_mode_after(gm))
 
 

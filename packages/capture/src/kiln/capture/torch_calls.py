@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import fx
 
-from kiln.capture import dispatch, function_modes, numpy_calls, tensor_constants
+from kiln.capture import dispatch, function_modes, numpy_calls, subclass_calls, tensor_constants
 from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.errors import Unsupported
 from kiln.capture.meta import RESTRIDES, MetadataMutation
+from kiln.capture.tensor_subclasses import is_function_subclass
 from kiln.capture.torch_functions import (
     COMPILING,
     CONSTANT_FOLDED,
@@ -239,6 +240,9 @@ def call_function(tr: Tracer, fn: Any, args: list[Value], kwargs: dict[str, Valu
     moded = function_modes.dispatch_to_mode(tr, fn, args, kwargs)
     if moded is not None:
         return moded
+    overridden = subclass_calls.dispatch_to_subclass(tr, fn, args, kwargs)
+    if overridden is not None:
+        return overridden
     return _run(tr, "call_function", fn, fn, args, kwargs)
 
 
@@ -258,7 +262,27 @@ def call_method(
     moded = function_modes.dispatch_to_mode(tr, method, [tensor, *args], kwargs)
     if moded is not None:
         return moded
+    overridden = subclass_calls.dispatch_to_subclass(tr, method, [tensor, *args], kwargs)
+    if overridden is not None:
+        return overridden
+    if name == "as_subclass":
+        return _as_subclass(tr, tensor, args, kwargs)
     return _run(tr, "call_method", name, method, [tensor, *args], kwargs)
+
+
+def _as_subclass(
+    tr: Tracer, tensor: TensorValue, args: list[Value], kwargs: dict[str, Value]
+) -> Value:
+    """``t.as_subclass(cls)``: an alias of the same data (autograd sees it as a view, as
+    eager's object stays attached to the graph) that eager's code sees as a ``cls``."""
+    given = [*args, *kwargs.values()]
+    cls = given[0].obj if len(given) == 1 and isinstance(given[0], ObjectValue) else None
+    if not isinstance(cls, type) or not (cls is torch.Tensor or is_function_subclass(cls)):
+        raise unsupported("unsupported_call", f"Tensor.as_subclass({cls})")
+    alias = _run(tr, "call_method", "view_as", torch.Tensor.view_as, [tensor, tensor], {})
+    assert isinstance(alias, TensorValue)
+    alias.real_type = cls
+    return alias
 
 
 def tensor_attribute(tr: Tracer, tensor: TensorValue, name: str) -> Value | None:
@@ -268,6 +292,9 @@ def tensor_attribute(tr: Tracer, tensor: TensorValue, name: str) -> Value | None
         moded = function_modes.property_through_mode(tr, tensor, name)
         if moded is not None:
             return moded
+        overridden = subclass_calls.property_through_subclass(tr, tensor, name)
+        if overridden is not None:
+            return overridden
     if name in _TENSOR_PROPERTIES:
         return _constant(getattr(fake, name))
     if name == "T":

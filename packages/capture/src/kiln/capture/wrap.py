@@ -16,7 +16,7 @@ import gc
 import inspect
 import types
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -26,6 +26,11 @@ from kiln.capture.graph import OutputGraph
 from kiln.capture.guard_data import GuardKind
 from kiln.capture.model_output import is_model_output
 from kiln.capture.source import Source
+from kiln.capture.tensor_subclasses import (
+    is_dispatch_wrapper,
+    is_function_subclass,
+    tensor_torch_function,
+)
 from kiln.capture.torch_functions import (
     is_apply,
     is_control_flow,
@@ -91,10 +96,9 @@ def _wrap(out: OutputGraph, obj: Any, source: Source | None) -> Value:
         if source is None:
             # a tensor the trace did not compute and cannot reload: never bake it in
             raise unsupported("unsupported_value", "a tensor with no place in the frame")
-        if type(obj) not in (torch.Tensor, torch.nn.Parameter) and not isinstance(
-            obj, torch.nn.Parameter
-        ):
-            # a subclass may override ops (__torch_function__) in ways fakes do not see
+        plain = type(obj) is torch.Tensor or isinstance(obj, torch.nn.Parameter)
+        if not (plain or is_function_subclass(type(obj)) or is_dispatch_wrapper(type(obj))):
+            # its __torch_dispatch__ computes what no fake can follow
             raise unsupported("unsupported_value", f"a tensor of type {type(obj).__name__}")
         return out.add_input(source, obj)
     if is_constant(obj):
@@ -188,8 +192,13 @@ def _wrap_view(out: OutputGraph, view: Any, source: Source | None) -> Value:
     return DictViewValue(value, _DICT_VIEWS[type(view)])
 
 
+_TENSOR_TORCH_FUNCTION = vars(torch.Tensor)["__torch_function__"].__func__
+
+
 def function_value(fn: types.FunctionType, source: Source | None) -> UserFunctionValue:
     """A real Python function; its closure cells are read through ``source`` when known."""
+    if fn is _TENSOR_TORCH_FUNCTION:  # ``super().__torch_function__`` in a subclass
+        fn, source = cast(types.FunctionType, tensor_torch_function), None
     closure: tuple[CellValue, ...] = ()
     if fn.__closure__:
         base = source.attr("__closure__") if source is not None else None
