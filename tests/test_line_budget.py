@@ -59,7 +59,8 @@ LINE_BUDGET = {
     # served per size from one capture (dynamic.py)
     # + about 640 for the minifier (minifier/: watching a stage, delta debugging over a
     # graph's nodes, writing and checking repro.py)
-    "frontend": 2400,
+    # + about 130 for the debug folder's index page (debug_index.py)
+    "frontend": 2600,
 }
 
 # Modules allowed over MAX_MODULE_LINES for now, each with a comment saying why and what will

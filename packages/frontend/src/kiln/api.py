@@ -32,6 +32,7 @@ from kiln.capture import artifacts, counters
 from kiln.capture.dynamic_dims import dynamic_dims
 from kiln.capture.shapes.specialize import has_symbolic_inputs
 from kiln.config import CompileConfig, make_config
+from kiln.debug_index import writing as writing_index
 from kiln.fallback import CompileError, run_eagerly_after_failure
 from kiln.minifier import settings as repro_settings
 from kiln.minifier import watch_backend
@@ -300,7 +301,11 @@ class CompiledFunction:
         sizes = dynamic.policy(
             self._config.dynamic, cache, self._config.option("automatic_dynamic_shapes", True)
         )
-        with artifacts.frame(name, Path(root) if root else None), dynamic_dims(sizes):
+        with (
+            artifacts.frame(name, Path(root) if root else None) as folder,
+            dynamic_dims(sizes),
+            writing_index(folder, name, cache, args, kwargs) as index,
+        ):
             try:
                 result = capture.capture(
                     self._target,
@@ -315,6 +320,7 @@ class CompiledFunction:
                 if self._config.fullgraph:
                     raise
                 graph_break_log.info("running %s eagerly: %s", name, e)
+                index.outcome = f"runs eagerly: {e}"
                 counters.bump("graph_breaks", e.kind)
                 counters.bump("stats", "eager_fallbacks")
                 _skipped.add(key)
@@ -322,10 +328,12 @@ class CompiledFunction:
             except Exception as e:
                 if self._config.fullgraph:
                     raise CompileError(f"kiln failed to compile {name}: {e}") from e
+                index.outcome = f"compiling failed, runs eagerly: {type(e).__name__}: {e}"
                 outcome = run_eagerly_after_failure(
                     name, e, self._target, args, kwargs, key, _skipped
                 )
                 return lambda *_args, **_kwargs: outcome
+            index.result = result
             counters.bump("stats", "frames_captured")
             cache.insert(check, result.function)
         return result.function

@@ -3,7 +3,9 @@
 Any package may call :func:`dump` with a file name and text; when the
 environment variable (or :func:`set_debug_dir`) names a folder, the text is
 written into the folder of the frame being compiled, otherwise nothing
-happens. The frontend opens a frame's folder with :func:`frame`.
+happens. The frontend opens a frame's folder with :func:`frame`. :func:`note` adds a line to a
+section of the frame's notes (a pass's time, say), which the frontend writes into the
+folder's index when the frame is done.
 """
 
 from __future__ import annotations
@@ -16,11 +18,14 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["debug_dir", "set_debug_dir", "frame", "dump", "current_frame_dir"]
+__all__ = ["debug_dir", "set_debug_dir", "frame", "dump", "current_frame_dir", "note", "notes"]
 
 _override: Path | None = None
 _frame_dir: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
     "kiln_frame_dir", default=None
+)
+_notes: contextvars.ContextVar[dict[str, list[str]] | None] = contextvars.ContextVar(
+    "kiln_frame_notes", default=None
 )
 _ids = itertools.count()
 
@@ -53,10 +58,24 @@ def frame(name: str, root: Path | None = None) -> Iterator[Path | None]:
     path = root / f"{next(_ids):04d}_{safe}"
     path.mkdir(parents=True, exist_ok=True)
     token = _frame_dir.set(path)
+    notes_token = _notes.set({})
     try:
         yield path
     finally:
         _frame_dir.reset(token)
+        _notes.reset(notes_token)
+
+
+def note(section: str, line: str) -> None:
+    """Add ``line`` to ``section`` of the open frame's notes (nothing when none is open)."""
+    found = _notes.get()
+    if found is not None:
+        found.setdefault(section, []).append(line)
+
+
+def notes() -> dict[str, list[str]]:
+    """The open frame's notes by section (empty when none is open)."""
+    return _notes.get() or {}
 
 
 def current_frame_dir() -> Path | None:

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from kiln.capture import counters
+from kiln.capture import artifacts, counters
 from kiln.codegen_triton.autotune import candidate_configs
 from kiln.codegen_triton.compile_pool import compile_pool
 from kiln.codegen_triton.config import TritonOptions, options
@@ -95,6 +95,7 @@ class TritonBackend:
     def codegen_kernel(self, group: KernelGroup) -> KernelCode:
         writer, ks, text = self.generate(group)
         output_log.info("triton kernel %s:\n%s", group.name, text)
+        artifacts.dump(f"{group.name}.py", text)
         path = write_module(self.options.cache_dir, text, group.name)
         configs = candidate_configs(ks, max_autotune=self.options.max_autotune)
         written = [

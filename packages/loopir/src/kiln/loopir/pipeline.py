@@ -21,6 +21,7 @@ import torch.fx
 from kiln.capture import artifacts, counters
 from kiln.loopir import symbolic
 from kiln.loopir.backend import Backend, configure, get_backend
+from kiln.loopir.debug import dump_output_code
 from kiln.loopir.decompositions import decompositions
 from kiln.loopir.errors import StaticShapesOnly
 from kiln.loopir.graph import GraphLowering
@@ -45,7 +46,9 @@ def _pass(name: str) -> Iterator[None]:
     start = time.perf_counter()
     log.debug("pass %s: start", name)
     yield
-    log.debug("pass %s: %.1f ms", name, (time.perf_counter() - start) * 1e3)
+    elapsed = (time.perf_counter() - start) * 1e3
+    log.debug("pass %s: %.1f ms", name, elapsed)
+    artifacts.note("loopir passes", f"{name}: {elapsed:.1f} ms")
 
 
 @dataclasses.dataclass
@@ -133,7 +136,7 @@ def compile_graph(
     known = symbolic.SizeFacts(graph.size_hints, graph.size_ranges)
     with symbolic.facts(known):  # filled as lowering meets the inputs' symbols
         try:
-            return _compile(graph, backend, fusion, options)
+            compiled = _compile(graph, backend, fusion, options)
         except StaticShapesOnly:
             raise
         except Exception as exc:
@@ -145,6 +148,10 @@ def compile_graph(
             log.debug("symbolic compile failed", exc_info=True)
             msg = f"compiling with symbolic sizes failed ({type(exc).__name__}: {exc})"
             raise StaticShapesOnly(msg) from exc
+    written = dump_output_code(compiled.wrapper, example_inputs)
+    if written is not None:
+        artifacts.note("loopir passes", f"(the passes above made {written.name})")
+    return compiled
 
 
 def _compile(

@@ -19,7 +19,7 @@ import sympy
 import torch
 from torch.utils import _pytree as pytree
 
-from kiln.capture import artifacts, counters
+from kiln.capture import counters
 from kiln.loopir import random_bits, sizes, symbolic
 from kiln.loopir.errors import StaticShapesOnly
 from kiln.loopir.index_printer import IndexPrinter
@@ -250,7 +250,6 @@ def generate_wrapper(
     w.line(f"return {_output_tree(w, [w.expr(o) for o in outputs], output_spec)}")
     source = "\n".join([header, *w.lines]) + "\n"
     output_log.info("wrapper code (peak %d bytes):\n%s", plan.peak_bytes, source)
-    artifacts.dump("output_code.py", source)
     return load_wrapper(source, w.globals)
 
 
@@ -286,7 +285,6 @@ def _output_tree(w: _Writer, outs: list[str], spec: pytree.TreeSpec) -> str:
 def _emit_step(w: _Writer, step: Step) -> None:
     if isinstance(step, KernelStep):
         w.globals[step.code.name] = step.code.fn
-        artifacts.dump(f"{step.code.name}.{step.code.language}.txt", step.code.source)
         w.line(f"# {step.group.describe()}  [{', '.join(step.group.origins())}]")
         w.line(f"{step.code.name}({', '.join([*step.group.args, *step.code.size_args])})")
     elif isinstance(step, ExternStep):
