@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from kiln import capture, dynamic, graph_cache, guards
+from kiln import capture, dynamic, graph_cache, guards, loopir
 from kiln.backends import Backend, list_backends, lookup_backend, takes_options
 from kiln.backends import kiln as kiln_backend
 from kiln.capture import artifacts, counters
@@ -118,7 +118,18 @@ def _trampoline(target: Callable[..., Any]) -> types.FunctionType:
 
     name = f"{type(target).__name__}_call_{next(_trampoline_ids)}"
     code = call.__code__.replace(co_name=name, co_qualname=name)
-    return types.FunctionType(code, call.__globals__, name, None, call.__closure__)
+    fn = types.FunctionType(code, call.__globals__, name, None, call.__closure__)
+    fn._kiln_user_name = _user_name(target)  # type: ignore[attr-defined]
+    return fn
+
+
+def _user_name(fn: Any) -> str:
+    """How the user names ``fn``: ``Model.forward`` for a module, else its qualified name
+    from its innermost enclosing function on."""
+    if isinstance(fn, torch.nn.Module):
+        return f"{type(fn).__qualname__.rpartition('<locals>.')[2]}.forward"
+    named = getattr(fn, "_kiln_user_name", None) or getattr(fn, "__qualname__", None)
+    return str(named or type(fn).__qualname__).rpartition("<locals>.")[2]
 
 
 class CompiledFunction:
@@ -145,6 +156,9 @@ class CompiledFunction:
             tuple(sorted(config.options.items())),
         )
         self._cache_key = self._key()
+        # the profiler's name of this frame's graph: the user's function and the graph's place
+        # in it (a continuation after a break holds the next graph; a recompile keeps it)
+        self._region: tuple[str, int] = (_user_name(fn), 0)
         # (generation, cache): every call after the first skips hashing the key
         self._cache_ref: tuple[int, guards.CodeCache] | None = None
         functools.update_wrapper(self, fn)
@@ -358,6 +372,7 @@ class CompiledFunction:
                 self._backend,
                 *repro_settings(self._config.option("repro"), self._config.option("repro_level")),
             )
+            region = "kiln: {} graph {}".format(*self._region)
 
             def compile_static(g: fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
                 def compile_now() -> Callable[..., Any]:
@@ -365,11 +380,12 @@ class CompiledFunction:
                         return backend(g, inputs, options=wanted)
                     return backend(g, inputs)
 
-                # a program for symbolic sizes is not stored: its key would be the one of
-                # the graph specialized to these sizes, whose program serves them alone
-                if cached and not has_symbolic_inputs(g):
-                    return graph_cache.compile_cached(g, inputs, wanted, compile_now)
-                return compile_now()
+                with loopir.naming_region(region):  # the graph's range in profiler traces
+                    # a program for symbolic sizes is not stored: its key would be the one
+                    # of the graph specialized to these sizes, whose program serves them alone
+                    if cached and not has_symbolic_inputs(g):
+                        return graph_cache.compile_cached(g, inputs, wanted, compile_now)
+                    return compile_now()
 
             limit = self._config.option("recompile_limit") or guards.config.recompile_limit
             symbolic_kernels = self._backend is not kiln_backend or self._config.option(
@@ -392,7 +408,10 @@ class CompiledFunction:
 
     def _wrap_callable(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """capture's callback for resume functions and callees it could not inline."""
-        return CompiledFunction(fn, self._backend, self._config)
+        compiled = CompiledFunction(fn, self._backend, self._config)
+        if capture.is_continuation(fn):  # the rest of this function: its graphs count on
+            compiled._region = (self._region[0], self._region[1] + 1)
+        return compiled
 
 
 class OptimizedModule(torch.nn.Module):

@@ -26,6 +26,7 @@ from kiln.loopir.ops import OpsHandler, OpsHandlerBase
 from kiln.loopir.pipeline import CompiledGraph, compile_graph, compile_graph_reference
 from kiln.loopir.reference import ReferenceBackend
 from kiln.loopir.virtualized import V, ops, set_ops_handler
+from kiln.loopir.wrapper import current_region, naming_region
 
 __all__ = [
     "RINDEX",
@@ -52,10 +53,12 @@ __all__ = [
     "compile_fx",
     "compile_graph",
     "compile_graph_reference",
+    "current_region",
     "decompositions",
     "fuse_attention",
     "get_backend",
     "load_fx",
+    "naming_region",
     "ops",
     "pad_matmuls",
     "register_backend",

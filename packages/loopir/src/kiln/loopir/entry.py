@@ -46,6 +46,7 @@ from kiln.loopir.decompositions import decompositions
 from kiln.loopir.errors import StaticShapesOnly
 from kiln.loopir.matmul_padding import pad_matmuls
 from kiln.loopir.pipeline import compile_graph
+from kiln.loopir.wrapper import current_region, naming_region
 
 __all__ = [
     "GRAPH_WRAPPERS",
@@ -170,14 +171,27 @@ def _aot_compile(
     restored: Any = None,
 ) -> autograd_aot.AotCompiled:
     compile_one = _prepare(gm, backend, options)
+    # a backward (or another grad mode's program) compiles on first use, outside the
+    # frontend's naming: its profiler range is named now
+    region = current_region()
     return autograd_aot.aot_compile(
         gm,
         example_inputs,
-        fw_compiler=compile_one,
-        bw_compiler=compile_one,
+        fw_compiler=functools.partial(_named, compile_one, region),
+        bw_compiler=functools.partial(_named, compile_one, f"{region} backward"),
         decompositions=decompositions() if restored is None else _LazyTable(),
         restored=restored,
     )
+
+
+def _named(
+    compile_one: Callable[[fx.GraphModule, Sequence[Any]], Callable[..., Any]],
+    region: str,
+    aten_gm: fx.GraphModule,
+    inputs: Sequence[Any],
+) -> Callable[..., Any]:
+    with naming_region(region):
+        return compile_one(aten_gm, inputs)
 
 
 class _LazyTable(Mapping[Any, Callable[..., Any]]):

@@ -4,15 +4,24 @@ It unpacks the inputs, draws seeds for random ops, allocates buffers with
 ``empty_strided``, launches kernels through the backends' callables, calls
 extern ATen ops, frees buffers after their last use, and returns the outputs.
 The source is printed on ``kiln.loopir.output_code`` and dumped as an artifact.
+
+Under ``torch.profiler`` the wrapper runs as a named range (the user's function and graph
+number, :func:`naming_region`) with each kernel launch a range of its own. The wrapper reads
+one flag per call to choose: with the profiler off it runs the plain body, which holds no
+per-kernel profiling work; with it on, a copy of the body whose launches sit in
+``record_function`` ranges, generated from the plain source on the first profiled call.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import itertools
 import linecache
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import sympy
@@ -30,11 +39,78 @@ from kiln.loopir.memory import MemoryPlan
 from kiln.loopir.scheduler.order import ExternStep, KernelStep, NopStep, Step
 from kiln.loopir.symbolic import SizeBinding
 
-__all__ = ["WrapperCode", "base_globals", "generate_wrapper", "load_wrapper"]
+__all__ = [
+    "WrapperCode",
+    "base_globals",
+    "current_region",
+    "generate_wrapper",
+    "load_wrapper",
+    "naming_region",
+]
 
 log = logging.getLogger(__name__)
 output_log = logging.getLogger("kiln.loopir.output_code")
 _file_ids = itertools.count()
+_region: contextvars.ContextVar[str] = contextvars.ContextVar("kiln_region", default="kiln graph")
+_LAUNCH = "  # range "  # ends each kernel launch, then the name of its range when profiled
+_PROFILING = "if _profiler._is_profiler_enabled:"
+
+
+@contextlib.contextmanager
+def naming_region(name: str) -> Iterator[None]:
+    """Name the profiler range of the wrappers generated or loaded inside (a frontend passes
+    the user's function and graph number, ``"kiln: Model.forward graph 0"``)."""
+    token = _region.set(name)
+    try:
+        yield
+    finally:
+        _region.reset(token)
+
+
+def current_region() -> str:
+    """The range name :func:`naming_region` set here (for compiles that happen later)."""
+    return _region.get()
+
+
+class _Profiled:
+    """The wrapper's body with profiler ranges, compiled on its first call.
+
+    Built from the plain source: the body runs inside the graph's range, and each line
+    marked as a kernel launch inside one named after its kernel. Nothing of it is made
+    until a profiled call needs it, so unprofiled programs compile and print as before.
+    """
+
+    def __init__(self, source: str, names: dict[str, Any], region: str) -> None:
+        self.source, self.names, self.region = source, names, region
+        self.fn: Callable[[list[Any]], Any] | None = None
+
+    def __call__(self, args: list[Any]) -> Any:
+        if self.fn is None:
+            self.fn = self._build()
+        return self.fn(args)
+
+    def _build(self) -> Callable[[list[Any]], Any]:
+        lines = ["def call(args):", "    with _record(_region):"]
+        for line in self.source.splitlines()[1:]:
+            if line.strip() == _PROFILING or line.strip().startswith("return _profiled("):
+                continue
+            launch, _, name = line.strip().partition(_LAUNCH)
+            lines.append(f"        with _record({name!r}): {launch}" if name else "    " + line)
+        source = "\n".join(lines) + "\n"
+        filename = f"<kiln.loopir profiled wrapper {next(_file_ids)}>"
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        namespace = {**self.names, "_region": self.region, "_record": _record_function}
+        exec(compile(source, filename, "exec"), namespace)
+        fn: Callable[[list[Any]], Any] = namespace["call"]
+        return fn
+
+
+def _record_function(name: str) -> Any:
+    """A profiler range: torch's C++ one where this build has it, else ``record_function``."""
+    fast = getattr(torch._C._profiler, "_RecordFunctionFast", None)
+    if fast is not None:
+        return fast(name)
+    return torch.autograd.profiler.record_function(name)
 
 
 def _reinterpret(
@@ -135,6 +211,7 @@ class _Writer:
             "draw_seeds": random_bits.draw_seeds,
             "device": torch.device,
             "as_layout": _as_layout,
+            "_profiler": torch.autograd.profiler,
         }
         self._consts = itertools.count()
 
@@ -228,6 +305,8 @@ def generate_wrapper(
     w = _Writer()
     params = [name or f"_unused{i}" for i, name in enumerate(graph_inputs)]
     header = "def call(args):"
+    w.line(_PROFILING)  # the one check per call; kernel launches below carry no profiling
+    w.line("    return _profiled(args)")
     if params:
         w.line(f"{', '.join(params)}, = args")
     w.line("args.clear()")
@@ -265,6 +344,7 @@ def load_wrapper(source: str, names: dict[str, Any]) -> WrapperCode:
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     full = {**base_globals(), **names}
     namespace = dict(full)
+    namespace["_profiled"] = _Profiled(source, full, _region.get())
     exec(compile(source, filename, "exec"), namespace)
     return WrapperCode(source, full, namespace["call"])
 
@@ -282,11 +362,21 @@ def _output_tree(w: _Writer, outs: list[str], spec: pytree.TreeSpec) -> str:
     return f"_unflatten([{', '.join(outs)}], _spec)"
 
 
+def _range_name(step: KernelStep) -> str:
+    """``kiln_<language>_<ops>_<n>``: the kernel's range in a profiler trace, named as
+    the Triton code generator names its kernels (the first ATen ops it fuses)."""
+    ops = [o.split(".")[1] if o.count(".") >= 2 else o for o in step.group.origins()]
+    words = [re.sub(r"[^0-9A-Za-z]+", "_", op).strip("_") for op in ops[:3]]
+    number = re.sub(r"\D", "", step.group.name) or "0"
+    return "_".join(["kiln", step.code.language, *filter(None, words), number])
+
+
 def _emit_step(w: _Writer, step: Step) -> None:
     if isinstance(step, KernelStep):
         w.globals[step.code.name] = step.code.fn
         w.line(f"# {step.group.describe()}  [{', '.join(step.group.origins())}]")
-        w.line(f"{step.code.name}({', '.join([*step.group.args, *step.code.size_args])})")
+        operands = ", ".join([*step.group.args, *step.code.size_args])
+        w.line(f"{step.code.name}({operands}){_LAUNCH}{_range_name(step)}")
     elif isinstance(step, ExternStep):
         buf: ExternBuffer = step.buffer
         op = w.const(_binding(buf.op, buf.kwargs), "op")

@@ -122,6 +122,13 @@ def make_resume(
     return _make_resume(code, offset, kinds, None if live is None else tuple(live), cells)
 
 
+def is_continuation(fn: object) -> bool:
+    """Whether ``fn`` is a continuation built here: the rest of a user's function after a
+    break, which reports (names its graphs, counts its breaks) as that function."""
+    code = getattr(fn, "__code__", None)
+    return isinstance(code, types.CodeType) and code.co_name.startswith("resume_at_")
+
+
 @functools.lru_cache(maxsize=256)
 def _make_resume(
     code: types.CodeType,
