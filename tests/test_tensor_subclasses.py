@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch.utils._pytree import tree_map
 
 import kiln
 
@@ -115,4 +116,140 @@ def test_plain_tensor_after_subclass_recompiles() -> None:
     out = compiled(x, w)
     assert type(out) is torch.Tensor
     torch.testing.assert_close(out, _tagged_program(x, w))
+    assert len(graphs) == 2
+
+
+class Scaled(torch.Tensor):
+    """A ``__torch_dispatch__`` wrapper: ``_data`` times ``_scale`` (both inner tensors).
+    Multiplying by a number scales ``_scale`` alone (a ``Scaled`` result); every other op
+    computes on the dequantized value and returns plain tensors, as float8's matmul does."""
+
+    @staticmethod
+    def __new__(cls, data: torch.Tensor, scale: torch.Tensor) -> Scaled:
+        return torch.Tensor._make_wrapper_subclass(  # type: ignore[attr-defined,no-any-return]
+            cls, data.shape, dtype=data.dtype, device=data.device
+        )
+
+    def __init__(self, data: torch.Tensor, scale: torch.Tensor) -> None:
+        self._data = data
+        self._scale = scale
+
+    def __tensor_flatten__(self) -> tuple[list[str], Any]:
+        return ["_data", "_scale"], None
+
+    @staticmethod
+    def __tensor_unflatten__(
+        inner: dict[str, torch.Tensor], ctx: Any, size: Any, stride: Any
+    ) -> Scaled:
+        return Scaled(inner["_data"], inner["_scale"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if (
+            func is torch.ops.aten.mul.Tensor
+            and isinstance(args[0], Scaled)
+            and not isinstance(args[1], torch.Tensor)
+        ):
+            return Scaled(args[0]._data, args[0]._scale * args[1])
+        if func in (torch.ops.aten.detach.default, torch.ops.aten.alias.default):
+            return Scaled(args[0]._data, args[0]._scale)
+
+        def value(t: Any) -> Any:
+            return t._data * t._scale if isinstance(t, Scaled) else t
+
+        return func(*tree_map(value, args), **tree_map(value, kwargs))
+
+
+def _scaled(n: int = 6) -> Scaled:
+    return Scaled(torch.randn(n, 4), torch.rand(()) + 0.5)
+
+
+def _dispatch_program(x: torch.Tensor, w: torch.Tensor) -> Any:
+    y = x * 3  # still Scaled
+    return (y @ w).relu().sum(0), y
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dispatch_wrapper_subclass_input(backend: str) -> None:
+    """Outputs (a plain tensor and a rebuilt ``Scaled``) and the plain weight's gradient are
+    eager's, over inputs with new data and scales."""
+    compiled, graphs = _compile(_dispatch_program, backend)
+    for _ in range(3):
+        x, w0 = _scaled(), torch.randn(4, 3)
+        w, ew = w0.clone().requires_grad_(), w0.clone().requires_grad_()
+        (got, got_y), (expected, expected_y) = compiled(x, w), _dispatch_program(x, ew)
+        assert type(got) is torch.Tensor and type(got_y) is Scaled
+        torch.testing.assert_close(got, expected)
+        torch.testing.assert_close(got_y._data, expected_y._data)
+        torch.testing.assert_close(got_y._scale, expected_y._scale)
+        got.sum().backward()
+        expected.sum().backward()
+        torch.testing.assert_close(w.grad, ew.grad)
+    assert len(graphs) == 1
+    assert _run_as_captured() == 0  # the desugared program ran, in training too
+
+
+def _run_as_captured() -> int:
+    return int(
+        kiln.counters.snapshot().get("autograd_aot", {}).get("subclass_graphs_run_as_captured", 0)
+    )
+
+
+def test_dispatch_wrapper_is_desugared_at_the_aten_level() -> None:
+    """autograd_aot's graph takes the inner tensors and holds plain ATen ops on them."""
+    from kiln.autograd_aot import aot_compile
+
+    seen: list[torch.fx.GraphModule] = []
+
+    def fw(gm: torch.fx.GraphModule, inputs: Any) -> Any:
+        seen.append(gm)
+        return gm
+
+    def program(x: torch.Tensor, w: torch.Tensor) -> Any:
+        return ((x * 2) @ w,)
+
+    gm = torch.fx.symbolic_trace(program)
+    x, w = _scaled(), torch.randn(4, 3)
+    compiled = aot_compile(gm, [x, w], fw_compiler=fw)
+    (out,) = compiled(x, w)
+    torch.testing.assert_close(out, program(x, w)[0])
+    (graph,) = seen
+    placeholders = [n for n in graph.graph.nodes if n.op == "placeholder"]
+    assert len(placeholders) == 3  # _data, _scale, w
+    vals = [n.meta["val"] for n in graph.graph.nodes if "val" in n.meta]
+    assert vals and not any(isinstance(v, Scaled) for v in vals)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dispatch_wrapper_input_requiring_grad(backend: str) -> None:
+    """A wrapper input that requires grad: eager's gradient on the outer tensor."""
+    compiled, graphs = _compile(_dispatch_program, backend)
+    for _ in range(2):
+        data, scale, w = torch.randn(6, 4), torch.rand(()) + 0.5, torch.randn(4, 3)
+        x = Scaled(data, scale).requires_grad_()
+        ex = Scaled(data, scale).requires_grad_()
+        got, expected = compiled(x, w)[0], _dispatch_program(ex, w)[0]
+        torch.testing.assert_close(got, expected)
+        got.sum().backward()
+        expected.sum().backward()
+        assert x.grad is not None and ex.grad is not None
+        assert type(x.grad) is type(ex.grad)
+        torch.testing.assert_close(_value(x.grad), _value(ex.grad))
+    assert len(graphs) == 1
+    assert _run_as_captured() == (0 if backend == "eager" else 2)
+
+
+def _value(t: torch.Tensor) -> torch.Tensor:
+    return t._data * t._scale if isinstance(t, Scaled) else t
+
+
+def test_plain_tensor_after_wrapper_recompiles() -> None:
+    compiled, graphs = _compile(_dispatch_program, "kiln")
+    x, w = _scaled(), torch.randn(4, 3)
+    compiled(x, w)
+    plain = x._data * x._scale
+    got = compiled(plain, w)
+    torch.testing.assert_close(got[0], _dispatch_program(plain, w)[0])
+    assert type(got[1]) is torch.Tensor
     assert len(graphs) == 2

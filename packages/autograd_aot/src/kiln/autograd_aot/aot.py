@@ -22,7 +22,7 @@ import logging
 import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import fx
@@ -40,7 +40,9 @@ from kiln.autograd_aot.partition import PartitionStats, partition_joint
 from kiln.autograd_aot.prune import exposed_saved, prune_backward
 from kiln.autograd_aot.regions import call_marked, has_regions
 from kiln.autograd_aot.runtime import Backward, CompiledProgram, run_inference, run_training
+from kiln.autograd_aot.subclasses import SubclassProgram, has_wrapper_inputs
 from kiln.autograd_aot.symbolic import is_symbolic, is_symbolic_value, symbol_reads
+from kiln.autograd_aot.trace import trace_aten
 from kiln.capture import artifacts, counters
 from kiln.capture.isolation import no_user_hooks
 
@@ -462,6 +464,11 @@ class AotCompiled:
         return Backward(fn, used, list(present), grads, symbols=bool(symbols))
 
 
+def _trace_flat(fn: Callable[..., Any], inner: list[torch.Tensor]) -> fx.GraphModule:
+    """The ATen graph of ``fn`` over the inner tensors (``aot_compile`` decomposes it)."""
+    return trace_aten(fn, inner, {})
+
+
 def aot_compile(
     gm: torch.nn.Module,
     example_inputs: Sequence[Any],
@@ -480,6 +487,21 @@ def aot_compile(
     earlier compile of the same graph for the same inputs, used instead of compiling now
     (other grad modes and aliasings still compile on first use).
     """
+    if restored is None and has_wrapper_inputs(example_inputs):
+
+        def compile_flat(graph: fx.GraphModule, inner: list[torch.Tensor]) -> AotCompiled:
+            return aot_compile(
+                graph,
+                inner,
+                fw_compiler=fw_compiler,
+                bw_compiler=bw_compiler,
+                decompositions=decompositions,
+                partitioner=partitioner,
+            )
+
+        program = SubclassProgram(gm, _trace_flat, compile_flat)  # type: ignore[arg-type]
+        # called like one; nothing of it is stored across processes (save_fx refuses it)
+        return cast(AotCompiled, program)
     table: Mapping[Any, Callable[..., Any]]
     if restored is not None and decompositions is not None:
         table = decompositions  # read only if another variant compiles: a lazy one stays unbuilt

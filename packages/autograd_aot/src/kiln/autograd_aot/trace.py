@@ -33,6 +33,7 @@ from kiln.autograd_aot.mutation import (
     unhide_mutation,
 )
 from kiln.autograd_aot.regions import REGION, current_region, random_in_region
+from kiln.autograd_aot.subclasses import is_wrapper_type
 from kiln.autograd_aot.symbolic import SymbolReader, is_symbolic_value
 from kiln.capture.eager_refusals import check_as_eager
 from kiln.capture.meta import (
@@ -215,6 +216,8 @@ class AtenTracer(TorchDispatchMode):
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
+        if any(is_wrapper_type(t) for t in types):
+            return NotImplemented  # its __torch_dispatch__ runs; its ops on inner tensors reach us
         kwargs = kwargs or {}
         func = unhide_mutation(func, args)
         if is_noop_restride(func, args, kwargs):

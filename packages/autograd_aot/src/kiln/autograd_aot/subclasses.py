@@ -1,0 +1,233 @@
+"""``__torch_dispatch__`` wrapper subclasses (float8- and quantized-style tensors) desugared.
+
+A graph input that is a wrapper subclass with the flatten protocol (``__tensor_flatten__``
+returning the names of its inner tensors and a context, ``__tensor_unflatten__(inner, ctx,
+outer_size, outer_stride)`` rebuilding it) is compiled as its inner tensors: the graph is run
+once on wrappers rebuilt around the inner tensors' fakes under :class:`AtenTracer`, which
+steps aside for them (a mode's ``NotImplemented``), so the subclass's ``__torch_dispatch__``
+runs and only its ops on the inner tensors are recorded. That plain ATen graph over the inner
+tensors is compiled as any other (gradients of plain inputs included); each call flattens its
+wrapper inputs and rebuilds the wrapper outputs with ``__tensor_unflatten__``.
+
+One compiled program serves the calls whose flatten contexts and inner tensors' metadata equal
+those it was traced with; another is traced for others. Gradients through a wrapper (an input
+that requires grad, or a wrapper output that would) run the graph as captured, on the real
+objects: eager's autograd over the outer tensors, which a program over the inner ones does not
+reproduce.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import fx
+from torch.utils import _pytree as pytree
+
+from kiln.capture import counters
+
+__all__ = ["SubclassProgram", "has_wrapper_inputs", "is_dispatch_wrapper", "is_wrapper_type"]
+
+log = logging.getLogger(__name__)
+
+_Key = tuple[Any, ...]
+
+
+def is_wrapper_type(cls: type) -> bool:
+    """A tensor class that overrides ``__torch_dispatch__`` and has the flatten protocol."""
+    return (
+        issubclass(cls, torch.Tensor)
+        and getattr(cls, "__torch_dispatch__", None) is not torch.Tensor.__torch_dispatch__
+        and hasattr(cls, "__tensor_flatten__")
+        and hasattr(cls, "__tensor_unflatten__")
+    )
+
+
+def is_dispatch_wrapper(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and is_wrapper_type(type(t))
+
+
+def has_wrapper_inputs(example_inputs: Sequence[Any]) -> bool:
+    return any(is_dispatch_wrapper(t) for t in example_inputs)
+
+
+def _flatten(t: torch.Tensor) -> tuple[list[str], Any, list[torch.Tensor]]:
+    names, ctx = t.__tensor_flatten__()  # type: ignore[attr-defined]
+    inner = [getattr(t, n) for n in names]
+    if not all(isinstance(x, torch.Tensor) and not is_dispatch_wrapper(x) for x in inner):
+        msg = f"{type(t).__name__}: nested wrapper subclasses are not desugared"
+        raise TypeError(msg)
+    return list(names), ctx, inner
+
+
+def _meta(t: torch.Tensor) -> tuple[Any, ...]:
+    return (t.dtype, t.device, tuple(t.shape), t.stride(), t.requires_grad)
+
+
+def _flat_inputs(args: Sequence[Any]) -> tuple[list[torch.Tensor], _Key]:
+    """The tensors a program over inner tensors takes, and what it assumed of them."""
+    flat: list[torch.Tensor] = []
+    key: list[Any] = []
+    for a in args:
+        if is_dispatch_wrapper(a):
+            names, ctx, inner = _flatten(a)
+            flat += inner
+            key.append((type(a), tuple(names), ctx, *(_meta(x) for x in inner)))
+        elif isinstance(a, torch.Tensor):
+            flat.append(a)
+    return flat, tuple(key)
+
+
+class _Rebuild:
+    """How one output of the graph comes back from the program's flat outputs."""
+
+    def __init__(self, out: Any) -> None:
+        self.cls: type | None = None
+        self.count = 1
+        self.constant: Any = None
+        if is_dispatch_wrapper(out):
+            names, ctx, inner = _flatten(out)
+            self.cls, self.names, self.ctx = type(out), names, ctx
+            self.size, self.stride = tuple(out.shape), out.stride()
+            self.count = len(inner)
+        elif not isinstance(out, torch.Tensor):
+            self.count, self.constant = 0, out
+
+    def flat(self, out: Any) -> list[torch.Tensor]:
+        if self.cls is not None:
+            return _flatten(out)[2]
+        return [out] if self.count else []
+
+    def build(self, flat: Sequence[torch.Tensor]) -> Any:
+        if self.cls is None:
+            return flat[0] if self.count else self.constant
+        inner = dict(zip(self.names, flat, strict=True))
+        return self.cls.__tensor_unflatten__(inner, self.ctx, self.size, self.stride)  # type: ignore[attr-defined]
+
+
+class _Entry:
+    def __init__(
+        self,
+        compiled: Callable[..., Any],
+        rebuilds: list[_Rebuild],
+        spec: Any,
+        wrapper_deps: set[int],
+    ) -> None:
+        self.compiled = compiled
+        self.rebuilds = rebuilds
+        self.spec = spec
+        self.wrapper_deps = wrapper_deps  # the flat inputs wrapper outputs are computed from
+
+    def run(self, flat: list[torch.Tensor]) -> Any:
+        results = list(self.compiled(*flat))
+        outs, at = [], 0
+        for r in self.rebuilds:
+            outs.append(r.build(results[at : at + r.count]))
+            at += r.count
+        return pytree.tree_unflatten(outs, self.spec)
+
+
+TraceFlat = Callable[[Callable[..., Any], list[torch.Tensor]], fx.GraphModule]
+CompileFlat = Callable[[fx.GraphModule, list[torch.Tensor]], Callable[..., Any]]
+
+
+class SubclassProgram:
+    """``gm`` compiled over the inner tensors of its wrapper subclass inputs; call it like
+    ``gm``. ``trace_flat(fn, inner_reals)`` traces ``fn`` into an ATen graph,
+    ``compile_flat(graph, inner_reals)`` compiles it (autograd_aot's own pipeline)."""
+
+    def __init__(
+        self, gm: fx.GraphModule, trace_flat: TraceFlat, compile_flat: CompileFlat
+    ) -> None:
+        self.gm = gm
+        self.trace_flat = trace_flat
+        self.compile_flat = compile_flat
+        self.entries: list[tuple[_Key, _Entry]] = []
+
+    def __call__(self, *args: Any) -> Any:
+        if self._outer_autograd(args):
+            return self._as_captured(args)
+        flat, key = _flat_inputs(args)
+        entry = next((e for k, e in self.entries if _same(k, key)), None)
+        if entry is None:
+            entry = self._compile(args, flat)
+            self.entries.append((key, entry))
+        if torch.is_grad_enabled() and any(flat[i].requires_grad for i in entry.wrapper_deps):
+            return self._as_captured(args)  # a wrapper output needs autograd over the outer one
+        return entry.run(flat)
+
+    def _as_captured(self, args: Sequence[Any]) -> Any:
+        counters.bump("autograd_aot", "subclass_graphs_run_as_captured")
+        return self.gm(*args)
+
+    @staticmethod
+    def _outer_autograd(args: Sequence[Any]) -> bool:
+        return torch.is_grad_enabled() and any(
+            is_dispatch_wrapper(a) and a.requires_grad for a in args
+        )
+
+    def _compile(self, args: Sequence[Any], flat: list[torch.Tensor]) -> _Entry:
+        layout: list[tuple[Any, int]] = []  # per input: (how to rebuild it, inner count)
+        for a in args:
+            if is_dispatch_wrapper(a):
+                names, ctx, inner = _flatten(a)
+                layout.append(((type(a), names, ctx, tuple(a.shape), a.stride()), len(inner)))
+            elif isinstance(a, torch.Tensor):
+                layout.append((None, 1))
+            else:
+                layout.append((("constant", a), 0))
+        found: dict[str, Any] = {}
+
+        def run(*inner: torch.Tensor) -> list[torch.Tensor]:
+            rebuilt, at = [], 0
+            for how, n in layout:
+                part = inner[at : at + n]
+                at += n
+                if how is None:
+                    rebuilt.append(part[0])
+                elif how[0] == "constant":
+                    rebuilt.append(how[1])
+                else:
+                    cls, names, ctx, size, stride = how
+                    parts = dict(zip(names, part, strict=True))
+                    rebuilt.append(cls.__tensor_unflatten__(parts, ctx, size, stride))
+            with torch.no_grad():
+                out = self.gm(*rebuilt)
+            leaves, spec = pytree.tree_flatten(out)
+            rebuilds = [_Rebuild(x) for x in leaves]
+            found["rebuilds"], found["spec"] = rebuilds, spec
+            return [t for r, x in zip(rebuilds, leaves, strict=True) for t in r.flat(x)]
+
+        graph = self.trace_flat(run, flat)
+        log.debug("desugared wrapper subclass inputs:\n%s", graph.code)
+        compiled = self.compile_flat(graph, flat)
+        rebuilds = found["rebuilds"]
+        return _Entry(compiled, rebuilds, found["spec"], _wrapper_deps(graph, rebuilds))
+
+
+def _wrapper_deps(graph: fx.GraphModule, rebuilds: list[_Rebuild]) -> set[int]:
+    """The indices of the graph's inputs that its wrapper outputs' inner tensors read."""
+    outputs = list(graph.graph.output_node().args[0])  # type: ignore[arg-type]
+    todo: list[fx.Node] = []
+    at = 0
+    for r in rebuilds:
+        if r.cls is not None:
+            todo += [n for n in outputs[at : at + r.count] if isinstance(n, fx.Node)]
+        at += r.count
+    seen: set[fx.Node] = set()
+    while todo:
+        node = todo.pop()
+        if node not in seen:
+            seen.add(node)
+            todo.extend(node.all_input_nodes)
+    placeholders = [n for n in graph.graph.nodes if n.op == "placeholder"]
+    return {i for i, p in enumerate(placeholders) if p in seen}
+
+
+def _same(a: _Key, b: _Key) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # a context that does not compare (tensors): never reused
+        return False
