@@ -157,3 +157,30 @@ def test_export_dynamic_shapes_spec_errors(spec, message):
 
     with pytest.raises(DynamicShapesError, match=message):
         export(_needs_eight, torch.randn(8, 4), dynamic_shapes=spec)
+
+
+def test_export_dynamic_shapes_by_name_through_a_wrapping_decorator():
+    """A decorated forward (``functools.wraps`` over ``*args, **kwargs``): the spec names the
+    wrapped parameters, which live in the wrapper's ``args`` and ``kwargs``."""
+    import functools
+
+    from kiln.capture import Dim
+
+    def decorate(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    @decorate
+    def f(x, y):
+        return x * 2 + y
+
+    spec = {"x": {0: Dim("n", max=64)}, "y": {0: Dim("n", max=64)}}
+    exported = export(f, torch.randn(5, 3), y=torch.randn(5, 3), dynamic_shapes=spec)
+    assert set(exported.dynamic_dims) == {"L['args'][0]", "L['kwargs']['y']"}
+    vals = [n.meta["val"] for n in exported.graph_module.graph.nodes if n.op == "placeholder"]
+    assert all(isinstance(v.shape[0], torch.SymInt) for v in vals)
+    x, y = torch.randn(9, 3), torch.randn(9, 3)
+    torch.testing.assert_close(exported(x, y=y), f(x, y=y))

@@ -10,7 +10,7 @@ import pkgutil
 # The other kiln distributions install kiln.capture, kiln.guards, ... into their own folders.
 __path__ = pkgutil.extend_path(__path__, __name__)
 
-from kiln import cache, guards, logs
+from kiln import cache, export, guards, logs
 from kiln.__about__ import __version__
 from kiln.api import (
     CompiledFunction,
@@ -51,6 +51,7 @@ __all__ = [
     "compile",
     "disable",
     "explain",
+    "export",
     "list_backends",
     "load_cache",
     "mark_dynamic",

@@ -114,7 +114,7 @@ def dims_by_source(
             if name not in bound.arguments:
                 msg = f"dynamic_shapes: {fn.__qualname__} has no argument {name!r} in this call"
                 raise DynamicShapesError(msg)
-            _walk(bound.arguments[name], s, LocalSource(name), out)
+            _walk(bound.arguments[name], s, _frame_source(fn, signature, name, kwargs), out)
         return out
     if isinstance(spec, (list, tuple)):
         names = list(bound.arguments)
@@ -122,10 +122,40 @@ def dims_by_source(
             msg = f"dynamic_shapes: {len(spec)} entries for {len(args)} positional arguments"
             raise DynamicShapesError(msg)
         for name, s in zip(names, spec, strict=False):
-            _walk(bound.arguments[name], s, LocalSource(name), out)
+            _walk(bound.arguments[name], s, _frame_source(fn, signature, name, kwargs), out)
         return out
     msg = f"dynamic_shapes must be a tuple, list or dict, got {type(spec).__name__}"
     raise DynamicShapesError(msg)
+
+
+def _frame_source(fn: Any, signature: inspect.Signature, name: str, kwargs: Any) -> Source:
+    """Where argument ``name`` of ``signature`` lives in the frame the tracer runs.
+
+    ``inspect.signature`` follows ``__wrapped__``: for a decorated ``forward`` whose wrapper
+    takes ``(*args, **kwargs)`` the spec names the wrapped function's parameters, but the
+    traced frame is the wrapper's, where they are ``L['args'][i]`` or ``L['kwargs'][name]``.
+    """
+    frame = inspect.signature(fn, follow_wrapped=False)
+    if frame == signature or name in frame.parameters:
+        return LocalSource(name)
+    kinds = inspect.Parameter
+    positional = [
+        p.name
+        for p in frame.parameters.values()
+        if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)
+    ]
+    varargs = next(
+        (p.name for p in frame.parameters.values() if p.kind is kinds.VAR_POSITIONAL), None
+    )
+    varkw = next((p.name for p in frame.parameters.values() if p.kind is kinds.VAR_KEYWORD), None)
+    if name in kwargs and varkw is not None:
+        return LocalSource(varkw).item(name)
+    index = list(signature.parameters).index(name)
+    if index < len(positional):
+        return LocalSource(positional[index])
+    if varargs is not None:
+        return LocalSource(varargs).item(index - len(positional))
+    return LocalSource(name)
 
 
 def check_kept_dynamic(
