@@ -104,3 +104,27 @@ def test_break_and_recompile_reasons_are_in_the_index(debug_dir: Path) -> None:
     assert "## Graph breaks" in text and "data_dependent" in text
     assert "test_debug_dir.py" in text  # the user's line of the break
     assert "recompile:" in text
+
+
+def test_plain_kiln_logs_fit_on_a_screen(capfd: pytest.CaptureFixture[str]) -> None:
+    """``KILN_LOGS=kiln`` prints a line per event; whole programs print under ``+kiln``."""
+    from kiln import logs
+
+    counts = {}
+    try:
+        for spec in ("kiln", "+kiln"):
+            kiln.reset()
+            logs.set_logs(spec)
+            capfd.readouterr()
+            model = _two_layers()
+            x = torch.randn(4, 16)
+            out = kiln.compile(model)(x)
+            torch.testing.assert_close(out, model(x))
+            out.sum().backward()
+            counts[spec] = capfd.readouterr().err
+    finally:
+        logs.set_logs(None)
+        kiln.reset()
+    assert len(counts["kiln"].splitlines()) <= 40, counts["kiln"]
+    assert "def call(args)" not in counts["kiln"]
+    assert "def call(args)" in counts["+kiln"]

@@ -2,9 +2,11 @@
 
 Every package logs artifacts on stdlib loggers named ``kiln.<package>.<channel>``
 (``kiln.capture.graph_breaks``, ``kiln.loopir.fusion``, ...). A channel name turns on that
-channel in every package; ``+kiln`` turns on debug output of all of Kiln. Artifact loggers get
-their own stderr handler and do not propagate, so they print once whatever the user's root
-logging does.
+channel in every package; ``+kiln`` turns on debug output of all of Kiln. ``kiln`` turns on the
+channels that print a line per event and fits on a screen for a small model; the channels that
+print whole programs (:data:`PROGRAM_CHANNELS`) print when named, or under ``+kiln`` (and every
+program is in ``KILN_DEBUG_DIR`` too). Artifact loggers get their own stderr handler and do not
+propagate, so they print once whatever the user's root logging does.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import os
 import sys
 import warnings
 
-__all__ = ["CHANNELS", "PACKAGES", "set_logs", "configure_from_env"]
+__all__ = ["CHANNELS", "PACKAGES", "PROGRAM_CHANNELS", "set_logs", "configure_from_env"]
 
 PACKAGES = (
     "capture",
@@ -41,8 +43,12 @@ CHANNELS: dict[str, str] = {
     "cache": "whole-graph cache lookups: hits, and why a lookup missed or a graph was not stored",
 }
 
+PROGRAM_CHANNELS: tuple[str, ...] = ("graph", "guards", "bytecode", "aot", "ir", "output_code")
+"""Channels whose lines are whole programs: left out of plain ``kiln``, which stays short."""
+
 _FORMAT = "[%(name)s] %(message)s"
 _handlers: dict[str, logging.Handler] = {}
+_quieted: list[str] = []
 _warned_unknown: set[str] = set()
 
 
@@ -62,6 +68,9 @@ def _enable(name: str, level: int) -> None:
 
 
 def _disable_all() -> None:
+    for name in _quieted:
+        logging.getLogger(name).setLevel(logging.NOTSET)
+    _quieted.clear()
     for name, handler in _handlers.items():
         logger = logging.getLogger(name)
         logger.removeHandler(handler)
@@ -87,10 +96,15 @@ def set_logs(spec: str | None) -> list[str]:
         level = logging.DEBUG if debug else logging.INFO
         if name == "kiln":
             _enable("kiln", level)
+            chosen = [c for c in CHANNELS if debug or c not in PROGRAM_CHANNELS]
             for channel in CHANNELS:
                 for logger_name in _logger_names(channel):
-                    _enable(logger_name, level)
-            enabled.extend(CHANNELS)
+                    if channel in chosen:
+                        _enable(logger_name, level)
+                    elif logger_name not in _handlers:  # quiet unless named on its own
+                        logging.getLogger(logger_name).setLevel(logging.WARNING)
+                        _quieted.append(logger_name)
+            enabled.extend(chosen)
         elif name in CHANNELS:
             for logger_name in _logger_names(name):
                 _enable(logger_name, level)
