@@ -221,23 +221,35 @@ def test_dispatch_wrapper_is_desugared_at_the_aten_level() -> None:
     assert vals and not any(isinstance(v, Scaled) for v in vals)
 
 
+def _dispatch_loss(x: torch.Tensor, w: torch.Tensor) -> Any:
+    return ((x * 3) @ w).relu().sum(0), x.sum()
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_dispatch_wrapper_input_requiring_grad(backend: str) -> None:
-    """A wrapper input that requires grad: eager's gradient on the outer tensor."""
-    compiled, graphs = _compile(_dispatch_program, backend)
+@pytest.mark.parametrize("program", [_dispatch_loss, _dispatch_program])
+def test_dispatch_wrapper_input_requiring_grad(backend: str, program: Any) -> None:
+    """A wrapper input that requires grad: eager's gradients on the outer tensor and the
+    weight. With plain outputs the backward is compiled (traced from eager's autograd over
+    the wrappers); a wrapper output that requires grad (``y``) runs the graph as captured."""
+    compiled, graphs = _compile(program, backend)
     for _ in range(2):
-        data, scale, w = torch.randn(6, 4), torch.rand(()) + 0.5, torch.randn(4, 3)
+        data, scale, w0 = torch.randn(6, 4), torch.rand(()) + 0.5, torch.randn(4, 3)
         x = Scaled(data, scale).requires_grad_()
         ex = Scaled(data, scale).requires_grad_()
-        got, expected = compiled(x, w)[0], _dispatch_program(ex, w)[0]
-        torch.testing.assert_close(got, expected)
-        got.sum().backward()
-        expected.sum().backward()
+        w, ew = w0.clone().requires_grad_(), w0.clone().requires_grad_()
+        got, expected = compiled(x, w), program(ex, ew)
+        assert [type(t) for t in got] == [type(t) for t in expected]
+        assert [t.requires_grad for t in got] == [t.requires_grad for t in expected]
+        torch.testing.assert_close(_value(got[0]), _value(expected[0]))
+        (got[0].sum() + _value(got[1]).sum()).backward()
+        (expected[0].sum() + _value(expected[1]).sum()).backward()
         assert x.grad is not None and ex.grad is not None
         assert type(x.grad) is type(ex.grad)
         torch.testing.assert_close(_value(x.grad), _value(ex.grad))
+        torch.testing.assert_close(w.grad, ew.grad)
     assert len(graphs) == 1
-    assert _run_as_captured() == (0 if backend == "eager" else 2)
+    compiled_backward = backend == "eager" or program is _dispatch_loss
+    assert _run_as_captured() == (0 if compiled_backward else 2)
 
 
 def _value(t: torch.Tensor) -> torch.Tensor:

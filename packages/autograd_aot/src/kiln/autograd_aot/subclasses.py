@@ -10,10 +10,12 @@ tensors is compiled as any other (gradients of plain inputs included); each call
 wrapper inputs and rebuilds the wrapper outputs with ``__tensor_unflatten__``.
 
 One compiled program serves the calls whose flatten contexts and inner tensors' metadata equal
-those it was traced with; another is traced for others. Gradients through a wrapper (an input
-that requires grad, or a wrapper output that would) run the graph as captured, on the real
-objects: eager's autograd over the outer tensors, which a program over the inner ones does not
-reproduce.
+those it was traced with; another is traced for others. In training the forward is that
+program and the backward is traced, on first use, from eager's own autograd over wrappers of
+the inner fakes (the graph run again with the inputs that need gradients as leaves, and
+``torch.autograd.grad`` of its plain outputs): the ATen ops of the outer tensors' backward,
+which differentiating the program over the inner tensors would not give. A wrapper output that
+requires grad runs the graph as captured, on the real objects.
 """
 
 from __future__ import annotations
@@ -114,11 +116,14 @@ class _Entry:
         rebuilds: list[_Rebuild],
         spec: Any,
         wrapper_deps: set[int],
+        layout: list[tuple[Any, int]],
     ) -> None:
         self.compiled = compiled
         self.rebuilds = rebuilds
         self.spec = spec
         self.wrapper_deps = wrapper_deps  # the flat inputs wrapper outputs are computed from
+        self.layout = layout
+        self.backwards: dict[tuple[int, ...], Callable[..., Any]] = {}
 
     def run(self, flat: list[torch.Tensor]) -> Any:
         results = list(self.compiled(*flat))
@@ -147,54 +152,29 @@ class SubclassProgram:
         self.entries: list[tuple[_Key, _Entry]] = []
 
     def __call__(self, *args: Any) -> Any:
-        if self._outer_autograd(args):
-            return self._as_captured(args)
         flat, key = _flat_inputs(args)
         entry = next((e for k, e in self.entries if _same(k, key)), None)
         if entry is None:
             entry = self._compile(args, flat)
             self.entries.append((key, entry))
-        if torch.is_grad_enabled() and any(flat[i].requires_grad for i in entry.wrapper_deps):
+        if not torch.is_grad_enabled() or not any(t.requires_grad for t in flat + _outer(args)):
+            return entry.run(flat)
+        owners = [i for i, (_, n) in enumerate(entry.layout) for _ in range(n)]
+        if any(args[owners[i]].requires_grad for i in entry.wrapper_deps):
             return self._as_captured(args)  # a wrapper output needs autograd over the outer one
-        return entry.run(flat)
+        return _train(self, entry, args, flat)
 
     def _as_captured(self, args: Sequence[Any]) -> Any:
         counters.bump("autograd_aot", "subclass_graphs_run_as_captured")
         return self.gm(*args)
 
-    @staticmethod
-    def _outer_autograd(args: Sequence[Any]) -> bool:
-        return torch.is_grad_enabled() and any(
-            is_dispatch_wrapper(a) and a.requires_grad for a in args
-        )
-
     def _compile(self, args: Sequence[Any], flat: list[torch.Tensor]) -> _Entry:
-        layout: list[tuple[Any, int]] = []  # per input: (how to rebuild it, inner count)
-        for a in args:
-            if is_dispatch_wrapper(a):
-                names, ctx, inner = _flatten(a)
-                layout.append(((type(a), names, ctx, tuple(a.shape), a.stride()), len(inner)))
-            elif isinstance(a, torch.Tensor):
-                layout.append((None, 1))
-            else:
-                layout.append((("constant", a), 0))
+        layout = _layout(args)
         found: dict[str, Any] = {}
 
         def run(*inner: torch.Tensor) -> list[torch.Tensor]:
-            rebuilt, at = [], 0
-            for how, n in layout:
-                part = inner[at : at + n]
-                at += n
-                if how is None:
-                    rebuilt.append(part[0])
-                elif how[0] == "constant":
-                    rebuilt.append(how[1])
-                else:
-                    cls, names, ctx, size, stride = how
-                    parts = dict(zip(names, part, strict=True))
-                    rebuilt.append(cls.__tensor_unflatten__(parts, ctx, size, stride))
             with torch.no_grad():
-                out = self.gm(*rebuilt)
+                out = self.gm(*_rebuild_inputs(layout, inner))
             leaves, spec = pytree.tree_flatten(out)
             rebuilds = [_Rebuild(x) for x in leaves]
             found["rebuilds"], found["spec"] = rebuilds, spec
@@ -204,7 +184,134 @@ class SubclassProgram:
         log.debug("desugared wrapper subclass inputs:\n%s", graph.code)
         compiled = self.compile_flat(graph, flat)
         rebuilds = found["rebuilds"]
-        return _Entry(compiled, rebuilds, found["spec"], _wrapper_deps(graph, rebuilds))
+        return _Entry(compiled, rebuilds, found["spec"], _wrapper_deps(graph, rebuilds), layout)
+
+
+def _layout(args: Sequence[Any]) -> list[tuple[Any, int]]:
+    """Per input: how to rebuild it from the flat tensors (None: a plain tensor) and how many."""
+    layout: list[tuple[Any, int]] = []
+    for a in args:
+        if is_dispatch_wrapper(a):
+            names, ctx, inner = _flatten(a)
+            layout.append(((type(a), names, ctx, tuple(a.shape), a.stride()), len(inner)))
+        elif isinstance(a, torch.Tensor):
+            layout.append((None, 1))
+        else:
+            layout.append((("constant", a), 0))
+    return layout
+
+
+def _rebuild_inputs(layout: list[tuple[Any, int]], inner: Sequence[torch.Tensor]) -> list[Any]:
+    rebuilt, at = [], 0
+    for how, n in layout:
+        part = inner[at : at + n]
+        at += n
+        if how is None:
+            rebuilt.append(part[0])
+        elif how[0] == "constant":
+            rebuilt.append(how[1])
+        else:
+            cls, names, ctx, size, stride = how
+            parts = dict(zip(names, part, strict=True))
+            rebuilt.append(cls.__tensor_unflatten__(parts, ctx, size, stride))
+    return rebuilt
+
+
+def _outer(args: Sequence[Any]) -> list[torch.Tensor]:
+    return [a for a in args if is_dispatch_wrapper(a)]
+
+
+def _train(
+    program: SubclassProgram, entry: _Entry, args: Sequence[Any], flat: list[torch.Tensor]
+) -> Any:
+    """Autograd over the outer tensors, as eager's: the compiled forward, and a backward traced
+    from eager's own autograd over wrappers of the inner fakes (its forward recomputed)."""
+    plain = [i for i, r in enumerate(entry.rebuilds) if r.cls is None and r.count]
+    wants = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad)
+    leaves: list[Any] = []  # every output, filled by the forward; the plain ones replaced
+    fn_outs = _OuterFunction.apply(
+        program,
+        entry,
+        wants,
+        (list(args), leaves),
+        *[a for a in args if isinstance(a, torch.Tensor)],
+    )
+    for i, o in zip(plain, fn_outs, strict=True):
+        leaves[i] = o
+    return pytree.tree_unflatten(leaves, entry.spec)
+
+
+class _OuterFunction(torch.autograd.Function):
+    """The plain outputs as functions of the graph's tensor inputs, wrappers included."""
+
+    @staticmethod
+    def forward(ctx: Any, program: Any, entry: Any, wants: Any, given: Any, *tensors: Any) -> Any:
+        args, leaves = given
+        ctx.program, ctx.entry, ctx.wants, ctx.args = program, entry, wants, args
+        outs = pytree.tree_leaves(entry.run(_flat_inputs(args)[0]))
+        leaves.extend(outs)
+        plain = [o for o, r in zip(outs, entry.rebuilds, strict=True) if r.cls is None and r.count]
+        return tuple(o.detach() for o in plain)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> Any:
+        args, wants = ctx.args, ctx.wants
+        flat = _flat_inputs(args)[0]
+        bw = ctx.entry.backwards.get(wants)
+        if bw is None:
+            bw = ctx.entry.backwards[wants] = _trace_backward(
+                ctx.program, ctx.entry, wants, flat, list(grads)
+            )
+        run, rebuilds = bw
+        results = list(run(*flat, *grads))
+        out: list[Any] = [None] * len(args)
+        at = 0
+        for i, r in zip(wants, rebuilds, strict=True):
+            out[i] = r.build(results[at : at + r.count])
+            at += r.count
+        tensor_positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        return (None, None, None, None, *[out[i] for i in tensor_positions])
+
+
+def _trace_backward(
+    program: SubclassProgram,
+    entry: _Entry,
+    wants: tuple[int, ...],
+    flat: list[torch.Tensor],
+    grads: list[torch.Tensor],
+) -> Any:
+    n = len(flat)
+    found: dict[str, Any] = {}
+
+    def backward(*inner: torch.Tensor) -> list[torch.Tensor]:
+        rebuilt = _rebuild_inputs(entry.layout, inner[:n])
+        with torch.enable_grad():
+            for i in wants:
+                rebuilt[i] = (
+                    rebuilt[i].detach().requires_grad_()
+                    if not is_dispatch_wrapper(rebuilt[i])
+                    else rebuilt[i].requires_grad_()
+                )
+            outs = pytree.tree_leaves(program.gm(*rebuilt))
+            plain = [
+                o for o, r in zip(outs, entry.rebuilds, strict=True) if r.cls is None and r.count
+            ]
+            pairs = [(o, g) for o, g in zip(plain, inner[n:], strict=True) if o.requires_grad]
+            got = torch.autograd.grad(
+                [o for o, _ in pairs],
+                [rebuilt[i] for i in wants],
+                [g for _, g in pairs],
+                allow_unused=True,
+            )
+        rebuilds = [_Rebuild(g) for g in got]
+        found["rebuilds"] = rebuilds
+        return [t for r, g in zip(rebuilds, got, strict=True) for t in r.flat(g)]
+
+    graph = program.trace_flat(backward, [*flat, *grads])
+    log.debug("backward over wrapper subclass inputs:\n%s", graph.code)
+    with torch.no_grad():
+        compiled = program.compile_flat(graph, [t.detach() for t in [*flat, *grads]])
+    return compiled, found["rebuilds"]
 
 
 def _wrapper_deps(graph: fx.GraphModule, rebuilds: list[_Rebuild]) -> set[int]:
