@@ -450,6 +450,53 @@ def test_dynamic_true_item_float_across_a_break_compiles_twice() -> None:
     assert _captures() <= 3
 
 
+def _float_across_two_breaks(x: torch.Tensor) -> tuple[torch.Tensor, float]:
+    scale = x.sum().item() + 1.0  # a break; the continuation takes the float
+    y = x * scale if x.mean() > 0 else x - scale  # a second break, with ``scale`` live
+    return y, scale * 2
+
+
+_NUMBERS_PER_VALUE = "the kiln backend compiles a graph with a float input once per value"
+
+
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "eager",
+        "aot_eager",
+        pytest.param("kiln", marks=pytest.mark.xfail(reason=_NUMBERS_PER_VALUE)),
+    ],
+)
+def test_symbolic_float_live_at_a_second_break_takes_each_calls_value(backend: str) -> None:
+    """A symbolic number handed to the next continuation is this call's value, computed from
+    the frame's arguments: written as the captured value, a guard pinned it and every new
+    value compiled again."""
+    compiled = kiln.compile(_float_across_two_breaks, backend=backend)
+    for i in range(12):
+        x = torch.randn(6) + (0.3 if i % 2 else -0.3)
+        (got, got_scale), (want, want_scale) = compiled(x), _float_across_two_breaks(x)
+        torch.testing.assert_close(got, want)
+        # the kiln backend's sum adds in another order: the float32 sum differs in its last bit
+        assert got_scale == pytest.approx(want_scale, rel=1e-5) and type(got_scale) is float
+    assert _captures() <= 7  # frame; continuation and each branch's, static then symbolic
+
+
+def _size_across_a_break(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    n = x.shape[0] * 2 + x.shape[1]
+    y = x.sum().item()  # a break with ``n`` live
+    return x * y + n, n
+
+
+def test_symbolic_size_expression_live_at_a_break_is_read_from_the_arguments() -> None:
+    compiled = kiln.compile(_size_across_a_break, backend="eager", dynamic=True)
+    for rows, cols in [(3, 4), (5, 2), (7, 9), (4, 4), (6, 3)]:
+        x = torch.randn(rows, cols)
+        (got, got_n), (want, want_n) = compiled(x), _size_across_a_break(x)
+        torch.testing.assert_close(got, want)
+        assert got_n == want_n and type(got_n) is int
+    assert _captures() <= 3
+
+
 def _split_log(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     a, b = x.split([2, x.shape[0] - 2])
     return a * 2, b.log()

@@ -22,9 +22,11 @@ import torch
 from torch import fx
 
 from kiln.capture.breaks.reasons import unsupported
-from kiln.capture.errors import CaptureError
+from kiln.capture.errors import CaptureError, Unsupported
 from kiln.capture.graph import GraphInput
 from kiln.capture.model_output import is_model_output
+from kiln.capture.shapes.guards import expr_code
+from kiln.capture.shapes.node import SymNode
 from kiln.capture.side_effects import SideEffects
 from kiln.capture.source import (
     AttrSource,
@@ -33,7 +35,9 @@ from kiln.capture.source import (
     ItemSource,
     LocalSource,
     RawItemSource,
+    SizeSource,
     Source,
+    StrideSource,
 )
 from kiln.capture.tensor_subclasses import as_plain, is_function_subclass
 from kiln.capture.values.base import ConstantValue, Value
@@ -48,6 +52,7 @@ from kiln.capture.values.containers import (
 from kiln.capture.values.functions import BoundMethodValue, UserFunctionValue
 from kiln.capture.values.ndarray import NdarrayValue, as_numpy
 from kiln.capture.values.objects import NewObjectValue, ObjectValue
+from kiln.capture.values.symbolic import SymValue, is_symbolic
 from kiln.capture.values.tensor import TensorValue
 from kiln.capture.wrap import is_namedtuple
 
@@ -187,6 +192,9 @@ class _Writer:
         # str(path) -> the local it was loaded into (see graph_call); sources print uniquely
         # and, unlike them, strings hash even when an index is a slice
         self._hoisted: dict[str, str] = {}
+        # lines computing symbolic numbers from the frame's arguments, run first (see number)
+        self.prelude: list[str] = []
+        self._numbers: dict[str, str] = {}
 
     def cell(self, c: CellValue) -> str:
         """A real cell for ``c``: the frame's own, or one of ``__kiln_cells`` (see cell_lines)."""
@@ -306,6 +314,10 @@ class _Writer:
         if isinstance(src, RawItemSource):
             getitem = self.const(vars(src.owner)["__getitem__"])
             return f"{getitem}({self.source(src.base)}, {self.const(src.index)})"
+        if isinstance(src, SizeSource):
+            return f"{self.source(src.base)}.size()[{src.dim}]"
+        if isinstance(src, StrideSource):
+            return f"{self.source(src.base)}.stride()[{src.dim}]"
         raise unsupported("unsupported_value", f"reloading {src}")
 
     def value(self, v: Value) -> str:
@@ -318,6 +330,10 @@ class _Writer:
             return out
         if isinstance(v, NdarrayValue):
             return f"{self.const(as_numpy)}({self.value(v.tensor)}, {v.scalar})"
+        if isinstance(v, SymValue) and is_symbolic(v.sym):
+            number = self.number(v)
+            if number is not None:
+                return number
         if isinstance(v, ConstantValue):
             return self.constant(v.value)
         if v.source is not None and isinstance(v, _RELOADED):
@@ -366,6 +382,32 @@ class _Writer:
         if isinstance(v, UserFunctionValue):
             return self.const(v.real) if v.real is not None else self.closure(v)
         raise unsupported("unsupported_value", f"returning {v}")
+
+    def number(self, v: SymValue) -> str | None:
+        """A local holding ``v`` computed from this call's sizes and numbers, or None where
+        its expression cannot be read back from the frame's arguments.
+
+        A symbolic number handed on (to a continuation after a graph break, or returned)
+        takes this call's value; written as the value it had at capture, a guard would fix
+        it there, and the next frame would compile once per value. The line runs first,
+        before anything the frame's code writes, as the guards read the same sources.
+        """
+        node = v.sym.node
+        if not isinstance(node, SymNode):
+            return None
+        key = str(node.expr)
+        name = self._numbers.get(key)
+        if name is not None:
+            return name
+        try:
+            text = expr_code(node.env, node.expr, self.source)
+        except (Unsupported, KeyError):  # a symbol with no source (data-dependent)
+            return None
+        if "math." in text:  # floor and ceiling print as math functions the frame may lack
+            return None
+        name = self._numbers[key] = f"__kiln_n{len(self._numbers)}"
+        self.prelude.append(f"{name} = {self.const(v.python_type())}({text})")
+        return name
 
     def attrs(self, v: ListValue | DictValue | SetValue) -> str:
         """The instance attributes argument of ``_build_container``, where there are any."""
@@ -503,7 +545,7 @@ def assemble(code: types.CodeType, writer: _Writer, body: list[str]) -> types.Co
         lines.append(f"        if 0:\n            ({', '.join(code.co_freevars)},)")
     for i in range(len(writer.consts)):
         lines.append(f"        __kiln_k{i} = '__kiln_const_{i}__'")
-    lines.extend("        " + line for line in body)
+    lines.extend("        " + line for line in [*writer.prelude, *body])
     lines.append("    return __kiln_fn__")
     source = "\n".join(lines)
     outer = compile(source, f"<kiln {code.co_filename}:{code.co_firstlineno}>", "exec")

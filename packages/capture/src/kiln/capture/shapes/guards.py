@@ -39,6 +39,9 @@ class _SourcePrinter(StrPrinter):  # type: ignore[misc]
         text = self._print(expr)
         return text if expr.is_Atom or isinstance(expr, sympy.Function) else f"({text})"
 
+    def _print_Float(self, expr: Any) -> str:
+        return repr(float(expr))  # every digit of the double, not sympy's fifteen
+
     def _print_FloorDiv(self, expr: Any) -> str:
         return f"({self._wrap(expr.args[0])} // {self._wrap(expr.args[1])})"
 
