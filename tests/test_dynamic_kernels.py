@@ -165,7 +165,7 @@ def test_a_static_graph_generates_what_it_did(tmp_path: Path) -> None:
     x, y = torch.randn(4, 6), torch.randn(6, 6)
     torch.testing.assert_close(compiled(x, y), _static(x, y))
     (wrapper,) = tmp_path.rglob("output_code.py")
-    assert wrapper.read_text() == _STATIC_WRAPPER
+    assert _STATIC_WRAPPER in wrapper.read_text()  # the runnable file holds the wrapper
     kernels = [p.read_text() for p in tmp_path.rglob("*.cpp")]
     assert kernels and all("int64_t s" not in k for k in kernels)
 

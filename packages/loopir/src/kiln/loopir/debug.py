@@ -54,11 +54,11 @@ if __name__ == "__main__":
 
 def _spec(value: Any) -> str:
     if isinstance(value, torch.Tensor):
-        try:
-            size, stride = tuple(int(s) for s in value.shape), tuple(int(s) for s in value.stride())
-        except Exception:
-            return "    None,  # a tensor of symbolic size"
-        return f"    ({size}, {stride}, {value.dtype}, {str(value.device)!r}),"
+        if not all(type(s) is int for s in (*value.shape, *value.stride())):
+            return "    None,  # a tensor of symbolic size: write (size, stride, dtype, device)"
+        return (
+            f"    ({tuple(value.shape)}, {value.stride()}, {value.dtype}, {str(value.device)!r}),"
+        )
     return f"    {value!r},"
 
 
@@ -107,6 +107,9 @@ def run_standalone(
     call: Callable[[list[Any]], Any], specs: Sequence[Any], data: Path, repeat: int = 20
 ) -> float:
     """Load ``call``'s names from ``data``, call it on random inputs, print the time per call."""
+    if any(s is None for s in specs):
+        msg = "an input has symbolic sizes: write its (size, stride, dtype, device) in INPUTS"
+        raise SystemExit(msg)
     names = serialize.loads(data.read_bytes())
     wrapper = load_wrapper(inspect.getsource(call), names)
     inputs = [_make(s) for s in specs]
