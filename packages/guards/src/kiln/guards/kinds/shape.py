@@ -55,7 +55,8 @@ class ShapeKind(Kind):
         values = {}
         for s, info in env.symbols.items():
             try:
-                values[s] = int(read(info.source))
+                got = read(info.source)
+                values[s] = got if isinstance(got, float) else int(got)  # a number input's float
             except Exception as e:  # no tensor guard checked its rank (the check says False)
                 return f"could not read {info.source}: {type(e).__name__}: {e}"
         failed = failing_guards(env, values)
