@@ -1,16 +1,22 @@
 """CUDA graphs for ``mode="reduce-overhead"``: record a compiled graph once, replay it.
 
 Replaying removes the per-kernel launch cost from Python, but only when the
-graph does the same thing every call: static shapes, every tensor on the GPU,
-no host synchronisation, no host-drawn random seeds (they would be frozen into
-the recording), and no writes into the caller's tensors (the recording writes
-into static copies). :func:`unsafe_reason` checks those rules over the compiled
+graph does the same thing every call: every tensor on the GPU, no host
+synchronisation, no host-drawn random seeds (they would be frozen into the
+recording), and no writes into the caller's tensors (the recording writes into
+static copies). :func:`unsafe_reason` checks those rules over the compiled
 steps; :func:`cudagraphify` wraps the compiled callable when they hold and logs
 the reason and launches normally otherwise.
+
+A recording holds one set of sizes. A graph compiled over symbolic sizes is recorded once
+per distinct set of input shapes and strides it is called with; the :data:`GRAPHS_KEPT` most
+recently used recordings are kept (each holds its static inputs, outputs and memory pool),
+and a set of sizes seen again after its recording was dropped is recorded again.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -20,10 +26,11 @@ import torch
 from torch.utils import _pytree as pytree
 
 from kiln.capture import counters
+from kiln.loopir import symbolic
 from kiln.loopir.kernel import SEEDS
 from kiln.loopir.scheduler.order import ExternStep, KernelStep
 
-__all__ = ["SYNCING_OPS", "unsafe_reason", "CudaGraphRunner", "cudagraphify"]
+__all__ = ["GRAPHS_KEPT", "SYNCING_OPS", "unsafe_reason", "CudaGraphRunner", "cudagraphify"]
 
 log = logging.getLogger("kiln.codegen_triton.cudagraphs")
 
@@ -32,6 +39,9 @@ SYNCING_OPS = (
     "repeat_interleave", "histc", "argwhere",
 )  # fmt: skip
 """ATen ops whose output size or value needs the host: they cannot be recorded."""
+
+GRAPHS_KEPT = 8
+"""Recordings kept per compiled graph over symbolic sizes, least recently used dropped first."""
 
 
 def _is_cuda(value: Any) -> bool:
@@ -64,8 +74,6 @@ def _kernel_reason(step: KernelStep, graph_inputs: set[str]) -> str | None:
     group = step.group
     if group.device.type != "cuda":
         return f"kernel {group.name} runs on {group.device}"
-    if not (sympy.sympify(group.numel).is_Integer and sympy.sympify(group.rnumel).is_Integer):
-        return f"kernel {group.name} has dynamic sizes"
     if SEEDS in group.inputs:
         return f"kernel {group.name} uses random seeds drawn on the host each call"
     mutated = graph_inputs.intersection(group.outputs)
@@ -126,6 +134,21 @@ class CudaGraphRunner:
         return pytree.tree_map_only(torch.Tensor, torch.clone, self.static_outputs)
 
 
+def _has_symbolic_sizes(steps: Iterable[Any]) -> bool:
+    """Whether a compiled graph's buffers have symbolic sizes (one recording per size set)."""
+    exprs: list[Any] = []
+    for step in steps:
+        group = getattr(step, "group", None)
+        if group is not None:
+            exprs += [group.numel, group.rnumel]
+            layouts = getattr(group, "buffers", {}).values()
+            exprs += [s for layout in layouts for s in layout.size]
+        layout = getattr(getattr(step, "buffer", None), "layout", None)
+        if layout is not None:
+            exprs += list(layout.size)
+    return bool(symbolic.size_symbols(sympy.sympify(e) for e in exprs))
+
+
 def _in_place(t: torch.Tensor) -> bool:
     """Inputs the recording reads where they are: parameters, whose storage stays put."""
     return isinstance(t, torch.nn.Parameter)
@@ -139,18 +162,36 @@ def cudagraphify(compiled: Any, inputs: Sequence[Any] = ()) -> Callable[..., Any
     """
     steps = getattr(compiled, "steps", ())
     names = [n for n in getattr(compiled, "input_names", ()) if n is not None]
-    runner: list[CudaGraphRunner | None] = []
+    how: list[str] = []  # "one" recording, one "per_size", or "launch" (unsafe)
+    runner: list[CudaGraphRunner] = []
+    per_size: collections.OrderedDict[Any, CudaGraphRunner] = collections.OrderedDict()
+
+    def by_size(args: Sequence[Any]) -> Any:
+        key = tuple([(a.shape, a.stride()) for a in args])
+        found = per_size.get(key)
+        if found is None:
+            if len(per_size) >= GRAPHS_KEPT:
+                per_size.popitem(last=False)
+            found = per_size[key] = CudaGraphRunner(compiled, args)
+        else:
+            per_size.move_to_end(key)
+        return found(*args)
 
     def run(*args: Any) -> Any:
-        if not runner:
+        if not how:
             reason = unsafe_reason(steps, names, args)
             if reason is None and not torch.cuda.is_available():
                 reason = "CUDA is not available"
             if reason is not None:
                 log.info("not using CUDA graphs: %s", reason)
-            runner.append(None if reason is not None else CudaGraphRunner(compiled, args))
-        active = runner[0]
-        return compiled(*args) if active is None else active(*args)
+                how.append("launch")
+            else:
+                how.append("per_size" if _has_symbolic_sizes(steps) else "one")
+        if how[0] == "one":
+            if not runner:
+                runner.append(CudaGraphRunner(compiled, args))
+            return runner[0](*args)
+        return by_size(args) if how[0] == "per_size" else compiled(*args)
 
     run.__wrapped__ = compiled  # type: ignore[attr-defined]
     return run

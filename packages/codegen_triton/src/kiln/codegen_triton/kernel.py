@@ -30,9 +30,11 @@ import torch
 from kiln.codegen_triton.ops import CSEVar, TritonOps, triton_type
 from kiln.codegen_triton.printer import print_index
 from kiln.codegen_triton.reductions import Reductions
+from kiln.codegen_triton.symbolic_sizes import SymbolicSizes, group_symbols, make_sizes, upper_bound
 from kiln.codegen_triton.tiling import YINDEX, choose_tile, split_index
-from kiln.loopir import sizes
+from kiln.loopir import sizes, symbolic
 from kiln.loopir.analysis import ReadWriteHandler
+from kiln.loopir.errors import StaticShapesOnly
 from kiln.loopir.kernel import RINDEX, XINDEX, KernelGroup, KernelNode
 from kiln.loopir.virtualized import set_ops_handler
 
@@ -75,6 +77,9 @@ class KernelSource:
     outer: bool = False
     """A reduction whose loads are contiguous along x, not r (per-channel statistics of
     an NHWC tensor): it wants wide ``XBLOCK`` and short ``RBLOCK`` to read coalesced."""
+    symbolic: SymbolicSizes | None = None
+    """A kernel over symbolic sizes (``numel``/``rnumel`` are then the hints): its size
+    arguments and how the launcher computes them per call."""
 
     @property
     def kind(self) -> str:
@@ -114,17 +119,24 @@ class TritonKernel:
         self, group: KernelGroup, *, persistent_limit: int = 1024, tiling: bool = True
     ) -> None:
         self.group = group
-        self.numel = sizes.evaluate_int(group.numel)
-        self.rnumel = sizes.evaluate_int(group.rnumel)
+        self.symbols = group_symbols(group)
+        self.used_symbols: set[sympy.Symbol] = set()  # size symbols the source names
+        numel, rnumel = sympy.sympify(group.numel), sympy.sympify(group.rnumel)
+        size = symbolic.hint if self.symbols else sizes.evaluate_int
+        self.numel, self.rnumel = size(numel), size(rnumel)
         # a reduction over a size-1 (or empty) range still needs the [XBLOCK, RBLOCK] form
         self.is_reduction = group.is_reduction or any(
             n.mode == "xr" or n.kind == "reduction" for n in group.nodes
         )
-        self.persistent = self.is_reduction and self.rnumel <= persistent_limit
-        self.int64 = _needs_int64(group, self.numel * self.rnumel)
+        # a symbolic row holds in one block only where every admitted size fits
+        longest = upper_bound(rnumel) if rnumel.free_symbols else self.rnumel
+        self.persistent = self.is_reduction and longest <= persistent_limit
+        self.extents = _extents(group)
+        self.int64 = _needs_int64(self.extents)
         self.params = _param_names(group)
         self.tile = (choose_tile(group) or 0) if tiling else 0
-        self.ranges = {XINDEX: self.numel, RINDEX: self.rnumel}
+        # symbolic lengths are no range simplification can use
+        self.ranges = {s: int(n) for s, n in ((XINDEX, numel), (RINDEX, rnumel)) if n.is_Integer}
         self.top: list[str | _Store | _Loop] = []
         self.loop: _Loop | None = None
         self.scopes: list[dict[Any, Any]] = [{}]
@@ -181,7 +193,13 @@ class TritonKernel:
             expr = split_index(index, self.tile, self.numel // self.tile)
             return expr, print_index(expr)
         expr = sizes.simplify_with_ranges(index, self.ranges)
-        return expr, print_index(expr)
+        return expr, self._print(expr)
+
+    def _print(self, expr: sympy.Expr) -> str:
+        """Triton for ``expr``, noting the size symbols it names (kernel arguments)."""
+        if self.symbols or symbolic.in_symbolic_graph():
+            self.used_symbols |= symbolic.size_symbols([expr])
+        return print_index(expr)
 
     def _load_mask(self, expr: sympy.Expr) -> str | None:
         syms = expr.free_symbols
@@ -239,9 +257,9 @@ class TritonKernel:
             return
         at = {XINDEX: 0, RINDEX: 0}
         try:
-            base = int(expr.subs(at))
-            steps = {s: int(expr.subs(at | {s: 1})) - base for s in at}
-        except TypeError:  # an indirect index: no fixed step
+            base = _number(expr.subs(at))
+            steps = {s: _number(expr.subs(at | {s: 1})) - base for s in at}
+        except (TypeError, StaticShapesOnly):  # an indirect index: no fixed step
             return
         for symbol, step in steps.items():
             self.contiguous_along[symbol] += step == 1
@@ -331,7 +349,7 @@ class TritonKernel:
         if found is not None:
             return found  # type: ignore[no-any-return]
         sym = sizes.index_symbol("indirect", next(self._indirect))
-        bound = print_index(size)
+        bound = self._print(sympy.sympify(size))
         self.emit(f"{sym.name} = tl.where({x} < 0, {x} + {bound}, {x})")
         self.scopes[-1][key] = sym
         return sym
@@ -365,11 +383,19 @@ class TritonKernel:
             if node.kind == "reduction":
                 pending.add(node.name)
         self._close_loop()
+        source = self.render()
         return KernelSource(
-            self.name, self.render(), self.is_reduction, self.persistent,
+            self.name, source, self.is_reduction, self.persistent,
             self.numel, self.rnumel, self.int64, self.tile,
             self.contiguous_along[XINDEX] > self.contiguous_along[RINDEX],
+            self._symbolic_sizes(),
         )  # fmt: skip
+
+    def _symbolic_sizes(self) -> SymbolicSizes | None:
+        if not (self.symbols or self.used_symbols):
+            return None
+        checked = () if self.int64 else self.extents
+        return make_sizes(self.group, self.used_symbols, checked)
 
     def _open_loop(self) -> None:
         self.loop = _Loop()
@@ -388,6 +414,7 @@ class TritonKernel:
         params.append("xnumel")
         if self.is_reduction or self.tile:
             params.append("rnumel" if self.is_reduction else "ynumel")
+        params += sorted((s.name for s in self.used_symbols), key=lambda n: (int(n[1:]), n))
         params.append("XBLOCK: tl.constexpr")
         if self.is_reduction or self.tile:
             params.append("RBLOCK: tl.constexpr" if self.is_reduction else "YBLOCK: tl.constexpr")
@@ -465,8 +492,24 @@ def _param_names(group: KernelGroup) -> dict[str, str]:
     return params
 
 
-def _needs_int64(group: KernelGroup, iterations: int) -> bool:
-    biggest = max(
-        [iterations, *(sizes.evaluate_int(lay.storage_size()) for lay in group.buffers.values())]
-    )
-    return biggest > INT32_LIMIT
+def _extents(group: KernelGroup) -> list[sympy.Expr]:
+    """The iteration space and every buffer's storage size: what 32-bit indices reach."""
+    iterations = sympy.sympify(group.numel) * sympy.sympify(group.rnumel)
+    return [iterations, *(sympy.sympify(lay.storage_size()) for lay in group.buffers.values())]
+
+
+def _needs_int64(extents: list[sympy.Expr]) -> bool:
+    """64-bit indices where a size passes 2**31-1; a symbolic size is judged by this call's
+    value (the launcher of a 32-bit kernel refuses a later call that passes the limit)."""
+    if not any(e.free_symbols for e in extents):
+        return max(sizes.evaluate_int(e) for e in extents) > INT32_LIMIT
+    return max(symbolic.hint(e) for e in extents) > INT32_LIMIT
+
+
+def _number(expr: sympy.Expr) -> int:
+    """An index offset as a number, size symbols at their hints."""
+    if expr.is_Integer:
+        return int(expr)
+    if symbolic.size_symbols([expr]) and not expr.free_symbols - symbolic.size_symbols([expr]):
+        return symbolic.hint(expr)
+    raise TypeError(expr)

@@ -26,7 +26,7 @@ from kiln.codegen_triton.mathlib import INTERPRET
 from kiln.codegen_triton.module_cache import MODULE_HEADER, write_module
 from kiln.codegen_triton.ops import _TL_TYPES
 from kiln.codegen_triton.runtime import TritonLauncher
-from kiln.loopir import sizes
+from kiln.codegen_triton.symbolic_launch import SymbolicLauncher
 from kiln.loopir.backend import BackendTraits
 from kiln.loopir.kernel import KernelCode, KernelGroup
 
@@ -78,8 +78,6 @@ class TritonBackend:
         for name, layout in group.buffers.items():
             if layout.dtype not in _TL_TYPES:
                 return f"buffer {name} has dtype {layout.dtype}, which Triton kernels do not load"
-            if sizes.static_int(layout.storage_size()) is None:
-                return f"buffer {name} has a symbolic size (dynamic shapes are not supported yet)"
         return None
 
     def generate(self, group: KernelGroup) -> tuple[TritonKernel, KernelSource, str]:
@@ -101,12 +99,21 @@ class TritonBackend:
         written = [
             n for n in group.outputs if n not in group.internal or n in writer.loaded_from_memory
         ]
-        launcher = TritonLauncher(ks, path, group.args, written, configs, self.options.cache_dir)
+        cache = self.options.cache_dir
+        launcher = (
+            TritonLauncher(ks, path, group.args, written, configs, cache)
+            if ks.symbolic is None
+            else SymbolicLauncher(
+                ks, path, group.args, written, configs, cache,
+                max_autotune=self.options.max_autotune,
+            )
+        )  # fmt: skip
         if self._compile_ahead():
             dtypes = [group.buffers[n].dtype for n in dict.fromkeys(group.args)]
             launcher.start_parallel_compile(dtypes, self.options.compile_workers)
         counters.bump("codegen_triton", "kernels")
-        return KernelCode(group.name, text, launcher, "triton")
+        size_args = () if ks.symbolic is None else ks.symbolic.args
+        return KernelCode(group.name, text, launcher, "triton", size_args)
 
     def _compile_ahead(self) -> bool:
         return self.options.parallel_compile and not INTERPRET and torch.cuda.is_available()

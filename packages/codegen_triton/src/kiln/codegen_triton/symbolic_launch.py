@@ -1,0 +1,146 @@
+"""Launching a kernel over symbolic sizes: sizes, grid and config per call.
+
+loopir's wrapper calls ``launcher(*tensors, *sizes)`` with this call's value of each size
+symbol the kernel names (:class:`~kiln.codegen_triton.symbolic_sizes.SymbolicSizes`). The
+launcher computes ``xnumel``, ``rnumel`` and the kernel's size arguments with one generated
+function, and the grid from ``xnumel`` and the config's ``XBLOCK``.
+
+Configs are tuned per *size bucket*: the powers of two at or above ``xnumel`` and ``rnumel``.
+Each bucket has its own :class:`~kiln.codegen_triton.autotune.Autotuner` (candidates from the
+bucket's sizes, the winner cached on disk under the kernel source and the bucket), so a new
+size in a bucket seen before launches at once, without benchmarking or compiling again.
+
+Triton specialises a compiled kernel on each integer argument being 1 or a multiple of 16
+(and on its width), as it does on the 16-byte alignment of pointers, so a compiled binary is
+kept per config and pattern of those facts and launched directly, as the static launcher does.
+The launch for an exact set of sizes (and alignments) is kept too (:data:`LAUNCHES_KEPT`): a
+steady-state call is one generated function, one lookup and the launch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from triton import knobs
+
+from kiln.codegen_triton.autotune import Autotuner, Config, candidate_configs
+from kiln.codegen_triton.errors import TritonLaunchError
+from kiln.codegen_triton.kernel import INT32_LIMIT, KernelSource
+from kiln.codegen_triton.mathlib import INTERPRET
+from kiln.codegen_triton.runtime import TritonLauncher, _hooked
+from kiln.codegen_triton.symbolic_sizes import SymbolicSizes, bucket
+
+__all__ = ["LAUNCHES_KEPT", "SymbolicLauncher"]
+
+LAUNCHES_KEPT = 256
+"""Exact size sets whose launch a launcher keeps ready (all are dropped when it fills)."""
+
+_Launch = Callable[[Sequence[Any]], None]
+
+
+class SymbolicLauncher(TritonLauncher):
+    """:class:`~kiln.codegen_triton.runtime.TritonLauncher` for a kernel over symbolic sizes."""
+
+    def __init__(
+        self,
+        ks: KernelSource,
+        path: Path,
+        arg_names: Sequence[str],
+        written: Sequence[str],
+        configs: Sequence[Config],
+        cache_dir: Path,
+        *,
+        max_autotune: bool = False,
+    ) -> None:
+        super().__init__(ks, path, arg_names, written, configs, cache_dir)
+        assert ks.symbolic is not None, "a symbolic launcher needs a kernel over symbolic sizes"
+        self.symbolic: SymbolicSizes = ks.symbolic
+        self.count = len(arg_names)
+        self.scalars = [*ks.sizes, *self.symbolic.param_hints()]  # what compile workers warm
+        self.max_autotune = max_autotune
+        self.cache_dir = cache_dir
+        self.written_pos = [i for i, n in enumerate(dict.fromkeys(arg_names)) if n in set(written)]
+        self._sizes = self.symbolic.evaluator()
+        self._tuners: dict[tuple[int, int], Autotuner] = {}
+        self._compiled: dict[tuple[Any, ...], Any] = {}
+        self._ready: dict[tuple[Any, ...], _Launch] = {}
+
+    def tuner_for(self, xnumel: int, rnumel: int) -> Autotuner:
+        """The autotuner of the size bucket of ``xnumel`` x ``rnumel``."""
+        key = (bucket(xnumel), bucket(rnumel))
+        found = self._tuners.get(key)
+        if found is None:
+            at = dataclasses.replace(self.ks, numel=key[0], rnumel=key[1])
+            configs = candidate_configs(at, max_autotune=self.max_autotune)
+            ident = f"{self.ks.source}\n# sizes {key[0]} {key[1]}"
+            found = self._tuners[key] = Autotuner(ident, configs, self.cache_dir, self.written_pos)
+        return found
+
+    def __call__(self, *args: Any) -> None:
+        count = self.count
+        values = self._sizes(*args[count:])
+        tensors = args[:count] if self.positions is None else [args[i] for i in self.positions]
+        key = (values, *[t.data_ptr() % 16 == 0 for t in tensors])
+        launch = self._ready.get(key)
+        if launch is not None:  # every call at sizes seen before: one lookup, one launch
+            launch(tensors)
+            return
+        xnumel, rnumel, extent = values[:3]
+        if extent > INT32_LIMIT:
+            msg = (
+                f"{self.ks.name} indexes with 32 bits, compiled for sizes below 2**31, and this "
+                f"call reaches {extent} elements; compile with static shapes for such sizes"
+            )
+            raise TritonLaunchError(msg)
+        if xnumel == 0:
+            return
+        scalars = (xnumel, rnumel, *values[3:]) if self.ks.reduction else (xnumel, *values[3:])
+        tuner = self.tuner_for(xnumel, rnumel)
+        cfg = tuner.choose(lambda c, ts: self.launch_with(c, ts, scalars)(ts), tensors)
+        self.launch_with(cfg, tensors, scalars)(tensors)
+        launch = self.launch_with(cfg, tensors, scalars)  # the binary, now that it is built
+        if len(self._ready) >= LAUNCHES_KEPT:
+            self._ready.clear()
+        self._ready[key] = launch
+
+    def launch_with(self, cfg: Config, tensors: Sequence[Any], scalars: Sequence[int]) -> _Launch:
+        """The launch of ``cfg`` at these sizes: the compiled binary once the JIT built it."""
+        grid = (-(-scalars[0] // cfg.XBLOCK),)
+        constexprs = cfg.constexprs(self.ks.kind)
+        trailing = (*scalars, *constexprs.values())
+        spec = (
+            cfg,
+            *[t.data_ptr() % 16 == 0 for t in tensors],
+            *[(v == 1, v % 16 == 0, v > INT32_LIMIT) for v in scalars],
+        )
+        compiled = self._compiled.get(spec)
+        if compiled is not None:
+            return _binary(compiled, grid[0], tensors[0].device, trailing)
+        kernel = self._kernel()
+
+        def first(ts: Sequence[Any]) -> None:
+            done = kernel[grid](*ts, *scalars, num_warps=cfg.num_warps, **constexprs)
+            if not INTERPRET and done is not None:  # the interpreter compiles nothing
+                self._compiled[spec] = done
+
+        return first
+
+
+def _binary(compiled: Any, gx: int, device: torch.device, trailing: Sequence[Any]) -> _Launch:
+    """A launch of Triton's compiled kernel through its driver launcher (see
+    :func:`kiln.codegen_triton.runtime._binary_launch`), at one grid and set of sizes."""
+    if _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook):
+        runner = compiled[(gx, 1, 1)]
+        return lambda tensors: runner(*tensors, *trailing)
+    run, function, packed = compiled.run, compiled.function, compiled.packed_metadata
+    raw_stream = torch._C._cuda_getCurrentRawStream
+    index = device.index if device.index is not None else torch.cuda.current_device()
+
+    def launch(tensors: Sequence[Any]) -> None:
+        run(gx, 1, 1, raw_stream(index), function, packed, None, None, None, *tensors, *trailing)
+
+    return launch
