@@ -128,6 +128,8 @@ def test_constant_arguments_and_relations_are_checked() -> None:
         program(x, y, 3.0)
     with pytest.raises(ke.ExportInputError, match="dimension 1 of y is 7"):
         program(x, torch.randn(3, 7), 2.0)
+    strided = torch.randn(9, 3).t()  # traced for contiguous inputs: passed as a copy
+    torch.testing.assert_close(program(strided, y, 2.0), f(strided, y, 2.0))
 
 
 def test_buffer_mutations_update_the_module_state() -> None:
@@ -180,6 +182,8 @@ def test_joint_export_returns_gradients() -> None:
     torch.testing.assert_close(got[0], y)
     for a, b in zip(got[1:], grads, strict=True):
         torch.testing.assert_close(a, b)
+    with pytest.raises(ke.ExportError, match="tangents"):
+        program(x)
 
 
 @pytest.mark.slow
@@ -230,3 +234,17 @@ def test_resnet18_fresh_process(tmp_path: Path) -> None:
     _assert_fresh_equal(model, program, calls, tmp_path)
     with pytest.raises(ke.ExportInputError, match="dtype"):
         program(torch.randn(2, 3, 64, 64, dtype=torch.float16))
+
+
+def test_input_mutations_are_written_back() -> None:
+    def accumulate(x: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+        total.add_(x)
+        return total * 2
+
+    program = ke.export(accumulate, (torch.randn(4), torch.zeros(4)))
+    assert [o.kind for o in program.signature.outputs] == ["user_output", "user_input_mutation"]
+    ours, theirs = torch.zeros(4), torch.zeros(4)
+    for _ in range(3):
+        x = torch.randn(4)
+        torch.testing.assert_close(program(x, ours), accumulate(x, theirs))
+        torch.testing.assert_close(ours, theirs)

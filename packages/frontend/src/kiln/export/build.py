@@ -8,6 +8,7 @@ fakes carrying the captured symbols, so the ATen graph reads every dynamic size 
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from typing import Any
 
@@ -72,6 +73,11 @@ def export(
     vals = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
     user_vals = vals[len(state) + len(consts) : len(state) + len(consts) + len(names)]
     specs = [_tensor_spec(v, name, env) for v, name in zip(user_vals, names, strict=True)]
+    real = [x for x in leaves if isinstance(x, torch.Tensor)]
+    specs = [
+        dataclasses.replace(spec, contiguous=x.is_contiguous())
+        for spec, x in zip(specs, real, strict=True)
+    ]
     it = iter(specs)
     leaf_specs = [next(it) if isinstance(x, torch.Tensor) else ("constant", x) for x in leaves]
     inputs = [

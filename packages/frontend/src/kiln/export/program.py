@@ -78,12 +78,15 @@ class ExportSignature:
 
 @dataclasses.dataclass(frozen=True)
 class TensorSpec:
-    """What a tensor argument must be: ``sizes`` holds ints and symbolic expressions (text)."""
+    """What a tensor argument must be: ``sizes`` holds ints and symbolic expressions (text).
+    ``contiguous``: the graph was traced for a contiguous tensor (a call passes others as
+    contiguous copies, since decomposed views may assume the traced strides)."""
 
     name: str
     dtype: torch.dtype
     device: str
     sizes: tuple[int | str, ...]
+    contiguous: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,6 +150,12 @@ class ExportedProgram:
     def module(self) -> ExportedModule:
         """An ``nn.Module`` running the program over its own copy of the state (by reference:
         the same tensors), which ``kiln.compile`` compiles like any module."""
+        if self.joint:
+            msg = (
+                "a joint program takes tangents after its inputs: call its graph_module with "
+                "the state, the inputs (check_inputs) and one tangent per differentiable output"
+            )
+            raise ExportError(msg)
         return ExportedModule(self)
 
     def check_inputs(self, args: Sequence[Any], kwargs: dict[str, Any]) -> list[torch.Tensor]:
@@ -159,7 +168,7 @@ class ExportedProgram:
         for value, leaf in zip(flat, self.leaves, strict=True):
             if isinstance(leaf, TensorSpec):
                 _check_tensor(value, leaf)
-                tensors.append(value)
+                tensors.append(value.contiguous() if leaf.contiguous else value)
                 specs.append(leaf)
             elif not _same_constant(value, leaf[1]):
                 msg = (
@@ -325,6 +334,7 @@ class ExportedModule(torch.nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         tensors = self._checked(args, kwargs)
+        given = [x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
         state = [getattr(module, attr) for module, attr in self._slots]
         out = self.graph_module(*state, *tensors)
         n = self._program.out_spec.num_leaves
@@ -333,5 +343,5 @@ class ExportedModule(torch.nn.Module):
                 if spec.kind == "buffer_mutation":
                     self.get_buffer(spec.target).copy_(value)
                 elif spec.kind == "user_input_mutation":
-                    tensors[int(spec.target)].copy_(value)
+                    given[int(spec.target)].copy_(value)
         return pytree.tree_unflatten(list(out[:n]), self._program.out_spec)

@@ -186,14 +186,21 @@ def portable_spec(spec: pytree.TreeSpec) -> pytree.TreeSpec:
 def _leaf_json(leaf: TensorSpec | tuple[str, Any]) -> dict[str, Any]:
     if isinstance(leaf, TensorSpec):
         dtype = str(leaf.dtype).removeprefix("torch.")
-        return {"tensor": leaf.name, "dtype": dtype, "device": leaf.device, "sizes": leaf.sizes}
+        return {
+            "tensor": leaf.name,
+            "dtype": dtype,
+            "device": leaf.device,
+            "sizes": leaf.sizes,
+            "contiguous": leaf.contiguous,
+        }
     return {"constant": _encode(leaf[1])}
 
 
 def _leaf_from_json(entry: dict[str, Any]) -> TensorSpec | tuple[str, Any]:
     if "tensor" in entry:
         sizes = tuple(entry["sizes"])
-        return TensorSpec(entry["tensor"], _dtype(entry["dtype"]), entry["device"], sizes)
+        dtype, contiguous = _dtype(entry["dtype"]), bool(entry["contiguous"])
+        return TensorSpec(entry["tensor"], dtype, entry["device"], sizes, contiguous)
     return ("constant", _decode(entry["constant"], {}))
 
 
