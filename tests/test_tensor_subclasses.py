@@ -265,3 +265,34 @@ def test_plain_tensor_after_wrapper_recompiles() -> None:
     torch.testing.assert_close(got[0], _dispatch_program(plain, w)[0])
     assert type(got[1]) is torch.Tensor
     assert len(graphs) == 2
+
+
+CALLS: list[str] = []
+
+
+class Logged(torch.Tensor):
+    """An override with a side effect: it records every call torch hands it."""
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        CALLS.append(func.__name__)
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_override_side_effects_match_eager() -> None:
+    """The override's calls are eager's, once each per call: none from capture reading the
+    input, none from the guards checking it."""
+
+    def program(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return (x * 2 + y).sin()
+
+    compiled, graphs = _compile(program, "eager")
+    for _ in range(3):
+        x, y = torch.randn(4).as_subclass(Logged), torch.randn(4)
+        CALLS.clear()
+        program(x, y)
+        expected = list(CALLS)
+        CALLS.clear()
+        compiled(x, y)
+        assert CALLS == expected == ["mul", "add", "sin"]
+    assert len(graphs) == 1

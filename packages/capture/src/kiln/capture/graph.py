@@ -158,7 +158,9 @@ class OutputGraph:
         graph must not assume it.
         """
         given, real_type = real, type(real)
-        real = _plain_stand_in(real)
+        with torch._C.DisableTorchFunctionSubclass():  # read without the user's override
+            real = _plain_stand_in(real)
+            history = given.requires_grad and not given.is_leaf
         if real.layout is not torch.strided or real.is_nested or real.is_quantized:
             # no fake models them (sparse and nested tensors have no strides, a quantized
             # one's scale is not part of its metadata), and kernels read plain storage
@@ -177,7 +179,7 @@ class OutputGraph:
         if fake is None:
             fake = self.fake_mode.to_fake(real) if id(real) not in self._seen else to_fake(real)
         self.guard(source, GuardKind.TENSOR_MATCH, _tensor_meta(real, fake, real_type))
-        if given.requires_grad and not given.is_leaf:  # in-place ops on it are allowed
+        if history:  # a non-leaf that requires grad: in-place ops on it are allowed
             fake = with_history(fake)
         self._seen.add(id(real))
         node.meta["val"] = fake

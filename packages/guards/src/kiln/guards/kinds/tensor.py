@@ -89,6 +89,23 @@ def _dispatch_keys_condition(out: Emitter, v: str, names: frozenset[str]) -> str
 _STRIDES = "\0strides"
 
 
+def _requires_grad_test(out: Emitter, meta: TensorMeta, v: str) -> str:
+    """``requires_grad`` read as eager would not: on a ``__torch_function__`` subclass the
+    property reaches the user's override, whose side effects a guard must not add."""
+    cls = meta.type
+    overridden = cls is not torch.Tensor and (
+        getattr(cls, "__torch_function__", None) is not torch._C._disabled_torch_function_impl
+    )
+    if not overridden:
+        return f"{v}.requires_grad is {meta.requires_grad!r}"
+    return f"{out.bind(_requires_grad, 'requires_grad')}({v}) is {meta.requires_grad!r}"
+
+
+def _requires_grad(t: torch.Tensor) -> bool:
+    with torch._C.DisableTorchFunctionSubclass():
+        return t.requires_grad
+
+
 def _is_static(meta: TensorMeta) -> bool:
     return meta.dense_order is None and None not in meta.sizes and None not in meta.strides
 
@@ -189,7 +206,7 @@ class TensorMatch(Kind):
             *layout,
             f"{v}.dtype is {out.bind(meta.dtype, 'dtype')}",
             device,
-            f"{v}.requires_grad is {meta.requires_grad!r}",
+            _requires_grad_test(out, meta, v),
         ]
         if meta.dispatch_keys:
             parts.append(_dispatch_keys_condition(out, v, meta.dispatch_keys))
