@@ -62,14 +62,17 @@ def watch_backend(backend: Backend, stage: str | None, level: str) -> Backend:
     if stage is None:
         return backend
     name, modules = _ref(backend)
-    if stage == "after_aot":
-        set_aten_stage_hook(functools.partial(_aten_stage, level=level, modules=modules))
-        return backend
 
     @functools.wraps(backend)
     def watched(gm: fx.GraphModule, inputs: Sequence[Any], **kwargs: Any) -> Any:
         if _busy:
             return backend(gm, inputs, **kwargs)
+        if stage == "after_aot":  # the ATen graphs compile inside the backend's call
+            set_aten_stage_hook(functools.partial(_aten_stage, level=level, modules=modules))
+            try:
+                return backend(gm, inputs, **kwargs)
+            finally:
+                set_aten_stage_hook(None)
         graph, values = normalize(gm, inputs)
         target = Target("after_capture", level, name, modules)
         run = lambda: backend(gm, inputs, **kwargs)  # noqa: E731
