@@ -171,3 +171,22 @@ def test_bad_setting_names_the_choices(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KILN_REPRO", "after_everything")
     with pytest.warns(RuntimeWarning, match="KILN_REPRO must be one of after_capture, after_aot"):
         kiln.compile(program)(torch.randn(2, 2), torch.randn(2, 2))
+
+
+def test_repro_goes_to_the_frame_folder(planted: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a debug folder, the script lands in the failing frame's folder and its index."""
+    bug = _plant(planted)
+    monkeypatch.setenv("KILN_REPRO", "after_capture")
+    debug = planted / "debug"
+    compiled = kiln.compile(
+        program,
+        backend=bug.crash_on_sin,  # type: ignore[attr-defined]
+        options={"debug_dir": str(debug)},
+    )
+    with pytest.warns(RuntimeWarning, match="planted"):
+        x, y = torch.randn(4, 8), torch.randn(4, 8)
+        torch.testing.assert_close(compiled(x, y), program(x, y))
+    assert not (planted / "repro.py").exists()
+    (script,) = debug.glob("*/repro.py")
+    assert "[`repro.py`]" in (script.parent / "index.md").read_text()
+    assert _compute_nodes(script.parent) == 1
