@@ -220,6 +220,8 @@ def save(program: ExportedProgram, path: str | os.PathLike[str]) -> None:
         "symbols": {k: [s.input, s.dim, s.min, s.max] for k, s in program.symbols.items()},
         "relations": program.relations,
         "joint": program.joint,
+        "devices": {k: str(v.device) for k, v in program.state_dict.items()},
+        "graph_devices": {k: str(v.device) for k, v in attrs.items()},
     }
     tensors = {f"state.{k}": v for k, v in program.state_dict.items()}
     tensors.update({f"graph.{k}": v for k, v in attrs.items()})
@@ -238,6 +240,10 @@ def load(path: str | os.PathLike[str]) -> ExportedProgram:
         raise ExportError(msg)
     attrs = {k.removeprefix("graph."): v for k, v in tensors.items() if k.startswith("graph.")}
     state = {k.removeprefix("state."): v for k, v in tensors.items() if k.startswith("state.")}
+    for name, device in doc["devices"].items():  # the graph's ops name the device it ran on
+        state[name] = state[name].to(device)
+    for name, device in doc["graph_devices"].items():
+        attrs[name] = attrs[name].to(device)
     inputs = tuple(InputSpec(kind, name) for kind, name in doc["inputs"])
     for spec in inputs:
         if spec.kind == "parameter":
