@@ -102,3 +102,104 @@ def test_naming_region_names_graphs_compiled_inside() -> None:
         out, names = _profile(fn, x)
     torch.testing.assert_close(out, x.sin() + 1)
     assert "kiln: mine graph 7" in names
+
+
+class Breaking(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x)
+        scale = y.sum().item()  # the one graph break
+        return y * scale
+
+
+def test_one_break_inside_a_module_is_counted_once(caplog: pytest.LogCaptureFixture) -> None:
+    model = Breaking()
+    compiled = kiln.compile(model)
+    with caplog.at_level(logging.INFO, logger="kiln.capture.graph_breaks"):
+        for _ in range(2):
+            x = torch.randn(2, 4)
+            torch.testing.assert_close(compiled(x), model(x))
+    logged = [r for r in caplog.records if r.getMessage().startswith("graph break")]
+    assert len(logged) == 1 and "scale = y.sum().item()" in logged[0].getMessage()
+    assert "Breaking.forward" in logged[0].getMessage()
+    assert kiln.stats().graph_breaks == 1
+    kiln.reset()
+    report = kiln.explain(Breaking())(torch.randn(2, 4))
+    assert report.graph_break_count == 1 and report.graph_count == 2
+
+
+class Scaled(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.drop = torch.nn.Dropout(0.0)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        z = x * y.size(1)
+        scale = z.sum().item()
+        return self.drop(z) * scale
+
+
+def test_recompile_messages_name_the_users_variables_and_lines(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    model = Scaled()
+    compiled = kiln.compile(model, dynamic=False)
+    with caplog.at_level(logging.INFO, logger="kiln.guards.recompiles"):
+        for n in (3, 5):
+            x, y = torch.randn(3), torch.randn(2, n)
+            torch.testing.assert_close(compiled(x, y), model(x, y))
+    text = "\n".join(r.getMessage() for r in caplog.records if r.name == "kiln.guards.recompiles")
+    assert "recompiling Scaled.forward (" in text
+    assert "test_seeing_inside.py:" in text and "`def forward(self, x: torch.Tensor" in text
+    assert "tensor y size mismatch at index 1: expected 3, got 5" in text
+    # the value a graph break hands on is named by the local it is stored to, at its line
+    assert "`scale = z.sum().item()`, after a graph break" in text
+    assert "scale changed" in text
+    for generated in ("___stack", "resume_at", "_call_", "L['", "kiln/api.py"):
+        assert generated not in text
+
+
+def test_a_wrong_shape_raises_the_users_error_and_logs_no_break(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    model = Breaking()
+    compiled = kiln.compile(model)
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(compiled(x), model(x))
+    with caplog.at_level(logging.INFO, logger="kiln.capture.graph_breaks"):
+        for _ in range(2):  # nothing is remembered: each wrong call raises as eager does
+            with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+                compiled(torch.randn(2, 5))
+    assert not [r for r in caplog.records if "graph break" in r.getMessage()]
+    assert kiln.stats().graph_breaks == 1  # the .item() break of the first call alone
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(compiled(x), model(x))
+
+
+@pytest.mark.parametrize(
+    ("mode", "said"),
+    [("max-autotune", {"autotuning", "CUDA graphs"}), ("reduce-overhead", {"CUDA graphs"})],
+)
+def test_a_mode_the_cpu_backend_cannot_honour_is_said_once(
+    caplog: pytest.LogCaptureFixture, mode: str, said: set[str]
+) -> None:
+    model = Breaking()  # two graphs (a break), several calls: each request is said once
+    compiled = kiln.compile(model, mode=mode)
+    with caplog.at_level(logging.WARNING, logger="kiln.frontend.modes"):
+        for _ in range(3):
+            x = torch.randn(2, 4)
+            torch.testing.assert_close(compiled(x), model(x))
+    texts = [r.getMessage() for r in caplog.records if r.name == "kiln.frontend.modes"]
+    assert len(texts) == len(said)
+    assert all(f"Breaking.forward: mode={mode!r} asks for" in t for t in texts)
+    assert {w for w in ("autotuning", "CUDA graphs") if any(w in t for t in texts)} == said
+    assert all(r.levelno == logging.WARNING for r in caplog.records if r.name.endswith("modes"))
+
+
+def test_the_default_mode_says_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="kiln.frontend.modes"):
+        kiln.compile(Block())(torch.randn(4, 8))
+    assert not [r for r in caplog.records if r.name == "kiln.frontend.modes"]

@@ -56,8 +56,9 @@ def test_recompile_is_logged_with_the_failing_guard(caplog):
         assert cache.lookup(torch.randn(16)) is None
         insert_for(cache, torch.randn(16))
     text = caplog.text
-    assert "recompiling double" in text
-    assert "tensor L['x'] size mismatch at index 0: expected 8, got 16" in text
+    # in the user's words: their function, file:line with its text, and variable
+    assert "recompiling double (" in text and "test_cache.py:" in text and "`def double(x):`" in text
+    assert "tensor x size mismatch at index 0: expected 8, got 16" in text
     assert counters.snapshot()["guards"]["recompiles"] == 1
 
 
@@ -149,4 +150,4 @@ def test_recompile_log_names_the_newest_entry_at_info_and_all_at_debug(caplog):
     with caplog.at_level(logging.DEBUG, logger="kiln.guards.recompiles"):
         assert cache.lookup(torch.randn(2)) is None
         insert_for(cache, torch.randn(2))
-    assert "entry 2: tensor L['x'] size mismatch at index 0: expected 8, got 2" in caplog.text
+    assert "entry 2: tensor x size mismatch at index 0: expected 8, got 2" in caplog.text

@@ -6,7 +6,7 @@ See the package README for the public API; it works with only this package insta
 from kiln.capture import artifacts, counters
 from kiln.capture.__about__ import __version__
 from kiln.capture.breaks.resume import is_continuation
-from kiln.capture.errors import CaptureError, KilnError, Unsupported, UserFrame
+from kiln.capture.errors import CaptureError, EagerRaises, KilnError, Unsupported, UserFrame
 from kiln.capture.explain import ExplainOutput, explain
 from kiln.capture.export import ExportResult, export
 from kiln.capture.export_shapes import Dim, DynamicShapesError
@@ -25,6 +25,7 @@ __all__ = [
     "AttrSource",
     "CaptureError",
     "CaptureResult",
+    "EagerRaises",
     "ExplainOutput",
     "ExportResult",
     "ClosureSource",

@@ -65,3 +65,8 @@ class Unsupported(KilnError):
     def with_frame(self, frame: UserFrame) -> Unsupported:
         """The same error, located at ``frame`` (the innermost user line that failed)."""
         return Unsupported(self.kind, self.explanation, self.hint, frame)
+
+
+class EagerRaises(KilnError):
+    """The user's program raises here when run eagerly (a shape mismatch a torch op checks):
+    no graph break to log; the frontend runs the frame eagerly, which raises the user's error."""

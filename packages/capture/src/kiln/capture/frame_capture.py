@@ -31,7 +31,7 @@ from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.breaks.rollback import BreakTracer, break_state
 from kiln.capture.breaks.split import capture_after_break
 from kiln.capture.emit import emit_code, graph_outputs
-from kiln.capture.errors import Unsupported
+from kiln.capture.errors import EagerRaises, Unsupported
 from kiln.capture.graph import EAGER_RANDOM, OutputGraph
 from kiln.capture.guard_data import user_function_modes
 from kiln.capture.isolation import no_user_hooks
@@ -132,7 +132,7 @@ def _trace(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> TracedFram
         }
         tracer = BreakTracer(code, func.__globals__, out, f_locals=f_locals, cells=cells)
         result = tracer.run()
-    except Unsupported:
+    except (Unsupported, EagerRaises):
         raise
     except RecursionError as e:
         raise unsupported("inline_limit", "Python recursion limit") from e

@@ -18,7 +18,8 @@ from torch import fx
 
 from kiln.capture import dispatch, function_modes, numpy_calls, subclass_calls, tensor_constants
 from kiln.capture.breaks.reasons import unsupported
-from kiln.capture.errors import Unsupported
+from kiln.capture.eager_errors import raises_in_eager
+from kiln.capture.errors import EagerRaises, Unsupported
 from kiln.capture.meta import RESTRIDES, MetadataMutation
 from kiln.capture.tensor_subclasses import is_function_subclass
 from kiln.capture.torch_functions import (
@@ -201,6 +202,8 @@ def _run(
         raise
     except Exception as e:  # a failure on fakes: eager would fail too, or it needs data
         name = getattr(target, "__name__", str(target))
+        if raises_in_eager(tr, e, [*fake_args, *fake_kwargs.values()]):
+            raise EagerRaises(f"{name}: {type(e).__name__}: {e}") from e
         raise unsupported("tensor_op_failed", f"{name}: {type(e).__name__}: {e}") from e
     touches_tensor = any(isinstance(u[1], torch.Tensor) for u in unpacked)
     if not _has_tensor(result) and not (result is None and touches_tensor):

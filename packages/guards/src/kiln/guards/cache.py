@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kiln.capture import counters
+from kiln.capture.user_words import frame_label
 from kiln.guards.check import GuardCheck
 from kiln.guards.config import config
 from kiln.guards.errors import RecompileLimitExceeded
@@ -68,7 +69,7 @@ class CodeCache:
 
     @property
     def name(self) -> str:
-        return f"{self.code.co_qualname} ({self.code.co_filename}:{self.code.co_firstlineno})"
+        return frame_label(self.code)  # the user's function, file:line and source text
 
     def lookup(self, *args: Any, **kwargs: Any) -> CacheEntry | None:
         """The newest entry whose guards pass for this call, or None (capture, then insert)."""
@@ -80,7 +81,7 @@ class CodeCache:
         if self._checks:
             counters.bump("guards", "misses")
             if recompiles_log.isEnabledFor(logging.DEBUG):
-                self._pending_reason = self.failure_reason(*args, **kwargs)
+                self._pending_reason = self._reasons(args, kwargs, users_words=True)
             elif recompiles_log.isEnabledFor(logging.INFO):
                 self._pending_reason = self._newest_reason(args, kwargs)
         return None
@@ -113,11 +114,16 @@ class CodeCache:
 
     def failure_reason(self, *args: Any, **kwargs: Any) -> str | None:
         """Why no entry matches this call (the first failing guard of each), or None if one does."""
+        return self._reasons(args, kwargs)
+
+    def _reasons(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], *, users_words: bool = False
+    ) -> str | None:
         if not self.entries:
             return "no compiled entries yet"
         reasons = []
         for i, entry in enumerate(self.entries):
-            reason = entry.check.failure_reason(*args, **kwargs)
+            reason = entry.check.first_failure(args, kwargs, users_words=users_words)
             if reason is None:
                 return None
             reasons.append(reason if len(self.entries) == 1 else f"entry {i}: {reason}")
@@ -155,7 +161,8 @@ class CodeCache:
 
     def _newest_reason(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         """Why the newest entry failed, and how many older ones did too (all, on a miss)."""
-        newest = self.entries[0].check.failure_reason(*args, **kwargs) if self.entries else None
+        first = self.entries[0].check.first_failure if self.entries else None
+        newest = first(args, kwargs, users_words=True) if first is not None else None
         older = len(self.entries) - 1
         more = f" (and {older} older entries)" if older > 0 else ""
         return f"{newest or 'unknown'}{more}"
@@ -163,7 +170,7 @@ class CodeCache:
     def _limit_message(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         """Why the newest entry for the call's own modules fails."""
         newest = (self._entries_for(args, kwargs) or self.entries)[:1]
-        reason = newest[0].check.failure_reason(*args, **kwargs) if newest else None
+        reason = newest[0].check.first_failure(args, kwargs, users_words=True) if newest else None
         return reason or "unknown"
 
     def warn_limit_once(self, *args: Any, **kwargs: Any) -> bool:

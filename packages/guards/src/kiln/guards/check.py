@@ -22,6 +22,7 @@ from kiln.capture import artifacts
 from kiln.capture.binding import code_signature
 from kiln.capture.guard_data import GuardKind, GuardSpec
 from kiln.capture.source import LocalSource
+from kiln.capture.user_words import user_expr
 from kiln.guards import codegen, explain, frame, plan
 from kiln.guards.errors import UnsupportedGuard
 from kiln.guards.kinds import kind_of
@@ -97,21 +98,31 @@ class GuardCheck:
 
     def failure_reason(self, *args: Any, **kwargs: Any) -> str | None:
         """The first guard that fails for these arguments, in words; None if all hold."""
+        return self.first_failure(args, kwargs)
+
+    def first_failure(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], *, users_words: bool = False
+    ) -> str | None:
+        """:meth:`failure_reason`; with ``users_words`` values are named as the user's code
+        names them (``self.fc.weight``, not ``L['self']._modules['fc']...``), for logs."""
         try:
             f_locals = self.bind(args, kwargs)
         except TypeError as e:
             return f"the arguments do not fit {self.target.__qualname__}{self.signature}: {e}"
+        code = self.target.__code__
         for g in self.guards:
             value: Any = None
+            where = None
             if g.source is not None:
+                where = user_expr(g.source, code) if users_words else explain.describe(g.source)
                 try:
                     value = frame.resolve(g.source, f_locals, self.target)
                 except Exception as e:
-                    return f"could not read {explain.describe(g.source)}: {type(e).__name__}: {e}"
+                    return f"could not read {where}: {type(e).__name__}: {e}"
             elif kind_of(g.kind).reads_frame:
                 value = functools.partial(frame.resolve, f_locals=f_locals, fn=self.target)
             try:
-                reason = explain.explain(g, value)
+                reason = explain.explain(g, value, where)
             except Exception as e:
                 reason = f"{g} raised {type(e).__name__}: {e}"
             if reason is not None:

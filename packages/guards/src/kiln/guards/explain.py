@@ -28,10 +28,12 @@ def describe(source: Source) -> str:
     return str(source)
 
 
-def explain(guard: GuardSpec, value: Any) -> str | None:
-    """Why ``guard`` fails for ``value`` (its source's current value), or None if it holds."""
+def explain(guard: GuardSpec, value: Any, where: str | None = None) -> str | None:
+    """Why ``guard`` fails for ``value`` (its source's current value), or None if it holds;
+    ``where`` names the source (default: :func:`describe`)."""
     kind = KINDS.get(guard.kind)
     if kind is None:
         return f"unknown guard kind {guard.kind}"
-    where = describe(guard.source) if guard.source is not None else "<global state>"
+    if where is None:
+        where = describe(guard.source) if guard.source is not None else "<global state>"
     return kind.explain(guard, where, value)

@@ -20,6 +20,7 @@ them. Code that cannot reach the cells may pass their contents instead
 from __future__ import annotations
 
 import dataclasses
+import dis
 import functools
 import inspect
 import types
@@ -31,6 +32,7 @@ from kiln.capture.bytecode.analysis import local_accesses, prune_unreachable, re
 from kiln.capture.bytecode.assemble import split_pair
 from kiln.capture.bytecode.build import CO_GENERATOR_LIKE, make_function, prologue
 from kiln.capture.errors import CaptureError, Unsupported
+from kiln.capture.user_words import FrameWords, name_frame, place, words_of
 
 __all__ = [
     "CELLS_AS_CLOSURE",
@@ -177,7 +179,22 @@ def _make_resume(
     resume_code = assemble(resume)
     closure = tuple(resume.freevars)
     entry = target.offset if target.offset is not None else offset
+    name_frame(resume_code, _words(code, offset, stack_args))
     return ResumeFunction(resume_code, offset, entry, kinds, stack_args, live, closure)
+
+
+def _words(code: types.CodeType, offset: int, stack_args: tuple[str, ...]) -> FrameWords:
+    """The continuation in the user's words: their function and the line it resumes at; a
+    stack value by the local it is stored to next, else by the line that computed it."""
+    at = next((i for i in dis.get_instructions(code) if i.offset == offset), None)
+    line = at.positions.lineno if at is not None and at.positions is not None else None
+    base = words_of(code)
+    name = base.label.split(" (")[0] if base else code.co_qualname.split(".resume_at_")[0]
+    label = f"{name} ({place(code.co_filename, line)}, after a graph break)"
+    names = {f"L[{arg!r}]": f"the value computed on line {line}" for arg in stack_args}
+    if stack_args and at is not None and at.opname in ("STORE_FAST", "STORE_DEREF"):
+        names[f"L[{stack_args[-1]!r}]"] = str(at.argval)
+    return FrameWords(label, names)
 
 
 def _break_index(info: CodeInfo, offset: int) -> int:

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from kiln.capture import counters, dispatch
+from kiln.capture import counters, dispatch, user_words
 from kiln.capture.breaks.frame import (
     MAX_RESUME_NESTING,
     Continuations,
@@ -360,6 +360,24 @@ def _native(state: BreakState, frame: Frame, rest: Continuations) -> list[str]:
 _EXHAUSTED = object()  # what ``next(it, default)`` returns at the end of a loop's iterator
 
 
+def _callee_reports(e: Unsupported, state: BreakState) -> bool:
+    """Whether ``e`` was raised inside the callee of the failing call, and the continuation
+    compiles that callee on its own: its capture meets the same break and reports it, so
+    this frame's split does not count it again."""
+    at, ins = e.frame, state.instruction
+    line = ins.positions.lineno if ins.positions is not None else None
+    if at is None or (at.filename, at.lineno) == (state.tracer.code.co_filename, line):
+        return False
+    parts = _call_parts(state)
+    fn: Value | None = parts[1] if parts is not None else None
+    if ins.opname == "CALL_FUNCTION_EX":
+        at_fn = _star_callable(state.stack, 4 if (ins.arg or 0) & 1 else 3)
+        fn = state.stack[at_fn] if at_fn is not None else None
+    if isinstance(fn, BoundMethodValue):
+        fn = fn.func
+    return fn is not None and (_plain_forward(fn) or _user_function(fn)) is not None
+
+
 def _loop_exit(state: BreakState) -> int:
     """Where FOR_ITER goes when its iterator is exhausted (3.12+: past the END_FOR it
     targets, and on 3.13 the POP_TOP after it)."""
@@ -454,11 +472,14 @@ def _split(
     writer.output_index = {id(v.node): i for i, v in enumerate(outputs)}
     traced_at = time.perf_counter()
     raising = _raising_stack(state, writer) if in_block and exits is None else None
+    tail: list[str] = []
     if in_block and exits is None and raising is None:
         # the instruction must run under the enclosing try: the continuation starts at it
         tail = [rest.call(state.instruction.offset, state.stack, compiled=False)]
-    else:
+    reported_later = False  # (the uncompiled rest above calls the callee eagerly)
+    if not tail:
         tail = _native(state, frame, rest)
+        reported_later = _callee_reports(e, state)
     body_lines = ["    " + line for line in frame.after]
     if exits:
         # an exception leaves the grad-mode blocks the way their `with` statements would
@@ -494,16 +515,19 @@ def _split(
     compiled_at = time.perf_counter()
     body = [*head, *make_cells, *frame.lines, *fill_cells, *replay, *frame.after, *tail]
     code = _assemble(func, writer, body)
-    breaks_log.info(
-        "graph break in %s: %s: %s\n%s", func.__qualname__, e.kind, e.explanation, e.frame
-    )
-    counters.bump("graph_breaks", e.kind)
+    if reported_later:  # one break, one report: the callee's, in its own words
+        breaks_log.debug("%s breaks inside a callee compiled on its own", func.__qualname__)
+    else:
+        where = user_words.function_name(func.__code__)
+        breaks_log.info("graph break in %s: %s: %s\n%s", where, e.kind, e.explanation, e.frame)
+        counters.bump("graph_breaks", e.kind)
     timings = {
         "trace": traced_at - started,
         "compile": compiled_at - emitted_at,
         "emit": emitted_at - traced_at + time.perf_counter() - compiled_at,
     }
-    return close_capture(fn, func, code, out, graph.graphs, [_break_record(e)], timings)
+    records = [] if reported_later else [_break_record(e)]
+    return close_capture(fn, func, code, out, graph.graphs, records, timings)
 
 
 def _assemble(fn: types.FunctionType, writer: _Writer, body: list[str]) -> types.CodeType:
