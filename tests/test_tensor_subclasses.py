@@ -296,3 +296,21 @@ def test_override_side_effects_match_eager() -> None:
         compiled(x, y)
         assert CALLS == expected == ["mul", "add", "sin"]
     assert len(graphs) == 1
+
+
+def test_type_of_a_dispatch_result_is_not_guessed() -> None:
+    """The trace does not run the wrapper's dispatch, so it does not know a result's class: a
+    branch on it is refused under fullgraph and breaks the graph otherwise, giving eager's
+    answer (``x * 3`` is Scaled, ``x + 1`` plain)."""
+
+    def program(x: torch.Tensor) -> Any:
+        y, z = x * 3, x + 1
+        return (y.sum() if isinstance(y, Scaled) else -y.sum()), isinstance(z, Scaled)
+
+    x = _scaled()
+    with pytest.raises(kiln.capture.errors.Unsupported):
+        kiln.compile(program, fullgraph=True, backend="eager")(x)
+    kiln.reset()
+    got, expected = kiln.compile(program, backend="eager")(x), program(x)
+    torch.testing.assert_close(got[0], expected[0])
+    assert got[1] is expected[1] is False

@@ -21,7 +21,7 @@ from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.eager_errors import raises_in_eager
 from kiln.capture.errors import EagerRaises, Unsupported
 from kiln.capture.meta import RESTRIDES, MetadataMutation
-from kiln.capture.tensor_subclasses import is_function_subclass
+from kiln.capture.tensor_subclasses import is_dispatch_wrapper, is_function_subclass
 from kiln.capture.torch_functions import (
     COMPILING,
     CONSTANT_FOLDED,
@@ -38,7 +38,7 @@ from kiln.capture.values.iterators import ItemsIterator, IteratorValue
 from kiln.capture.values.ndarray import NdarrayValue
 from kiln.capture.values.objects import ObjectValue
 from kiln.capture.values.symbolic import SymSliceValue, SymValue, is_symbolic
-from kiln.capture.values.tensor import TensorMethodValue, TensorValue
+from kiln.capture.values.tensor import DispatchResult, TensorMethodValue, TensorValue
 
 if TYPE_CHECKING:
     from kiln.capture.tracer import Tracer
@@ -215,7 +215,26 @@ def _run(
         {k: u[0] for k, u in unpacked_kw.items()},
         result,
     )
-    return _wrap_result(tr, node, result)
+    value = _wrap_result(tr, node, result)
+    if any(_from_dispatch(a) for a in [*args, *kwargs.values()]):
+        _mark_dispatch_results(value)
+    return value
+
+
+def _from_dispatch(v: Value) -> bool:
+    if isinstance(v, TensorValue):
+        return v.real_type is DispatchResult or is_dispatch_wrapper(v.real_type)
+    if isinstance(v, (ListValue, TupleValue)):
+        return any(_from_dispatch(x) for x in v.items)
+    return False
+
+
+def _mark_dispatch_results(v: Value) -> None:
+    if isinstance(v, TensorValue):
+        v.real_type = DispatchResult
+    elif isinstance(v, (ListValue, TupleValue)):
+        for x in v.items:
+            _mark_dispatch_results(x)
 
 
 def call_function(tr: Tracer, fn: Any, args: list[Value], kwargs: dict[str, Value]) -> Value:

@@ -7,10 +7,16 @@ from typing import Any
 import torch
 from torch import fx
 
+from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.source import Source
 from kiln.capture.values.base import Value
 
-__all__ = ["TensorValue", "TensorMethodValue"]
+__all__ = ["DispatchResult", "TensorValue", "TensorMethodValue"]
+
+
+class DispatchResult:
+    """The ``real_type`` of a tensor an op computed from a ``__torch_dispatch__`` wrapper:
+    its class is whatever the wrapper's dispatch returns, which the trace does not run."""
 
 
 class TensorValue(Value):
@@ -29,6 +35,11 @@ class TensorValue(Value):
         self.real_type = real_type
 
     def python_type(self) -> type:
+        if self.real_type is DispatchResult:  # guessing would take a branch eager may not
+            raise unsupported(
+                "unsupported_value",
+                "the type of a tensor computed by a __torch_dispatch__ subclass",
+            )
         return self.real_type
 
     def __repr__(self) -> str:
