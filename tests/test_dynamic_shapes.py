@@ -456,17 +456,7 @@ def _float_across_two_breaks(x: torch.Tensor) -> tuple[torch.Tensor, float]:
     return y, scale * 2
 
 
-_NUMBERS_PER_VALUE = "the kiln backend compiles a graph with a float input once per value"
-
-
-@pytest.mark.parametrize(
-    "backend",
-    [
-        "eager",
-        "aot_eager",
-        pytest.param("kiln", marks=pytest.mark.xfail(reason=_NUMBERS_PER_VALUE)),
-    ],
-)
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "kiln"])
 def test_symbolic_float_live_at_a_second_break_takes_each_calls_value(backend: str) -> None:
     """A symbolic number handed to the next continuation is this call's value, computed from
     the frame's arguments: written as the captured value, a guard pinned it and every new

@@ -125,9 +125,10 @@ def kiln(
     return loopir.compile_fx(gm, example_inputs, options=options)
 
 
-# loopir compiles a graph with symbolic sizes once; where it meets a construct it compiles for
-# static sizes only it raises loopir.StaticShapesOnly, and the frontend compiles per size
-kiln.dynamic_shapes = "sizes"  # type: ignore[attr-defined]
+# loopir compiles a graph with symbolic sizes and numbers once (a number is a kernel argument);
+# where it meets a construct it compiles for static sizes only it raises
+# loopir.StaticShapesOnly, and the frontend compiles per size
+kiln.dynamic_shapes = True  # type: ignore[attr-defined]
 
 
 @register_backend

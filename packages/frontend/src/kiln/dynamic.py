@@ -36,6 +36,7 @@ from kiln.capture.dynamic_dims import (
     mark_static,
     maybe_mark_dynamic,
 )
+from kiln.capture.shapes.dispatch import has_symbolic_sizes
 from kiln.capture.shapes.specialize import has_symbolic_inputs, number_inputs, specialize_graph
 from kiln.loopir import StaticShapesOnly
 
@@ -43,6 +44,7 @@ __all__ = [
     "mark_dynamic",
     "mark_static",
     "maybe_mark_dynamic",
+    "numbers_only",
     "per_size",
     "symbolic_or_per_size",
     "policy",
@@ -74,6 +76,21 @@ def serves_symbols(backend: Any, gm: fx.GraphModule) -> bool:
     it takes symbolic sizes and symbolic numbers as inputs, ``"sizes"`` the sizes alone."""
     serves = getattr(backend, "dynamic_shapes", False)
     return serves is True or (serves == "sizes" and not number_inputs(gm))
+
+
+def numbers_only(gm: fx.GraphModule) -> bool:
+    """Whether ``gm``'s symbolic inputs are Python numbers alone (its sizes static): the
+    default backend compiles it once with each number a kernel argument, even where graphs
+    with symbolic sizes are compiled per size (such a graph's kernels are the static ones)."""
+    numbers = number_inputs(gm)
+    if not numbers:
+        return False
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    return all(
+        not has_symbolic_sizes(n.meta["val"])
+        for n in placeholders
+        if isinstance(n.meta.get("val"), torch.Tensor)
+    )
 
 
 def _is_nan(v: Any) -> bool:

@@ -29,7 +29,7 @@ from kiln.codegen_cpp.printer import cpp_index
 from kiln.codegen_cpp.reductions import Accumulator
 from kiln.codegen_cpp.row_cache import ROW_CACHE_BYTES, RowCache
 from kiln.codegen_cpp.segments import Segment
-from kiln.codegen_cpp.size_args import size_bindings
+from kiln.codegen_cpp.size_args import float_args, size_bindings
 from kiln.loopir import sizes
 from kiln.loopir.kernel import RINDEX, XINDEX, KernelGroup, KernelNode
 from kiln.loopir.virtualized import set_ops_handler
@@ -119,6 +119,7 @@ class KernelWriter:
         self.rnumel = Extent(group.rnumel)
         self.pointers = _pointer_names(group)
         self.size_symbols, self.size_args = size_bindings(group)
+        self.float_args = float_args(self.size_args, group)
         # Extents of loop symbols that replace xindex (2-D pointwise loops), for simplification.
         self.index_ranges: dict[sympy.Symbol, int] = {}
         self.vectorized = False
@@ -143,7 +144,11 @@ class KernelWriter:
     def generate(self) -> str:
         """The whole ``extern "C"`` function."""
         params = [self._param(name, i) for i, name in enumerate(self.group.args)]
-        params += [f"int64_t {name}" for name in (*self.size_symbols, *self.size_args)]
+        params += [f"int64_t {name}" for name in self.size_symbols]
+        params += [
+            f"{'double' if name in self.float_args else 'int64_t'} {name}"
+            for name in self.size_args
+        ]
         params.append("int64_t nthreads")
         origins = ", ".join(self.group.origins()) or "?"
         lines = [

@@ -92,8 +92,9 @@ class LazyKernel:
         # size arguments follow the tensors in the call.
         self.sizes = tuple(writer.size_symbols.values())
         self.extra = len(writer.size_args)
-        ints = len(self.sizes) + self.extra + 1
-        self.signature = ["ptr"] * len(writer.group.args) + ["i64"] * ints
+        passed = ["f64" if n in writer.float_args else "i64" for n in writer.size_args]
+        self.signature = ["ptr"] * len(writer.group.args) + ["i64"] * len(self.sizes)
+        self.signature += [*passed, "i64"]
         self.checks_indices = writer.checks_indices
         self.group = writer.group
         self.function: KernelFunction | None = None

@@ -6,6 +6,8 @@ side (loopir's calling convention of tensors alone covers it, as a kernel called
 the tests is). One that is not (a size only an index expression uses: the count a mean
 divides by, a flat view's factor) is a *size argument*: loopir's wrapper, which binds every
 size symbol once per call, passes its value after the tensors (``KernelCode.size_args``).
+The symbol of a Python float input (``symbolic.is_number_symbol``) is such an argument too,
+taken as a ``double``.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from kiln.loopir.analysis import ReadWriteHandler
 from kiln.loopir.kernel import RINDEX, XINDEX, KernelGroup
 from kiln.loopir.virtualized import set_ops_handler
 
-__all__ = ["size_bindings"]
+__all__ = ["float_args", "size_bindings"]
 
 
 class _SizeUses(ReadWriteHandler):
@@ -88,3 +90,11 @@ def size_bindings(group: KernelGroup) -> tuple[dict[str, tuple[int, int]], tuple
         else:
             bindings[sym.name] = where
     return bindings, tuple(passed)
+
+
+def float_args(names: tuple[str, ...], group: KernelGroup) -> frozenset[str]:
+    """Those of the size arguments ``names`` that are float number symbols (``double``)."""
+    if not names:
+        return frozenset()
+    floats = {s.name for s in _body_symbols(group) if symbolic.is_number_symbol(s)}
+    return frozenset(n for n in names if n in floats)

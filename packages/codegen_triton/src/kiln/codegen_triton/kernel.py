@@ -338,6 +338,10 @@ class TritonKernel:
         return var
 
     def index_expr(self, index: sympy.Expr, dtype: torch.dtype) -> CSEVar:
+        if any(symbolic.is_number_symbol(s) for s in sympy.sympify(index).free_symbols):
+            # Triton would type a Python float argument float32: the graph compiles per value
+            msg = f"a Triton kernel takes the float {index} only as a constant"
+            raise StaticShapesOnly(msg)
         expr, text = self._index(index)
         if not expr.free_symbols:
             return TritonOps(self).constant(int(expr), dtype)

@@ -54,6 +54,24 @@ aten = torch.ops.aten
 SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
+NUMBER_OPS = frozenset({
+    "add", "sub", "rsub", "mul", "div", "true_divide", "pow", "clamp", "clamp_min",
+    "clamp_max", "where", "masked_fill", "lerp", "eq", "ne", "lt", "le", "gt", "ge",
+    "maximum", "minimum", "full", "full_like", "new_full", "scalar_tensor", "fill",
+})  # fmt: skip
+"""The ops whose lowerings take a symbolic float (a Python float input) as a scalar
+argument; any other op given one raises ``StaticShapesOnly`` (the graph compiles per value)."""
+
+
+def _refuse_number_symbols(op: Any, args: Any, kwargs: Any) -> None:
+    for leaf in pytree.tree_leaves((args, kwargs)):
+        if isinstance(leaf, sympy.Basic) and any(
+            symbolic.is_number_symbol(s) for s in leaf.free_symbols
+        ):
+            msg = f"{packet_name(op)} takes a symbolic float ({leaf}) only as a constant"
+            raise StaticShapesOnly(msg)
+
+
 class GraphLowering:
     """Lowers one ATen ``fx.GraphModule``; afterwards holds its buffers and outputs."""
 
@@ -88,7 +106,7 @@ class GraphLowering:
         self.layout_hints: dict[int, Any] = {}
         self.size_bindings: dict[sympy.Symbol, symbolic.SizeBinding] = {}
         """Where the wrapper reads each size symbol of a graph with symbolic sizes."""
-        self.size_hints: dict[sympy.Symbol, int] = {}
+        self.size_hints: dict[sympy.Symbol, int | float] = {}
         """Each size symbol's value in the call being compiled (:func:`symbolic.hint`)."""
         self.size_ranges: dict[sympy.Symbol, Range] = {}
         """Each size symbol's range in every call its guards admit."""
@@ -208,7 +226,9 @@ class GraphLowering:
 
     def _placeholder(self, node: torch.fx.Node, example: Any) -> Any:
         val = node.meta.get("val", example)
-        if isinstance(val, torch.SymInt):  # a size a backward receives (saved by its forward)
+        if isinstance(val, (torch.SymInt, torch.SymFloat)):
+            # a size a backward receives (saved by its forward), or a Python number input:
+            # the wrapper binds it once per call and kernels take it as a scalar argument
             self.graph_inputs.append(node.name)
             expr = self._note_symbols(val)
             self._bind(expr, symbolic.SizeBinding(node.name, None))
@@ -226,13 +246,14 @@ class GraphLowering:
         self.name_to_buffer[node.name] = buf
         return TensorBox(StorageBox(buf))
 
-    def _note_symbols(self, value: torch.SymInt) -> sympy.Expr:
+    def _note_symbols(self, value: torch.SymInt | torch.SymFloat) -> sympy.Expr:
         """``value``'s expression, noting the hints of the symbols it holds."""
         expr = sizes.sympify(value)
         env = getattr(value.node, "env", None)
         for sym in symbolic.size_symbols([expr]):
             if sym not in self.size_hints and env is not None:
-                self.size_hints[sym] = int(env.size_hint(sym))
+                found = env.size_hint(sym)
+                self.size_hints[sym] = found if symbolic.is_number_symbol(sym) else int(found)
                 self.size_ranges[sym] = env.range_of(sym)
         return expr
 
@@ -274,6 +295,8 @@ class GraphLowering:
                 return chosen_extern(op, args, kwargs)
             if _touches_complex(args, kwargs, meta) or _has_lazy_bit(meta):
                 return _complex_call(op, args, kwargs, meta)
+            if op not in LOWERINGS or packet_name(op) not in NUMBER_OPS:
+                _refuse_number_symbols(op, args, kwargs)
             decomposition = self.decompositions.get(op)
             if packet_name(op) in self.backend_traits(self._device_of(args)).extern_ops:
                 return chosen_extern(op, args, kwargs)

@@ -9,6 +9,10 @@ guard: such a decision only makes the program faster or slower, never wrong. Wha
 number for correctness raises :class:`~kiln.loopir.errors.StaticShapesOnly`.
 
 The wrapper reads each size symbol once per call from a graph input (:class:`SizeBinding`).
+A Python number the graph takes as an input (a ``SymInt`` or ``SymFloat`` placeholder: a scale,
+a float computed from data before a graph break) is bound the same way and reaches kernels as
+a scalar argument; a float one is a *number symbol* (:func:`is_number_symbol`), real-valued,
+which no size or index expression holds.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ __all__ = [
     "from_capture",
     "hint",
     "in_symbolic_graph",
+    "is_number_symbol",
     "is_symbolic",
     "lower_bound",
     "provably",
@@ -46,7 +51,7 @@ class SizeFacts:
     this call (``hints``) and the range every call's value lies in (``ranges``: the shape
     environment's, which its guards check)."""
 
-    hints: Mapping[sympy.Symbol, int]
+    hints: Mapping[sympy.Symbol, int | float]
     ranges: Mapping[sympy.Symbol, capture_exprs.Range]
 
 
@@ -125,6 +130,12 @@ def size_symbols(exprs: Iterable[sympy.Basic | int]) -> set[sympy.Symbol]:
         if isinstance(expr, sympy.Basic):
             found |= {s for s in expr.free_symbols if _is_size_symbol(s)}
     return found
+
+
+def is_number_symbol(sym: sympy.Basic) -> bool:
+    """Whether ``sym`` is the symbol of a Python float input: a kernel takes its value as a
+    ``double``, never as an index."""
+    return _is_size_symbol(sym) and sym.is_integer is not True
 
 
 def _is_size_symbol(sym: sympy.Basic) -> bool:

@@ -8,6 +8,7 @@ from typing import Any
 import sympy
 import torch
 
+from kiln.loopir.errors import StaticShapesOnly
 from kiln.loopir.ir.loops import Pointwise
 from kiln.loopir.ir.views import TensorBox, View
 from kiln.loopir.virtualized import V, ops
@@ -23,6 +24,7 @@ __all__ = [
     "loader_for",
     "make_pointwise",
     "promote",
+    "scalar",
     "canonical_dim",
     "origin",
 ]
@@ -60,7 +62,21 @@ def _meta_of(x: Value) -> Any:
     if isinstance(x, TensorBox):
         shape = [1] * x.dim()
         return torch.empty(shape, dtype=x.get_dtype(), device="meta")
+    if isinstance(x, sympy.Expr) and not x.is_Number:  # a symbolic int or float input
+        return 1 if x.is_integer else 1.0
     return x
+
+
+def scalar(value: Any, dtype: torch.dtype) -> Any:
+    """``value`` (a Python number, or the expression of a symbolic number input) as a
+    ``dtype`` value in a kernel: a symbolic one is read from the kernel's scalar argument
+    and converted as eager converts a Python scalar to the op's computation dtype."""
+    if isinstance(value, sympy.Expr) and not value.is_Number:
+        if dtype == torch.bool:
+            msg = f"a symbolic number {value} as a bool"
+            raise StaticShapesOnly(msg)
+        return ops.index_expr(value, dtype)
+    return ops.constant(value, dtype)
 
 
 def promote(*args: Value) -> torch.dtype:
@@ -108,7 +124,7 @@ def loader_for(x: Value, size: Sequence[sympy.Expr], dtype: torch.dtype) -> Call
     """A loader producing ``x`` broadcast to ``size`` and converted to ``dtype``."""
     if not isinstance(x, TensorBox):
         value = x
-        return lambda index: ops.constant(value, dtype)
+        return lambda index: scalar(value, dtype)
     inner = expand_to(x, size).make_loader()
     src = x.get_dtype()
     if src == dtype:

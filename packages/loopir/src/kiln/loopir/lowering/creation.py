@@ -18,6 +18,7 @@ from kiln.loopir.lowering.common import (
     make_pointwise,
     origin,
     out_meta,
+    scalar,
 )
 from kiln.loopir.lowering.fallback import extern_call
 from kiln.loopir.lowering.registry import overloads, register_lowering
@@ -38,7 +39,7 @@ def full(value: Any) -> TensorBox:
     if isinstance(value, TensorBox):
         raise Unlowerable("full with a tensor fill value")
     return TensorBox.from_loops(
-        Pointwise(device, dtype, shape, origin(), lambda idx: ops.constant(value, dtype))
+        Pointwise(device, dtype, shape, origin(), lambda idx: scalar(value, dtype))
     )
 
 

@@ -9,7 +9,7 @@ import torch
 
 from kiln.loopir.errors import Unlowerable
 from kiln.loopir.ir.views import TensorBox
-from kiln.loopir.lowering.common import Value, make_pointwise, out_dtype, promote
+from kiln.loopir.lowering.common import Value, make_pointwise, out_dtype, promote, scalar
 from kiln.loopir.lowering.registry import overloads, register_lowering
 from kiln.loopir.virtualized import ops
 
@@ -171,9 +171,7 @@ def _add(a: Value, b: Value, alpha: Any = 1) -> TensorBox:
     b, scale = _scaled(b, alpha)
     if scale:
         dt = out_dtype()
-        return make_pointwise(
-            lambda x, y: ops.add(x, ops.mul(y, ops.constant(alpha, _m(dt)))), [a, b]
-        )
+        return make_pointwise(lambda x, y: ops.add(x, ops.mul(y, scalar(alpha, _m(dt)))), [a, b])
     return make_pointwise(ops.add, [a, b])
 
 
@@ -182,9 +180,7 @@ def _sub(a: Value, b: Value, alpha: Any = 1) -> TensorBox:
     b, scale = _scaled(b, alpha)
     if scale:
         dt = out_dtype()
-        return make_pointwise(
-            lambda x, y: ops.sub(x, ops.mul(y, ops.constant(alpha, _m(dt)))), [a, b]
-        )
+        return make_pointwise(lambda x, y: ops.sub(x, ops.mul(y, scalar(alpha, _m(dt)))), [a, b])
     return make_pointwise(ops.sub, [a, b])
 
 

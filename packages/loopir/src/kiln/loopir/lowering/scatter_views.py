@@ -19,7 +19,7 @@ from kiln.loopir.errors import StaticShapesOnly
 from kiln.loopir.ir.loops import Pointwise
 from kiln.loopir.ir.views import TensorBox, pointwise_copy
 from kiln.loopir.lowering import views
-from kiln.loopir.lowering.common import canonical_dim, expand_to, origin
+from kiln.loopir.lowering.common import canonical_dim, expand_to, origin, scalar
 from kiln.loopir.lowering.fallback import fallback
 from kiln.loopir.lowering.registry import LOWERINGS, overloads, register_lowering
 from kiln.loopir.virtualized import V, ops
@@ -200,9 +200,7 @@ def _fill(x: TensorBox, value: Any) -> TensorBox:
         src = _converted(expand_to(value, x.get_size()), dtype)
         return TensorBox.from_loops(Pointwise(x.get_device(), dtype, x.get_size(), origin(), src))
     return TensorBox.from_loops(
-        Pointwise(
-            x.get_device(), dtype, x.get_size(), origin(), lambda i: ops.constant(value, dtype)
-        )
+        Pointwise(x.get_device(), dtype, x.get_size(), origin(), lambda i: scalar(value, dtype))
     )
 
 
