@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import inspect
 import itertools
 import logging
 import sys
@@ -28,7 +29,7 @@ from torch import fx
 from kiln import capture, dynamic, graph_cache, guards, loopir
 from kiln.backends import Backend, list_backends, lookup_backend, takes_options
 from kiln.backends import kiln as kiln_backend
-from kiln.capture import artifacts, counters
+from kiln.capture import artifacts, counters, user_words
 from kiln.capture.dynamic_dims import dynamic_dims
 from kiln.capture.shapes.specialize import has_symbolic_inputs
 from kiln.config import CompileConfig, make_config
@@ -36,6 +37,7 @@ from kiln.debug_index import writing as writing_index
 from kiln.fallback import CompileError, run_eagerly_after_failure
 from kiln.minifier import settings as repro_settings
 from kiln.minifier import watch_backend
+from kiln.modes import say_unhonoured
 
 __all__ = ["compile", "CompiledFunction", "OptimizedModule", "disable"]
 
@@ -120,7 +122,23 @@ def _trampoline(target: Callable[..., Any]) -> types.FunctionType:
     code = call.__code__.replace(co_name=name, co_qualname=name)
     fn = types.FunctionType(code, call.__globals__, name, None, call.__closure__)
     fn._kiln_user_name = _user_name(target)  # type: ignore[attr-defined]
+    user_words.name_frame(code, _trampoline_words(target))
     return fn
+
+
+def _trampoline_words(target: Any) -> user_words.FrameWords:
+    """Messages about a trampoline name the user's function and its parameters."""
+    called = type(target).forward if isinstance(target, torch.nn.Module) else target
+    code = getattr(inspect.unwrap(called), "__code__", None)
+    where = f" ({user_words.place(code.co_filename, code.co_firstlineno)})" if code else ""
+    try:
+        bound = target.forward if isinstance(target, torch.nn.Module) else target
+        params = list(inspect.signature(bound).parameters)
+    except (TypeError, ValueError):
+        params = []
+    names = {f"L['args'][{i}]": p for i, p in enumerate(params)}
+    names.update({f"L['kwargs'][{p!r}]": p for p in params})
+    return user_words.FrameWords(_user_name(target) + where, names)
 
 
 def _user_name(fn: Any) -> str:
@@ -339,6 +357,8 @@ class CompiledFunction:
                 counters.bump("stats", "eager_fallbacks")
                 _skipped.add(key)
                 return self._target
+            except capture.EagerRaises as e:  # the user's error: eager raises it, as it would
+                return self._eager_after(name, e, key, args, kwargs)
             except Exception as e:
                 if self._config.fullgraph:
                     raise CompileError(f"kiln failed to compile {name}: {e}") from e
@@ -351,6 +371,17 @@ class CompiledFunction:
             counters.bump("stats", "frames_captured")
             cache.insert(check, result.function)
         return result.function
+
+    def _eager_after(
+        self,
+        name: str,
+        error: Exception,
+        key: tuple[Any, ...],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Callable[..., Any]:
+        outcome = run_eagerly_after_failure(name, error, self._target, args, kwargs, key, _skipped)
+        return lambda *_args, **_kwargs: outcome
 
     def _compile_graph(
         self, gm: fx.GraphModule, example_inputs: Sequence[Any]
@@ -373,6 +404,8 @@ class CompiledFunction:
                 *repro_settings(self._config.option("repro"), self._config.option("repro_level")),
             )
             region = "kiln: {} graph {}".format(*self._region)
+            if backend is kiln_backend:
+                say_unhonoured(self._config, self._region[0], gm, example_inputs)
 
             def compile_static(g: fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
                 def compile_now() -> Callable[..., Any]:
