@@ -67,9 +67,9 @@ LINE_BUDGET = {
     # + about 640 for the minifier (minifier/: watching a stage, delta debugging over a
     # graph's nodes, writing and checking repro.py)
     # + about 130 for the debug folder's index page (debug_index.py)
-    # + about 960 for kiln.export (export/: ATen programs with their signature and input
+    # + about 1010 for kiln.export (export/: ATen programs with their signature and input
     # checks, the one-file format with its graph codec, safetensors read and written)
-    "frontend": 3600,
+    "frontend": 3750,
 }
 
 # Modules allowed over MAX_MODULE_LINES for now, each with a comment saying why and what will
