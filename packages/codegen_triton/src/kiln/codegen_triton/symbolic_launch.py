@@ -82,13 +82,22 @@ class SymbolicLauncher(TritonLauncher):
 
     def __call__(self, *args: Any) -> None:
         count = self.count
-        values = self._sizes(*args[count:])
         tensors = args[:count] if self.positions is None else [args[i] for i in self.positions]
-        key = (values, *[t.data_ptr() % 16 == 0 for t in tensors])
+        # the sizes loopir passes decide every size the launch uses: they key it as they are
+        key = (*args[count:], *[t.data_ptr() % 16 == 0 for t in tensors])
         launch = self._ready.get(key)
         if launch is not None:  # every call at sizes seen before: one lookup, one launch
             launch(tensors)
             return
+        launch = self._prepare(args[count:], tensors)
+        if launch is not None:
+            if len(self._ready) >= LAUNCHES_KEPT:
+                self._ready.clear()
+            self._ready[key] = launch
+
+    def _prepare(self, sizes: Sequence[int], tensors: Sequence[Any]) -> _Launch | None:
+        """Launch at new sizes (tuning their bucket if new); the launch for the next time."""
+        values = self._sizes(*sizes)
         xnumel, rnumel, extent = values[:3]
         if extent > INT32_LIMIT:
             msg = (
@@ -97,15 +106,12 @@ class SymbolicLauncher(TritonLauncher):
             )
             raise TritonLaunchError(msg)
         if xnumel == 0:
-            return
+            return None
         scalars = (xnumel, rnumel, *values[3:]) if self.ks.reduction else (xnumel, *values[3:])
         tuner = self.tuner_for(xnumel, rnumel)
         cfg = tuner.choose(lambda c, ts: self.launch_with(c, ts, scalars)(ts), tensors)
         self.launch_with(cfg, tensors, scalars)(tensors)
-        launch = self.launch_with(cfg, tensors, scalars)  # the binary, now that it is built
-        if len(self._ready) >= LAUNCHES_KEPT:
-            self._ready.clear()
-        self._ready[key] = launch
+        return self.launch_with(cfg, tensors, scalars)  # the binary, now that it is built
 
     def launch_with(self, cfg: Config, tensors: Sequence[Any], scalars: Sequence[int]) -> _Launch:
         """The launch of ``cfg`` at these sizes: the compiled binary once the JIT built it."""
