@@ -29,6 +29,7 @@ from kiln.capture import counters
 from kiln.loopir import symbolic
 from kiln.loopir.kernel import SEEDS
 from kiln.loopir.scheduler.order import ExternStep, KernelStep
+from kiln.loopir.wrapper import current_region
 
 __all__ = ["GRAPHS_KEPT", "SYNCING_OPS", "unsafe_reason", "CudaGraphRunner", "cudagraphify"]
 
@@ -162,6 +163,7 @@ def cudagraphify(compiled: Any, inputs: Sequence[Any] = ()) -> Callable[..., Any
     """
     steps = getattr(compiled, "steps", ())
     names = [n for n in getattr(compiled, "input_names", ()) if n is not None]
+    region = current_region()  # the user's function and graph, for the message
     how: list[str] = []  # "one" recording, one "per_size", or "launch" (unsafe)
     runner: list[CudaGraphRunner] = []
     per_size: collections.OrderedDict[Any, CudaGraphRunner] = collections.OrderedDict()
@@ -183,7 +185,11 @@ def cudagraphify(compiled: Any, inputs: Sequence[Any] = ()) -> Callable[..., Any
             if reason is None and not torch.cuda.is_available():
                 reason = "CUDA is not available"
             if reason is not None:
-                log.info("not using CUDA graphs: %s", reason)
+                # said at the default level on CUDA (once per graph: the decision is kept);
+                # a graph with no CUDA tensor was said by the frontend, for the whole mode
+                on_cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
+                level = logging.WARNING if on_cuda else logging.INFO
+                log.log(level, "%s runs without CUDA graphs: %s", region, reason)
                 how.append("launch")
             else:
                 how.append("per_size" if _has_symbolic_sizes(steps) else "one")
