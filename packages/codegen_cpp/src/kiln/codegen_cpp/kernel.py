@@ -13,6 +13,7 @@ loop-invariant hoisting), memory and control ops. Elementwise math is :mod:`.ops
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import re
 from collections.abc import Callable, Sequence
@@ -38,6 +39,14 @@ __all__ = ["Code", "KernelOps", "KernelWriter", "size_bindings"]
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
 _LANE = sympy.Symbol("lane", integer=True, nonnegative=True)
+
+
+@functools.lru_cache(maxsize=16384)
+def _index_key(index: sympy.Expr) -> str:
+    """``str(index)``, remembered: loads and stores key what a kernel stored on the printed
+    index, and sympy prints the long indices of symbolic sizes slowly (equal expressions
+    print alike, so the cache answers as printing would)."""
+    return str(index)
 
 
 @dataclasses.dataclass
@@ -297,7 +306,7 @@ class KernelWriter:
     def load(self, name: str, index: sympy.Expr) -> CppVar:
         index = self.simplify_index(index)
         dtype = self.group.buffers[name].dtype
-        key = (name, str(index))
+        key = (name, _index_key(index))
         if key in self._body.stored and self._mask is None:
             return self._body.stored[key]
         if not self.vectorized:
@@ -394,7 +403,7 @@ class KernelWriter:
                     lines += ["#pragma omp atomic", f"{target} += {converted};"]
             else:
                 lines.append(f"{target} = {converted};")
-                self._body.stored[(name, str(index))] = value
+                self._body.stored[(name, _index_key(index))] = value
             return
         if mode is not None:
             raise CannotVectorize("accumulating store")
@@ -402,7 +411,7 @@ class KernelWriter:
         if per_lane:
             raise CannotVectorize("indirect store")
         self._body.lines += self._vector_store_lines(name, index, value, dtype)
-        self._body.stored[(name, str(index))] = value
+        self._body.stored[(name, _index_key(index))] = value
 
     def _vector_store_lines(
         self, name: str, index: sympy.Expr, value: CppVar, dtype: torch.dtype

@@ -144,8 +144,15 @@ def contiguous_strides(sizes: Sequence[sympy.Expr]) -> list[sympy.Expr]:
     acc: sympy.Expr = sympy.Integer(1)
     for size in reversed(sizes):
         strides.append(acc)
-        acc = acc * sympy.Max(size, 1) if not size.is_Integer else acc * max(int(size), 1)
+        acc = acc * _at_least_one(size) if not size.is_Integer else acc * max(int(size), 1)
     return list(reversed(strides))
+
+
+@functools.lru_cache(maxsize=4096)
+def _at_least_one(size: sympy.Expr) -> sympy.Expr:
+    """``Max(size, 1)``, remembered: sympy compares a ``Max``'s arguments as it builds one,
+    slowly for symbolic sizes, and layouts ask for the strides of the same sizes often."""
+    return sympy.Max(size, 1)
 
 
 def linear_index(

@@ -25,9 +25,9 @@ from kiln.capture.shapes.exprs import (
     INF,
     Range,
     bounds,
+    decide,
     reduce_by_ranges,
     simplify_relation,
-    tight_bounds,
 )
 from kiln.capture.source import Source
 
@@ -73,6 +73,8 @@ class ShapeEnv:
         self.duck_shape = duck_shape
         self.symbols: dict[sympy.Symbol, SymbolInfo] = {}
         self.replacements: dict[sympy.Symbol, sympy.Expr] = {}
+        # each expression with the replacements substituted, until they change
+        self._simplified: dict[sympy.Basic, sympy.Basic] = {}
         self._guards: dict[sympy.Basic, ShapeGuard] = {}
         self._by_source: dict[Source, sympy.Expr] = {}
         self._duck: dict[int, sympy.Symbol] = {}
@@ -163,9 +165,18 @@ class ShapeEnv:
     def simplify(self, expr: sympy.Basic) -> sympy.Basic:
         """``expr`` with what guards have established substituted (sympy rebuilds each node,
         so ``FloorDiv(s0 * s1, s1)`` becomes ``s0`` on the way)."""
-        if not self.replacements or not expr.free_symbols & self.replacements.keys():
+        if not self.replacements:
             return expr
-        return expr.xreplace(self.replacements)
+        # every size a meta kernel touches is simplified on each read, and walking an
+        # expression for its free symbols costs more than a dict look-up of it
+        done = self._simplified.get(expr)
+        if done is None:
+            if expr.free_symbols & self.replacements.keys():
+                done = expr.xreplace(self.replacements)
+            else:
+                done = expr
+            self._simplified[expr] = done
+        return done
 
     def size_hint(self, expr: sympy.Basic | Scalar) -> Scalar:
         """The value ``expr`` has in the call being compiled."""
@@ -201,9 +212,7 @@ class ShapeEnv:
                 return decisive
             return None if None in values else not decisive
         if isinstance(expr, sympy.core.relational.Relational):
-            diff = expr.lhs - expr.rhs
-            quick = _decide(expr, bounds(diff, ranges))
-            return quick if quick is not None else _decide(expr, tight_bounds(diff, ranges))
+            return decide(expr, ranges)
         r = bounds(expr, ranges)
         return int(r.lower) if r.lower == r.upper else None
 
@@ -311,6 +320,7 @@ class ShapeEnv:
             kept.declared = kept.declared & gone.declared
         self.replacements = {k: v.xreplace({target: value}) for k, v in self.replacements.items()}
         self.replacements[target] = value
+        self._simplified.clear()
 
     def _ranges(self) -> dict[sympy.Symbol, Range]:
         return {s: info.range for s, info in self.symbols.items()}
@@ -333,22 +343,6 @@ def _canonical(relation: sympy.Basic) -> sympy.Basic:
     if isinstance(relation, sympy.core.relational.Relational):
         return relation.canonical
     return relation
-
-
-def _decide(relation: sympy.Basic, diff: Range) -> bool | None:
-    """The value of ``lhs <op> rhs`` for every ``lhs - rhs`` in ``diff``, or None."""
-    lo, hi = diff.lower, diff.upper
-    answers: dict[type, tuple[bool, bool]] = {
-        # relation kind: (known True when, known False when)
-        sympy.Eq: (lo == hi == 0, lo > 0 or hi < 0),
-        sympy.Ne: (lo > 0 or hi < 0, lo == hi == 0),
-        sympy.StrictLessThan: (hi < 0, lo >= 0),
-        sympy.LessThan: (hi <= 0, lo > 0),
-        sympy.StrictGreaterThan: (lo > 0, hi <= 0),
-        sympy.GreaterThan: (lo >= 0, hi < 0),
-    }
-    true, false = answers.get(type(relation), (False, False))
-    return True if true else False if false else None
 
 
 def _to_python(value: sympy.Basic) -> Scalar:

@@ -23,6 +23,9 @@ __all__ = [
     "Range",
     "bounds",
     "tight_bounds",
+    "decide",
+    "decide_range",
+    "sample_values",
     "simplify_relation",
     "reduce_by_ranges",
     "INF",
@@ -164,6 +167,79 @@ def bounds(expr: sympy.Basic, ranges: Mapping[sympy.Symbol, Range]) -> Range:
 
 
 _MAX_OPS = 40
+# How far above its lowest value a symbol is sampled (odd, so it meets no power of two).
+_FAR = 1009
+
+
+def decide_range(relation: sympy.Basic, diff: Range) -> bool | None:
+    """The value of ``lhs <op> rhs`` for every ``lhs - rhs`` in ``diff``, or None."""
+    lo, hi = diff.lower, diff.upper
+    answers: dict[type, tuple[bool, bool]] = {
+        # relation kind: (known True when, known False when)
+        sympy.Eq: (lo == hi == 0, lo > 0 or hi < 0),
+        sympy.Ne: (lo > 0 or hi < 0, lo == hi == 0),
+        sympy.StrictLessThan: (hi < 0, lo >= 0),
+        sympy.LessThan: (hi <= 0, lo > 0),
+        sympy.StrictGreaterThan: (lo > 0, hi <= 0),
+        sympy.GreaterThan: (lo >= 0, hi < 0),
+    }
+    true, false = answers.get(type(relation), (False, False))
+    return True if true else False if false else None
+
+
+def decide(relation: sympy.Basic, ranges: Mapping[sympy.Symbol, Range]) -> bool | None:
+    """The value of the relation ``lhs <op> rhs`` for every value its symbols' ranges admit,
+    or None when the ranges do not settle it.
+
+    Interval bounds first, then :func:`tight_bounds`, which is costly (expanding, factoring,
+    collecting); a relation that holds at one point of the ranges and fails at another can be
+    settled by no bound, so a few sampled points that disagree answer None without it.
+    """
+    diff = relation.lhs - relation.rhs
+    quick = decide_range(relation, bounds(diff, ranges))
+    if quick is not None:
+        return quick
+    seen = {decide_range(relation, Range.point(v)) for v in sample_values(diff, ranges)}
+    if True in seen and False in seen:
+        return None
+    return decide_range(relation, tight_bounds(diff, ranges))
+
+
+def sample_values(expr: sympy.Basic, ranges: Mapping[sympy.Symbol, Range]) -> list[int]:
+    """Values of ``expr`` at a few points its symbols' ranges admit (each symbol at its lowest
+    value, one above it, far above it), where they are exact integers (a point with a division
+    by zero, a fraction or a float is left out).
+
+    A sample is a witness, never a proof: it can show that a bound cannot settle a question
+    (the question has both answers within the ranges), so the costly search for a bound
+    that would is skipped; every answer given is still one the ranges prove."""
+    symbols = [s for s in expr.free_symbols if isinstance(s, sympy.Symbol)]
+    if not symbols or len(symbols) != len(expr.free_symbols):
+        return []
+    picks = {s: _picks(ranges.get(s, _UNKNOWN)) for s in symbols}
+    if any(not p for p in picks.values()):
+        return []
+    out = []
+    for i in range(3):
+        value = expr.xreplace({s: sympy.Integer(p[min(i, len(p) - 1)]) for s, p in picks.items()})
+        if value.is_Integer:
+            out.append(int(value))
+    return out
+
+
+def _picks(r: Range) -> list[int]:
+    """Three integers in ``r`` (none if it holds none): its lowest one, one above, one far
+    above (its highest, one below, far below when it has no lower end)."""
+    if r.lower > -INF:
+        start, step = math.ceil(r.lower), 1
+    elif r.upper < INF:
+        start, step = math.floor(r.upper), -1
+    else:
+        start, step = 0, 1
+    if not r.lower <= start <= r.upper:
+        return []
+    # clipped into the range: a bounded size is sampled at its upper end instead
+    return [int(min(max(start + step * k, r.lower), r.upper)) for k in (0, 1, _FAR)]
 
 
 def tight_bounds(expr: sympy.Expr, ranges: Mapping[sympy.Symbol, Range]) -> Range:
@@ -248,7 +324,15 @@ def reduce_by_ranges(expr: sympy.Basic, ranges: Mapping[sympy.Symbol, Range]) ->
     ``max(a, b)``/``min(a, b)`` as the side that is always the larger/smaller one."""
 
     def smaller(a: sympy.Expr, b: sympy.Expr) -> bool:
-        return bool(bounds(a, ranges).lower >= 0 and tight_bounds(b - a, ranges).lower > 0)
+        return bounds(a, ranges).lower >= 0 and nonnegative(b - a, strict=True)
+
+    def nonnegative(expr: sympy.Expr, strict: bool = False) -> bool:
+        """``expr >= 0`` (``> 0`` if ``strict``) for every value in range."""
+        if _above(bounds(expr, ranges).lower, strict):
+            return True
+        if any(not _above(v, strict) for v in sample_values(expr, ranges)):
+            return False  # a value below occurs: no bound can prove it
+        return _above(tight_bounds(expr, ranges).lower, strict)
 
     replacements: dict[sympy.Basic, sympy.Basic] = {}
     for m in expr.atoms(Mod):
@@ -260,8 +344,12 @@ def reduce_by_ranges(expr: sympy.Basic, ranges: Mapping[sympy.Symbol, Range]) ->
     for m in expr.atoms(sympy.Max, sympy.Min):
         if len(m.args) == 2:
             a, b = m.args
-            low = tight_bounds(a - b, ranges).lower >= 0  # a >= b always
-            high = tight_bounds(b - a, ranges).lower >= 0  # b >= a always
+            low = nonnegative(a - b)  # a >= b always
+            high = nonnegative(b - a)  # b >= a always
             if low or high:
                 replacements[m] = a if low == isinstance(m, sympy.Max) else b
     return expr.xreplace(replacements) if replacements else expr
+
+
+def _above(value: float, strict: bool) -> bool:
+    return value > 0 if strict else value >= 0

@@ -71,6 +71,25 @@ def _binary(
     return method
 
 
+def _min_max(cls: type, hint_fn: ExprFn) -> Callable[[SymNode, SymNode], SymNode]:
+    """``min``/``max`` of two sizes: the side that is always the smaller/larger one where the
+    ranges (or guards) say which, else sympy's ``Min``/``Max``, whose construction compares
+    its arguments at sympy's cost (torch computes every contiguous stride as a product of
+    ``max(size, 1)``)."""
+    larger = cls is sympy.Max
+
+    def method(self: SymNode, other: SymNode) -> SymNode:
+        pytype = _result_type("", self.pytype, other.pytype)
+        hints = (self._hint, other._hint)
+        hint = None if None in hints else pytype(hint_fn(*hints))
+        a, b = self.expr, other.expr
+        first = None if a.is_Number and b.is_Number else self.env.static_value(_GE(a, b))
+        expr = cls(a, b) if first is None else a if bool(first) == larger else b
+        return SymNode(expr, self.env, pytype, hint)
+
+    return method
+
+
 def _unary(expr_fn: ExprFn, hint_fn: ExprFn, kind: str = "") -> Callable[[SymNode], SymNode]:
     def method(self: SymNode) -> SymNode:
         pytype = _result_type(kind, self.pytype, self.pytype)
@@ -78,6 +97,8 @@ def _unary(expr_fn: ExprFn, hint_fn: ExprFn, kind: str = "") -> Callable[[SymNod
 
     return method
 
+
+_GE = _relation(sympy.Ge)
 
 # Dimension orders, innermost first, in which a layout is dense.
 _CHANNELS_LAST = {4: (1, 3, 2, 0), 5: (1, 4, 3, 2, 0)}
@@ -182,8 +203,8 @@ class SymNode:
     pow = _binary(operator.pow, operator.pow)
     pow_by_natural = pow
     float_pow = _binary(operator.pow, operator.pow, "float")
-    sym_min = _binary(sympy.Min, min)
-    sym_max = _binary(sympy.Max, max)
+    sym_min = _min_max(sympy.Min, min)
+    sym_max = _min_max(sympy.Max, max)
     eq = _binary(_relation(sympy.Eq), operator.eq, "bool")
     ne = _binary(_relation(sympy.Ne), operator.ne, "bool")
     lt = _binary(_relation(sympy.Lt), operator.lt, "bool")
