@@ -333,6 +333,7 @@ class CompiledFunction:
         sizes = dynamic.policy(
             self._config.dynamic, cache, self._config.option("automatic_dynamic_shapes", True)
         )
+        sizes = dynamic.with_data_dependent(sizes, self._config.option)
         with (
             artifacts.frame(name, Path(root) if root else None) as folder,
             dynamic_dims(sizes),
@@ -420,6 +421,8 @@ class CompiledFunction:
                         return graph_cache.compile_cached(g, inputs, wanted, compile_now)
                     return compile_now()
 
+            if backend is kiln_backend and dynamic.has_unbacked(gm):
+                return dynamic.data_dependent_graph(gm, example_inputs)
             limit = self._config.option("recompile_limit") or guards.config.recompile_limit
             symbolic_kernels = (
                 self._backend is not kiln_backend

@@ -27,6 +27,14 @@ OPTIONS: dict[str, tuple[type, str]] = {
         bool,
         "with dynamic=None, capture a size that changed between calls as a symbol",
     ),
+    "capture_scalar_outputs": (
+        bool,
+        "capture t.item(), int(t) and t.tolist() as unbacked symbols instead of graph breaks",
+    ),
+    "capture_dynamic_output_shape_ops": (
+        bool,
+        "capture nonzero, unique, masked_select and x[mask] with data-dependent sizes",
+    ),
     "dynamic_kernels": (
         bool,
         "let the default backend compile a graph with symbolic sizes once (off: per size)",

@@ -17,6 +17,7 @@ compiles per set, up to the recompile limit.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import warnings
@@ -27,6 +28,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from kiln import autograd_aot
 from kiln.capture import counters
 from kiln.capture.dynamic_dims import (
     STATIC,
@@ -36,11 +38,13 @@ from kiln.capture.dynamic_dims import (
     mark_static,
     maybe_mark_dynamic,
 )
+from kiln.capture.graph import DATA_DEPENDENT_OPS
 from kiln.capture.shapes.dispatch import has_symbolic_sizes
 from kiln.capture.shapes.specialize import has_symbolic_inputs, number_inputs, specialize_graph
 from kiln.loopir import StaticShapesOnly
 
 __all__ = [
+    "has_unbacked",
     "mark_dynamic",
     "mark_static",
     "maybe_mark_dynamic",
@@ -91,6 +95,29 @@ def numbers_only(gm: fx.GraphModule) -> bool:
         for n in placeholders
         if isinstance(n.meta.get("val"), torch.Tensor)
     )
+
+
+def with_data_dependent(sizes: DynamicDims, option: Callable[[str, Any], Any]) -> DynamicDims:
+    """``sizes`` with the options that keep data-dependent values in the graph."""
+    return dataclasses.replace(
+        sizes,
+        scalar_outputs=option("capture_scalar_outputs", False),
+        dynamic_output_shapes=option("capture_dynamic_output_shape_ops", False),
+    )
+
+
+def has_unbacked(gm: fx.GraphModule) -> bool:
+    """Whether ``gm`` computes sizes or numbers from tensor data (``capture_scalar_outputs``,
+    ``capture_dynamic_output_shape_ops``): no set of input sizes specializes it."""
+    return DATA_DEPENDENT_OPS in gm.meta
+
+
+def data_dependent_graph(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+    """The default backend's program for a graph with unbacked symbols: no per-size
+    specialization serves sizes computed from data, and loopir does not compile them yet, so
+    the graph's ATen ops (autograd_aot's, training included) run with eager kernels."""
+    counters.bump("stats", "data_dependent_graphs")
+    return autograd_aot.aot_eager(gm, example_inputs)
 
 
 def _is_nan(v: Any) -> bool:

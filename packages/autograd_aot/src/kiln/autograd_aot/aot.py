@@ -44,7 +44,9 @@ from kiln.autograd_aot.subclasses import SubclassProgram, has_wrapper_inputs
 from kiln.autograd_aot.symbolic import is_symbolic, is_symbolic_value, symbol_reads
 from kiln.autograd_aot.trace import trace_aten
 from kiln.capture import artifacts, counters
+from kiln.capture.graph import DATA_DEPENDENT_OPS
 from kiln.capture.isolation import no_user_hooks
+from kiln.capture.shapes import unbacked
 
 __all__ = ["AotCompiled", "aot_compile"]
 
@@ -343,10 +345,12 @@ class AotCompiled:
             args[pos] = fake
         for pos, number in zip(self.number_positions, numbers, strict=True):
             args[pos] = number
-        if self._marked:
-            assert isinstance(self.gm, fx.GraphModule)
-            return call_marked(self.gm, state, args, ControlFlowInterpreter)
-        return torch.func.functional_call(self.gm, state, tuple(args))
+        # data-dependent ops run on fakes as capture ran them: their values are unbacked symbols
+        with unbacked.allowing(getattr(self.gm, "meta", {}).get(DATA_DEPENDENT_OPS)):
+            if self._marked:
+                assert isinstance(self.gm, fx.GraphModule)
+                return call_marked(self.gm, state, args, ControlFlowInterpreter)
+            return torch.func.functional_call(self.gm, state, tuple(args))
 
     def _trace(
         self, mode: Mode, primals: Sequence[torch.Tensor], layout: InputLayout

@@ -152,10 +152,7 @@ class SubclassProgram:
         self.entries: list[tuple[_Key, _Entry]] = []
 
     def __call__(self, *args: Any) -> Any:
-        try:
-            flat, key = _flat_inputs(args)
-        except TypeError:  # a wrapper inside a wrapper: not desugared
-            return self._as_captured(args)
+        flat, key = _flat_inputs(args)
         entry = next((e for k, e in self.entries if _same(k, key)), None)
         if entry is None:
             entry = self._compile(args, flat)

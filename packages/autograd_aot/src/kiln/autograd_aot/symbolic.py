@@ -64,7 +64,18 @@ def is_symbolic(t: object) -> bool:
 
 def hint(value: Any) -> Any:
     """``value``'s number in the call being compiled, without a guard (a plain number as is)."""
-    return value.node.hint if isinstance(value, _SYM_TYPES) else value
+    if not isinstance(value, _SYM_TYPES):
+        return value
+    found = value.node.hint
+    if found is None:  # computed from data (an unbacked size): a guess serves for costs
+        env: ShapeEnv = value.node.env  # type: ignore[attr-defined]
+        guesses = dict.fromkeys(env.unbacked, sympy.Integer(_UNBACKED_GUESS))
+        found = env.size_hint(_expr(value).xreplace(guesses))
+    return found
+
+
+# what an unbacked size (``nonzero``'s row count) counts as in cost estimates
+_UNBACKED_GUESS = 64
 
 
 def fresh_fake(template: torch.Tensor, device: torch.device, requires_grad: bool) -> FakeTensor:
@@ -83,7 +94,8 @@ def _value_of(expr: sympy.Basic, env: ShapeEnv) -> Any:
         pytype = int
     else:
         pytype = float
-    return wrap(SymNode(expr, env, pytype, pytype(env.size_hint(expr))))
+    hint = env.hint_or_none(expr)
+    return wrap(SymNode(expr, env, pytype, None if hint is None else pytype(hint)))
 
 
 class _WithDivision(Materializer):
@@ -91,6 +103,8 @@ class _WithDivision(Materializer):
     over sizes (batch norm's unbiased ``n / (n - 1)``, attention's ``d ** 0.5``)."""
 
     def _build(self, expr: sympy.Basic) -> Any:
+        if isinstance(expr, sympy.logic.boolalg.Boolean):  # a runtime assert's relation
+            return super()._build(expr)
         num, den = sympy.fraction(expr)
         if den != 1 and not expr.is_integer:
             return self._node(operator.truediv, (self(num), self(den)), expr)
@@ -142,8 +156,27 @@ class SymbolReader:
                     read = self.graph.call_function(aten.sym_size.int, (node, d))
                     read.meta["val"] = size
                     return read
+        found = self._computed(symbol)
+        if found is not None:
+            return found
         msg = f"the size symbol {symbol} is not a size of any input of the graph"
         raise AotError(msg)
+
+    def _computed(self, symbol: sympy.Symbol) -> fx.Node | None:
+        """The node reading an unbacked symbol from the op that made it: its scalar result
+        (``item()``) or a size of its tensor result (``nonzero``), as the graph runs."""
+        for node in self.graph.nodes:
+            val = node.meta.get("val")
+            if is_symbolic_value(val) and _expr(val) == symbol:
+                return node  # type: ignore[no-any-return]
+            if node.op == "call_function" and isinstance(val, torch.Tensor):
+                for d, size in enumerate(val.shape):
+                    if isinstance(size, torch.SymInt) and _expr(size) == symbol:
+                        with self.graph.inserting_after(node):
+                            read = self.graph.call_function(aten.sym_size.int, (node, d))
+                        read.meta["val"] = size
+                        return read  # type: ignore[no-any-return]
+        return None
 
 
 SizeSources = tuple[tuple[sympy.Symbol, int, int], ...]

@@ -384,6 +384,11 @@ def _bool(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
 
 def _scalar_handler(fn: Callable[..., Any]) -> Handler:
     def handler(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        one_tensor = len(args) == 1 and isinstance(args[0], TensorValue)
+        if fn in (int, float) and one_tensor and tr.out.dynamic.scalar_outputs:
+            # int(t) is t.__int__(): a value from data, an unbacked symbol
+            method = "__int__" if fn is int else "__float__"
+            return torch_calls.call_method(tr, args[0], method, [], {})  # type: ignore[arg-type]
         for a in args:
             if isinstance(a, TensorValue | NdarrayValue):
                 kind = a.python_type().__name__

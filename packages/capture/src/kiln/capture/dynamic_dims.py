@@ -98,6 +98,11 @@ class DynamicDims:
     never: bool = False
     # input source text -> dims (with ranges) made symbolic, as export's dynamic_shapes says
     by_source: Mapping[str, Mapping[int, DimRange]] = dataclasses.field(default_factory=dict)
+    # data-dependent values become unbacked symbols rather than graph breaks: ``item()``
+    # (torch.compile's capture_scalar_outputs) and output sizes
+    # (capture_dynamic_output_shape_ops)
+    scalar_outputs: bool = False
+    dynamic_output_shapes: bool = False
 
     @property
     def any(self) -> bool:

@@ -11,6 +11,7 @@ user line as a :class:`~kiln.capture.errors.UserFrame` in ``meta["user_frame"]``
 from __future__ import annotations
 
 import dataclasses
+import operator
 import re
 import weakref
 from typing import Any
@@ -32,13 +33,14 @@ from kiln.capture.meta import FakeMode, FakeTensor, fake_like, to_fake, with_his
 from kiln.capture.shapes import ShapeEnv, SymNode, expr_of, symbolic_meta, wrap
 from kiln.capture.shapes.materialize import CannotMaterialize, Materializer
 from kiln.capture.shapes.tensors import dense_order
+from kiln.capture.shapes.unbacked import DataDependentOps
 from kiln.capture.side_effects import SideEffects
 from kiln.capture.source import SizeSource, Source, StrideSource
 from kiln.capture.tensor_subclasses import as_plain, is_dispatch_wrapper, is_function_subclass
 from kiln.capture.values.symbolic import SymValue, is_symbolic, specialize
 from kiln.capture.values.tensor import TensorValue
 
-__all__ = ["EAGER_RANDOM", "GraphInput", "OutputGraph"]
+__all__ = ["DATA_DEPENDENT_OPS", "EAGER_RANDOM", "GraphInput", "OutputGraph"]
 
 # ``Py_TPFLAGS_IMMUTABLETYPE``: builtin and extension types refuse ``cls.name = ...``
 _IMMUTABLE_TYPE = 1 << 8
@@ -76,6 +78,20 @@ def _user_line(graph: OutputGraph | None) -> str:
     return f"{frame.filename}:{frame.lineno}"
 
 
+def _tensor_results(node: fx.Node, result: Any) -> list[tuple[fx.Node, torch.Tensor]]:
+    """The tensors among an op's results, each with the node that reads it from ``node``
+    (the ``getitem`` users capture made for a tuple result)."""
+    if isinstance(result, torch.Tensor):
+        return [(node, result)]
+    found = []
+    if isinstance(result, (list, tuple)):
+        items = {u.args[1]: u for u in node.users if u.target is operator.getitem}
+        for i, r in enumerate(result):
+            if isinstance(r, torch.Tensor) and i in items:
+                found.append((items[i], r))
+    return found
+
+
 class GraphInput:
     """One placeholder: where the real value comes from, and the value at capture time (a
     tensor, or a Python number traced as a symbol)."""
@@ -92,6 +108,10 @@ class GraphInput:
         self.value = value
         self.node = node
 
+
+#: the ``GraphModule.meta`` key holding a graph's ``DataDependentOps`` when it has unbacked
+#: symbols (autograd_aot's retrace runs its data-dependent ops under the same permission)
+DATA_DEPENDENT_OPS = "kiln_data_dependent_ops"
 
 #: the attribute marking a continuation made after torch's generator was reseeded in the frame
 EAGER_RANDOM = "__kiln_eager_random__"
@@ -121,6 +141,10 @@ class OutputGraph:
         self._materialize = Materializer(self._symbol_node, self._expr_node)
         self._symbol_nodes: dict[Any, fx.Node] = {}
         self._numbers: dict[str, SymValue] = {}
+        # unbacked symbol -> the node computing it, and the dim of that node's tensor it
+        # is the size of (None: the node's value itself, as ``item()``'s)
+        self._unbacked: dict[Any, tuple[fx.Node, int | None]] = {}
+        self._asserted = 0
 
     # guards ----------------------------------------------------------------
     def guard(self, source: Source | None, kind: GuardKind, expected: Any = None) -> None:
@@ -237,6 +261,58 @@ class OutputGraph:
             self.shape_env.user_line = lambda: _user_line(graph())
         return self.shape_env
 
+    # data-dependent values --------------------------------------------------------------------
+    def data_dependent_ops(self) -> DataDependentOps | None:
+        """What data-dependent ops may run on fakes in this capture (its options), or None."""
+        if not (self.dynamic.scalar_outputs or self.dynamic.dynamic_output_shapes):
+            return None
+        return DataDependentOps(
+            self._env(), self.dynamic.scalar_outputs, self.dynamic.dynamic_output_shapes
+        )
+
+    def unbacked_count(self) -> int:
+        return 0 if self.shape_env is None else len(self.shape_env.unbacked)
+
+    def bind_unbacked(self, before: int, node: fx.Node, result: Any) -> None:
+        """Record where the graph reads the unbacked symbols an op just made (those past
+        ``before``): ``node``'s value itself, or a size of a tensor among its results; then
+        add the runtime asserts the op's kernels assumed of them."""
+        env = self.shape_env
+        if env is None:
+            return
+        fresh = list(env.unbacked)[before:]
+        if fresh:
+            if is_symbolic(result):
+                for s in expr_of(result).free_symbols & set(fresh):
+                    self._unbacked.setdefault(s, (node, None))
+            for producer, fake in _tensor_results(node, result):
+                for d, n in enumerate(fake.shape):
+                    if is_symbolic(n) and expr_of(n) in fresh:
+                        self._unbacked.setdefault(expr_of(n), (producer, d))
+        self.add_runtime_asserts()
+
+    def add_runtime_asserts(self) -> None:
+        """An ``aten._assert_scalar`` node for each fact assumed of unbacked symbols since the
+        last call: a wrong assumption raises when the graph runs, never a wrong answer."""
+        env = self.shape_env
+        if env is None:
+            return
+        for guard in env.deferred[self._asserted :]:
+            try:
+                cond = self._materialize(guard.expr)
+            except CannotMaterialize:
+                continue  # not readable from the graph's values: torch's kernels check it
+            if isinstance(cond, fx.Node):
+                message = f"Runtime assertion failed for expression {guard.expr}"
+                self.create_node(
+                    "call_function",
+                    torch.ops.aten._assert_scalar.default,
+                    (cond, message),
+                    {},
+                    None,
+                )
+        self._asserted = len(env.deferred)
+
     # symbolic numbers as graph values ---------------------------------------------------------
     def sym_arg(self, sym: Any) -> Any:
         """The graph argument for a symbolic number: nodes computing it from the inputs'
@@ -251,6 +327,11 @@ class OutputGraph:
         assert self.shape_env is not None
         if symbol in self._symbol_nodes:  # a number the graph takes as an input
             return self._symbol_nodes[symbol]
+        if symbol in self._unbacked:  # a value the graph computes from data
+            node, dim = self._unbacked[symbol]
+            if dim is None:
+                return node
+            return self._expr_node(torch.ops.aten.sym_size.int, (node, dim), symbol)
         source = self.shape_env.source_of(symbol)
         if not isinstance(source, (SizeSource, StrideSource)):
             raise CannotMaterialize(str(source))
@@ -265,7 +346,7 @@ class OutputGraph:
         assert self.shape_env is not None
         env = self.shape_env
         kind = bool if expr.is_Boolean else int if expr.is_integer else float
-        val = wrap(SymNode(expr, env, kind, env.size_hint(expr)))
+        val = wrap(SymNode(expr, env, kind, env.hint_or_none(expr)))
         return self.create_node("call_function", target, args, {}, val)
 
     def _move_placeholders_first(self, node: fx.Node) -> None:
@@ -312,4 +393,6 @@ class OutputGraph:
         self.graph.output(tuple(v.node for v in outputs))
         gm = fx.GraphModule(torch.nn.Module(), self.graph)
         gm.graph.lint()
+        if self.unbacked_count():  # a backend retracing the graph runs its ops the same way
+            gm.meta[DATA_DEPENDENT_OPS] = self.data_dependent_ops()
         return gm

@@ -70,6 +70,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from kiln.capture.eager_refusals import check_as_eager
 from kiln.capture.errors import Unsupported
+from kiln.capture.shapes import unbacked
 from kiln.capture.shapes.dispatch import run_symbolic
 
 __all__ = [
@@ -454,7 +455,8 @@ def run_fake(
     Results that are an argument's meta tensor (in-place and ``out=`` ops)
     come back as that very argument.
     """
-    if _is_data_dependent(func, args):
+    data_dependent = _is_data_dependent(func, args)
+    if data_dependent and not unbacked.permits(func):
         raise DataDependentOp(str(func))
     if func.overloadpacket in _RESHAPING_MUTATIONS:
         if is_noop_restride(func, args, kwargs):
@@ -484,8 +486,13 @@ def run_fake(
         meta_args = (*meta_args[:at], torch.device("meta"), *meta_args[at + 1 :])
     try:
         with _disable_current_modes():
-            # symbolic sizes run through decompositions: a C++ kernel would specialize them
-            out = run_symbolic(func, meta_args, meta_kwargs)
+            if data_dependent:  # permitted: its data-dependent values are unbacked symbols
+                out = unbacked.run_data_dependent(func, meta_args, meta_kwargs)
+                if out is NotImplemented:
+                    raise DataDependentOp(str(func))
+            else:
+                # symbolic sizes run through decompositions: a C++ kernel would specialize
+                out = run_symbolic(func, meta_args, meta_kwargs)
     except NotImplementedError as e:
         raise NoMetaKernel(str(func), str(e).splitlines()[0] if str(e) else "") from e
 

@@ -21,6 +21,7 @@ from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.eager_errors import raises_in_eager
 from kiln.capture.errors import EagerRaises, Unsupported
 from kiln.capture.meta import RESTRIDES, MetadataMutation
+from kiln.capture.shapes import unbacked
 from kiln.capture.tensor_subclasses import is_dispatch_wrapper, is_function_subclass
 from kiln.capture.torch_functions import (
     COMPILING,
@@ -195,8 +196,9 @@ def _run(
     unpacked_kw = {k: _unpack(tr, v) for k, v in kwargs.items()}
     fake_args = [u[1] for u in unpacked]
     fake_kwargs = {k: u[1] for k, u in unpacked_kw.items()}
+    before = tr.out.unbacked_count()
     try:
-        with tr.out.fake_mode:
+        with tr.out.fake_mode, unbacked.allowing(tr.out.data_dependent_ops()):
             result = fn(*fake_args, **fake_kwargs)
     except Unsupported:
         raise
@@ -206,7 +208,8 @@ def _run(
             raise EagerRaises(f"{name}: {type(e).__name__}: {e}") from e
         raise unsupported("tensor_op_failed", f"{name}: {type(e).__name__}: {e}") from e
     touches_tensor = any(isinstance(u[1], torch.Tensor) for u in unpacked)
-    if not _has_tensor(result) and not (result is None and touches_tensor):
+    data_dependent = tr.out.unbacked_count() > before  # ``item()``: a value from data
+    if not _has_tensor(result) and not (result is None and touches_tensor) and not data_dependent:
         return _constant(result)
     node = tr.out.create_node(
         op,
@@ -216,6 +219,7 @@ def _run(
         result,
     )
     value = _wrap_result(tr, node, result)
+    tr.out.bind_unbacked(before, node, result)
     if any(_from_dispatch(a) for a in [*args, *kwargs.values()]):
         _mark_dispatch_results(value)
     return value
@@ -272,6 +276,8 @@ def call_method(
     tr: Tracer, tensor: TensorValue, name: str, args: list[Value], kwargs: dict[str, Value]
 ) -> Value:
     """``tensor.name(*args, **kwargs)`` as a ``call_method`` node."""
+    if name in _SCALAR_METHODS and tr.out.dynamic.scalar_outputs:
+        return _scalar_output(tr, tensor, name)
     if name in _DATA_METHODS:
         raise unsupported("data_dependent_value", f"Tensor.{name}()")
     if name in _RESTRIDE_METHODS:  # fakes mirror them, for composites; a graph cannot
@@ -305,6 +311,28 @@ def _as_subclass(
     assert isinstance(alias, TensorValue)
     alias.real_type = cls
     return alias
+
+
+_SCALAR_METHODS = frozenset({"item", "tolist", "__int__", "__float__", "__index__"})
+# ``tolist()`` of a tensor this small becomes one ``item()`` per element
+_TOLIST_LIMIT = 64
+
+
+def _scalar_output(tr: Tracer, tensor: TensorValue, name: str) -> Value:
+    """``t.item()`` (``int(t)``, ``t.tolist()``) under ``capture_scalar_outputs``: a number
+    in the graph, an unbacked symbol, rather than a graph break."""
+    fake = tensor.fake
+    wanted = {"__int__": False, "__index__": False, "__float__": True}.get(name)
+    if wanted is not None and fake.dtype.is_floating_point != wanted:
+        raise unsupported("data_dependent_value", f"Tensor.{name}() of a {fake.dtype} tensor")
+    if name != "tolist" or fake.dim() == 0:
+        return _run(tr, "call_method", "item", torch.Tensor.item, [tensor], {})
+    sizes = fake.shape
+    if any(is_symbolic(n) for n in sizes) or fake.numel() > _TOLIST_LIMIT:
+        raise unsupported("data_dependent_value", "Tensor.tolist() of a large or dynamic tensor")
+    rows = [dispatch.get_item(tr, tensor, ConstantValue(i)) for i in range(sizes[0])]
+    assert all(isinstance(r, TensorValue) for r in rows)
+    return ListValue([_scalar_output(tr, r, "tolist") for r in rows])  # type: ignore[arg-type]
 
 
 def tensor_attribute(tr: Tracer, tensor: TensorValue, name: str) -> Value | None:

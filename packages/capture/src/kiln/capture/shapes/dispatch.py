@@ -29,7 +29,7 @@ from torch._decomp import decomposition_table, meta_table
 from torch._dispatch.python import enable_python_dispatcher
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["run_symbolic", "SymbolicMetaMode", "has_symbolic_sizes"]
+__all__ = ["UNBACKED_KERNELS", "run_symbolic", "SymbolicMetaMode", "has_symbolic_sizes"]
 
 _aten = torch.ops.aten
 
@@ -46,6 +46,19 @@ _SYMBOLIC_KERNELS = frozenset(
         _aten.view_as_complex.default,
     }
 )
+
+
+#: Kernels for ops whose torch kernels decide on a data-dependent argument (``x[:n]`` for an
+#: ``n`` from ``item()``), which ``kiln.capture.shapes.unbacked`` registers; NotImplemented
+#: from one falls back to torch's.
+UNBACKED_KERNELS: dict[Any, Any] = {}
+
+
+def _has_unbacked(args: tuple[Any, ...]) -> bool:
+    return any(
+        isinstance(a, torch.SymInt) and getattr(a.node, "hint", 0) is None
+        for a in pytree.tree_leaves(args)
+    )
 
 
 def has_symbolic_sizes(t: torch.Tensor) -> bool:
@@ -65,6 +78,10 @@ def run_symbolic(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
     """``func(*args, **kwargs)`` without letting a C++ kernel specialize symbolic sizes."""
     if func in _SYMBOLIC_KERNELS or not _symbolic(args, kwargs):
         return func(*args, **kwargs)
+    if func in UNBACKED_KERNELS and _has_unbacked((args, kwargs)):
+        out = UNBACKED_KERNELS[func](*args, **kwargs)
+        if out is not NotImplemented:
+            return out
     with SymbolicMetaMode():
         # a Python meta kernel first: it gives the strides eager's kernel gives, where a
         # decomposition may lay its result out otherwise (``repeat``'s is not contiguous)

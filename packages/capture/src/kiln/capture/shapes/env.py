@@ -9,6 +9,12 @@ least 2, so ``s0 == 1`` is False and ``s0 >= 2`` True), and guards refine what i
 ``s1 == s0`` replaces ``s1`` by ``s0`` everywhere, ``int(s2)`` replaces ``s2`` by its value,
 ``s0 > 16`` raises ``s0``'s lower bound.
 
+Unbacked symbols (``u0``) stand for values computed from tensor data (``t.item()``, the row
+count of ``nonzero``): they have no source and no hint, only a range, so a question their
+range does not decide cannot be answered (:class:`DataDependentGuard`), and no guard ever
+names them. A fact torch's kernels need of one (``torch._check``, a size at least 0) is
+assumed and kept as a runtime assert (:attr:`ShapeEnv.deferred`) for the graph to check.
+
 Every symbol, including one a size was specialized to at creation, has a source, so each
 guard is a relation over sources (``L['x'].size()[0] == 1``) for ``kiln.guards`` to check.
 """
@@ -21,6 +27,7 @@ from collections.abc import Callable
 
 import sympy
 
+from kiln.capture.errors import Unsupported
 from kiln.capture.shapes.exprs import (
     INF,
     Range,
@@ -31,7 +38,7 @@ from kiln.capture.shapes.exprs import (
 )
 from kiln.capture.source import Source
 
-__all__ = ["ShapeEnv", "ShapeGuard", "SymbolInfo", "Scalar"]
+__all__ = ["DataDependentGuard", "ShapeEnv", "ShapeGuard", "SymbolInfo", "Scalar"]
 
 Scalar = int | float | bool
 
@@ -59,6 +66,20 @@ class ShapeGuard:
     origin: str = ""
 
 
+class DataDependentGuard(Unsupported):
+    """A decision on an expression over unbacked symbols that their ranges do not settle:
+    the answer depends on tensor data the trace does not have, so the graph breaks there
+    (a ``data_dependent_branch``), never guessing."""
+
+    def __init__(self, expr: sympy.Basic) -> None:
+        self.expr = expr
+        super().__init__(
+            "data_dependent_branch",
+            f"control flow depends on {expr}, a value computed from tensor data",
+            "use torch.where or tensor ops, or torch._check(...) a fact the code may assume",
+        )
+
+
 class ShapeEnv:
     """Symbols for the sizes of one capture, and the guards decisions on them add.
 
@@ -80,6 +101,11 @@ class ShapeEnv:
         self._duck: dict[int, sympy.Symbol] = {}
         self._static: dict[sympy.Basic, Scalar | None] = {}
         self._decided: dict[sympy.Basic, Scalar] = {}
+        # data-dependent values: each unbacked symbol's range and whether it is a size
+        self.unbacked: dict[sympy.Symbol, Range] = {}
+        self.size_like: set[sympy.Symbol] = set()
+        # relations over unbacked symbols assumed without a guard, for runtime asserts
+        self.deferred: list[ShapeGuard] = []
         # ``file:line`` of the program line asking a question, where the caller knows it
         # better than the Python stack does (capture evaluates the user's code itself)
         self.user_line: Callable[[], str] | None = None
@@ -141,6 +167,43 @@ class ShapeEnv:
         self._by_source[source] = symbol
         return symbol
 
+    def create_unbacked(
+        self, kind: type = int, lower: float = -INF, upper: float = INF, *, size: bool = False
+    ) -> sympy.Symbol:
+        """A fresh unbacked symbol (``u0``, ``u1``, ...) for a value read from tensor data,
+        with the values it may take; ``size``: it is a tensor size (at least 0, and assumed
+        at least 2 where torch's size-oblivious reasoning asks)."""
+        name = f"u{len(self.unbacked)}"
+        kinds = {"integer": True} if kind in (int, bool) else {"real": True}
+        if size:
+            kinds["nonnegative"] = True
+            lower = builtins.max(lower, 0)
+        symbol = sympy.Symbol(name, **kinds)
+        self.unbacked[symbol] = Range(lower, upper)
+        if size:
+            self.size_like.add(symbol)
+        return symbol
+
+    def is_unbacked(self, expr: sympy.Basic) -> bool:
+        """Whether ``expr`` names an unbacked symbol (its value comes from tensor data)."""
+        return bool(self.unbacked) and not expr.free_symbols.isdisjoint(self.unbacked)
+
+    def defer(self, relation: sympy.Basic, origin: str = "") -> None:
+        """Assume ``relation`` over unbacked symbols (torch's ``expect_true``): it narrows
+        their ranges and becomes a runtime assert of the graph, never a guard."""
+        relation = _canonical(reduce_by_ranges(self.simplify(relation), self._ranges()))
+        if relation is sympy.true or any(g.expr == relation for g in self.deferred):
+            return
+        self.deferred.append(ShapeGuard(relation, origin))
+        self._refine(relation)
+        self._static.clear()
+
+    def hint_or_none(self, expr: sympy.Basic | Scalar) -> Scalar | None:
+        """``size_hint``, or None where ``expr`` depends on tensor data."""
+        if isinstance(expr, sympy.Basic) and self.is_unbacked(expr):
+            return None
+        return self.size_hint(expr)
+
     def source_of(self, symbol: sympy.Symbol) -> Source:
         return self.symbols[symbol].source
 
@@ -153,6 +216,8 @@ class ShapeEnv:
         if value.is_Integer:
             return Range.point(int(value))
         if isinstance(value, sympy.Symbol):
+            if value in self.unbacked:
+                return self.unbacked[value]
             return self.symbols[value].range
         return bounds(value, self._ranges())
 
@@ -225,6 +290,8 @@ class ShapeEnv:
         known = self.static_value(expr)
         if known is not None:
             return known
+        if self.is_unbacked(expr):  # no hint to decide by, and no guard may name it
+            raise DataDependentGuard(expr)
         value = self.size_hint(expr) if hint is None else hint
         if isinstance(value, bool):
             self._record(expr if value else sympy.Not(expr), origin)
@@ -288,17 +355,23 @@ class ShapeEnv:
         if isinstance(relation, sympy.Eq):
             self._unify(lhs, rhs)
             return
-        if not (isinstance(lhs, sympy.Symbol) and rhs.is_Integer and lhs in self.symbols):
+        if not (isinstance(lhs, sympy.Symbol) and rhs.is_Integer):
             return
-        info, bound = self.symbols[lhs], int(rhs)
+        if lhs not in self.symbols and lhs not in self.unbacked:
+            return
+        bound = int(rhs)
         new = {
             sympy.StrictLessThan: Range(-INF, bound - 1),
             sympy.LessThan: Range(-INF, bound),
             sympy.StrictGreaterThan: Range(bound + 1, INF),
             sympy.GreaterThan: Range(bound, INF),
         }.get(type(relation))
-        if new is not None:
-            info.range = info.range & new
+        if new is None:
+            return
+        if lhs in self.unbacked:
+            self.unbacked[lhs] = self.unbacked[lhs] & new
+        else:
+            self.symbols[lhs].range = self.symbols[lhs].range & new
 
     def _unify(self, lhs: sympy.Expr, rhs: sympy.Expr) -> None:
         # replace the newest lone symbol of the two sides by the other side
@@ -323,7 +396,24 @@ class ShapeEnv:
         self._simplified.clear()
 
     def _ranges(self) -> dict[sympy.Symbol, Range]:
-        return {s: info.range for s, info in self.symbols.items()}
+        ranges = {s: info.range for s, info in self.symbols.items()}
+        ranges.update(self.unbacked)
+        return ranges
+
+    def size_oblivious_value(self, expr: sympy.Basic) -> Scalar | None:
+        """``static_value`` with every unbacked size assumed at least 2, as torch's
+        size-oblivious questions are answered (a general kernel is right for 0 and 1 too)."""
+        known = self.static_value(expr)
+        if known is not None or not self.size_like:
+            return known
+        saved = dict(self.unbacked)
+        try:
+            for s in self.size_like:
+                self.unbacked[s] = saved[s] & Range(2, INF)
+            return self._static_value(expr)
+        finally:
+            self.unbacked = saved
+            self._static.clear()  # answers under the assumption are not facts
 
 
 def number(value: int | float) -> sympy.Number:

@@ -65,7 +65,7 @@ def _binary(
 ) -> Callable[[SymNode, SymNode], SymNode]:
     def method(self: SymNode, other: SymNode) -> SymNode:
         pytype = _result_type(kind, self.pytype, other.pytype)
-        hint = pytype(hint_fn(self._hint, other._hint))
+        hint = _hint_of(pytype, hint_fn, self._hint, other._hint)
         return SymNode(expr_fn(self.expr, other.expr), self.env, pytype, hint)
 
     return method
@@ -93,9 +93,16 @@ def _min_max(cls: type, hint_fn: ExprFn) -> Callable[[SymNode, SymNode], SymNode
 def _unary(expr_fn: ExprFn, hint_fn: ExprFn, kind: str = "") -> Callable[[SymNode], SymNode]:
     def method(self: SymNode) -> SymNode:
         pytype = _result_type(kind, self.pytype, self.pytype)
-        return SymNode(expr_fn(self.expr), self.env, pytype, pytype(hint_fn(self._hint)))
+        return SymNode(expr_fn(self.expr), self.env, pytype, _hint_of(pytype, hint_fn, self._hint))
 
     return method
+
+
+def _hint_of(pytype: type, fn: ExprFn, *hints: Scalar | None) -> Scalar | None:
+    """The hint of an operation's result: None when an operand's value comes from data."""
+    if any(h is None for h in hints):
+        return None
+    return pytype(fn(*hints))  # type: ignore[no-any-return]
 
 
 _GE = _relation(sympy.Ge)
@@ -112,7 +119,7 @@ class SymNode:
         expr: sympy.Basic,
         env: ShapeEnv,
         pytype: type,
-        hint: Scalar,
+        hint: Scalar | None,
         constant: Scalar | None = None,
     ) -> None:
         self._expr = expr
@@ -128,7 +135,8 @@ class SymNode:
         return self.env.simplify(self._expr)
 
     @property
-    def hint(self) -> Scalar:
+    def hint(self) -> Scalar | None:
+        """The value in the call being compiled; None for one computed from tensor data."""
         return self._hint
 
     # -- what kind of value ----------------------------------------------------------------
@@ -155,7 +163,7 @@ class SymNode:
         return self.constant is not None
 
     def has_hint(self) -> bool:
-        return True
+        return self._hint is not None
 
     def maybe_as_int(self) -> int | None:
         expr = self.expr
@@ -223,18 +231,18 @@ class SymNode:
     floor = _unary(sympy.floor, math.floor)
 
     def sym_int(self) -> SymNode:
-        return SymNode(Trunc(self.expr), self.env, int, int(self._hint))
+        return SymNode(Trunc(self.expr), self.env, int, _hint_of(int, int, self._hint))
 
     trunc = sym_int
 
     def sym_ite(self, then_val: SymNode, else_val: SymNode) -> SymNode:
         expr = sympy.Piecewise((then_val.expr, self.expr), (else_val.expr, True))
-        hint = then_val._hint if self._hint else else_val._hint
+        hint = None if self._hint is None else then_val._hint if self._hint else else_val._hint
         return SymNode(expr, self.env, then_val.pytype, hint)
 
     def sym_sum(self, args: Sequence[SymNode]) -> SymNode:
         pytype = float if any(a.pytype is float for a in args) else int
-        hint = pytype(sum(a._hint for a in args))
+        hint = _hint_of(pytype, lambda *h: sum(h), *[a._hint for a in args])
         return SymNode(sympy.Add(*[a.expr for a in args]), self.env, pytype, hint)
 
     # -- layout questions C++ asks of symbolic sizes and strides ----------------------------
@@ -251,7 +259,8 @@ class SymNode:
             terms.append(sympy.Or(sympy.Eq(size, 1), sympy.Eq(stride, expected)))
             expected = expected * size
         expr = sympy.Or(sympy.And(*terms), *[sympy.Eq(s.expr, 0) for s in sizes])
-        return SymNode(expr, self.env, bool, bool(self.env.size_hint(expr)))
+        hint = self.env.hint_or_none(expr)
+        return SymNode(expr, self.env, bool, None if hint is None else bool(hint))
 
     def is_contiguous(self, sizes: Sequence[SymNode], strides: Sequence[SymNode]) -> SymNode:
         return self._dense_in(sizes, strides, range(len(sizes) - 1, -1, -1))
@@ -271,7 +280,9 @@ class SymNode:
         self, sizes: Sequence[SymNode], strides: Sequence[SymNode]
     ) -> SymNode:
         # the order the strides have in this call; the guard on the answer keeps it sound
-        order = sorted(range(len(sizes)), key=lambda d: (strides[d]._hint, sizes[d]._hint))
+        order = sorted(
+            range(len(sizes)), key=lambda d: (_or_max(strides[d]._hint), _or_max(sizes[d]._hint))
+        )
         return self._dense_in(sizes, strides, order)
 
     def is_non_overlapping_and_dense_indicator(
@@ -279,7 +290,7 @@ class SymNode:
     ) -> SymNode:
         dense = self.is_non_overlapping_and_dense(sizes, strides)
         expr = sympy.Piecewise((1, dense.expr), (0, True))
-        return SymNode(expr, self.env, int, int(dense._hint))
+        return SymNode(expr, self.env, int, _hint_of(int, int, dense._hint))
 
     # -- decisions: each answers from the hint and records a guard -------------------------
 
@@ -288,15 +299,21 @@ class SymNode:
         known = self.env.static_value(expr)
         if known is not None:
             return known
+        origin = self._origin(file, line)
+        return self.env.evaluate_expr(expr, self._hint, origin)
+
+    def _origin(self, file: str, line: int) -> str:
         # torch's own lines (its Python or C++ sources) say less than the user's line does
         inside_torch = not file or "/torch/" in file or "/pytorch/" in file
         if self.env.user_line is not None:  # a tracer knows the traced program's line
-            origin = self.env.user_line()
-        else:
-            origin = _user_line() if inside_torch else f"{file}:{line}"
-        return self.env.evaluate_expr(expr, self._hint, origin)
+            return self.env.user_line()
+        return _user_line() if inside_torch else f"{file}:{line}"
 
     def guard_bool(self, file: str, line: int) -> bool:
+        if self.env.is_unbacked(self.expr) and self.env.static_value(self.expr) is None:
+            fallback = _guard_or_default()
+            if fallback is not None:
+                return fallback
         return bool(self._decide(file, line))
 
     def guard_int(self, file: str, line: int) -> int:
@@ -305,14 +322,38 @@ class SymNode:
     def guard_float(self, file: str, line: int) -> float:
         return float(self._decide(file, line))
 
-    # every symbol has a hint, so the size-oblivious and fallible forms decide the same way
-    expect_true = guard_bool
-    guard_size_oblivious = guard_bool
-    guard_or_false = guard_bool
-    guard_or_true = guard_bool
+    # A backed symbol has a hint, so the size-oblivious and fallible forms decide as
+    # guard_bool does; over unbacked symbols they answer what torch's own ShapeEnv answers.
+
+    def guard_or_false(self, file: str, line: int) -> bool:
+        return self._fallible(file, line, False)
+
+    def guard_or_true(self, file: str, line: int) -> bool:
+        return self._fallible(file, line, True)
+
+    def _fallible(self, file: str, line: int, otherwise: bool) -> bool:
+        if self.env.is_unbacked(self.expr):
+            known = self.env.static_value(self.expr)
+            return otherwise if known is None else bool(known)
+        return self.guard_bool(file, line)
+
+    def guard_size_oblivious(self, file: str, line: int) -> bool:
+        if self.env.is_unbacked(self.expr):
+            known = self.env.size_oblivious_value(self.expr)
+            if known is not None:
+                return bool(known)
+        return self.guard_bool(file, line)
+
+    def expect_true(self, file: str, line: int) -> bool:
+        """True, where the data decides it: assumed, and checked when the graph runs."""
+        expr = self.expr
+        if self.env.is_unbacked(expr) and self.env.static_value(expr) is None:
+            self.env.defer(expr, self._origin(file, line))
+            return True
+        return self.guard_bool(file, line)
 
     def expect_size(self, file: str, line: int) -> bool:
-        return self.ge(self.wrap_int(0)).guard_bool(file, line)
+        return self.ge(self.wrap_int(0)).expect_true(file, line)
 
     def statically_known_true(self, file: str, line: int) -> bool:
         return self.env.static_value(self.expr) is True
@@ -341,16 +382,36 @@ class SymNode:
         return f"SymNode({self.expr}, {self.pytype.__name__}, hint={self._hint})"
 
 
+def _or_max(hint: Scalar | None) -> float:
+    return math.inf if hint is None else hint
+
+
 def wrap(node: SymNode) -> torch.SymInt | torch.SymFloat | torch.SymBool | Scalar:
     """The torch value for ``node``: a Python scalar when its expression is a number."""
     expr = node.expr
     if expr.is_Number or expr in (sympy.true, sympy.false):
+        if node._hint is None:  # a data-dependent value its range pins
+            return node.pytype(expr)  # type: ignore[no-any-return]
         return node.pytype(node._hint)  # type: ignore[no-any-return]
     if node.pytype is int:
         return torch.SymInt(node)  # type: ignore[arg-type]  # torch accepts any SymNode-like
     if node.pytype is float:
         return torch.SymFloat(node)  # type: ignore[arg-type]
     return torch.SymBool(node)  # type: ignore[arg-type]
+
+
+def _guard_or_default() -> bool | None:
+    """The answer torch's ``guard_or_false``/``guard_or_true`` asked for where they called
+    ``guard_bool`` (their path for a SymNode without torch's own ShapeEnv), or None."""
+    frame = sys._getframe(2)
+    for _ in range(3):
+        if frame is None:
+            return None
+        if frame.f_code.co_name == "_guard_or" and "/torch/" in frame.f_code.co_filename:
+            default = frame.f_locals.get("default")
+            return default if isinstance(default, bool) else None
+        frame = frame.f_back  # type: ignore[assignment]
+    return None
 
 
 def _user_line() -> str:

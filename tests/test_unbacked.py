@@ -1,0 +1,200 @@
+"""Data-dependent values as unbacked symbols: ``item()``, ``nonzero``, ``unique``, boolean
+masks under ``capture_scalar_outputs`` / ``capture_dynamic_output_shape_ops``.
+
+Each program compiles to one graph without a break, equals eager over calls whose
+data-dependent counts differ (zero included), on every backend; with the options off it
+breaks as before; a fact a kernel assumed of a data-dependent size is checked at run time.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+
+import kiln
+from kiln.capture import counters
+
+ON = {"capture_scalar_outputs": True, "capture_dynamic_output_shape_ops": True}
+BACKENDS = ["eager", "aot_eager", "kiln"]
+
+
+@pytest.fixture(autouse=True)
+def _fresh() -> Iterator[None]:
+    kiln.reset()
+    counters.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no backend failure falling back to eager
+        yield
+    kiln.reset()
+
+
+def _same(a: Any, b: Any) -> None:
+    if isinstance(a, torch.Tensor):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        torch.testing.assert_close(a, b)
+    elif isinstance(a, (tuple, list)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            _same(x, y)
+    else:
+        assert a == b
+
+
+def _check(fn: Callable[..., Any], calls: list[tuple[Any, ...]], backend: str) -> None:
+    compiled = kiln.compile(fn, backend=backend, options=ON)
+    for args in calls:
+        _same(compiled(*args), fn(*args))
+    snap = counters.snapshot()
+    assert snap.get("graph_breaks", {}) == {}, snap
+    assert snap["stats"]["graphs_compiled"] == 1, snap
+    assert snap["stats"].get("eager_fallbacks", 0) == 0, snap
+
+
+def _masks(shape: tuple[int, ...], fractions: tuple[float, ...] = (0.5, 0.0, 0.9, 0.2)) -> list:
+    g = torch.Generator().manual_seed(0)
+    return [torch.rand(shape, generator=g) < f for f in fractions]
+
+
+def item_ops(x: torch.Tensor, t: torch.Tensor) -> Any:
+    n = t.item()
+    m = n * 2 + 1
+    return torch.arange(n) * 2, x.reshape(-1)[:n] + 1, torch.full((m,), 3.0), x[: n % 3].sum()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_item_feeds_tensor_ops(backend: str) -> None:
+    calls = [(torch.randn(3, 4), torch.tensor(v)) for v in (5, 0, 11, 2)]
+    _check(item_ops, calls, backend)
+
+
+def int_float(x: torch.Tensor, t: torch.Tensor, s: torch.Tensor) -> Any:
+    n = int(t)
+    scale = float(s)
+    return x[:n] * scale, x.sum() * scale, torch.full((2,), t.tolist())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_int_float_tolist(backend: str) -> None:
+    calls = [(torch.randn(6, 2), torch.tensor(v), torch.rand(())) for v in (3, 0, 6)]
+    _check(int_float, calls, backend)
+
+
+def mask_reads(x: torch.Tensor, mask: torch.Tensor) -> Any:
+    picked = x[mask]
+    rows = torch.nonzero(mask)
+    selected = torch.masked_select(x, mask)
+    return picked * 2 + 1, rows, selected.sum(), picked.numel() + 0 * x.sum()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mask_reads_nonzero_masked_select(backend: str) -> None:
+    calls = [(torch.randn(5, 4), m) for m in _masks((5, 4))]
+    _check(mask_reads, calls, backend)
+
+
+def mask_write(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    y = x.clone()
+    y[mask] = -1.0
+    y[~mask] = y[~mask] * 2
+    return y
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mask_write(backend: str) -> None:
+    calls = [(torch.randn(4, 3), m) for m in _masks((4, 3))]
+    _check(mask_write, calls, backend)
+
+
+def uniques(x: torch.Tensor) -> Any:
+    values, inverse, counts = torch.unique(x, return_inverse=True, return_counts=True)
+    return values + 1, inverse, counts, torch.unique_consecutive(x), torch.repeat_interleave(x)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_unique_and_repeat_interleave(backend: str) -> None:
+    g = torch.Generator().manual_seed(1)
+    calls = [(torch.randint(0, hi, (9,), generator=g),) for hi in (2, 5, 1, 4)]
+    _check(uniques, calls, backend)
+
+
+def sliding_window_attention(q: torch.Tensor, k: torch.Tensor, window: torch.Tensor) -> Any:
+    # the window comes from data; keys outside it are masked, and the positions kept are
+    # gathered with nonzero as a sparse attention would
+    w = window.item()
+    n = q.shape[0]
+    pos = torch.arange(n)
+    allowed = (pos[:, None] - pos[None, :]).abs() <= w
+    scores = (q @ k.t()).masked_fill(~allowed, float("-inf"))
+    rows, cols = torch.nonzero(allowed, as_tuple=True)
+    return scores.softmax(-1), rows, cols, scores[allowed]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sliding_window_attention_mask(backend: str) -> None:
+    calls = [(torch.randn(6, 4), torch.randn(6, 4), torch.tensor(w)) for w in (1, 0, 3)]
+    _check(sliding_window_attention, calls, backend)
+
+
+def masked_loss(x: torch.Tensor, w: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return ((x * w)[mask] ** 2).sum()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_training_through_masked_select(backend: str) -> None:
+    compiled = kiln.compile(masked_loss, backend=backend, options=ON)
+    for mask in _masks((4, 5)):
+        x = torch.randn(4, 5)
+        w = torch.randn(4, 5, requires_grad=True)
+        w_ref = w.detach().clone().requires_grad_(True)
+        out = compiled(x, w, mask)
+        ref = masked_loss(x, w_ref, mask)
+        out.backward()
+        ref.backward()
+        torch.testing.assert_close(out, ref)
+        torch.testing.assert_close(w.grad, w_ref.grad)
+    assert counters.snapshot().get("graph_breaks", {}) == {}
+
+
+@pytest.mark.parametrize("fn", [item_ops, mask_reads, uniques])
+def test_options_off_still_break(fn: Callable[..., Any]) -> None:
+    args = {item_ops: (torch.randn(3, 4), torch.tensor(2)), uniques: (torch.tensor([1, 1, 2]),)}
+    call = args.get(fn, (torch.randn(5, 4), _masks((5, 4))[0]))
+    compiled = kiln.compile(fn, backend="eager")
+    _same(compiled(*call), fn(*call))
+    assert counters.snapshot().get("graph_breaks"), "expected a graph break"
+
+
+def branch(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    n = t.item()
+    if n > 2:  # undecidable without data: a clean break, never a guess
+        return x * 2
+    return x - 1
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_branch_on_unbacked_breaks(backend: str) -> None:
+    compiled = kiln.compile(branch, backend=backend, options=ON)
+    for v in (5, 0, 3, 1):
+        x = torch.randn(3)
+        _same(compiled(x, torch.tensor(v)), branch(x, torch.tensor(v)))
+
+
+def pairs(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return x[mask].view(-1, 2).sum(1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_runtime_assert_raises_as_eager(backend: str) -> None:
+    compiled = kiln.compile(pairs, backend=backend, options=ON)
+    x = torch.randn(6)
+    even = torch.tensor([True, True, False, True, True, False])
+    _same(compiled(x, even), pairs(x, even))
+    odd = torch.tensor([True, True, True, False, False, False])
+    with pytest.raises(RuntimeError):
+        pairs(x, odd)
+    with pytest.raises(RuntimeError):
+        compiled(x, odd)
