@@ -152,7 +152,10 @@ class SubclassProgram:
         self.entries: list[tuple[_Key, _Entry]] = []
 
     def __call__(self, *args: Any) -> Any:
-        flat, key = _flat_inputs(args)
+        try:
+            flat, key = _flat_inputs(args)
+        except TypeError:  # a wrapper inside a wrapper: not desugared
+            return self._as_captured(args)
         entry = next((e for k, e in self.entries if _same(k, key)), None)
         if entry is None:
             entry = self._compile(args, flat)
