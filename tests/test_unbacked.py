@@ -198,3 +198,17 @@ def test_runtime_assert_raises_as_eager(backend: str) -> None:
         pairs(x, odd)
     with pytest.raises(RuntimeError):
         compiled(x, odd)
+
+
+def checked_prefix(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    n = t.item()
+    torch._check(n <= x.shape[0])  # a fact the program states: a runtime assert, no break
+    return x[:n] * 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_torch_check_is_a_runtime_assert(backend: str) -> None:
+    _check(checked_prefix, [(torch.randn(6), torch.tensor(v)) for v in (3, 0, 6)], backend)
+    compiled = kiln.compile(checked_prefix, backend=backend, options=ON)
+    with pytest.raises(RuntimeError):
+        compiled(torch.randn(6), torch.tensor(7))

@@ -142,6 +142,8 @@ def _call_object(tr: Tracer, fv: ObjectValue, args: list[Value], kwargs: dict[st
         return call_module(tr, fv, args, kwargs)
     if torch_functions.is_special(obj):
         return torch_calls.call_function(tr, obj, args, kwargs)
+    if obj in torch_functions.CHECKS and args and torch_calls.is_symbolic_value(args[0]):
+        return torch_calls.symbolic_check(tr, obj, args[0])
     block = function_modes.make_block(obj, args, kwargs)
     if block is not None:
         return block

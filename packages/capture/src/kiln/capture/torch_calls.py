@@ -17,7 +17,7 @@ import torch
 from torch import fx
 
 from kiln.capture import dispatch, function_modes, numpy_calls, subclass_calls, tensor_constants
-from kiln.capture.breaks.reasons import unsupported
+from kiln.capture.breaks.reasons import raised, unsupported
 from kiln.capture.eager_errors import raises_in_eager
 from kiln.capture.errors import EagerRaises, Unsupported
 from kiln.capture.meta import RESTRIDES, MetadataMutation
@@ -333,6 +333,25 @@ def _scalar_output(tr: Tracer, tensor: TensorValue, name: str) -> Value:
     rows = [dispatch.get_item(tr, tensor, ConstantValue(i)) for i in range(sizes[0])]
     assert all(isinstance(r, TensorValue) for r in rows)
     return ListValue([_scalar_output(tr, r, "tolist") for r in rows])  # type: ignore[arg-type]
+
+
+def is_symbolic_value(v: Value) -> bool:
+    return isinstance(v, SymValue) and is_symbolic(v.sym)
+
+
+def symbolic_check(tr: Tracer, fn: Any, cond: Value) -> Value:
+    """``torch._check(cond)`` over a symbolic number: assumed, as torch.compile does. Over
+    unbacked symbols it becomes a runtime assert (and narrows their ranges); over sizes a
+    guard; a relation the trace shows false raises as eager does."""
+    assert isinstance(cond, SymValue)
+    sym: Any = cond.sym
+    if fn is torch._check_is_size:
+        sym = sym >= 0
+    holds = sym.node.expect_true("", 0) if isinstance(sym, torch.SymBool) else bool(sym)
+    if not holds:
+        raise raised(RuntimeError("Expected cond to be True, but got False."))
+    tr.out.add_runtime_asserts()
+    return ConstantValue(None)
 
 
 def tensor_attribute(tr: Tracer, tensor: TensorValue, name: str) -> Value | None:

@@ -149,6 +149,11 @@ def is_apply(obj: Any) -> bool:
     return owner.__module__.startswith("torch")
 
 
+#: ``torch._check(cond)``, ``torch._check_is_size(n)``: facts the program states, assumed
+#: where ``cond`` is symbolic (torch_calls.symbolic_check), inlined as Python otherwise
+CHECKS = (torch._check, torch._check_is_size)
+
+
 def is_special(obj: Any) -> bool:
     """Torch functions with a fixed answer while capturing (``torch.compiler.is_compiling``)."""
     try:

@@ -32,6 +32,7 @@ from kiln.capture.tensor_subclasses import (
     tensor_torch_function,
 )
 from kiln.capture.torch_functions import (
+    CHECKS,
     is_apply,
     is_control_flow,
     is_special,
@@ -129,7 +130,7 @@ def _wrap(out: OutputGraph, obj: Any, source: Source | None) -> Value:
             out.guard(source, GuardKind.ID_MATCH, id(obj))
         if checkpointing.stand_in(obj) is not None:
             return checkpointing.CheckpointValue(obj, source)
-        if is_special(obj) or is_torch_callable(obj) or is_control_flow(obj):
+        if is_special(obj) or is_torch_callable(obj) or is_control_flow(obj) or obj in CHECKS:
             return ObjectValue(obj, source)
         if _runs_natively(obj):
             return ObjectValue(obj, source)
