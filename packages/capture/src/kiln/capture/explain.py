@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +25,7 @@ from torch import fx
 from kiln.capture.errors import Unsupported
 from kiln.capture.frame_capture import GraphBreak, capture
 from kiln.capture.guard_data import GuardSpec
+from kiln.capture.user_words import user_expr
 
 __all__ = ["EagerFrame", "ExplainOutput", "explain", "op_names"]
 
@@ -58,6 +60,8 @@ class ExplainOutput:
     breaks: list[GraphBreak] = dataclasses.field(default_factory=list)
     gave_up: list[EagerFrame] = dataclasses.field(default_factory=list)
     result: Any = None
+    codes: list[types.CodeType | None] = dataclasses.field(default_factory=list, repr=False)
+    """The code each graph was captured from: its guards print in the user's words."""
 
     @property
     def graph_count(self) -> int:
@@ -89,11 +93,14 @@ class ExplainOutput:
             at = f.reason.frame
             where = f" at {at.filename}:{at.lineno}" if at is not None else ""
             lines.append(f"  {f.name}: {f.reason.kind}: {f.reason.explanation}{where}")
-        for i, (ops, guards) in enumerate(zip(self.ops_per_graph, self.guards, strict=True), 1):
+        codes = self.codes if len(self.codes) == len(self.guards) else [None] * len(self.guards)
+        for i, (ops, guards, code) in enumerate(
+            zip(self.ops_per_graph, self.guards, codes, strict=True), 1
+        ):
             lines.append(f"Graph {i}: {len(ops)} ops, {len(guards)} guards")
             lines.append(f"  ops: {', '.join(ops) or '-'}")
             for g in guards:
-                where = f"{g.source} " if g.source is not None else ""
+                where = f"{user_expr(g.source, code)} " if g.source is not None else ""
                 lines.append(f"  guard: {where}{g.kind.name}")
         return "\n".join(lines)
 
@@ -132,6 +139,7 @@ class _Run:
                 recorded = True
                 self.report.graphs.extend(graphs)
                 self.report.guards.extend(list(result.guards) for _ in graphs)
+                self.report.codes.extend(getattr(fn, "__code__", None) for _ in graphs)
                 self.report.breaks.extend(result.graph_breaks)
             return result.function(*args, **kwargs)
 
