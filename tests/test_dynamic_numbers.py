@@ -137,18 +137,28 @@ def test_clamp_with_number_bounds() -> None:
     _run(f, lambda: torch.randn(40), {}, [-1.0 + 0.13 * i for i in range(12)], exact=True)
 
 
-def test_arithmetic_on_a_float_is_compiled_per_value() -> None:
-    """A float the graph computes from a float input (``lo + 0.5``) is not a kernel argument
-    yet: the graph is compiled per value, correct but past the limit with eager kernels."""
+def test_floats_computed_from_a_float() -> None:
+    """Floats the graph computes from a float input (``lo + 0.5``) are computed by the wrapper
+    as eager's Python computes them, and reach kernels as arguments too."""
 
     def f(x: torch.Tensor, lo: float) -> torch.Tensor:
-        return x.clamp(lo, lo + 0.5)
+        return x.clamp(lo, lo + 0.5) * (-lo / 3.0) + torch.full_like(x, 2 * lo - 1)
+
+    _run(f, lambda: torch.randn(40, dtype=torch.float64), {})  # a fused multiply-add
+
+
+def test_an_unsupported_use_is_compiled_per_value() -> None:
+    """A float an op takes where loopir has no symbolic form (leaky_relu's slope) compiles
+    the graph per value: correct, but past the limit with eager kernels."""
+
+    def f(x: torch.Tensor, p: float) -> torch.Tensor:
+        return torch.nn.functional.leaky_relu(x, p)
 
     compiled = kiln.compile(f)
     with pytest.warns(RuntimeWarning, match="recompile limit"):
-        for lo in _values():
+        for p in [1.0 + 0.25 * i for i in range(12)]:
             x = torch.randn(5)
-            torch.testing.assert_close(compiled(x, lo), f(x, lo))
+            torch.testing.assert_close(compiled(x, p), f(x, p))
     assert counters.snapshot()["stats"]["static_shape_fallbacks"] == 1
 
 

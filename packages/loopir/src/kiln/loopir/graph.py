@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import operator
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -63,6 +64,18 @@ NUMBER_OPS = frozenset({
 argument; any other op given one raises ``StaticShapesOnly`` (the graph compiles per value)."""
 
 
+_FLOAT_ARITHMETIC: dict[Any, str] = {
+    operator.add: "({} + {})",
+    operator.sub: "({} - {})",
+    operator.mul: "({} * {})",
+    operator.truediv: "({} / {})",
+    operator.neg: "(-{})",
+    torch.sym_float: "float({})",
+}
+"""Python arithmetic a graph may do on its number inputs, as the wrapper writes it: the same
+operations on the same doubles as eager's Python, so the same value (no reassociation)."""
+
+
 def _refuse_number_symbols(op: Any, args: Any, kwargs: Any) -> None:
     for leaf in pytree.tree_leaves((args, kwargs)):
         if isinstance(leaf, sympy.Basic) and any(
@@ -111,6 +124,9 @@ class GraphLowering:
         self.size_ranges: dict[sympy.Symbol, Range] = {}
         """Each size symbol's range in every call its guards admit."""
         self._ids = itertools.count()
+        self._number_ids = itertools.count(1_000_000)
+        self._number_sources: dict[torch.fx.Node, str] = {}
+        """Python for each number input and each float computed from them, in the wrapper."""
         self._const_ids = itertools.count()
         self.channels_last = (
             prefers_channels_last(gm, default_device) if channels_last is None else channels_last
@@ -232,7 +248,11 @@ class GraphLowering:
             self.graph_inputs.append(node.name)
             expr = self._note_symbols(val)
             self._bind(expr, symbolic.SizeBinding(node.name, None))
+            self._number_sources[node] = node.name
             return expr
+        if isinstance(val, torch.SymBool):
+            msg = f"{node.name}: a symbolic bool input"
+            raise StaticShapesOnly(msg)
         if not isinstance(val, torch.Tensor):
             self.graph_inputs.append(None)
             return val
@@ -268,10 +288,33 @@ class GraphLowering:
         size) holds its expression over the size symbols the wrapper binds from the inputs.
         """
         val = node.meta["val"]
+        if isinstance(val, torch.SymFloat):
+            return self._computed_float(node)
         if not isinstance(val, torch.SymInt):
             msg = f"{node.format_node()}: a symbolic {type(val).__name__} is not supported"
             raise StaticShapesOnly(msg)
         return self._note_symbols(val)
+
+    def _computed_float(self, node: torch.fx.Node) -> sympy.Symbol:
+        """A float the graph computes from its number inputs (``lo + 0.5``): a new number
+        symbol the wrapper computes once per call as eager's Python does."""
+        form = _FLOAT_ARITHMETIC.get(node.target)
+        if form is None or node.kwargs:
+            msg = f"{node.format_node()}: a symbolic float computed by {node.target}"
+            raise StaticShapesOnly(msg)
+        source = form.format(*[self._number_source(a) for a in node.args])
+        self._number_sources[node] = source
+        sym = sympy.Symbol(f"{symbolic.SIZE_PREFIX}{next(self._number_ids)}", real=True)
+        self.size_bindings[sym] = symbolic.SizeBinding(source, None)
+        return sym
+
+    def _number_source(self, arg: Any) -> str:
+        if isinstance(arg, torch.fx.Node) and arg in self._number_sources:
+            return self._number_sources[arg]
+        if isinstance(arg, (int, float)) and not isinstance(arg, bool):
+            return repr(arg) if math.isfinite(arg) else f"float({str(arg)!r})"
+        msg = f"a symbolic float computed from {arg}"
+        raise StaticShapesOnly(msg)
 
     def _call(self, node: torch.fx.Node, args: Any, kwargs: Any) -> Any:
         meta = node.meta.get("val")

@@ -63,7 +63,8 @@ _facts: contextvars.ContextVar[SizeFacts | None] = contextvars.ContextVar(
 @dataclasses.dataclass(frozen=True)
 class SizeBinding:
     """Where the wrapper reads a size symbol: dimension ``dim`` of input ``name``, or the
-    input itself (an int a backward receives) when ``dim`` is None."""
+    input itself (an int a backward receives, a number input) when ``dim`` is None; for a
+    float the graph computes from its number inputs, ``name`` is the Python computing it."""
 
     name: str
     dim: int | None
