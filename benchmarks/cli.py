@@ -2,6 +2,7 @@
 
 Example: ``python -m benchmarks --models resnet18 hf_bert --backends eager,kiln,torch_compile``.
 Writes results.csv, summary.md, speedups.png and meta.json under ``--out``.
+``python -m benchmarks --dynamic-seq`` runs :mod:`benchmarks.dynamic_seq` instead.
 """
 
 from __future__ import annotations
@@ -99,6 +100,11 @@ def machine_meta(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    rest = sys.argv[1:] if argv is None else argv
+    if "--dynamic-seq" in rest:  # BERT and GPT-2 over sequence lengths (benchmarks.dynamic_seq)
+        from benchmarks import dynamic_seq
+
+        return dynamic_seq.main([a for a in rest if a != "--dynamic-seq"])
     args = parse_args(argv)
     args.preset = args.preset or ("gpu" if args.device == "cuda" else "cpu")
     specs = models.select([m for item in args.models or [] for m in item.split(",") if m] or None)

@@ -1,0 +1,134 @@
+"""BERT and GPT-2 inference over changing sequence lengths: Kiln with ``dynamic=True`` against
+eager, torch.compile with ``dynamic=True`` and Kiln's static graph for each length.
+
+One run, every column in one process. For each model the sweep calls each column once per
+sequence length, in order, from a fresh compiler state: ``total_s`` is the wall time of that
+sweep, compiles included (what a server meeting new lengths pays). Then, per length, the
+steady-state time of one call (``benchmarks.measure.interleaved_medians``: the columns take
+turns, so load on a shared machine drifts into all alike), and ``kiln_dyn / kiln_static``,
+Kiln's symbolic graph against the graph Kiln compiles for that length alone.
+
+``python -m benchmarks --dynamic-seq`` runs it (``nox -s bench -- --dynamic-seq``);
+``--preset tiny`` takes 2-layer models of hidden size 64 for a smoke run, ``--models bert``
+one model. Columns: ``eager``, ``kiln_dyn`` (``dynamic=True``, symbolic C++ kernels:
+``options={"dynamic_kernels": True}``), ``kiln_static`` (``dynamic=False``, one graph per
+length), ``torch_compile`` (``dynamic=True``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from benchmarks.measure import interleaved_medians
+
+__all__ = ["LENGTHS", "main", "run_model"]
+
+LENGTHS = (17, 24, 33, 48, 64, 77, 96, 128)
+_BATCH = 2
+
+
+def _model(name: str, preset: str) -> torch.nn.Module:
+    from transformers import BertConfig, BertModel, GPT2Config, GPT2Model
+
+    tiny = preset == "tiny"
+    if name == "bert":
+        cfg = (
+            BertConfig(
+                hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128
+            )
+            if tiny
+            else BertConfig()
+        )
+        return BertModel(cfg).eval()
+    cfg2 = GPT2Config(n_embd=64, n_layer=2, n_head=2) if tiny else GPT2Config()
+    return GPT2Model(cfg2).eval()
+
+
+def _columns(model: torch.nn.Module) -> dict[str, Callable[[torch.Tensor], Any]]:
+    import kiln
+
+    dyn = kiln.compile(model, dynamic=True, options={"dynamic_kernels": True})
+    cols: dict[str, Callable[[torch.Tensor], Any]] = {"eager": model, "kiln_dyn": dyn}
+    statics: dict[int, Any] = {}
+
+    def kiln_static(ids: torch.Tensor) -> Any:
+        # a graph compiled for this length alone: a fresh compiled function per length
+        fn = statics.get(ids.shape[1])
+        if fn is None:
+            fn = statics[ids.shape[1]] = kiln.compile(model, dynamic=False)
+        return fn(ids)
+
+    cols["kiln_static"] = kiln_static
+    cols["torch_compile"] = torch.compile(model, dynamic=True)
+    return cols
+
+
+def run_model(name: str, preset: str, iters: int) -> list[dict[str, Any]]:
+    """One row per (column, length): steady-state seconds per call, plus each column's sweep."""
+    import kiln
+
+    torch.manual_seed(0)
+    model = _model(name, preset)
+    vocab = 1000
+    inputs = {n: torch.randint(0, vocab, (_BATCH, n)) for n in LENGTHS}
+    kiln.reset()
+    torch._dynamo.reset()
+    cols = _columns(model)
+    rows: list[dict[str, Any]] = []
+    with torch.no_grad():
+        totals = {}
+        for col, fn in cols.items():
+            start = time.perf_counter()
+            for n in LENGTHS:
+                fn(inputs[n])
+            totals[col] = time.perf_counter() - start
+        for n in LENGTHS:
+            steps = {col: (lambda fn=fn, x=inputs[n]: fn(x)) for col, fn in cols.items()}
+            medians = interleaved_medians(steps, "cpu", iters, budget_s=5.0)
+            for col, seconds in medians.items():
+                rows.append(
+                    {
+                        "model": name,
+                        "length": n,
+                        "column": col,
+                        "call_s": seconds,
+                        "total_s": totals[col],
+                    }
+                )
+    return rows
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    cols = list(dict.fromkeys(r["column"] for r in rows))
+    out = []
+    for model in dict.fromkeys(r["model"] for r in rows):
+        mine = [r for r in rows if r["model"] == model]
+        total = {r["column"]: r["total_s"] for r in mine}
+        out.append(f"## {model}: sweep over {len(LENGTHS)} lengths, compiles included (s)")
+        out.append(" | ".join(f"{c} {total[c]:.2f}" for c in cols))
+        out.append("")
+        out.append("| length | " + " | ".join(f"{c} ms" for c in cols) + " | dyn/static |")
+        out.append("|---" * (len(cols) + 2) + "|")
+        for n in LENGTHS:
+            per = {r["column"]: r["call_s"] for r in mine if r["length"] == n}
+            ratio = per["kiln_dyn"] / per["kiln_static"]
+            cells = " | ".join(f"{per[c] * 1e3:.2f}" for c in cols)
+            out.append(f"| {n} | {cells} | {ratio:.2f} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks --dynamic-seq", description=__doc__)
+    p.add_argument("--preset", choices=["tiny", "base"], default="base")
+    p.add_argument("--models", nargs="*", default=["bert", "gpt2"], choices=["bert", "gpt2"])
+    p.add_argument("--iters", type=int, default=10)
+    args = p.parse_args(argv)
+    rows = [r for m in args.models for r in run_model(m, args.preset, args.iters)]
+    print(_table(rows))
+    return 0
