@@ -340,13 +340,16 @@ class CompiledFunction:
             writing_index(folder, name, cache, args, kwargs) as index,
         ):
             try:
-                result = capture.capture(
-                    self._target,
-                    args,
-                    kwargs,
-                    compile_graph=self._compile_graph,
-                    wrap_callable=self._wrap_callable,
-                    fullgraph=self._config.fullgraph,
+                result = dynamic.capture_data_dependent(
+                    lambda: capture.capture(
+                        self._target,
+                        args,
+                        kwargs,
+                        compile_graph=self._compile_graph,
+                        wrap_callable=self._wrap_callable,
+                        fullgraph=self._config.fullgraph,
+                    ),
+                    sizes,
                 )
                 check = guards.build_check(result.guards, self._target)
             except capture.Unsupported as e:

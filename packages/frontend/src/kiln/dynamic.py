@@ -23,7 +23,7 @@ import math
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import fx
@@ -34,16 +34,19 @@ from kiln.capture.dynamic_dims import (
     STATIC,
     DynamicDims,
     SizeHistory,
+    dynamic_dims,
     mark_dynamic,
     mark_static,
     maybe_mark_dynamic,
 )
+from kiln.capture.errors import Unsupported
 from kiln.capture.graph import DATA_DEPENDENT_OPS
 from kiln.capture.shapes.dispatch import has_symbolic_sizes
 from kiln.capture.shapes.specialize import has_symbolic_inputs, number_inputs, specialize_graph
 from kiln.loopir import StaticShapesOnly
 
 __all__ = [
+    "capture_data_dependent",
     "has_unbacked",
     "mark_dynamic",
     "mark_static",
@@ -56,6 +59,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 _histories: weakref.WeakKeyDictionary[Any, SizeHistory] = weakref.WeakKeyDictionary()
 
@@ -104,6 +108,23 @@ def with_data_dependent(sizes: DynamicDims, option: Callable[[str, Any], Any]) -
         scalar_outputs=option("capture_scalar_outputs", False),
         dynamic_output_shapes=option("capture_dynamic_output_shape_ops", False),
     )
+
+
+def capture_data_dependent(run: Callable[[], _T], sizes: DynamicDims) -> _T:
+    """``run()``, a capture under ``sizes``. Where a value kept in the graph as an unbacked
+    symbol meets a decision only data settles (``if n > 0:`` with ``n`` live across the
+    break it makes), the frame is captured again without the options: the value breaks the
+    graph where it is made, as by default, rather than the whole frame running eagerly."""
+    try:
+        return run()
+    except Unsupported as e:
+        keeping = sizes.scalar_outputs or sizes.dynamic_output_shapes
+        if e.kind != "data_dependent_branch" or not keeping:
+            raise
+        log.info("captured again with data-dependent values breaking the graph: %s", e)
+    off = dataclasses.replace(sizes, scalar_outputs=False, dynamic_output_shapes=False)
+    with dynamic_dims(off):
+        return run()
 
 
 def has_unbacked(gm: fx.GraphModule) -> bool:
