@@ -147,12 +147,21 @@ def test_floats_computed_from_a_float() -> None:
     _run(f, lambda: torch.randn(40, dtype=torch.float64), {})  # a fused multiply-add
 
 
+@pytest.mark.parametrize("options", sorted(_OPTIONS))
+def test_activations_with_a_float(options: str) -> None:
+    def f(x: torch.Tensor, s: float) -> torch.Tensor:
+        y = torch.nn.functional.leaky_relu(x, s) + torch.addcmul(x, x, x, value=s)
+        return torch.nn.functional.hardtanh(y, -s, s) - torch.rsub(x, 1.0, alpha=s)
+
+    _run(f, lambda: torch.randn(30), _OPTIONS[options])
+
+
 def test_an_unsupported_use_is_compiled_per_value() -> None:
-    """A float an op takes where loopir has no symbolic form (leaky_relu's slope) compiles
-    the graph per value: correct, but past the limit with eager kernels."""
+    """A float an op takes where loopir has no symbolic form (elu's alpha) compiles the
+    graph per value: correct, but past the limit with eager kernels."""
 
     def f(x: torch.Tensor, p: float) -> torch.Tensor:
-        return torch.nn.functional.leaky_relu(x, p)
+        return torch.nn.functional.elu(x, p)
 
     compiled = kiln.compile(f)
     with pytest.warns(RuntimeWarning, match="recompile limit"):

@@ -59,6 +59,7 @@ NUMBER_OPS = frozenset({
     "add", "sub", "rsub", "mul", "div", "true_divide", "pow", "clamp", "clamp_min",
     "clamp_max", "where", "masked_fill", "lerp", "eq", "ne", "lt", "le", "gt", "ge",
     "maximum", "minimum", "full", "full_like", "new_full", "scalar_tensor", "fill",
+    "hardtanh", "leaky_relu", "leaky_relu_backward", "addcmul", "addcdiv",
 })  # fmt: skip
 """The ops whose lowerings take a symbolic float (a Python float input) as a scalar
 argument; any other op given one raises ``StaticShapesOnly`` (the graph compiles per value)."""

@@ -11,7 +11,7 @@ import torch
 
 from kiln.loopir.errors import Unlowerable
 from kiln.loopir.ir.views import TensorBox
-from kiln.loopir.lowering.common import Value, compute_dtype, make_pointwise, out_dtype
+from kiln.loopir.lowering.common import Value, compute_dtype, make_pointwise, out_dtype, scalar
 from kiln.loopir.lowering.registry import overloads, register_lowering
 from kiln.loopir.virtualized import ops
 
@@ -22,9 +22,10 @@ Const = Callable[[float], Any]
 
 
 def _consts() -> Const:
-    """Constants in the math dtype of the op being lowered (read now, used later)."""
+    """Constants in the math dtype of the op being lowered (read now, used later); a
+    symbolic number is read from the kernel's argument (:func:`scalar`)."""
     dtype = compute_dtype(out_dtype())
-    return lambda value: ops.constant(value, dtype)
+    return lambda value: scalar(value, dtype)
 
 
 def _one_minus(c: Const, v: Any) -> Any:
@@ -356,7 +357,7 @@ def _rsub(x: Value, other: Value, alpha: float = 1) -> TensorBox:
     dtype = compute_dtype(out_dtype())
 
     def fn(a: Any, b: Any) -> Any:
-        scaled = a if alpha == 1 else ops.mul(a, ops.constant(alpha, dtype))
+        scaled = a if alpha == 1 else ops.mul(a, scalar(alpha, dtype))
         return ops.sub(b, scaled)
 
     return make_pointwise(fn, [x, other])

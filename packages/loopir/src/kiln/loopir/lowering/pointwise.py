@@ -275,6 +275,6 @@ def _hardtanh(x: TensorBox, min_val: float = -1.0, max_val: float = 1.0) -> Tens
     dt = _m(out_dtype())
 
     def fn(v: Any) -> Any:
-        return ops.minimum(ops.maximum(v, ops.constant(min_val, dt)), ops.constant(max_val, dt))
+        return ops.minimum(ops.maximum(v, scalar(min_val, dt)), scalar(max_val, dt))
 
     return make_pointwise(fn, [x])
