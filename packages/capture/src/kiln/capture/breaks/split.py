@@ -375,7 +375,13 @@ def _callee_reports(e: Unsupported, state: BreakState) -> bool:
         fn = state.stack[at_fn] if at_fn is not None else None
     if isinstance(fn, BoundMethodValue):
         fn = fn.func
-    return fn is not None and (_plain_forward(fn) or _user_function(fn)) is not None
+    callee = (_plain_forward(fn) or _user_function(fn)) if fn is not None else None
+    # a function wrapping a generator (``@contextmanager``) hands the generator back: its
+    # own capture does not run the generator's body, where capture here met the break
+    wrapped = getattr(callee, "__wrapped__", None)
+    if isinstance(wrapped, types.FunctionType) and wrapped.__code__.co_flags & CO_GENERATOR_LIKE:
+        return False
+    return callee is not None
 
 
 def _loop_exit(state: BreakState) -> int:
