@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kiln.capture import LocalSource, Unsupported, capture
+from kiln.capture import LocalSource, capture
 
 
 def t(*shape):
@@ -991,17 +991,19 @@ def test_enum_lookup_and_compare(check):
     check(fn, (t(2), _Color.RED), ops=["mul"])
 
 
-def test_tensor_subclass_inputs_refused():
+def test_tensor_subclass_input_is_traced_and_its_type_kept():
     class Tagged(torch.Tensor):
         pass
 
     x = t(2).as_subclass(Tagged)
-    with pytest.raises(Unsupported):
-        capture(
-            lambda x: x + 1,
-            (x,),
-            {},
-            compile_graph=lambda gm, ex: gm.forward,
-            wrap_callable=lambda f: f,
-            fullgraph=True,
-        )
+    result = capture(
+        lambda x: x + 1,
+        (x,),
+        {},
+        compile_graph=lambda gm, ex: gm.forward,
+        wrap_callable=lambda f: f,
+        fullgraph=True,
+    )
+    out = result.function(x)
+    assert type(out) is Tagged and len(result.graphs) == 1
+    torch.testing.assert_close(out.as_subclass(torch.Tensor), x.as_subclass(torch.Tensor) + 1)
