@@ -11,6 +11,7 @@ them as views of the real inputs (:class:`OutputSpec` ``kind="alias"``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from collections.abc import Callable, Sequence
@@ -18,6 +19,7 @@ from typing import Any
 
 import torch
 from torch import fx
+from torch._dispatch.python import enable_python_dispatcher
 from torch.utils import _pytree as pytree
 
 from kiln.autograd_aot.decomp import DecompositionTable
@@ -132,6 +134,24 @@ def trace_program(
     ``joint`` the program runs in the caller's grad mode, and its own
     ``enable_grad``/``no_grad`` regions decide which outputs are differentiable.
     """
+    # some torch versions' C++ composite kernels read sizes as plain ints (torch 2.11's matmul
+    # calls numel()): with symbolic sizes their Python decompositions run in their place
+    symbolic = any(
+        isinstance(f, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in f.shape)
+        for f in fakes
+    )
+    with enable_python_dispatcher() if symbolic else contextlib.nullcontext():
+        return _trace_program(fn, fakes, decompositions, joint=joint, grad_leaves=grad_leaves)
+
+
+def _trace_program(
+    fn: Callable[..., Any],
+    fakes: Sequence[torch.Tensor],
+    decompositions: DecompositionTable,
+    *,
+    joint: bool,
+    grad_leaves: Sequence[torch.Tensor] | None = None,
+) -> TracedProgram:
     tracer = AtenTracer(decompositions)
     for i, f in enumerate(fakes):
         tracer.placeholder(f, f"primals_{i + 1}")
