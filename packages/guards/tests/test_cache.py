@@ -57,7 +57,9 @@ def test_recompile_is_logged_with_the_failing_guard(caplog):
         insert_for(cache, torch.randn(16))
     text = caplog.text
     # in the user's words: their function, file:line with its text, and variable
-    assert "recompiling double (" in text and "test_cache.py:" in text and "`def double(x):`" in text
+    assert (
+        "recompiling double (" in text and "test_cache.py:" in text and "`def double(x):`" in text
+    )
     assert "tensor x size mismatch at index 0: expected 8, got 16" in text
     assert counters.snapshot()["guards"]["recompiles"] == 1
 
