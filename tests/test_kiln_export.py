@@ -132,6 +132,14 @@ def test_constant_arguments_and_relations_are_checked() -> None:
     torch.testing.assert_close(program(strided, y, 2.0), f(strided, y, 2.0))
 
 
+def test_a_returned_dynamic_size_is_refused_not_fixed() -> None:
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+        return x * 2, x.shape[0]
+
+    with pytest.raises(ke.ExportError, match="output 1 .* computed from dynamic sizes"):
+        ke.export(f, (torch.randn(5, 3),), dynamic_shapes=({0: Dim("b", min=2, max=64)},))
+
+
 def test_buffer_mutations_update_the_module_state() -> None:
     model = _ConvNet().train()
     program = ke.export(model, (torch.randn(2, 3, 8, 8),), dynamic_shapes=({0: Dim("b")},))

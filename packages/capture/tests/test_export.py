@@ -131,6 +131,31 @@ def test_export_dynamic_shapes_by_name_and_per_dim_sequence():
     assert exported.dynamic_dims == {"L['x']": {0: (None, None)}}
 
 
+def _with_sizes(x):
+    return x * 2, x.shape[0], {"rows": x.shape[0] * 3 + 1}
+
+
+def test_export_returns_dynamic_sizes_as_graph_values():
+    # read as constants, the sizes returned would be the example's at every size
+    exported = export(_with_sizes, torch.randn(5, 3), dynamic_shapes=({0: True},))
+    for rows in (2, 7, 11):
+        x = torch.randn(rows, 3)
+        got, want = exported(x), _with_sizes(x)
+        torch.testing.assert_close(got[0], want[0])
+        assert got[1:] == want[1:]
+
+
+def _returns_a_size_it_fixes(x):
+    return x * 2, str(x.shape[0])  # a string of the size: the size is fixed
+
+
+def test_export_refuses_a_dynamic_dim_the_result_fixes():
+    from kiln.capture import DynamicShapesError
+
+    with pytest.raises(DynamicShapesError, match="marked dynamic"):
+        export(_returns_a_size_it_fixes, torch.randn(8, 4), dynamic_shapes=({0: True},))
+
+
 def _needs_eight(x):
     return x.view(8, -1) if x.shape[0] == 8 else x
 

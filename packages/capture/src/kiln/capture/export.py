@@ -22,7 +22,7 @@ from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.dynamic_dims import DimRange, DynamicDims, dynamic_dims
 from kiln.capture.export_shapes import check_kept_dynamic, dims_by_source
 from kiln.capture.frame_capture import trace_frame
-from kiln.capture.graph import GraphInput
+from kiln.capture.graph import GraphInput, OutputGraph
 from kiln.capture.guard_data import GlobalState, GuardKind, GuardSpec
 from kiln.capture.isolation import no_user_hooks
 from kiln.capture.model_output import is_model_output
@@ -30,6 +30,7 @@ from kiln.capture.side_effects import SideEffects
 from kiln.capture.source import MODULE_STORES, AttrSource, ItemSource, LocalSource, Source
 from kiln.capture.values.base import ConstantValue, Value
 from kiln.capture.values.containers import DictValue, ListValue, TupleValue
+from kiln.capture.values.symbolic import SymValue, is_symbolic
 from kiln.capture.values.tensor import TensorValue
 from kiln.capture.wrap import is_namedtuple
 
@@ -67,21 +68,24 @@ class ExportResult:
         return pytree.tree_unflatten(list(out), self.out_spec)
 
 
-def _materialize(v: Value) -> Any:
-    """The result as a Python structure whose tensor leaves are graph nodes."""
+def _materialize(v: Value, graph: OutputGraph) -> Any:
+    """The result as a Python structure whose tensor leaves are graph nodes (and symbolic
+    numbers nodes computing them: read as constants, they would hold at one size only)."""
     if isinstance(v, TensorValue):
         return v.node
+    if isinstance(v, SymValue) and is_symbolic(v.sym):
+        return graph.sym_arg(v.sym)
     if isinstance(v, ConstantValue):
         return v.value
     if isinstance(v, (ListValue, TupleValue)):
-        items = [_materialize(x) for x in v.items]
+        items = [_materialize(x, graph) for x in v.items]
         if isinstance(v, ListValue):
             return items
         if v.cls is tuple:
             return tuple(items)
         return v.cls(*items) if is_namedtuple(v.cls) else v.cls(items)
     if isinstance(v, DictValue):
-        items_d = {k: _materialize(x) for k, (_, x) in v.items.items()}
+        items_d = {k: _materialize(x, graph) for k, (_, x) in v.items.items()}
         if v.cls is dict:
             return items_d
         return v.cls(**items_d) if is_model_output(v.cls) else v.cls(items_d)
@@ -209,10 +213,10 @@ def export(
     with no_user_hooks(), dynamic_dims(policy):
         traced = trace_frame(fn, args, kwargs)
     out = traced.out
-    check_kept_dynamic(wanted, out.inputs, out.shape_env)
     if _changes_state(out.side_effects):
         raise unsupported("side_effect", "an exported program cannot mutate Python state")
-    flat_out, out_spec = pytree.tree_flatten(_materialize(traced.result))
+    flat_out, out_spec = pytree.tree_flatten(_materialize(traced.result, out))
+    check_kept_dynamic(wanted, out.inputs, out.shape_env)  # after the result's numbers
     flat_in, in_spec = pytree.tree_flatten((args, kwargs))
     leaf_sources = _leaf_sources(fn, args, kwargs)
     params, buffers, consts, by_index = _classify(out.inputs, module, leaf_sources)

@@ -140,6 +140,13 @@ def _user_outputs(gm: fx.GraphModule, traced: TracedProgram) -> int:
     for i, spec in enumerate(traced.outputs):
         if spec.kind == "graph":
             user.append(graph_outs[spec.index])
+        elif spec.kind == "const" and spec.symbolic:
+            msg = (
+                f"kiln.export: output {i} of the program is a number computed from dynamic "
+                "sizes (such as x.shape[0]), which an exported graph does not return yet; "
+                "read it from an output's shape instead"
+            )
+            raise ExportError(msg)
         elif spec.kind == "const":
             user.append(spec.value)
         else:
