@@ -126,8 +126,21 @@ class GuardCheck:
             except Exception as e:
                 reason = f"{g} raised {type(e).__name__}: {e}"
             if reason is not None:
-                return reason
+                return _in_users_words(g, reason, code) if users_words else reason
         return None
+
+
+def _in_users_words(g: GuardSpec, reason: str, code: Any) -> str:
+    """A shape relation's reason with each size named as the user's code names it
+    (``x.size(1) == 7``, not ``L['x'].size()[1] == 7``)."""
+    if g.kind is not GuardKind.SHAPE:
+        return reason
+    sources = sorted(
+        (info.source for info in g.expected.symbols.values()), key=lambda s: -len(str(s))
+    )
+    for source in sources:  # the longest first: one source's text may hold another's
+        reason = reason.replace(str(source), user_expr(source, code))
+    return reason
 
 
 def _unsupported(g: GuardSpec) -> None:
