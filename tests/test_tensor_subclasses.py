@@ -314,3 +314,38 @@ def test_type_of_a_dispatch_result_is_not_guessed() -> None:
     got, expected = kiln.compile(program, backend="eager")(x), program(x)
     torch.testing.assert_close(got[0], expected[0])
     assert got[1] is expected[1] is False
+
+
+def _mixed_outputs(x: torch.Tensor, w: torch.Tensor, c: torch.Tensor) -> Any:
+    y = (x * 3) @ w
+    with torch.no_grad():
+        under_no_grad = y * 2
+    return y.relu().sum(0), c.sin() * 2, y.detach() + 1, y.argmax(1), under_no_grad
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "kiln"])
+def test_dispatch_wrapper_training_outputs_require_grad_as_eager(backend: str) -> None:
+    """Only the outputs eager differentiates require grad: one from an input that needs no
+    gradient, a detached one, an integer one and one computed under ``no_grad`` do not (no
+    ``grad_fn``), and the backward of the differentiable one gives eager's gradients."""
+    compiled, graphs = _compile(_mixed_outputs, backend)
+    for _ in range(3):
+        data, scale, w0 = torch.randn(6, 4), torch.rand(()) + 0.5, torch.randn(4, 3)
+        c = torch.randn(5)
+        x, ex = Scaled(data, scale).requires_grad_(), Scaled(data, scale).requires_grad_()
+        w, ew = w0.clone().requires_grad_(), w0.clone().requires_grad_()
+        got, expected = compiled(x, w, c), _mixed_outputs(ex, ew, c)
+        assert [t.requires_grad for t in got] == [t.requires_grad for t in expected]
+        assert [t.grad_fn is None for t in got] == [t.grad_fn is None for t in expected]
+        assert [t.requires_grad for t in got] == [True, False, False, False, False]
+        for g, e in zip(got, expected, strict=True):
+            torch.testing.assert_close(g, e)
+        got[0].sum().backward()
+        expected[0].sum().backward()
+        assert x.grad is not None and ex.grad is not None
+        torch.testing.assert_close(_value(x.grad), _value(ex.grad))
+        torch.testing.assert_close(w.grad, ew.grad)
+        with pytest.raises(RuntimeError, match="does not require grad"):
+            got[2].sum().backward()
+    assert len(graphs) == 1
+    assert _run_as_captured() == 0

@@ -14,7 +14,8 @@ those it was traced with; another is traced for others. In training the forward 
 program and the backward is traced, on first use, from eager's own autograd over wrappers of
 the inner fakes (the graph run again with the inputs that need gradients as leaves, and
 ``torch.autograd.grad`` of its plain outputs): the ATen ops of the outer tensors' backward,
-which differentiating the program over the inner tensors would not give. A wrapper output that
+which differentiating the program over the inner tensors would not give. The plain outputs
+eager would not differentiate (found the same way) are marked so. A wrapper output that
 requires grad runs the graph as captured, on the real objects.
 """
 
@@ -124,6 +125,7 @@ class _Entry:
         self.wrapper_deps = wrapper_deps  # the flat inputs wrapper outputs are computed from
         self.layout = layout
         self.backwards: dict[tuple[int, ...], Callable[..., Any]] = {}
+        self.diffs: dict[tuple[int, ...], tuple[bool, ...]] = {}  # per `wants`: plain outputs
 
     def run(self, flat: list[torch.Tensor]) -> Any:
         results = list(self.compiled(*flat))
@@ -231,12 +233,14 @@ def _train(
     from eager's own autograd over wrappers of the inner fakes (its forward recomputed)."""
     plain = [i for i, r in enumerate(entry.rebuilds) if r.cls is None and r.count]
     wants = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad)
+    if wants not in entry.diffs:
+        entry.diffs[wants] = _differentiable(program, entry, wants, flat)
     leaves: list[Any] = []  # every output, filled by the forward; the plain ones replaced
     fn_outs = _OuterFunction.apply(
         program,
         entry,
         wants,
-        (list(args), leaves),
+        (list(args), leaves, entry.diffs[wants]),
         *[a for a in args if isinstance(a, torch.Tensor)],
     )
     for i, o in zip(plain, fn_outs, strict=True):
@@ -249,17 +253,20 @@ class _OuterFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, program: Any, entry: Any, wants: Any, given: Any, *tensors: Any) -> Any:
-        args, leaves = given
-        ctx.program, ctx.entry, ctx.wants, ctx.args = program, entry, wants, args
+        args, leaves, diff = given
+        ctx.program, ctx.entry, ctx.wants, ctx.args, ctx.diff = program, entry, wants, args, diff
         outs = pytree.tree_leaves(entry.run(_flat_inputs(args)[0]))
         leaves.extend(outs)
         plain = [o for o, r in zip(outs, entry.rebuilds, strict=True) if r.cls is None and r.count]
-        return tuple(o.detach() for o in plain)
+        results = tuple(o.detach() for o in plain)
+        ctx.mark_non_differentiable(*(o for o, d in zip(results, diff, strict=True) if not d))
+        return results
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> Any:
         args, wants = ctx.args, ctx.wants
         flat = _flat_inputs(args)[0]
+        grads = tuple(g for g, d in zip(grads, ctx.diff, strict=True) if d)  # the backward's
         bw = ctx.entry.backwards.get(wants)
         if bw is None:
             bw = ctx.entry.backwards[wants] = _trace_backward(
@@ -287,25 +294,10 @@ def _trace_backward(
     found: dict[str, Any] = {}
 
     def backward(*inner: torch.Tensor) -> list[torch.Tensor]:
-        rebuilt = _rebuild_inputs(entry.layout, inner[:n])
         with torch.enable_grad():
-            for i in wants:
-                rebuilt[i] = (
-                    rebuilt[i].detach().requires_grad_()
-                    if not is_dispatch_wrapper(rebuilt[i])
-                    else rebuilt[i].requires_grad_()
-                )
-            outs = pytree.tree_leaves(program.gm(*rebuilt))
-            plain = [
-                o for o, r in zip(outs, entry.rebuilds, strict=True) if r.cls is None and r.count
-            ]
-            pairs = [(o, g) for o, g in zip(plain, inner[n:], strict=True) if o.requires_grad]
-            got = torch.autograd.grad(
-                [o for o, _ in pairs],
-                [rebuilt[i] for i in wants],
-                [g for _, g in pairs],
-                allow_unused=True,
-            )
+            sources, plain = _run_for_grad(program, entry, wants, inner[:n])
+            outs = [o for o, d in zip(plain, entry.diffs[wants], strict=True) if d]
+            got = torch.autograd.grad(outs, sources, list(inner[n:]), allow_unused=True)
         rebuilds = [_Rebuild(g) for g in got]
         found["rebuilds"] = rebuilds
         return [t for r, g in zip(rebuilds, got, strict=True) for t in r.flat(g)]
@@ -315,6 +307,36 @@ def _trace_backward(
     with torch.no_grad():
         compiled = program.compile_flat(graph, [t.detach() for t in [*flat, *grads]])
     return compiled, found["rebuilds"]
+
+
+def _run_for_grad(
+    program: SubclassProgram, entry: _Entry, wants: tuple[int, ...], inner: Sequence[torch.Tensor]
+) -> tuple[list[Any], list[torch.Tensor]]:
+    """The graph run as eager would, ``wants`` inputs as leaves that require grad: those
+    leaves, and the plain outputs (carrying eager's ``requires_grad``)."""
+    rebuilt = _rebuild_inputs(entry.layout, inner)
+    for i in wants:
+        a = rebuilt[i]
+        rebuilt[i] = a.requires_grad_() if is_dispatch_wrapper(a) else a.detach().requires_grad_()
+    outs = pytree.tree_leaves(program.gm(*rebuilt))
+    plain = [o for o, r in zip(outs, entry.rebuilds, strict=True) if r.cls is None and r.count]
+    return [rebuilt[i] for i in wants], plain
+
+
+def _differentiable(
+    program: SubclassProgram, entry: _Entry, wants: tuple[int, ...], flat: list[torch.Tensor]
+) -> tuple[bool, ...]:
+    """Which plain outputs eager's autograd would make require grad (traced over fakes)."""
+    found: dict[str, tuple[bool, ...]] = {}
+
+    def probe(*inner: torch.Tensor) -> list[torch.Tensor]:
+        with torch.enable_grad():
+            _, plain = _run_for_grad(program, entry, wants, inner)
+        found["diff"] = tuple(o.requires_grad for o in plain)
+        return [o.detach() for o in plain]
+
+    program.trace_flat(probe, flat)
+    return found["diff"]
 
 
 def _wrapper_deps(graph: fx.GraphModule, rebuilds: list[_Rebuild]) -> set[int]:
