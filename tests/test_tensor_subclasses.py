@@ -349,3 +349,25 @@ def test_dispatch_wrapper_training_outputs_require_grad_as_eager(backend: str) -
             got[2].sum().backward()
     assert len(graphs) == 1
     assert _run_as_captured() == 0
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "kiln"])
+def test_dispatch_wrapper_input_changed_in_place_before_backward(backend: str) -> None:
+    """A weight the backward needs, written in place after the forward, makes backward raise
+    as eager's does; one it does not need (only summed) does not."""
+
+    def program(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return ((x * 3) @ w).relu().sum(0) + b.sum()
+
+    compiled, _ = _compile(program, backend)
+    for f in (program, compiled):
+        x = Scaled(torch.randn(6, 4), torch.rand(()) + 0.5).requires_grad_()
+        w, b = torch.randn(4, 3).requires_grad_(), torch.randn(3).requires_grad_()
+        out = f(x, w, b)
+        with torch.no_grad():
+            b.mul_(2)
+        out.sum().backward(retain_graph=True)
+        with torch.no_grad():
+            w.mul_(2)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            out.sum().backward()

@@ -15,8 +15,9 @@ program and the backward is traced, on first use, from eager's own autograd over
 the inner fakes (the graph run again with the inputs that need gradients as leaves, and
 ``torch.autograd.grad`` of its plain outputs): the ATen ops of the outer tensors' backward,
 which differentiating the program over the inner tensors would not give. The plain outputs
-eager would not differentiate (found the same way) are marked so. A wrapper output that
-requires grad runs the graph as captured, on the real objects.
+eager would not differentiate (found the same way) are marked so; an input the backward reads
+that was written in place since the forward makes it raise, as eager's saved tensors do. A
+wrapper output that requires grad runs the graph as captured, on the real objects.
 """
 
 from __future__ import annotations
@@ -255,7 +256,9 @@ class _OuterFunction(torch.autograd.Function):
     def forward(ctx: Any, program: Any, entry: Any, wants: Any, given: Any, *tensors: Any) -> Any:
         args, leaves, diff = given
         ctx.program, ctx.entry, ctx.wants, ctx.args, ctx.diff = program, entry, wants, args, diff
-        outs = pytree.tree_leaves(entry.run(_flat_inputs(args)[0]))
+        flat = _flat_inputs(args)[0]
+        ctx.versions = [(t, t._version) for t in flat]  # what the forward read, as autograd saves
+        outs = pytree.tree_leaves(entry.run(flat))
         leaves.extend(outs)
         plain = [o for o, r in zip(outs, entry.rebuilds, strict=True) if r.cls is None and r.count]
         results = tuple(o.detach() for o in plain)
@@ -272,7 +275,15 @@ class _OuterFunction(torch.autograd.Function):
             bw = ctx.entry.backwards[wants] = _trace_backward(
                 ctx.program, ctx.entry, wants, flat, list(grads)
             )
-        run, rebuilds = bw
+        run, rebuilds, reads = bw
+        for t, version in (ctx.versions[i] for i in reads):
+            if t._version != version:
+                msg = (
+                    "one of the variables needed for gradient computation has been modified by "
+                    f"an inplace operation: a {tuple(t.shape)} input of a compiled program over "
+                    f"wrapper subclasses is at version {t._version}; expected version {version}"
+                )
+                raise RuntimeError(msg)
         results = list(run(*flat, *grads))
         out: list[Any] = [None] * len(args)
         at = 0
@@ -306,7 +317,9 @@ def _trace_backward(
     log.debug("backward over wrapper subclass inputs:\n%s", graph.code)
     with torch.no_grad():
         compiled = program.compile_flat(graph, [t.detach() for t in [*flat, *grads]])
-    return compiled, found["rebuilds"]
+    placeholders = [p for p in graph.graph.nodes if p.op == "placeholder"][:n]
+    reads = [i for i, p in enumerate(placeholders) if p.users]  # the backward's saved inputs
+    return compiled, found["rebuilds"], reads
 
 
 def _run_for_grad(
