@@ -203,3 +203,36 @@ def test_the_default_mode_says_nothing(caplog: pytest.LogCaptureFixture) -> None
     with caplog.at_level(logging.WARNING, logger="kiln.frontend.modes"):
         kiln.compile(Block())(torch.randn(4, 8))
     assert not [r for r in caplog.records if r.name == "kiln.frontend.modes"]
+
+
+class Branching(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x)
+        if y.abs().sum() >= 0:  # the one graph break, the same way every call
+            return y * 2
+        return y
+
+
+def test_one_recompile_of_a_breaking_module_is_counted_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A new size recompiles forward and its continuation (each compiles a new graph); the
+    generated frame calling the module runs no graph, so its recompile is not counted again."""
+    model = Branching()
+    compiled = kiln.compile(model)
+    with caplog.at_level(logging.DEBUG, logger="kiln.guards.recompiles"):
+        for n in (2, 3, 5, 7, 3):
+            x = torch.randn(n, 4)
+            torch.testing.assert_close(compiled(x), model(x))
+    records = [r for r in caplog.records if r.name == "kiln.guards.recompiles"]
+    info = [r.getMessage() for r in records if r.levelno == logging.INFO]
+    assert kiln.stats().recompiles == len(info) == 2
+    assert "`def forward(self, x: torch.Tensor)" in info[0]
+    assert "`return y * 2`, after a graph break" in info[1]
+    assert all("tensor x size" in m or "tensor y size" in m for m in info)
+    # the pass-through frame's recompile is still said, at debug level, once
+    assert len([r for r in records if r.levelno == logging.DEBUG]) == 1

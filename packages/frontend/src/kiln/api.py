@@ -373,7 +373,7 @@ class CompiledFunction:
                 return lambda *_args, **_kwargs: outcome
             index.result = result
             counters.bump("stats", "frames_captured")
-            cache.insert(check, result.function)
+            cache.insert(check, result.function, passes_through=result.passes_through)
         return result.function
 
     def _eager_after(

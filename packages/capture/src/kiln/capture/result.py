@@ -62,6 +62,9 @@ class CaptureResult:
     graph_breaks: list[GraphBreak] = dataclasses.field(default_factory=list)
     side_effects: list[str] = dataclasses.field(default_factory=list)
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
+    passes_through: bool = False
+    """The frame runs no graph: it breaks at a call to a callee compiled on its own, which
+    reports the break. A recompile of it is not one the user sees (the callee's counts)."""
 
 
 @dataclasses.dataclass
@@ -106,6 +109,8 @@ def close_capture(
     graphs: list[fx.GraphModule],
     breaks: list[GraphBreak],
     timings: dict[str, float],
+    *,
+    passes_through: bool = False,
 ) -> CaptureResult:
     """The result of capturing ``fn`` (whose function is ``func``) as the new ``code``."""
     log_code(f"original {func.__qualname__}", func.__code__)
@@ -129,4 +134,5 @@ def close_capture(
         graph_breaks=breaks,
         side_effects=out.side_effects.describe(),
         timings=timings,
+        passes_through=passes_through,
     )

@@ -86,14 +86,22 @@ class CodeCache:
                 self._pending_reason = self._newest_reason(args, kwargs)
         return None
 
-    def insert(self, check: GuardCheck, fn: Callable[..., Any]) -> CacheEntry:
-        """Add a new newest entry; an insert into a non-empty cache is a recompile."""
+    def insert(
+        self, check: GuardCheck, fn: Callable[..., Any], *, passes_through: bool = False
+    ) -> CacheEntry:
+        """Add a new newest entry; an insert into a non-empty cache is a recompile.
+
+        ``passes_through``: the entry runs no graph, only a callee compiled and guarded on
+        its own, whose recompile is the one the user sees; this one is logged at debug level
+        and counted apart (``pass_through_recompiles``), so one recompile counts once.
+        """
         entry = CacheEntry(check, fn)
         check.on_death.append(functools.partial(_drop, weakref.ref(self), weakref.ref(entry)))
         if self.entries:
-            counters.bump("guards", "recompiles")
+            counters.bump("guards", "pass_through_recompiles" if passes_through else "recompiles")
             if self._pending_reason is not None:
-                recompiles_log.info(
+                recompiles_log.log(
+                    logging.DEBUG if passes_through else logging.INFO,
                     "recompiling %s (entry %d): %s",
                     self.name,
                     len(self.entries) + 1,

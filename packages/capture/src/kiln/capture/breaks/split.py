@@ -533,7 +533,8 @@ def _split(
         "emit": emitted_at - traced_at + time.perf_counter() - compiled_at,
     }
     records = [] if reported_later else [_break_record(e)]
-    return close_capture(fn, func, code, out, graph.graphs, records, timings)
+    passes = reported_later and graph.compiled is None
+    return close_capture(fn, func, code, out, graph.graphs, records, timings, passes_through=passes)
 
 
 def _assemble(fn: types.FunctionType, writer: _Writer, body: list[str]) -> types.CodeType:
