@@ -96,7 +96,9 @@ def test_one_compile_for_every_size(name: str, caplog: pytest.LogCaptureFixture)
     _check_once(stats, caplog.text)
     kernels = counters.snapshot()["codegen_triton"]["kernels"]
     assert kernels >= 1
-    text = caplog.text
+    # the generated code alone: other log lines (timings, sizes seen) may hold those numbers
+    code_loggers = ("kiln.codegen_triton.output_code", "kiln.loopir.output_code")
+    text = "\n".join(r.getMessage() for r in caplog.records if r.name in code_loggers)
     assert "@triton.jit" in text and "def call(" in text, "no kernel or wrapper was logged"
     assert not re.search(r"\b(37|53)\b", text), "a dynamic size was baked into generated code"
     assert "s0 = " in text  # the wrapper binds the size once per call
