@@ -307,3 +307,36 @@ def test_a_write_through_a_shared_view_serves_other_inputs_sizes() -> None:
         want = _write_one_view(expected[:4], expected[2:6], c)
         torch.testing.assert_close(got, want)
         torch.testing.assert_close(base, expected)
+
+
+class _ConvBlock(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(4, 4, 3, padding=1)
+        self.norm = torch.nn.BatchNorm2d(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.norm(self.conv(x))) + x
+
+
+def test_eval_batch_norm_writes_no_statistic() -> None:
+    """With symbolic sizes torch routes an eval-mode batch norm through an op whose schema
+    writes the running statistics: the graph must not return them (two extra kernels and
+    two copies per batch norm), so it has as many kernels as the static graph."""
+    block = _ConvBlock().eval()
+    with torch.no_grad():
+        block.norm.running_mean.uniform_(-1, 1)
+        block.norm.running_var.uniform_(0.5, 2)
+    state = {k: v.clone() for k, v in block.state_dict().items()}
+    kernels = []
+    for dynamic in (False, True):
+        kiln.reset()
+        compiled = kiln.compile(block, dynamic=dynamic, options=_SYMBOLIC)
+        with torch.no_grad():
+            for size in (11, 7):
+                x = torch.randn(2, 4, size, size + 2)
+                torch.testing.assert_close(compiled(x), block(x), atol=2e-5, rtol=2e-5)
+        kernels.append(kiln.stats().kernels.get("cpp", 0))
+    assert kernels[1] * 2 == kernels[0]  # the static graph is compiled for each size
+    for key, value in block.state_dict().items():
+        torch.testing.assert_close(value, state[key])

@@ -41,7 +41,6 @@ _KILN_FROM_TORCH = (
     aten.hardtanh.default,
     aten.addmm.default,
     aten._native_batch_norm_legit_functional.default,
-    aten._native_batch_norm_legit_no_training.default,
 )
 
 
@@ -80,12 +79,35 @@ def _materialized_zeros(size: list[int], **options: Any) -> torch.Tensor:
     return aten.zeros.default(size, **options)
 
 
+def _batch_norm_no_training(
+    input: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    running_mean: torch.Tensor,
+    running_var: torch.Tensor,
+    momentum: float,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Eval-mode batch norm through the functional op, writing no statistic.
+
+    torch's entry calls ``_native_batch_norm_legit``, whose schema writes the running
+    statistics: traced, every batch norm would return its (unchanged) statistics and copy
+    them back into the buffers on each call. With symbolic sizes torch's Python dispatcher
+    routes every eval-mode ``batch_norm`` here, so a convolutional net got two kernels and
+    two copies per batch norm that its static graph does not have."""
+    out = aten._native_batch_norm_legit_functional.default(
+        input, weight, bias, running_mean, running_var, False, momentum, eps
+    )
+    return out[0], out[1], out[2]
+
+
 def kiln_decompositions() -> dict[Any, Callable[..., Any]]:
     """Kiln's additions to the core set."""
     table: dict[Any, Callable[..., Any]] = {
         aten.copy.default: _functional_copy,
         aten.index_put.default: _masked_index_put,
         aten._efficientzerotensor.default: _materialized_zeros,
+        aten._native_batch_norm_legit_no_training.default: _batch_norm_no_training,
     }
     table.update(random_decompositions())
     full = torch._decomp.decomposition_table
