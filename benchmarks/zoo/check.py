@@ -251,7 +251,7 @@ def _matches_compiled_path(built: Built, compiled: Callable[..., Any], train: bo
     eager = copy.deepcopy(built.model).train(train)
     worst = 0.0
     for call in range(CALLS):
-        inputs = make_inputs(built.inputs, 1 + call)
+        inputs = make_inputs(built.inputs_for(train), 1 + call)
         with _as_if_compiling():
             expected = _step(eager, inputs, train, call)
         actual = _step(compiled, inputs, train, call)  # type: ignore[arg-type]
@@ -271,7 +271,7 @@ def check(built: Built, compiler: str, mode: str) -> Outcome:
         compiled = runner.compile(mine)
         worst = 0.0
         for call in range(CALLS):
-            inputs = make_inputs(built.inputs, 1 + call)
+            inputs = make_inputs(built.inputs_for(train), 1 + call)
             expected = _step(eager, inputs, train, call)
             actual = _step(compiled, inputs, train, call)  # type: ignore[arg-type]
             if call == 0:

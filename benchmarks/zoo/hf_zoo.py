@@ -5,17 +5,22 @@ transformers' own model tests build each model from a small config (hidden size 
 helpers do not ship with the package, so this module shrinks each architecture's default config
 by the same conventions: every size field it knows by name is set to the tiny value, lists
 sized per layer are cut to the new layer count, nested configs (text, vision, audio, ...) are
-shrunk the same way, and token ids are moved inside the small vocabulary. Dropout and
-train-time masking are off so that train mode compares deterministically. When the shrunk config cannot build or run, a milder one
-(image sizes kept) is tried before the model is reported skipped.
+shrunk the same way, a config that wraps a timm model by name is shrunk as the timm zoo
+shrinks that family, and token ids are moved inside the small vocabulary. Dropout and
+train-time masking are off so that train mode compares deterministically. When the shrunk
+config cannot build or run, a milder one (image sizes kept) is tried before the model is
+reported skipped.
 
 Inputs follow the forward's signature: the main input (``model.main_input_name``: token ids,
 pixel values, audio samples or features), plus token or pixel inputs (and decoder ids for
-encoder-decoders) that multimodal models need; the first set that runs in eager is kept.
+encoder-decoders) that multimodal models need; the first set that runs in eager is kept. A
+forward that refuses to train without labels gets them in train mode, where the zoo knows
+their names.
 """
 
 from __future__ import annotations
 
+import copy
 import inspect
 from typing import Any
 
@@ -30,6 +35,7 @@ HIDDEN = 32
 LAYERS = 2
 HEADS = 4
 _BATCH, _SEQ = 2, 16
+_FRAMES = 2  # spectrogram frames per token in the duration labels of train mode
 
 _TINY: dict[str, int] = {
     **dict.fromkeys(
@@ -83,6 +89,12 @@ _TINY: dict[str, int] = {
     "mamba_d_ssm": HEADS * 8,
     "mamba_d_state": 16,
     "mamba_chunk_size": 16,
+    # and under nemotron_h's names: 128 heads of 64 over a 128-wide state at the defaults
+    "mamba_num_heads": HEADS,
+    "mamba_head_dim": 8,
+    "ssm_state_size": 16,
+    "n_groups": 1,
+    "moe_shared_expert_intermediate_size": 37,
     "vocab_size": VOCAB,
     "max_source_positions": 32,
 }
@@ -136,9 +148,27 @@ def _shrink(d: dict[str, Any], small_images: bool) -> dict[str, Any]:
         for key, value in d.items():  # per-layer lists (layer types, sliding windows, ...)
             if isinstance(value, list) and len(value) == layers:
                 out[key] = value[:LAYERS]
+    if isinstance(d.get("architecture"), str) and "model_args" in d:
+        out.update(_tiny_timm(d["architecture"], d["model_args"]))
     if "use_cache" in d:
         out["use_cache"] = False
     return out
+
+
+def _tiny_timm(architecture: str, model_args: dict[str, Any] | None) -> dict[str, Any]:
+    """A config that wraps a timm model by name (``TimmWrapperConfig`` and its subclasses, such
+    as Gemma 3n's vision tower) shrunk as the timm zoo shrinks that model's family: with the
+    family's shrinking constructor arguments, else by its smallest variant."""
+    from benchmarks.zoo import timm_zoo
+
+    try:
+        family = timm_zoo.family_of(architecture)
+    except KeyError:  # not a name timm registers
+        return {}
+    args = timm_zoo.tiny_args(family)
+    if args:
+        return {"model_args": {**(model_args or {}), **args}}
+    return {"architecture": timm_zoo.smallest(family)}
 
 
 def tiny_config(model_type: str, small_images: bool = True) -> Any:
@@ -154,7 +184,8 @@ def _sub(config: Any, attr: str) -> Any:
     """``attr`` from ``config`` or the first nested config that has it."""
     if getattr(config, attr, None) is not None:
         return getattr(config, attr)
-    for name in ("text_config", "vision_config", "audio_config", "encoder", "decoder"):
+    nested = ("text_config", "vision_config", "audio_config", "encoder", "decoder", "model_config")
+    for name in nested:
         sub = getattr(config, name, None)
         if sub is not None and getattr(sub, attr, None) is not None:
             return getattr(sub, attr)
@@ -206,6 +237,47 @@ def _input_sets(model: torch.nn.Module, config: Any) -> list[dict[str, InputSpec
     return sets
 
 
+def _label_specs(config: Any, batch: int, tokens: int) -> dict[str, InputSpec]:
+    """Training labels by the forward's argument names, shaped after the token inputs.
+
+    Every token lasts the same number of frames, so the spectrogram's length is known before
+    the forward (a text-to-speech model repeats each token's state by its duration).
+    """
+    mels = int(_sub(config, "num_mel_bins") or 80)
+    return {
+        "duration_labels": InputSpec("ids", (batch, tokens), _FRAMES, _FRAMES + 1),
+        "pitch_labels": InputSpec("float", (batch, tokens, 1)),
+        "energy_labels": InputSpec("float", (batch, tokens, 1)),
+        "spectrogram_labels": InputSpec("float", (batch, tokens * _FRAMES, mels)),
+    }
+
+
+def _runs_in_train(model: torch.nn.Module, inputs: dict[str, InputSpec]) -> bool:
+    trained = copy.deepcopy(model).train()  # a copy: train mode updates running statistics
+    try:
+        with torch.no_grad():
+            trained(**make_inputs(inputs, 0))
+    except Exception:
+        return False
+    return True
+
+
+def _train_labels(
+    model: torch.nn.Module, config: Any, inputs: dict[str, InputSpec]
+) -> dict[str, InputSpec]:
+    """The labels train mode must pass where the forward fails in training without them and
+    takes labels the zoo knows how to make; none where it trains without (eval's inputs then
+    serve both modes) or the labels do not help (the train run then reports the forward's own
+    error)."""
+    params = inspect.signature(model.forward).parameters
+    main = next(iter(inputs.values()))  # the main input comes first in every input set
+    specs = _label_specs(config, *main.shape[:2]) if len(main.shape) >= 2 else {}
+    labels = {n: s for n, s in specs.items() if n in params}
+    if not labels or _runs_in_train(model, inputs):
+        return {}
+    return labels if _runs_in_train(model, {**inputs, **labels}) else {}
+
+
 def build(model_type: str) -> Built:
     """``model_type``'s base model from a tiny config, and the first input set eager runs."""
     import transformers
@@ -233,5 +305,7 @@ def build(model_type: str) -> Built:
             except Exception as e:
                 errors.append(f"eager {sorted(inputs)}: {type(e).__name__}: {str(e)[:300]}")
                 continue
-            return Built(model_type, model, inputs, cls_name, {"small_images": small_images})
+            labels = _train_labels(model, config, inputs)
+            notes = {"small_images": small_images}
+            return Built(model_type, model, inputs, cls_name, notes, labels)
     raise RuntimeError(" | ".join(dict.fromkeys(errors)))

@@ -27,13 +27,23 @@ class InputSpec:
 
 @dataclasses.dataclass
 class Built:
-    """A zoo model ready to run: the module (eval mode, CPU), its inputs and what was chosen."""
+    """A zoo model ready to run: the module (eval mode, CPU), its inputs and what was chosen.
+
+    ``train_inputs`` are passed in train mode only: the labels a forward requires when
+    training (a text-to-speech model trains on given durations and spectrograms), which eval
+    mode does not take so that both modes run the model as its users call it.
+    """
 
     name: str
     model: torch.nn.Module
     inputs: dict[str, InputSpec]
     variant: str
     notes: dict[str, Any] = dataclasses.field(default_factory=dict)
+    train_inputs: dict[str, InputSpec] = dataclasses.field(default_factory=dict)
+
+    def inputs_for(self, train: bool) -> dict[str, InputSpec]:
+        """The input recipe of eval (``train`` False) or train mode."""
+        return {**self.inputs, **self.train_inputs} if train else self.inputs
 
 
 def make_inputs(inputs: dict[str, InputSpec], seed: int) -> dict[str, torch.Tensor]:
