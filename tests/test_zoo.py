@@ -11,13 +11,16 @@ The full zoo, with torch.compile beside Kiln, is ``nox -s zoo``.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import sys
 import time
+import types
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -25,8 +28,9 @@ sys.path.insert(0, str(ROOT))
 pytest.importorskip("timm")
 pytest.importorskip("transformers")
 
-from benchmarks.zoo import report, runner  # noqa: E402
+from benchmarks.zoo import hf_zoo, report, runner  # noqa: E402
 from benchmarks.zoo.check import check  # noqa: E402
+from benchmarks.zoo.spec import Built, InputSpec  # noqa: E402
 
 # model -> mode -> (graphs, graph breaks, frames run eagerly), each at most
 CEILINGS: dict[str, dict[str, tuple[int, int, int]]] = {
@@ -122,3 +126,74 @@ def test_report_counts_one_graph_only_with_no_break_and_eager_results() -> None:
     assert "| 1 | 1 | 2 | k | why N | hf:m1 (eval) at `m.py:3 in f` |" in text
     assert "| hf:m1 | eval | 2 / 1 ✓ | 1 / 0 ✓ |" in text
     assert "| timm:gone | no |" in text
+
+
+def test_merge_puts_a_rerun_in_place_and_the_report_names_it(tmp_path: Path) -> None:
+    def row(model_id: str, error: str) -> dict[str, Any]:
+        o = {"compiler": "kiln", "mode": "eval", "graphs": 1, "breaks": 0, "matches": not error}
+        o.update(error=error, one_graph=not error)
+        return {"id": model_id, "status": "ok", "outcomes": [o]}
+
+    first = {"kiln": "0", "torch": "2.11", "python": "3.12", "cpus": "16"}
+    for name, ids in (("zoo-1of2.json", ["hf:a", "hf:b"]), ("zoo-2of2.json", ["hf:c"])):
+        rows = [row(m, "timeout") for m in ids]
+        (tmp_path / name).write_text(json.dumps({"meta": first, "rows": rows}, indent=1))
+    later = {"kiln": "0", "torch": "2.14", "python": "3.12", "cpus": "2", "command": "python -m z"}
+    report.merge(tmp_path, [row("hf:b", ""), row("hf:c", ""), row("hf:new", "")], later)
+    meta, rows = report.load(tmp_path)
+    assert [(r["id"], r["outcomes"][0]["error"]) for r in rows] == [
+        ("hf:a", "timeout"),
+        ("hf:b", ""),
+        ("hf:c", ""),
+        ("hf:new", ""),
+    ]
+    assert meta["torch"] == "2.11" and meta["reruns"][0]["models"] == ["hf:b", "hf:c", "hf:new"]
+    text = report.render(meta, rows)
+    assert "Run: kiln 0, torch 2.11, python 3.12; 16 CPUs." in text
+    assert "Re-run later and merged in: hf:b, hf:c, hf:new (torch 2.14; 2 CPUs;" in text
+    assert "| hf:b (re-run) |" in text and "| hf:a |" in text
+
+
+def test_builders_shrink_timm_wrapped_configs() -> None:
+    wrapper = hf_zoo.tiny_config("timm_wrapper")
+    assert wrapper.architecture == "test_resnet"  # its family's smallest variant
+    gemma = hf_zoo.tiny_config("gemma3n_vision")  # MobileNet-V5: every variant is large
+    assert gemma.architecture == "mobilenetv5_300m_enc" and "block_args" in gemma.model_args
+
+
+class _Speech(torch.nn.Module):
+    """Trains only on given durations and spectrograms, as FastSpeech2-Conformer does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(99, 8)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        duration_labels: torch.Tensor | None = None,
+        spectrogram_labels: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if self.training and (duration_labels is None or spectrogram_labels is None):
+            raise ValueError("All labels must be provided to run in training mode.")
+        h = self.embed(input_ids)
+        if self.training:
+            h = h.repeat_interleave(duration_labels[0], dim=1)
+            return (h.mean(-1, keepdim=True) - spectrogram_labels).square().mean()
+        return h
+
+
+def test_train_mode_gets_the_labels_a_forward_requires_in_training() -> None:
+    config = types.SimpleNamespace(num_mel_bins=1)
+    inputs = {"input_ids": InputSpec("ids", (2, 16), 3, 89)}
+    labels = hf_zoo._train_labels(_Speech(), config, inputs)
+    assert {n: s.shape for n, s in labels.items()} == {
+        "duration_labels": (2, 16),
+        "spectrogram_labels": (2, 32, 1),
+    }
+    built = Built("speech", _Speech().eval(), inputs, "_Speech", train_inputs=labels)
+    assert set(built.inputs_for(False)) == {"input_ids"}
+    for mode in ("eval", "train"):
+        o = check(built, "kiln", mode)
+        assert not o.error and o.matches, (mode, o.error)
+    assert hf_zoo._train_labels(torch.nn.Embedding(99, 8), config, inputs) == {}

@@ -1,7 +1,9 @@
 """The zoo's Markdown report: the PyTorch 2 paper's Table 1 for the zoo, and the capture gaps.
 
 ``python -m benchmarks.zoo.report FOLDER [--docs docs/zoo.md]`` merges every ``zoo*.json`` in
-FOLDER (one per shard of a run) and writes ``zoo.md`` there, and the docs page if asked. The
+FOLDER (one per shard of a run) and writes ``zoo.md`` there, and the docs page if asked.
+:func:`merge` puts the rows of a later run of some models in place of theirs, noting that run
+(models, versions, command) in the meta, so the report says which rows came from it. The
 report has the totals (models with one graph and no break, eval and train, Kiln against
 torch.compile from the same run), the gaps ranked by how many models hit each (a break's kind
 and its explanation with numbers and addresses normalised, and each reason capture gave up on a
@@ -17,11 +19,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["load", "render", "write"]
+__all__ = ["load", "merge", "render", "write"]
 
 _MODES = ("eval", "train")
 _COMPILERS = ("kiln", "torch.compile")
 _EXAMPLES = 4
+_VERSIONS = ("kiln", "torch", "timm", "transformers", "python")
 
 DOCS_INTRO = """\
 # Model zoo: capture breadth
@@ -44,6 +47,8 @@ with fresh inputs.
 
 Reproduce it with `nox -s zoo` (or `python -m benchmarks.zoo --workers N`; `--only 'hf:*bert*'`
 narrows it); the raw results are in `benchmarks/results/<kiln version>/zoo/`.
+`--merge-into FOLDER` re-runs the `--only` models and puts their rows in place of theirs in an
+earlier run's results; the report then names the models re-run, with their versions.
 
 """
 
@@ -52,13 +57,43 @@ def load(folder: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The merged meta and rows of every ``zoo*.json`` in ``folder``."""
     meta: dict[str, Any] = {}
     rows: dict[str, dict[str, Any]] = {}
+    reruns: dict[str, dict[str, Any]] = {}
     for path in sorted(folder.glob("zoo*.json")):
         data = json.loads(path.read_text())
         meta = {**data["meta"], **meta} if meta else dict(data["meta"])
         for row in data["rows"]:
             if row["status"] != "not run" or row["id"] not in rows:
                 rows[row["id"]] = row
+        for rerun in data["meta"].get("reruns", []):  # one re-run may span several shards
+            key = json.dumps({k: v for k, v in rerun.items() if k != "models"}, sort_keys=True)
+            seen = reruns.setdefault(key, {**rerun, "models": []})
+            seen["models"] = sorted({*seen["models"], *rerun["models"]})
+    if reruns:
+        meta["reruns"] = list(reruns.values())
     return meta, sorted(rows.values(), key=lambda r: r["id"])
+
+
+def merge(folder: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+    """Put ``rows``, a later run of some models (``meta``: its versions and command), in place
+    of those models' rows in ``folder``'s ``zoo*.json``, and note that run in the meta of each
+    file it changes; a model no file holds joins the last file. Models the run did not reach
+    (its time budget) keep their rows."""
+    fresh = {r["id"]: r for r in rows if r["status"] != "not run"}
+    paths = sorted(folder.glob("zoo*.json"))
+    if not paths:
+        msg = f"{folder} holds no zoo*.json to merge into; run the zoo with --out there first"
+        raise FileNotFoundError(msg)
+    files = {path: json.loads(path.read_text()) for path in paths}
+    held = {r["id"] for data in files.values() for r in data["rows"]}
+    files[paths[-1]]["rows"] += [r for m, r in fresh.items() if m not in held]
+    for path, data in files.items():
+        models = [r["id"] for r in data["rows"] if r["id"] in fresh]
+        if not models:
+            continue
+        data["rows"] = [fresh.get(r["id"], r) for r in data["rows"]]
+        note = {**{k: v for k, v in meta.items() if k != "reruns"}, "models": models}
+        data["meta"].setdefault("reruns", []).append(note)
+        path.write_text(json.dumps(data, indent=1))
 
 
 def _normalise(text: str) -> str:
@@ -191,15 +226,28 @@ def _behind(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _reruns(meta: dict[str, Any]) -> list[str]:
+    """A line per later run merged into this one: its models, and its versions where they
+    differ from the first run's."""
+    lines = []
+    for note in meta.get("reruns", []):
+        differ = [f"{k} {note[k]}" for k in _VERSIONS if k in note and note[k] != meta.get(k)]
+        env = ", ".join(differ) if differ else "the same versions"
+        lines.append(
+            f"Re-run later and merged in: {', '.join(note['models'])} ({env}; "
+            f"{note.get('cpus', '?')} CPUs; `{_cell(note.get('command', ''))}`); their rows "
+            "below come from that run.\n"
+        )
+    return lines
+
+
 def render(meta: dict[str, Any], rows: list[dict[str, Any]], intro: str = "") -> str:
     """The report's Markdown."""
     counted = _counted(rows)
     skipped = [r for r in rows if r["status"] == "skipped"]
     not_run = [r for r in rows if r["status"] == "not run"]
     out = [intro or "# Model zoo report\n"]
-    versions = ", ".join(
-        f"{k} {meta[k]}" for k in ("kiln", "torch", "timm", "transformers", "python") if k in meta
-    )
+    versions = ", ".join(f"{k} {meta[k]}" for k in _VERSIONS if k in meta)
     out.append(
         f"Run: {versions}; {meta.get('cpus', '?')} CPUs. "
         f"{len(counted)} models counted "
@@ -209,6 +257,7 @@ def render(meta: dict[str, Any], rows: list[dict[str, Any]], intro: str = "") ->
         + (f"; {len(not_run)} not run in this run's time budget" if not_run else "")
         + ".\n"
     )
+    out += _reruns(meta)
     out += ["## Totals\n", *_totals(rows), ""]
     out.append(
         "A cell below is *graphs / graph breaks*, `+Ne` when N frames ran eagerly because "
@@ -228,6 +277,7 @@ def render(meta: dict[str, Any], rows: list[dict[str, Any]], intro: str = "") ->
         *_gaps(rows, "torch.compile"),
         "",
     ]
+    rerun = {m for note in meta.get("reruns", []) for m in note["models"]}
     out += ["## Per model\n"]
     head = "| model | variant | params | " + " | ".join(
         f"{m}: {c}" for m in _MODES for c in _COMPILERS
@@ -236,6 +286,7 @@ def render(meta: dict[str, Any], rows: list[dict[str, Any]], intro: str = "") ->
     for r in counted:
         cells = [_show(_outcome(r, c, m)) for m in _MODES for c in _COMPILERS]
         status = "" if r["status"] == "ok" else f" ({r['status']})"
+        status += " (re-run)" if r["id"] in rerun else ""
         out.append(
             f"| {r['id']}{status} | {r.get('variant', '')} | {r.get('params', '')} | "
             + " | ".join(cells)

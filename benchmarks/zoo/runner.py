@@ -1,5 +1,9 @@
 """Runs the zoo: every model in a child process of its own, with a timeout.
 
+``--merge-into FOLDER`` re-runs some models (``--only``) and merges their rows into an earlier
+run's results there (see :func:`benchmarks.zoo.report.merge`), rewriting its report, so a fix
+to a few models does not need the whole zoo run again.
+
 The parent imports torch, timm, transformers and Kiln once and forks one child per model, so a
 child starts in milliseconds instead of re-importing them; a crash or a hang loses that model
 alone. The child builds the model (a model that cannot be built, or whose eager forward fails,
@@ -16,6 +20,7 @@ import json
 import multiprocessing
 import os
 import platform
+import shlex
 import sys
 import tempfile
 import time
@@ -82,10 +87,11 @@ def _child(model_id: str, compilers: tuple[str, ...], events: Path) -> None:
         return
     params = sum(p.numel() for p in built.model.parameters())
     inputs = {k: [v.kind, list(v.shape)] for k, v in built.inputs.items()}
-    _append(
-        events,
-        {"event": "built", "variant": built.variant, "params": params, "inputs": inputs},
-    )
+    built_event = {"event": "built", "variant": built.variant, "params": params, "inputs": inputs}
+    if built.train_inputs:
+        train = {k: [v.kind, list(v.shape)] for k, v in built.train_inputs.items()}
+        built_event["train_inputs"] = train
+    _append(events, built_event)
     for mode in MODES:
         for compiler in compilers:
             _append(events, {"event": "start", "compiler": compiler, "mode": mode})
@@ -188,7 +194,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compilers", default=",".join(COMPILERS))
     p.add_argument("--out", type=Path, default=None, help="folder for zoo.json and zoo.md")
     p.add_argument("--docs", type=Path, default=None, help="also write the docs page here")
+    p.add_argument(
+        "--merge-into",
+        type=Path,
+        default=None,
+        help="put this run's rows in place of theirs in an earlier run's folder and rewrite its "
+        "report (the report names the models re-run and their versions)",
+    )
     args = p.parse_args(argv)
+    if args.merge_into is not None and (args.out is not None or args.shard != "1/1"):
+        p.error("--merge-into writes into the earlier run's folder: no --out or --shard with it")
+    if args.merge_into is not None and not any(args.merge_into.glob("zoo*.json")):
+        p.error(f"--merge-into: {args.merge_into} holds no zoo*.json of an earlier run")
 
     # imported once here so that every forked child starts with them loaded
     import timm  # noqa: F401
@@ -203,18 +220,25 @@ def main(argv: list[str] | None = None) -> int:
         ids = [m for m in ids if any(fnmatch.fnmatch(m, pat) for pat in args.only)]
     index, count = map(int, args.shard.split("/"))
     ids = ids[index - 1 :: count]
-    out = args.out or Path("benchmarks/results") / versions()["kiln"] / "zoo"
-    out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     meta = {**versions(), "cpus": str(os.cpu_count())}
-    meta["command"] = " ".join(["python -m benchmarks.zoo", *sys.argv[1:]])
+    given = sys.argv[1:] if argv is None else argv
+    meta["command"] = shlex.join(["python", "-m", "benchmarks.zoo", *given])
+    compilers = tuple(args.compilers.split(","))
+    if args.merge_into is not None:
+        rows = run_zoo(ids, args.workers, args.timeout, compilers, args.budget)
+        meta["seconds"] = f"{time.time() - started:.0f}"
+        report.merge(args.merge_into, rows, meta)
+        report.write(args.merge_into, args.docs)
+        return 0
+    out = args.out or Path("benchmarks/results") / versions()["kiln"] / "zoo"
+    out.mkdir(parents=True, exist_ok=True)
     name = "zoo.json" if args.shard == "1/1" else f"zoo-{index}of{count}.json"
 
     def save(rows: list[dict[str, Any]]) -> None:
         meta["seconds"] = f"{time.time() - started:.0f}"
         (out / name).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
 
-    compilers = tuple(args.compilers.split(","))
     save(run_zoo(ids, args.workers, args.timeout, compilers, args.budget, on_row=save))
     report.write(out, args.docs)
     return 0
