@@ -182,9 +182,12 @@ def test_branch_on_unbacked_breaks(backend: str) -> None:
         x = torch.randn(3)
         _same(compiled(x, torch.tensor(v)), branch(x, torch.tensor(v)))
     snap = counters.snapshot()
-    # captured again with item() breaking the graph, as by default: the frame still compiles
-    assert snap["graph_breaks"].get("data_dependent_value"), snap
+    # the graph breaks at the branch and returns n, which the generated frame tests; the
+    # branch's continuations take it as a symbolic input: 3 graphs, no recompile
+    assert snap["graph_breaks"] == {"data_dependent_branch": 1}, snap
+    assert snap["stats"]["graphs_compiled"] == 3, snap
     assert snap["stats"].get("eager_fallbacks", 0) == 0, snap
+    assert kiln.stats().recompiles == 0, snap
 
 
 def pairs(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

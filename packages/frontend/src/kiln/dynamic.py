@@ -111,10 +111,12 @@ def with_data_dependent(sizes: DynamicDims, option: Callable[[str, Any], Any]) -
 
 
 def capture_data_dependent(run: Callable[[], _T], sizes: DynamicDims) -> _T:
-    """``run()``, a capture under ``sizes``. Where a value kept in the graph as an unbacked
-    symbol meets a decision only data settles (``if n > 0:`` with ``n`` live across the
-    break it makes), the frame is captured again without the options: the value breaks the
-    graph where it is made, as by default, rather than the whole frame running eagerly."""
+    """``run()``, a capture under ``sizes``. A value kept in the graph as an unbacked symbol
+    that meets a decision only data settles (``if n > 0:``) breaks the graph there, the graph
+    returning it; where that cannot be done (the frame cannot be split there, or the value
+    has no graph form to return), the frame is captured again without the options: the
+    value breaks the graph where it is made, as by default, rather than the whole frame
+    running eagerly."""
     try:
         return run()
     except Unsupported as e:

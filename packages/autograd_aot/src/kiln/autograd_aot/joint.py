@@ -27,6 +27,7 @@ from kiln.autograd_aot.mutation import ViewStep
 from kiln.autograd_aot.symbolic import (
     SizeSources,
     as_exprs,
+    from_data,
     has_symbolic,
     is_symbolic,
     is_symbolic_value,
@@ -163,13 +164,15 @@ def _trace_program(
     # A mutated input's own fake carries the autograd history of its mutations; the
     # tracer maps it to the input's new value.
     values = [*user, *(fakes[i] for i, _ in mutated)]
-    outputs: list[torch.Tensor | None] = list(values)
+    outputs: list[Any] = list(values)
     # a mutated input made with history before the program is differentiable through the
     # program only if a write reached it with grad enabled
     with_grad = tracer.inputs_written_with_grad()
     recorded = [True] * len(user) + [i in with_grad for i, _ in mutated]
     diff = [
-        i for i, t in enumerate(values) if t.requires_grad and t.grad_fn is not None and recorded[i]
+        i
+        for i, t in enumerate(values)
+        if isinstance(t, torch.Tensor) and t.requires_grad and t.grad_fn is not None and recorded[i]
     ]
     tensors = [f for f in fakes if isinstance(f, torch.Tensor)]  # symbolic numbers follow
     grad_inputs = [i for i, f in enumerate(tensors) if f.requires_grad] if joint and diff else []
@@ -213,7 +216,7 @@ def _trace_program(
 
 
 def _saved_by_autograd(
-    roots: Sequence[torch.Tensor], user: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]
+    roots: Sequence[torch.Tensor], user: Sequence[Any], inputs: Sequence[torch.Tensor]
 ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """Which of ``user`` and of ``inputs`` eager's autograd saves for the backward of
     ``roots``, itself or through a view (views share their base's version counter), each
@@ -258,14 +261,16 @@ def _saved_by_autograd(
                 key = (id(root.grad_fn), root.output_nr)
                 saved_made_by[key] = saved_made_by.get(key, 0) | mask
 
-    def saved_mask(t: torch.Tensor) -> int:
+    def saved_mask(t: Any) -> int:
+        if not isinstance(t, torch.Tensor):  # a number the program returns
+            return 0
         root = _version_root(t)
         mask = saved.get(id(root), 0)
         if root.grad_fn is not None:
             mask |= saved_made_by.get((id(root.grad_fn), root.output_nr), 0)
         return mask
 
-    def watched(ts: Sequence[torch.Tensor]) -> list[tuple[int, int]]:
+    def watched(ts: Sequence[Any]) -> list[tuple[int, int]]:
         masks = [saved_mask(t) for t in ts]
         return [(i, m) for i, m in enumerate(masks) if m]
 
@@ -317,16 +322,19 @@ def _output_specs(
             bases.setdefault(found[0], leaf)
     shared = _shared_bases(tracer, leaves)
     specs: list[OutputSpec] = []
-    user: list[torch.Tensor] = []
+    user: list[Any] = []  # tensors, and numbers computed from data
     index: dict[int, int] = {}
 
-    def graph_index(t: torch.Tensor) -> int:
+    def graph_index(t: Any) -> int:
         if id(t) not in index:
             index[id(t)] = len(user)
             user.append(t)
         return index[id(t)]
 
     for leaf in leaves:
+        if from_data(leaf):  # no input gives it (as ``const`` sizes): the graph returns it
+            specs.append(OutputSpec("graph", graph_index(leaf)))
+            continue
         if not isinstance(leaf, torch.Tensor):
             symbolic = is_symbolic_value(leaf)
             specs.append(OutputSpec("const", value=as_exprs(leaf), symbolic=symbolic))

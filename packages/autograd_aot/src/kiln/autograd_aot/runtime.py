@@ -131,7 +131,9 @@ class _AotFunction(torch.autograd.Function):
             for i in compiled.saved_sizes:
                 saved[i] = None
         ctx.save_for_backward(*saved)
-        ctx.mark_non_differentiable(*(outputs[i] for i in program.non_differentiable))
+        ctx.mark_non_differentiable(
+            *(o for o in map(outputs.__getitem__, program.non_differentiable) if _is_tensor(o))
+        )
         # Autograd would hand backward a zero tensor for every output the loss does not
         # reach, non-differentiable ones included (BatchNorm's new running statistics: three
         # allocations and fills per layer and step); the backward run depends on which got one.
@@ -191,6 +193,10 @@ class _AotFunction(torch.autograd.Function):
         for j, g in zip(bw.grads, results, strict=True):
             out[program.grad_inputs[j]] = g
         return (None, None, *out)
+
+
+def _is_tensor(o: Any) -> bool:
+    return isinstance(o, torch.Tensor)  # not a number computed from data (item())
 
 
 def _versions(primals: Sequence[Any]) -> list[int]:

@@ -38,6 +38,7 @@ __all__ = [
     "has_symbolic",
     "size_sources",
     "fresh_fake",
+    "from_data",
     "hint",
     "is_symbolic",
     "is_symbolic_value",
@@ -51,6 +52,14 @@ _SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 def is_symbolic_value(value: object) -> bool:
     """A ``SymInt``/``SymFloat``/``SymBool`` that is not a number in disguise."""
     return isinstance(value, _SYM_TYPES) and bool(_expr(value).free_symbols)
+
+
+def from_data(value: object) -> bool:
+    """A symbolic number computed from tensor data (over unbacked symbols: ``item()``)."""
+    if not is_symbolic_value(value):
+        return False
+    env: ShapeEnv = value.node.env  # type: ignore[attr-defined]
+    return env.is_unbacked(_expr(value))
 
 
 def _expr(value: Any) -> sympy.Basic:
@@ -133,6 +142,9 @@ class SymbolReader:
         if not is_symbolic_value(value):
             return value
         self._env = value.node.env
+        made = self._computed(_expr(value)) if from_data(value) else None
+        if made is not None:  # an op's own value (a bool's item(): ``Eq(u0, 1)``)
+            return made
         try:
             return self._materialize(_expr(value))
         except CannotMaterialize as e:
@@ -162,9 +174,9 @@ class SymbolReader:
         msg = f"the size symbol {symbol} is not a size of any input of the graph"
         raise AotError(msg)
 
-    def _computed(self, symbol: sympy.Symbol) -> fx.Node | None:
-        """The node reading an unbacked symbol from the op that made it: its scalar result
-        (``item()``) or a size of its tensor result (``nonzero``), as the graph runs."""
+    def _computed(self, symbol: sympy.Basic) -> fx.Node | None:
+        """The node reading an unbacked symbol (or value) from the op that made it: its
+        scalar result (``item()``) or a size of its tensor result (``nonzero``)."""
         for node in self.graph.nodes:
             val = node.meta.get("val")
             if is_symbolic_value(val) and _expr(val) == symbol:

@@ -150,9 +150,10 @@ class AtenTracer(TorchDispatchMode):
             if r.kind == "input" and r.written_with_grad and r.input_index is not None
         }
 
-    def finish(self, outputs: Sequence[torch.Tensor | None]) -> fx.GraphModule:
-        """Close the graph with ``outputs`` and drop dead nodes."""
-        out = tuple(None if o is None else self.node_of(o) for o in outputs)
+    def finish(self, outputs: Sequence[Any]) -> fx.GraphModule:
+        """Close the graph with ``outputs`` (tensors, None, symbolic numbers) and drop dead
+        nodes."""
+        out = tuple(None if o is None else self._node_or_number(o) for o in outputs)
         self.graph.output(out)
         self.graph.eliminate_dead_code()
         gm = fx.GraphModule(self.module, self.graph)
@@ -181,6 +182,9 @@ class AtenTracer(TorchDispatchMode):
         if isinstance(a, torch.Tensor) and not is_fake(a):
             return self._constant(a)
         return a
+
+    def _node_or_number(self, o: Any) -> Any:
+        return self._symbols.node_for(o) if is_symbolic_value(o) else self.node_of(o)
 
     def node_of(self, t: torch.Tensor) -> fx.Node:
         """The node holding ``t``'s current value (regenerated if an alias was mutated)."""

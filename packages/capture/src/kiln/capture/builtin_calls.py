@@ -389,6 +389,14 @@ def _scalar_handler(fn: Callable[..., Any]) -> Handler:
             # int(t) is t.__int__(): a value from data, an unbacked symbol
             method = "__int__" if fn is int else "__float__"
             return torch_calls.call_method(tr, args[0], method, [], {})  # type: ignore[arg-type]
+        number = args[0] if len(args) == 1 and isinstance(args[0], SymValue) else None
+        if fn is float and number is not None and tr.out.from_data(number) == ():
+            # a number from data has no value to specialize on: float(n) stays symbolic
+            number_type = number.python_type()
+            if number_type is float:
+                return number
+            if number_type is int:
+                return SymValue(number.sym.__sym_float__())  # type: ignore[union-attr]
         for a in args:
             if isinstance(a, TensorValue | NdarrayValue):
                 kind = a.python_type().__name__

@@ -103,6 +103,10 @@ class DynamicDims:
     # (capture_dynamic_output_shape_ops)
     scalar_outputs: bool = False
     dynamic_output_shapes: bool = False
+    # a continuation's arguments computed from tensor data before its break (argument name ->
+    # the dims of a tensor whose sizes are; () for numbers): symbolic from the first capture,
+    # as they change from call to call
+    from_data: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
 
     @property
     def any(self) -> bool:
@@ -202,16 +206,22 @@ def number_is_dynamic(policy: DynamicDims, source: Source, value: object) -> boo
     """
     if policy.never or type(value) not in (int, float) or not _argument(source):
         return False
+    if _argument_name(source) in policy.from_data:
+        return True
     if policy.history is not None and policy.history.changed_value(source, value):  # type: ignore[arg-type]
         return True
     return policy.every_size and type(value) is int
 
 
 def _argument(source: Source) -> bool:
+    return _argument_name(source) is not None
+
+
+def _argument_name(source: Source) -> str | None:
     s: Source = source
     while isinstance(s, ItemSource):
         s = s.base
-    return isinstance(s, LocalSource)
+    return s.name if isinstance(s, LocalSource) else None
 
 
 def _within(n: int, r: DimRange) -> bool:
@@ -234,6 +244,8 @@ def dims_of(policy: DynamicDims, source: Source, t: torch.Tensor) -> dict[int, D
         return {}
     marked: dict[int, DimRange] = dict(getattr(t, _DYNAMIC, {}))
     marked.update(policy.by_source.get(str(source), {}))
+    if isinstance(source, LocalSource):
+        marked.update(dict.fromkeys(policy.from_data.get(source.name, ()), (None, None)))
     torch_marked, torch_static = _torch_marks(t)
     for d, r in torch_marked.items():
         marked.setdefault(d, r)

@@ -23,8 +23,9 @@ from torch import fx
 
 from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.errors import CaptureError, Unsupported
-from kiln.capture.graph import GraphInput
+from kiln.capture.graph import GraphInput, NumberOutput, OutputGraph
 from kiln.capture.model_output import is_model_output
+from kiln.capture.shapes import expr_of
 from kiln.capture.shapes.guards import expr_code
 from kiln.capture.shapes.node import SymNode
 from kiln.capture.side_effects import SideEffects
@@ -89,15 +90,26 @@ def side_effect_values(effects: SideEffects) -> list[Value]:
     return values
 
 
-def graph_outputs(result: Value, effects: SideEffects) -> list[TensorValue]:
-    """The computed tensors the graph must return (for the result and side effects), once each."""
-    found: dict[int, TensorValue] = {}
+Output = TensorValue | NumberOutput
+
+
+def graph_outputs(
+    result: Value, effects: SideEffects, out: OutputGraph | None = None
+) -> list[Output]:
+    """The computed tensors the graph must return (for the result and side effects), once
+    each; with ``out``, the numbers computed from tensor data as well (see NumberOutput)."""
+    found: dict[object, Output] = {}
     seen: set[int] = set()  # cells visited (closures may refer to themselves)
 
     def visit(v: Value) -> None:
         if isinstance(v, TensorValue):
             if v.node.op != "placeholder":
                 found.setdefault(id(v.node), v)
+        elif isinstance(v, SymValue) and out is not None and is_symbolic(v.sym):
+            if _number_key(v) not in found:
+                number = out.number_output(v)
+                if number is not None:
+                    found[_number_key(v)] = number
         elif isinstance(v, NdarrayValue):
             visit(v.tensor)
         elif isinstance(v, TupleValue) and v.source is None:
@@ -128,6 +140,10 @@ def graph_outputs(result: Value, effects: SideEffects) -> list[TensorValue]:
     for v in side_effect_values(effects):
         visit(v)
     return list(found.values())
+
+
+def _number_key(v: SymValue) -> tuple[str, type]:
+    return str(expr_of(v.sym)), v.python_type()
 
 
 def make_closure(
@@ -179,10 +195,10 @@ def _refill_dict(target: dict[Any, Any], items: dict[Any, Any]) -> None:
 class _Writer:
     """Collects placeholder constants and the text of expressions over the new frame."""
 
-    def __init__(self, fn: types.FunctionType, outputs: list[TensorValue]) -> None:
+    def __init__(self, fn: types.FunctionType, outputs: list[Output]) -> None:
         self.fn = fn
         self.consts: list[Any] = []
-        self.output_index = {id(v.node): i for i, v in enumerate(outputs)}
+        self.set_outputs(outputs)
         code = fn.__code__
         self.reserved = set(code.co_varnames) | set(code.co_freevars)
         self.cells: list[CellValue] = []  # cells made during the trace that closures share
@@ -195,6 +211,15 @@ class _Writer:
         # lines computing symbolic numbers from the frame's arguments, run first (see number)
         self.prelude: list[str] = []
         self._numbers: dict[str, str] = {}
+
+    def set_outputs(self, outputs: list[Output]) -> None:
+        """Where each of the graph's outputs lies in ``__kiln_out``."""
+        self.output_index = {id(v.node): i for i, v in enumerate(outputs)}
+        self.number_index = {
+            _number_key(v.value): (i, v.convert)
+            for i, v in enumerate(outputs)
+            if isinstance(v, NumberOutput)
+        }
 
     def cell(self, c: CellValue) -> str:
         """A real cell for ``c``: the frame's own, or one of ``__kiln_cells`` (see cell_lines)."""
@@ -331,6 +356,11 @@ class _Writer:
         if isinstance(v, NdarrayValue):
             return f"{self.const(as_numpy)}({self.value(v.tensor)}, {v.scalar})"
         if isinstance(v, SymValue) and is_symbolic(v.sym):
+            computed = self.number_index.get(_number_key(v))
+            if computed is not None:  # a number from data: the graph returned it
+                i, convert = computed
+                out = f"__kiln_out[{i}]"
+                return f"{self.const(v.python_type())}({out})" if convert else out
             number = self.number(v)
             if number is not None:
                 return number
@@ -518,7 +548,7 @@ def emit_code(
     fn: types.FunctionType,
     compiled: Any,
     inputs: list[GraphInput],
-    outputs: list[TensorValue],
+    outputs: list[Output],
     result: Value,
     effects: SideEffects,
     mode_after: bool | None = None,

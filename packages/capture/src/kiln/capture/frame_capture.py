@@ -32,7 +32,7 @@ from kiln.capture.breaks.rollback import BreakTracer, break_state
 from kiln.capture.breaks.split import capture_after_break
 from kiln.capture.emit import emit_code, graph_outputs
 from kiln.capture.errors import EagerRaises, Unsupported
-from kiln.capture.graph import EAGER_RANDOM, OutputGraph
+from kiln.capture.graph import DATA_ARGUMENTS, EAGER_RANDOM, OutputGraph
 from kiln.capture.guard_data import user_function_modes
 from kiln.capture.isolation import no_user_hooks
 from kiln.capture.result import (
@@ -113,6 +113,9 @@ def _trace(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> TracedFram
     grad_mode = torch.is_grad_enabled()
     out = OutputGraph()
     out.eager_random = bool(getattr(func, EAGER_RANDOM, False))
+    from_data = getattr(func, DATA_ARGUMENTS, None)
+    if from_data:
+        out.dynamic = dataclasses.replace(out.dynamic, from_data=from_data)
     try:
         try:
             bound = code_signature(func).bind(*args, **kwargs)
@@ -189,7 +192,7 @@ def _capture(
         )
     traced_at = time.perf_counter()
     out, func = traced.out, traced.func
-    outputs = graph_outputs(traced.result, out.side_effects)
+    outputs = graph_outputs(traced.result, out.side_effects, out)
     graph = compile_partial(out, outputs, func, compile_graph)
     compiled_at = time.perf_counter()
     code = emit_code(

@@ -40,7 +40,14 @@ from kiln.capture.tensor_subclasses import as_plain, is_dispatch_wrapper, is_fun
 from kiln.capture.values.symbolic import SymValue, is_symbolic, specialize
 from kiln.capture.values.tensor import TensorValue
 
-__all__ = ["DATA_DEPENDENT_OPS", "EAGER_RANDOM", "GraphInput", "OutputGraph"]
+__all__ = [
+    "DATA_ARGUMENTS",
+    "DATA_DEPENDENT_OPS",
+    "EAGER_RANDOM",
+    "GraphInput",
+    "NumberOutput",
+    "OutputGraph",
+]
 
 # ``Py_TPFLAGS_IMMUTABLETYPE``: builtin and extension types refuse ``cls.name = ...``
 _IMMUTABLE_TYPE = 1 << 8
@@ -109,12 +116,29 @@ class GraphInput:
         self.node = node
 
 
+@dataclasses.dataclass(frozen=True)
+class NumberOutput:
+    """A number computed from tensor data (an expression over unbacked symbols) that leaves
+    the graph: returned by the frame, or live at a graph break. No source computes it from
+    the frame's arguments (as emit's prelude does for sizes), so the graph returns it:
+    ``node`` is the output, the Python number at run time, of type ``python_type`` once
+    converted (``convert``: ``float(n)`` of an int the graph computes)."""
+
+    value: SymValue
+    node: fx.Node
+    convert: bool
+
+
 #: the ``GraphModule.meta`` key holding a graph's ``DataDependentOps`` when it has unbacked
 #: symbols (autograd_aot's retrace runs its data-dependent ops under the same permission)
 DATA_DEPENDENT_OPS = "kiln_data_dependent_ops"
 
 #: the attribute marking a continuation made after torch's generator was reseeded in the frame
 EAGER_RANDOM = "__kiln_eager_random__"
+
+#: the attribute of a continuation naming its arguments computed from tensor data before the
+#: break (see ``OutputGraph.from_data``): they are symbolic from its first capture
+DATA_ARGUMENTS = "__kiln_data_arguments__"
 
 
 class OutputGraph:
@@ -313,6 +337,42 @@ class OutputGraph:
                 )
         self._asserted = len(env.deferred)
 
+    def number_output(self, v: SymValue) -> NumberOutput | None:
+        """``v`` as a graph output where it is computed from tensor data (no source gives
+        it), or None: a number of sizes and inputs, or one with no node form (it breaks)."""
+        env, expr = self.shape_env, expr_of(v.sym)
+        if env is None or not env.is_unbacked(expr):
+            return None
+        # the value an op made itself (a bool's ``item()``: ``Eq(u0, 1)`` is that node)
+        made = [n for n, dim in self._unbacked.values() if dim is None]
+        node = next((n for n in made if expr_of(n.meta["val"]) == expr), None)
+        try:
+            node = self._materialize(expr) if node is None else node
+        except CannotMaterialize:
+            return None
+        if not isinstance(node, fx.Node):
+            return None
+        val = node.meta.get("val")
+        return NumberOutput(v, node, not is_symbolic(val) or type(val) is not type(v.sym))
+
+    def from_data(self, v: Any) -> tuple[int, ...] | None:
+        """Whether ``v`` is computed from tensor data: ``()`` for a number (or a list or
+        tuple holding one, ``tolist()``), the dims whose sizes are for a tensor; else None.
+        Handed to a continuation, such a value changes from call to call."""
+        env = self.shape_env
+        if env is None or not env.unbacked:
+            return None
+        if isinstance(v, SymValue):
+            return () if is_symbolic(v.sym) and env.is_unbacked(expr_of(v.sym)) else None
+        if isinstance(v, TensorValue):
+            shape = v.fake.shape
+            dims = tuple(d for d, n in enumerate(shape) if env.is_unbacked(expr_of(n)))
+            return dims or None
+        items = getattr(v, "items", None) if v.source is None else None
+        if isinstance(items, list) and any(self.from_data(x) == () for x in items):
+            return ()
+        return None
+
     # symbolic numbers as graph values ---------------------------------------------------------
     def sym_arg(self, sym: Any) -> Any:
         """The graph argument for a symbolic number: nodes computing it from the inputs'
@@ -385,7 +445,7 @@ class OutputGraph:
             n.op in ("call_function", "call_method", "call_module") for n in self.graph.nodes
         )
 
-    def finish(self, outputs: list[TensorValue]) -> fx.GraphModule:
+    def finish(self, outputs: list[TensorValue | NumberOutput]) -> fx.GraphModule:
         """Close the graph with a tuple output of ``outputs``.
 
         Unused ops stay: random ops among them advance the generator as in eager.

@@ -22,7 +22,7 @@ from kiln.capture import counters
 from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.bytecode.format import log_code
 from kiln.capture.emit import grad_mode_after
-from kiln.capture.graph import OutputGraph
+from kiln.capture.graph import NumberOutput, OutputGraph
 from kiln.capture.guard_data import GlobalState, GuardKind, GuardSpec
 from kiln.capture.values.tensor import TensorValue
 
@@ -87,7 +87,7 @@ def split_method(fn: Any, args: tuple[Any, ...]) -> tuple[types.FunctionType, tu
 
 def compile_partial(
     out: OutputGraph,
-    outputs: list[TensorValue],
+    outputs: list[TensorValue | NumberOutput],
     func: types.FunctionType,
     compile_graph: CompileGraph,
     what: str = "",

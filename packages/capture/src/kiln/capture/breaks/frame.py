@@ -31,7 +31,7 @@ from kiln.capture.bytecode.format import log_code
 from kiln.capture.contexts import ExitValue
 from kiln.capture.emit import _Writer
 from kiln.capture.errors import CaptureError
-from kiln.capture.graph import EAGER_RANDOM
+from kiln.capture.graph import DATA_ARGUMENTS, EAGER_RANDOM
 from kiln.capture.values.base import NULL, Value
 from kiln.capture.values.containers import CellValue, DictViewValue, ListValue
 from kiln.capture.values.functions import (
@@ -324,8 +324,13 @@ class Continuations:
         if self.eager_random:
             setattr(fn, EAGER_RANDOM, True)
         log_code(rf.name, rf.code)
-        args = [self.frame.expr(v) for v in stack if v is not NULL]
-        args.extend(self.frame.expr(self.values[n]) for n in rf.locals)
+        given = [v for v in stack if v is not NULL] + [self.values[n] for n in rf.locals]
+        out = self.state.tracer.out
+        names = rf.code.co_varnames[: len(given)]
+        from_data = {n: out.from_data(v) for n, v in zip(names, given, strict=True)}
+        if any(dims is not None for dims in from_data.values()):
+            setattr(fn, DATA_ARGUMENTS, {n: d for n, d in from_data.items() if d is not None})
+        args = [self.frame.expr(v) for v in given]
         w = self.frame.writer
         if not compiled or _nothing_to_compile(rf.code):
             return f"return {w.const(fn)}({', '.join(args)})"

@@ -474,8 +474,8 @@ def _split(
     live = list(live_values(state).values())
     check_shared_iterators([*state.stack, *live])
     effects = out.side_effects
-    outputs = graph_outputs(TupleValue(flat_values([*state.stack, *live])), effects)
-    writer.output_index = {id(v.node): i for i, v in enumerate(outputs)}
+    outputs = graph_outputs(TupleValue(flat_values([*state.stack, *live])), effects, out)
+    writer.set_outputs(outputs)
     traced_at = time.perf_counter()
     raising = _raising_stack(state, writer) if in_block and exits is None else None
     tail: list[str] = []

@@ -102,7 +102,7 @@ def _dense_strides(tensor: torch.Tensor, sizes: list[SymIntLike]) -> list[SymInt
     return strides
 
 
-def expr_of(value: SymIntLike | float | bool) -> sympy.Basic:
+def expr_of(value: SymIntLike | torch.SymFloat | torch.SymBool | float | bool) -> sympy.Basic:
     """The sympy expression of a torch symbolic value or Python number."""
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         node = value.node
