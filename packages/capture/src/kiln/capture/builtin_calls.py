@@ -24,6 +24,7 @@ from kiln.capture import (
     container_methods,
     copies,
     dispatch,
+    distributed,
     functorch_calls,
     iteration,
     itertools_calls,
@@ -62,7 +63,11 @@ if TYPE_CHECKING:
 __all__ = ["Handler", "handler_for"]
 
 Handler = Callable[["Tracer", list[Value], dict[str, Value]], Value]
-_HANDLERS: dict[Any, Handler] = {**itertools_calls.HANDLERS, **functorch_calls.HANDLERS}
+_HANDLERS: dict[Any, Handler] = {
+    **itertools_calls.HANDLERS,
+    **functorch_calls.HANDLERS,
+    **distributed.HANDLERS,
+}
 
 
 def _handles(*objs: Any) -> Callable[[Handler], Handler]:

@@ -28,6 +28,7 @@ from kiln.capture import (
     contexts,
     control_flow,
     dispatch,
+    distributed,
     function_modes,
     functorch_calls,
     literals,
@@ -415,6 +416,8 @@ def _global_hooks() -> bool:
 def call_module(tr: Tracer, mv: ObjectValue, args: list[Value], kwargs: dict[str, Value]) -> Value:
     """``module(*args, **kwargs)``: pre-hooks, ``forward`` and forward hooks, all inlined."""
     mod = mv.obj
+    if distributed.wrapped_module(mod) is not None:  # its own Python runs; forward compiled
+        raise unsupported("distributed_module", type(mod).__name__)
     custom_call = inspect.getattr_static(type(mod), "__call__")
     tr.out.guard_class_attr(type(mod), "__call__")
     if custom_call is not torch.nn.Module.__call__ and isinstance(custom_call, types.FunctionType):

@@ -178,11 +178,14 @@ def _capture(
     except Unsupported as e:
         counters.bump("graph_break", e.kind)
         state = break_state(e)
-        if fullgraph or (
+        # a frame that only calls a DDP/FSDP2 module is split with fullgraph too: it hands
+        # over to the wrapped forward, compiled (whole, under fullgraph) on its own
+        handover = e.kind == "distributed_module"
+        if (fullgraph and not handover) or (
             state is not None and function_modes.open_at(state.tracer.out, state.index)
         ):
             raise
-        return capture_after_break(
+        split = capture_after_break(
             e,
             fn,
             tuple(args),
@@ -190,6 +193,9 @@ def _capture(
             wrap_callable=wrap_callable,
             started=start,
         )
+        if fullgraph and (split.graph_breaks or split.graphs):
+            raise e from None
+        return split
     traced_at = time.perf_counter()
     out, func = traced.out, traced.func
     outputs = graph_outputs(traced.result, out.side_effects, out)

@@ -132,7 +132,9 @@ def _wrap(out: OutputGraph, obj: Any, source: Source | None) -> Value:
             return checkpointing.CheckpointValue(obj, source)
         if is_special(obj) or is_torch_callable(obj) or is_control_flow(obj) or obj in CHECKS:
             return ObjectValue(obj, source)
-        if _runs_natively(obj):
+        if _runs_natively(obj) or obj.__module__ == "torch.distributed.distributed_c10d":
+            # (c10d's functions are traced when called, but one that breaks runs as it is,
+            # not compiled on its own: torch.compile skips them too)
             return ObjectValue(obj, source)
         if made_by_transform(obj) is not None:  # ``batched = vmap(f)``: traced as the transform
             return ObjectValue(obj, source)

@@ -302,6 +302,7 @@ class Continuations:
         self.func = func
         self.frame = frame
         self.wrap_callable = wrap_callable
+        self.compiles = False  # whether a continuation made so far is compiled
         self.values = live_values(state)
         # the continuations run after a reseeding: they keep random ops eager (graph.py)
         self.eager_random = state.tracer.out.eager_random
@@ -335,6 +336,7 @@ class Continuations:
         if not compiled or _nothing_to_compile(rf.code):
             return f"return {w.const(fn)}({', '.join(args)})"
         targets = [w.const(self.wrap_callable(fn)), w.const(fn)]
+        self.compiles = True
         return f"return {w.const(_continue)}({', '.join([*targets, *args])})"
 
 

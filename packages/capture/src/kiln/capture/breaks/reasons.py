@@ -127,6 +127,13 @@ REASONS: dict[str, BreakReason] = {
         "the module has hooks Kiln cannot inline",
         "remove the hooks, or make them plain Python functions",
     ),
+    "distributed_module": BreakReason(
+        "a DistributedDataParallel or FSDP2 (fully_shard) module runs its own Python (DDP's "
+        "gradient-bucket bookkeeping, FSDP's unshard and reshard hooks) as in eager, as "
+        "torch.compile skips it; the forward of the module it wraps is compiled on its own",
+        "nothing is lost for a model compiled whole (kiln.compile(DDP(model))); inside a "
+        "larger function, each such call splits the graph around it",
+    ),
 }
 
 

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from kiln.capture import counters, dispatch, user_words
+from kiln.capture import counters, dispatch, distributed, user_words
 from kiln.capture.breaks.frame import (
     MAX_RESUME_NESTING,
     Continuations,
@@ -262,6 +262,12 @@ _GLOBAL_HOOKS = (
 )
 
 
+def _wrapper_runner(v: Value, rest: Continuations) -> distributed.CompiledForward | None:
+    """The call of a DDP or FSDP2 module ``v`` with its wrapped forward compiled, or None."""
+    m = v.obj if isinstance(v, ObjectValue) else None
+    return distributed.native_call(m, rest.wrap_callable) if m is not None else None
+
+
 def _plain_forward(v: Value) -> types.FunctionType | None:
     """``type(m).forward`` when calling the module ``v`` is just calling it (no hooks)."""
     m = v.obj if isinstance(v, ObjectValue) else None
@@ -300,8 +306,11 @@ def _native(state: BreakState, frame: Frame, rest: Continuations) -> list[str]:
         if isinstance(fn, BoundMethodValue) and _user_function(fn.func) is not None:
             args = [fn.self_value, *args]
             fn = fn.func
-        forward = _plain_forward(fn)
-        if forward is not None:  # the module's forward is compiled on its own
+        runner, forward = _wrapper_runner(fn, rest), _plain_forward(fn)
+        if runner is not None:  # DDP/FSDP2: its own Python, the forward under it compiled
+            args = [fn, *args]
+            fn = Named(w.const(runner))
+        elif forward is not None:  # the module's forward is compiled on its own
             args = [fn, *args]
             fn = Named(w.const(rest.wrap_callable(forward)))
         texts = [frame.expr(a) for a in args]
@@ -321,8 +330,12 @@ def _native(state: BreakState, frame: Frame, rest: Continuations) -> list[str]:
             raise cannot("CALL_FUNCTION_EX without a NULL beside the callable")
         kw = f", **{frame.expr(stack[-1])}" if n == 4 else ""
         fn, star_args = stack[fn_at], f"*{frame.expr(stack[-n + 2])}"
+        runner = _wrapper_runner(fn, rest)
         forward, user = _plain_forward(fn), _user_function(fn)
-        if forward is not None:  # the module's forward is compiled on its own
+        if runner is not None:
+            star_args = f"{frame.expr(fn)}, {star_args}"
+            fn = Named(w.const(runner))
+        elif forward is not None:  # the module's forward is compiled on its own
             star_args = f"{frame.expr(fn)}, {star_args}"
             fn = Named(w.const(rest.wrap_callable(forward)))
         elif user is not None:
@@ -483,7 +496,8 @@ def _split(
         # the instruction must run under the enclosing try: the continuation starts at it
         tail = [rest.call(state.instruction.offset, state.stack, compiled=False)]
     reported_later = False  # (the uncompiled rest above calls the callee eagerly)
-    if not tail:
+    native = not tail
+    if native:
         tail = _native(state, frame, rest)
         reported_later = _callee_reports(e, state)
     body_lines = ["    " + line for line in frame.after]
@@ -521,7 +535,13 @@ def _split(
     compiled_at = time.perf_counter()
     body = [*head, *make_cells, *frame.lines, *fill_cells, *replay, *frame.after, *tail]
     code = _assemble(func, writer, body)
-    if reported_later:  # one break, one report: the callee's, in its own words
+    # a frame that only calls a DDP/FSDP2 module hands over to the forward compiled under it:
+    # no graph is split (torch.compile skips such a frame)
+    skipped = native and e.kind == "distributed_module"
+    skipped = skipped and graph.compiled is None and not rest.compiles
+    if skipped:
+        breaks_log.debug("%s calls a distributed wrapper module", func.__qualname__)
+    elif reported_later:  # one break, one report: the callee's, in its own words
         breaks_log.debug("%s breaks inside a callee compiled on its own", func.__qualname__)
     else:
         where = user_words.function_name(func.__code__)
@@ -532,8 +552,8 @@ def _split(
         "compile": compiled_at - emitted_at,
         "emit": emitted_at - traced_at + time.perf_counter() - compiled_at,
     }
-    records = [] if reported_later else [_break_record(e)]
-    passes = reported_later and graph.compiled is None
+    records = [] if reported_later or skipped else [_break_record(e)]
+    passes = (reported_later or skipped) and graph.compiled is None
     return close_capture(fn, func, code, out, graph.graphs, records, timings, passes_through=passes)
 
 

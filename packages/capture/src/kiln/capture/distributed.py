@@ -1,0 +1,246 @@
+"""torch.distributed met while capturing: DDP and FSDP2 modules, collectives, rank queries.
+
+Data-parallel programs bring three things into a compiled region, each handled as
+torch.compile handles it:
+
+- **Wrapper modules.** A ``DistributedDataParallel`` module's forward is the runtime's own
+  Python (its reducer's bucket bookkeeping, logging, ``_DDPSink``, the autograd hooks it
+  relies on), and so are FSDP2's forward pre- and post-hooks on a ``fully_shard``-ed module
+  (unshard before, reshard and backward hooks after). torch.compile skips them and compiles
+  the model underneath. Capture does the same: calling such a module is a
+  ``distributed_module`` break, and the split runs the call in Python through
+  :class:`CompiledForward`, which makes the wrapped module's ``forward`` (DDP's ``.module``,
+  or the FSDP2 module's own) the compiled one for the length of the call. DDP's gradient
+  hooks fire on the compiled backward's gradients and all-reduce them as in eager; FSDP2's
+  all-gathers and reshards run around the compiled forward. A frame that is nothing but the
+  call (``kiln.compile(DDP(model))``) records no break: it only hands over to the model's
+  own compiled forward, as torch.compile's skipped frame does.
+- **In-place collectives.** ``dist.all_reduce(t)``, ``all_gather_into_tensor``,
+  ``reduce_scatter_tensor`` and the other calls torch lists in
+  ``traceable_collective_remaps`` are traced as the functional collective it maps them to:
+  ``_c10d_functional`` nodes whose result is copied back into the argument (``t.copy_``),
+  so the graph holds the collective, runs it at its place, and later reads see its result.
+  ``async_op=True`` returns a Work handle no graph can hold: the call breaks the graph.
+- **Rank queries.** ``dist.get_rank()``, ``get_world_size()``, ``is_initialized()`` and
+  ``is_available()`` are constants of the process: folded while tracing, each guarded by
+  calling it again (a ``CACHED_CALL`` guard), so a process group made again with another
+  size is seen.
+
+Nothing here imports torch's distributed packages beyond what ``import torch`` loaded: the
+wrapper classes are looked up in ``sys.modules`` (a program holding such a module has
+imported them) and the functional collectives are imported at the first traced collective.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+import types
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from kiln.capture import dispatch, literals
+from kiln.capture.breaks.reasons import raised, unsupported
+from kiln.capture.guard_data import CachedCall, GuardKind
+from kiln.capture.tracer import CO_GENERATOR_LIKE
+from kiln.capture.values.base import ConstantValue, Value
+from kiln.capture.values.objects import ObjectValue
+from kiln.capture.wrap import function_value
+
+if TYPE_CHECKING:
+    from kiln.capture.tracer import Tracer
+
+__all__ = ["HANDLERS", "CompiledForward", "native_call", "wrapped_module"]
+
+Handler = Callable[["Tracer", list[Value], dict[str, Value]], Value]
+
+# (module, class): a module of the class runs its own Python; the forward under it is compiled
+_WRAPPERS = (
+    ("torch.nn.parallel.distributed", "DistributedDataParallel"),
+    ("torch.distributed.fsdp", "FSDPModule"),
+)
+
+
+def wrapped_module(m: object) -> torch.nn.Module | None:
+    """The module whose ``forward`` is compiled when ``m`` is called, if ``m`` is a DDP
+    module (its ``.module``) or an FSDP2 module (itself, under its hooks); else None."""
+    for module_name, class_name in _WRAPPERS:
+        cls = getattr(sys.modules.get(module_name), class_name, None)
+        if isinstance(cls, type) and isinstance(m, cls):
+            inner = getattr(m, "module", None) if class_name == "DistributedDataParallel" else m
+            return inner if isinstance(inner, torch.nn.Module) else None
+    return None
+
+
+class CompiledForward:
+    """Calls a DDP or FSDP2 module as eager does, with its wrapped module's forward compiled.
+
+    The call goes through the module's own ``__call__`` (DDP's forward and bookkeeping, the
+    FSDP2 hooks, any other hooks); for its length the wrapped module's instance ``forward``
+    is the compiled function, which ``nn.Module`` calls in place of the class's. A wrapped
+    module of another class or with a ``forward`` of its own runs uncompiled.
+    """
+
+    def __init__(
+        self, forward: types.FunctionType | None, compiled: Callable[..., Any] | None
+    ) -> None:
+        self.forward = forward
+        self.compiled = compiled
+
+    def __call__(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        inner = wrapped_module(module)
+        if (
+            inner is None
+            or self.forward is None
+            or self.compiled is None
+            or inspect.getattr_static(type(inner), "forward", None) is not self.forward
+            or "forward" in vars(inner)
+        ):
+            return module(*args, **kwargs)
+        state = vars(inner)
+        state["forward"] = types.MethodType(self.compiled, inner)
+        try:
+            return module(*args, **kwargs)
+        finally:
+            state.pop("forward", None)
+
+    def __repr__(self) -> str:
+        name = getattr(self.forward, "__qualname__", None)
+        return f"<kiln: wrapper module call, compiled {name or 'nothing'}>"
+
+
+def native_call(
+    m: object, wrap_callable: Callable[[Callable[..., Any]], Callable[..., Any]]
+) -> CompiledForward | None:
+    """What a split calls in place of the wrapper module ``m`` (None: not a wrapper).
+
+    The wrapped module's forward, a plain Python function, is compiled on its own through
+    ``wrap_callable``, as a callee that breaks is.
+    """
+    inner = wrapped_module(m)
+    if inner is None:
+        return None
+    forward = inspect.getattr_static(type(inner), "forward", None)
+    if (
+        not isinstance(forward, types.FunctionType)
+        or forward.__code__.co_flags & CO_GENERATOR_LIKE
+        or "forward" in vars(inner)
+    ):
+        return CompiledForward(None, None)
+    return CompiledForward(forward, wrap_callable(forward))
+
+
+# collectives -----------------------------------------------------------------------------
+def _functional_collectives() -> Any:
+    return importlib.import_module("torch.distributed._functional_collectives")
+
+
+def _collective(legacy: Callable[..., Any]) -> Handler:
+    name = getattr(legacy, "__name__", "collective")
+
+    def handler(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        funcol = _functional_collectives()
+        remapped = funcol.traceable_collective_remaps.get(legacy)
+        if not isinstance(remapped, types.FunctionType):
+            raise unsupported("unsupported_call", f"torch.distributed.{name}")
+        try:
+            bound = inspect.signature(legacy).bind(*args, **kwargs).arguments
+        except TypeError as e:
+            raise raised(e) from e
+        async_op = bound.get("async_op")
+        if async_op is not None and (
+            not literals.is_literal(async_op) or literals.literal(async_op)
+        ):
+            raise unsupported(
+                "unsupported_call",
+                f"torch.distributed.{name}(async_op=True) returns a Work handle a graph cannot "
+                "hold; call it with async_op=False inside compiled code",
+            )
+        if "op" in bound:
+            op = funcol.REDUCE_OP_TO_STR.get(_plain(bound["op"]))
+            if op is None:
+                raise unsupported("unsupported_call", f"torch.distributed.{name} with this op")
+            bound["op"] = ConstantValue(op)
+        return dispatch.call(tr, function_value(remapped, None), [], dict(bound))
+
+    return handler
+
+
+def _plain(v: Value) -> Any:
+    """The real object of a constant or of an object the frame holds (a ReduceOp, a group)."""
+    if isinstance(v, ObjectValue):
+        return v.obj
+    if literals.is_literal(v):
+        return literals.literal(v)
+    raise unsupported("unsupported_value", f"{v} as an argument of a torch.distributed call")
+
+
+def _folded(fn: Callable[..., Any]) -> Handler:
+    """A rank query answered now, guarded by asking again (its arguments pinned by identity)."""
+
+    def handler(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        for v in [*args, *kwargs.values()]:
+            if isinstance(v, ObjectValue) and v.source is not None:
+                tr.out.guard(v.source, GuardKind.ID_MATCH, id(v.obj))
+            elif not literals.is_literal(v):
+                name = getattr(fn, "__name__", "?")
+                raise unsupported("unsupported_call", f"torch.distributed.{name} on {v}")
+        plain = [_plain(a) for a in args]
+        plain_kw = {k: _plain(a) for k, a in kwargs.items()}
+        try:
+            result = fn(*plain, **plain_kw)
+        except Exception as e:
+            raise raised(e) from e
+        cached = CachedCall(fn, tuple(plain), tuple(plain_kw.items()), result)
+        tr.out.guard(None, GuardKind.CACHED_CALL, cached)
+        return ConstantValue(result)
+
+    return handler
+
+
+def _group_method(fn: Callable[..., Any]) -> Handler:
+    """``group.size()`` and the like: fixed for a group's life, so answered now, the group
+    pinned by identity."""
+
+    def handler(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        group = args[0] if len(args) == 1 and not kwargs else None
+        if not isinstance(group, ObjectValue) or group.source is None:
+            raise unsupported("unsupported_call", f"ProcessGroup.{fn.__name__} on {group}")
+        tr.out.guard(group.source, GuardKind.ID_MATCH, id(group.obj))
+        return ConstantValue(fn(group.obj))
+
+    return handler
+
+
+_COLLECTIVES = (
+    "all_reduce",
+    "all_gather_into_tensor",
+    "all_gather_single",
+    "reduce_scatter_tensor",
+    "reduce_scatter_single",
+    "all_gather",
+    "reduce_scatter",
+    "all_to_all_single",
+    "_all_gather_base",
+    "_reduce_scatter_base",
+)
+_QUERIES = ("get_rank", "get_world_size", "is_initialized", "is_available")
+_GROUP_METHODS = ("size", "rank", "name", "group_desc")
+
+HANDLERS: dict[Any, Handler] = {}
+if torch.distributed.is_available():
+    for _name in _COLLECTIVES:
+        _fn = getattr(torch.distributed.distributed_c10d, _name, None)
+        if _fn is not None:
+            HANDLERS[_fn] = _collective(_fn)
+    for _name in _QUERIES:
+        _fn = getattr(torch.distributed, _name, None)
+        if _fn is not None:
+            HANDLERS[_fn] = _folded(_fn)
+    for _name in _GROUP_METHODS:
+        _fn = getattr(torch.distributed.ProcessGroup, _name, None)
+        if _fn is not None:
+            HANDLERS[_fn] = _group_method(_fn)
