@@ -48,6 +48,12 @@ _TINY: dict[str, int] = {
         37,
     ),
     **dict.fromkeys(["n_inner", "mlp_dim", "ffn_hidden_size"], 37),
+    # fastspeech2_conformer's feed-forward widths and variance predictors' channels
+    **dict.fromkeys(["linear_units", "encoder_linear_units", "decoder_linear_units"], 37),
+    **dict.fromkeys(
+        ["duration_predictor_channels", "energy_predictor_channels", "pitch_predictor_channels"],
+        HIDDEN,
+    ),
     **dict.fromkeys(
         ["moe_intermediate_size", "shared_expert_intermediate_size", "expert_intermediate_size"], 16
     ),
