@@ -109,6 +109,22 @@ def test_returned_item_int(backend: str) -> None:
     _check(returns_int, calls, backend)
 
 
+def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> Any:
+    correct = (logits.argmax(-1) == labels).sum().item()
+    loss = logits.logsumexp(-1).mean().item()
+    return correct / labels.shape[0], correct, loss**0.5
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_returned_ratio(backend: str) -> None:
+    g = torch.Generator().manual_seed(3)
+    calls = [
+        (torch.randn(8, 3, generator=g), torch.randint(0, 3, (8,), generator=g))
+        for _ in range(CALLS)
+    ]
+    _check(accuracy, calls, backend)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_returned_item_bool(backend: str) -> None:
     _check(returns_bool, _vectors(), backend)

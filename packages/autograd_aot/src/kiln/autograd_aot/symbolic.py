@@ -15,7 +15,6 @@ and specialize the graph.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -27,7 +26,7 @@ from torch.utils import _pytree as pytree
 from kiln.autograd_aot.errors import AotError
 from kiln.capture.meta import FakeTensor
 from kiln.capture.shapes import ShapeEnv, SymNode, expr_of, has_symbolic_sizes, wrap
-from kiln.capture.shapes.materialize import CannotMaterialize, Materializer
+from kiln.capture.shapes.materialize import CannotMaterialize, WithDivision
 
 __all__ = [
     "SizeSources",
@@ -107,21 +106,6 @@ def _value_of(expr: sympy.Basic, env: ShapeEnv) -> Any:
     return wrap(SymNode(expr, env, pytype, None if hint is None else pytype(hint)))
 
 
-class _WithDivision(Materializer):
-    """Capture's ``Materializer`` plus true division and fractional powers: float factors
-    over sizes (batch norm's unbiased ``n / (n - 1)``, attention's ``d ** 0.5``)."""
-
-    def _build(self, expr: sympy.Basic) -> Any:
-        if isinstance(expr, sympy.logic.boolalg.Boolean):  # a runtime assert's relation
-            return super()._build(expr)
-        num, den = sympy.fraction(expr)
-        if den != 1 and not expr.is_integer:
-            return self._node(operator.truediv, (self(num), self(den)), expr)
-        if isinstance(expr, sympy.Pow) and not expr.exp.is_Integer and expr.exp.is_Number:
-            return self._node(operator.pow, (self(expr.base), float(expr.exp)), expr)
-        return super()._build(expr)
-
-
 class SymbolReader:
     """Graph nodes for the symbolic values an ATen graph's ops take, read from its inputs.
 
@@ -135,7 +119,7 @@ class SymbolReader:
         self.graph = graph
         self.inputs = inputs
         self._env: ShapeEnv | None = None
-        self._materialize = _WithDivision(self._leaf, self._create)
+        self._materialize = WithDivision(self._leaf, self._create)
 
     def node_for(self, value: Any) -> Any:
         """``value``, or the node computing it when it is symbolic."""

@@ -31,7 +31,7 @@ from kiln.capture.guard_data import (
 )
 from kiln.capture.meta import FakeMode, FakeTensor, fake_like, to_fake, with_history
 from kiln.capture.shapes import ShapeEnv, SymNode, expr_of, symbolic_meta, wrap
-from kiln.capture.shapes.materialize import CannotMaterialize, Materializer
+from kiln.capture.shapes.materialize import CannotMaterialize, Materializer, WithDivision
 from kiln.capture.shapes.tensors import dense_order
 from kiln.capture.shapes.unbacked import DataDependentOps
 from kiln.capture.side_effects import SideEffects
@@ -163,6 +163,8 @@ class OutputGraph:
         self.dynamic = dynamic_dims.current()
         self.shape_env: ShapeEnv | None = None
         self._materialize = Materializer(self._symbol_node, self._expr_node)
+        # numbers the graph returns may divide (``correct / total``): sizes passed to ops may not
+        self._materialize_output = WithDivision(self._symbol_node, self._expr_node)
         self._symbol_nodes: dict[Any, fx.Node] = {}
         self._numbers: dict[str, SymValue] = {}
         # unbacked symbol -> the node computing it, and the dim of that node's tensor it
@@ -347,7 +349,7 @@ class OutputGraph:
         made = [n for n, dim in self._unbacked.values() if dim is None]
         node = next((n for n in made if expr_of(n.meta["val"]) == expr), None)
         try:
-            node = self._materialize(expr) if node is None else node
+            node = self._materialize_output(expr) if node is None else node
         except CannotMaterialize:
             return None
         if not isinstance(node, fx.Node):

@@ -19,7 +19,7 @@ import torch
 
 from kiln.capture.shapes.exprs import FloorDiv, Mod
 
-__all__ = ["CannotMaterialize", "Materializer"]
+__all__ = ["CannotMaterialize", "Materializer", "WithDivision"]
 
 
 class CannotMaterialize(Exception):
@@ -109,3 +109,20 @@ class Materializer:
         for t in terms[1:]:
             acc = self._node(fn, (acc, self(t)), expr)
         return acc
+
+
+class WithDivision(Materializer):
+    """A ``Materializer`` with true division and fractional powers too: float factors over
+    sizes (batch norm's unbiased ``n / (n - 1)``, attention's ``d ** 0.5``) and numbers
+    computed from data that a graph returns (``correct / total``). Sizes passed to ops keep
+    the plain form: such a factor there is a constant under a guard."""
+
+    def _build(self, expr: sympy.Basic) -> Any:
+        if isinstance(expr, sympy.logic.boolalg.Boolean):  # a runtime assert's relation
+            return super()._build(expr)
+        num, den = sympy.fraction(expr)
+        if den != 1 and not expr.is_integer:
+            return self._node(operator.truediv, (self(num), self(den)), expr)
+        if isinstance(expr, sympy.Pow) and not expr.exp.is_Integer and expr.exp.is_Number:
+            return self._node(operator.pow, (self(expr.base), float(expr.exp)), expr)
+        return super()._build(expr)
