@@ -87,6 +87,8 @@ def test_a_kind_without_a_declaration_is_refused(monkeypatch):
     [
         (GuardSpec(LocalSource("x"), GuardKind.EQUALS, 3), 3, 3.0),
         (GuardSpec(LocalSource("x"), GuardKind.EQUALS, float("nan")), float("nan"), 1.0),
+        (GuardSpec(LocalSource("x"), GuardKind.FINITE), -2.5, float("inf")),
+        (GuardSpec(LocalSource("x"), GuardKind.FINITE), 0.0, float("nan")),
         (GuardSpec(LocalSource("x"), GuardKind.BOOL, True), [1], []),
         (GuardSpec(LocalSource("x"), GuardKind.IS_NONE), None, 0),
         (GuardSpec(LocalSource("x"), GuardKind.NOT_NONE), 0, None),

@@ -202,10 +202,14 @@ def _torch_marks(t: torch.Tensor) -> tuple[dict[int, DimRange], set[int]]:
 def number_is_dynamic(policy: DynamicDims, source: Source, value: object) -> bool:
     """Whether a Python int or float argument is traced as a symbol: under ``dynamic=True``
     (ints) or once its value changed between captures. Only the frame's own arguments and
-    what they hold are (an attribute read, such as a module's ``num_heads``, stays a constant).
+    what they hold are (an attribute read, such as a module's ``num_heads``, stays a constant),
+    and only finite floats: sympy's algebra (``p - p == 0``, ``p == inf`` is False) holds for
+    finite values alone, so an infinite or NaN argument is a constant, guarded by value.
     """
     if policy.never or type(value) not in (int, float) or not _argument(source):
         return False
+    if type(value) is float and not math.isfinite(value):
+        return False  # a symbol stands for finite floats alone; inf and NaN stay constants
     if _argument_name(source) in policy.from_data:
         return True
     if policy.history is not None and policy.history.changed_value(source, value):  # type: ignore[arg-type]

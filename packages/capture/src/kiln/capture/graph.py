@@ -276,6 +276,8 @@ class OutputGraph:
         self.inputs.append(GraphInput(source, value, number, node))
         self._move_placeholders_first(node)
         self.guard(source, GuardKind.TYPE_MATCH, type(value))
+        if type(value) is float:
+            self.guard(source, GuardKind.FINITE, None)
         return number
 
     def _env(self) -> ShapeEnv:

@@ -46,6 +46,9 @@ class GuardKind(enum.Enum):
     IS_NONE = "is_none"  # None
     NOT_NONE = "not_none"  # None
     BOOL = "bool"  # True or False: the value's truth
+    # None: a float neither infinite nor NaN. A float argument traced as a symbol holds only
+    # finite values (sympy's reals are finite: ``p == inf`` folds to False with no guard)
+    FINITE = "finite"
     DICT_KEYS = "dict_keys"  # tuple of keys, in order
     SEQUENCE_LENGTH = "sequence_length"  # int
     MODULE_MATCH = "module_match"  # id() of an nn.Module, plus its training flag via a BOOL guard

@@ -158,6 +158,13 @@ _DATA_DEPENDENT = _packets(
 )
 
 
+def reads_tensor_data(e: BaseException) -> bool:
+    """Whether ``e`` is what torch raises when a kernel reads the values of a fake or meta
+    tensor (``tensor_split`` by a tensor of indices): the op is data-dependent although no
+    table lists it, so the graph breaks there."""
+    return isinstance(e, RuntimeError) and "data is not allocated yet" in str(e)
+
+
 #: In-place ops that change a tensor's metadata rather than its values: sizes, strides,
 #: storage (ATen tags each ``inplace_view``), or, for ``detach_``, its autograd history.
 #: Fakes cannot mirror them and functionalization cannot turn them into value writes.
@@ -495,6 +502,10 @@ def run_fake(
                 out = run_symbolic(func, meta_args, meta_kwargs)
     except NotImplementedError as e:
         raise NoMetaKernel(str(func), str(e).splitlines()[0] if str(e) else "") from e
+    except RuntimeError as e:
+        if reads_tensor_data(e):
+            raise DataDependentOp(str(func)) from e
+        raise
 
     for fake in by_meta.values():
         if not _same_layout(fake.meta, fake):

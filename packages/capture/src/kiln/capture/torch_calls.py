@@ -20,7 +20,7 @@ from kiln.capture import dispatch, function_modes, numpy_calls, subclass_calls, 
 from kiln.capture.breaks.reasons import raised, unsupported
 from kiln.capture.eager_errors import raises_in_eager
 from kiln.capture.errors import EagerRaises, Unsupported
-from kiln.capture.meta import RESTRIDES, MetadataMutation
+from kiln.capture.meta import RESTRIDES, DataDependentOp, MetadataMutation, reads_tensor_data
 from kiln.capture.shapes import unbacked
 from kiln.capture.tensor_subclasses import is_dispatch_wrapper, is_function_subclass
 from kiln.capture.torch_functions import (
@@ -204,6 +204,8 @@ def _run(
         raise
     except Exception as e:  # a failure on fakes: eager would fail too, or it needs data
         name = getattr(target, "__name__", str(target))
+        if reads_tensor_data(e):
+            raise DataDependentOp(name) from e
         if raises_in_eager(tr, e, [*fake_args, *fake_kwargs.values()]):
             raise EagerRaises(f"{name}: {type(e).__name__}: {e}") from e
         raise unsupported("tensor_op_failed", f"{name}: {type(e).__name__}: {e}") from e

@@ -248,8 +248,14 @@ class GraphLowering:
             # the wrapper binds it once per call and kernels take it as a scalar argument
             self.graph_inputs.append(node.name)
             expr = self._note_symbols(val)
-            self._bind(expr, symbolic.SizeBinding(node.name, None))
             self._number_sources[node] = node.name
+            if isinstance(val, torch.SymFloat) and not isinstance(expr, sympy.Symbol):
+                # a float its forward computed (``s0 + 3.5``, saved for the backward): a
+                # number symbol of its own, as the symbols it was computed from are not inputs
+                sym = sympy.Symbol(f"{symbolic.SIZE_PREFIX}{next(self._number_ids)}", real=True)
+                self.size_bindings[sym] = symbolic.SizeBinding(node.name, None)
+                return sym
+            self._bind(expr, symbolic.SizeBinding(node.name, None))
             return expr
         if isinstance(val, torch.SymBool):
             msg = f"{node.name}: a symbolic bool input"

@@ -174,7 +174,9 @@ class ShapeEnv:
         with the values it may take; ``size``: it is a tensor size (at least 0, and assumed
         at least 2 where torch's size-oblivious reasoning asks)."""
         name = f"u{len(self.unbacked)}"
-        kinds = {"integer": True} if kind in (int, bool) else {"real": True}
+        # a float from data may be infinite: sympy's reals are finite (``u == inf`` would
+        # fold to False), its extended reals are not
+        kinds = {"integer": True} if kind in (int, bool) else {"extended_real": True}
         if size:
             kinds["nonnegative"] = True
             lower = builtins.max(lower, 0)

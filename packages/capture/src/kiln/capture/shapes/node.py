@@ -26,7 +26,7 @@ from typing import Any
 import sympy
 import torch
 
-from kiln.capture.shapes.env import Scalar, ShapeEnv
+from kiln.capture.shapes.env import DataDependentGuard, Scalar, ShapeEnv
 from kiln.capture.shapes.exprs import FloorDiv, Mod, Trunc
 
 __all__ = ["SymNode", "wrap"]
@@ -48,6 +48,14 @@ def _floordiv(a: sympy.Expr, b: sympy.Expr) -> sympy.Expr:
     return sympy.floor(a / b)
 
 
+def _mod(a: sympy.Expr, b: sympy.Expr) -> sympy.Expr:
+    """Python's ``a % b``: ``Mod`` (an integer) on integers, ``a - b * floor(a / b)`` on
+    floats (``3.5 % 2`` is 1.5, and ``Mod`` claims an integer)."""
+    if a.is_integer and b.is_integer:
+        return Mod(a, b)
+    return a - b * sympy.floor(a / b)
+
+
 def _relation(cls: type) -> ExprFn:
     """``cls(a, b)`` without sympy's own attempt to decide it, which costs more than the
     env's range reasoning that decides it when asked; equal sides and numbers still fold."""
@@ -67,6 +75,21 @@ def _binary(
         pytype = _result_type(kind, self.pytype, other.pytype)
         hint = _hint_of(pytype, hint_fn, self._hint, other._hint)
         return SymNode(expr_fn(self.expr, other.expr), self.env, pytype, hint)
+
+    return method
+
+
+def _reflexive(cls: type, hint_fn: ExprFn) -> Callable[[SymNode, SymNode], SymNode]:
+    """``==``, ``!=``, ``<=``, ``>=``: sympy folds ``u == u`` to True, which a float from
+    data that is NaN makes False. Comparing such a float with itself (``v != v``, the NaN
+    test) asks the data, so it is refused as a data-dependent decision."""
+    compare = _binary(_relation(cls), hint_fn, "bool")
+
+    def method(self: SymNode, other: SymNode) -> SymNode:
+        a = self.expr
+        if a == other.expr and float in (self.pytype, other.pytype) and a.is_finite is not True:
+            raise DataDependentGuard(cls(a, a, evaluate=False))
+        return compare(self, other)
 
     return method
 
@@ -202,7 +225,7 @@ class SymNode:
     add = _binary(operator.add, operator.add)
     sub = _binary(operator.sub, operator.sub)
     mul = _binary(operator.mul, operator.mul)
-    mod = _binary(Mod, operator.mod)
+    mod = _binary(_mod, operator.mod)
     floordiv = _binary(_floordiv, operator.floordiv)
     int_floordiv = floordiv
     truediv = _binary(operator.truediv, operator.truediv, "float")
@@ -213,12 +236,12 @@ class SymNode:
     float_pow = _binary(operator.pow, operator.pow, "float")
     sym_min = _min_max(sympy.Min, min)
     sym_max = _min_max(sympy.Max, max)
-    eq = _binary(_relation(sympy.Eq), operator.eq, "bool")
-    ne = _binary(_relation(sympy.Ne), operator.ne, "bool")
+    eq = _reflexive(sympy.Eq, operator.eq)
+    ne = _reflexive(sympy.Ne, operator.ne)
     lt = _binary(_relation(sympy.Lt), operator.lt, "bool")
-    le = _binary(_relation(sympy.Le), operator.le, "bool")
+    le = _reflexive(sympy.Le, operator.le)
     gt = _binary(_relation(sympy.Gt), operator.gt, "bool")
-    ge = _binary(_relation(sympy.Ge), operator.ge, "bool")
+    ge = _reflexive(sympy.Ge, operator.ge)
     sym_and = _binary(sympy.And, operator.and_, "bool")
     sym_or = _binary(sympy.Or, operator.or_, "bool")
 

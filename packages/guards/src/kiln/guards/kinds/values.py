@@ -19,6 +19,7 @@ __all__ = [
     "CachedCall",
     "DictKeys",
     "Equals",
+    "Finite",
     "HasAttr",
     "IsNone",
     "NotInInstanceDict",
@@ -112,6 +113,23 @@ class NotNone(Kind):
 
     def explain(self, guard: GuardSpec, where: str, value: Any) -> str | None:
         return None if value is not None else f"{where} changed: expected not None, got None"
+
+
+@register(GuardKind.FINITE)
+class Finite(Kind):
+    """A float that is neither infinite nor NaN (``v - v`` is 0.0 for those alone). It runs
+    after the comparisons, so the float's type is checked first."""
+
+    rank = Rank.CONTAINER
+    reads_twice = True
+
+    def condition(self, out: Emitter, guard: GuardSpec, v: str) -> str:
+        return f"{v} - {v} == 0.0"
+
+    def explain(self, guard: GuardSpec, where: str, value: Any) -> str | None:
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"{where} changed: expected a finite float, got {value!r}"
+        return None
 
 
 @register(GuardKind.TYPE_MATCH)

@@ -75,8 +75,37 @@ def scalar(value: Any, dtype: torch.dtype) -> Any:
         if dtype == torch.bool:
             msg = f"a symbolic number {value} as a bool"
             raise StaticShapesOnly(msg)
-        return ops.index_expr(value, dtype)
+        if value.is_integer:
+            return ops.index_expr(value, dtype)
+        return ops.to_dtype(_float_math(value), dtype, torch.float64)
     return ops.constant(value, dtype)
+
+
+def _float_math(expr: sympy.Expr) -> Any:
+    """A float expression over symbolic number inputs (``s + 3.5``, ``2.0 / s``) as float64
+    ops, as Python computes it before the op converts it: an index expression is integer
+    math, which has no ``3.5``."""
+    if expr.is_Number:
+        return ops.constant(float(expr), torch.float64)
+    if isinstance(expr, sympy.Symbol):
+        return ops.index_expr(expr, torch.float64)
+    if isinstance(expr, (sympy.Add, sympy.Mul)):
+        combine = ops.add if isinstance(expr, sympy.Add) else ops.mul
+        terms = [_float_math(a) for a in expr.args]
+        result = terms[0]
+        for term in terms[1:]:
+            result = combine(result, term)
+        return result
+    if isinstance(expr, sympy.Pow) and expr.exp.is_Integer and expr.exp != 0:
+        base = _float_math(expr.base)
+        result = base
+        for _ in range(abs(int(expr.exp)) - 1):
+            result = ops.mul(result, base)
+        if expr.exp < 0:
+            return ops.truediv(ops.constant(1.0, torch.float64), result)
+        return result
+    msg = f"the symbolic number {expr} in a kernel"
+    raise StaticShapesOnly(msg)
 
 
 def promote(*args: Value) -> torch.dtype:
