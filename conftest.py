@@ -1,5 +1,6 @@
-"""What every test directory of the repository shares: the ``gpu`` marker, and the
-``resident_bytes`` fixture for tests that bound how much memory a run keeps.
+"""What every test directory of the repository shares: the ``gpu`` marker, a whole-graph
+cache folder of its own for each test, and the ``resident_bytes`` fixture for tests that
+bound how much memory a run keeps.
 
 A test that needs a CUDA device says so with ``@pytest.mark.gpu`` (or a module's
 ``pytestmark``) and nothing else: here the marker is registered, and its tests are
@@ -44,6 +45,15 @@ def _resident_bytes(trim: bool = True) -> int:
             ctypes.CDLL("libc.so.6").malloc_trim(0)
     with open(f"/proc/{os.getpid()}/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.fixture(autouse=True)
+def _own_graph_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
+    """Kiln's whole-graph cache is on by default and outlives processes: each test gets an
+    empty one of its own (``KILN_GRAPH_CACHE_DIR``), so no test loads programs that another
+    compiled and counts of compiles and kernels stay each test's own, while every compile
+    still goes through the cache (a test compiling the same graph twice loads it)."""
+    monkeypatch.setenv("KILN_GRAPH_CACHE_DIR", str(tmp_path_factory.mktemp("graphs")))
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@
 #   bash benchmarks/gpu_run.sh 3/10 [ARGS...]    # shard 3 of 10 of the whole suite
 #   bash benchmarks/gpu_run.sh tests             # the GPU tests (pytest -m gpu)
 #   bash benchmarks/gpu_run.sh micro             # bandwidth and reduce-overhead microbenchmarks
+#   bash benchmarks/gpu_run.sh warm [ARGS...]    # warm start: benchmarks/warm_start.py
 #   bash benchmarks/gpu_run.sh memcheck [tests|models] [MODEL...]  # compute-sanitizer memcheck
 #
 # memcheck runs the GPU tests of codegen_triton, tests/test_models_e2e.py and
@@ -90,6 +91,9 @@ swin_tiny_patch4_window7_224 resnet18 attention_block mlp_layernorm_gelu"
     exit $status
 elif [[ "$WHAT" == micro ]]; then
     exec "$PY" benchmarks/gpu_micro.py "$@"
+elif [[ "$WHAT" == warm ]]; then  # cold and warm first calls, Kiln beside torch.compile
+    exec "$PY" -m benchmarks.warm_start --device cuda --jobs "${JOBS:-4}" \
+        --budget "${BUDGET:-450}" --out "$OUT/warm-start" "$@"
 elif [[ "$WHAT" == quick ]]; then
     select=(--models $QUICK --no-warm)
     name=quick

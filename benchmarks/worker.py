@@ -208,7 +208,7 @@ def _run_column(
                 step()
     row: dict[str, Any] = {"first_call_s": first_call_s, "rel_error": err}
     if job.phase == "warm":
-        return row, None
+        return {**row, **column.stats()}, None
     _judge(row, outputs, reference, job)
     row["peak_mem_mb"] = meter.peak_mb
     row.update(column.stats())
@@ -219,7 +219,7 @@ def _run_column(
     return row, step
 
 
-def _columns(names: list[str]) -> dict[str, Column | Exception]:
+def _columns(names: list[str], count_ops: bool = True) -> dict[str, Column | Exception]:
     """Each backend's column, or what making it raised; every compiler is reset once, here.
 
     Resetting before each column instead would make the columns compiled before it (Kiln's
@@ -228,7 +228,7 @@ def _columns(names: list[str]) -> dict[str, Column | Exception]:
     columns: dict[str, Column | Exception] = {}
     for name in names:
         try:
-            column = make_column(name)
+            column = make_column(name, count_ops)
             column.reset()
         except Exception as e:
             columns[name] = e
@@ -279,7 +279,7 @@ def run_job(job: Job, emit: Emit) -> None:
         for name in job.backends:
             emit({"event": "result", **base, "backend": name, "reason": f"eager: {_reason(e)}"})
         return
-    columns = _columns(job.backends)
+    columns = _columns(job.backends, count_ops=job.phase == "cold")
     steps: dict[str, Step] = {}
     for i, name in enumerate(job.backends):
         if i:

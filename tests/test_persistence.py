@@ -139,6 +139,12 @@ if sys.argv[1:] == ["load"]:
     kiln.load_cache(sys.argv[0] + ".kc")
 compiled = kiln.compile(model)
 f = kiln.compile(lambda x, y: torch.softmax(x @ y, dim=-1).sum(0) * 2)
+# compiled once for every size (sizes as arguments): stored and loaded as the others
+sym = kiln.compile(lambda x: (x.cos() * x.shape[0]).cumsum(0), dynamic=True,
+                   options={"dynamic_kernels": True})
+for n in (5, 9, 3):
+    x = torch.randn(n, 2)
+    torch.testing.assert_close(sym(x), (x.cos() * n).cumsum(0))
 for n in (4, 4, 4):
     x = torch.randn(n, 6)
     out = compiled(x)
@@ -168,7 +174,9 @@ def _child(tmp_path: Path, cache: Path, *args: str, **env: str) -> dict[str, obj
     script = tmp_path / "child.py"
     script.write_text(CHILD)
     environ = {**os.environ, "KILN_CACHE_DIR": str(cache), "OMP_NUM_THREADS": "1"}
-    environ.update({"KILN_GRAPH_CACHE": "1", "KILN_LOGS": "cache", **env})
+    for name in ("KILN_GRAPH_CACHE", "KILN_GRAPH_CACHE_DIR"):  # the default: on, in the root
+        environ.pop(name, None)
+    environ.update({"KILN_LOGS": "cache", **env})
     done = subprocess.run(
         [sys.executable, str(script), *args], env=environ, capture_output=True, text=True
     )
@@ -181,10 +189,10 @@ def _child(tmp_path: Path, cache: Path, *args: str, **env: str) -> dict[str, obj
 
 def test_a_fresh_process_loads_every_graph_and_compiles_nothing(tmp_path: Path):
     cold = _child(tmp_path, tmp_path / "cache")
-    assert (cold["hits"], cold["misses"]) == (0, 2)
+    assert (cold["hits"], cold["misses"]) == (0, 3)
     assert cold["kernels"]
-    warm = _child(tmp_path, tmp_path / "cache")
-    assert (warm["hits"], warm["misses"]) == (2, 0), warm["log"]
+    warm = _child(tmp_path, tmp_path / "cache")  # the cache is on by default
+    assert (warm["hits"], warm["misses"]) == (3, 0), warm["log"]
     assert warm["kernels"] == {}  # no graph lowered, no kernel generated
     assert warm["decompositions"] == 0  # nothing traced: the table is never built
     assert "libraries_built" not in warm["cpp"]
@@ -197,7 +205,7 @@ def test_a_saved_cache_file_warms_an_empty_cache(tmp_path: Path):
     _child(tmp_path, tmp_path / "first", "save")
     assert (tmp_path / "child.py.kc").stat().st_size > 0
     loaded = _child(tmp_path, tmp_path / "empty", "load")
-    assert (loaded["hits"], loaded["misses"]) == (2, 0), loaded["log"]
+    assert (loaded["hits"], loaded["misses"]) == (3, 0), loaded["log"]
     assert loaded["kernels"] == {}
     assert "libraries_built" not in loaded["cpp"]
 
@@ -205,7 +213,8 @@ def test_a_saved_cache_file_warms_an_empty_cache(tmp_path: Path):
 @pytest.fixture
 def graph_cache_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv("KILN_GRAPH_CACHE", "1")
+    monkeypatch.delenv("KILN_GRAPH_CACHE", raising=False)  # on by default
+    monkeypatch.delenv("KILN_GRAPH_CACHE_DIR")  # the conftest's: the default place instead
     return tmp_path / "graphs"
 
 
@@ -213,10 +222,11 @@ def _body(x, w):
     return torch.relu(x @ w) + x.sum()
 
 
-def _compile_once(caplog, options=None, fn=_body):
+def _compile_once(caplog, options=None, fn=_body, x=None, dynamic=None):
     kiln.reset()
-    compiled = kiln.compile(fn, options=options)
-    x, w = torch.randn(4, 4), torch.randn(4, 4)
+    compiled = kiln.compile(fn, options=options, dynamic=dynamic)
+    x = torch.randn(4, 4) if x is None else x
+    w = torch.randn(4, 4, dtype=x.dtype)
     with caplog.at_level("INFO", logger="kiln.frontend.cache"):
         caplog.clear()
         torch.testing.assert_close(compiled(x, w), fn(x, w))
@@ -239,6 +249,67 @@ def test_changed_options_versions_or_graphs_miss(graph_cache_dir, caplog, monkey
     assert counts == (0, 1)
     assert "no entry for this graph" in why
     assert _compile_once(caplog)[0] == (1, 0)
+
+
+def test_changed_inputs_or_process_state_miss(graph_cache_dir, caplog):
+    assert _compile_once(caplog)[0] == (0, 1)
+    changed = {
+        "strides": torch.randn(4, 4).t(),
+        "dtype": torch.randn(4, 4, dtype=torch.float64),
+        "requires_grad": torch.randn(4, 4, requires_grad=True),
+    }
+    for what, x in changed.items():
+        counts, why = _compile_once(caplog, x=x.to(torch.float32) if what == "strides" else x)
+        assert counts == (0, 1), what  # the placeholders' metadata differ too: the graph
+    with torch.no_grad():
+        counts, why = _compile_once(caplog)
+    assert counts == (0, 1)
+    assert "differs in: settings" in why
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        kiln.reset()
+        assert _compile_once(caplog)[0] == (0, 1)
+    assert _compile_once(caplog)[0] == (1, 0)
+
+
+def test_an_entry_that_fails_to_load_falls_back_to_compiling(graph_cache_dir, caplog):
+    from kiln.loopir import disk_cache
+
+    assert _compile_once(caplog)[0] == (0, 1)
+    (entry,) = graph_cache_dir.glob("*.graph")
+    staged = graph_cache_dir / "staged"
+    staged.write_bytes(b"not a program")  # vouched for by its sidecar, but not a program
+    disk_cache.seal(staged, entry)
+    counts, why = _compile_once(caplog)
+    assert counts == (0, 1)
+    assert "its entry failed to load" in why
+    assert kiln.stats().eager_fallbacks == 0
+    assert _compile_once(caplog)[0] == (1, 0)
+
+
+def test_an_unusable_folder_compiles_without_the_cache(tmp_path, monkeypatch, caplog):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("KILN_GRAPH_CACHE_DIR", str(blocker / "graphs"))  # under a file
+    with pytest.warns(RuntimeWarning, match="not using the cache folder"):
+        counts, _ = _compile_once(caplog)
+    assert kiln.stats().eager_fallbacks == 0
+
+
+def test_a_symbolic_program_is_stored_and_serves_every_size(graph_cache_dir, caplog):
+    def body(x, w):
+        return torch.relu(x @ w).softmax(-1) + x.sum(0)
+
+    options = {"dynamic_kernels": True}
+    first = torch.randn(5, 4)  # 4 would share its symbol with w's sizes (duck sizing)
+    assert _compile_once(caplog, options, body, x=first, dynamic=True)[0] == (0, 1)
+    kiln.reset()
+    compiled = kiln.compile(body, options=options, dynamic=True)
+    for n in (5, 7, 2, 9):
+        x, w = torch.randn(n, 4), torch.randn(4, 4)
+        torch.testing.assert_close(compiled(x, w), body(x, w))
+    s = kiln.stats()
+    assert (s.graph_cache_hits, s.graph_cache_misses) == (1, 0)
+    assert s.kernels == {}  # the loaded program serves every size: nothing generated
 
 
 def test_a_corrupt_entry_misses_and_is_replaced(graph_cache_dir, caplog):

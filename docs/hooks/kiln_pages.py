@@ -52,8 +52,10 @@ ENV_HELP: dict[str, str] = {
     "`$XDG_CACHE_HOME/kiln`",
     "KILN_CACHE_SIZE_MB": "size limit of each on-disk cache folder in megabytes (default 1024); "
     "the least recently used entries are evicted first",
-    "KILN_GRAPH_CACHE": "`1`: compiled graphs are stored on disk and reused by later processes "
-    "(the `graph_cache` option sets it per compiled function)",
+    "KILN_GRAPH_CACHE": "`0`: compiled graphs are neither stored on disk nor reused by later "
+    "processes (on by default; the `graph_cache` option sets it per compiled function)",
+    "KILN_GRAPH_CACHE_DIR": "the folder of compiled graphs (default `<cache root>/graphs`; it "
+    "and its parent must be private to the user)",
     "CXX": "the C++ compiler for CPU kernels (default `g++`, else `c++`)",
     "KILN_CPP_MARCH": "the `-march=` target of CPU kernels (default `native`)",
     "KILN_MAX_AUTOTUNE": "`1`: the Triton backend tries more kernel configurations and matmul "

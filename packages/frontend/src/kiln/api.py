@@ -31,7 +31,6 @@ from kiln.backends import Backend, list_backends, lookup_backend, takes_options
 from kiln.backends import kiln as kiln_backend
 from kiln.capture import artifacts, counters, user_words
 from kiln.capture.dynamic_dims import dynamic_dims
-from kiln.capture.shapes.specialize import has_symbolic_inputs
 from kiln.config import CompileConfig, make_config
 from kiln.debug_index import writing as writing_index
 from kiln.fallback import CompileError, run_eagerly_after_failure
@@ -392,7 +391,8 @@ class CompiledFunction:
     ) -> Callable[..., Any]:
         """capture's callback: the backend, with an eager fallback unless fullgraph is set."""
         counters.bump("stats", "graphs_compiled")
-        artifacts.dump("graph.py", gm.print_readable(print_output=False))
+        if artifacts.current_frame_dir() is not None:  # printing costs (imports DTensor)
+            artifacts.dump("graph.py", gm.print_readable(print_output=False))
         try:
             wanted = self._config.backend_options()
             cached = self._backend is kiln_backend and graph_cache.enabled(
@@ -418,9 +418,7 @@ class CompiledFunction:
                     return backend(g, inputs)
 
                 with loopir.naming_region(region):  # the graph's range in profiler traces
-                    # a program for symbolic sizes is not stored: its key would be the one
-                    # of the graph specialized to these sizes, whose program serves them alone
-                    if cached and not has_symbolic_inputs(g):
+                    if cached:  # symbolic graphs too: see graph_cache's docstring
                         return graph_cache.compile_cached(g, inputs, wanted, compile_now)
                     return compile_now()
 

@@ -43,7 +43,10 @@ OPTIONS: dict[str, tuple[type, str]] = {
     "debug_dir": (str, "dump artifacts of every compiled frame into this folder"),
     "repro": (str, "write repro.py for a graph that fails: after_capture or after_aot"),
     "repro_level": (str, "what fails for repro: exception (default) or accuracy"),
-    "graph_cache": (bool, "reuse compiled graphs across processes (default: KILN_GRAPH_CACHE)"),
+    "graph_cache": (
+        bool,
+        "reuse compiled graphs across processes (default: on unless KILN_GRAPH_CACHE=0)",
+    ),
     "max_autotune": (bool, "benchmark more kernel configurations and matmul templates"),
     "cudagraphs": (bool, "capture compiled graphs into CUDA graphs when safe"),
     "fusion": (bool, "let the scheduler fuse kernels"),

@@ -15,7 +15,15 @@ each entry, ``<key>.json`` records its key's parts, so ``KILN_LOGS=cache`` can s
 differs when a lookup misses. ``save_cache``/``load_cache`` move every graph this process
 compiled or loaded, with its C++ libraries, as one file.
 
-On with ``KILN_GRAPH_CACHE=1`` or ``options={"graph_cache": True}`` (the option wins).
+On by default; off with ``KILN_GRAPH_CACHE=0`` or ``options={"graph_cache": False}`` (the
+option wins). ``KILN_GRAPH_CACHE_DIR`` moves the folder (the test suite gives each test its
+own, so no test sees another's programs).
+
+A graph with symbolic sizes is stored like any other: its key holds the symbolic graph (the
+sizes' symbols in every node's metadata) and the concrete inputs of the call that compiled
+it, so an entry serves a later process whose first call has the same sizes; the program it
+holds (compiled once with the sizes as arguments under ``dynamic_kernels``, or per size)
+serves every size the capture's guards admit, as it did where it was compiled.
 """
 
 from __future__ import annotations
@@ -39,17 +47,19 @@ from torch import fx
 
 from kiln import loopir
 from kiln.__about__ import __version__
-from kiln.capture import counters
+from kiln.capture import GlobalState, artifacts, counters
 from kiln.codegen_cpp import CompilerNotFound, toolchain
 from kiln.codegen_cpp.cache import cache_dir as cpp_cache_dir
 from kiln.codegen_cpp.cache import cache_root
 from kiln.codegen_cpp.loader import opened_libraries
+from kiln.logs import PACKAGES
 from kiln.loopir import disk_cache
 
 __all__ = ["compile_cached", "enabled", "folder", "graph_key", "load_cache", "save_cache"]
 
 log = logging.getLogger("kiln.frontend.cache")
 ENV = "KILN_GRAPH_CACHE"
+DIR_ENV = "KILN_GRAPH_CACHE_DIR"
 _SUFFIX = ".graph"
 # meta entries that only say where a node came from, for messages
 _UNKEYED_META = frozenset({"source", "stack_trace", "user_frame"})
@@ -64,14 +74,20 @@ class _Unkeyable(Exception):
 
 
 def enabled(option: bool | None) -> bool:
-    """Whether compiles look up the cache: the option if given, else ``KILN_GRAPH_CACHE``."""
+    """Whether compiles look up the cache: the option if given, else ``KILN_GRAPH_CACHE``
+    (on unless ``0``, ``false``, ``no`` or ``off``)."""
     if option is not None:
         return option
-    return os.environ.get(ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    return os.environ.get(ENV, "").strip().lower() not in ("0", "false", "no", "off")
 
 
 def folder() -> Path:
-    """``<cache root>/graphs``, after the same privacy checks as the library cache."""
+    """``KILN_GRAPH_CACHE_DIR``, else ``<cache root>/graphs``, after the same privacy checks as
+    the library cache (the folder and its parent private to the user)."""
+    override = os.environ.get(DIR_ENV)
+    if override:
+        chosen = Path(override).absolute()
+        return disk_cache.private_dir(chosen.parent, chosen.name)
     return disk_cache.private_dir(cache_root(), "graphs")
 
 
@@ -200,6 +216,42 @@ def _device(inputs: Sequence[Any]) -> list[str]:
     return described
 
 
+def _inputs(example_inputs: Sequence[Any]) -> list[Any]:
+    """Each input's metadata, and which tensor inputs share a storage (a program may be
+    specialized to that aliasing); tensor subclasses are refused (their inner tensors and
+    flattening are not described)."""
+    described: list[Any] = []
+    storages: dict[int, int] = {}
+    for i, value in enumerate(example_inputs):
+        if isinstance(value, torch.Tensor):
+            if type(value) not in (torch.Tensor, torch.nn.Parameter):
+                raise _Unkeyable(f"an input of tensor subclass {type(value).__name__}")
+            storage = value.untyped_storage().data_ptr() if value.device.type != "meta" else -i
+            described.append(("aliases", storages.setdefault(storage, i)))
+        described.append(_value(value, by_value=False))
+    return described
+
+
+def _settings() -> tuple[Any, ...]:
+    """The process state that tracing and code generation read: grad and inference mode,
+    autocast, default dtype and device, function modes (``GlobalState``, what capture guards
+    on), and the numerics switches (matmul precision, TF32, determinism)."""
+    cuda = torch.backends.cuda.matmul
+    cudnn = torch.backends.cudnn
+    return (
+        repr(GlobalState.current()),
+        torch.get_autocast_dtype("cpu"),
+        torch.get_autocast_dtype("cuda"),
+        torch.get_float32_matmul_precision(),
+        cuda.allow_tf32,
+        cuda.allow_fp16_reduced_precision_reduction,
+        cuda.allow_bf16_reduced_precision_reduction,
+        cudnn.allow_tf32,
+        cudnn.deterministic,
+        cudnn.benchmark,
+    )
+
+
 def graph_key(
     gm: fx.GraphModule, example_inputs: Sequence[Any], options: Mapping[str, Any]
 ) -> tuple[str, dict[str, str]]:
@@ -207,27 +259,21 @@ def graph_key(
     raises ``_Unkeyable`` naming what has no stable description."""
     parts = {
         "graph": _digest(_graph(gm)),
-        "inputs": _digest([_value(t, by_value=False) for t in example_inputs]),
+        "inputs": _digest(_inputs(example_inputs)),
         "options": _digest(sorted((k, repr(v)) for k, v in options.items())),
         "versions": _digest(
             (_kiln_sources(), torch.__version__, sys.version, sys.platform, sys.byteorder)
         ),
-        "settings": _digest(
-            (
-                torch.get_default_dtype(),
-                torch.are_deterministic_algorithms_enabled(),
-                torch.get_float32_matmul_precision(),
-            )
-        ),
+        "settings": _digest(_settings()),
         "device": _digest(_device(example_inputs)),
     }
     return _digest(sorted(parts.items())), parts
 
 
-def _why_missed(key: str, parts: Mapping[str, str]) -> str:
+def _why_missed(graphs: Path, parts: Mapping[str, str]) -> str:
     """Which parts of the key differ from the entry stored for the same graph, if any."""
     closest: list[str] | None = None
-    for record in folder().glob("*.json"):
+    for record in graphs.glob("*.json"):
         with contextlib.suppress(OSError, ValueError):
             stored = json.loads(record.read_text())
             if stored.get("graph") != parts["graph"]:
@@ -242,37 +288,81 @@ def _why_missed(key: str, parts: Mapping[str, str]) -> str:
     return f"an entry for this graph differs in: {', '.join(closest)}"
 
 
+#: channels that log what lowering does: a graph whose compile they watch is compiled
+_LOWERING_CHANNELS = ("aot", "ir", "fusion", "output_code", "build", "autotune", "perf_hints")
+
+
+def _compile_watched() -> str | None:
+    """Why this compile must run rather than load (its artifacts dumped, its lowering
+    logged), or None: a debugging user sees what a compile shows, as without the cache."""
+    if artifacts.debug_dir() is not None:
+        return "KILN_DEBUG_DIR is set"
+    for channel in _LOWERING_CHANNELS:
+        for package in PACKAGES:
+            level = logging.getLogger(f"kiln.{package}.{channel}").level
+            if logging.NOTSET < level <= logging.INFO:
+                return f"KILN_LOGS shows {channel}"
+    return None
+
+
 def compile_cached(
     gm: fx.GraphModule,
     example_inputs: Sequence[Any],
     options: Mapping[str, Any],
     compile_graph: Callable[[], Callable[..., Any]],
 ) -> Callable[..., Any]:
-    """The compiled graph loaded from the cache, or ``compile_graph()``'s, stored for next time."""
+    """The compiled graph loaded from the cache, or ``compile_graph()``'s, stored for next time.
+
+    The cache never fails a compile: a graph it cannot key, an entry it cannot read or load,
+    a folder it cannot use or a store that fails is logged (``KILN_LOGS=cache``) and the
+    graph compiles as it would without the cache."""
     try:
         key, parts = graph_key(gm, example_inputs, options)
+        path = folder() / f"{key}{_SUFFIX}"
     except _Unkeyable as e:
         log.info("graph not cached: %s", e)
         return compile_graph()
-    path = folder() / f"{key}{_SUFFIX}"
-    data = disk_cache.read_verified(path)
-    if data is not None:
-        try:
-            loaded = loopir.load_fx(data, gm, example_inputs, options=options)
-        except Exception as e:  # a stale or foreign entry: compile as if it were not there
-            log.info("miss %s: its entry failed to load (%s: %s)", key, type(e).__name__, e)
-        else:
-            counters.bump("stats", "graph_cache_hits")
-            disk_cache.touch(path)
-            _used[key] = None
-            log.info("hit %s", key)
-            return loaded
-    else:
-        log.info("miss %s: %s", key, _why_missed(key, parts))
+    except Exception as e:  # a description or folder that failed: compile as without a cache
+        log.info("graph not cached: %s: %s", type(e).__name__, e)
+        return compile_graph()
+    watched = _compile_watched()
+    if watched is not None:
+        log.info("miss %s: compiled to be watched (%s)", key, watched)
+    elif (loaded := _load(path, key, parts, gm, example_inputs, options)) is not None:
+        return loaded
     counters.bump("stats", "graph_cache_misses")
     compiled = compile_graph()
-    _store(path, key, parts, compiled)
+    try:
+        _store(path, key, parts, compiled)
+    except Exception as e:  # a full disk, a folder gone read-only: the program still runs
+        log.info("graph %s not stored: %s: %s", key, type(e).__name__, e)
     return compiled
+
+
+def _load(
+    path: Path,
+    key: str,
+    parts: Mapping[str, str],
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    options: Mapping[str, Any],
+) -> Callable[..., Any] | None:
+    """The program stored at ``path``, or None (a miss, logged with its reason)."""
+    data = disk_cache.read_verified(path)
+    if data is None:
+        if log.isEnabledFor(logging.INFO):  # reads every record: only when it is shown
+            log.info("miss %s: %s", key, _why_missed(path.parent, parts))
+        return None
+    try:
+        loaded = loopir.load_fx(data, gm, example_inputs, options=options)
+    except Exception as e:  # a stale or foreign entry: compile as if it were not there
+        log.info("miss %s: its entry failed to load (%s: %s)", key, type(e).__name__, e)
+        return None
+    counters.bump("stats", "graph_cache_hits")
+    disk_cache.touch(path)
+    _used[key] = None
+    log.info("hit %s", key)
+    return loaded
 
 
 def _store(path: Path, key: str, parts: Mapping[str, str], compiled: Callable[..., Any]) -> None:

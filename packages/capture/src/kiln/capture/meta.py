@@ -68,6 +68,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils.weak import WeakIdKeyDictionary
 
+from kiln.capture.dynamo_free import spare_dynamo_import
 from kiln.capture.eager_refusals import check_as_eager
 from kiln.capture.errors import Unsupported
 from kiln.capture.shapes import unbacked
@@ -544,6 +545,7 @@ class FakeMode(TorchDispatchMode):
 
     def __init__(self) -> None:
         super().__init__()
+        spare_dynamo_import()  # fakes run torch's Python meta kernels
         self._fakes: WeakIdKeyDictionary = WeakIdKeyDictionary()
         # storage key -> (meta byte buffer, weak refs to the real tensors using it)
         self._storages: dict[int, tuple[torch.Tensor, list[weakref.ref[torch.Tensor]]]] = {}
