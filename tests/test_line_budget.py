@@ -74,7 +74,10 @@ LINE_BUDGET = {
     # + about 550 for symbolic sizes: the wrapper binding each size once per call, size
     # arguments of kernels, provable facts over the shape environment's ranges (symbolic.py,
     # wrapper.py, sizes.py), and outputs laid out with eager's strides where they leave gaps
-    "loopir": 10750,
+    # + about 450 for values computed from data (unbacked symbols): bound by the wrapper after
+    # the extern call that makes them, scheduling edges on symbols, runtime asserts, the
+    # reference backend taking size arguments (unbacked.py, wrapper.py, reference.py)
+    "loopir": 11250,
     # + about 250 for symbolic sizes: size arguments, per-call grids and sizes, autotuning
     # per size bucket (symbolic_sizes.py, symbolic_launch.py), CUDA graphs per size set
     "codegen_triton": 3150,
@@ -88,9 +91,11 @@ LINE_BUDGET = {
     # + about 130 for the debug folder's index page (debug_index.py)
     # + about 1010 for kiln.export (export/: ATen programs with their signature and input
     # checks, the one-file format with its graph codec, safetensors read and written)
+    # + about 30 for graphs with unbacked symbols compiled by loopir, aot_eager where it
+    # declines (dynamic.py)
     # + about 90 for the graph cache on by default: the process state and input aliasing in its
     # key, never failing a compile, compiles watched by logs or a debug folder not loaded
-    "frontend": 3840,
+    "frontend": 3870,
 }
 
 # Modules allowed over MAX_MODULE_LINES for now, each with a comment saying why and what will

@@ -8,8 +8,10 @@ breaks as before; a fact a kernel assumed of a data-dependent size is checked at
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -219,3 +221,93 @@ def test_torch_check_is_a_runtime_assert(backend: str) -> None:
     compiled = kiln.compile(checked_prefix, backend=backend, options=ON)
     with pytest.raises(RuntimeError):
         compiled(torch.randn(6), torch.tensor(7))
+
+
+# -- the default backend compiles them: loopir kernels, the data-dependent op an extern call --
+
+_KERNEL_CALLS: dict[str, tuple[Callable[..., Any], Callable[[], list[tuple[Any, ...]]]]] = {
+    "item_ops": (item_ops, lambda: [(torch.randn(3, 4), torch.tensor(v)) for v in (5, 0, 11, 2)]),
+    "int_float": (
+        int_float,
+        lambda: [(torch.randn(6, 2), torch.tensor(v), torch.rand(())) for v in (3, 0, 6)],
+    ),
+    "mask_reads": (mask_reads, lambda: [(torch.randn(5, 4), m) for m in _masks((5, 4))]),
+    "mask_write": (mask_write, lambda: [(torch.randn(4, 3), m) for m in _masks((4, 3))]),
+    "uniques": (
+        uniques,
+        lambda: [(torch.randint(0, hi, (9,)),) for hi in (2, 5, 1, 4)],
+    ),
+    "sliding_window_attention": (
+        sliding_window_attention,
+        lambda: [(torch.randn(6, 4), torch.randn(6, 4), torch.tensor(w)) for w in (1, 0, 3)],
+    ),
+    "pairs": (
+        pairs,
+        lambda: [
+            (torch.randn(6), m) for m in _masks((6,), (0.5, 0.0, 1.0)) if int(m.sum()) % 2 == 0
+        ],
+    ),
+    "checked_prefix": (
+        checked_prefix,
+        lambda: [(torch.randn(6), torch.tensor(v)) for v in (3, 0, 6)],
+    ),
+}
+
+
+def _compiled_with_kernels() -> None:
+    stats = kiln.stats()
+    assert stats.kernels.get("cpp", 0) > 0, stats
+    assert stats.recompiles == 0, stats
+    snap = counters.snapshot()["stats"]
+    assert not snap.get("data_dependent_graphs"), snap  # not aot_eager's ATen kernels
+
+
+@pytest.mark.parametrize("name", sorted(_KERNEL_CALLS))
+def test_default_backend_compiles_cpp_kernels(name: str) -> None:
+    fn, calls = _KERNEL_CALLS[name]
+    _check(fn, calls(), "kiln")
+    _compiled_with_kernels()
+
+
+def test_default_backend_trains_through_masked_select_with_kernels() -> None:
+    test_training_through_masked_select("kiln")
+    _compiled_with_kernels()
+
+
+def test_unbacked_size_is_a_kernel_argument_not_a_literal(tmp_path: Path) -> None:
+    def picked(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return (x[mask] * 2 + 1).relu()
+
+    compiled = kiln.compile(picked, options={**ON, "debug_dir": str(tmp_path)})
+    x = torch.randn(41, 3)
+    for count in (23, 0, 41, 7):
+        mask = torch.zeros(41, dtype=torch.bool)
+        mask[torch.randperm(41)[:count]] = True
+        _same(compiled(x, mask), picked(x, mask))
+    _compiled_with_kernels()
+    kernels = "\n".join(p.read_text() for p in tmp_path.rglob("*.cpp"))
+    (wrapper,) = tmp_path.rglob("output_code.py")
+    assert re.search(r"int64_t u\d+", kernels), kernels  # the count is the kernel's argument
+    assert not re.search(r"\b(23|8192)\b", kernels), kernels  # no count, no hint baked in
+    assert re.search(r"u\d+ = buf\d+\.shape\[0\]", wrapper.read_text())
+
+
+def test_runtime_asserts_are_checked_by_the_generated_wrapper(tmp_path: Path) -> None:
+    compiled = kiln.compile(pairs, options={**ON, "debug_dir": str(tmp_path)})
+    x = torch.randn(6)
+    even = torch.tensor([True, True, False, True, True, False])
+    _same(compiled(x, even), pairs(x, even))
+    with pytest.raises(RuntimeError, match="Runtime assertion failed"):
+        compiled(x, torch.tensor([True, True, True, False, False, False]))
+    _compiled_with_kernels()
+    (wrapper,) = tmp_path.rglob("output_code.py")
+    assert "raise RuntimeError" in wrapper.read_text()
+
+
+def padded(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.pad(x[mask], (1, 1)) * 2  # loopir pads static sizes only
+
+
+def test_what_loopir_cannot_compile_runs_with_aten_kernels_not_eagerly() -> None:
+    _check(padded, [(torch.randn(8), m) for m in _masks((8,))], "kiln")
+    assert counters.snapshot()["stats"].get("data_dependent_graphs") == 1

@@ -423,7 +423,7 @@ class CompiledFunction:
                     return compile_now()
 
             if backend is kiln_backend and dynamic.has_unbacked(gm):
-                return dynamic.data_dependent_graph(gm, example_inputs)
+                return dynamic.unbacked_graph(compile_static, gm, example_inputs)
             limit = self._config.option("recompile_limit") or guards.config.recompile_limit
             symbolic_kernels = (
                 self._backend is not kiln_backend

@@ -55,6 +55,7 @@ __all__ = [
     "per_size",
     "symbolic_or_per_size",
     "policy",
+    "unbacked_graph",
     "serves_symbols",
 ]
 
@@ -136,11 +137,40 @@ def has_unbacked(gm: fx.GraphModule) -> bool:
 
 
 def data_dependent_graph(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
-    """The default backend's program for a graph with unbacked symbols: no per-size
-    specialization serves sizes computed from data, and loopir does not compile them yet, so
-    the graph's ATen ops (autograd_aot's, training included) run with eager kernels."""
+    """A graph with unbacked symbols that loopir declined: no per-size specialization serves
+    sizes computed from data, so the graph's ATen ops (autograd_aot's, training included)
+    run with eager kernels."""
     counters.bump("stats", "data_dependent_graphs")
     return autograd_aot.aot_eager(gm, example_inputs)
+
+
+def unbacked_graph(
+    compile_symbolic: Callable[[fx.GraphModule, Sequence[Any]], Callable[..., Any]],
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+) -> Callable[..., Any]:
+    """The default backend's program for a graph with unbacked symbols: compiled once by
+    loopir, whose wrapper binds each value computed from data from the extern call that
+    makes it. Where loopir raises ``StaticShapesOnly`` (while compiling, or on a later call
+    that compiles the training program), :func:`data_dependent_graph` runs it instead."""
+    try:
+        compiled = compile_symbolic(gm, example_inputs)
+    except StaticShapesOnly as e:
+        log.info("graph with data-dependent sizes runs with ATen kernels: %s", e)
+        return data_dependent_graph(gm, example_inputs)
+    current = [compiled]
+
+    def run(*args: Any) -> Any:
+        try:
+            return current[0](*args)
+        except StaticShapesOnly as e:
+            if current[0] is not compiled:
+                raise
+            log.info("graph with data-dependent sizes runs with ATen kernels: %s", e)
+            current[0] = data_dependent_graph(gm, args)
+            return current[0](*args)
+
+    return run
 
 
 def _is_nan(v: Any) -> bool:

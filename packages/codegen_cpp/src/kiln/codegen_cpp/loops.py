@@ -78,7 +78,8 @@ class Extent:
         """The largest multiple of ``step`` not above the extent, as C++."""
         if self.static is not None:
             return str(self.static - self.static % step)
-        return f"({self.text} - {self.text} % {step})"
+        text = self.text if self.text.isidentifier() else f"({self.text})"  # 2 * s0 + 1
+        return f"({self.text} - {text} % {step})"
 
     def times(self, other: Extent) -> Extent | None:
         if self.static is not None and other.static is not None:

@@ -51,6 +51,8 @@ class ReadWriteHandler:
         self.reads: list[MemoryDep] = []
         self.writes: list[MemoryDep] = []
         self.op_counts: collections.Counter[str] = collections.Counter()
+        self.exprs: list[sympy.Expr] = []
+        """Expressions computed as values (``index_expr``) and indirect bounds."""
         self._indirect = itertools.count()
 
     def _op(self, name: str) -> _Value:
@@ -74,7 +76,12 @@ class ReadWriteHandler:
         self.writes.append(MemoryDep(name, sympy.sympify(index)))
         self._op("store")
 
+    def index_expr(self, expr: sympy.Expr, dtype: torch.dtype) -> _Value:
+        self.exprs.append(sympy.sympify(expr))
+        return self._op("index_expr")
+
     def indirect_indexing(self, x: Any, size: sympy.Expr, check: bool = True) -> sympy.Symbol:
+        self.exprs.append(sympy.sympify(size))
         self._op("indirect_indexing")
         return sizes.index_symbol(INDIRECT_PREFIX, next(self._indirect))
 
@@ -101,3 +108,7 @@ class ReadWriteHandler:
         """Ops that cost work when duplicated (loads and math, not constants)."""
         skip = {"constant", "store", "index_expr"}
         return sum(n for op, n in self.op_counts.items() if op not in skip)
+
+    def addresses(self) -> list[sympy.Expr]:
+        """Every expression the bodies run compute with: addresses, values, bounds."""
+        return [*self.exprs, *(d.index for d in (*self.reads, *self.writes))]

@@ -24,7 +24,7 @@ from torch.utils import _pytree as pytree
 from kiln.capture import counters
 from kiln.capture.control_flow import CondCall, WhileLoopCall
 from kiln.capture.shapes import Range
-from kiln.loopir import sizes, symbolic
+from kiln.loopir import sizes, symbolic, unbacked
 from kiln.loopir.backend import Backend, get_backend
 from kiln.loopir.decompose import run_decomposition
 from kiln.loopir.decompositions import declined_decomposition
@@ -124,6 +124,8 @@ class GraphLowering:
         """Each size symbol's value in the call being compiled (:func:`symbolic.hint`)."""
         self.size_ranges: dict[sympy.Symbol, Range] = {}
         """Each size symbol's range in every call its guards admit."""
+        self.unbacked = unbacked.UnbackedDefs()
+        """The buffer each value computed from data is read from, and the runtime asserts."""
         self._ids = itertools.count()
         self._number_ids = itertools.count(1_000_000)
         self._number_sources: dict[torch.fx.Node, str] = {}
@@ -227,6 +229,11 @@ class GraphLowering:
                     env[node] = self._placeholder(node, next(placeholders, None))
                 elif node.op == "get_attr":
                     env[node] = self.add_constant(getattr(self.gm, node.target))
+                elif node.target is aten._local_scalar_dense.default:
+                    env[node] = unbacked.read_scalar(env[node.args[0]], node.meta["val"])
+                    self._number_sources[node] = str(env[node])
+                elif node.target is aten._assert_scalar.default:
+                    unbacked.runtime_assert(env[node.args[0]], node.args[1])
                 elif node.op == "call_function" and isinstance(node.meta.get("val"), SYMBOLIC):
                     env[node] = self._size_value(node)
                 elif node.op == "call_function":
@@ -234,7 +241,10 @@ class GraphLowering:
                     self.layout_hints = {
                         id(env[n]): n.meta.get("val") for n in node.all_input_nodes
                     }
+                    before = len(self.buffers)
                     env[node] = self._call(node, args, kwargs)
+                    if symbolic.unbacked_in(node.meta.get("val")):
+                        unbacked.bind_new_outputs(node.meta["val"], self.buffers[before:])
                 elif node.op == "output":
                     self._output(torch.fx.map_arg(node.args[0], env.__getitem__), node)
                 else:
@@ -247,7 +257,7 @@ class GraphLowering:
             # a size a backward receives (saved by its forward), or a Python number input:
             # the wrapper binds it once per call and kernels take it as a scalar argument
             self.graph_inputs.append(node.name)
-            expr = self._note_symbols(val)
+            expr = self.note_symbols(val)
             self._number_sources[node] = node.name
             if isinstance(val, torch.SymFloat) and not isinstance(expr, sympy.Symbol):
                 # a float its forward computed (``s0 + 3.5``, saved for the backward): a
@@ -265,7 +275,7 @@ class GraphLowering:
             return val
         for d, n in enumerate(val.shape):
             if isinstance(n, torch.SymInt):
-                self._bind(self._note_symbols(n), symbolic.SizeBinding(node.name, d))
+                self._bind(self.note_symbols(n), symbolic.SizeBinding(node.name, d))
         buf = InputBuffer(node.name, self._fix_device(layout_of_tensor(val)))
         self.graph_inputs.append(node.name)
         self.input_buffers[node.name] = buf
@@ -273,15 +283,19 @@ class GraphLowering:
         self.name_to_buffer[node.name] = buf
         return TensorBox(StorageBox(buf))
 
-    def _note_symbols(self, value: torch.SymInt | torch.SymFloat) -> sympy.Expr:
-        """``value``'s expression, noting the hints of the symbols it holds."""
+    def note_symbols(self, value: torch.SymInt | torch.SymFloat) -> sympy.Expr:
+        """``value``'s expression, noting the hints of the symbols it holds (an unbacked
+        one, computed from data, has none: :func:`symbolic.unbacked_hint` of its range)."""
         expr = sizes.sympify(value)
         env = getattr(value.node, "env", None)
         for sym in symbolic.size_symbols([expr]):
             if sym not in self.size_hints and env is not None:
-                found = env.size_hint(sym)
-                self.size_hints[sym] = found if symbolic.is_number_symbol(sym) else int(found)
                 self.size_ranges[sym] = env.range_of(sym)
+                if symbolic.is_unbacked(sym):
+                    found = symbolic.unbacked_hint(self.size_ranges[sym])
+                else:
+                    found = env.size_hint(sym)
+                self.size_hints[sym] = found if symbolic.is_number_symbol(sym) else int(found)
         return expr
 
     def _bind(self, expr: sympy.Expr, binding: symbolic.SizeBinding) -> None:
@@ -295,12 +309,14 @@ class GraphLowering:
         size) holds its expression over the size symbols the wrapper binds from the inputs.
         """
         val = node.meta["val"]
+        if isinstance(val, torch.SymBool):
+            return unbacked.condition(val)
         if isinstance(val, torch.SymFloat):
             return self._computed_float(node)
         if not isinstance(val, torch.SymInt):
             msg = f"{node.format_node()}: a symbolic {type(val).__name__} is not supported"
             raise StaticShapesOnly(msg)
-        return self._note_symbols(val)
+        return self.note_symbols(val)
 
     def _computed_float(self, node: torch.fx.Node) -> sympy.Symbol:
         """A float the graph computes from its number inputs (``lo + 0.5``): a new number
@@ -325,6 +341,7 @@ class GraphLowering:
 
     def _call(self, node: torch.fx.Node, args: Any, kwargs: Any) -> Any:
         meta = node.meta.get("val")
+        unbacked.refuse_conditions(node, (args, kwargs))
         if node.target is operator.getitem:
             # one result of a multi-result lowering (max pool's values): its users count
             result = args[0][args[1]]

@@ -186,7 +186,8 @@ def _compile(
 
     keep = _output_names(graph.outputs)
     with _pass("schedule"):
-        steps = schedule(graph.buffers, layout_of, backend_for, keep, fuse=fusion)
+        defined_by = graph.unbacked.defined_by
+        steps = schedule(graph.buffers, layout_of, backend_for, keep, fusion, defined_by)
     if ir_log.isEnabledFor(logging.INFO) or artifacts.debug_dir() is not None:
         text = render_steps(steps, "schedule")
         ir_log.info("%s", text)
@@ -208,6 +209,7 @@ def _compile(
         wrapper = generate_wrapper(
             steps, plan, graph.graph_inputs, graph.outputs, graph.output_spec,
             constants, graph.seed_count, graph.seed_devices, graph.size_bindings,
+            graph.unbacked,
         )  # fmt: skip
     compiled = CompiledGraph(wrapper, steps, plan, tuple(graph.graph_inputs))
     for step in steps:

@@ -25,7 +25,8 @@ import sympy
 import torch
 
 from kiln.capture import artifacts
-from kiln.loopir import random_bits, sizes
+from kiln.loopir import random_bits, sizes, symbolic
+from kiln.loopir.analysis import ReadWriteHandler
 from kiln.loopir.errors import IRVerificationError
 from kiln.loopir.kernel import RINDEX, XINDEX, KernelCode, KernelGroup, KernelNode
 from kiln.loopir.ops import BINARY_OPS, UNARY_OPS, OpsHandlerBase
@@ -65,6 +66,9 @@ def evaluate_index(expr: sympy.Expr | int, env: dict[sympy.Symbol, torch.Tensor]
         return int(expr)
     if isinstance(expr, sympy.Symbol):
         return env[expr]
+    if isinstance(expr, sympy.Mul) and not expr.as_coeff_Mul()[0].is_Integer:
+        coeff, rest = expr.as_coeff_Mul()  # a size divided exactly (``u0/2`` of a view)
+        return evaluate_index(coeff.p * rest, env) // coeff.q  # type: ignore[attr-defined]
     args = [evaluate_index(a, env) for a in expr.args]
     if isinstance(expr, sympy.Add):
         return functools.reduce(lambda a, b: a + b, args)
@@ -74,8 +78,8 @@ def evaluate_index(expr: sympy.Expr | int, env: dict[sympy.Symbol, torch.Tensor]
         return args[0] // args[1]
     if isinstance(expr, sizes.ModularIndexing):
         return (args[0] // args[1]) % args[2]
-    if isinstance(expr, sympy.Max):
-        return functools.reduce(max, args)
+    if isinstance(expr, (sympy.Max, sympy.Min)):
+        return functools.reduce(max if isinstance(expr, sympy.Max) else min, args)
     msg = f"reference backend cannot evaluate index {expr}"
     raise NotImplementedError(msg)
 
@@ -83,15 +87,21 @@ def evaluate_index(expr: sympy.Expr | int, env: dict[sympy.Symbol, torch.Tensor]
 class TorchOpsHandler(OpsHandlerBase[Any]):
     """``ops`` over torch tensors, for one kernel invocation."""
 
-    def __init__(self, group: KernelGroup, tensors: dict[str, torch.Tensor]) -> None:
+    def __init__(
+        self,
+        group: KernelGroup,
+        tensors: dict[str, torch.Tensor],
+        size_values: Mapping[sympy.Symbol, Any] | None = None,
+    ) -> None:
         self.group = group
         self.device = group.device
         self.flat: dict[str, torch.Tensor] = {}
+        self.env: dict[sympy.Symbol, Any] = dict(size_values or {})
+        """Index symbols' values (tensors), and this call's size symbols' (numbers)."""
         for name, t in tensors.items():
             layout = group.buffers.get(name)
-            n = sizes.evaluate_int(layout.storage_size()) if layout is not None else t.numel()
+            n = int(evaluate_index(layout.storage_size(), self.env)) if layout else t.numel()
             self.flat[name] = torch.as_strided(t, (n,), (1,), t.storage_offset())
-        self.env: dict[sympy.Symbol, torch.Tensor] = {}
         self.shape: tuple[int, ...] = ()
         self._indirect = itertools.count()
         self._active: torch.Tensor | None = None
@@ -265,19 +275,38 @@ class ReferenceBackend:
         return self
 
     def codegen_kernel(self, group: KernelGroup) -> KernelCode:
-        numel = sizes.evaluate_int(group.numel)
-        rnumel = sizes.evaluate_int(group.rnumel)
         args = group.args
+        symbols = _size_symbols(group)  # each one a size argument, in name order
 
-        def run(*tensors: torch.Tensor) -> None:
-            if numel == 0:
+        def run(*values: Any) -> None:
+            tensors = values[: len(args)]
+            known = dict(zip(symbols, values[len(args) :], strict=True))
+            numel = int(evaluate_index(group.numel, known))
+            rnumel = int(evaluate_index(group.rnumel, known))
+            if numel <= 0:
                 return
-            handler = TorchOpsHandler(group, dict(zip(args, tensors, strict=True)))
+            handler = TorchOpsHandler(group, dict(zip(args, tensors, strict=True)), known)
             with set_ops_handler(handler):
                 for node in group.nodes:
-                    handler.run_node(node, numel, rnumel)
+                    handler.run_node(node, numel, max(rnumel, 0))
 
-        return KernelCode(group.name, _describe(group, args), run, "reference")
+        names = tuple(s.name for s in symbols)
+        return KernelCode(group.name, _describe(group, args), run, "reference", names)
+
+
+def _size_symbols(group: KernelGroup) -> list[sympy.Symbol]:
+    """The size symbols ``group``'s loops, layouts and bodies hold (none in a static graph)."""
+    if not symbolic.in_symbolic_graph():
+        return []
+    exprs = [group.numel, group.rnumel]
+    for lay in group.buffers.values():
+        exprs += [*lay.size, *lay.stride, lay.offset]
+    handler = ReadWriteHandler()
+    with set_ops_handler(handler):
+        for node in group.nodes:
+            node.body(XINDEX, RINDEX if node.mode == "xr" else None)
+    found = symbolic.size_symbols([*exprs, *handler.addresses()])
+    return sorted(found, key=lambda s: s.name)
 
 
 def _describe(group: KernelGroup, args: Sequence[str]) -> str:

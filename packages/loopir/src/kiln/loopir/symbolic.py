@@ -13,6 +13,12 @@ A Python number the graph takes as an input (a ``SymInt`` or ``SymFloat`` placeh
 a float computed from data before a graph break) is bound the same way and reaches kernels as
 a scalar argument; a float one is a *number symbol* (:func:`is_number_symbol`), real-valued,
 which no size or index expression holds.
+
+A value computed from tensor data (``nonzero``'s row count, ``t.item()``) is an *unbacked*
+symbol (``u0``, :func:`is_unbacked`): no input carries it, so the wrapper binds it right after
+the extern call that makes it (``u0 = buf3.shape[0]``, ``u1 = buf5`` for an ``item()``), and
+every later allocation, kernel and size argument reads it as any size symbol. Its hint is
+:data:`UNBACKED_HINT` within its range: no call being compiled knows its value.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import dataclasses
 from collections.abc import Iterable, Iterator, Mapping
 
 import sympy
+import torch
 
 from kiln.capture.shapes import exprs as capture_exprs
 from kiln.loopir.errors import StaticShapesOnly
@@ -36,6 +43,9 @@ __all__ = [
     "in_symbolic_graph",
     "is_number_symbol",
     "is_symbolic",
+    "is_unbacked",
+    "unbacked_hint",
+    "unbacked_in",
     "lower_bound",
     "provably",
     "size_symbols",
@@ -43,6 +53,11 @@ __all__ = [
 
 SIZE_PREFIX = "s"
 """Capture names its size symbols ``s0, s1, ...``; loopir's index symbols use other prefixes."""
+UNBACKED_PREFIX = "u"
+"""... and the symbols of values computed from data ``u0, u1, ...``."""
+UNBACKED_HINT = 8192
+"""The size heuristics assume for an unbacked symbol (Inductor's choice too): large enough
+that tiling and parallel decisions take the general path, which is correct for any size."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,12 +119,15 @@ def from_capture(expr: sympy.Basic) -> sympy.Expr:
 
 def _max_min(func: type, args: list[sympy.Expr]) -> sympy.Expr:
     """``Max``/``Min`` of sizes, resolved where the ranges decide it for every admitted size
-    (a convolution's ``Max(1, (s - 1) // 2 + 1)`` is its second argument)."""
+    (a convolution's ``Max(1, (s - 1) // 2 + 1)`` is its second argument); kept where a
+    value computed from data decides it (``x[:n]`` of ``n = t.item()``: ``Min(12, u0)``)."""
     is_max = func is sympy.Max
     for pick in args:
         others = [a for a in args if a is not pick]
         if all(_at_least(pick, o) if is_max else _at_least(o, pick) for o in others):
             return pick
+    if any(is_unbacked(s) for a in args for s in a.free_symbols):
+        return func(*args)  # type: ignore[no-any-return]  # only the data decides: computed per call
     msg = f"{func.__name__}{tuple(args)} of sizes is not decided for every size"
     raise StaticShapesOnly(msg)
 
@@ -139,8 +157,40 @@ def is_number_symbol(sym: sympy.Basic) -> bool:
     return _is_size_symbol(sym) and sym.is_integer is not True
 
 
+def is_unbacked(sym: sympy.Basic) -> bool:
+    """Whether ``sym`` is the symbol of a value computed from tensor data (``u0``)."""
+    return isinstance(sym, sympy.Symbol) and sym.name[:1] == UNBACKED_PREFIX and _numbered(sym)
+
+
+def unbacked_in(value: object) -> bool:
+    """Whether a traced value (a fake tensor's sizes and strides, a number, or a tuple of
+    them) holds an unbacked symbol."""
+    leaves = value if isinstance(value, (tuple, list)) else [value]
+    for leaf in leaves:
+        if isinstance(leaf, (tuple, list)):
+            if unbacked_in(leaf):
+                return True
+            continue
+        items = (*leaf.shape, *leaf.stride()) if isinstance(leaf, torch.Tensor) else (leaf,)
+        for n in items:
+            expr = getattr(getattr(n, "node", None), "expr", None)
+            if isinstance(expr, sympy.Basic) and any(is_unbacked(s) for s in expr.free_symbols):
+                return True
+    return False
+
+
+def unbacked_hint(values: capture_exprs.Range) -> int:
+    """The hint of an unbacked integer whose values lie in ``values``."""
+    return int(min(max(UNBACKED_HINT, values.lower), values.upper))
+
+
 def _is_size_symbol(sym: sympy.Basic) -> bool:
-    return isinstance(sym, sympy.Symbol) and sym.name[:1] == SIZE_PREFIX and sym.name[1:].isdigit()
+    prefixes = (SIZE_PREFIX, UNBACKED_PREFIX)
+    return isinstance(sym, sympy.Symbol) and sym.name[:1] in prefixes and _numbered(sym)
+
+
+def _numbered(sym: sympy.Symbol) -> bool:
+    return sym.name[1:].isdigit()
 
 
 @contextlib.contextmanager
@@ -167,11 +217,14 @@ def lower_bound(expr: sympy.Expr | int) -> float:
     known = _facts.get()
     if known is None:
         return -capture_exprs.INF
-    from kiln.loopir.sizes import FloorDiv
+    from kiln.loopir.sizes import FloorDiv, ModularIndexing
 
     def to_capture(e: sympy.Expr) -> sympy.Expr:
         if isinstance(e, FloorDiv):
             return capture_exprs.FloorDiv(*[to_capture(a) for a in e.args])
+        if isinstance(e, ModularIndexing):
+            num, div, mod = (to_capture(a) for a in e.args)
+            return capture_exprs.Mod(capture_exprs.FloorDiv(num, div), mod)
         if isinstance(e, sympy.Function):
             raise _Unbounded
         return e.func(*[to_capture(a) for a in e.args]) if e.args else e

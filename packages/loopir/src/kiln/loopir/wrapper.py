@@ -29,7 +29,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from kiln.capture import counters
-from kiln.loopir import random_bits, sizes, symbolic
+from kiln.loopir import random_bits, sizes, symbolic, unbacked
 from kiln.loopir.errors import StaticShapesOnly
 from kiln.loopir.index_printer import IndexPrinter
 from kiln.loopir.ir.buffers import Buffer, ExternBuffer
@@ -238,6 +238,8 @@ class _Writer:
             return value.get_name()
         if isinstance(value, sympy.Expr) and symbolic.is_symbolic(value):
             return _PRINTER.print(value)  # a size argument (a view's shape): this call's
+        if isinstance(value, unbacked.Condition):  # a symbolic bool the graph returns
+            return f"({unbacked.assert_source(value.expr, _PRINTER)})"
         if isinstance(value, (list, tuple)) and any(
             isinstance(v, (Buffer, ReinterpretView))
             or (isinstance(v, sympy.Expr) and symbolic.is_symbolic(v))
@@ -301,8 +303,11 @@ def generate_wrapper(
     seed_count: int,
     seed_devices: dict[str, torch.device],
     size_bindings: Mapping[sympy.Symbol, SizeBinding] | None = None,
+    data_dependent: unbacked.UnbackedDefs | None = None,
 ) -> WrapperCode:
     w = _Writer()
+    defs = data_dependent or unbacked.UnbackedDefs()
+    later = _Later(w, defs, size_bindings or {})
     params = [name or f"_unused{i}" for i, name in enumerate(graph_inputs)]
     header = "def call(args):"
     w.line(_PROFILING)  # the one check per call; kernel launches below carry no profiling
@@ -311,7 +316,9 @@ def generate_wrapper(
         w.line(f"{', '.join(params)}, = args")
     w.line("args.clear()")
     for sym, binding in sorted((size_bindings or {}).items(), key=lambda kv: kv[0].name):
-        w.line(f"{sym.name} = {binding.source()}")  # once per call: sizes below use it
+        if sym not in later.waiting:  # a value computed from data: bound after its step
+            w.line(f"{sym.name} = {binding.source()}")  # once per call: sizes below use it
+    later.check_asserts()
     for name, value in constants.items():
         w.line(f"{name} = {w.const(value, 'const')}")
     for name, device in seed_devices.items():
@@ -323,13 +330,67 @@ def generate_wrapper(
             # in place: both names stay bound until the kernel ran; old dies after it
             tail = f"; del {old}" if why == "reuse" else ""
             w.line(f"{new} = {old}{tail}  # {why}")
-        _emit_step(w, step)
+        _emit_step(w, step, later)
+        later.bind(step.writes)
         if plan.free.get(i):
             w.line(f"del {', '.join(plan.free[i])}")
+    later.finish()
     w.line(f"return {_output_tree(w, [w.expr(o) for o in outputs], output_spec)}")
     source = "\n".join([header, *w.lines]) + "\n"
     output_log.info("wrapper code (peak %d bytes):\n%s", plan.peak_bytes, source)
     return load_wrapper(source, w.globals)
+
+
+class _Later:
+    """The unbacked symbols bound after the step that computes them, and the runtime
+    asserts, each written as soon as its symbols are bound."""
+
+    def __init__(
+        self, w: _Writer, defs: unbacked.UnbackedDefs, bindings: Mapping[sympy.Symbol, SizeBinding]
+    ) -> None:
+        self.w, self.bindings, self.defs = w, bindings, defs
+        # a float computed from one (``float(t) * 2``) waits for it too
+        names = "|".join(s.name for s in defs.defined_by)
+        self.waiting = {
+            sym: {s for s in defs.defined_by if re.search(rf"\b{s.name}\b", b.source())}
+            for sym, b in bindings.items()
+            if sym in defs.defined_by or (names and re.search(rf"\b({names})\b", b.source()))
+        }
+        self.bound = set(bindings) - set(self.waiting)
+        self.asserts = list(defs.asserts)
+
+    def defines(self, name: str, text: str) -> bool:
+        """Whether ``text`` names a symbol read from buffer ``name`` (not bound yet)."""
+        return any(
+            n == name and re.search(rf"\b{s.name}\b", text)
+            for s, n in self.defs.defined_by.items()
+            if s not in self.bound
+        )
+
+    def bind(self, written: Iterable[str]) -> None:
+        names = set(written)
+        for sym, name in sorted(self.defs.defined_by.items(), key=lambda kv: kv[0].name):
+            if name in names and sym not in self.bound:
+                self.w.line(f"{sym.name} = {self.bindings[sym].source()}")
+                self.bound.add(sym)
+        for sym, needs in sorted(self.waiting.items(), key=lambda kv: kv[0].name):
+            if sym not in self.bound and sym not in self.defs.defined_by and needs <= self.bound:
+                self.w.line(f"{sym.name} = {self.bindings[sym].source()}")
+                self.bound.add(sym)
+        self.check_asserts()
+
+    def check_asserts(self) -> None:
+        ready = [a for a in self.asserts if symbolic.size_symbols([a.expr]) <= self.bound]
+        for found in ready:
+            self.asserts.remove(found)
+            test = unbacked.assert_source(found.expr, _PRINTER)
+            self.w.line(f"if not ({test}): raise RuntimeError({found.message!r})")
+
+    def finish(self) -> None:
+        missing = sorted(s.name for s in set(self.waiting) - self.bound)
+        if missing or self.asserts:
+            msg = f"values computed from data never bound: {missing or self.asserts}"
+            raise StaticShapesOnly(msg)
 
 
 def base_globals() -> dict[str, Any]:
@@ -371,7 +432,20 @@ def _range_name(step: KernelStep) -> str:
     return "_".join(["kiln", step.code.language, *filter(None, words), number])
 
 
-def _emit_step(w: _Writer, step: Step) -> None:
+def _emit_checked(
+    w: _Writer, name: str, call: str, layout: str, later: _Later, note: str = ""
+) -> None:
+    """``name = as_layout(call, layout)``; where the result defines a symbol its planned
+    strides hold (``nonzero``'s ``(1, u0)``), the symbol is bound in between."""
+    if not later.defines(name, layout):
+        w.line(f"{name} = as_layout({call}, {layout}){note}")
+        return
+    w.line(f"{name} = {call}{note}")
+    later.bind([name])
+    w.line(f"{name} = as_layout({name}, {layout})")
+
+
+def _emit_step(w: _Writer, step: Step, later: _Later) -> None:
     if isinstance(step, KernelStep):
         w.globals[step.code.name] = step.code.fn
         w.line(f"# {step.group.describe()}  [{', '.join(step.group.origins())}]")
@@ -384,12 +458,13 @@ def _emit_step(w: _Writer, step: Step) -> None:
         args += [f"{k}={w.expr(v)}" for k, v in buf.kwargs.items()]
         note = "fallback" if buf.fallback else "extern"
         call = f"{op}({', '.join(args)})"
-        if not buf.multi_output:
+        if buf.multi_output:
+            w.line(f"{buf.name} = {call}  # {note} {buf.op}")
+        else:
             layout = f"{_strides(buf.layout)}, {str(buf.op)!r}, {buf.layout.dtype}"
-            call = f"as_layout({call}, {layout})"
-        w.line(f"{buf.name} = {call}  # {note} {buf.op}")
+            _emit_checked(w, buf.name, call, layout, later, f"  # {note} {buf.op}")
     elif isinstance(step, NopStep):
         part = step.buffer.parent.name + "".join(f"[{i}]" for i in step.buffer.index)
         op = repr(str(step.buffer.parent.op))
         layout = f"{_strides(step.buffer.layout)}, {op}, {step.buffer.layout.dtype}"
-        w.line(f"{step.buffer.name} = as_layout({part}, {layout})")
+        _emit_checked(w, step.buffer.name, part, layout, later)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import sympy
 import torch
 
-from kiln.capture.eager_refusals import is_dense
+from kiln.capture.eager_refusals import is_dense as _is_dense
 from kiln.loopir import sizes, symbolic
 from kiln.loopir.errors import IRVerificationError
 
@@ -65,7 +65,13 @@ class Layout:
         return dataclasses.replace(self, stride=strides, flexible=False)
 
     def strides_match(self, t: torch.Tensor) -> bool:
-        """Whether every dim longer than 1 steps through storage as ``t``'s does."""
+        """Whether every dim longer than 1 steps through storage as ``t``'s does (a size
+        computed from data may be 1: its stride must match too)."""
+        if symbolic.unbacked_in(t):
+            return t.dim() == len(self.size) and all(
+                sizes.sympify(n) == 1 or sympy.expand(s - sizes.sympify(w)) == 0
+                for n, s, w in zip(t.shape, self.stride, t.stride(), strict=True)
+            )
         return t.dim() == len(self.size) and all(
             n == 1 or s == w for n, s, w in zip(t.shape, self.stride, t.stride(), strict=True)
         )
@@ -131,3 +137,29 @@ def layout_of_tensor(t: torch.Tensor) -> Layout:
         tuple(sizes.sympify(s) for s in t.shape),
         tuple(sizes.sympify(s) for s in t.stride()),
     )
+
+
+def is_dense(t: torch.Tensor) -> bool:
+    """Whether ``t``'s elements fill a block of memory without gaps or repeats, in some order
+    of its dimensions. Where a size is computed from data (unbacked), whether they do for
+    every value it takes, asking the shape environment nothing (no call knows the value)."""
+    if not symbolic.unbacked_in(t):
+        return _is_dense(t)
+    dims = [
+        (sizes.sympify(st), sizes.sympify(n)) for n, st in zip(t.shape, t.stride(), strict=True)
+    ]
+    expected: sympy.Expr = sympy.S.One
+    for stride, size in sorted(dims, key=lambda d: _order_key(d[0])):
+        if size == 1:
+            continue
+        if sympy.expand(stride - expected) != 0:
+            return False
+        expected = expected * size
+    return True
+
+
+def _order_key(stride: sympy.Expr) -> float:
+    """A stride's place in memory order, its symbols at a typical size (ties and wrong
+    guesses only make :func:`is_dense` answer False, never wrongly True)."""
+    big = {s: symbolic.UNBACKED_HINT for s in stride.free_symbols}
+    return float(stride.xreplace(big))

@@ -220,6 +220,8 @@ def clip_symbolic(v: int | sympy.Expr, n: sympy.Expr) -> sympy.Expr:
         return v
     if symbolic.provably(sympy.Ge(v - n, 0)):
         return n
+    if any(symbolic.is_unbacked(s) for s in (v - n).free_symbols):
+        return sympy.Min(v, n)  # only the data decides (``x[:n]``, ``n = t.item()``)
     raise StaticShapesOnly(f"slice bound {v} may pass the end of size {n}")
 
 

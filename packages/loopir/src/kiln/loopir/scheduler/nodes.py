@@ -11,7 +11,7 @@ flat index of a node depends on the kernel it lands in.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 import sympy
@@ -23,6 +23,7 @@ from kiln.loopir.ir.buffers import Buffer, ComputedBuffer, ExternBuffer, MultiOu
 from kiln.loopir.ir.loops import Reduction
 from kiln.loopir.ir.views import ReinterpretView
 from kiln.loopir.kernel import RINDEX, XINDEX, KernelNode, NodeMode
+from kiln.loopir.unbacked import symbols_used
 from kiln.loopir.virtualized import set_ops_handler
 
 __all__ = ["SchedNode", "build_nodes", "AccessSet"]
@@ -149,13 +150,20 @@ def _kind(buf: Buffer) -> NodeKind:
     return "kernel"
 
 
-def build_nodes(buffers: Sequence[Buffer]) -> list[SchedNode]:
-    """Scheduler nodes in program order, with dependency edges and ancestor sets."""
+def build_nodes(
+    buffers: Sequence[Buffer], defined_by: Mapping[sympy.Symbol, str] | None = None
+) -> list[SchedNode]:
+    """Scheduler nodes in program order, with dependency edges and ancestor sets.
+
+    ``defined_by`` names the buffer each unbacked symbol is read from: a node using the
+    symbol depends on that buffer's producer, whose data it may not read."""
     nodes: list[SchedNode] = []
     writers: dict[str, list[SchedNode]] = {}
     readers: dict[str, list[SchedNode]] = {}
     for i, buf in enumerate(buffers):
         node = SchedNode(buf, i, _kind(buf), _read_names(buf), frozenset({buf.storage_name()}))
+        for sym in symbols_used(buf) if defined_by else ():
+            node.preds.update(writers.get(defined_by[sym], ()))  # type: ignore[index]
         for name in node.reads:
             node.preds.update(writers.get(name, ()))
         for name in node.writes:

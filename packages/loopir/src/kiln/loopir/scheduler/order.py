@@ -6,7 +6,9 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+
+import sympy
 
 from kiln.loopir.backend import Backend
 from kiln.loopir.ir.buffers import Buffer, ExternBuffer, MultiOutput
@@ -75,12 +77,14 @@ def schedule(
     backend_for: Callable[[SchedNode], Backend],
     keep: set[str],
     fuse: bool = True,
+    defined_by: Mapping[sympy.Symbol, str] | None = None,
 ) -> list[Step]:
     """Fuse, order, and generate code: the program the wrapper will print.
 
     ``keep`` names buffers needed after the program (graph outputs): never internal.
+    ``defined_by``: the buffer each unbacked symbol is read from (see ``build_nodes``).
     """
-    nodes = build_nodes(buffers)
+    nodes = build_nodes(buffers, defined_by)
 
     sizes_cache: dict[str, int] = {}
 
