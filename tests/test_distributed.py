@@ -117,6 +117,8 @@ def test_ddp_compiles_the_wrapped_model_as_one_graph(backend: str) -> None:
     _train_both(kiln.compile(wrapped, backend=backend), ref, model, ref.module)
     s = _stats()
     assert (s.graphs_compiled, s.graph_breaks, s.eager_fallbacks, s.recompiles) == (1, 0, 0, 0)
+    assert "forward" not in vars(model)  # the compiled forward is the model's for a call only
+    assert type(vars(wrapped)) is dict  # DDP's own attributes are not watched as a module tree
 
 
 @pytest.mark.parametrize(

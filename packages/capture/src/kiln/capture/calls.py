@@ -28,11 +28,11 @@ from kiln.capture import (
     contexts,
     control_flow,
     dispatch,
-    distributed,
     function_modes,
     functorch_calls,
     literals,
     numpy_calls,
+    parallel_modules,
     torch_calls,
     torch_functions,
 )
@@ -416,7 +416,7 @@ def _global_hooks() -> bool:
 def call_module(tr: Tracer, mv: ObjectValue, args: list[Value], kwargs: dict[str, Value]) -> Value:
     """``module(*args, **kwargs)``: pre-hooks, ``forward`` and forward hooks, all inlined."""
     mod = mv.obj
-    if distributed.wrapped_module(mod) is not None:  # its own Python runs; forward compiled
+    if parallel_modules.wrapped_module(mod) is not None:  # its own Python runs; forward compiled
         raise unsupported("distributed_module", type(mod).__name__)
     custom_call = inspect.getattr_static(type(mod), "__call__")
     tr.out.guard_class_attr(type(mod), "__call__")

@@ -1,20 +1,8 @@
-"""torch.distributed met while capturing: DDP and FSDP2 modules, collectives, rank queries.
+"""torch.distributed calls met while capturing: collectives and rank queries.
 
-Data-parallel programs bring three things into a compiled region, each handled as
-torch.compile handles it:
+Handled as torch.compile handles them (the DDP and FSDP2 modules are
+:mod:`kiln.capture.parallel_modules`'):
 
-- **Wrapper modules.** A ``DistributedDataParallel`` module's forward is the runtime's own
-  Python (its reducer's bucket bookkeeping, logging, ``_DDPSink``, the autograd hooks it
-  relies on), and so are FSDP2's forward pre- and post-hooks on a ``fully_shard``-ed module
-  (unshard before, reshard and backward hooks after). torch.compile skips them and compiles
-  the model underneath. Capture does the same: calling such a module is a
-  ``distributed_module`` break, and the split runs the call in Python through
-  :class:`CompiledForward`, which makes the wrapped module's ``forward`` (DDP's ``.module``,
-  or the FSDP2 module's own) the compiled one for the length of the call. DDP's gradient
-  hooks fire on the compiled backward's gradients and all-reduce them as in eager; FSDP2's
-  all-gathers and reshards run around the compiled forward. A frame that is nothing but the
-  call (``kiln.compile(DDP(model))``) records no break: it only hands over to the model's
-  own compiled forward, as torch.compile's skipped frame does.
 - **In-place collectives.** ``dist.all_reduce(t)``, ``all_gather_into_tensor``,
   ``reduce_scatter_tensor`` and the other calls torch lists in
   ``traceable_collective_remaps`` are traced as the functional collective it maps them to:
@@ -27,15 +15,13 @@ torch.compile handles it:
   size is seen.
 
 Nothing here imports torch's distributed packages beyond what ``import torch`` loaded: the
-wrapper classes are looked up in ``sys.modules`` (a program holding such a module has
-imported them) and the functional collectives are imported at the first traced collective.
+functional collectives are imported at the first traced collective.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
-import sys
 import types
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -45,7 +31,6 @@ import torch
 from kiln.capture import dispatch, literals
 from kiln.capture.breaks.reasons import raised, unsupported
 from kiln.capture.guard_data import CachedCall, GuardKind
-from kiln.capture.tracer import CO_GENERATOR_LIKE
 from kiln.capture.values.base import ConstantValue, Value
 from kiln.capture.values.objects import ObjectValue
 from kiln.capture.wrap import function_value
@@ -53,84 +38,9 @@ from kiln.capture.wrap import function_value
 if TYPE_CHECKING:
     from kiln.capture.tracer import Tracer
 
-__all__ = ["HANDLERS", "CompiledForward", "native_call", "wrapped_module"]
+__all__ = ["HANDLERS"]
 
 Handler = Callable[["Tracer", list[Value], dict[str, Value]], Value]
-
-# (module, class): a module of the class runs its own Python; the forward under it is compiled
-_WRAPPERS = (
-    ("torch.nn.parallel.distributed", "DistributedDataParallel"),
-    ("torch.distributed.fsdp", "FSDPModule"),
-)
-
-
-def wrapped_module(m: object) -> torch.nn.Module | None:
-    """The module whose ``forward`` is compiled when ``m`` is called, if ``m`` is a DDP
-    module (its ``.module``) or an FSDP2 module (itself, under its hooks); else None."""
-    for module_name, class_name in _WRAPPERS:
-        cls = getattr(sys.modules.get(module_name), class_name, None)
-        if isinstance(cls, type) and isinstance(m, cls):
-            inner = getattr(m, "module", None) if class_name == "DistributedDataParallel" else m
-            return inner if isinstance(inner, torch.nn.Module) else None
-    return None
-
-
-class CompiledForward:
-    """Calls a DDP or FSDP2 module as eager does, with its wrapped module's forward compiled.
-
-    The call goes through the module's own ``__call__`` (DDP's forward and bookkeeping, the
-    FSDP2 hooks, any other hooks); for its length the wrapped module's instance ``forward``
-    is the compiled function, which ``nn.Module`` calls in place of the class's. A wrapped
-    module of another class or with a ``forward`` of its own runs uncompiled.
-    """
-
-    def __init__(
-        self, forward: types.FunctionType | None, compiled: Callable[..., Any] | None
-    ) -> None:
-        self.forward = forward
-        self.compiled = compiled
-
-    def __call__(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-        inner = wrapped_module(module)
-        if (
-            inner is None
-            or self.forward is None
-            or self.compiled is None
-            or inspect.getattr_static(type(inner), "forward", None) is not self.forward
-            or "forward" in vars(inner)
-        ):
-            return module(*args, **kwargs)
-        state = vars(inner)
-        state["forward"] = types.MethodType(self.compiled, inner)
-        try:
-            return module(*args, **kwargs)
-        finally:
-            state.pop("forward", None)
-
-    def __repr__(self) -> str:
-        name = getattr(self.forward, "__qualname__", None)
-        return f"<kiln: wrapper module call, compiled {name or 'nothing'}>"
-
-
-def native_call(
-    m: object, wrap_callable: Callable[[Callable[..., Any]], Callable[..., Any]]
-) -> CompiledForward | None:
-    """What a split calls in place of the wrapper module ``m`` (None: not a wrapper).
-
-    The wrapped module's forward, a plain Python function, is compiled on its own through
-    ``wrap_callable``, as a callee that breaks is.
-    """
-    inner = wrapped_module(m)
-    if inner is None:
-        return None
-    forward = inspect.getattr_static(type(inner), "forward", None)
-    if (
-        not isinstance(forward, types.FunctionType)
-        or forward.__code__.co_flags & CO_GENERATOR_LIKE
-        or "forward" in vars(inner)
-    ):
-        return CompiledForward(None, None)
-    return CompiledForward(forward, wrap_callable(forward))
 
 
 # collectives -----------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from typing import Any, cast
 
 import torch
 
-from kiln.capture import checkpointing, library_functions
+from kiln.capture import checkpointing, library_functions, parallel_modules
 from kiln.capture.breaks.reasons import unsupported
 from kiln.capture.graph import OutputGraph
 from kiln.capture.guard_data import GuardKind
@@ -119,7 +119,11 @@ def _wrap(out: OutputGraph, obj: Any, source: Source | None) -> Value:
     if plain_dict or type(obj) is types.MappingProxyType:  # ``sig.parameters``: read-only
         return _wrap_dict(out, obj, source)
     if isinstance(obj, torch.nn.Module):
-        if source is not None:
+        if source is not None and parallel_modules.runs_own_python(obj):
+            # by identity alone, never as a tree: DDP's forward sets its own attributes on
+            # every call (kiln.guards makes a MODULE_MATCH under a global or cell a tree)
+            out.guard(source, GuardKind.ID_MATCH, id(obj))
+        elif source is not None:
             out.guard(source, GuardKind.MODULE_MATCH, id(obj))
             # lets kiln.guards check what is read under it by the module stamp, in O(1)
             # (nested trees join the enclosing one's group)

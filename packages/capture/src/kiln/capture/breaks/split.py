@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from kiln.capture import counters, dispatch, distributed, user_words
+from kiln.capture import counters, dispatch, parallel_modules, user_words
 from kiln.capture.breaks.frame import (
     MAX_RESUME_NESTING,
     Continuations,
@@ -262,10 +262,10 @@ _GLOBAL_HOOKS = (
 )
 
 
-def _wrapper_runner(v: Value, rest: Continuations) -> distributed.CompiledForward | None:
+def _wrapper_runner(v: Value, rest: Continuations) -> parallel_modules.CompiledForward | None:
     """The call of a DDP or FSDP2 module ``v`` with its wrapped forward compiled, or None."""
     m = v.obj if isinstance(v, ObjectValue) else None
-    return distributed.native_call(m, rest.wrap_callable) if m is not None else None
+    return parallel_modules.native_call(m, rest.wrap_callable) if m is not None else None
 
 
 def _plain_forward(v: Value) -> types.FunctionType | None:

@@ -1,0 +1,130 @@
+"""DDP and FSDP2 modules met while capturing: their own Python runs, the model under it compiles.
+
+A ``DistributedDataParallel`` module's forward is the runtime's own Python (its reducer's
+bucket bookkeeping, logging, ``_DDPSink``, the autograd hooks it relies on), and so are
+FSDP2's forward pre- and post-hooks on a ``fully_shard``-ed module (unshard before, reshard
+and backward hooks after). torch.compile skips them and compiles the model underneath.
+Capture does the same: calling such a module is a ``distributed_module`` break
+(``calls.call_module``), and the split runs the call in Python through
+:class:`CompiledForward`, which makes the wrapped module's ``forward`` (DDP's ``.module``, or
+the FSDP2 module's own) the compiled one for the length of the call. DDP's gradient hooks fire
+on the compiled backward's gradients and all-reduce them as in eager; FSDP2's all-gathers and
+reshards run around the compiled forward. A frame that is nothing but the call
+(``kiln.compile(DDP(model))``) records no break: it hands over to the model's compiled
+forward, as torch.compile's skipped frame does.
+
+A DDP module is guarded by identity alone (:func:`runs_own_python`): its forward writes its
+own attributes on every call, which, watched as a module tree, would make every module
+tree's guards run again on every call; nothing traced reads them.
+
+This is a leaf module (``wrap.py`` asks it): the wrapper classes are looked up in
+``sys.modules``, since a program holding such a module has imported them.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["CompiledForward", "native_call", "runs_own_python", "wrapped_module"]
+
+# generators and coroutines: their call does not run their body
+_GENERATOR_LIKE = (
+    inspect.CO_GENERATOR
+    | inspect.CO_COROUTINE
+    | inspect.CO_ITERABLE_COROUTINE
+    | inspect.CO_ASYNC_GENERATOR
+)
+_DDP = ("torch.nn.parallel.distributed", "DistributedDataParallel")
+
+
+def _class(where: tuple[str, str]) -> type | None:
+    cls = getattr(sys.modules.get(where[0]), where[1], None)
+    return cls if isinstance(cls, type) else None
+
+
+def runs_own_python(m: object) -> bool:
+    """Whether ``m`` is a DDP module: its own forward runs, around its ``.module``'s."""
+    cls = _class(_DDP)
+    return cls is not None and isinstance(m, cls)
+
+
+def wrapped_module(m: object) -> torch.nn.Module | None:
+    """The module whose ``forward`` is compiled when ``m`` is called, if ``m`` is a DDP
+    module (its ``.module``) or an FSDP2 module (itself, under its hooks); else None."""
+    inner: object = None
+    if runs_own_python(m):
+        inner = getattr(m, "module", None)
+    else:
+        fsdp = _class(("torch.distributed.fsdp", "FSDPModule"))
+        inner = m if fsdp is not None and isinstance(m, fsdp) else None
+    return inner if isinstance(inner, torch.nn.Module) else None
+
+
+class CompiledForward:
+    """Calls a DDP or FSDP2 module as eager does, with its wrapped module's forward compiled.
+
+    The call goes through the module's own ``__call__`` (DDP's forward and bookkeeping, the
+    FSDP2 hooks, any other hooks); for its length the wrapped module's instance ``forward``
+    is the compiled function, which ``nn.Module`` calls in place of the class's. A wrapped
+    module of another class or with a ``forward`` of its own runs uncompiled.
+    """
+
+    def __init__(
+        self, forward: types.FunctionType | None, compiled: Callable[..., Any] | None
+    ) -> None:
+        self.forward = forward
+        self.compiled = compiled
+
+    def __call__(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        inner = wrapped_module(module)
+        if (
+            inner is None
+            or self.forward is None
+            or self.compiled is None
+            or inspect.getattr_static(type(inner), "forward", None) is not self.forward
+            or "forward" in vars(inner)
+        ):
+            return module(*args, **kwargs)
+        # Written with dict's own methods, past any subclass: kiln.guards watches module
+        # dicts to see changes, and this one, undone before the call returns and read by
+        # nothing but nn.Module's call, would make every module tree's guards run again on
+        # every call. The dict is read again after the call: watching a module replaces it.
+        bound = types.MethodType(self.compiled, inner)
+        dict.__setitem__(vars(inner), "forward", bound)
+        try:
+            return module(*args, **kwargs)
+        finally:
+            state = vars(inner)
+            if state.get("forward") is bound:
+                dict.__delitem__(state, "forward")
+
+    def __repr__(self) -> str:
+        name = getattr(self.forward, "__qualname__", None)
+        return f"<kiln: wrapper module call, compiled {name or 'nothing'}>"
+
+
+def native_call(
+    m: object, wrap_callable: Callable[[Callable[..., Any]], Callable[..., Any]]
+) -> CompiledForward | None:
+    """What a split calls in place of the wrapper module ``m`` (None: not a wrapper).
+
+    The wrapped module's forward, a plain Python function, is compiled on its own through
+    ``wrap_callable``, as a callee that breaks is.
+    """
+    inner = wrapped_module(m)
+    if inner is None:
+        return None
+    forward = inspect.getattr_static(type(inner), "forward", None)
+    if (
+        not isinstance(forward, types.FunctionType)
+        or forward.__code__.co_flags & _GENERATOR_LIKE
+        or "forward" in vars(inner)
+    ):
+        return CompiledForward(None, None)
+    return CompiledForward(forward, wrap_callable(forward))
