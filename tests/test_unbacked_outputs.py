@@ -214,3 +214,25 @@ def test_options_off_break_at_item() -> None:
     for (x,) in _vectors():
         _same(compiled(x), returns_float(x))
     assert counters.snapshot()["graph_breaks"] == {"data_dependent_value": 1}
+
+
+class Tracking(torch.nn.Module):
+    """Keeps statistics of its last batch as Python numbers (a side effect the frame replays)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.total = x.sum().item()
+        self.positive = int((x > 0).sum())
+        return x * 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_stored_on_module(backend: str) -> None:
+    m = Tracking()
+    compiled = kiln.compile(m, backend=backend, options=ON)
+    for (x,) in _vectors():
+        _same(compiled(x), x * 2)
+        assert m.total == pytest.approx(x.sum().item(), rel=1e-5)
+        assert m.positive == int((x > 0).sum()) and type(m.positive) is int
+    snap = counters.snapshot()
+    assert snap.get("graph_breaks", {}) == {}, snap
+    assert snap["stats"]["graphs_compiled"] == 1 and kiln.stats().recompiles == 0, snap
