@@ -10,6 +10,7 @@ reloads values from them in emitted bytecode, and error messages print them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 __all__ = [
@@ -106,6 +107,10 @@ class AttrSource(Source):
     name: str
 
     def __str__(self) -> str:
+        return self._text
+
+    @functools.cached_property
+    def _text(self) -> str:  # guards print a chain's prefixes many times: once each
         return f"{self.base}.{self.name}"
 
     def resolve(
@@ -122,6 +127,10 @@ class ItemSource(Source):
     index: Any
 
     def __str__(self) -> str:
+        return self._text
+
+    @functools.cached_property
+    def _text(self) -> str:  # guards print a chain's prefixes many times: once each
         return f"{self.base}[{self.index!r}]"
 
     def resolve(
