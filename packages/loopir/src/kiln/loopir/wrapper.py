@@ -386,6 +386,13 @@ class _Later:
             test = unbacked.assert_source(found.expr, _PRINTER)
             self.w.line(f"if not ({test}): raise RuntimeError({found.message!r})")
 
+    def need(self, names: Sequence[str]) -> None:
+        """Raise ``StaticShapesOnly`` unless every symbol named is bound by now (a value
+        computed from data that no extern result shows as a whole dimension is never bound)."""
+        if names and not set(names) <= {s.name for s in self.bound}:
+            msg = f"sizes {', '.join(names)} used before the wrapper can bind them"
+            raise StaticShapesOnly(msg)
+
     def finish(self) -> None:
         missing = sorted(s.name for s in set(self.waiting) - self.bound)
         if missing or self.asserts:
@@ -449,6 +456,7 @@ def _emit_step(w: _Writer, step: Step, later: _Later) -> None:
     if isinstance(step, KernelStep):
         w.globals[step.code.name] = step.code.fn
         w.line(f"# {step.group.describe()}  [{', '.join(step.group.origins())}]")
+        later.need(step.code.size_args)
         operands = ", ".join([*step.group.args, *step.code.size_args])
         w.line(f"{step.code.name}({operands}){_LAUNCH}{_range_name(step)}")
     elif isinstance(step, ExternStep):
@@ -457,6 +465,10 @@ def _emit_step(w: _Writer, step: Step, later: _Later) -> None:
         args = [w.expr(a) for a in buf.args]
         args += [f"{k}={w.expr(v)}" for k, v in buf.kwargs.items()]
         note = "fallback" if buf.fallback else "extern"
+        leaves = [
+            a for a in pytree.tree_leaves((buf.args, buf.kwargs)) if isinstance(a, sympy.Basic)
+        ]
+        later.need([s.name for s in symbolic.size_symbols(leaves)])
         call = f"{op}({', '.join(args)})"
         if buf.multi_output:
             w.line(f"{buf.name} = {call}  # {note} {buf.op}")
