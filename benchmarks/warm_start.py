@@ -16,6 +16,7 @@ against the core count. Writes ``warm_start.csv`` and ``warm_start.md`` under ``
 each pair; the table marks a model ``yes`` when Kiln's warm first call is at most 15% of its
 cold one and at most torch.compile's warm one. ``--budget`` stops starting pairs after that
 many seconds, and gives a child started late only what is left of it and a minute.
+``--merge A.csv B.csv --out DIR`` makes one table of shards (``--shard i/n``).
 """
 
 from __future__ import annotations
@@ -163,11 +164,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--shard", help="i/n: every n-th model starting at the i-th")
     p.add_argument("--cache-root", type=Path, help="where the fresh cache folders go")
     p.add_argument("--out", type=Path, default=Path("bench-results/warm-start"))
+    p.add_argument("--merge", nargs="+", type=Path, help="shards' warm_start.csv: one table")
     return p.parse_args(argv)
+
+
+def _merge(paths: list[Path], out: Path) -> int:
+    """One table from the ``warm_start.csv`` of several shards (a later row wins)."""
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for path in paths:
+        with path.open() as f:
+            for row in csv.DictReader(f):
+                parsed = {
+                    k: v if k in ("model", "column", "reason") else float(v) if v else None
+                    for k, v in row.items()
+                }
+                rows[(row["model"], row["column"])] = {
+                    k: v for k, v in parsed.items() if v is not None and v != ""
+                }
+    _write(out, list(rows.values()))
+    print(table(list(rows.values())))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.merge:
+        return _merge(args.merge, args.out)
     args.preset = args.preset or ("gpu" if args.device == "cuda" else "cpu")
     names = [s.name for s in models.select(args.models or None)]
     if args.shard:
