@@ -93,7 +93,7 @@ elif [[ "$WHAT" == micro ]]; then
     exec "$PY" benchmarks/gpu_micro.py "$@"
 elif [[ "$WHAT" == warm ]]; then  # cold and warm first calls, Kiln beside torch.compile
     exec "$PY" -m benchmarks.warm_start --device cuda --jobs "${JOBS:-4}" \
-        --budget "${BUDGET:-450}" --out "$OUT/warm-start" "$@"
+        --budget "${BUDGET:-420}" --out "$OUT/warm-start" "$@"
 elif [[ "$WHAT" == quick ]]; then
     select=(--models $QUICK --no-warm)
     name=quick
