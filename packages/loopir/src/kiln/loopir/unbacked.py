@@ -85,9 +85,11 @@ def _define(sym: sympy.Symbol, binding: symbolic.SizeBinding) -> None:
     graph.unbacked.defined_by[sym] = binding.name
 
 
-def read_scalar(x: Any, val: torch.SymInt | torch.SymFloat) -> sympy.Expr:
+def read_scalar(x: Any, val: torch.SymInt | torch.SymFloat | torch.SymBool) -> sympy.Expr:
     """``aten._local_scalar_dense(x)`` (``t.item()``): an extern call whose result the
     wrapper binds to the value's unbacked symbol."""
+    if isinstance(val, torch.SymBool):  # a relation over its symbol (Eq(u0, 1)), no size
+        raise StaticShapesOnly(f"item() of a bool tensor {x}")
     expr = V.graph.note_symbols(val)
     if not isinstance(x, TensorBox) or not (
         isinstance(expr, sympy.Symbol) and symbolic.is_unbacked(expr)
