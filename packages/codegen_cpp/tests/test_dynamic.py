@@ -115,3 +115,42 @@ def test_size_no_tensor_carries_is_a_size_argument():
 def test_symbol_no_one_can_pass_is_reported():
     with pytest.raises(CodegenCppError, match="q9"):
         KernelWriter(_with_numel_times(sympy.Symbol("q9", integer=True, positive=True)), "k", 16)
+
+
+S2 = sympy.Symbol("s2", integer=True, positive=True)
+
+
+def _channel_scale_group():
+    """``x[n, c, h, w] * scale[c]`` over symbolic n, h, w: the channel digit of the flat
+    index has a symbolic divisor (h*w)."""
+    x, scale = _input("x", (S0, sympy.Integer(3), S1, S2)), _input("scale", (sympy.Integer(3),))
+    lx, ls = x.make_loader(), scale.make_loader()
+    size = (S0, sympy.Integer(3), S1, S2)
+    out = ComputedBuffer(
+        "buf0",
+        contiguous_layout(CPU, F32, size),
+        Pointwise(CPU, F32, size, "mul", lambda i: ops.mul(lx(i), ls([i[1]]))),
+    )
+    layouts = {"x": x.layout, "scale": scale.layout, "buf0": out.layout}
+    node = KernelNode(out, "x", sympy.S.One)
+    numel = S0 * 3 * S1 * S2
+    return KernelGroup(
+        "dyn_scale", CPU, numel, sympy.S.One, (node,), layouts, ("x", "scale"), ("buf0",)
+    )
+
+
+def test_symbolic_rows_read_a_channel_once_per_row():
+    """Rows of a symbolic length: the channel's scale is read once per row (not gathered
+    per lane), and the kernel is right for sizes whose rows are shorter than a vector."""
+    group = _channel_scale_group()
+    text = KernelWriter(group, "k", 8).generate()
+    assert "xrow" in text and "xcol" in text
+    assert "from_lanes" not in text and "gather" not in text
+    backend = CppBackend()
+    fn = backend.codegen_kernel(group).fn
+    backend.finalize()
+    for shape in [(2, 3, 5, 7), (1, 3, 1, 1), (3, 3, 4, 16), (2, 3, 9, 3)]:
+        x, scale = torch.randn(shape), torch.randn(3)
+        out = torch.empty(shape)
+        fn(x, scale, out)
+        torch.testing.assert_close(out, x * scale.view(1, 3, 1, 1))

@@ -31,6 +31,7 @@ from kiln.codegen_cpp.reductions import Accumulator
 from kiln.codegen_cpp.row_cache import ROW_CACHE_BYTES, RowCache
 from kiln.codegen_cpp.segments import Segment
 from kiln.codegen_cpp.size_args import float_args, size_bindings
+from kiln.codegen_cpp.symbolic_rows import split_index
 from kiln.loopir import sizes
 from kiln.loopir.kernel import RINDEX, XINDEX, KernelGroup, KernelNode
 from kiln.loopir.virtualized import set_ops_handler
@@ -131,6 +132,8 @@ class KernelWriter:
         self.float_args = float_args(self.size_args, group)
         # Extents of loop symbols that replace xindex (2-D pointwise loops), for simplification.
         self.index_ranges: dict[sympy.Symbol, int] = {}
+        # (period, row, column, numel) of rows of a symbolic length (see symbolic_rows)
+        self.index_split: tuple[sympy.Expr, sympy.Symbol, sympy.Symbol, sympy.Expr] | None = None
         self.vectorized = False
         self.vec_var: sympy.Symbol = XINDEX
         self.used_vector = False
@@ -253,6 +256,8 @@ class KernelWriter:
         simplifier rejoins them itself)."""
         if self.index_ranges:
             return sizes.simplify_with_ranges(sympy.expand(index), self.index_ranges)
+        if self.index_split is not None:
+            return split_index(index, *self.index_split)
         return sizes.merge_digits(index)
 
     def _fresh(self) -> int:

@@ -22,6 +22,7 @@ from kiln.codegen_cpp.printer import cpp_index
 from kiln.codegen_cpp.reductions import Accumulator
 from kiln.codegen_cpp.row_cache import drop_unused
 from kiln.codegen_cpp.segments import Segment, load_indices, split_segments
+from kiln.codegen_cpp.symbolic_rows import quotient, split_index, symbolic_periods
 from kiln.loopir import sizes
 from kiln.loopir.kernel import RINDEX, XINDEX
 from kiln.loopir.sizes import FloorDiv, ModularIndexing
@@ -127,6 +128,11 @@ class LoopNests:
 
     def _pointwise(self) -> list[str]:
         w = self.w
+        if w.numel.static is None:
+            symbolic = self._symbolic_period()
+            found = None if symbolic is None else self._symbolic_rows(symbolic)
+            if found is not None:
+                return found
         period = self._row_period()
         if period is not None:
             rows = self._pointwise_rows(period)
@@ -200,6 +206,42 @@ class LoopNests:
         if scalar is not None:
             inner += [*scalar.hoisted, *loop(_COL.name, end, period, 1, scalar.lines)]
         return [*self._parallel(w.numel), *loop(_ROW.name, 0, rows, 1, inner)]
+
+    def _symbolic_period(self) -> sympy.Expr | None:
+        """The longest symbolic row length along which every load is contiguous or
+        broadcast (a channel's plane), else the shortest, which every other is a
+        multiple of (an image row: a pooling window's gathers stay within it)."""
+        w = self.w
+        indices = [i for n in w.group.nodes for i in load_indices(n)]
+        periods = symbolic_periods(w.group.numel, indices)
+        for c in periods:
+            split = (split_index(i, c, _ROW, _COL, w.group.numel) for i in indices)
+            if all(_unit_or_broadcast(i, _COL, w.lanes) for i in split):
+                return c
+        if periods and all(quotient(c, periods[-1]) is not None for c in periods):
+            return periods[-1]
+        return None
+
+    def _symbolic_rows(self, period: sympy.Expr) -> list[str] | None:
+        """Rows of ``period`` elements (a symbolic size, see ``symbolic_rows``), each a
+        vectorized loop over its columns with a scalar tail."""
+        w = self.w
+        rows = quotient(w.group.numel, period)
+        assert rows is not None
+        columns = Extent(period)
+        w.index_split = (period, _ROW, _COL, w.group.numel)
+        try:
+            run = functools.partial(w.run_nodes, w.group.nodes, XINDEX)
+            vec = w.vector_pass(run, columns, _COL)
+            if vec is None:
+                return None
+            scalar = w.scalar_pass(run, _COL.name)
+        finally:
+            w.index_split = None
+        end = columns.round_down(w.lanes)
+        inner = [*vec.hoisted, *loop(_COL.name, 0, end, w.lanes, vec.lines)]
+        inner += [*scalar.hoisted, *loop(_COL.name, end, columns, 1, scalar.lines)]
+        return [*self._parallel(None), *loop(_ROW.name, 0, Extent(rows), 1, inner)]
 
     # -- reductions -------------------------------------------------------------------
     def _reduction(self) -> list[str]:
