@@ -277,6 +277,28 @@ def test_fsdp2_hooks_run_around_compiled_forwards(per_block: bool) -> None:
     assert s.graphs_compiled == (4 if per_block else 1)
 
 
+def test_fsdp1_runs_its_own_python_around_the_compiled_module() -> None:
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    torch.manual_seed(0)
+    model = Net()
+    ref_model = copy.deepcopy(model)
+    with pytest.warns(UserWarning, match="NO_SHARD"):  # (one rank: nothing to shard)
+        wrapped, ref = FSDP(model, device_id="cpu"), FSDP(ref_model, device_id="cpu")
+    compiled = kiln.compile(wrapped, backend="aot_eager")
+    for _ in range(3):
+        x = torch.randn(5, 8)
+        losses = [f(x).pow(2).mean() for f in (compiled, ref)]
+        for loss in losses:
+            loss.backward()
+        torch.testing.assert_close(losses[0], losses[1])
+        for p, q in zip(wrapped.parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad)
+            p.grad = q.grad = None
+    s = _stats()
+    assert (s.graphs_compiled, s.graph_breaks, s.eager_fallbacks) == (1, 0, 0)
+
+
 _TWO_RANKS = """
 import copy, sys
 import torch, torch.distributed as dist, torch.multiprocessing as mp

@@ -1,21 +1,22 @@
-"""DDP and FSDP2 modules met while capturing: their own Python runs, the model under it compiles.
+"""DDP and FSDP modules met while capturing: their own Python runs, the model under it compiles.
 
 A ``DistributedDataParallel`` module's forward is the runtime's own Python (its reducer's
-bucket bookkeeping, logging, ``_DDPSink``, the autograd hooks it relies on), and so are
+bucket bookkeeping, logging, ``_DDPSink``, the autograd hooks it relies on), as is FSDP's
+(``FullyShardedDataParallel``: unshard, reshard, its flat parameters' views), and so are
 FSDP2's forward pre- and post-hooks on a ``fully_shard``-ed module (unshard before, reshard
 and backward hooks after). torch.compile skips them and compiles the model underneath.
 Capture does the same: calling such a module is a ``distributed_module`` break
 (``calls.call_module``), and the split runs the call in Python through
-:class:`CompiledForward`, which makes the wrapped module's ``forward`` (DDP's ``.module``, or
-the FSDP2 module's own) the compiled one for the length of the call. DDP's gradient hooks fire
-on the compiled backward's gradients and all-reduce them as in eager; FSDP2's all-gathers and
-reshards run around the compiled forward. A frame that is nothing but the call
-(``kiln.compile(DDP(model))``) records no break: it hands over to the model's compiled
-forward, as torch.compile's skipped frame does.
+:class:`CompiledForward`, which makes the wrapped module's ``forward`` (DDP's ``.module``,
+FSDP's ``_fsdp_wrapped_module``, or the FSDP2 module's own) the compiled one for the length
+of the call. DDP's gradient hooks fire on the compiled backward's gradients and all-reduce
+them as in eager; FSDP's all-gathers and reshards run around the compiled forward. A frame
+that is nothing but the call (``kiln.compile(DDP(model))``) records no break: it hands over
+to the model's compiled forward, as torch.compile's skipped frame does.
 
-A DDP module is guarded by identity alone (:func:`runs_own_python`): its forward writes its
-own attributes on every call, which, watched as a module tree, would make every module
-tree's guards run again on every call; nothing traced reads them.
+A DDP or FSDP module is guarded by identity alone (:func:`runs_own_python`): its forward
+writes its own attributes on every call, which, watched as a module tree, would make every
+module tree's guards run again on every call; nothing traced reads them.
 
 This is a leaf module (``wrap.py`` asks it): the wrapper classes are looked up in
 ``sys.modules``, since a program holding such a module has imported them.
@@ -41,6 +42,8 @@ _GENERATOR_LIKE = (
     | inspect.CO_ASYNC_GENERATOR
 )
 _DDP = ("torch.nn.parallel.distributed", "DistributedDataParallel")
+_FSDP1 = ("torch.distributed.fsdp", "FullyShardedDataParallel")
+_FSDP2 = ("torch.distributed.fsdp", "FSDPModule")
 
 
 def _class(where: tuple[str, str]) -> type | None:
@@ -48,21 +51,28 @@ def _class(where: tuple[str, str]) -> type | None:
     return cls if isinstance(cls, type) else None
 
 
-def runs_own_python(m: object) -> bool:
-    """Whether ``m`` is a DDP module: its own forward runs, around its ``.module``'s."""
-    cls = _class(_DDP)
+def _is_instance(m: object, where: tuple[str, str]) -> bool:
+    cls = _class(where)
     return cls is not None and isinstance(m, cls)
+
+
+def runs_own_python(m: object) -> bool:
+    """Whether ``m`` is a DDP or FSDP (1) module: its own forward runs, around its wrapped
+    module's."""
+    return _is_instance(m, _DDP) or _is_instance(m, _FSDP1)
 
 
 def wrapped_module(m: object) -> torch.nn.Module | None:
     """The module whose ``forward`` is compiled when ``m`` is called, if ``m`` is a DDP
-    module (its ``.module``) or an FSDP2 module (itself, under its hooks); else None."""
+    module (its ``.module``), an FSDP (1) one (its ``_fsdp_wrapped_module``) or an FSDP2
+    module (itself, under its hooks); else None."""
     inner: object = None
-    if runs_own_python(m):
+    if _is_instance(m, _DDP):
         inner = getattr(m, "module", None)
-    else:
-        fsdp = _class(("torch.distributed.fsdp", "FSDPModule"))
-        inner = m if fsdp is not None and isinstance(m, fsdp) else None
+    elif _is_instance(m, _FSDP1):
+        inner = getattr(m, "_fsdp_wrapped_module", None)
+    elif _is_instance(m, _FSDP2):
+        inner = m
     return inner if isinstance(inner, torch.nn.Module) else None
 
 
