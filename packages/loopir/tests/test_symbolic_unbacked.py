@@ -154,3 +154,16 @@ def test_symbolic_float_computed_from_an_item_waits_for_it(wrappers: list[Any]) 
     read = next(i for i, line in enumerate(lines) if re.match(r"\s+u\d+ = buf\d+$", line))
     computed = next(i for i, line in enumerate(lines) if re.search(r"= \(u\d+ \* 2", line))
     assert read < computed
+
+
+def _cat_picked(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return torch.cat([x[mask], x[~mask] * 2, x[:2]])
+
+
+def test_symbolic_cat_of_pieces_the_data_may_empty() -> None:
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(7, generator=g)
+    masks = [torch.rand(7, generator=g) < f for f in (0.5, 0.0, 1.0)]
+    program = _compiled(_cat_picked, (x, masks[0]))
+    for mask in masks:
+        _same(program(x, mask), (_cat_picked(x, mask),))

@@ -63,10 +63,13 @@ def _bind(load: Any, index: list[sympy.Expr]) -> Callable[[], Any]:
 
 def _cat_length(n: sympy.Expr) -> Any:
     """An input's length along the ``cat`` dim: an int, or a symbolic size that is never 0
-    (an empty piece is dropped, so whether it is must not depend on the call)."""
+    (an empty piece is dropped, so whether it is must not depend on the call), or one
+    computed from data (``x[mask]``), kept whatever its length: an empty piece's masked loads
+    never run, and its window copy is a loop of no iterations."""
     if not symbolic.is_symbolic(n):
         return sizes.evaluate_int(n)
-    if not symbolic.provably(sympy.Gt(n, 0)):
+    unbacked = any(symbolic.is_unbacked(s) for s in n.free_symbols)
+    if not unbacked and not symbolic.provably(sympy.Gt(n, 0)):
         raise StaticShapesOnly(f"cat input of length {n} may be empty")
     return n
 
