@@ -404,3 +404,23 @@ def test_state_is_keyed_by_metadata_and_constants_by_value():
     assert key() == first
     gm.c.add_(1)  # baked into the compiled code
     assert key() != first
+
+
+def test_the_cpu_toolchain_and_its_target_are_in_the_key(monkeypatch):
+    from torch import fx
+
+    from kiln import graph_cache
+
+    graph = fx.Graph()
+    graph.output(graph.call_function(torch.sin, (graph.placeholder("x"),)))
+    gm = fx.GraphModule(torch.nn.Module(), graph)
+
+    def device_part():
+        return graph_cache.graph_key(gm, [torch.randn(2)], {})[1]["device"]
+
+    first = device_part()
+    monkeypatch.setenv("KILN_CPP_MARCH", "x86-64-v2")
+    assert device_part() != first
+    monkeypatch.delenv("KILN_CPP_MARCH")
+    monkeypatch.setenv("CXX", "c++")  # another compiler, by path
+    assert device_part() != first
