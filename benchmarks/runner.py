@@ -33,7 +33,12 @@ from benchmarks.worker import Job, run_job
 __all__ = ["RunConfig", "finish_row", "run_suite"]
 
 ROOT = Path(__file__).resolve().parent.parent
-_CACHE_VARS = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "KILN_CACHE_DIR")
+_CACHE_VARS = (
+    "TORCHINDUCTOR_CACHE_DIR",
+    "TRITON_CACHE_DIR",
+    "KILN_CACHE_DIR",
+    "KILN_GRAPH_CACHE_DIR",
+)
 
 
 @dataclasses.dataclass

@@ -3,7 +3,8 @@ process reusing them, for Kiln and for torch.compile, side by side.
 
 ``python -m benchmarks.warm_start [--models ...] [--device cuda] [--jobs 4]``. For every model
 and column (``kiln``, ``torch_compile``) a fresh cache folder (``KILN_CACHE_DIR``,
-``TORCHINDUCTOR_CACHE_DIR``, ``TRITON_CACHE_DIR``) gets two child processes in turn
+``KILN_GRAPH_CACHE_DIR``, ``TORCHINDUCTOR_CACHE_DIR``, ``TRITON_CACHE_DIR``) gets two child
+processes in turn
 (``benchmarks.worker`` in its ``warm`` phase: build the model, run eager once, compile, time the
 first call and check it against eager): the first finds the folder empty (``cold_s``), the
 second finds what the first left there (``warm_s``). Imports and the eager run are not timed,
