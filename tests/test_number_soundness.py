@@ -134,3 +134,19 @@ def test_op_whose_kernel_reads_a_tensor_breaks_the_graph() -> None:
     stats = kiln.stats()
     assert stats.eager_fallbacks == 0
     assert stats.graph_break_kinds == {"data-dependent operator": 1}, stats  # one capture
+
+
+def _powers(x: torch.Tensor, s: float) -> tuple[Any, ...]:
+    return x * s**2, x + s**0.5, x / 2**s, s**2
+
+
+def test_float_powers_stay_symbolic() -> None:
+    # s ** 2 is Pow(s, 2.0): a float power the graph computes, not a value fixed by a guard
+    compiled = kiln.compile(_powers)
+    for s in (1.5, 2.5, 3.5, 0.75):
+        x = torch.randn(3)
+        expected, got = _powers(x, s), compiled(x, s)
+        for e, k in zip(expected[:3], got[:3], strict=True):
+            _same(e, k)
+        assert got[3] == pytest.approx(expected[3])
+    assert kiln.stats().recompiles == 1  # the second value makes s a symbol; no more after

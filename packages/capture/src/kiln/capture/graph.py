@@ -382,8 +382,10 @@ class OutputGraph:
         """The graph argument for a symbolic number: nodes computing it from the inputs'
         sizes; a plain number (with a guard) where it has no node form."""
         expr = expr_of(sym)
+        # a float (``s ** 2``, ``n / 3``) may divide and take any power; a size may not
+        build = self._materialize_output if isinstance(sym, torch.SymFloat) else self._materialize
         try:
-            return self._materialize(expr)
+            return build(expr)
         except CannotMaterialize:
             return specialize(sym)
 

@@ -125,4 +125,6 @@ class WithDivision(Materializer):
             return self._node(operator.truediv, (self(num), self(den)), expr)
         if isinstance(expr, sympy.Pow) and not expr.exp.is_Integer and expr.exp.is_Number:
             return self._node(operator.pow, (self(expr.base), float(expr.exp)), expr)
+        if isinstance(expr, sympy.Pow) and not expr.is_integer:  # ``2 ** s`` of a float s
+            return self._node(operator.pow, (self(expr.base), self(expr.exp)), expr)
         return super()._build(expr)
