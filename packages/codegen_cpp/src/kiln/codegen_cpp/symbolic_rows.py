@@ -14,6 +14,7 @@ which is still exact.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 
 import sympy
@@ -24,11 +25,15 @@ from kiln.loopir.sizes import FloorDiv, ModularIndexing, merge_digits
 __all__ = ["quotient", "same_size", "split_index", "symbolic_periods"]
 
 
+@functools.lru_cache(maxsize=4096)
 def quotient(numerator: sympy.Expr, divisor: sympy.Expr) -> sympy.Expr | None:
     """``numerator / divisor`` when it is a polynomial with integer coefficients (so the
-    division is exact for every value of the symbols), else None."""
+    division is exact for every value of the symbols), else None. Cached: a kernel asks
+    about the same few sizes for every load, and ``cancel`` is slow."""
     if divisor == 0:
         return None
+    if same_size(numerator, divisor):
+        return sympy.S.One
     q = sympy.cancel(sympy.expand(numerator) / sympy.expand(divisor))
     num, den = sympy.fraction(q)
     if den != 1:
@@ -63,6 +68,7 @@ def same_size(a: sympy.Expr, b: sympy.Expr) -> bool:
     return sympy.expand(a - b) == 0
 
 
+@functools.lru_cache(maxsize=16384)
 def split_index(
     index: sympy.Expr,
     period: sympy.Expr,
