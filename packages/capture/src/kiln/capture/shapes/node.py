@@ -26,6 +26,7 @@ from typing import Any
 import sympy
 import torch
 
+from kiln.capture import dynamo_free
 from kiln.capture.shapes.env import DataDependentGuard, Scalar, ShapeEnv
 from kiln.capture.shapes.exprs import FloorDiv, Mod, Trunc
 
@@ -437,13 +438,17 @@ def _guard_or_default() -> bool | None:
     return None
 
 
+#: the file of the stand-in that runs torch's kernels while TorchDynamo is not imported
+_SPARED = dynamo_free.__file__
+
+
 def _user_line() -> str:
     """``file:line`` of the innermost frame outside torch and this package: the user's code
     (or capture's trace of it) whose question added a guard."""
     frame = sys._getframe(2)
     while frame is not None:
         name = frame.f_code.co_filename
-        if "/torch/" not in name and "/kiln/capture/shapes/" not in name:
+        if "/torch/" not in name and "/kiln/capture/shapes/" not in name and name != _SPARED:
             return f"{name}:{frame.f_lineno}"
         frame = frame.f_back  # type: ignore[assignment]
     return ""
