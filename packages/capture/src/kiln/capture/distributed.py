@@ -152,5 +152,7 @@ if torch.distributed.is_available():
             HANDLERS[_fn] = _folded(_fn)
     for _name in _GROUP_METHODS:
         _fn = getattr(torch.distributed.ProcessGroup, _name, None)
+        # older torch's pybind methods are ``instancemethod`` objects, which do not hash
+        _fn = getattr(_fn, "__func__", _fn)
         if _fn is not None:
             HANDLERS[_fn] = _group_method(_fn)
