@@ -10,6 +10,7 @@ by the data. Each program runs against eager over calls whose values change.
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -150,3 +151,35 @@ def test_float_powers_stay_symbolic() -> None:
             _same(e, k)
         assert got[3] == pytest.approx(expected[3])
     assert kiln.stats().recompiles == 1  # the second value makes s a symbol; no more after
+
+
+def _signed_powers(x: torch.Tensor, s: float) -> torch.Tensor:
+    return x * s**2 + abs(s) - x / s**3
+
+
+def test_whole_powers_and_abs_of_a_negative_float() -> None:
+    # torch's SymFloat ** checks s >= 0 for any exponent; Python's s ** 2 is real for any s
+    compiled = kiln.compile(_signed_powers)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for s in (1.5, -2.5, 3.5, -0.75, 2.25):
+            x = torch.randn(3)
+            _same(_signed_powers(x, s), compiled(x, s))
+    assert kiln.stats().recompiles == 1
+
+
+def _item_then_break(x: torch.Tensor) -> torch.Tensor:
+    s = x.sum().item()
+    os.getpid()  # a graph break: s is handed to the continuation
+    return x * s**2 + abs(s)
+
+
+def test_number_from_data_powered_after_a_break() -> None:
+    compiled = kiln.compile(_item_then_break, options={"capture_scalar_outputs": True})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(5):
+            x = torch.randn(3)
+            _same(_item_then_break(x), compiled(x))
+    stats = kiln.stats()
+    assert stats.recompiles == 0 and stats.eager_fallbacks == 0, stats

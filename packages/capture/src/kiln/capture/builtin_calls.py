@@ -32,6 +32,7 @@ from kiln.capture import (
     numpy_calls,
     operators,
     side_effects,
+    symbolic_numbers,
     torch_calls,
 )
 from kiln.capture.breaks.reasons import raised, unsupported
@@ -379,6 +380,8 @@ def _abs(tr: Tracer, args: list[Value], kwargs: dict[str, Value]) -> Value:
         return torch_calls.call_function(tr, operator.abs, args, {})
     if isinstance(args[0], NdarrayValue):
         return numpy_calls.unary_op(tr, "abs", args[0])
+    if isinstance(args[0], SymValue) and not kwargs:  # ``abs(n)`` stays symbolic
+        return symbolic_numbers.number_value(operator.abs(args[0].sym))  # type: ignore[arg-type]
     return literals.fold(abs, args, kwargs)
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import operator
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from kiln.capture import dispatch
 from kiln.capture.breaks.reasons import raised
 from kiln.capture.values.base import ConstantValue, Value, is_constant
@@ -58,9 +60,22 @@ def _sym_op(tr: Tracer, sym: str, a: Value, b: Value) -> Value | None:
     else:  # ``is``, ``in``: identity of numbers is the plain value's
         return None
     try:
+        if sym in ("**", "**=") and _whole_power_of_float(left, right):
+            return number_value(torch.SymFloat(left.node.float_pow(left.node.wrap_float(right))))
         return number_value(fn(left, right))
     except Exception as e:
         raise raised(e) from e
+
+
+def _whole_power_of_float(base: Any, exponent: Any) -> bool:
+    """``s ** 2`` of a symbolic float: Python's result is real for any sign of ``s``, where
+    torch's ``SymFloat.__pow__`` checks ``s >= 0`` for every exponent (a negative ``s`` would
+    fail that check and run the frame eagerly)."""
+    return (
+        isinstance(base, torch.SymFloat)
+        and type(exponent) in (int, float)
+        and float(exponent).is_integer()
+    )
 
 
 @dispatch.TRUTH.register(SymValue)

@@ -71,6 +71,8 @@ _FLOAT_ARITHMETIC: dict[Any, str] = {
     operator.mul: "({} * {})",
     operator.truediv: "({} / {})",
     operator.neg: "(-{})",
+    operator.abs: "abs({})",
+    operator.pow: "({} ** {})",
     torch.sym_float: "float({})",
 }
 """Python arithmetic a graph may do on its number inputs, as the wrapper writes it: the same

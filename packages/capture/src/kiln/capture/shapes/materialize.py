@@ -95,6 +95,8 @@ class Materializer:
             return self._node(operator.mod, (self(a), self(b)), expr)
         if isinstance(expr, sympy.Pow) and expr.exp.is_Integer and int(expr.exp) >= 0:
             return self._node(operator.pow, (self(expr.base), int(expr.exp)), expr)
+        if isinstance(expr, sympy.Abs):
+            return self._node(operator.abs, (self(expr.args[0]),), expr)
         if isinstance(expr, (sympy.Max, sympy.Min)):
             fn = torch.sym_max if isinstance(expr, sympy.Max) else torch.sym_min
             return self._fold_minmax(fn, list(expr.args), expr)
@@ -123,8 +125,22 @@ class WithDivision(Materializer):
         num, den = sympy.fraction(expr)
         if den != 1 and not expr.is_integer:
             return self._node(operator.truediv, (self(num), self(den)), expr)
+        if isinstance(expr, sympy.Pow) and expr.exp.is_Number and not expr.is_integer:
+            whole = float(expr.exp)
+            if whole.is_integer() and 1 <= abs(whole) <= 4:
+                return self._whole_power(expr.base, int(whole), expr)
         if isinstance(expr, sympy.Pow) and not expr.exp.is_Integer and expr.exp.is_Number:
             return self._node(operator.pow, (self(expr.base), float(expr.exp)), expr)
         if isinstance(expr, sympy.Pow) and not expr.is_integer:  # ``2 ** s`` of a float s
             return self._node(operator.pow, (self(expr.base), self(expr.exp)), expr)
         return super()._build(expr)
+
+    def _whole_power(self, base: sympy.Expr, n: int, expr: sympy.Basic) -> Any:
+        """``s ** 2`` of a float as products (``1 / ...`` for a negative power): Python's
+        result for any sign of ``s``, where torch's ``SymFloat.__pow__`` checks ``s >= 0``
+        when a graph runs on symbolic values."""
+        factor = self(base)
+        acc = factor
+        for _ in range(abs(n) - 1):
+            acc = self._node(operator.mul, (acc, factor), expr)
+        return acc if n > 0 else self._node(operator.truediv, (1.0, acc), expr)
