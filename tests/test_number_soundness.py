@@ -183,3 +183,21 @@ def test_number_from_data_powered_after_a_break() -> None:
             _same(_item_then_break(x), compiled(x))
     stats = kiln.stats()
     assert stats.recompiles == 0 and stats.eager_fallbacks == 0, stats
+
+
+def _zero_an_expanded_view(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    v = y.unsqueeze(1).expand(-1, 3, -1)
+    os.getpid()  # a graph break: the continuation takes the expanded view as an input
+    v.zero_()  # eager fills a tensor whose elements repeat; copy_ would refuse to
+    return x * 2
+
+
+@pytest.mark.parametrize("backend", ["kiln", "aot_eager"])
+def test_expanded_input_written_in_place(backend: str) -> None:
+    compiled = kiln.compile(_zero_an_expanded_view, backend=backend)
+    for _ in range(3):
+        x, y = torch.randn(3), torch.randn(2, 4)
+        y2 = y.clone()
+        _same(_zero_an_expanded_view(x, y), compiled(x, y2))
+        _same(y, y2)
+    assert kiln.stats().eager_fallbacks == 0

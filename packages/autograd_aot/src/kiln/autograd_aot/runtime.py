@@ -419,6 +419,17 @@ def _rebuild_view(
     return primal.as_strided(spec.size, spec.stride, primal.storage_offset() + spec.offset)
 
 
+def _distinct_elements(dst: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``dst`` and ``value`` without ``dst``'s broadcast dims (stride 0, size > 1): an
+    expanded input (``y.expand(3, -1)`` made before a graph break, then ``zero_()``) holds each
+    element at several positions, which ``copy_`` refuses to write. Eager's in-place ops
+    that accept such a tensor write one value to all of them, the value at position 0."""
+    for d in range(dst.dim()):
+        if dst.stride(d) == 0 and dst.size(d) > 1:
+            dst, value = dst.narrow(d, 0, 1), value.narrow(d, 0, 1)
+    return dst, value
+
+
 def _write_back(
     primals: Sequence[torch.Tensor],
     mutated: Sequence[int],
@@ -431,18 +442,19 @@ def _write_back(
     or negative bit, which ``copy_`` writes through. Mutated inputs never share memory here
     (aliased ones are traced over their bases), so the order of the copies does not matter."""
     dsts, srcs = [], []
-    for i, value in zip(mutated, values, strict=True):
+    for i, new in zip(mutated, values, strict=True):
+        dst, value = _distinct_elements(primals[i], new)
         if i in rebased:  # its version was bumped before the call
             with torch.no_grad():
-                primals[i].data.copy_(value)
+                dst.data.copy_(value)
         elif value.requires_grad:  # keeps its history through the copy, as in eager
             with torch.enable_grad():
-                primals[i].copy_(value)
-        elif primals[i].is_conj() or primals[i].is_neg():
+                dst.copy_(value)
+        elif dst.is_conj() or dst.is_neg():
             with torch.no_grad():
-                primals[i].copy_(value)
+                dst.copy_(value)
         else:
-            dsts.append(primals[i])
+            dsts.append(dst)
             srcs.append(value)
     if dsts:
         with torch.no_grad():
