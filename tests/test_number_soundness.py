@@ -201,3 +201,21 @@ def test_expanded_input_written_in_place(backend: str) -> None:
         _same(_zero_an_expanded_view(x, y), compiled(x, y2))
         _same(y, y2)
     assert kiln.stats().eager_fallbacks == 0
+
+
+def _scale_by_any(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    return x * m.any().item()
+
+
+@pytest.mark.parametrize("backend", ["kiln", "aot_eager"])
+def test_bool_from_data_scales_a_tensor(backend: str) -> None:
+    compiled = kiln.compile(
+        _scale_by_any, backend=backend, options={"capture_scalar_outputs": True}
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for threshold in (0.0, 10.0, -10.0, 10.0):
+            x, m = torch.randn(4), torch.randn(4) > threshold
+            _same(_scale_by_any(x, m), compiled(x, m))
+    stats = kiln.stats()
+    assert stats.graph_breaks == 0 and stats.recompiles == 0, stats

@@ -90,6 +90,11 @@ def _reflexive(cls: type, hint_fn: ExprFn) -> Callable[[SymNode, SymNode], SymNo
         a = self.expr
         if a == other.expr and float in (self.pytype, other.pytype) and a.is_finite is not True:
             raise DataDependentGuard(cls(a, a, evaluate=False))
+        if cls in (sympy.Eq, sympy.Ne) and self.pytype is bool and other.expr in (0, 1):
+            # ``b == 1`` of a bool is ``b`` (a bool's ``item()`` is ``Eq(u0, 1)``, and a graph
+            # that compares it with 1 would nest relations sympy does not fold)
+            same = (other.expr == 1) == (cls is sympy.Eq)
+            return self if same else self.sym_not()
         return compare(self, other)
 
     return method
