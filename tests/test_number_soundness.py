@@ -219,3 +219,23 @@ def test_bool_from_data_scales_a_tensor(backend: str) -> None:
             _same(_scale_by_any(x, m), compiled(x, m))
     stats = kiln.stats()
     assert stats.graph_breaks == 0 and stats.recompiles == 0, stats
+
+
+def _distance(a: torch.Tensor, b: torch.Tensor, p: int) -> torch.Tensor:
+    return torch.dist(a, b, p)
+
+
+def test_int_argument_of_an_extern_op_changing_between_calls() -> None:
+    # p becomes a symbol, and the graph compiled for each value passes that value to ATen's
+    # dist as a Python int (it had passed sympy's Integer, which torch refuses)
+    compiled = kiln.compile(_distance)
+    for p in (2, 4, 3):
+        a, b = torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)
+        a2, b2 = a.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
+        expected, got = _distance(a, b, p), compiled(a2, b2, p)
+        _same(expected, got)
+        expected.backward()
+        got.backward()
+        assert a.grad is not None and a2.grad is not None
+        _same(a.grad, a2.grad)
+    assert kiln.stats().eager_fallbacks == 0

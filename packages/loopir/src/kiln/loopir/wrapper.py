@@ -236,14 +236,14 @@ class _Writer:
             return f"reinterpret({value.get_name()}, {size}, {stride}, {off})"
         if isinstance(value, Buffer):
             return value.get_name()
+        if isinstance(value, sympy.Expr) and value.is_Number:  # a number input's value
+            return repr(int(value) if value.is_Integer else float(value))
         if isinstance(value, sympy.Expr) and symbolic.is_symbolic(value):
             return _PRINTER.print(value)  # a size argument (a view's shape): this call's
         if isinstance(value, unbacked.Condition):  # a symbolic bool the graph returns
             return f"({unbacked.assert_source(value.expr, _PRINTER)})"
         if isinstance(value, (list, tuple)) and any(
-            isinstance(v, (Buffer, ReinterpretView))
-            or (isinstance(v, sympy.Expr) and symbolic.is_symbolic(v))
-            for v in pytree.tree_leaves(value)
+            isinstance(v, (Buffer, ReinterpretView, sympy.Expr)) for v in pytree.tree_leaves(value)
         ):
             inner = ", ".join(self.expr(v) for v in value)
             return f"[{inner}]" if isinstance(value, list) else f"({inner},)"
