@@ -158,6 +158,21 @@ def unbacked_graph(
     except StaticShapesOnly as e:
         log.info("graph with data-dependent sizes runs with ATen kernels: %s", e)
         return data_dependent_graph(gm, example_inputs)
+
+    def with_aten_kernels(e: StaticShapesOnly, args: Sequence[Any]) -> Callable[..., Any]:
+        log.info("graph with data-dependent sizes runs with ATen kernels: %s", e)
+        return data_dependent_graph(gm, args)
+
+    return _falling_back(compiled, with_aten_kernels)
+
+
+def _falling_back(
+    compiled: Callable[..., Any],
+    fallback: Callable[[StaticShapesOnly, Sequence[Any]], Callable[..., Any]],
+) -> Callable[..., Any]:
+    """``compiled``, until a call raises ``StaticShapesOnly`` (the backend compiling more on
+    a later call, such as the training program): that call and every later one run what
+    ``fallback`` builds from the exception and the call's arguments."""
     current = [compiled]
 
     def run(*args: Any) -> Any:
@@ -166,8 +181,7 @@ def unbacked_graph(
         except StaticShapesOnly as e:
             if current[0] is not compiled:
                 raise
-            log.info("graph with data-dependent sizes runs with ATen kernels: %s", e)
-            current[0] = data_dependent_graph(gm, args)
+            current[0] = fallback(e, args)
             return current[0](*args)
 
     return run
@@ -251,18 +265,9 @@ def symbolic_or_per_size(
         return _per_size_after(e, compile_static, gm, example_inputs, limit)
     if not has_symbolic_inputs(gm):
         return compiled
-    current = [compiled]
-
-    def run(*args: Any) -> Any:
-        try:
-            return current[0](*args)
-        except StaticShapesOnly as e:
-            if current[0] is not compiled:
-                raise
-            current[0] = _per_size_after(e, compile_static, gm, args, limit)
-            return current[0](*args)
-
-    return run
+    return _falling_back(
+        compiled, lambda e, args: _per_size_after(e, compile_static, gm, args, limit)
+    )
 
 
 def _per_size_after(
