@@ -40,19 +40,21 @@ def _wrapper_code() -> Any:
 
 
 class _DisabledOnceImported:
-    """``fn`` while TorchDynamo is not imported; torch's disabled ``fn`` once it is."""
+    """``fn`` while TorchDynamo is not imported. Once it is, this object takes itself off
+    ``fn`` and calls torch's own ``wrapper`` of ``fn``, which then builds and keeps its
+    disabled function as it always does: Kiln never calls into TorchDynamo itself."""
 
-    def __init__(self, fn: Callable[..., Any], recursive: bool) -> None:
+    def __init__(self, fn: Callable[..., Any], wrapper: Callable[..., Any]) -> None:
         self.fn = fn
-        self.recursive = recursive
+        self.wrapper = wrapper
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        dynamo = sys.modules.get("torch._dynamo")
-        if dynamo is None or not hasattr(dynamo, "disable"):
+        if "torch._dynamo" not in sys.modules:
             return self.fn(*args, **kwargs)
-        disabled = dynamo.disable(self.fn, self.recursive, wrapping=False)
-        setattr(self.fn, _ATTRIBUTE, disabled)
-        return disabled(*args, **kwargs)
+        if getattr(self.fn, _ATTRIBUTE, None) is self:
+            with contextlib.suppress(AttributeError):  # another thread took it off first
+                delattr(self.fn, _ATTRIBUTE)
+        return self.wrapper(*args, **kwargs)
 
 
 def _spare(start: Any, code: Any, seen: set[int]) -> int:
@@ -68,8 +70,7 @@ def _spare(start: Any, code: Any, seen: set[int]) -> int:
         cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True))
         if fn.__code__ is code and getattr(cells["fn"].cell_contents, _ATTRIBUTE, None) is None:
             inner = cells["fn"].cell_contents
-            recursive = bool(cells["recursive"].cell_contents) if "recursive" in cells else True
-            setattr(inner, _ATTRIBUTE, _DisabledOnceImported(inner, recursive))
+            setattr(inner, _ATTRIBUTE, _DisabledOnceImported(inner, fn))
             prepared += 1
         todo.append(getattr(fn, "__wrapped__", None))
         for cell in cells.values():
