@@ -229,8 +229,8 @@ def _dispatch_loss(x: torch.Tensor, w: torch.Tensor) -> Any:
 @pytest.mark.parametrize("program", [_dispatch_loss, _dispatch_program])
 def test_dispatch_wrapper_input_requiring_grad(backend: str, program: Any) -> None:
     """A wrapper input that requires grad: eager's gradients on the outer tensor and the
-    weight. With plain outputs the backward is compiled (traced from eager's autograd over
-    the wrappers); a wrapper output that requires grad (``y``) runs the graph as captured."""
+    weight. The backward is compiled (traced from eager's autograd over the wrappers), with a
+    wrapper output that requires grad (``y``) too: it has eager's ``grad_fn``."""
     compiled, graphs = _compile(program, backend)
     for _ in range(2):
         data, scale, w0 = torch.randn(6, 4), torch.rand(()) + 0.5, torch.randn(4, 3)
@@ -248,8 +248,40 @@ def test_dispatch_wrapper_input_requiring_grad(backend: str, program: Any) -> No
         torch.testing.assert_close(_value(x.grad), _value(ex.grad))
         torch.testing.assert_close(w.grad, ew.grad)
     assert len(graphs) == 1
-    compiled_backward = backend == "eager" or program is _dispatch_loss
-    assert _run_as_captured() == (0 if compiled_backward else 2)
+    assert _run_as_captured() == 0
+
+
+def _wrapper_output_program(c: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> Any:
+    return c.sin(), *_dispatch_program(x, w)  # an output eager does not differentiate first
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "kiln"])
+@pytest.mark.parametrize("use", ["outer", "wrapper_grad", "both"])
+def test_dispatch_wrapper_output_requiring_grad(backend: str, use: str) -> None:
+    """The wrapper output ``y`` requires grad over the wrapper input as in eager (a
+    ``grad_fn`` on the outer tensor, none on its inner ones) and is compiled: its gradient,
+    plain (``y`` used by an op outside) or a ``Scaled`` one, reaches ``x`` as eager's."""
+    compiled, graphs = _compile(_wrapper_output_program, backend)
+    for _ in range(2):
+        c, data, scale = torch.randn(5), torch.randn(6, 4), torch.rand(()) + 0.5
+        w0, v = torch.randn(2, 4, 3)
+        y_grad, grads = Scaled(torch.randn(6, 4), torch.rand(()) + 0.5), []
+        for f in (compiled, _wrapper_output_program):
+            x, w = Scaled(data, scale).requires_grad_(), w0.clone().requires_grad_()
+            sin, out, y = f(c, x, w)
+            assert not sin.requires_grad and out.requires_grad
+            assert type(y) is Scaled and y.grad_fn is not None and not y._data.requires_grad
+            if use == "wrapper_grad":
+                y.backward(y_grad)
+            else:
+                torch.autograd.backward([(y @ v).sum(), *([out.sum()] if use == "both" else [])])
+            grads.append((x.grad, w.grad))
+        (gx, gw), (ex, ew) = grads
+        assert type(gx) is type(ex) is (Scaled if use == "wrapper_grad" else torch.Tensor)
+        torch.testing.assert_close(_value(gx), _value(ex))
+        assert (gw is None) == (ew is None) and (ew is None or torch.allclose(gw, ew))
+    assert len(graphs) == 1
+    assert _run_as_captured() == 0
 
 
 def _value(t: torch.Tensor) -> torch.Tensor:

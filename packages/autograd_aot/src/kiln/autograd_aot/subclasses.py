@@ -13,11 +13,14 @@ One compiled program serves the calls whose flatten contexts and inner tensors' 
 those it was traced with; another is traced for others. In training the forward is that
 program and the backward is traced, on first use, from eager's own autograd over wrappers of
 the inner fakes (the graph run again with the inputs that need gradients as leaves, and
-``torch.autograd.grad`` of its plain outputs): the ATen ops of the outer tensors' backward,
-which differentiating the program over the inner tensors would not give. The plain outputs
-eager would not differentiate (found the same way) are marked so; an input the backward reads
-that was written in place since the forward makes it raise, as eager's saved tensors do. A
-wrapper output that requires grad runs the graph as captured, on the real objects.
+``torch.autograd.grad`` of its outputs): the ATen ops of the outer tensors' backward,
+which differentiating the program over the inner tensors would not give. As in AOTAutograd,
+the autograd function takes and returns the outer tensors (wrappers rebuilt inside it), so a
+wrapper output that requires grad has eager's ``grad_fn`` on the outer tensor and its inner
+tensors need none; its gradient, plain or a wrapper, is flattened into the backward (one
+traced per kind of gradient). The outputs eager would not differentiate (found the same way)
+are marked so; an input the backward reads that was written in place since the forward makes
+it raise, as eager's saved tensors do.
 """
 
 from __future__ import annotations
@@ -89,7 +92,7 @@ class _Rebuild:
 
     def __init__(self, out: Any) -> None:
         self.cls: type | None = None
-        self.count = 1
+        self.count, self.tensor = 1, isinstance(out, torch.Tensor)
         self.constant: Any = None
         if is_dispatch_wrapper(out):
             names, ctx, inner = _flatten(out)
@@ -117,16 +120,14 @@ class _Entry:
         compiled: Callable[..., Any],
         rebuilds: list[_Rebuild],
         spec: Any,
-        wrapper_deps: set[int],
         layout: list[tuple[Any, int]],
     ) -> None:
         self.compiled = compiled
         self.rebuilds = rebuilds
         self.spec = spec
-        self.wrapper_deps = wrapper_deps  # the flat inputs wrapper outputs are computed from
         self.layout = layout
-        self.backwards: dict[tuple[int, ...], Callable[..., Any]] = {}
-        self.diffs: dict[tuple[int, ...], tuple[bool, ...]] = {}  # per `wants`: plain outputs
+        self.backwards: list[tuple[Any, Any]] = []  # per `wants` and kinds of gradients
+        self.diffs: dict[tuple[int, ...], tuple[bool, ...]] = {}  # per `wants`: tensor outputs
 
     def run(self, flat: list[torch.Tensor]) -> Any:
         results = list(self.compiled(*flat))
@@ -165,9 +166,6 @@ class SubclassProgram:
             self.entries.append((key, entry))
         if not torch.is_grad_enabled() or not any(t.requires_grad for t in flat + _outer(args)):
             return entry.run(flat)
-        owners = [i for i, (_, n) in enumerate(entry.layout) for _ in range(n)]
-        if any(args[owners[i]].requires_grad for i in entry.wrapper_deps):
-            return self._as_captured(args)  # a wrapper output needs autograd over the outer one
         return _train(self, entry, args, flat)
 
     def _as_captured(self, args: Sequence[Any]) -> Any:
@@ -190,7 +188,7 @@ class SubclassProgram:
         log.debug("desugared wrapper subclass inputs:\n%s", graph.code)
         compiled = self.compile_flat(graph, flat)
         rebuilds = found["rebuilds"]
-        return _Entry(compiled, rebuilds, found["spec"], _wrapper_deps(graph, rebuilds), layout)
+        return _Entry(compiled, rebuilds, found["spec"], layout)
 
 
 def _layout(args: Sequence[Any]) -> list[tuple[Any, int]]:
@@ -232,11 +230,11 @@ def _train(
 ) -> Any:
     """Autograd over the outer tensors, as eager's: the compiled forward, and a backward traced
     from eager's own autograd over wrappers of the inner fakes (its forward recomputed)."""
-    plain = [i for i, r in enumerate(entry.rebuilds) if r.cls is None and r.count]
+    tensors = [i for i, r in enumerate(entry.rebuilds) if r.tensor]
     wants = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad)
     if wants not in entry.diffs:
         entry.diffs[wants] = _differentiable(program, entry, wants, flat)
-    leaves: list[Any] = []  # every output, filled by the forward; the plain ones replaced
+    leaves: list[Any] = []  # every output, filled by the forward; the tensors replaced
     fn_outs = _OuterFunction.apply(
         program,
         entry,
@@ -244,13 +242,13 @@ def _train(
         (list(args), leaves, entry.diffs[wants]),
         *[a for a in args if isinstance(a, torch.Tensor)],
     )
-    for i, o in zip(plain, fn_outs, strict=True):
+    for i, o in zip(tensors, fn_outs, strict=True):
         leaves[i] = o
     return pytree.tree_unflatten(leaves, entry.spec)
 
 
 class _OuterFunction(torch.autograd.Function):
-    """The plain outputs as functions of the graph's tensor inputs, wrappers included."""
+    """The tensor outputs as functions of the graph's tensor inputs, wrappers included."""
 
     @staticmethod
     def forward(ctx: Any, program: Any, entry: Any, wants: Any, given: Any, *tensors: Any) -> Any:
@@ -258,23 +256,31 @@ class _OuterFunction(torch.autograd.Function):
         ctx.program, ctx.entry, ctx.wants, ctx.args, ctx.diff = program, entry, wants, args, diff
         flat = _flat_inputs(args)[0]
         ctx.versions = [(t, t._version) for t in flat]  # what the forward read, as autograd saves
+        ctx.set_materialize_grads(False)  # an unused output adds nothing, as in eager
         outs = pytree.tree_leaves(entry.run(flat))
         leaves.extend(outs)
-        plain = [o for o, r in zip(outs, entry.rebuilds, strict=True) if r.cls is None and r.count]
-        results = tuple(o.detach() for o in plain)
+        results = tuple(
+            o if r.cls else o.detach()
+            for o, r in zip(outs, entry.rebuilds, strict=True)
+            if r.tensor
+        )
         ctx.mark_non_differentiable(*(o for o, d in zip(results, diff, strict=True) if not d))
         return results
 
     @staticmethod
-    def backward(ctx: Any, *grads: Any) -> Any:
+    def backward(ctx: Any, *grad_outputs: Any) -> Any:
         args, wants = ctx.args, ctx.wants
         flat = _flat_inputs(args)[0]
-        grads = tuple(g for g, d in zip(grads, ctx.diff, strict=True) if d)  # the backward's
-        bw = ctx.entry.backwards.get(wants)
+        given = [g for g, d in zip(grad_outputs, ctx.diff, strict=True) if d]  # the backward's
+        which = tuple(i for i, g in enumerate(given) if g is not None)
+        grads: list[torch.Tensor] = [given[i] for i in which]
+        if not grads:
+            return (None,) * (4 + sum(isinstance(a, torch.Tensor) for a in args))
+        key = (wants, which, tuple(_flat_inputs([g])[1] for g in grads))
+        bw = next((b for k, b in ctx.entry.backwards if _same(k, key)), None)
         if bw is None:
-            bw = ctx.entry.backwards[wants] = _trace_backward(
-                ctx.program, ctx.entry, wants, flat, list(grads)
-            )
+            bw = _trace_backward(ctx.program, ctx.entry, wants, which, flat, grads)
+            ctx.entry.backwards.append((key, bw))
         run, rebuilds, reads = bw
         for t, version in (ctx.versions[i] for i in reads):
             if t._version != version:
@@ -284,7 +290,7 @@ class _OuterFunction(torch.autograd.Function):
                     f"wrapper subclasses is at version {t._version}; expected version {version}"
                 )
                 raise RuntimeError(msg)
-        results = list(run(*flat, *grads))
+        results = list(run(*flat, *_flat_inputs(grads)[0]))
         out: list[Any] = [None] * len(args)
         at = 0
         for i, r in zip(wants, rebuilds, strict=True):
@@ -298,25 +304,30 @@ def _trace_backward(
     program: SubclassProgram,
     entry: _Entry,
     wants: tuple[int, ...],
+    which: tuple[int, ...],
     flat: list[torch.Tensor],
     grads: list[torch.Tensor],
 ) -> Any:
-    n = len(flat)
+    """The backward over the flat inputs and the flattened gradients of the ``which``
+    differentiable outputs (a wrapper gradient rebuilt around its inner tensors)."""
+    n, grad_layout, flat_grads = len(flat), _layout(grads), _flat_inputs(grads)[0]
     found: dict[str, Any] = {}
 
     def backward(*inner: torch.Tensor) -> list[torch.Tensor]:
         with torch.enable_grad():
-            sources, plain = _run_for_grad(program, entry, wants, inner[:n])
-            outs = [o for o, d in zip(plain, entry.diffs[wants], strict=True) if d]
-            got = torch.autograd.grad(outs, sources, list(inner[n:]), allow_unused=True)
+            sources, outs = _run_for_grad(program, entry, wants, inner[:n])
+            outs = [o for o, d in zip(outs, entry.diffs[wants], strict=True) if d]
+            outs = [outs[i] for i in which]
+            given = _rebuild_inputs(grad_layout, inner[n:])
+            got = torch.autograd.grad(outs, sources, given, allow_unused=True)
         rebuilds = [_Rebuild(g) for g in got]
         found["rebuilds"] = rebuilds
         return [t for r, g in zip(rebuilds, got, strict=True) for t in r.flat(g)]
 
-    graph = program.trace_flat(backward, [*flat, *grads])
+    graph = program.trace_flat(backward, [*flat, *flat_grads])
     log.debug("backward over wrapper subclass inputs:\n%s", graph.code)
     with torch.no_grad():
-        compiled = program.compile_flat(graph, [t.detach() for t in [*flat, *grads]])
+        compiled = program.compile_flat(graph, [t.detach() for t in [*flat, *flat_grads]])
     placeholders = [p for p in graph.graph.nodes if p.op == "placeholder"][:n]
     reads = [i for i, p in enumerate(placeholders) if p.users]  # the backward's saved inputs
     return compiled, found["rebuilds"], reads
@@ -326,49 +337,30 @@ def _run_for_grad(
     program: SubclassProgram, entry: _Entry, wants: tuple[int, ...], inner: Sequence[torch.Tensor]
 ) -> tuple[list[Any], list[torch.Tensor]]:
     """The graph run as eager would, ``wants`` inputs as leaves that require grad: those
-    leaves, and the plain outputs (carrying eager's ``requires_grad``)."""
+    leaves, and the tensor outputs (carrying eager's ``requires_grad``)."""
     rebuilt = _rebuild_inputs(entry.layout, inner)
     for i in wants:
         a = rebuilt[i]
         rebuilt[i] = a.requires_grad_() if is_dispatch_wrapper(a) else a.detach().requires_grad_()
     outs = pytree.tree_leaves(program.gm(*rebuilt))
-    plain = [o for o, r in zip(outs, entry.rebuilds, strict=True) if r.cls is None and r.count]
-    return [rebuilt[i] for i in wants], plain
+    tensors = [o for o, r in zip(outs, entry.rebuilds, strict=True) if r.tensor]
+    return [rebuilt[i] for i in wants], tensors
 
 
 def _differentiable(
     program: SubclassProgram, entry: _Entry, wants: tuple[int, ...], flat: list[torch.Tensor]
 ) -> tuple[bool, ...]:
-    """Which plain outputs eager's autograd would make require grad (traced over fakes)."""
+    """Which tensor outputs eager's autograd would make require grad (traced over fakes)."""
     found: dict[str, tuple[bool, ...]] = {}
 
     def probe(*inner: torch.Tensor) -> list[torch.Tensor]:
         with torch.enable_grad():
-            _, plain = _run_for_grad(program, entry, wants, inner)
-        found["diff"] = tuple(o.requires_grad for o in plain)
-        return [o.detach() for o in plain]
+            _, outs = _run_for_grad(program, entry, wants, inner)
+        found["diff"] = tuple(o.requires_grad for o in outs)
+        return _flat_inputs([o.detach() for o in outs])[0]
 
     program.trace_flat(probe, flat)
     return found["diff"]
-
-
-def _wrapper_deps(graph: fx.GraphModule, rebuilds: list[_Rebuild]) -> set[int]:
-    """The indices of the graph's inputs that its wrapper outputs' inner tensors read."""
-    outputs = list(graph.graph.output_node().args[0])  # type: ignore[arg-type]
-    todo: list[fx.Node] = []
-    at = 0
-    for r in rebuilds:
-        if r.cls is not None:
-            todo += [n for n in outputs[at : at + r.count] if isinstance(n, fx.Node)]
-        at += r.count
-    seen: set[fx.Node] = set()
-    while todo:
-        node = todo.pop()
-        if node not in seen:
-            seen.add(node)
-            todo.extend(node.all_input_nodes)
-    placeholders = [n for n in graph.graph.nodes if n.op == "placeholder"]
-    return {i for i, p in enumerate(placeholders) if p in seen}
 
 
 def _same(a: _Key, b: _Key) -> bool:
