@@ -229,7 +229,10 @@ def _compile_once(caplog, options=None, fn=_body, x=None, dynamic=None):
     w = torch.randn(4, 4, dtype=x.dtype)
     with caplog.at_level("INFO", logger="kiln.frontend.cache"):
         caplog.clear()
-        torch.testing.assert_close(compiled(x, w), fn(x, w))
+        got, expected = compiled(x, w), fn(x, w)
+        # under autocast the fused kernel rounds to bfloat16 once where eager rounds twice
+        loose = expected.dtype in (torch.bfloat16, torch.float16)
+        torch.testing.assert_close(got, expected, **({"atol": 0.1, "rtol": 0.02} if loose else {}))
     s = kiln.stats()
     return (s.graph_cache_hits, s.graph_cache_misses), caplog.text
 
