@@ -6,7 +6,7 @@ come with a size that changed since an earlier capture, the frame is captured ag
 dimension symbolic (automatic dynamic shapes). ``dynamic=True`` makes every input size
 symbolic from the first call (module parameters and buffers stay static); ``dynamic=False``
 never makes one symbolic. ``mark_dynamic``, ``maybe_mark_dynamic`` and ``mark_static`` mark a
-tensor's dimensions (the marks torch.compile's ``mark_dynamic`` leaves are honoured as well).
+tensor's dimensions (the marks TorchDynamo's ``mark_dynamic`` leaves are honoured as well).
 
 A backend that declares ``dynamic_shapes = True`` gets graphs with symbolic sizes and
 symbolic Python numbers as inputs, and serves every value their guards admit (``"sizes"``:

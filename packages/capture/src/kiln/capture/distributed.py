@@ -1,6 +1,6 @@
 """torch.distributed calls met while capturing: collectives and rank queries.
 
-Handled as torch.compile handles them (the DDP and FSDP2 modules are
+Handled as TorchDynamo handles them (the DDP and FSDP2 modules are
 :mod:`kiln.capture.parallel_modules`'):
 
 - **In-place collectives.** ``dist.all_reduce(t)``, ``all_gather_into_tensor``,

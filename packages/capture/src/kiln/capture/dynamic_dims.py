@@ -5,7 +5,7 @@ frontend sets it from ``kiln.compile(dynamic=...)`` and what earlier calls saw c
 tensor input's dimension is symbolic when the policy says every size is
 (``every_size``), when the frame's earlier captures saw that size change (``history``, by
 the input's source), or when the tensor carries a mark (:func:`mark_dynamic`, or the marks
-torch.compile's ``mark_dynamic`` leaves as tensor attributes, which are read). ``mark_static`` and
+TorchDynamo's ``mark_dynamic`` leaves as tensor attributes, which are read). ``mark_static`` and
 module state (parameters and buffers, whose sizes a model does not change between calls)
 keep sizes static unless a mark asks otherwise.
 """
@@ -152,7 +152,7 @@ def mark_dynamic(
     """Compile ``t``'s size at ``dim`` as a symbol from the first call, in ``[min, max]``.
 
     A call with a size outside the range compiles that size statically. A size of 0 or 1
-    is still specialized (as torch.compile's ``mark_dynamic`` does in its default mode).
+    is still specialized (as TorchDynamo's ``mark_dynamic`` does in its default mode).
     """
     for given in [dim] if isinstance(dim, int) else dim:
         d = _check_dim(t, given)
@@ -185,7 +185,7 @@ def mark_static(t: torch.Tensor, dim: int | list[int]) -> None:
 
 
 def _torch_marks(t: torch.Tensor) -> tuple[dict[int, DimRange], set[int]]:
-    """The dims torch.compile's marks (tensor attributes) make dynamic (with ranges) and static."""
+    """The dims TorchDynamo's marks (tensor attributes) make dynamic (with ranges) and static."""
     ranges: dict[int, DimRange] = {}
     for d in getattr(t, _TORCH_DYNAMIC, ()) or ():
         ranges[int(d)] = (None, None)

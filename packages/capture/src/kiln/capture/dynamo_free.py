@@ -1,7 +1,7 @@
 """Running torch's Python kernels without importing TorchDynamo.
 
 Many of torch's Python meta kernels, decompositions and references (``torch._refs``) are
-wrapped in ``torch._disable_dynamo``. That wrapper imports ``torch._dynamo`` on its first
+wrapped in torch's ``_disable_dynamo``. That wrapper imports TorchDynamo on its first
 call, to build the disabled function it then keeps on the wrapped function as its
 ``__dynamo_disable`` attribute; so is the ``__torch_dispatch__`` of every
 ``TorchDispatchMode`` subclass, Kiln's fake-tensor and tracing modes included. Capture and
@@ -10,9 +10,9 @@ TorchDynamo: seconds, most of a warm start served by the whole-graph cache, for 
 none of whose code runs.
 
 :func:`spare_dynamo_import` sets that attribute beforehand, on every such kernel of torch's
-tables and every dispatch mode's ``__torch_dispatch__``, to a :class:`_DisabledOnceImported`. While ``torch._dynamo`` is not imported, Dynamo
+tables and every dispatch mode's ``__torch_dispatch__``, to a :class:`_DisabledOnceImported`. While TorchDynamo is not imported, Dynamo
 cannot be tracing, so running the function with Dynamo disabled is running the function.
-Once it is imported (by ``torch.compile`` or anyone else), the next call builds torch's own
+Once it is imported (by PyTorch's compiler or anyone else), the next call builds torch's own
 disabled function and puts it in place of this object, so from then on the function is
 exactly what torch would have cached.
 """
@@ -109,7 +109,7 @@ def _tables(code: Any) -> int:
 
 def spare_dynamo_import() -> None:
     """Keep torch's kernels and the dispatch modes defined so far from importing
-    ``torch._dynamo`` (see the module docstring). The tables are walked once per process
+    TorchDynamo (see the module docstring). The tables are walked once per process
     (milliseconds), the modes on every call."""
     if "torch._dynamo" in sys.modules:
         return

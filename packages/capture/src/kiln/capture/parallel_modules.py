@@ -4,7 +4,7 @@ A ``DistributedDataParallel`` module's forward is the runtime's own Python (its 
 bucket bookkeeping, logging, ``_DDPSink``, the autograd hooks it relies on), as is FSDP's
 (``FullyShardedDataParallel``: unshard, reshard, its flat parameters' views), and so are
 FSDP2's forward pre- and post-hooks on a ``fully_shard``-ed module (unshard before, reshard
-and backward hooks after). torch.compile skips them and compiles the model underneath.
+and backward hooks after). TorchDynamo skips them and compiles the model underneath.
 Capture does the same: calling such a module is a ``distributed_module`` break
 (``calls.call_module``), and the split runs the call in Python through
 :class:`CompiledForward`, which makes the wrapped module's ``forward`` (DDP's ``.module``,
@@ -12,7 +12,7 @@ FSDP's ``_fsdp_wrapped_module``, or the FSDP2 module's own) the compiled one for
 of the call. DDP's gradient hooks fire on the compiled backward's gradients and all-reduce
 them as in eager; FSDP's all-gathers and reshards run around the compiled forward. A frame
 that is nothing but the call (``kiln.compile(DDP(model))``) records no break: it hands over
-to the model's compiled forward, as torch.compile's skipped frame does.
+to the model's compiled forward, as TorchDynamo's skipped frame does.
 
 A DDP or FSDP module is guarded by identity alone (:func:`runs_own_python`): its forward
 writes its own attributes on every call, which, watched as a module tree, would make every

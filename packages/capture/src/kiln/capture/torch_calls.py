@@ -342,7 +342,7 @@ def is_symbolic_value(v: Value) -> bool:
 
 
 def symbolic_check(tr: Tracer, fn: Any, cond: Value) -> Value:
-    """``torch._check(cond)`` over a symbolic number: assumed, as torch.compile does. Over
+    """``torch._check(cond)`` over a symbolic number: assumed, as TorchDynamo does. Over
     unbacked symbols it becomes a runtime assert (and narrows their ranges); over sizes a
     guard; a relation the trace shows false raises as eager does."""
     assert isinstance(cond, SymValue)

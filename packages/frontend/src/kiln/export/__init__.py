@@ -1,6 +1,6 @@
 """``kiln.export``: a whole program as one ATen graph, checked on every call, saved as one file.
 
-It mirrors ``torch.export``. :func:`export` captures one call of a module or function as a single
+It mirrors PyTorch's own export. :func:`export` captures one call of a module or function as a single
 graph (``kiln.capture.export``) and traces it to ATen with decompositions (autograd_aot), for
 inference or as the joint forward/backward. The :class:`ExportedProgram` holds the graph, the
 parameters and buffers it takes as named inputs, the pytree specs of the arguments and result,

@@ -130,7 +130,7 @@ REASONS: dict[str, BreakReason] = {
     "distributed_module": BreakReason(
         "a DistributedDataParallel or FSDP2 (fully_shard) module runs its own Python (DDP's "
         "gradient-bucket bookkeeping, FSDP's unshard and reshard hooks) as in eager, as "
-        "torch.compile skips it; the forward of the module it wraps is compiled on its own",
+        "TorchDynamo skips it too; the forward of the module it wraps is compiled on its own",
         "nothing is lost for a model compiled whole (kiln.compile(DDP(model))); inside a "
         "larger function, each such call splits the graph around it",
     ),

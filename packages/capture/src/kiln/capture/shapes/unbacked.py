@@ -1,6 +1,6 @@
 """Data-dependent ops on fakes: results whose values or sizes are unbacked symbols.
 
-``t.item()`` or ``nonzero(t)`` cannot be computed without data. With torch.compile's
+``t.item()`` or ``nonzero(t)`` cannot be computed without data. With TorchDynamo's
 ``capture_scalar_outputs`` (for ``item``) or ``capture_dynamic_output_shape_ops`` (for
 ``nonzero``, ``unique``, ``masked_select``, ``x[mask]``, ``repeat_interleave`` without an
 output size) on, such an op still runs on fakes: its scalar is a fresh unbacked symbol of the
