@@ -10,7 +10,11 @@ Kiln's symbolic graph against the graph Kiln compiles for that length alone.
 
 ``python -m benchmarks --dynamic-seq`` runs it (``nox -s bench -- --dynamic-seq``);
 ``--preset tiny`` takes 2-layer models of hidden size 64 for a smoke run, ``--models bert``
-one model. Columns: ``eager``, ``kiln_dyn`` (``dynamic=True``, symbolic C++ kernels:
+one model, ``--device cuda`` the GPU (Triton kernels). ``first_s`` is each column's first call
+at each length: for ``kiln_dyn`` the first length's compiles the symbolic graph and later ones
+should cost a steady call; for ``kiln_static`` every length compiles a graph of its own, so
+``kiln_dyn``'s first ``first_s`` against the median of ``kiln_static``'s is the compile-time
+ratio of a dynamic graph to a static one. Columns: ``eager``, ``kiln_dyn`` (``dynamic=True``, symbolic kernels:
 ``options={"dynamic_kernels": True}``), ``kiln_static`` (``dynamic=False``, one graph per
 length), ``torch_compile`` (``dynamic=True``).
 """
@@ -18,6 +22,7 @@ length), ``torch_compile`` (``dynamic=True``).
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -68,28 +73,38 @@ def _columns(model: torch.nn.Module) -> dict[str, Callable[[torch.Tensor], Any]]
     return cols
 
 
-def run_model(name: str, preset: str, iters: int) -> list[dict[str, Any]]:
-    """One row per (column, length): steady-state seconds per call, plus each column's sweep."""
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def run_model(name: str, preset: str, iters: int, device: str = "cpu") -> list[dict[str, Any]]:
+    """One row per (column, length): steady-state and first-call seconds, each column's sweep."""
     import kiln
 
     torch.manual_seed(0)
-    model = _model(name, preset)
+    model = _model(name, preset).to(device)
     vocab = 1000
-    inputs = {n: torch.randint(0, vocab, (_BATCH, n)) for n in LENGTHS}
+    inputs = {n: torch.randint(0, vocab, (_BATCH, n), device=device) for n in LENGTHS}
     kiln.reset()
     torch._dynamo.reset()
     cols = _columns(model)
     rows: list[dict[str, Any]] = []
     with torch.no_grad():
-        totals = {}
+        totals: dict[str, float] = {}
+        firsts: dict[tuple[str, int], float] = {}
         for col, fn in cols.items():
+            _sync(device)
             start = time.perf_counter()
             for n in LENGTHS:
+                began = time.perf_counter()
                 fn(inputs[n])
+                _sync(device)
+                firsts[col, n] = time.perf_counter() - began
             totals[col] = time.perf_counter() - start
         for n in LENGTHS:
             steps = {col: (lambda fn=fn, x=inputs[n]: fn(x)) for col, fn in cols.items()}
-            medians = interleaved_medians(steps, "cpu", iters, budget_s=5.0)
+            medians = interleaved_medians(steps, device, iters, budget_s=5.0)
             for col, seconds in medians.items():
                 rows.append(
                     {
@@ -97,6 +112,7 @@ def run_model(name: str, preset: str, iters: int) -> list[dict[str, Any]]:
                         "length": n,
                         "column": col,
                         "call_s": seconds,
+                        "first_s": firsts[col, n],
                         "total_s": totals[col],
                     }
                 )
@@ -111,6 +127,16 @@ def _table(rows: list[dict[str, Any]]) -> str:
         total = {r["column"]: r["total_s"] for r in mine}
         out.append(f"## {model}: sweep over {len(LENGTHS)} lengths, compiles included (s)")
         out.append(" | ".join(f"{c} {total[c]:.2f}" for c in cols))
+        first = {(r["column"], r["length"]): r["first_s"] for r in mine}
+        static = statistics.median(first["kiln_static", n] for n in LENGTHS)
+        dyn = first["kiln_dyn", LENGTHS[0]]
+        later = max(first["kiln_dyn", n] for n in LENGTHS[1:])
+        out.append("")
+        out.append(
+            f"compile (first call): kiln_dyn {dyn:.2f} s, kiln_static median {static:.2f} s "
+            f"per length, ratio {dyn / static:.2f}; kiln_dyn's slowest later first call "
+            f"{later * 1e3:.1f} ms"
+        )
         out.append("")
         out.append("| length | " + " | ".join(f"{c} ms" for c in cols) + " | dyn/static |")
         out.append("|---" * (len(cols) + 2) + "|")
@@ -128,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preset", choices=["tiny", "base"], default="base")
     p.add_argument("--models", nargs="*", default=["bert", "gpt2"], choices=["bert", "gpt2"])
     p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     args = p.parse_args(argv)
-    rows = [r for m in args.models for r in run_model(m, args.preset, args.iters)]
+    rows = [r for m in args.models for r in run_model(m, args.preset, args.iters, args.device)]
     print(_table(rows))
     return 0
