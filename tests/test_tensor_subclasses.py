@@ -4,9 +4,11 @@ A ``__torch_function__`` subclass (an override that counts and rescales, or ``Te
 which makes ops return the subclass) is traced through its override into plain ops; results
 eager returns as the subclass are rewrapped. A ``__torch_dispatch__`` wrapper subclass with the
 flatten protocol (a tensor holding data and a scale) is desugared at the ATen level by
-autograd_aot. Each program runs with ``fullgraph=True`` several times on fresh inputs with each
-backend and must give eager's values, types and gradients; a plain tensor after a subclass one
-recompiles.
+autograd_aot, nested ones too (a scaled tensor around a logging or another scaled tensor, and
+the reverse) down to their innermost plain tensors. Each program runs with ``fullgraph=True``
+several times on fresh inputs with each backend and must give eager's values, types and
+gradients from one graph (and, desugared, from the traced program, not the captured graph); a
+plain tensor after a subclass one recompiles.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 
 import pytest
 import torch
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_map, tree_map_only
 
 import kiln
 
@@ -187,13 +189,12 @@ def test_dispatch_wrapper_subclass_input(backend: str) -> None:
         expected.sum().backward()
         torch.testing.assert_close(w.grad, ew.grad)
     assert len(graphs) == 1
-    assert _run_as_captured() == 0  # the desugared program ran, in training too
+    assert _programs() == (backend != "eager")  # one desugared program, in training too
 
 
-def _run_as_captured() -> int:
-    return int(
-        kiln.counters.snapshot().get("autograd_aot", {}).get("subclass_graphs_run_as_captured", 0)
-    )
+def _programs() -> int:
+    """Programs autograd_aot traced over wrapper inputs' inner tensors (the compiled path)."""
+    return int(kiln.counters.snapshot().get("autograd_aot", {}).get("subclass_programs", 0))
 
 
 def test_dispatch_wrapper_is_desugared_at_the_aten_level() -> None:
@@ -248,7 +249,7 @@ def test_dispatch_wrapper_input_requiring_grad(backend: str, program: Any) -> No
         torch.testing.assert_close(_value(x.grad), _value(ex.grad))
         torch.testing.assert_close(w.grad, ew.grad)
     assert len(graphs) == 1
-    assert _run_as_captured() == 0
+    assert _programs() == (backend != "eager")
 
 
 def _wrapper_output_program(c: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> Any:
@@ -281,11 +282,14 @@ def test_dispatch_wrapper_output_requiring_grad(backend: str, use: str) -> None:
         torch.testing.assert_close(_value(gx), _value(ex))
         assert (gw is None) == (ew is None) and (ew is None or torch.allclose(gw, ew))
     assert len(graphs) == 1
-    assert _run_as_captured() == 0
+    assert _programs() == (backend != "eager")
 
 
 def _value(t: torch.Tensor) -> torch.Tensor:
-    return t._data * t._scale if isinstance(t, Scaled) else t
+    """The plain value a (possibly nested) wrapper stands for."""
+    if isinstance(t, Scaled):
+        return _value(t._data) * _value(t._scale)
+    return _value(t._elem) if isinstance(t, Recording) else t
 
 
 def test_plain_tensor_after_wrapper_recompiles() -> None:
@@ -380,7 +384,7 @@ def test_dispatch_wrapper_training_outputs_require_grad_as_eager(backend: str) -
         with pytest.raises(RuntimeError, match="does not require grad"):
             got[2].sum().backward()
     assert len(graphs) == 1
-    assert _run_as_captured() == 0
+    assert _programs() == (backend != "eager")
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "kiln"])
@@ -403,3 +407,204 @@ def test_dispatch_wrapper_input_changed_in_place_before_backward(backend: str) -
             w.mul_(2)
         with pytest.raises(RuntimeError, match="modified by an inplace operation"):
             out.sum().backward()
+
+
+# wrapper subclasses nested in wrapper subclasses ---------------------------------------
+
+RECORDED: list[str] = []
+
+
+class Recording(torch.Tensor):
+    """A ``__torch_dispatch__`` wrapper around one tensor (a logging tensor): it records every
+    ATen op it is handed, runs it on ``_elem`` (itself possibly a wrapper) and wraps the
+    tensor results again."""
+
+    @staticmethod
+    def __new__(cls, elem: torch.Tensor) -> Recording:
+        return torch.Tensor._make_wrapper_subclass(  # type: ignore[attr-defined,no-any-return]
+            cls, elem.shape, strides=elem.stride(), dtype=elem.dtype, device=elem.device
+        )
+
+    def __init__(self, elem: torch.Tensor) -> None:
+        self._elem = elem
+
+    def __tensor_flatten__(self) -> tuple[list[str], Any]:
+        return ["_elem"], None
+
+    @staticmethod
+    def __tensor_unflatten__(
+        inner: dict[str, torch.Tensor], ctx: Any, size: Any, stride: Any
+    ) -> Recording:
+        return Recording(inner["_elem"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        RECORDED.append(func.__name__)
+        args, kwargs = tree_map_only(Recording, lambda t: t._elem, (args, kwargs or {}))
+        return tree_map_only(torch.Tensor, Recording, func(*args, **kwargs))
+
+
+def _nested(kind: str, n: int = 6) -> torch.Tensor:
+    """A fresh random input of the given nesting (outer class first)."""
+    data, scale, inner_scale = torch.randn(n, 4), torch.rand(()) + 0.5, torch.rand(()) + 0.5
+    if kind == "scaled":
+        return Scaled(data, scale)
+    if kind == "scaled(recording)":
+        return Scaled(Recording(data), scale)
+    if kind == "scaled(scaled)":
+        return Scaled(Scaled(data, inner_scale), scale)
+    assert kind == "recording(scaled)"
+    return Recording(Scaled(data, scale))
+
+
+NESTINGS = ["scaled(recording)", "scaled(scaled)", "recording(scaled)"]
+
+
+def _structure(t: Any) -> Any:
+    """The classes of a wrapper's levels, down to its plain tensors."""
+    if isinstance(t, (Scaled, Recording)):
+        names, _ = t.__tensor_flatten__()
+        return (type(t), *(_structure(getattr(t, n)) for n in names))
+    return type(t)
+
+
+def _same_leaf(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``b`` rebuilt with ``a``'s plain tensors (a copy of the same nesting, same values)."""
+    if isinstance(a, (Scaled, Recording)):
+        names, ctx = a.__tensor_flatten__()
+        inner = {n: _same_leaf(getattr(a, n), getattr(b, n)) for n in names}
+        return type(a).__tensor_unflatten__(inner, ctx, a.shape, a.stride())  # type: ignore[attr-defined,no-any-return]
+    return a.clone()
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "kiln"])
+@pytest.mark.parametrize("kind", NESTINGS)
+def test_nested_dispatch_wrapper_input(backend: str, kind: str) -> None:
+    """Both levels' ``__torch_dispatch__`` run while tracing and the compiled program holds
+    their ATen ops on the innermost tensors: outputs (a nested ``y`` rebuilt level by level)
+    and the plain weight's gradient are eager's over fresh inputs, from one program."""
+    compiled, graphs = _compile(_dispatch_program, backend)
+    for _ in range(3):
+        x, w0 = _nested(kind), torch.randn(4, 3)
+        w, ew = w0.clone().requires_grad_(), w0.clone().requires_grad_()
+        (got, got_y), (expected, expected_y) = compiled(x, w), _dispatch_program(x, ew)
+        assert _structure(got) == _structure(expected)
+        assert _structure(got_y) == _structure(expected_y) == _structure(x)
+        torch.testing.assert_close(_value(got), _value(expected))
+        torch.testing.assert_close(_value(got_y), _value(expected_y))
+        got.sum().backward()
+        expected.sum().backward()
+        torch.testing.assert_close(w.grad, ew.grad)
+    assert len(graphs) == 1
+    assert _programs() == 1
+
+
+@pytest.mark.parametrize("kind", NESTINGS)
+def test_nested_dispatch_wrapper_is_desugared_to_innermost_tensors(kind: str) -> None:
+    """autograd_aot's graph takes the innermost plain tensors and records no wrapper; running
+    it does not call either level's ``__torch_dispatch__``."""
+    from kiln.autograd_aot import aot_compile
+
+    seen: list[torch.fx.GraphModule] = []
+
+    def fw(gm: torch.fx.GraphModule, inputs: Any) -> Any:
+        seen.append(gm)
+        return gm
+
+    def program(x: torch.Tensor, w: torch.Tensor) -> Any:
+        return ((x * 2) @ w,)
+
+    gm = torch.fx.symbolic_trace(program)
+    x, w = _nested(kind), torch.randn(4, 3)
+    compiled = aot_compile(gm, [x, w], fw_compiler=fw)
+    compiled(x, w)  # traced on its first call: both levels' dispatch run on fakes
+    for _ in range(2):
+        x = _nested(kind)
+        RECORDED.clear()
+        (out,) = compiled(x, w)
+        assert RECORDED == []  # no level's dispatch ran: the compiled ATen did the work
+        torch.testing.assert_close(_value(out), _value(program(x, w)[0]))
+    (graph,) = seen
+    placeholders = [n for n in graph.graph.nodes if n.op == "placeholder"]
+    assert len(placeholders) == {"scaled(scaled)": 4}.get(kind, 3)
+    vals = [n.meta["val"] for n in graph.graph.nodes if "val" in n.meta]
+    assert vals and not any(isinstance(v, (Scaled, Recording)) for v in vals)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "kiln"])
+@pytest.mark.parametrize("kind", NESTINGS)
+@pytest.mark.parametrize("program", [_dispatch_loss, _dispatch_program])
+def test_nested_dispatch_wrapper_input_requiring_grad(
+    backend: str, kind: str, program: Any
+) -> None:
+    """A nested wrapper input that requires grad gets eager's gradient (its type and value),
+    the plain weight too; with ``_dispatch_program`` the nested output ``y`` requires grad as
+    in eager and takes part in the loss."""
+    compiled, graphs = _compile(program, backend)
+    for _ in range(3):
+        x0, w0 = _nested(kind), torch.randn(4, 3)
+        x, ex = x0.requires_grad_(), _same_leaf(x0, x0).requires_grad_()
+        w, ew = w0.clone().requires_grad_(), w0.clone().requires_grad_()
+        got, expected = compiled(x, w), program(ex, ew)
+        assert [_structure(t) for t in got] == [_structure(t) for t in expected]
+        assert [t.requires_grad for t in got] == [t.requires_grad for t in expected]
+        for g, e in zip(got, expected, strict=True):
+            torch.testing.assert_close(_value(g), _value(e))
+        (got[0].sum() + got[1].sum()).backward()
+        (expected[0].sum() + expected[1].sum()).backward()
+        assert x.grad is not None and ex.grad is not None
+        assert _structure(x.grad) == _structure(ex.grad)
+        torch.testing.assert_close(_value(x.grad), _value(ex.grad))
+        torch.testing.assert_close(w.grad, ew.grad)
+    assert len(graphs) == 1
+    assert _programs() == 1
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "kiln"])
+@pytest.mark.parametrize("kind", NESTINGS)
+@pytest.mark.parametrize("use", ["outer", "wrapper_grad"])
+def test_nested_dispatch_wrapper_output_requiring_grad(backend: str, kind: str, use: str) -> None:
+    """The nested output ``y`` has eager's ``grad_fn`` on its outer tensor; its gradient, a
+    plain tensor or a wrapper of ``y``'s nesting, reaches the nested input as eager's."""
+    compiled, graphs = _compile(_wrapper_output_program, backend)
+    for _ in range(2):
+        c, x0, w0, v = torch.randn(5), _nested(kind), torch.randn(4, 3), torch.randn(4, 3)
+        grads = []
+        for f in (compiled, _wrapper_output_program):
+            x, w = _same_leaf(x0, x0).requires_grad_(), w0.clone().requires_grad_()
+            sin, out, y = f(c, x, w)
+            assert not sin.requires_grad and out.requires_grad
+            assert _structure(y) == _structure(x) and y.grad_fn is not None
+            if use == "wrapper_grad":
+                y.backward(_same_leaf(x0, x0))
+            else:
+                (y @ v).sum().backward()
+            grads.append((x.grad, w.grad))
+        (gx, gw), (ex, ew) = grads
+        assert gx is not None and ex is not None and _structure(gx) == _structure(ex)
+        torch.testing.assert_close(_value(gx), _value(ex))
+        assert gw is None and ew is None
+    assert len(graphs) == 1
+    assert _programs() == 1
+
+
+def test_nesting_changing_between_calls_traces_again() -> None:
+    """One captured graph serves inputs whose nesting changes: each new nesting traces its own
+    program (training included), an earlier one is reused, every result is eager's."""
+    compiled, graphs = _compile(_dispatch_loss, "kiln")
+    kinds = ["scaled", "scaled(scaled)", "scaled(recording)", "scaled", "scaled(scaled)"]
+    for kind in kinds:
+        x0, w0 = _nested(kind), torch.randn(4, 3)
+        x, ex = x0.requires_grad_(), _same_leaf(x0, x0).requires_grad_()
+        w, ew = w0.clone().requires_grad_(), w0.clone().requires_grad_()
+        got, expected = compiled(x, w), _dispatch_loss(ex, ew)
+        for g, e in zip(got, expected, strict=True):
+            assert _structure(g) == _structure(e)
+            torch.testing.assert_close(_value(g), _value(e))
+        (got[0].sum() + got[1]).backward()
+        (expected[0].sum() + expected[1]).backward()
+        assert x.grad is not None and ex.grad is not None
+        torch.testing.assert_close(_value(x.grad), _value(ex.grad))
+        torch.testing.assert_close(w.grad, ew.grad)
+    assert len(graphs) == 1
+    assert _programs() == 3

@@ -5,16 +5,21 @@ returning the names of its inner tensors and a context, ``__tensor_unflatten__(i
 outer_size, outer_stride)`` rebuilding it) is compiled as its inner tensors: the graph is run
 once on wrappers rebuilt around the inner tensors' fakes under :class:`AtenTracer`, which
 steps aside for them (a mode's ``NotImplemented``), so the subclass's ``__torch_dispatch__``
-runs and only its ops on the inner tensors are recorded. That plain ATen graph over the inner
-tensors is compiled as any other (gradients of plain inputs included); each call flattens its
-wrapper inputs and rebuilds the wrapper outputs with ``__tensor_unflatten__``.
+runs and only its ops on the inner tensors are recorded. An inner tensor may itself be a
+wrapper (a float8-style tensor around a logging or another scaled one): flattening recurses
+to plain tensors (a :class:`_Tree` per value), the rebuilt wrappers nest the same way, and
+the tracer steps aside at every level, so each level's ``__torch_dispatch__`` runs in turn
+and only ATen ops on the innermost tensors are recorded. That plain ATen graph is compiled as
+any other (gradients of plain inputs included); each call flattens its wrapper inputs and
+rebuilds the wrapper outputs with ``__tensor_unflatten__``, innermost level first.
 
-One compiled program serves the calls whose flatten contexts and inner tensors' metadata equal
-those it was traced with; another is traced for others. In training the forward is that
-program and the backward is traced, on first use, from eager's own autograd over wrappers of
-the inner fakes (the graph run again with the inputs that need gradients as leaves, and
-``torch.autograd.grad`` of its outputs): the ATen ops of the outer tensors' backward,
-which differentiating the program over the inner tensors would not give. As in AOTAutograd,
+One compiled program serves the calls whose trees (each level's type, inner names, context
+and outer sizes) and plain tensors' metadata equal those it was traced with; another is
+traced for others, a new nesting included. In training the forward is that program and the
+backward is traced, on first use, from eager's own autograd over wrappers of the inner fakes
+(the graph run again with the inputs that need gradients as leaves, and
+``torch.autograd.grad`` of its outputs): the ATen ops of the outer tensors' backward, which
+differentiating the program over the inner tensors would not give. As in AOTAutograd,
 the autograd function takes and returns the outer tensors (wrappers rebuilt inside it), so a
 wrapper output that requires grad has eager's ``grad_fn`` on the outer tensor and its inner
 tensors need none; its gradient, plain or a wrapper, is flattened into the backward (one
@@ -27,7 +32,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import fx
@@ -60,13 +65,56 @@ def has_wrapper_inputs(example_inputs: Sequence[Any]) -> bool:
     return any(is_dispatch_wrapper(t) for t in example_inputs)
 
 
-def _flatten(t: torch.Tensor) -> tuple[list[str], Any, list[torch.Tensor]]:
-    names, ctx = t.__tensor_flatten__()  # type: ignore[attr-defined]
-    inner = [getattr(t, n) for n in names]
-    if not all(isinstance(x, torch.Tensor) and not is_dispatch_wrapper(x) for x in inner):
-        msg = f"{type(t).__name__}: nested wrapper subclasses are not desugared"
-        raise TypeError(msg)
-    return list(names), ctx, inner
+class _Tree(NamedTuple):
+    """How one value comes back from plain tensors: a plain tensor (``cls`` None, one tensor),
+    a constant (``cls`` None, none), or a wrapper that ``__tensor_unflatten__`` rebuilds from
+    its inner tensors' trees, each of which may be a wrapper again (rebuilt innermost first)."""
+
+    cls: type | None
+    leaves: int  # how many plain tensors
+    names: tuple[str, ...] = ()
+    ctx: Any = None
+    size: tuple[int, ...] = ()
+    stride: tuple[int, ...] = ()
+    children: tuple[_Tree, ...] = ()
+    constant: Any = None
+
+    @property
+    def tensor(self) -> bool:
+        return self.cls is not None or self.leaves == 1
+
+
+_PLAIN = _Tree(None, 1)
+
+
+def _flatten(x: Any) -> tuple[_Tree, list[torch.Tensor]]:
+    """``x``'s tree and its plain tensors, a wrapper's flattened through every level."""
+    if not is_dispatch_wrapper(x):
+        return (_PLAIN, [x]) if isinstance(x, torch.Tensor) else (_Tree(None, 0, constant=x), [])
+    names, ctx = x.__tensor_flatten__()
+    children, flat = [], []
+    for name in names:
+        tree, inner = _flatten(getattr(x, name))
+        children.append(tree)
+        flat += inner
+    size, stride = tuple(x.shape), tuple(x.stride())
+    return _Tree(type(x), len(flat), tuple(names), ctx, size, stride, tuple(children)), flat
+
+
+def _build(tree: _Tree, flat: Sequence[torch.Tensor]) -> Any:
+    if tree.cls is None:
+        return flat[0] if tree.leaves else tree.constant
+    inner, at = {}, 0
+    for name, child in zip(tree.names, tree.children, strict=True):
+        inner[name] = _build(child, flat[at : at + child.leaves])
+        at += child.leaves
+    return tree.cls.__tensor_unflatten__(inner, tree.ctx, tree.size, tree.stride)  # type: ignore[attr-defined]
+
+
+def _key(tree: _Tree, flat: Sequence[torch.Tensor]) -> _Key:
+    """What a program traced over ``flat`` assumed: each level's type, names, context and
+    outer metadata, and the plain tensors' metadata."""
+    return (tree, *(_meta(t) for t in flat))
 
 
 def _meta(t: torch.Tensor) -> tuple[Any, ...]:
@@ -78,49 +126,32 @@ def _flat_inputs(args: Sequence[Any]) -> tuple[list[torch.Tensor], _Key]:
     flat: list[torch.Tensor] = []
     key: list[Any] = []
     for a in args:
-        if is_dispatch_wrapper(a):
-            names, ctx, inner = _flatten(a)
-            flat += inner
-            key.append((type(a), tuple(names), ctx, *(_meta(x) for x in inner)))
-        elif isinstance(a, torch.Tensor):
-            flat.append(a)
+        tree, inner = _flatten(a)
+        flat += inner
+        if tree.cls is not None:
+            key.append(_key(tree, inner))
     return flat, tuple(key)
 
 
-class _Rebuild:
-    """How one output of the graph comes back from the program's flat outputs."""
+def _flat_all(values: Sequence[Any]) -> list[torch.Tensor]:
+    return [t for v in values for t in _flatten(v)[1]]
 
-    def __init__(self, out: Any) -> None:
-        self.cls: type | None = None
-        self.count, self.tensor = 1, isinstance(out, torch.Tensor)
-        self.constant: Any = None
-        if is_dispatch_wrapper(out):
-            names, ctx, inner = _flatten(out)
-            self.cls, self.names, self.ctx = type(out), names, ctx
-            self.size, self.stride = tuple(out.shape), out.stride()
-            self.count = len(inner)
-        elif not isinstance(out, torch.Tensor):
-            self.count, self.constant = 0, out
 
-    def flat(self, out: Any) -> list[torch.Tensor]:
-        if self.cls is not None:
-            return _flatten(out)[2]
-        return [out] if self.count else []
-
-    def build(self, flat: Sequence[torch.Tensor]) -> Any:
-        if self.cls is None:
-            return flat[0] if self.count else self.constant
-        inner = dict(zip(self.names, flat, strict=True))
-        return self.cls.__tensor_unflatten__(inner, self.ctx, self.size, self.stride)  # type: ignore[attr-defined]
+def _build_all(trees: Sequence[_Tree], flat: Sequence[torch.Tensor]) -> list[Any]:
+    built, at = [], 0
+    for tree in trees:
+        built.append(_build(tree, flat[at : at + tree.leaves]))
+        at += tree.leaves
+    return built
 
 
 class _Entry:
     def __init__(
         self,
         compiled: Callable[..., Any],
-        rebuilds: list[_Rebuild],
+        rebuilds: list[_Tree],
         spec: Any,
-        layout: list[tuple[Any, int]],
+        layout: list[_Tree],
     ) -> None:
         self.compiled = compiled
         self.rebuilds = rebuilds
@@ -130,11 +161,7 @@ class _Entry:
         self.diffs: dict[tuple[int, ...], tuple[bool, ...]] = {}  # per `wants`: tensor outputs
 
     def run(self, flat: list[torch.Tensor]) -> Any:
-        results = list(self.compiled(*flat))
-        outs, at = [], 0
-        for r in self.rebuilds:
-            outs.append(r.build(results[at : at + r.count]))
-            at += r.count
+        outs = _build_all(self.rebuilds, list(self.compiled(*flat)))
         return pytree.tree_unflatten(outs, self.spec)
 
 
@@ -156,10 +183,7 @@ class SubclassProgram:
         self.entries: list[tuple[_Key, _Entry]] = []
 
     def __call__(self, *args: Any) -> Any:
-        try:
-            flat, key = _flat_inputs(args)
-        except TypeError:  # a wrapper inside a wrapper: not desugared
-            return self._as_captured(args)
+        flat, key = _flat_inputs(args)
         entry = next((e for k, e in self.entries if _same(k, key)), None)
         if entry is None:
             entry = self._compile(args, flat)
@@ -168,57 +192,24 @@ class SubclassProgram:
             return entry.run(flat)
         return _train(self, entry, args, flat)
 
-    def _as_captured(self, args: Sequence[Any]) -> Any:
-        counters.bump("autograd_aot", "subclass_graphs_run_as_captured")
-        return self.gm(*args)
-
     def _compile(self, args: Sequence[Any], flat: list[torch.Tensor]) -> _Entry:
-        layout = _layout(args)
+        layout = [_flatten(a)[0] for a in args]
         found: dict[str, Any] = {}
 
         def run(*inner: torch.Tensor) -> list[torch.Tensor]:
             with torch.no_grad():
-                out = self.gm(*_rebuild_inputs(layout, inner))
+                out = self.gm(*_build_all(layout, inner))
             leaves, spec = pytree.tree_flatten(out)
-            rebuilds = [_Rebuild(x) for x in leaves]
-            found["rebuilds"], found["spec"] = rebuilds, spec
-            return [t for r, x in zip(rebuilds, leaves, strict=True) for t in r.flat(x)]
+            found["rebuilds"] = [_flatten(x)[0] for x in leaves]
+            found["spec"] = spec
+            return _flat_all(leaves)
 
         graph = self.trace_flat(run, flat)
+        counters.bump("autograd_aot", "subclass_programs")
         log.debug("desugared wrapper subclass inputs:\n%s", graph.code)
         compiled = self.compile_flat(graph, flat)
         rebuilds = found["rebuilds"]
         return _Entry(compiled, rebuilds, found["spec"], layout)
-
-
-def _layout(args: Sequence[Any]) -> list[tuple[Any, int]]:
-    """Per input: how to rebuild it from the flat tensors (None: a plain tensor) and how many."""
-    layout: list[tuple[Any, int]] = []
-    for a in args:
-        if is_dispatch_wrapper(a):
-            names, ctx, inner = _flatten(a)
-            layout.append(((type(a), names, ctx, tuple(a.shape), a.stride()), len(inner)))
-        elif isinstance(a, torch.Tensor):
-            layout.append((None, 1))
-        else:
-            layout.append((("constant", a), 0))
-    return layout
-
-
-def _rebuild_inputs(layout: list[tuple[Any, int]], inner: Sequence[torch.Tensor]) -> list[Any]:
-    rebuilt, at = [], 0
-    for how, n in layout:
-        part = inner[at : at + n]
-        at += n
-        if how is None:
-            rebuilt.append(part[0])
-        elif how[0] == "constant":
-            rebuilt.append(how[1])
-        else:
-            cls, names, ctx, size, stride = how
-            parts = dict(zip(names, part, strict=True))
-            rebuilt.append(cls.__tensor_unflatten__(parts, ctx, size, stride))
-    return rebuilt
 
 
 def _outer(args: Sequence[Any]) -> list[torch.Tensor]:
@@ -260,7 +251,7 @@ class _OuterFunction(torch.autograd.Function):
         outs = pytree.tree_leaves(entry.run(flat))
         leaves.extend(outs)
         results = tuple(
-            o if r.cls else o.detach()
+            o if r.cls is not None else o.detach()
             for o, r in zip(outs, entry.rebuilds, strict=True)
             if r.tensor
         )
@@ -292,10 +283,8 @@ class _OuterFunction(torch.autograd.Function):
                 raise RuntimeError(msg)
         results = list(run(*flat, *_flat_inputs(grads)[0]))
         out: list[Any] = [None] * len(args)
-        at = 0
-        for i, r in zip(wants, rebuilds, strict=True):
-            out[i] = r.build(results[at : at + r.count])
-            at += r.count
+        for i, g in zip(wants, _build_all(rebuilds, results), strict=True):
+            out[i] = g
         tensor_positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
         return (None, None, None, None, *[out[i] for i in tensor_positions])
 
@@ -310,7 +299,7 @@ def _trace_backward(
 ) -> Any:
     """The backward over the flat inputs and the flattened gradients of the ``which``
     differentiable outputs (a wrapper gradient rebuilt around its inner tensors)."""
-    n, grad_layout, flat_grads = len(flat), _layout(grads), _flat_inputs(grads)[0]
+    n, grad_layout, flat_grads = len(flat), [_flatten(g)[0] for g in grads], _flat_all(grads)
     found: dict[str, Any] = {}
 
     def backward(*inner: torch.Tensor) -> list[torch.Tensor]:
@@ -318,11 +307,10 @@ def _trace_backward(
             sources, outs = _run_for_grad(program, entry, wants, inner[:n])
             outs = [o for o, d in zip(outs, entry.diffs[wants], strict=True) if d]
             outs = [outs[i] for i in which]
-            given = _rebuild_inputs(grad_layout, inner[n:])
+            given = _build_all(grad_layout, inner[n:])
             got = torch.autograd.grad(outs, sources, given, allow_unused=True)
-        rebuilds = [_Rebuild(g) for g in got]
-        found["rebuilds"] = rebuilds
-        return [t for r, g in zip(rebuilds, got, strict=True) for t in r.flat(g)]
+        found["rebuilds"] = [_flatten(g)[0] for g in got]
+        return _flat_all(got)
 
     graph = program.trace_flat(backward, [*flat, *flat_grads])
     log.debug("backward over wrapper subclass inputs:\n%s", graph.code)
@@ -338,7 +326,7 @@ def _run_for_grad(
 ) -> tuple[list[Any], list[torch.Tensor]]:
     """The graph run as eager would, ``wants`` inputs as leaves that require grad: those
     leaves, and the tensor outputs (carrying eager's ``requires_grad``)."""
-    rebuilt = _rebuild_inputs(entry.layout, inner)
+    rebuilt = _build_all(entry.layout, inner)
     for i in wants:
         a = rebuilt[i]
         rebuilt[i] = a.requires_grad_() if is_dispatch_wrapper(a) else a.detach().requires_grad_()
