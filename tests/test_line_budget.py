@@ -52,7 +52,8 @@ LINE_BUDGET = {
     # TorchDynamo (dynamo_free.py)
     # + about 40 for Python's float algebra on symbolic floats: finite-only symbols, NaN
     # self-comparisons, float remainders and powers (shapes/node.py, symbolic_numbers.py)
-    "capture": 21730,
+    # + about 50 for the running DDP module's gradient-bucket sizes (parallel_modules.py)
+    "capture": 21780,
     # + about 200 for dynamic shapes: symbolic sizes and dense layouts in TENSOR_MATCH and
     # the SHAPE kind (kinds/shape.py)
     "guards": 2900,
@@ -97,7 +98,8 @@ LINE_BUDGET = {
     # declines (dynamic.py)
     # + about 125 for the graph cache on by default: the process state, input aliasing and the
     # C++ toolchain (not run) in its key, never failing a compile, watched compiles not loaded
-    "frontend": 3905,
+    # + about 175 for graphs under DDP split at its gradient buckets (ddp_split.py)
+    "frontend": 4080,
 }
 
 # Modules allowed over MAX_MODULE_LINES for now, each with a comment saying why and what will

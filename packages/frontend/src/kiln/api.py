@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from kiln import capture, dynamic, graph_cache, guards, loopir
+from kiln import capture, ddp_split, dynamic, graph_cache, guards, loopir
 from kiln.backends import Backend, list_backends, lookup_backend, takes_options
 from kiln.backends import kiln as kiln_backend
 from kiln.capture import artifacts, counters, user_words
@@ -386,13 +386,15 @@ class CompiledFunction:
         outcome = run_eagerly_after_failure(name, error, self._target, args, kwargs, key, _skipped)
         return lambda *_args, **_kwargs: outcome
 
-    def _compile_graph(
-        self, gm: fx.GraphModule, example_inputs: Sequence[Any]
-    ) -> Callable[..., Any]:
-        """capture's callback: the backend, with an eager fallback unless fullgraph is set."""
+    def _compile_graph(self, gm: fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
+        """capture's callback: the graph (under DDP, each piece of it: ``ddp_split``) compiled."""
         counters.bump("stats", "graphs_compiled")
         if artifacts.current_frame_dir() is not None:  # printing costs (imports DTensor)
             artifacts.dump("graph.py", gm.print_readable(print_output=False))
+        return ddp_split.compile_under_ddp(gm, inputs, self._compile_piece)
+
+    def _compile_piece(self, gm: fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
+        """The backend, with an eager fallback unless fullgraph is set."""
         try:
             wanted = self._config.backend_options()
             cached = self._backend is kiln_backend and graph_cache.enabled(
@@ -409,7 +411,7 @@ class CompiledFunction:
             )
             region = "kiln: {} graph {}".format(*self._region)
             if backend is kiln_backend:
-                say_unhonoured(self._config, self._region[0], gm, example_inputs)
+                say_unhonoured(self._config, self._region[0], gm, inputs)
 
             def compile_static(g: fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
                 def compile_now() -> Callable[..., Any]:
@@ -423,7 +425,7 @@ class CompiledFunction:
                     return compile_now()
 
             if backend is kiln_backend and dynamic.has_unbacked(gm):
-                return dynamic.unbacked_graph(compile_static, gm, example_inputs)
+                return dynamic.unbacked_graph(compile_static, gm, inputs)
             limit = self._config.option("recompile_limit") or guards.config.recompile_limit
             symbolic_kernels = (
                 self._backend is not kiln_backend
@@ -431,8 +433,8 @@ class CompiledFunction:
                 or dynamic.numbers_only(gm)
             )
             if symbolic_kernels and dynamic.serves_symbols(self._backend, gm):
-                return dynamic.symbolic_or_per_size(compile_static, gm, example_inputs, limit)
-            return dynamic.per_size(compile_static, gm, example_inputs, limit)
+                return dynamic.symbolic_or_per_size(compile_static, gm, inputs, limit)
+            return dynamic.per_size(compile_static, gm, inputs, limit)
         except Exception as e:
             if self._config.fullgraph:
                 raise CompileError(f"kiln backend failed on a graph: {e}") from e

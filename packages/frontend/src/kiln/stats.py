@@ -15,7 +15,9 @@ class Stats:
 
     ``cache_hits``/``cache_misses`` count calls that found (or not) a compiled entry in
     memory; ``graph_cache_hits``/``graph_cache_misses`` count graphs loaded from (or not found
-    in) the on-disk whole-graph cache.
+    in) the on-disk whole-graph cache. ``ddp_graph_pieces`` counts the pieces the graphs
+    compiled under a DDP module's forward were split into at its gradient buckets (one for a
+    graph of one bucket; ``ddp_split``).
     """
 
     frames_captured: int
@@ -30,6 +32,7 @@ class Stats:
     kernels: dict[str, int]
     fallback_ops: dict[str, int]
     graph_break_kinds: dict[str, int]
+    ddp_graph_pieces: int = 0
 
 
 def stats() -> Stats:
@@ -50,4 +53,5 @@ def stats() -> Stats:
         kernels=dict(snap.get("kernels", {})),
         fallback_ops=dict(snap.get("fallback_ops", {})),
         graph_break_kinds=dict(breaks),
+        ddp_graph_pieces=s.get("ddp_graph_pieces", 0),
     )

@@ -18,12 +18,18 @@ A DDP or FSDP module is guarded by identity alone (:func:`runs_own_python`): its
 writes its own attributes on every call, which, watched as a module tree, would make every
 module tree's guards run again on every call; nothing traced reads them.
 
+While a DDP module's forward runs (``_inside_ddp_forward``), graphs compiled under it are
+split at its gradient-bucket boundaries, as TorchDynamo's DDPOptimizer splits them:
+:func:`active_ddp_buckets` reads the bucket sizes that module uses (the frontend's
+``ddp_split`` does the splitting).
+
 This is a leaf module (``wrap.py`` asks it): the wrapper classes are looked up in
 ``sys.modules``, since a program holding such a module has imported them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import sys
 import types
@@ -32,7 +38,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["CompiledForward", "native_call", "runs_own_python", "wrapped_module"]
+__all__ = [
+    "BucketCaps",
+    "CompiledForward",
+    "active_ddp_buckets",
+    "native_call",
+    "runs_own_python",
+    "wrapped_module",
+]
 
 # generators and coroutines: their call does not run their body
 _GENERATOR_LIKE = (
@@ -60,6 +73,41 @@ def runs_own_python(m: object) -> bool:
     """Whether ``m`` is a DDP or FSDP (1) module: its own forward runs, around its wrapped
     module's."""
     return _is_instance(m, _DDP) or _is_instance(m, _FSDP1)
+
+
+@dataclasses.dataclass(frozen=True)
+class BucketCaps:
+    """The gradient-bucket sizes of the DDP module whose forward is running, in bytes.
+
+    ``first`` is the last-computed gradients' bucket (DDP's first, all-reduced first: smaller
+    by default, so communication starts early); ``ignored`` holds the ids of parameters DDP
+    does not synchronize (``_ddp_params_and_buffers_to_ignore``), which count toward no bucket.
+    """
+
+    first: int
+    rest: int
+    ignored: frozenset[int] = frozenset()
+
+
+def active_ddp_buckets() -> BucketCaps | None:
+    """The buckets of the DDP module whose forward is running now (None: none is, or it
+    reduces gradients in Python, ``_use_python_reducer``, where buckets do not apply)."""
+    cls = _class(_DDP)
+    ddp = getattr(cls, "_active_ddp_module", None) if cls is not None else None
+    if ddp is None or getattr(ddp, "_use_python_reducer", False):
+        return None
+    rest = int(getattr(ddp, "bucket_bytes_cap", 0))
+    if rest <= 0:
+        return None
+    config = getattr(ddp, "_bucket_config", None)
+    first = getattr(config, "first_bucket_bytes_cap", None)
+    if first is None:  # DDP before its bucket config: the default first bucket, if defaulted
+        default = getattr(torch.distributed, "_DEFAULT_FIRST_BUCKET_BYTES", rest)
+        first = default if getattr(ddp, "bucket_bytes_cap_default", False) else rest
+    ignored = frozenset(
+        id(p) for p in getattr(ddp, "module", ddp).parameters() if getattr(p, "_ddp_ignored", False)
+    )
+    return BucketCaps(min(int(first), rest), rest, ignored)
 
 
 def wrapped_module(m: object) -> torch.nn.Module | None:
