@@ -7,6 +7,7 @@
 #   bash benchmarks/gpu_run.sh micro             # bandwidth and reduce-overhead microbenchmarks
 #   bash benchmarks/gpu_run.sh warm [ARGS...]    # warm start: benchmarks/warm_start.py
 #   bash benchmarks/gpu_run.sh memcheck [tests|models] [MODEL...]  # compute-sanitizer memcheck
+#   bash benchmarks/gpu_run.sh distributed [ARGS...]  # DDP/FSDP2 on 2 GPUs: benchmarks/distributed.py
 #
 # memcheck runs the GPU tests of codegen_triton, tests/test_models_e2e.py and
 # tests/test_gpu_memory_safety.py, then each MODEL (default: $MEMCHECK_MODELS below; `phi` is
@@ -89,6 +90,9 @@ swin_tiny_patch4_window7_224 resnet18 attention_block mlp_layernorm_gelu"
         done
     fi
     exit $status
+elif [[ "$WHAT" == distributed ]]; then  # eager, torch.compile, Kiln under DDP and FSDP2 (NCCL)
+    exec "$PY" -m torch.distributed.run --standalone --nproc_per_node "${NPROC:-2}" \
+        benchmarks/distributed.py --device cuda --out "$OUT/distributed" "$@"
 elif [[ "$WHAT" == micro ]]; then
     exec "$PY" benchmarks/gpu_micro.py "$@"
 elif [[ "$WHAT" == warm ]]; then  # cold and warm first calls, Kiln beside torch.compile
