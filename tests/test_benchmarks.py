@@ -173,6 +173,22 @@ def test_training_mode_checks_gradients(tmp_path):
 
 
 @pytest.mark.slow
+def test_checkpointed_bert_trains_in_one_graph_with_its_peak_memory(tmp_path):
+    """The suite's hf_bert_checkpointed (transformers' ``gradient_checkpointing_enable()``) in
+    training: kiln's step is one graph with no break or fallback, its outputs and gradients
+    within the suite's tolerance of eager's, and each column's peak memory is recorded."""
+    cfg = RunConfig(
+        ["eager", "kiln"], tmp_path, mode="training", warm=False, iters=2, isolate=False
+    )
+    rows = run_suite([models.get("hf_bert_checkpointed")], cfg)
+    assert [(r.backend, r.status) for r in rows] == [("eager", "ok"), ("kiln", "ok")]
+    kiln_row = rows[1]
+    assert (kiln_row.graphs, kiln_row.graph_breaks, kiln_row.eager_fallbacks) == (1, 0, 0)
+    assert kiln_row.recompiles == 0 and kiln_row.rel_error is not None
+    assert all(r.peak_mem_mb is not None for r in rows)
+
+
+@pytest.mark.slow
 def test_crash_in_child_is_recorded(tmp_path):
     cfg = RunConfig(["eager"], tmp_path, warm=False, timeout_s=120)
     (row,) = run_suite([models.get("debug_crash")], cfg)
