@@ -112,7 +112,9 @@ def _collect_digits(expr: sympy.Expr, loop_vars: set[sympy.Symbol]) -> sympy.Exp
     rest: list[sympy.Expr] = []
     for term in expr.args:
         digits = [
-            f for f in sympy.Mul.make_args(term) if isinstance(f, (FloorDiv, ModularIndexing))
+            f
+            for f in sympy.Mul.make_args(term)
+            if isinstance(f, (FloorDiv, ModularIndexing)) and f.args[0].free_symbols & loop_vars
         ]
         if len(digits) != 1:
             rest.append(term)

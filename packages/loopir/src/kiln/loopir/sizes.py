@@ -148,8 +148,15 @@ def contiguous_strides(sizes: Sequence[sympy.Expr]) -> list[sympy.Expr]:
     return list(reversed(strides))
 
 
-@functools.lru_cache(maxsize=4096)
 def _at_least_one(size: sympy.Expr) -> sympy.Expr:
+    """``Max(size, 1)``, or ``size`` where the guards keep it at least 1 (a convolution's
+    output height ``(s2 - 1) // 2 + 1``): a ``Max`` in a stride hides from the kernels that
+    a dim's rows are contiguous."""
+    return size if symbolic.lower_bound(size) >= 1 else _max_one(size)
+
+
+@functools.lru_cache(maxsize=4096)
+def _max_one(size: sympy.Expr) -> sympy.Expr:
     """``Max(size, 1)``, remembered: sympy compares a ``Max``'s arguments as it builds one,
     slowly for symbolic sizes, and layouts ask for the strides of the same sizes often."""
     return sympy.Max(size, 1)
@@ -375,7 +382,7 @@ def _factor_divisor(
 
 def _digit(term: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr, sympy.Expr, sympy.Expr | None] | None:
     """``term`` as ``coeff * ((base // div) % mod)`` (mod None for a plain FloorDiv)."""
-    digits = [f for f in sympy.Mul.make_args(term) if isinstance(f, (FloorDiv, ModularIndexing))]
+    digits = [f for f in sympy.Mul.make_args(term) if _is_digit(f)]
     if len(digits) != 1:
         return None
     rest = digits[0]
@@ -385,6 +392,15 @@ def _digit(term: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr, sympy.Expr, sympy.
     if isinstance(rest, FloorDiv):
         return coeff, rest.args[0], rest.args[1], None
     return None
+
+
+def _is_digit(factor: sympy.Expr) -> bool:
+    """Whether ``factor`` is a digit of an index (``xindex // 24 % 8``), not a size in a
+    coefficient (``(s2 - 1) // 2``, a stride of a strided convolution's output)."""
+    if not isinstance(factor, (FloorDiv, ModularIndexing)):
+        return False
+    names = factor.args[0].free_symbols
+    return len(names) > len(symbolic.size_symbols([factor.args[0]]))
 
 
 def _flatten_digit(expr: sympy.Expr) -> sympy.Expr:
@@ -412,7 +428,7 @@ def merge_digits(expr: sympy.Expr) -> sympy.Expr:
         expr = expr.replace(lambda e: isinstance(e, FloorDiv), _flatten_digit)
         if not isinstance(expr, sympy.Add):
             return expr
-    terms = list(expr.args)
+    terms = _gathered(list(expr.args))
     digits = [_digit(t) for t in terms]
     changed = True
     while changed:
@@ -429,11 +445,33 @@ def merge_digits(expr: sympy.Expr) -> sympy.Expr:
                 FloorDiv(base, d_lo) if m_hi is None else ModularIndexing(base, d_lo, m_lo * m_hi)
             )
             kept = [k for k in range(len(terms)) if k not in (i, j)]
-            terms = [terms[k] for k in kept] + [c_lo * merged]
-            digits = [digits[k] for k in kept] + [_digit(terms[-1])]
+            terms = _gathered([terms[k] for k in kept] + [c_lo * merged])
+            digits = [_digit(t) for t in terms]
             changed = True
             break
     return sympy.Add(*terms)
+
+
+def _gathered(terms: list[sympy.Expr]) -> list[sympy.Expr]:
+    """``terms`` with those of one digit summed into one, ``q**2*d + 2*q*d + d`` as
+    ``(q**2 + 2*q + 1)*d``: a symbolic stride (``(q + 1)**2``, expanded where it was
+    computed) splits a digit's coefficient into monomials, and :func:`merge_digits` pairs
+    digits by whole coefficients."""
+    found: dict[sympy.Expr, list[sympy.Expr]] = {}
+    rest: list[sympy.Expr] = []
+    for term in terms:
+        factors = sympy.Mul.make_args(term)
+        digits = [f for f in factors if _is_digit(f)]
+        if len(digits) != 1:
+            rest.append(term)
+            continue
+        found.setdefault(digits[0], []).append(
+            sympy.Mul(*[f for f in factors if f is not digits[0]])
+        )
+    if all(len(c) == 1 for c in found.values()):
+        return terms  # nothing to gather (most sums): keep them as they were
+    gathered = [sympy.Add(*c) * d for d, c in found.items()]
+    return rest + [t for t in gathered if t != 0]
 
 
 def same(a: sympy.Expr, b: sympy.Expr) -> bool:
