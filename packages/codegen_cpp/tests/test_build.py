@@ -1,4 +1,5 @@
 import ctypes
+import shutil
 
 import pytest
 import torch
@@ -74,3 +75,51 @@ def test_concurrent_builds_share_one_clean_entry(tmp_path, monkeypatch):
     files = sorted(f.name for f in (tmp_path / "cpp").iterdir())
     assert len([f for f in files if f.endswith(".so")]) == 1
     assert not [f for f in files if f.endswith(".tmp")]
+
+
+@pytest.fixture
+def fresh_toolchain():
+    build.toolchain.cache_clear()
+    yield
+    build.toolchain.cache_clear()  # later tests probe the compiler they run with
+
+
+def test_compiler_probes_are_kept_until_the_compiler_changes(
+    tmp_path, monkeypatch, fresh_toolchain
+):
+    """A new process reads the compiler's version, target and vector width from the cache's
+    folder; a changed compiler file, target or tampered entry makes it run the probes again."""
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
+    real = shutil.which("g++") or shutil.which("c++")
+    assert real is not None
+    compiler = tmp_path / "bin" / "cxx"
+    compiler.parent.mkdir()
+    compiler.write_text(f'#!/bin/sh\nexec {real} "$@"\n')
+    compiler.chmod(0o755)
+    monkeypatch.setenv("CXX", str(compiler))
+    runs = []
+    probe = build._run
+    monkeypatch.setattr(build, "_run", lambda command: runs.append(command) or probe(command))
+
+    def new_process():
+        build.toolchain.cache_clear()
+        return build.toolchain()
+
+    first = new_process()
+    assert first.compiler == str(compiler) and len(runs) == 3
+    assert new_process() == first and len(runs) == 3  # read from disk, compiler not run
+    stamp = build.toolchain_stamp()
+    compiler.write_text(compiler.read_text() + "# upgraded\n")  # same path, another file
+    assert build.toolchain_stamp() != stamp
+    assert new_process() == first and len(runs) == 6
+    entries = (tmp_path / "cache" / "probes").glob("toolchain-*.json")
+    entry = max(entries, key=lambda path: path.stat().st_mtime_ns)  # the upgraded compiler's
+    entry.write_text(entry.read_text().replace(first.target, "elsewhere"))
+    assert new_process() == first and len(runs) == 9  # fails verification: probed
+    upgraded = build.toolchain_stamp()
+    monkeypatch.setenv("KILN_CPP_MARCH", "x86-64-v2")  # another target: another stamp
+    assert build.toolchain_stamp() != upgraded
+    monkeypatch.delenv("KILN_CPP_MARCH")
+    # a built library's key still holds what the compiler said (its version), as before
+    (lib,) = build.build_libraries([SOURCE.replace("2.0f", "7.0f")])
+    assert lib.path.exists()

@@ -185,3 +185,30 @@ def test_size_limit_from_environment(monkeypatch):
     assert disk_cache.size_limit() == int(2.5 * 1024 * 1024)
     monkeypatch.setenv(disk_cache.SIZE_ENV, "lots")
     assert disk_cache.size_limit() == int(disk_cache.DEFAULT_SIZE_MB * 1024 * 1024)
+
+
+def test_memoized_answers_last_while_their_stamp_does(tmp_path):
+    calls = []
+
+    def probe(value):
+        def compute():
+            calls.append(value)
+            return value
+
+        return compute
+
+    assert disk_cache.memoized(tmp_path, "probe", "v1", probe([1, "a"])) == [1, "a"]
+    assert disk_cache.memoized(tmp_path, "probe", "v1", probe([2, "b"])) == [1, "a"]
+    assert calls == [[1, "a"]]
+    # another stamp: computed and kept beside the first
+    assert disk_cache.memoized(tmp_path, "probe", "v2", probe([3])) == [3]
+    # an answer the caller refuses, and an entry that fails its sidecar: computed again
+    assert disk_cache.memoized(tmp_path, "probe", "v1", probe([4]), lambda a: a[0] == 4) == [4]
+    entry = next(p for p in tmp_path.glob("probe-*.json") if b"v2" in p.read_bytes())
+    entry.write_text('{"stamp": "v2", "answer": [99]}')
+    assert disk_cache.memoized(tmp_path, "probe", "v2", probe([5])) == [5]
+    assert calls == [[1, "a"], [3], [4], [5]]
+    assert not list(tmp_path.glob("*.tmp"))
+    # a folder that cannot be written still answers
+    missing = tmp_path / "gone" / "deeper"
+    assert disk_cache.memoized(missing, "probe", "v1", probe([6])) == [6]

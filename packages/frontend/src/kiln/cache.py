@@ -1,7 +1,8 @@
 """Kiln's on-disk caches: where they are, how big, and emptying them.
 
 Folders persist across runs: built C++ libraries (``KILN_CACHE_DIR``,
-default ``~/.cache/kiln``, subfolder ``cpp``), compiled graphs (subfolder ``graphs``,
+default ``~/.cache/kiln``, subfolder ``cpp``), what the C++ compiler says of itself
+(``probes``), compiled graphs (subfolder ``graphs``,
 :mod:`kiln.graph_cache`) and generated Triton kernels
 (``KILN_TRITON_CACHE``, default ``~/.cache/kiln/triton``; listed only where
 ``kiln.codegen_triton`` and Triton can be imported). Each is bounded by
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from kiln import graph_cache
 from kiln.codegen_cpp.cache import cache_dir as cpp_cache_dir
+from kiln.codegen_cpp.cache import probe_dir
 from kiln.loopir import disk_cache
 
 try:  # Triton is optional: without it there are no Triton kernels to cache
@@ -41,7 +43,7 @@ class CacheInfo:
 
 def folders() -> dict[str, Path]:
     """Each cache's folder, after the same privacy checks (and fallback) a build makes."""
-    found = {"cpp": cpp_cache_dir(), "graphs": graph_cache.folder()}
+    found = {"cpp": cpp_cache_dir(), "probes": probe_dir(), "graphs": graph_cache.folder()}
     if triton_options is not None:
         triton_root = triton_options.cache_dir
         found["triton kernels"] = disk_cache.private_dir(triton_root, "kernels")

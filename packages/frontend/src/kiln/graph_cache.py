@@ -35,9 +35,6 @@ import importlib.util
 import json
 import logging
 import os
-import platform
-import shlex
-import shutil
 import sys
 import types
 import zipfile
@@ -51,7 +48,7 @@ from torch import fx
 from kiln import loopir
 from kiln.__about__ import __version__
 from kiln.capture import GlobalState, artifacts, counters
-from kiln.codegen_cpp.build import MARCH_ENV
+from kiln.codegen_cpp.build import toolchain_stamp
 from kiln.codegen_cpp.cache import cache_dir as cpp_cache_dir
 from kiln.codegen_cpp.cache import cache_root
 from kiln.codegen_cpp.loader import opened_libraries
@@ -201,41 +198,13 @@ def _kiln_sources() -> str:
     return digest.hexdigest()[:40]
 
 
-def _cpu_tools() -> str:
-    """The C++ toolchain that CPU kernels are built with, without running it (its version
-    and target probes cost a warm start a good part of its time): the compiler
-    ``codegen_cpp.toolchain`` picks (``CXX``, else ``g++``, else ``c++``) by path, size and
-    modification time, the ``-march`` setting, and the CPU that ``-march=native`` targets.
-    Flags and headers are Kiln's sources, in the key already."""
-    cxx = os.environ.get("CXX")
-    candidates = shlex.split(cxx)[:1] if cxx else ["g++", "c++"]
-    found = next((path for c in candidates if (path := shutil.which(c))), None)
-    if found is None:
-        return "no C++ compiler"
-    real = os.path.realpath(found)
-    info = os.stat(real)
-    return repr((cxx, real, info.st_size, info.st_mtime_ns, os.environ.get(MARCH_ENV), _cpu()))
-
-
-@functools.cache
-def _cpu() -> str:
-    """What identifies this CPU's instruction set: its model and feature lines."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return f"{platform.machine()} {platform.processor()}"
-    wanted = ("model name", "flags", "Features", "CPU implementer", "CPU part")
-    lines = sorted({line for line in text.splitlines() if line.startswith(wanted)})
-    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:20]
-
-
 def _device(inputs: Sequence[Any]) -> list[str]:
     devices = sorted({str(t.device) for t in inputs if isinstance(t, torch.Tensor)})
     described = list(devices)
     for device in devices:
         kind = torch.device(device).type
         if kind == "cpu":
-            described.append(_cpu_tools())
+            described.append(toolchain_stamp())
         elif kind == "cuda":
             index = torch.device(device).index or 0
             capability = torch.cuda.get_device_capability(index)

@@ -16,17 +16,28 @@ import functools
 import hashlib
 import logging
 import os
+import platform
 import shlex
 import shutil
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from kiln.codegen_cpp import cache
 from kiln.codegen_cpp.__about__ import __version__
 from kiln.codegen_cpp.errors import CompilerNotFound, CppBuildError
+from kiln.loopir.disk_cache import memoized
 
-__all__ = ["BuiltLibrary", "Toolchain", "build_libraries", "include_dir", "toolchain"]
+__all__ = [
+    "BuiltLibrary",
+    "Toolchain",
+    "build_libraries",
+    "cpu_identity",
+    "include_dir",
+    "toolchain",
+    "toolchain_stamp",
+]
 
 log = logging.getLogger(__name__)
 build_log = logging.getLogger("kiln.codegen_cpp.build")
@@ -84,27 +95,88 @@ def _headers_digest() -> str:
     return digest.hexdigest()
 
 
-@functools.cache
-def toolchain() -> Toolchain:
-    """Find the compiler (``CXX``, else ``g++``, else ``c++``) and ask its version."""
+def _compiler() -> tuple[list[str], str | None]:
+    """The names looked for (``CXX``'s first word, else ``g++`` and ``c++``) and the path of
+    the first one found, or None."""
     cxx_env = os.environ.get("CXX")
     candidates = shlex.split(cxx_env)[:1] if cxx_env else ["g++", "c++"]
-    compiler = next((found for c in candidates if (found := shutil.which(c))), None)
+    return candidates, next((found for c in candidates if (found := shutil.which(c))), None)
+
+
+def _march() -> str:
+    return f"-march={os.environ.get(MARCH_ENV, 'native')}"
+
+
+@functools.cache
+def cpu_identity() -> str:
+    """What identifies this CPU's instruction set (what ``-march=native`` targets): a digest of
+    its model and feature lines."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return f"{platform.machine()} {platform.processor()}"
+    wanted = ("model name", "flags", "Features", "CPU implementer", "CPU part")
+    lines = sorted({line for line in text.splitlines() if line.startswith(wanted)})
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:20]
+
+
+def toolchain_stamp() -> str:
+    """The toolchain, told without running it: the compiler by path, real path, size and
+    modification time (an upgrade replaces the file), the ``-march`` target and the CPU it
+    means. What the compiler says of itself (:func:`toolchain`'s probes) is kept on disk
+    under this stamp, and the whole-graph cache keys CPU programs on it."""
+    _, compiler = _compiler()
+    if compiler is None:
+        return "no C++ compiler"
+    real = os.path.realpath(compiler)
+    info = os.stat(real)
+    return repr(
+        (compiler, real, info.st_size, info.st_mtime_ns, _march(), cpu_identity(), __version__)
+    )
+
+
+@functools.cache
+def toolchain() -> Toolchain:
+    """Find the compiler (``CXX``, else ``g++``, else ``c++``) and what it says of itself:
+    its version, what ``-march`` resolves to and the vector width it enables. Those probes run
+    the compiler three times, a good part of a warm start's time, so their answers are kept
+    in the cache's ``probes`` folder under :func:`toolchain_stamp` and run again only when
+    the compiler, the target or the CPU changes."""
+    candidates, compiler = _compiler()
     if compiler is None:
         msg = (
             f"no C++ compiler found (looked for {', '.join(candidates)}); install g++ "
             "or set CXX, or run CPU graphs with another backend"
         )
         raise CompilerNotFound(msg)
-    version = _run([compiler, "--version"]).splitlines()[0]
-    march = f"-march={os.environ.get(MARCH_ENV, 'native')}"
-    target = _native_target(compiler, march)
+    march = _march()
+
+    def probe() -> list[str | int]:
+        version = _run([compiler, "--version"]).splitlines()[0]
+        return [version, _native_target(compiler, march), _vector_bytes(compiler, march)]
+
+    try:
+        folder = cache.probe_dir()
+    except OSError:  # no usable private folder: probe, as without the cache
+        answer = probe()
+    else:
+        answer = memoized(folder, "toolchain", toolchain_stamp(), probe, _well_formed)
+    version, target, vector_bytes = str(answer[0]), str(answer[1]), int(answer[2])
     flags = (BASE_FLAGS[0], march, *BASE_FLAGS[1:], *EXTRA_FLAGS, f"-I{include_dir()}")
-    vector_bytes = _vector_bytes(compiler, march)
     build_log.debug(
         "toolchain: %s (%s), target %s, %d-byte vectors", compiler, version, target, vector_bytes
     )
     return Toolchain(compiler, version, target, flags, vector_bytes)
+
+
+def _well_formed(answer: Any) -> bool:
+    """Whether a kept probe answer is (version, target, vector bytes)."""
+    return (
+        isinstance(answer, list)
+        and len(answer) == 3
+        and all(isinstance(a, str) for a in answer[:2])
+        and answer[2] in (16, 32, 64)
+    )
 
 
 def _run(command: list[str]) -> str:

@@ -29,6 +29,7 @@ __all__ = [
     "atomic_write",
     "cache_dir",
     "cache_key",
+    "probe_dir",
     "cache_root",
     "evict",
     "seal",
@@ -57,6 +58,12 @@ def cache_dir() -> Path:
     the system's temporary folder.
     """
     return private_dir(cache_root(), "cpp")
+
+
+def probe_dir() -> Path:
+    """The folder for what the compiler says of itself (:func:`~kiln.codegen_cpp.build.toolchain`'s
+    probes): ``cache_root()/probes``, kept apart from the libraries, with the same checks."""
+    return private_dir(cache_root(), "probes")
 
 
 def cache_key(parts: Iterable[str | bytes]) -> str:

@@ -19,6 +19,10 @@ Writes go to a ``.<name>.<random>.tmp`` sibling and are renamed into place; a
 process killed mid-write leaves such a file behind, and :func:`clean_stale`
 removes those older than an hour.
 
+:func:`memoized` keeps a slow probe's answer (what a compiler reports about itself) as such an
+entry, stamped by what would change the answer (the compiler's path, size and modification
+time): a later process reads one small file instead of running the probe again.
+
 Each folder is bounded (``KILN_CACHE_SIZE_MB``, default 1024): an entry is the
 files sharing a name up to the first dot (``<key>.so``, its sidecar, its
 source), its last use is its newest modification time (a hit calls
@@ -38,8 +42,9 @@ import stat
 import tempfile
 import time
 import warnings
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "CacheDirWarning",
@@ -49,6 +54,7 @@ __all__ = [
     "clear",
     "entries",
     "evict",
+    "memoized",
     "private_dir",
     "read_verified",
     "seal",
@@ -218,6 +224,40 @@ def read_verified(path: Path) -> bytes | None:
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return data
+
+
+def memoized(
+    folder: Path,
+    name: str,
+    stamp: str,
+    compute: Callable[[], Any],
+    valid: Callable[[Any], bool] = lambda _: True,
+) -> Any:
+    """``compute()``'s answer (JSON data), kept in ``folder`` for later processes as long as
+    ``stamp`` (whatever would change the answer, as text) stays the same.
+
+    The entry is ``<name>-<digest of stamp>.json``, sealed like any entry and holding the
+    stamp itself; one that is missing, fails verification, holds another stamp or an answer
+    ``valid`` refuses is computed again and replaced, and the folder trimmed to its bound. A
+    folder that cannot be written costs only the saving: the answer is still returned."""
+    path = folder / f"{name}-{hashlib.sha256(stamp.encode()).hexdigest()[:32]}.json"
+    data = read_verified(path)
+    if data is not None:
+        with contextlib.suppress(ValueError, TypeError, KeyError):
+            record = json.loads(data)
+            if record["stamp"] == stamp and valid(record["answer"]):
+                touch(path)
+                return record["answer"]
+    answer = compute()
+    with contextlib.suppress(OSError):
+        staged = temporary_sibling(path)
+        try:
+            staged.write_text(json.dumps({"stamp": stamp, "answer": answer}))
+            seal(staged, path)
+        finally:
+            staged.unlink(missing_ok=True)  # gone after the rename; left by a failed write
+        evict(folder, keep={path.name.split(".", 1)[0]})
+    return answer
 
 
 def clean_stale(folder: Path, max_age: float = STALE_SECONDS) -> list[Path]:
