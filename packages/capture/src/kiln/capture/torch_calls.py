@@ -22,6 +22,7 @@ from kiln.capture.eager_errors import raises_in_eager
 from kiln.capture.errors import EagerRaises, Unsupported
 from kiln.capture.meta import RESTRIDES, DataDependentOp, MetadataMutation, reads_tensor_data
 from kiln.capture.shapes import unbacked
+from kiln.capture.shapes.dispatch import composites_in_python
 from kiln.capture.tensor_subclasses import is_dispatch_wrapper, is_function_subclass
 from kiln.capture.torch_functions import (
     COMPILING,
@@ -198,7 +199,11 @@ def _run(
     fake_kwargs = {k: u[1] for k, u in unpacked_kw.items()}
     before = tr.out.unbacked_count()
     try:
-        with tr.out.fake_mode, unbacked.allowing(tr.out.data_dependent_ops()):
+        with (
+            tr.out.fake_mode,
+            unbacked.allowing(tr.out.data_dependent_ops()),
+            composites_in_python(fake_args, fake_kwargs),
+        ):
             result = fn(*fake_args, **fake_kwargs)
     except Unsupported:
         raise

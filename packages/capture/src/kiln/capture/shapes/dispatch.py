@@ -20,6 +20,7 @@ torch, and a C++ composite kernel calls back into them.
 
 from __future__ import annotations
 
+import contextlib
 from types import TracebackType
 from typing import Any
 
@@ -29,7 +30,13 @@ from torch._decomp import decomposition_table, meta_table
 from torch._dispatch.python import enable_python_dispatcher
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["UNBACKED_KERNELS", "run_symbolic", "SymbolicMetaMode", "has_symbolic_sizes"]
+__all__ = [
+    "UNBACKED_KERNELS",
+    "SymbolicMetaMode",
+    "composites_in_python",
+    "has_symbolic_sizes",
+    "run_symbolic",
+]
 
 _aten = torch.ops.aten
 
@@ -46,6 +53,25 @@ _SYMBOLIC_KERNELS = frozenset(
         _aten.view_as_complex.default,
     }
 )
+
+
+# Metadata queries a C++ kernel may send through the dispatcher (torch 2.11's math attention
+# kernel calls ``aten.size.default``, which has no kernel to decompose into): each is answered
+# from the tensor's own symbolic sizes, strides and offset.
+_METADATA_QUERIES: dict[Any, Any] = {
+    _aten.size.default: lambda t: list(t.shape),
+    _aten.size.int: lambda t, d: t.shape[d],
+    _aten.sym_size.default: lambda t: list(t.shape),
+    _aten.sym_size.int: lambda t, d: t.shape[d],
+    _aten.stride.default: lambda t: list(t.stride()),
+    _aten.stride.int: lambda t, d: t.stride(d),
+    _aten.sym_stride.default: lambda t: list(t.stride()),
+    _aten.sym_stride.int: lambda t, d: t.stride(d),
+    _aten.numel.default: lambda t: t.numel(),
+    _aten.sym_numel.default: lambda t: t.numel(),
+    _aten.storage_offset.default: lambda t: t.storage_offset(),
+    _aten.sym_storage_offset.default: lambda t: t.storage_offset(),
+}
 
 
 #: Kernels for ops whose torch kernels decide on a data-dependent argument (``x[:n]`` for an
@@ -74,10 +100,23 @@ def _symbolic(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     )
 
 
+def composites_in_python(args: Any, kwargs: dict[str, Any]) -> Any:
+    """A context for calling a torch function on fakes at the torch level: with symbolic sizes
+    among the arguments, torch's Python dispatcher is on, so a C++ composite kernel that reads
+    sizes as integers (torch 2.11's ``matmul`` inside CUDA attention) calls torch's Python
+    kernel instead of specializing every size it reads."""
+    if _symbolic(tuple(args), kwargs):
+        return enable_python_dispatcher()
+    return contextlib.nullcontext()
+
+
 def run_symbolic(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``func(*args, **kwargs)`` without letting a C++ kernel specialize symbolic sizes."""
     if func in _SYMBOLIC_KERNELS or not _symbolic(args, kwargs):
         return func(*args, **kwargs)
+    query = _METADATA_QUERIES.get(func)
+    if query is not None:
+        return query(*args, **kwargs)
     if func in UNBACKED_KERNELS and _has_unbacked((args, kwargs)):
         out = UNBACKED_KERNELS[func](*args, **kwargs)
         if out is not NotImplemented:
