@@ -18,6 +18,9 @@ does the same with PYTHONPATH set)::
         torchrun --nproc_per_node 2 benchmarks/distributed.py --device cuda --out OUT_DIR
 
 or ``python benchmarks/distributed.py --device cuda --nproc 2`` (spawns the ranks itself).
+With ``--out``, rank 0's profiler traces land there too (``trace-SETUP-COMPILER.json``, for
+chrome://tracing or Perfetto). ``--setups`` and ``--compilers`` pick rows, so a long run can
+be split over several calls.
 ``--device cpu --tiny`` runs a small model on gloo to check the script works; its
 overlap figure counts CPU operator time and means little.
 """
@@ -30,6 +33,7 @@ import gc
 import json
 import os
 import re
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -113,7 +117,8 @@ def _build(
     compile_fn = _compiler(compiler)
     if setup == "ddp":
         ids = [device.index] if device.type == "cuda" else None
-        return compile_fn(DDP(model, device_ids=ids)), model
+        ddp = DDP(model, device_ids=ids, bucket_cap_mb=args.bucket_cap_mb)
+        return compile_fn(ddp), model
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -190,7 +195,11 @@ def overlap_fraction(
     return total, (hidden / total if total else 0.0)
 
 
-def _profile(step: Callable[[], float], device: torch.device, steps: int) -> dict[str, float]:
+def _profile(
+    step: Callable[[], float], device: torch.device, steps: int, trace: Path | None
+) -> dict[str, float]:
+    """Communication time per step and the share of it under compute, from the trace's
+    kernels (on CPU: operators; gloo's work runs on threads of its own)."""
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -198,16 +207,18 @@ def _profile(step: Callable[[], float], device: torch.device, steps: int) -> dic
         for _ in range(steps):
             step()
         _sync(device)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = trace or Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        events = json.loads(path.read_text()).get("traceEvents", [])
+    wanted = "kernel" if device.type == "cuda" else "cpu_op"
     comm: list[tuple[float, float]] = []
     compute: list[tuple[float, float]] = []
-    for evt in prof.events():
-        on_device = evt.device_type == torch.autograd.DeviceType.CUDA
-        if device.type == "cuda" and not on_device:
+    for evt in events:
+        if evt.get("cat") != wanted or "dur" not in evt:
             continue
-        if device.type == "cpu" and not (evt.name.startswith("aten::") or COMM.search(evt.name)):
-            continue
-        span = (float(evt.time_range.start), float(evt.time_range.end))
-        (comm if COMM.search(evt.name) else compute).append(span)
+        span = (float(evt["ts"]), float(evt["ts"]) + float(evt["dur"]))
+        (comm if COMM.search(str(evt.get("name", ""))) else compute).append(span)
     total, hidden = overlap_fraction(comm, compute)
     return {"comm_ms_per_step": total / 1e3 / steps, "comm_hidden": hidden}
 
@@ -243,7 +254,11 @@ def _measure(setup: str, compiler: str, args: argparse.Namespace, device: torch.
         "loss": loss,
     }
     if args.profile_steps:
-        row.update(_profile(step, device, args.profile_steps))
+        trace = None
+        if args.out and dist.get_rank() == 0:
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            trace = Path(args.out) / f"trace-{setup}-{compiler}.json"
+        row.update(_profile(step, device, args.profile_steps, trace))
     if compiler == "kiln":
         import kiln
 
@@ -311,6 +326,12 @@ def main() -> None:
     p.add_argument("--setups", default="ddp,fsdp2")
     p.add_argument("--compilers", default="eager,torch_compile,kiln")
     p.add_argument("--fsdp-compile", choices=["block", "whole"], default="block")
+    p.add_argument(
+        "--bucket-cap-mb",
+        type=float,
+        default=None,
+        help="DDP's (default 25; torch.compile refuses < 1)",
+    )
     p.add_argument("--batch", type=int, default=8, help="sequences per rank")
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--warmup", type=int, default=3, help="steps before timing (compiles)")
