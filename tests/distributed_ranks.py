@@ -4,7 +4,8 @@
 (``torch.multiprocessing``) that train each scenario of the group for five steps on their
 own batches and check losses and parameters against the same eager distributed run, and the
 graph pieces DDP's buckets split the graph into; the DDP group also checks a traced
-``dist.all_reduce`` across the ranks. ``tests/test_distributed_ranks.py`` runs it
+``dist.all_reduce`` across the ranks, the FSDP2 group a ``torch.distributed.checkpoint``
+round trip from the compiled model. ``tests/test_distributed_ranks.py`` runs it
 (one spawned run per group); the GPU benchmark ``benchmarks/distributed.py`` trains the same
 block at GPT-2-medium size.
 """
@@ -188,7 +189,28 @@ def collective_worker(rank: int) -> None:
         torch.testing.assert_close(fn(x), torch.full((5,), 2.0).sin())  # 0 * 1 + 1 * 2
 
 
-def fsdp2_worker(rank: int) -> None:
+def checkpoint_round_trip(
+    model: nn.Module, ref: nn.Module, compiled: Callable[..., torch.Tensor], folder: str, rank: int
+) -> None:
+    """``torch.distributed.checkpoint`` saves the compiled model's shards and loads them into
+    the eager one, zeroed first: equal parameters, and an equal loss after."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(model.state_dict(), checkpoint_id=folder)
+    with torch.no_grad():
+        for q in ref.parameters():
+            q.zero_()
+    state = ref.state_dict()
+    dcp.load(state, checkpoint_id=folder)
+    ref.load_state_dict(state)
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(_plain(p), _plain(q))
+    idx = next(batches(rank + 7))
+    tol = {"rtol": 2e-2, "atol": 2e-3}
+    torch.testing.assert_close(loss_of(compiled, idx), loss_of(ref, idx), **tol)
+
+
+def fsdp2_worker(rank: int, folder: str) -> None:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     import kiln
@@ -232,6 +254,7 @@ def fsdp2_worker(rank: int) -> None:
         expected = 2 if per_block else 4
         assert s.graph_break_kinds == ({} if per_block else {"distributed_module": 2}), s
         assert s.graphs_compiled == expected, (per_block, s)
+        checkpoint_round_trip(model, ref, compiled, f"{folder}-{per_block}", rank)
         if rank == 0:
             print("per block" if per_block else "whole", time.perf_counter() - start, flush=True)
 
@@ -243,7 +266,7 @@ def _worker(rank: int, group: str, store: str) -> None:
             ddp_worker(rank)
             collective_worker(rank)
         else:
-            fsdp2_worker(rank)
+            fsdp2_worker(rank, store + ".checkpoint")
     finally:
         dist.destroy_process_group()
 
