@@ -20,6 +20,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from kiln.capture import GraphBreak, GuardKind, capture
 from kiln.capture.explain import op_names
+from kiln.capture.parallel_modules import BucketCaps, active_ddp_buckets
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed missing")
 
@@ -104,3 +105,22 @@ def test_in_place_collectives_and_rank_queries_are_traced() -> None:
     assert harness.breaks == []
     assert op_names(harness.graphs[0]) == ["add", "all_reduce", "wait_tensor", "copy_", "mul"]
     assert sum(g.kind is GuardKind.CACHED_CALL for g in harness.guards) == 2
+
+
+@pytest.mark.parametrize(
+    ("options", "first", "rest"),
+    [({}, 1 << 20, 25 << 20), ({"bucket_cap_mb": 2}, 2 << 20, 2 << 20)],
+)
+def test_active_ddp_buckets_are_read_during_its_forward(
+    options: dict[str, Any], first: int, rest: int
+) -> None:
+    """DDP's own sizes: the default cap starts with a 1 MiB bucket, a cap given is every
+    bucket's; ignored parameters listed; nothing outside a DDP forward."""
+    model = _net()
+    DDP._set_params_and_buffers_to_ignore_for_model(model, ["0.bias"])
+    seen: list[BucketCaps | None] = []
+    model.register_forward_pre_hook(lambda m, args: seen.append(active_ddp_buckets()))
+    DDP(model, **options)(torch.randn(3, 6))
+    ignored = frozenset({id(model[0].bias)})
+    assert seen == [BucketCaps(first, rest, ignored)]
+    assert active_ddp_buckets() is None
