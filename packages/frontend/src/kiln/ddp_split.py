@@ -23,6 +23,7 @@ pieces of the graphs compiled under DDP (one for a graph that is not split).
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -36,6 +37,7 @@ from kiln.capture.parallel_modules import BucketCaps, active_ddp_buckets
 
 __all__ = ["bucket_of_nodes", "compile_under_ddp"]
 
+log = logging.getLogger(__name__)
 CompileFn = Callable[[fx.GraphModule, Sequence[Any]], Callable[..., Any]]
 
 
@@ -98,12 +100,15 @@ def compile_under_ddp(
     if caps is None:
         return compile_fn(gm, example_inputs)
     partition = bucket_of_nodes(gm, example_inputs, caps)
-    count = max(partition.values(), default=0) + 1
-    counters.bump("stats", "ddp_graph_pieces", count)
-    if count == 1:
-        return compile_fn(gm, example_inputs)
-    split = split_module(gm, gm, partition.__getitem__, keep_original_order=True)
-    return _Pieces(split, compile_fn)
+    split: fx.GraphModule | None = None
+    if max(partition.values(), default=0) > 0:
+        try:
+            split = split_module(gm, gm, partition.__getitem__, keep_original_order=True)
+        except Exception as e:  # a graph split_module cannot cut: compiled whole, no overlap
+            log.warning("kiln: a graph under DDP compiles unsplit: %s: %s", type(e).__name__, e)
+    pieces = max(partition.values()) + 1 if split is not None else 1
+    counters.bump("stats", "ddp_graph_pieces", pieces)
+    return compile_fn(gm, example_inputs) if split is None else _Pieces(split, compile_fn)
 
 
 class _Pieces:
