@@ -21,8 +21,9 @@ import kiln
 from kiln import loopir
 from kiln.capture import counters
 
-# the default backend compiles symbolic sizes once only when asked (off by default)
-_SYMBOLIC = {"dynamic_kernels": True}
+# the default backend compiles a graph with symbolic sizes once (``dynamic_kernels``, on by
+# default); ``options={"dynamic_kernels": False}`` compiles it per size
+_PER_SIZE = {"dynamic_kernels": False}
 
 torch.manual_seed(0)
 _LINEAR = torch.nn.Linear(24, 24)
@@ -98,9 +99,7 @@ def _sources(folder: Path) -> str:
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
 def test_compiles_once_for_every_size(name: str, tmp_path: Path) -> None:
     fn = PROGRAMS[name]
-    compiled = kiln.compile(
-        fn, dynamic=True, options={"debug_dir": str(tmp_path), "dynamic_kernels": True}
-    )
+    compiled = kiln.compile(fn, dynamic=True, options={"debug_dir": str(tmp_path)})
     with torch.no_grad():
         for rows in (37, 53, 5, 71):
             x = torch.randn(rows, 24)
@@ -116,12 +115,57 @@ def test_compiles_once_for_every_size(name: str, tmp_path: Path) -> None:
     assert "s0 = " in text  # the wrapper binds the size once per call
 
 
+def _libraries_built() -> int:
+    """C++ libraries built or loaded from the on-disk cache (one per compile of kernels)."""
+    cpp = counters.snapshot().get("codegen_cpp", {})
+    return int(cpp.get("libraries_built", 0)) + int(cpp.get("libraries_cached", 0))
+
+
+@pytest.mark.parametrize("dynamic", [True, None])
+def test_by_default_a_new_size_reuses_the_built_kernels(
+    dynamic: bool | None, tmp_path: Path
+) -> None:
+    """With the default options, a size seen after the graph went symbolic (the first call
+    with ``dynamic=True``, the second with ``dynamic=None``) builds no C++ library: every
+    later size runs the kernels built once, whose source holds no literal for the size."""
+    compiled = kiln.compile(_mlp, dynamic=dynamic, options={"debug_dir": str(tmp_path)})
+    sizes = (37, 53, 5, 71, 19)
+    symbolic_from = 1 if dynamic else 2
+    with torch.no_grad():
+        for i, rows in enumerate(sizes):
+            x = torch.randn(rows, 24)
+            if i == symbolic_from:
+                built = _libraries_built()
+                assert built > 0
+            torch.testing.assert_close(compiled(x), _mlp(x), atol=2e-5, rtol=2e-5)
+    assert _libraries_built() == built
+    stats = counters.snapshot()["stats"]
+    assert stats["graphs_compiled"] == (1 if dynamic else 2)
+    assert not stats.get("size_specializations")
+    symbolic = [p for p in tmp_path.rglob("*.cpp") if "int64_t s" in p.read_text()]
+    assert symbolic, "no kernel takes a size argument"
+    for size in sizes[symbolic_from - 1 :]:
+        text = "\n".join(p.read_text() for p in symbolic)
+        assert not re.search(rf"\b{size}\b", text), f"size {size} baked into a kernel"
+
+
+def test_dynamic_kernels_off_compiles_per_size() -> None:
+    compiled = kiln.compile(_mlp, dynamic=True, options=_PER_SIZE)
+    with torch.no_grad():
+        for rows in (37, 53, 37):
+            x = torch.randn(rows, 24)
+            torch.testing.assert_close(compiled(x), _mlp(x), atol=2e-5, rtol=2e-5)
+    stats = counters.snapshot()["stats"]
+    assert stats["frames_captured"] == 1
+    assert stats["size_specializations"] == 2
+
+
 def _unproven_slice(x: torch.Tensor) -> torch.Tensor:
     return x[:, : x.shape[1] // 2].sin()  # its end is not provably inside the dim
 
 
 def test_what_loopir_compiles_static_only_is_compiled_per_size() -> None:
-    compiled = kiln.compile(_unproven_slice, dynamic=True, options=_SYMBOLIC)
+    compiled = kiln.compile(_unproven_slice, dynamic=True)
     for n in (9, 12, 9):
         x = torch.randn(3, n)
         torch.testing.assert_close(compiled(x), _unproven_slice(x))
@@ -203,7 +247,7 @@ def _train_attention(x: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("fn", [_train_mlp, _train_statistics, _train_attention])
 def test_training_compiles_once_for_every_size(fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
-    compiled = kiln.compile(fn, dynamic=True, options=_SYMBOLIC)
+    compiled = kiln.compile(fn, dynamic=True)
     for rows in (37, 53, 5):
         x = torch.randn(rows, 24, requires_grad=True)
         _LINEAR.zero_grad()
@@ -231,7 +275,7 @@ def test_symbolic_sizes_fuse_as_static_ones() -> None:
     for dynamic in (False, True):
         kiln.reset()
         counters.clear()
-        compiled = kiln.compile(_add_norm, dynamic=dynamic, options=_SYMBOLIC)
+        compiled = kiln.compile(_add_norm, dynamic=dynamic)
         with torch.no_grad():
             for rows in (37, 53):
                 x, y = torch.randn(2, rows, 24), torch.randn(2, rows, 24)
@@ -255,7 +299,7 @@ _CNN = torch.nn.Sequential(
 def test_a_cnn_compiles_once_for_every_image_size() -> None:
     """Convolution output sizes (Max of sizes the ranges decide), a padded max pool masked
     against this call's size, a global average pool."""
-    compiled = kiln.compile(_CNN, dynamic=True, options=_SYMBOLIC)
+    compiled = kiln.compile(_CNN, dynamic=True)
     with torch.no_grad():
         for hw in ((40, 48), (33, 57), (64, 64)):
             x = torch.randn(2, 3, *hw)
@@ -278,7 +322,7 @@ def test_rows_picked_by_a_mask_across_layouts() -> None:
     """The continuation past ``nonzero`` mutates an input that shares memory with another:
     traced over their base, on the sizes of its first call, so a later call whose row count
     differs takes a program of its own."""
-    compiled = kiln.compile(_mask_rows, options=_SYMBOLIC)
+    compiled = kiln.compile(_mask_rows)
     for layout in ("transposed", "contiguous", "sliced", "sliced", "contiguous"):
         if layout == "transposed":
             y = torch.randn(5, 2).t()
@@ -298,7 +342,7 @@ def _write_one_view(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.
 def test_a_write_through_a_shared_view_serves_other_inputs_sizes() -> None:
     """``a`` and ``b`` overlap and ``a`` is written: the program over their base is traced
     on static fakes, so the size of ``c`` (symbolic in the graph) selects the program too."""
-    compiled = kiln.compile(_write_one_view, dynamic=True, options=_SYMBOLIC)
+    compiled = kiln.compile(_write_one_view, dynamic=True)
     for rows in (37, 53, 5, 53):
         base, expected = torch.randn(8, 6), torch.randn(8, 6)
         expected.copy_(base)
@@ -331,7 +375,7 @@ def test_eval_batch_norm_writes_no_statistic() -> None:
     kernels = []
     for dynamic in (False, True):
         kiln.reset()
-        compiled = kiln.compile(block, dynamic=dynamic, options=_SYMBOLIC)
+        compiled = kiln.compile(block, dynamic=dynamic)
         with torch.no_grad():
             for size in (11, 7):
                 x = torch.randn(2, 4, size, size + 2)

@@ -429,7 +429,7 @@ class CompiledFunction:
             limit = self._config.option("recompile_limit") or guards.config.recompile_limit
             symbolic_kernels = (
                 self._backend is not kiln_backend
-                or self._config.option("dynamic_kernels", False)
+                or self._config.option("dynamic_kernels", True)
                 or dynamic.numbers_only(gm)
             )
             if symbolic_kernels and dynamic.serves_symbols(self._backend, gm):

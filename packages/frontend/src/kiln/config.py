@@ -37,7 +37,8 @@ OPTIONS: dict[str, tuple[type, str]] = {
     ),
     "dynamic_kernels": (
         bool,
-        "let the default backend compile a graph with symbolic sizes once (off: per size)",
+        "let the default backend compile a graph with symbolic sizes once (default: on; "
+        "off: per size)",
     ),
     "skip_guards": (bool, "UNSAFE: run the newest entry without checking guards"),
     "debug_dir": (str, "dump artifacts of every compiled frame into this folder"),
