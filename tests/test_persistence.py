@@ -427,3 +427,34 @@ def test_the_cpu_toolchain_and_its_target_are_in_the_key(monkeypatch):
     monkeypatch.delenv("KILN_CPP_MARCH")
     monkeypatch.setenv("CXX", "c++")  # another compiler, by path
     assert device_part() != first
+
+
+def test_the_sources_digest_is_kept_until_a_source_changes(tmp_path, monkeypatch):
+    """Kiln's sources are hashed once and the digest kept under their sizes and modification
+    times: a later process reads it back, and a changed file is hashed again."""
+    from kiln import graph_cache
+
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
+    source = tmp_path / "module.py"
+    source.write_text("x = 1\n")
+    monkeypatch.setattr(graph_cache, "_source_files", lambda: [str(source)])
+
+    def new_process() -> str:
+        graph_cache._kiln_sources.cache_clear()
+        return graph_cache._kiln_sources()
+
+    try:
+        first = new_process()
+        assert list((tmp_path / "cache" / "probes").glob("sources-*.json"))
+        info = source.stat()
+        source.write_text("x = 2\n")  # same size; its time put back: the kept digest is read
+        os.utime(source, ns=(info.st_atime_ns, info.st_mtime_ns))
+        assert new_process() == first
+        source.write_text("x = 20\n")  # changed: hashed again
+        changed = new_process()
+        assert changed != first
+        for entry in (tmp_path / "cache" / "probes").glob("sources-*.json"):
+            entry.write_text('{"stamp": "forged", "answer": "forged"}')  # fails verification
+        assert new_process() == changed
+    finally:
+        graph_cache._kiln_sources.cache_clear()  # later tests hash the real sources

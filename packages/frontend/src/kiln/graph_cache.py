@@ -50,7 +50,7 @@ from kiln.__about__ import __version__
 from kiln.capture import GlobalState, artifacts, counters
 from kiln.codegen_cpp.build import toolchain_stamp
 from kiln.codegen_cpp.cache import cache_dir as cpp_cache_dir
-from kiln.codegen_cpp.cache import cache_root
+from kiln.codegen_cpp.cache import cache_root, probe_dir
 from kiln.codegen_cpp.loader import opened_libraries
 from kiln.logs import PACKAGES
 from kiln.loopir import disk_cache
@@ -183,19 +183,46 @@ def _graph(gm: fx.GraphModule) -> list[Any]:
 _PACKAGES = ("capture", "guards", "autograd_aot", "loopir", "codegen_cpp", "codegen_triton")
 
 
-@functools.cache
-def _kiln_sources() -> str:
-    """A digest of every installed Kiln source file: a changed Kiln compiles anew."""
-    digest = hashlib.sha256(__version__.encode())
-    files = {p for p in Path(__file__).parent.glob("*.py")}
+def _source_files() -> list[str]:
+    """Every installed Kiln source file (the frontend's modules, the packages' ``.py`` and
+    ``.h`` files), sorted."""
+    files = [str(p) for p in Path(__file__).parent.glob("*.py")]
     for name in _PACKAGES:
         spec = importlib.util.find_spec(f"kiln.{name}")
         for root in (spec.submodule_search_locations or []) if spec else []:
-            files.update(p for p in Path(root).rglob("*") if p.suffix in (".py", ".h"))
-    for path in sorted(files):
-        digest.update(str(path).encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:40]
+            for parent, _, names in os.walk(root):
+                files.extend(os.path.join(parent, n) for n in names if n.endswith((".py", ".h")))
+    return sorted(set(files))
+
+
+@functools.cache
+def _kiln_sources() -> str:
+    """A digest of every installed Kiln source file: a changed Kiln compiles anew.
+
+    Reading and hashing them all is a good part of a warm start, so the digest is kept in the
+    probes folder (:func:`kiln.loopir.disk_cache.memoized`) under the files' paths, sizes and
+    modification times, as the compiler's probes are under the compiler's."""
+    files = _source_files()
+
+    def digest() -> str:
+        found = hashlib.sha256(__version__.encode())
+        for path in files:
+            found.update(path.encode())
+            found.update(Path(path).read_bytes())
+        return found.hexdigest()[:40]
+
+    stats = [(path, (info := os.stat(path)).st_size, info.st_mtime_ns) for path in files]
+    stamp = hashlib.sha256(repr((__version__, stats)).encode()).hexdigest()
+    try:
+        probes = probe_dir()
+    except OSError:  # no usable private folder: hash them, as without the cache
+        return digest()
+    kept: str = disk_cache.memoized(probes, "sources", stamp, digest, _is_text)
+    return kept
+
+
+def _is_text(answer: Any) -> bool:
+    return isinstance(answer, str)
 
 
 def _device(inputs: Sequence[Any]) -> list[str]:
