@@ -191,6 +191,42 @@ def test_a_new_size_in_a_seen_bucket_tunes_nothing_new() -> None:
     assert (bucket(37), bucket(64), bucket(65), bucket(1)) == (64, 64, 128, 1)
 
 
+def test_a_new_bucket_near_a_tuned_one_takes_its_tuner() -> None:
+    """``xnumel`` buckets within REUSE_SPAN of a tuned one (same ``rnumel`` bucket) share its
+    tuner; one further away than that from every tuned bucket gets its own."""
+    backend = _recording()
+    compiled = _compile(_pointwise, [torch.randn(37, 53)] * 2, [(0, 1)] * 2, backend)
+    for n in (37, 70, 140, 300, 1200):  # elements 1961, 3710, 7420, 15900, 63600
+        x, y = torch.randn(n, 53), torch.randn(n, 53)
+        torch.testing.assert_close(compiled(x, y), _pointwise(x, y))
+    for launcher in backend.launchers():
+        assert set(launcher._tuners) == {(b, 1) for b in (2048, 4096, 8192, 16384, 65536)}
+        first, second = launcher._tuners[2048, 1], launcher._tuners[16384, 1]
+        assert first is not second  # 16384 is 8 times 2048: tuned for itself
+        assert launcher._tuners[4096, 1] is first and launcher._tuners[8192, 1] is first
+        assert launcher._tuners[65536, 1] is second  # 4 times 16384, 32 times 2048
+
+
+@pytest.mark.gpu
+def test_other_size_patterns_launch_one_generic_binary_per_config() -> None:
+    """Compiled at sizes that are no multiple of 16, called at ones that are (and back): those
+    launch the config's generic binary, built once by the compile workers, not a binary per
+    pattern; outputs equal eager."""
+    backend = TritonBackend(TritonOptions(parallel_compile=True))
+    recording = _Recording(backend.options)
+    made = [torch.randn(37, 53, device="cuda")] * 2
+    compiled = _compile(_pointwise, made, [(0, 1)] * 2, recording)
+    for n, m in ((37, 53), (64, 32), (48, 16), (33, 17), (37, 53)):
+        x, y = torch.randn(n, m, device="cuda"), torch.randn(n, m, device="cuda")
+        torch.testing.assert_close(compiled(x, y), _pointwise(x, y))
+    for launcher in recording.launchers():
+        generic = [spec for spec in launcher._compiled if spec[-1] == "generic"]
+        exact = [spec for spec in launcher._compiled if spec[-1] != "generic"]
+        assert generic, "no generic binary was launched"
+        divisible = [f[1] for spec in exact for f in spec if isinstance(f, tuple)]
+        assert not any(divisible), f"a binary per pattern: {exact}"
+
+
 def test_a_32_bit_kernel_refuses_sizes_past_2_to_the_31() -> None:
     backend = _recording()
     compiled = _compile(_pointwise, [torch.randn(37, 53)] * 2, [(0, 1)] * 2, backend)

@@ -6,20 +6,31 @@ launcher computes ``xnumel``, ``rnumel`` and the kernel's size arguments with on
 function, and the grid from ``xnumel`` and the config's ``XBLOCK``.
 
 Configs are tuned per *size bucket*: the powers of two at or above ``xnumel`` and ``rnumel``.
-Each bucket has its own :class:`~kiln.codegen_triton.autotune.Autotuner` (candidates from the
+A bucket has its own :class:`~kiln.codegen_triton.autotune.Autotuner` (candidates from the
 bucket's sizes, the winner cached on disk under the kernel source and the bucket), so a new
-size in a bucket seen before launches at once, without benchmarking or compiling again.
+size in a bucket seen before launches at once, without benchmarking or compiling again. A new
+``xnumel`` bucket within :data:`REUSE_SPAN` of a tuned one (same ``rnumel`` bucket) takes that
+bucket's tuner: ``XBLOCK`` only sizes the grid, so its winner is valid and near its best there,
+and a sequence length growing from 17 to 128 does not re-tune every kernel at each doubling.
 
 Triton specialises a compiled kernel on each integer argument being 1 or a multiple of 16
 (and on its width), as it does on the 16-byte alignment of pointers, so a compiled binary is
 kept per config and pattern of those facts and launched directly, as the static launcher does.
-The launch for an exact set of sizes (and alignments) is kept too (:data:`LAUNCHES_KEPT`): a
-steady-state call is one generated function, one lookup and the launch.
+The sizes the graph was compiled at get binaries specialised to them (the compile workers
+build them). Other patterns share one *generic* binary per config and pointer alignment,
+compiled with no size specialised (every size a plain 32-bit argument, valid for any value
+below 2**31): once a config wins its bucket, the compile workers build its generic binary in
+the background, so a later size with another pattern loads it instead of compiling every
+kernel of the graph in turn on the calling thread. The launch for an exact set of sizes (and
+alignments) is kept too (:data:`LAUNCHES_KEPT`): a steady-state call is one generated
+function, one lookup and the launch.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,18 +39,28 @@ import torch
 from triton import knobs
 
 from kiln.codegen_triton.autotune import Autotuner, Config, candidate_configs
+from kiln.codegen_triton.compile_pool import compile_pool
 from kiln.codegen_triton.errors import TritonLaunchError
 from kiln.codegen_triton.kernel import INT32_LIMIT, KernelSource
 from kiln.codegen_triton.mathlib import INTERPRET
 from kiln.codegen_triton.runtime import TritonLauncher, _hooked
 from kiln.codegen_triton.symbolic_sizes import SymbolicSizes, bucket
 
-__all__ = ["LAUNCHES_KEPT", "SymbolicLauncher"]
+__all__ = ["LAUNCHES_KEPT", "REUSE_SPAN", "SymbolicLauncher"]
 
 LAUNCHES_KEPT = 256
 """Exact size sets whose launch a launcher keeps ready (all are dropped when it fills)."""
 
+REUSE_SPAN = 4
+"""How many times larger or smaller a new ``xnumel`` bucket may be than a tuned one and still
+take its tuner (with the same ``rnumel`` bucket)."""
+
+_GENERIC_SIZE = 17
+"""A size that Triton specialises on nothing (not 1, no multiple of 16, 32 bits)."""
+
 _Launch = Callable[[Sequence[Any]], None]
+
+log = logging.getLogger(__name__)
 
 
 class SymbolicLauncher(TritonLauncher):
@@ -66,18 +87,40 @@ class SymbolicLauncher(TritonLauncher):
         self.written_pos = [i for i, n in enumerate(dict.fromkeys(arg_names)) if n in set(written)]
         self._sizes = self.symbolic.evaluator()
         self._tuners: dict[tuple[int, int], Autotuner] = {}
+        self._tuned_at: dict[tuple[int, int], Autotuner] = {}
+        """The tuners made for their own bucket (``_tuners`` also maps buckets that share one)."""
         self._compiled: dict[tuple[Any, ...], Any] = {}
         self._ready: dict[tuple[Any, ...], _Launch] = {}
+        self._warm_job: dict[str, Any] | None = None
+        self._generic_ok: dict[Config, concurrent.futures.Future[None] | None] = {}
+        """The configs that launch other sizes' patterns with their generic binary, and the
+        compile workers' job building it (None: none, it compiles here)."""
+
+    def start_parallel_compile(self, dtypes: Sequence[torch.dtype], workers: int) -> None:
+        super().start_parallel_compile(dtypes, workers)
+        names = [str(d).removeprefix("torch.") for d in dtypes]
+        self._warm_job = {"path": str(self.path), "name": self.ks.name, "dtypes": names}
+        self._workers = workers
 
     def tuner_for(self, xnumel: int, rnumel: int) -> Autotuner:
-        """The autotuner of the size bucket of ``xnumel`` x ``rnumel``."""
+        """The autotuner of the size bucket of ``xnumel`` x ``rnumel`` (or of a tuned bucket
+        near it: see the module docstring)."""
         key = (bucket(xnumel), bucket(rnumel))
         found = self._tuners.get(key)
         if found is None:
+            near = [
+                (max(k[0], key[0]) // min(k[0], key[0]), k)
+                for k, tuner in self._tuned_at.items()
+                if k[1] == key[1] and tuner.best is not None
+            ]
+            if near and min(near)[0] <= REUSE_SPAN:
+                found = self._tuners[key] = self._tuned_at[min(near)[1]]
+                return found
             at = dataclasses.replace(self.ks, numel=key[0], rnumel=key[1])
             configs = candidate_configs(at, max_autotune=self.max_autotune)
             ident = f"{self.ks.source}\n# sizes {key[0]} {key[1]}"
-            found = self._tuners[key] = Autotuner(ident, configs, self.cache_dir, self.written_pos)
+            found = Autotuner(ident, configs, self.cache_dir, self.written_pos)
+            self._tuners[key] = self._tuned_at[key] = found
         return found
 
     def __call__(self, *args: Any) -> None:
@@ -111,7 +154,44 @@ class SymbolicLauncher(TritonLauncher):
         tuner = self.tuner_for(xnumel, rnumel)
         cfg = tuner.choose(lambda c, ts: self.launch_with(c, ts, scalars)(ts), tensors)
         self.launch_with(cfg, tensors, scalars)(tensors)
+        self._warm_generic(cfg, len(scalars))
         return self.launch_with(cfg, tensors, scalars)  # the binary, now that it is built
+
+    def _warm_generic(self, cfg: Config, count: int) -> None:
+        """From now on ``cfg`` launches other patterns of sizes with its generic binary; the
+        compile workers (when on) start building it into Triton's disk cache."""
+        if cfg in self._generic_ok or INTERPRET:
+            return
+        job = None
+        if self._warm_job is not None:
+            warm = self._warm_job | {
+                "scalars": [_GENERIC_SIZE] * count,
+                "configs": [(cfg.constexprs(self.ks.kind), cfg.num_warps)],
+            }
+            try:
+                job = compile_pool(self._workers).submit(warm)
+            except RuntimeError:  # a broken pool: it compiles here when first needed
+                job = None
+        self._generic_ok[cfg] = job
+
+    def _generic(self, cfg: Config, tensors: Sequence[Any], count: int) -> Any:
+        """``cfg``'s binary that specialises no size, for these pointers' alignment."""
+        spec = (cfg, *[t.data_ptr() % 16 == 0 for t in tensors], "generic")
+        found = self._compiled.get(spec)
+        if found is None:
+            job = self._generic_ok.get(cfg)
+            if job is not None:
+                try:
+                    job.result()  # built there: the warmup below loads it from disk
+                except Exception as exc:
+                    log.info("generic compile of %s failed there (%s)", self.ks.name, exc)
+            generic = [_GENERIC_SIZE] * count
+            constexprs = cfg.constexprs(self.ks.kind)
+            found = self._kernel().warmup(
+                *tensors, *generic, grid=(1,), num_warps=cfg.num_warps, **constexprs
+            )
+            self._compiled[spec] = found
+        return found
 
     def launch_with(self, cfg: Config, tensors: Sequence[Any], scalars: Sequence[int]) -> _Launch:
         """The launch of ``cfg`` at these sizes: the compiled binary once the JIT built it."""
@@ -124,6 +204,8 @@ class SymbolicLauncher(TritonLauncher):
             *[(v == 1, v % 16 == 0, v > INT32_LIMIT) for v in scalars],
         )
         compiled = self._compiled.get(spec)
+        if compiled is None and cfg in self._generic_ok and max(scalars) <= INT32_LIMIT:
+            compiled = self._generic(cfg, tensors, len(scalars))
         if compiled is not None:
             return _binary(compiled, grid[0], tensors[0].device, trailing)
         kernel = self._kernel()
