@@ -8,8 +8,11 @@ import torch
 import torch.nn.functional as F
 from loopir_testing import aten_graph
 from torch import fx
+from torch.utils import _pytree as pytree
 
+from kiln.capture.meta import FakeTensor, meta_of, to_fake
 from kiln.loopir import attention_masks, fuse_attention, simplify_attention_masks
+from kiln.loopir.attention_masks import contiguous_attention_masks
 
 
 def _sdpa_calls(gm: fx.GraphModule) -> int:
@@ -256,3 +259,57 @@ def test_shifted_window_attention_is_one_fused_call(fn):
     got = torch.autograd.grad(gm(*leaves, window_mask).sum(), leaves, allow_unused=True)
     want = torch.autograd.grad(fn(*leaves, window_mask).sum(), leaves, allow_unused=True)
     torch.testing.assert_close(got, want)
+
+
+def _expanded_padding_mask(q, k, v, pad):
+    """A (B, L) padding mask broadcast to (B, 1, L, L) along its last dim: stride 0 there, as
+    HuggingFace's BERT mask has under symbolic sizes."""
+    b, _, length, _ = q.shape
+    mask = pad[:, None, :, None].expand(b, 1, length, length)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def _traced_on(device: str) -> fx.GraphModule:
+    """``_expanded_padding_mask`` traced, each node's value a fake on ``device``."""
+    gm = fx.symbolic_trace(_expanded_padding_mask)
+    q, k, v = _qkv()
+    pad = torch.rand(q.shape[0], q.shape[2]) > 0.3
+    fakes = {"q": q, "k": k, "v": v, "pad": pad}
+    env: dict[str, torch.Tensor] = {}
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            env[node.name] = fakes[node.name]
+        elif node.op != "output":
+            args, kwargs = pytree.tree_map(
+                lambda a: env[a.name] if isinstance(a, fx.Node) else a, (node.args, node.kwargs)
+            )
+            if node.op == "call_method":
+                env[node.name] = getattr(args[0], node.target)(*args[1:], **kwargs)
+            else:
+                env[node.name] = node.target(*args, **kwargs)
+        if isinstance(env.get(node.name), torch.Tensor):
+            node.meta["val"] = (
+                to_fake(env[node.name])
+                if device == "cpu"
+                else FakeTensor(meta_of(to_fake(env[node.name])), torch.device(device))
+            )
+    return gm
+
+
+def test_a_cuda_mask_whose_last_dim_is_not_contiguous_is_made_contiguous():
+    gm = _traced_on("cuda")
+    q, k, v = _qkv()
+    pad = torch.rand(q.shape[0], q.shape[2]) > 0.3
+    expected = gm(q, k, v, pad)
+    assert contiguous_attention_masks(gm) == 1
+    call = next(n for n in gm.graph.nodes if n.target is F.scaled_dot_product_attention)
+    dense = call.kwargs["attn_mask"]
+    assert dense.target == "contiguous" and dense.meta["val"].stride(-1) == 1
+    torch.testing.assert_close(gm(q, k, v, pad), expected, equal_nan=True)
+    assert contiguous_attention_masks(gm) == 0  # once is enough
+
+
+def test_masks_on_the_cpu_or_already_contiguous_are_left_alone():
+    assert contiguous_attention_masks(_traced_on("cpu")) == 0
+    gm = fx.symbolic_trace(_expanded_padding_mask)
+    assert contiguous_attention_masks(gm) == 0  # no traced values: nothing known

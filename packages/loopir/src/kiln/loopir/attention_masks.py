@@ -9,6 +9,13 @@ all-zero additive mask is dropped, and the lower-triangular boolean one becomes
 ``is_causal=True``. Without a mask tensor, scaled dot product attention runs FlashAttention
 (or cuDNN's) instead of a kernel that reads a (B, H, L, S) bias, and the mask is never built.
 A torch-level rewrite of the captured graph, run before autograd_aot like ``fuse_attention``.
+
+A mask that stays, on a CUDA device, is made contiguous when its last dimension is not
+(a (B, 1, 1, S) padding mask ``expand``-ed to (B, 1, L, S) has stride 0 there): CUDA's fused
+attention kernels refuse such a mask and the op falls back to its math path (two batched
+matmuls and a softmax over a materialized score tensor), where a contiguous copy of a mask of
+B * L * S elements lets the memory-efficient kernel run. This is the usual case with symbolic
+sizes, where the padding mask cannot be evaluated once and dropped.
 """
 
 from __future__ import annotations
@@ -22,9 +29,10 @@ import torch.nn.functional as F
 from torch import fx
 from torch.utils import _pytree as pytree
 
+from kiln.capture.meta import fake_like
 from kiln.capture.shapes import has_symbolic_sizes
 
-__all__ = ["simplify_attention_masks"]
+__all__ = ["contiguous_attention_masks", "simplify_attention_masks"]
 
 log = logging.getLogger("kiln.loopir")
 
@@ -157,4 +165,33 @@ def simplify_attention_masks(gm: fx.GraphModule) -> int:
     if count:
         gm.recompile()
         log.debug("attention: %d constant masks dropped or made is_causal", count)
+    return count
+
+
+def contiguous_attention_masks(gm: fx.GraphModule) -> int:
+    """Give ``scaled_dot_product_attention`` calls in ``gm`` on CUDA a contiguous copy of a mask
+    whose last dimension is not contiguous (see the module docstring); return how many."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.target is not F.scaled_dot_product_attention:
+            continue
+        mask = node.kwargs.get("attn_mask", node.args[3] if len(node.args) > 3 else None)
+        traced = mask.meta.get("val") if isinstance(mask, fx.Node) else None
+        if not isinstance(traced, torch.Tensor) or traced.device.type != "cuda":
+            continue
+        if traced.dim() == 0 or traced.stride(-1) == 1:
+            continue
+        with gm.graph.inserting_before(node):
+            dense = gm.graph.call_method("contiguous", (mask,))
+        # a fake built from a meta tensor: no op runs on the CUDA fake (no driver needed)
+        meta = torch.empty(traced.shape, dtype=traced.dtype, device="meta")
+        dense.meta["val"] = fake_like(meta, traced.device)
+        if "attn_mask" in node.kwargs:
+            node.kwargs = {**node.kwargs, "attn_mask": dense}
+        else:
+            node.args = (*node.args[:3], dense, *node.args[4:])
+        count += 1
+    if count:
+        gm.recompile()
+        log.debug("attention: %d masks made contiguous for the fused CUDA kernels", count)
     return count

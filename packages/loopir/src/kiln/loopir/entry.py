@@ -4,7 +4,8 @@ A frontend hands it the torch-level graph capture made and the user's options; i
 step from there:
 
 1. loopir's torch-level rewrites (:func:`~kiln.loopir.fuse_attention`,
-   :func:`~kiln.loopir.simplify_attention_masks`, :func:`~kiln.loopir.pad_matmuls`), run
+   :func:`~kiln.loopir.simplify_attention_masks`, ``contiguous_attention_masks``,
+   :func:`~kiln.loopir.pad_matmuls`), run
    before autograd_aot so the backward is derived from the rewritten program;
 2. autograd_aot with loopir's decompositions, the forward and the backward each compiled by
    :func:`~kiln.loopir.compile_graph` with the backend registered for each device (or the one
@@ -40,7 +41,7 @@ from kiln import autograd_aot
 from kiln.capture.shapes.specialize import has_symbolic_inputs
 from kiln.loopir import serialize
 from kiln.loopir.attention import fuse_attention
-from kiln.loopir.attention_masks import simplify_attention_masks
+from kiln.loopir.attention_masks import contiguous_attention_masks, simplify_attention_masks
 from kiln.loopir.backend import Backend
 from kiln.loopir.decompositions import decompositions
 from kiln.loopir.errors import StaticShapesOnly
@@ -242,6 +243,7 @@ def _prepare(
     try:
         fuse_attention(gm)
         simplify_attention_masks(gm)
+        contiguous_attention_masks(gm)
         pad_matmuls(gm, backend)
     except Exception as exc:
         if not has_symbolic_inputs(gm):
