@@ -22,14 +22,15 @@ wrapper's ``as_layout`` safety net never has to copy.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
 
 from kiln.capture import counters
-from kiln.loopir import sizes
+from kiln.loopir import sizes, symbolic
+from kiln.loopir.errors import StaticShapesOnly
 from kiln.loopir.ir.buffers import Buffer, ExternBuffer, MultiOutput
 from kiln.loopir.ir.layout import Layout
 from kiln.loopir.ir.strided import copy_like, realize_as_tensor, realize_like
@@ -89,13 +90,16 @@ def _layout(meta: torch.Tensor, device: torch.device) -> Layout:
     return Layout(device, meta.dtype, size, stride)
 
 
-def _planned_meta(x: Buffer | ReinterpretView) -> torch.Tensor:
-    """A meta tensor with the sizes, strides and offset loopir planned for ``x``."""
+def _planned_meta(
+    x: Buffer | ReinterpretView, value: Callable[[Any], int] = sizes.evaluate_int
+) -> torch.Tensor:
+    """A meta tensor with the sizes, strides and offset loopir planned for ``x`` (each
+    evaluated by ``value``: as a number, or at the compiled call's hints)."""
     lay = x.layout
-    size = [sizes.evaluate_int(s) for s in lay.size]
-    stride = [sizes.evaluate_int(s) for s in lay.stride]
-    offset = sizes.evaluate_int(lay.offset)
-    storage = sizes.evaluate_int(lay.storage_size()) if all(size) else offset
+    size = [value(s) for s in lay.size]
+    stride = [value(s) for s in lay.stride]
+    offset = value(lay.offset)
+    storage = value(lay.storage_size()) if all(size) else offset
     base = torch.empty((max(storage, offset),), dtype=lay.dtype, device="meta")
     return base.as_strided(size, stride, offset)
 
@@ -113,6 +117,8 @@ def _planned_outputs(op: Any, args: Any, kwargs: Any, traced: Any) -> Any:
     try:
         margs, mkwargs = pytree.tree_map(to_meta, (args, kwargs))
         found = _nhwc_if_conv_would_be(op, margs, op(*margs, **mkwargs))
+    except StaticShapesOnly:  # symbolic sizes: the stride order the kernel gives at the hints
+        return _ordered_at_hints(op, args, kwargs, traced)
     except Exception as exc:  # no meta kernel, or one stricter than ATen's
         log.debug("no meta result for %s on planned layouts (%s): traced strides", op, exc)
         return traced
@@ -122,6 +128,47 @@ def _planned_outputs(op: Any, args: Any, kwargs: Any, traced: Any) -> Any:
         for f, t in zip(pytree.tree_leaves(found), pytree.tree_leaves(traced), strict=True)
     )
     return found if same else traced
+
+
+def _ordered_at_hints(op: Any, args: Any, kwargs: Any, traced: Any) -> Any:
+    """``traced`` with each tensor's strides in the order ``op`` lays its result out when run
+    on meta tensors planned at the compiled call's sizes (a kernel that follows its inputs'
+    layout, as attention does, gives the planned inputs' order at every size); ``traced``
+    where that run fails or a size is 0 or 1 there (its order is not defined). A layout
+    is a tuning decision here: at a size where the kernel orders otherwise, the wrapper copies.
+    """
+
+    def to_meta(x: Any) -> Any:
+        return _planned_meta(x, symbolic.hint) if isinstance(x, (Buffer, ReinterpretView)) else x
+
+    try:
+        margs, mkwargs = pytree.tree_map(to_meta, (args, kwargs))
+        found = _nhwc_if_conv_would_be(op, margs, op(*margs, **mkwargs))
+    except Exception as exc:
+        log.debug("no meta result for %s at the hints (%s): traced strides", op, exc)
+        return traced
+    leaves, spec = pytree.tree_flatten(traced)
+    at_hints = pytree.tree_leaves(found)
+    if pytree.tree_structure(found) != spec:
+        return traced
+    return pytree.tree_unflatten(
+        [_in_order(t, f) for t, f in zip(leaves, at_hints, strict=True)], spec
+    )
+
+
+def _in_order(t: Any, found: Any) -> Any:
+    """A meta tensor shaped like ``t`` (symbolic), dense in ``found``'s stride order."""
+    if not isinstance(t, torch.Tensor) or not isinstance(found, torch.Tensor):
+        return t
+    if found.dtype != t.dtype or found.dim() != t.dim() or any(n <= 1 for n in found.shape):
+        return t
+    order = sorted(range(t.dim()), key=lambda d: (found.stride(d), -d))  # innermost first
+    strides: list[Any] = [0] * t.dim()
+    step: Any = 1
+    for d in order:
+        strides[d] = step
+        step = step * t.shape[d]
+    return torch.empty_strided(t.shape, strides, dtype=t.dtype, device="meta")
 
 
 def is_convolution(op: Any) -> bool:
