@@ -157,12 +157,20 @@ def _ordered_at_hints(op: Any, args: Any, kwargs: Any, traced: Any) -> Any:
 
 
 def _in_order(t: Any, found: Any) -> Any:
-    """A meta tensor shaped like ``t`` (symbolic), dense in ``found``'s stride order."""
+    """A meta tensor shaped like ``t`` (symbolic), dense in ``found``'s stride order; ``t``
+    itself unless ``found`` (the result at the hints) is dense and starts its storage."""
     if not isinstance(t, torch.Tensor) or not isinstance(found, torch.Tensor):
         return t
     if found.dtype != t.dtype or found.dim() != t.dim() or any(n <= 1 for n in found.shape):
         return t
     order = sorted(range(t.dim()), key=lambda d: (found.stride(d), -d))  # innermost first
+    step_at_hints = 1
+    for d in order:  # only a dense result of its own: a view keeps the traced layout
+        if found.stride(d) != step_at_hints:
+            return t
+        step_at_hints *= found.shape[d]
+    if found.storage_offset() != 0:
+        return t
     strides: list[Any] = [0] * t.dim()
     step: Any = 1
     for d in order:
