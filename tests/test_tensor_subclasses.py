@@ -197,8 +197,12 @@ def _programs() -> int:
     return int(kiln.counters.snapshot().get("autograd_aot", {}).get("subclass_programs", 0))
 
 
-def test_dispatch_wrapper_is_desugared_at_the_aten_level() -> None:
-    """autograd_aot's graph takes the inner tensors and holds plain ATen ops on them."""
+def _scaled_matmul(x: torch.Tensor, w: torch.Tensor) -> Any:
+    return ((x * 2) @ w,)
+
+
+def _aot_compiled(x: torch.Tensor, w: torch.Tensor) -> tuple[Any, list[torch.fx.GraphModule]]:
+    """``_scaled_matmul`` through autograd_aot alone, and the forward graphs it hands on."""
     from kiln.autograd_aot import aot_compile
 
     seen: list[torch.fx.GraphModule] = []
@@ -207,14 +211,16 @@ def test_dispatch_wrapper_is_desugared_at_the_aten_level() -> None:
         seen.append(gm)
         return gm
 
-    def program(x: torch.Tensor, w: torch.Tensor) -> Any:
-        return ((x * 2) @ w,)
+    gm = torch.fx.symbolic_trace(_scaled_matmul)
+    return aot_compile(gm, [x, w], fw_compiler=fw), seen
 
-    gm = torch.fx.symbolic_trace(program)
+
+def test_dispatch_wrapper_is_desugared_at_the_aten_level() -> None:
+    """autograd_aot's graph takes the inner tensors and holds plain ATen ops on them."""
     x, w = _scaled(), torch.randn(4, 3)
-    compiled = aot_compile(gm, [x, w], fw_compiler=fw)
+    compiled, seen = _aot_compiled(x, w)
     (out,) = compiled(x, w)
-    torch.testing.assert_close(out, program(x, w)[0])
+    torch.testing.assert_close(out, _scaled_matmul(x, w)[0])
     (graph,) = seen
     placeholders = [n for n in graph.graph.nodes if n.op == "placeholder"]
     assert len(placeholders) == 3  # _data, _scale, w
@@ -503,27 +509,15 @@ def test_nested_dispatch_wrapper_input(backend: str, kind: str) -> None:
 def test_nested_dispatch_wrapper_is_desugared_to_innermost_tensors(kind: str) -> None:
     """autograd_aot's graph takes the innermost plain tensors and records no wrapper; running
     it does not call either level's ``__torch_dispatch__``."""
-    from kiln.autograd_aot import aot_compile
-
-    seen: list[torch.fx.GraphModule] = []
-
-    def fw(gm: torch.fx.GraphModule, inputs: Any) -> Any:
-        seen.append(gm)
-        return gm
-
-    def program(x: torch.Tensor, w: torch.Tensor) -> Any:
-        return ((x * 2) @ w,)
-
-    gm = torch.fx.symbolic_trace(program)
     x, w = _nested(kind), torch.randn(4, 3)
-    compiled = aot_compile(gm, [x, w], fw_compiler=fw)
+    compiled, seen = _aot_compiled(x, w)
     compiled(x, w)  # traced on its first call: both levels' dispatch run on fakes
     for _ in range(2):
         x = _nested(kind)
         RECORDED.clear()
         (out,) = compiled(x, w)
         assert RECORDED == []  # no level's dispatch ran: the compiled ATen did the work
-        torch.testing.assert_close(_value(out), _value(program(x, w)[0]))
+        torch.testing.assert_close(_value(out), _value(_scaled_matmul(x, w)[0]))
     (graph,) = seen
     placeholders = [n for n in graph.graph.nodes if n.op == "placeholder"]
     assert len(placeholders) == {"scaled(scaled)": 4}.get(kind, 3)
