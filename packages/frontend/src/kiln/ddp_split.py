@@ -143,29 +143,31 @@ class _CompilingInterpreter(fx.Interpreter):
     def call_module(self, target: Any, args: Any, kwargs: dict[str, Any]) -> Any:
         piece = self.fetch_attr(target)
         assert isinstance(piece, fx.GraphModule) and not kwargs
-        compiled = _Piece(piece, self.compile_fn(_tuple_output(piece), list(args)))
+        single = _tuple_output(piece)
+        compiled = _Piece(self.compile_fn(piece, list(args)), single)
         setattr(self.module, target, compiled)
         return compiled(*args)
 
 
-def _tuple_output(piece: fx.GraphModule) -> fx.GraphModule:
-    """``piece`` returning a tuple: the backends want a graph's outputs as a sequence."""
+def _tuple_output(piece: fx.GraphModule) -> bool:
+    """Make ``piece`` return a tuple (the backends want a graph's outputs as a sequence);
+    whether it returned a single value."""
     output = next(n for n in piece.graph.nodes if n.op == "output")
-    if not isinstance(output.args[0], tuple | list):
+    single = not isinstance(output.args[0], tuple | list)
+    if single:
         output.args = ((output.args[0],),)
-        piece.meta["kiln_single_output"] = True
     piece.recompile()
-    return piece
+    return single
 
 
 class _Piece(torch.nn.Module):
     """A compiled piece where the split graph calls its submodule (a single output unwrapped,
     as the split graph reads it)."""
 
-    def __init__(self, piece: fx.GraphModule, compiled: Callable[..., Any]) -> None:
+    def __init__(self, compiled: Callable[..., Any], single: bool) -> None:
         super().__init__()
         self.compiled = compiled
-        self.single = bool(piece.meta.get("kiln_single_output", False))
+        self.single = single
 
     def forward(self, *args: Any) -> Any:
         out = self.compiled(*args)
