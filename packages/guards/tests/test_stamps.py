@@ -239,3 +239,17 @@ def test_a_watched_dict_passes_a_dict_type_guard():
     assert check({}) and check(stamps.WatchedDict()) and not check([])
     assert check.failure_reason(stamps.WatchedDict()) is None
     assert "type changed" in check.failure_reason([])
+
+
+def test_a_storage_resize_is_seen_after_the_parameter_moved_to_that_storage():
+    m = torch.nn.Linear(4, 4)
+    stamps.watch(m)
+    w = m.weight
+    kept = [w.untyped_storage()]  # the first storage stays alive: no address is reused
+    with torch.no_grad():
+        assert moves(lambda: w.set_(torch.randn(16).view(4, 4)))
+    kept.append(w.untyped_storage())
+    assert moves(lambda: w.untyped_storage().resize_(128))
+    assert moves(lambda: setattr(w, "data", torch.randn(4, 4)))
+    assert moves(lambda: w.untyped_storage().resize_(128))
+    assert not moves(lambda: kept[1].resize_(256))  # no longer the parameter's storage

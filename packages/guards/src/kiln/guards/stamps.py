@@ -385,6 +385,7 @@ def _bumping_if_watched(method: Callable[..., Any]) -> Callable[..., Any]:
             return method(self, *args, **kwargs)
         finally:
             if _is_watched(self):
+                _watch_tensor(self)  # ``set_`` may have moved it to another storage
                 bump()
 
     wrapper.__kiln_stamp_original__ = method  # type: ignore[attr-defined]
@@ -399,6 +400,7 @@ def _watched_property(name: str) -> property:
     def setter(self: torch.Tensor, value: Any) -> None:
         descriptor.__set__(self, value)
         if _is_watched(self):
+            _watch_tensor(self)  # ``.data =`` moves it to another storage
             bump()
 
     return property(descriptor.__get__, setter, None, descriptor.__doc__)
