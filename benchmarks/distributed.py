@@ -20,7 +20,10 @@ does the same with PYTHONPATH set)::
 or ``python benchmarks/distributed.py --device cuda --nproc 2`` (spawns the ranks itself).
 With ``--out``, rank 0's profiler traces land there too (``trace-SETUP-COMPILER.json``, for
 chrome://tracing or Perfetto). ``--setups`` and ``--compilers`` pick rows, so a long run can
-be split over several calls.
+be split over several calls. Rows run one after another in the same processes; a compiler
+leaves process-wide state behind (torch.compile's caches and patches, allocator
+fragmentation) that the rows after it pay for, so ``gpu_run.sh`` starts fresh ranks for each
+row and merges the rows with ``--merge DIR ... --out DIR``.
 ``--device cpu --tiny`` runs a small model on gloo to check the script works; its
 overlap figure counts CPU operator time and means little.
 """
@@ -282,6 +285,29 @@ def _table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _write(rows: list[dict[str, Any]], meta: dict[str, Any], out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    (out / "summary.md").write_text(_table(rows) + "\n")
+
+
+def merge(folders: list[str], out: str) -> None:
+    """One table of the rows of several runs' ``results.json`` (in the order given)."""
+    rows: list[dict[str, Any]] = []
+    metas: list[dict[str, Any]] = []
+    for folder in folders:
+        path = Path(folder) / "results.json"
+        if not path.exists():
+            print(f"{folder}: no results.json (the run did not finish)", flush=True)
+            continue
+        found = json.loads(path.read_text())
+        rows += found["rows"]
+        metas.append(found["meta"])
+    meta = {"runs": metas, "separate_processes": True}
+    _write(rows, meta, Path(out))
+    print(_table(rows), flush=True)
+
+
 def run(rank: int, world: int, args: argparse.Namespace) -> None:
     if args.device == "cuda":
         torch.cuda.set_device(rank % torch.cuda.device_count())
@@ -302,16 +328,12 @@ def run(rank: int, world: int, args: argparse.Namespace) -> None:
     finally:
         dist.destroy_process_group()
     if rank == 0:
-        table = _table(rows)
-        print(table, flush=True)
+        print(_table(rows), flush=True)
         if args.out:
-            out = Path(args.out)
-            out.mkdir(parents=True, exist_ok=True)
             meta = {"args": vars(args), "world": world, "torch": torch.__version__}
             if device.type == "cuda":
                 meta["gpu"] = torch.cuda.get_device_name(device)
-            (out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-            (out / "summary.md").write_text(table + "\n")
+            _write(rows, meta, Path(args.out))
 
 
 def _spawned(rank: int, world: int, args: argparse.Namespace) -> None:
@@ -338,7 +360,11 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10, help="timed steps")
     p.add_argument("--profile-steps", type=int, default=3, help="profiled steps (0: none)")
     p.add_argument("--out", default=None, help="folder for results.json and summary.md")
+    p.add_argument("--merge", nargs="+", metavar="DIR", help="merge these runs' rows into --out")
     args = p.parse_args()
+    if args.merge:
+        merge(args.merge, args.out or "distributed-merged")
+        return
     if args.device == "cpu":
         torch.set_num_threads(max(1, (os.cpu_count() or 2) // args.nproc))
     if "RANK" in os.environ:  # under torchrun

@@ -8,6 +8,7 @@
 #   bash benchmarks/gpu_run.sh warm [ARGS...]    # warm start: benchmarks/warm_start.py
 #   bash benchmarks/gpu_run.sh memcheck [tests|models] [MODEL...]  # compute-sanitizer memcheck
 #   bash benchmarks/gpu_run.sh distributed [ARGS...]  # DDP/FSDP2 on 2 GPUs: benchmarks/distributed.py
+#                                     # (SETUPS="ddp", COMPILERS="kiln eager": rows; fresh ranks each)
 #
 # memcheck runs the GPU tests of codegen_triton, tests/test_models_e2e.py and
 # tests/test_gpu_memory_safety.py, then each MODEL (default: $MEMCHECK_MODELS below; `phi` is
@@ -91,8 +92,19 @@ swin_tiny_patch4_window7_224 resnet18 attention_block mlp_layernorm_gelu"
     fi
     exit $status
 elif [[ "$WHAT" == distributed ]]; then  # eager, torch.compile, Kiln under DDP and FSDP2 (NCCL)
-    exec "$PY" -m torch.distributed.run --standalone --nproc_per_node "${NPROC:-2}" \
-        benchmarks/distributed.py --device cuda --out "$OUT/distributed" "$@"
+    # fresh ranks per row (SETUPS x COMPILERS): a compiler's process-wide state stays out of
+    # the rows after it; the rows are merged into $OUT/distributed
+    runs=()
+    for setup in ${SETUPS:-ddp fsdp2}; do
+        for compiler in ${COMPILERS:-eager torch_compile kiln}; do
+            dir="$OUT/distributed/$setup-$compiler"
+            "$PY" -m torch.distributed.run --standalone --nproc_per_node "${NPROC:-2}" \
+                benchmarks/distributed.py --device cuda --setups "$setup" --compilers "$compiler" \
+                --out "$dir" "$@" || echo "$setup/$compiler failed"
+            runs+=("$dir")
+        done
+    done
+    exec "$PY" benchmarks/distributed.py --merge "${runs[@]}" --out "$OUT/distributed"
 elif [[ "$WHAT" == micro ]]; then
     exec "$PY" benchmarks/gpu_micro.py "$@"
 elif [[ "$WHAT" == warm ]]; then  # cold and warm first calls, Kiln beside torch.compile
