@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from kiln.capture.guard_data import GlobalState, GuardKind, GuardSpec, TensorMeta
-from kiln.capture.source import AttrSource, LocalSource
-from kiln.guards import plan
+from kiln.capture.source import AttrSource, GlobalSource, ItemSource, LocalSource, RawItemSource
+from kiln.guards import module_tree, plan
 
 
 def raise_unsupported(g):
@@ -93,3 +93,113 @@ def test_tree_groups_what_its_stamp_protects():
     assert {str(g) for g in p.group(tree)} == {str(g) for g in protected}
     assert {str(g) for g in p.top} == {str(g) for g in [tree, *unprotected]}
     assert p.flat() == [*p.top, *p.group(tree)]  # groups run after the top level
+
+
+def _steps_below_reference(source, root):
+    """The walk ``plan`` made for every (guard, tree) pair before paths were indexed."""
+    steps = []
+    while source is not None and str(source) != root:
+        if isinstance(source, AttrSource):
+            steps.append(("attr", source.name))
+        elif isinstance(source, ItemSource):
+            steps.append(("item", source.index))
+        else:
+            return None
+        source = source.base
+    return steps[::-1] if source is not None else None
+
+
+def _assert_trees_match_the_walk(guards):
+    trees = plan._Trees(guards)
+    assert [str(t) for t in trees.trees] == [
+        str(t)
+        for t in sorted(
+            (g for g in guards if g.kind is GuardKind.MODULE_TREE),
+            key=lambda g: plan.source_depth(g.source),
+        )
+    ]
+    for g in guards:
+        expected = []
+        for t in trees.trees:
+            steps = _steps_below_reference(g.source, str(t.source))
+            if t is not g and steps is not None:
+                expected.append((t, steps))
+        assert [(trees.trees[i], steps) for i, steps in trees.above(g)] == expected, str(g)
+        assert [trees.reach(i, steps) for i, steps in trees.above(g)] == [
+            module_tree.reach(t.expected, steps) for t, steps in expected
+        ]
+
+
+class _Layer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+        self.norms = torch.nn.ModuleDict({"a": torch.nn.LayerNorm(4)})
+        self.scale = 2.0
+
+    def forward(self, x):
+        return self.norms["a"](self.fc(x)) * self.scale
+
+
+class _Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([_Layer() for _ in range(3)])
+        self.head = torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.ReLU())
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def test_tree_lookup_equals_the_walk_over_a_captured_model():
+    """The indexed lookup finds the same trees, with the same steps, in the same order, as
+    walking each guard's source up to each tree's root did."""
+    from kiln.capture import capture
+
+    model = _Net()
+    res = capture(
+        model.forward,
+        (torch.randn(2, 4),),
+        {},
+        compile_graph=lambda gm, ex: gm.forward,
+        wrap_callable=lambda f: f,
+    )
+    s = LocalSource("self")
+    layer = s.attr("_modules").item("layers").attr("_modules").item("1")
+    extra = [  # nested trees, one rooted on its own path, and a guard outside every tree
+        GuardSpec(s, GuardKind.MODULE_TREE, model),
+        GuardSpec(layer, GuardKind.MODULE_TREE, model.layers[1]),
+        GuardSpec(layer.attr("fc"), GuardKind.MODULE_TREE, model.layers[1].fc),
+        GuardSpec(LocalSource("x"), GuardKind.EQUALS, 1),
+    ]
+    guards = [*res.guards, *extra]
+    assert sum(g.kind is GuardKind.MODULE_TREE for g in guards) >= 3
+    _assert_trees_match_the_walk(guards)
+
+
+def test_tree_lookup_equals_the_walk_on_other_roots():
+    """Roots that are not attribute/item chains end the walk: a tree on one still matches,
+    a guard past one matches no tree above it; a source printed like a tree's matches it."""
+    d = LocalSource("d")
+    raw = RawItemSource(d, "m", dict)
+    m = torch.nn.Linear(2, 2)
+    tree_raw = GuardSpec(raw, GuardKind.MODULE_TREE, m)
+    tree_d = GuardSpec(d, GuardKind.MODULE_TREE, m)
+    tree_g = GuardSpec(GlobalSource("net"), GuardKind.MODULE_TREE, m)
+    guards = [
+        tree_d,
+        tree_raw,
+        tree_g,
+        GuardSpec(raw.attr("weight"), GuardKind.TENSOR_MATCH, TensorMeta.of(m.weight)),
+        GuardSpec(raw.attr("_parameters").item("bias"), GuardKind.NOT_NONE),
+        GuardSpec(GlobalSource("net").attr("weight").item(0), GuardKind.EQUALS, 1),
+        GuardSpec(d.item((1, "k")).attr("x"), GuardKind.EQUALS, 1),
+        GuardSpec(None, GuardKind.GLOBAL_STATE, GlobalState.current()),
+        GuardSpec(AttrSource(LocalSource("e"), "d"), GuardKind.EQUALS, 1),
+    ]
+    _assert_trees_match_the_walk(guards)
+    trees = plan._Trees(guards)
+    assert trees.above(guards[3]) == [(trees.trees.index(tree_raw), [("attr", "weight")])]
+    assert trees.above(tree_raw) == []  # not d's: the raw item ends the path

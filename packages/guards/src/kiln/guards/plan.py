@@ -46,33 +46,74 @@ def _implied(g: GuardSpec, by_source: dict[str, list[GuardSpec]]) -> bool:
     return kind_of(g.kind).implied(g, others)
 
 
-def _steps_below(source: Source | None, root: str) -> list[tuple[str, Any]] | None:
-    """The attribute/item steps from the source printed ``root`` down to ``source``."""
-    steps: list[tuple[str, Any]] = []
-    while source is not None and str(source) != root:
-        if isinstance(source, AttrSource):
-            steps.append(("attr", source.name))
-        elif isinstance(source, ItemSource):
-            steps.append(("item", source.index))
-        else:
-            return None
-        source = source.base
-    return steps[::-1] if source is not None else None
+Steps = list[tuple[str, Any]]  # ("attr", name) or ("item", key), from a root downwards
 
 
-def _tree_for(g: GuardSpec, trees: list[GuardSpec]) -> GuardSpec | None:
+class _Trees:
+    """The MODULE_TREE guards, shallowest first, found from a guard's source by the printed
+    sources on its path: walking each guard's source up to each tree's root made the plan
+    quadratic (guards times trees); this walks each guard's path once."""
+
+    def __init__(self, kept: list[GuardSpec]) -> None:
+        self.trees = sorted(
+            (g for g in kept if g.kind is GuardKind.MODULE_TREE),
+            key=lambda g: source_depth(g.source),
+        )
+        self._by_root: dict[str, list[int]] = {}
+        for i, t in enumerate(self.trees):
+            self._by_root.setdefault(str(t.source), []).append(i)
+        # id(guard) -> above(guard), and (tree index, steps) -> reach(): the guards and
+        # modules outlive the plan, and module state does not change while it is made
+        self._above: dict[int, list[tuple[int, Steps]]] = {}
+        self._reached: dict[tuple[int, tuple[tuple[str, Any], ...]], tuple[str, Any] | None] = {}
+
+    def above(self, g: GuardSpec) -> list[tuple[int, Steps]]:
+        """(tree index, steps from that tree's root down to ``g``'s source) for every tree
+        but ``g`` whose root ``g``'s source is, or is below through attributes and items,
+        in tree order."""
+        found = self._above.get(id(g))
+        if found is not None:
+            return found
+        hits: list[tuple[int, int]] = []  # (tree index, links below its root)
+        links: Steps = []  # links[i]: the step into the source i links above g's
+        source = g.source
+        while source is not None:
+            for i in self._by_root.get(str(source), ()):
+                hits.append((i, len(links)))
+            if isinstance(source, AttrSource):
+                links.append(("attr", source.name))
+            elif isinstance(source, ItemSource):
+                links.append(("item", source.index))
+            else:
+                break
+            source = source.base
+        hits.sort()
+        found = [(i, links[n - 1 :: -1] if n else []) for i, n in hits if self.trees[i] is not g]
+        self._above[id(g)] = found
+        return found
+
+    def reach(self, i: int, steps: Steps) -> tuple[str, Any] | None:
+        """:func:`module_tree.reach` from tree ``i``'s module, once per distinct path."""
+        try:
+            key = (i, tuple(steps))
+            if key in self._reached:
+                return self._reached[key]
+        except TypeError:  # an unhashable item key: no memo
+            return module_tree.reach(self.trees[i].expected, steps)
+        found = self._reached[key] = module_tree.reach(self.trees[i].expected, steps)
+        return found
+
+
+def _tree_for(g: GuardSpec, trees: _Trees) -> GuardSpec | None:
     """The shallowest tree whose stamp protects ``g`` (g holds now and can only change
     through module operations), if any."""
-    for t in trees:
-        if t is g:
-            continue
-        steps = _steps_below(g.source, str(t.source))
-        found = module_tree.reach(t.expected, steps) if steps is not None else None
+    for tree, steps in trees.above(g):
+        found = trees.reach(tree, steps)
         if found is None or found[0] not in kind_of(g.kind).stamp_protects:
             continue
         try:
             if explain.explain(g, found[1]) is None:
-                return t
+                return trees.trees[tree]
         except Exception:
             continue
     return None
@@ -110,10 +151,7 @@ def order(guards: list[GuardSpec], unsupported: Callable[[GuardSpec], Any]) -> P
     for g in kept:
         by_source.setdefault(str(g.source), []).append(g)
     kept = [g for g in kept if not _implied(g, by_source)]
-    trees = sorted(
-        (g for g in kept if g.kind is GuardKind.MODULE_TREE),
-        key=lambda g: source_depth(g.source),
-    )
+    trees = _Trees(kept)
     top: list[GuardSpec] = []
     groups: dict[int, list[GuardSpec]] = {}
     for g in kept:
@@ -126,15 +164,12 @@ def order(guards: list[GuardSpec], unsupported: Callable[[GuardSpec], Any]) -> P
     return Plan(_sort(top), {k: _sort(v) for k, v in groups.items()}, bound)
 
 
-def _deepest_module_prefix(
-    g: GuardSpec, trees: list[GuardSpec]
-) -> tuple[GuardSpec, Source, Any] | None:
+def _deepest_module_prefix(g: GuardSpec, trees: _Trees) -> tuple[GuardSpec, Source, Any] | None:
     """(tree, prefix source, module) for the deepest submodule on ``g``'s source path that a
     tree reaches through module state, when there is one below the tree's root."""
-    for t in trees:
-        if t is g or g.source is None:
-            continue
-        steps = _steps_below(g.source, str(t.source))
+    if g.source is None:
+        return None
+    for tree, steps in trees.above(g):
         if not steps:
             continue
         prefixes = [g.source]
@@ -144,14 +179,14 @@ def _deepest_module_prefix(
             prefixes.append(base.base)
         # prefixes[i] is the source i steps above g's; the root sits at len(steps)
         for k in range(len(steps) - 1, 0, -1):
-            found = module_tree.reach(t.expected, steps[:k])
+            found = trees.reach(tree, steps[:k])
             if found is not None and found[0] == "module":
-                return t, prefixes[len(steps) - k], found[1]
+                return trees.trees[tree], prefixes[len(steps) - k], found[1]
     return None
 
 
 def _bind_module_prefixes(
-    top: list[GuardSpec], trees: list[GuardSpec], groups: dict[int, list[GuardSpec]]
+    top: list[GuardSpec], trees: _Trees, groups: dict[int, list[GuardSpec]]
 ) -> dict[str, Any]:
     """Let top-level guards start at submodules held by the check instead of walking to them
     on every call. Sound because the tree's group then checks each such submodule's identity
