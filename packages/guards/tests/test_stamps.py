@@ -253,3 +253,13 @@ def test_a_storage_resize_is_seen_after_the_parameter_moved_to_that_storage():
     assert moves(lambda: setattr(w, "data", torch.randn(4, 4)))
     assert moves(lambda: w.untyped_storage().resize_(128))
     assert not moves(lambda: kept[1].resize_(256))  # no longer the parameter's storage
+
+
+def test_a_tree_is_walked_as_modules_walks_it():
+    shared = torch.nn.Linear(2, 2)
+    root = torch.nn.Sequential(
+        shared, torch.nn.Sequential(shared, torch.nn.ReLU()), torch.nn.ModuleList([shared])
+    )
+    root.register_module("empty", None)
+    assert {id(m) for m in stamps._tree(root)} == {id(m) for m in root.modules()}
+    assert len(stamps._tree(root)) == len(list(root.modules()))

@@ -146,13 +146,19 @@ def storage_fits(t: torch.Tensor) -> bool:
     capture refuses such an input, and kiln.guards re-checks module state, whose guards run
     only after the module stamp moved. Tensors without a plain storage count as fitting.
     """
-    if t.layout is not torch.strided or t.numel() == 0:
+    numel = t.numel()
+    if t.layout is not torch.strided or numel == 0:
         return True
     try:
         nbytes = t.untyped_storage().nbytes()
     except (RuntimeError, NotImplementedError, TypeError):
         return True
-    last = t.storage_offset() + sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
+    if t.is_contiguous():  # most parameters: no walk over the dims
+        last = t.storage_offset() + numel - 1
+    else:
+        last = t.storage_offset() + sum(
+            (n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True)
+        )
     return bool(nbytes >= (last + 1) * t.element_size())
 
 

@@ -223,6 +223,9 @@ def _drop_storage(key: int) -> None:
 def _watch_tensor(t: torch.Tensor) -> None:
     key = id(t)
     storage = _storage_key(t)
+    entry = _watched_tensors.get(key)  # a dict read needs no lock under the GIL
+    if entry is not None and entry[1] == storage and entry[0]() is t:
+        return  # watched already, on this storage: every call of a tree watched again
     with _tables_lock:
         entry = _watched_tensors.get(key)
         if entry is not None:
@@ -267,7 +270,8 @@ def watch(root: torch.nn.Module, untracked: Untracked | None = None) -> bool:
     the stamp cannot follow in ``untracked``. Installs the patches on first use. Returns True
     (generated checks call it inside a condition)."""
     install()
-    for m in root.modules():
+    modules = _tree(root)
+    for m in modules:
         table = object.__getattribute__(m, "__dict__")
         if type(table) is dict:
             try:
@@ -288,8 +292,24 @@ def watch(root: torch.nn.Module, untracked: Untracked | None = None) -> bool:
                 if isinstance(t, torch.Tensor):
                     _watch_tensor(t)
     if untracked is not None:
-        untracked.take(root)
+        untracked.take_from(modules)
     return True
+
+
+def _tree(root: torch.nn.Module) -> list[torch.nn.Module]:
+    """``root`` and every module below it, each once: ``root.modules()`` without its
+    generators and names, which cost more than the rest of a tree's re-watch (a tree is
+    watched again each time its group passes after the stamp moved: every call of a module
+    whose parameters FSDP swaps)."""
+    found = [root]
+    seen = {id(root)}
+    for m in found:  # grows while it is walked: breadth first
+        below = object.__getattribute__(m, "__dict__").get("_modules")
+        for sub in (below or {}).values():
+            if sub is not None and id(sub) not in seen:
+                seen.add(id(sub))
+                found.append(sub)
+    return found
 
 
 def _metadata(t: torch.Tensor) -> object:
@@ -321,8 +341,11 @@ class Untracked:
         self.entries: tuple[tuple[weakref.ref[torch.Tensor], object], ...] = ()
 
     def take(self, root: torch.nn.Module) -> None:
+        self.take_from(_tree(root))
+
+    def take_from(self, modules: list[torch.nn.Module]) -> None:
         found: dict[int, torch.Tensor] = {}
-        for m in root.modules():
+        for m in modules:
             table = object.__getattribute__(m, "__dict__")
             for t in (table.get("_buffers") or {}).values():
                 if isinstance(t, torch.Tensor):
