@@ -13,6 +13,7 @@ import dis
 import linecache
 import logging
 import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -47,6 +48,59 @@ OpcodeHandler = Callable[["Tracer", dis.Instruction], None]
 #: The handler of every opname; :mod:`kiln.capture.opcodes` fills it when imported (the opcode
 #: layer depends on the tracer, never the other way), ``kiln.capture.evaluator`` imports it.
 OPCODES: dict[str, OpcodeHandler] = {}
+
+
+ExceptionRow = tuple[int, int, int, int, bool]  # start, end, target offsets; depth; lasti
+
+
+class CodeFacts:
+    """What the loop reads from a code object's bytecode: its instructions, the index of each
+    offset and (decoded on first need) its exception table.
+
+    Shared by every tracer of the same code object (:func:`code_facts`): a model runs the same
+    methods once per layer, and each inlined call disassembled them again. Code objects are
+    immutable and ``dis.Instruction`` is a named tuple, so the facts never go stale; nothing
+    may mutate them."""
+
+    __slots__ = ("_exception_table", "index_of", "instructions")
+
+    def __init__(self, code: types.CodeType) -> None:
+        self.instructions: tuple[dis.Instruction, ...] = tuple(dis.get_instructions(code))
+        self.index_of: dict[int, int] = {ins.offset: i for i, ins in enumerate(self.instructions)}
+        self._exception_table: tuple[ExceptionRow, ...] | None = None
+
+    def exception_table(self, code: types.CodeType) -> tuple[ExceptionRow, ...]:
+        if self._exception_table is None:
+            self._exception_table = tuple(
+                (e.start.offset, e.end.offset, e.target.offset, e.depth, e.lasti)
+                for e in decode(code).exception_table
+                if e.start.offset is not None
+                and e.end.offset is not None
+                and e.target.offset is not None
+            )
+        return self._exception_table
+
+
+# id(code) -> (a weak reference to that code, its facts). Keyed by identity, not equality:
+# equal code objects of different files (code equality ignores co_filename) must not share
+# constants such as nested code objects. An entry goes with its code object.
+_FACTS: dict[int, tuple[weakref.ref[types.CodeType], CodeFacts]] = {}
+
+
+def code_facts(code: types.CodeType) -> CodeFacts:
+    """The :class:`CodeFacts` of ``code``, computed once while it lives."""
+    key = id(code)
+    entry = _FACTS.get(key)
+    if entry is not None and entry[0]() is code:
+        return entry[1]
+    facts = CodeFacts(code)
+
+    def forget(ref: weakref.ref[types.CodeType]) -> None:
+        if (held := _FACTS.get(key)) is not None and held[0] is ref:
+            del _FACTS[key]
+
+    _FACTS[key] = (weakref.ref(code, forget), facts)
+    return facts
 
 
 class Checkpoint:
@@ -85,15 +139,15 @@ class Tracer:
         self.depth: int = 0 if parent is None else parent.depth + 1
         if self.depth > MAX_INLINE_DEPTH:
             raise unsupported("inline_limit", f"call depth above {MAX_INLINE_DEPTH}")
-        self.instructions = list(dis.get_instructions(code))
-        self.index_of = {ins.offset: i for i, ins in enumerate(self.instructions)}
+        self.facts = code_facts(code)
+        self.instructions = self.facts.instructions
+        self.index_of = self.facts.index_of
         self.ip: int = 0
         self.stack: list[Value] = []
         self.kw_names: tuple[str, ...] = ()
         self.return_value: Value | None = None
         self.current: dis.Instruction | None = None
         self.lineno = code.co_firstlineno
-        self._exception_table: list[tuple[int, int, int, int, bool]] | None = None
         self.exc_stack: list[Value] = []  # exceptions being handled (PUSH_EXC_INFO)
         self.yielded: list[Value] | None = None  # items of a generator run eagerly
         # grad mode and open autocast blocks when a generator run eagerly started: its consumer
@@ -153,17 +207,8 @@ class Tracer:
         self.jump_to(target)
         return True
 
-    def _handler_for(self, offset: int) -> tuple[int, int, int, int, bool] | None:
-        if self._exception_table is None:
-            table = decode(self.code).exception_table
-            self._exception_table = [
-                (e.start.offset, e.end.offset, e.target.offset, e.depth, e.lasti)
-                for e in table
-                if e.start.offset is not None
-                and e.end.offset is not None
-                and e.target.offset is not None
-            ]
-        for entry in self._exception_table:
+    def _handler_for(self, offset: int) -> ExceptionRow | None:
+        for entry in self.facts.exception_table(self.code):
             if entry[0] <= offset <= entry[1]:
                 return entry
         return None
