@@ -9,7 +9,8 @@ trace of a few steps, how much of the communication kernels' time (all-reduce fo
 all-gather and reduce-scatter for FSDP2) ran while a compute kernel ran on the device: the
 fraction hidden under compute. DDP compiles the DDP module (``torch.compile(DDP(m))``,
 ``kiln.compile(DDP(m))``: both split the graph at the gradient buckets); FSDP2 compiles each
-block (``--fsdp-compile whole``: the root module).
+block (setup ``fsdp2_whole``, or ``--fsdp-compile whole``: the root module, FSDP2's modules
+inside it).
 
 On two GPUs (NCCL), from the repository root (``bash benchmarks/gpu_run.sh distributed``
 does the same with PYTHONPATH set)::
@@ -129,7 +130,7 @@ def _build(
     for block in model.blocks:
         fully_shard(block, mp_policy=policy)
     fully_shard(model, mp_policy=policy)
-    if args.fsdp_compile == "whole":
+    if setup == "fsdp2_whole" or args.fsdp_compile == "whole":
         return compile_fn(model), model
     for i, block in enumerate(model.blocks):
         model.blocks[i] = compile_fn(block)
@@ -345,7 +346,7 @@ def main() -> None:
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--tiny", action="store_true", help="a small model (checks the script)")
     p.add_argument("--nproc", type=int, default=2, help="ranks to spawn without torchrun")
-    p.add_argument("--setups", default="ddp,fsdp2")
+    p.add_argument("--setups", default="ddp,fsdp2", help="of ddp, fsdp2, fsdp2_whole")
     p.add_argument("--compilers", default="eager,torch_compile,kiln")
     p.add_argument("--fsdp-compile", choices=["block", "whole"], default="block")
     p.add_argument(
