@@ -30,6 +30,8 @@ from torch._decomp import decomposition_table, meta_table
 from torch._dispatch.python import enable_python_dispatcher
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from kiln.capture.shapes import memo
+
 __all__ = [
     "UNBACKED_KERNELS",
     "SymbolicMetaMode",
@@ -121,6 +123,16 @@ def run_symbolic(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
         out = UNBACKED_KERNELS[func](*args, **kwargs)
         if out is not NotImplemented:
             return out
+    out, token = memo.recall(func, args, kwargs)
+    if out is not None:
+        return out
+    out = _run_python(func, args, kwargs)
+    memo.remember(token, args, kwargs, out)
+    return out
+
+
+def _run_python(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``func`` as its Python meta kernel, decomposition or composite, else its kernel."""
     with SymbolicMetaMode():
         # a Python meta kernel first: it gives the strides eager's kernel gives, where a
         # decomposition may lay its result out otherwise (``repeat``'s is not contiguous)

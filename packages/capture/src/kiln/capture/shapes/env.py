@@ -24,6 +24,7 @@ from __future__ import annotations
 import builtins
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import sympy
 
@@ -109,6 +110,10 @@ class ShapeEnv:
         # ``file:line`` of the program line asking a question, where the caller knows it
         # better than the Python stack does (capture evaluates the user's code itself)
         self.user_line: Callable[[], str] | None = None
+        # the result layouts of symbolic op runs, by op and argument metadata (``memo``)
+        self.op_results: dict[Any, Any] = {}
+        # the expression each arithmetic operation on symbolic values built, by operands
+        self.built: dict[Any, sympy.Basic] = {}
 
     # -- creating symbols ------------------------------------------------------------------
 

@@ -75,7 +75,15 @@ def _binary(
     def method(self: SymNode, other: SymNode) -> SymNode:
         pytype = _result_type(kind, self.pytype, other.pytype)
         hint = _hint_of(pytype, hint_fn, self._hint, other._hint)
-        return SymNode(expr_fn(self.expr, other.expr), self.env, pytype, hint)
+        a, b = self.expr, other.expr
+        # sympy builds an expression through layers of decorators even where its cache
+        # answers: the env keeps each result by operands (``Float(2.0)`` and ``2`` are
+        # distinct keys, as sympy compares them unequal)
+        key = (expr_fn, a, b)
+        built = self.env.built.get(key)
+        if built is None:
+            built = self.env.built[key] = expr_fn(a, b)
+        return SymNode(built, self.env, pytype, hint)
 
     return method
 

@@ -1,0 +1,258 @@
+"""Reusing the result of a symbolic op run for a repeated op on the same metadata.
+
+With symbolic sizes an op runs as Python (a meta kernel, a decomposition, torch's Python
+dispatcher), which costs a thousand times its C++ kernel: a transformer's layers repeat the
+same ops on the same symbolic shapes, and autograd_aot traces every op capture ran once more.
+What such a run gives a functional op's fresh result depends only on the op, its arguments'
+metadata (dtype, symbolic sizes, strides and offset) and its other arguments, never on data
+(meta tensors have none): so the env remembers the layout each (op, metadata) gave, and a
+repeat makes a fresh tensor of that layout (``empty_strided``) instead of running the op again.
+
+The guards a run records are in the env already when it repeats (the same questions about the
+same expressions get the same answers from the same hints), and expressions in a key are the
+env's simplified ones, so a key made before a guard established ``s1 == s0`` and one made after
+name the same sizes alike. Only what a repeat would surely give alike is kept: ops of the aten
+and prims namespaces whose schema says they neither alias nor mutate an argument, which are
+not random and whose results do not depend on data, returning tensors only; each result on
+the meta device, a fresh strided tensor (not a view, offset 0, its storage no argument's nor
+another result's) with every size known at the hint, so no data-dependent (unbacked) symbol
+is ever reused for a new value; and every argument one of the kinds the key names exactly.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+__all__ = ["enabled", "recall", "remember"]
+
+_aten = torch.ops.aten
+
+#: Switched off by tests comparing a compile with and without the memo.
+enabled = [True]
+
+_NAMESPACES = frozenset({"aten", "prims"})
+_SKIP_TAGS = frozenset(
+    {
+        torch.Tag.nondeterministic_seeded,
+        torch.Tag.dynamic_output_shape,
+        torch.Tag.data_dependent_output,
+        torch.Tag.inplace_view,
+    }
+)
+# argument values keyed by type and value (``True``, ``1`` and ``1.0`` are distinct keys)
+_PLAIN = (int, bool, str, torch.dtype, torch.device, torch.layout, torch.memory_format)
+
+
+class _Unkeyable(Exception):
+    """An argument the key cannot name exactly: the op runs without the memo."""
+
+
+@functools.cache
+def _memoizable(func: Any) -> bool:
+    """Whether ``func`` returns fresh tensors or views of its arguments only and mutates none
+    (by its schema)."""
+    schema = getattr(func, "_schema", None)
+    if schema is None or getattr(func, "namespace", None) not in _NAMESPACES:
+        return False
+    if any(tag in _SKIP_TAGS for tag in getattr(func, "tags", ())):
+        return False
+    if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
+        return False
+    returns = schema.returns
+    return bool(returns) and all(
+        (r.alias_info is None or not r.alias_info.is_write)
+        and (isinstance(r.type, torch.TensorType) or str(r.type) == "Tensor[]")
+        for r in returns
+    )
+
+
+def _size_key(s: Any, envs: list[Any]) -> Any:
+    if isinstance(s, torch.SymInt):
+        node = s.node
+        env = getattr(node, "env", None)
+        if env is None or node.hint is None:  # not Kiln's node, or data-dependent
+            raise _Unkeyable
+        if not envs:
+            envs.append(env)
+        elif envs[0] is not env:
+            raise _Unkeyable
+        return (torch.SymInt, node.expr)
+    return s  # a plain int
+
+
+def _key(a: Any, envs: list[Any]) -> Any:
+    if a is None:
+        return None
+    if isinstance(a, torch.Tensor):
+        if (
+            a.device.type != "meta"
+            or a.layout != torch.strided
+            or a.requires_grad
+            or a.is_conj()
+            or a.is_neg()
+            or type(a) is not torch.Tensor
+        ):
+            raise _Unkeyable
+        return (
+            torch.Tensor,
+            a.dtype,
+            tuple(_size_key(s, envs) for s in a.shape),
+            tuple(_size_key(s, envs) for s in a.stride()),
+            _size_key(a.storage_offset(), envs),
+        )
+    if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        node: Any = a.node
+        env = getattr(node, "env", None)
+        if env is None or node.hint is None:
+            raise _Unkeyable
+        if not envs:
+            envs.append(env)
+        elif envs[0] is not env:
+            raise _Unkeyable
+        return (type(a), node.pytype, node.expr)
+    if isinstance(a, float):
+        return (float, a.hex())
+    if type(a) in _PLAIN:
+        return (type(a), a)
+    if isinstance(a, (list, tuple)):
+        return (type(a), tuple(_key(x, envs) for x in a))
+    raise _Unkeyable
+
+
+def _lookup_key(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``(env, key)`` for this call, or None where the memo does not apply."""
+    if not enabled[0] or not _memoizable(func):
+        return None
+    envs: list[Any] = []
+    try:
+        key = (
+            func,
+            torch.get_default_dtype(),
+            tuple(_key(a, envs) for a in args),
+            tuple((k, _key(v, envs)) for k, v in kwargs.items()),
+        )
+    except _Unkeyable:
+        return None
+    if not envs:
+        return None
+    return envs[0], key
+
+
+# one result: where it comes from (None: fresh; an argument's position: a view of it, or
+# that argument itself where sizes and strides are None), sizes, strides, offset, dtype, and
+# how it is made: for a fresh one whether by ``empty_strided`` (else contiguous ``empty``, whose
+# storage size reads as another expression), for a view whether autograd knows it as one (a
+# Python meta kernel's view is not)
+_Result = tuple[int | None, Any, Any, Any, torch.dtype, bool]
+
+
+def recall(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    """``(result, token)``: what an earlier run of this op on the same metadata gave, made
+    anew (fresh tensors of its layouts, views of the same argument), or ``(None, token)`` for
+    the caller to run the op and pass its result and the token to :func:`remember` (token
+    None: nothing to remember)."""
+    found = _lookup_key(func, args, kwargs)
+    if found is None:
+        return None, None
+    env, key = found
+    entry = env.op_results.get(key)
+    if entry is None:
+        return None, found
+    rebuild, results = entry
+    made = [_make(r, args) for r in results]
+    return (made[0] if rebuild is None else rebuild(made)), None
+
+
+def _make(result: _Result, args: tuple[Any, ...]) -> torch.Tensor:
+    source, size, stride, offset, dtype, how = result
+    if source is None:  # fresh: made as the op made it, so its storage's size reads alike
+        if how:
+            return _aten.empty_strided.default(size, stride, dtype=dtype, device="meta")
+        return _aten.empty.memory_format(size, dtype=dtype, device="meta")
+    if size is None:
+        return args[source]  # type: ignore[no-any-return]
+    if how:
+        return _aten.as_strided.default(args[source], size, stride, offset)
+    with torch._C._AutoDispatchBelowADInplaceOrView():
+        return _aten.as_strided.default(args[source], size, stride, offset)
+
+
+def remember(token: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+    """Keep how ``out`` was made for ``token``'s key, if it is tensors of sizes known at the
+    hints, each fresh or a view of (or the very) tensor argument given positionally."""
+    if token is None:
+        return
+    if isinstance(out, torch.Tensor):
+        outs, rebuild = [out], None
+    elif type(out) in (tuple, list) and out:
+        outs, rebuild = list(out), type(out)
+    else:
+        return
+    leaves = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+    taken = {_storage(a) for a in leaves}
+    positional = {_storage(a): i for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
+    seen: set[int] = set()
+    results: list[_Result] = []
+    for r in outs:
+        result = _how_made(r, args, taken, positional, seen)
+        if result is None:
+            return
+        results.append(result)
+    env, key = token
+    env.op_results[key] = (rebuild, tuple(results))
+
+
+def _storage(t: torch.Tensor) -> int:
+    return int(t.untyped_storage()._cdata)
+
+
+def _how_made(
+    r: Any, args: tuple[Any, ...], taken: set[int], positional: dict[int, int], seen: set[int]
+) -> _Result | None:
+    if type(r) is not torch.Tensor or r.device.type != "meta" or r.layout != torch.strided:
+        return None
+    if r.requires_grad or r.is_conj() or r.is_neg():
+        return None
+    offset = r.storage_offset()
+    if not all(_backed(s) for s in (*r.shape, *r.stride(), offset)):
+        return None
+    storage = _storage(r)
+    if storage not in taken:  # fresh: alone on its own storage, from its start
+        if r._is_view() or storage in seen or not (isinstance(offset, int) and offset == 0):
+            return None
+        seen.add(storage)
+        for strided in (True, False):
+            result = (None, tuple(r.shape), tuple(r.stride()), 0, r.dtype, strided)
+            if _same_storage_size(_make(result, args), r):
+                return result
+        return None
+    source = positional.get(storage)
+    if source is None:
+        return None
+    base = args[source]
+    if r is base:
+        return (source, None, None, None, r.dtype, False)
+    if r.dtype != base.dtype:  # a dtype view: as_strided keeps the argument's dtype
+        return None
+    return (source, tuple(r.shape), tuple(r.stride()), offset, r.dtype, r._is_view())
+
+
+def _same_storage_size(made: torch.Tensor, r: torch.Tensor) -> bool:
+    """Whether ``made`` is laid out as ``r`` with a storage whose size is the same expression."""
+    made_layout = (*made.stride(), made.untyped_storage().nbytes())
+    layout = (*r.stride(), r.untyped_storage().nbytes())
+    return all(_expr(a) == _expr(b) for a, b in zip(made_layout, layout, strict=True))
+
+
+def _expr(n: Any) -> Any:
+    """A size as an expression, compared without a guard (``==`` on SymInts would add one)."""
+    return n.node.expr if isinstance(n, torch.SymInt) else n
+
+
+def _backed(s: Any) -> bool:
+    """Whether ``s`` is a number or a symbolic size with a hint (not from data)."""
+    return not isinstance(s, torch.SymInt) or getattr(s.node, "hint", None) is not None

@@ -1,0 +1,158 @@
+"""The env's memo of symbolic op runs (``kiln.capture.shapes.memo``) and of the expressions
+arithmetic on symbolic values builds: a repeat gives what running the op again gives (sizes,
+strides, offset, dtype, aliasing, view-ness, guards), and the key tells apart what must be."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sympy
+import torch
+
+from kiln.capture.shapes import ShapeEnv, expr_of, memo, run_symbolic, symbolic_meta
+from kiln.capture.source import LocalSource
+
+aten = torch.ops.aten
+
+
+@pytest.fixture
+def memo_off() -> Iterator[None]:
+    memo.enabled[0] = False
+    try:
+        yield
+    finally:
+        memo.enabled[0] = True
+
+
+def _meta(env: ShapeEnv, shape: tuple[int, ...], name: str, **kw: Any) -> torch.Tensor:
+    return symbolic_meta(torch.empty(*shape, **kw), LocalSource(name), env)
+
+
+def _layout(t: torch.Tensor) -> tuple[Any, ...]:
+    exprs = [str(expr_of(s)) for s in (*t.shape, *t.stride(), t.storage_offset())]
+    nbytes = str(expr_of(t.untyped_storage().nbytes()))
+    return (*exprs, nbytes, t.dtype, t._is_view())
+
+
+def _ops(
+    x: torch.Tensor, w: torch.Tensor, z: torch.Tensor
+) -> list[tuple[Any, tuple[Any, ...], dict[str, Any]]]:
+    n = x.shape[0] * x.shape[1]
+    return [
+        (aten.add.Tensor, (x, x), {}),
+        (aten.mul.Scalar, (x, 2.5), {}),
+        (aten.view.default, (x, [n, 8]), {}),
+        (aten.transpose.int, (x, 0, 1), {}),
+        (aten.slice.Tensor, (x, 1, 1, x.shape[1]), {}),
+        (aten.expand.default, (w, [x.shape[0], 8, 8]), {}),
+        (aten.native_layer_norm.default, (x, [8], None, None, 1e-5), {}),
+        (aten.var_mean.correction, (x, [2]), {"keepdim": True}),
+        (aten.split.Tensor, (x, 3, 1), {}),
+        (aten.clone.default, (z,), {"memory_format": torch.channels_last}),
+        (aten.clone.default, (x.transpose(0, 2),), {}),
+    ]
+
+
+def _run_all(env: ShapeEnv, repeats: int) -> list[Any]:
+    x = _meta(env, (4, 6, 8), "x")
+    w = _meta(env, (8, 8), "w")
+    z = _meta(env, (2, 3, 4, 5), "z")
+    seen = []
+    for _ in range(repeats):
+        for func, args, kwargs in _ops(x, w, z):
+            out = run_symbolic(func, args, kwargs)
+            outs = list(out) if isinstance(out, (tuple, list)) else [out]
+            for r in outs:
+                same = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and r is a]
+                shares = [
+                    i
+                    for i, a in enumerate(args)
+                    if isinstance(a, torch.Tensor)
+                    and a.untyped_storage()._cdata == r.untyped_storage()._cdata
+                ]
+                seen.append((str(func), type(out).__name__, _layout(r), same, shares))
+    return seen
+
+
+def test_a_repeat_gives_what_running_the_op_again_gives(memo_off: None) -> None:
+    without = ShapeEnv()
+    expected = _run_all(without, 2)
+    memo.enabled[0] = True
+    env = ShapeEnv()
+    assert _run_all(env, 2) == expected
+    assert env.op_results, "the repeats were not served from the memo"
+    assert set(map(str, env.guards)) == set(map(str, without.guards))
+
+
+def test_a_repeat_is_served_without_running_the_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kiln.capture.shapes import dispatch
+
+    env = ShapeEnv()
+    x = _meta(env, (4, 6, 8), "x")
+    first = run_symbolic(aten.add.Tensor, (x, x), {})
+    calls: list[Any] = []
+    monkeypatch.setattr(dispatch, "_run_python", lambda *a: calls.append(a))
+    again = run_symbolic(aten.add.Tensor, (x, x), {})
+    assert not calls
+    assert again is not first and _layout(again) == _layout(first)
+    assert again.untyped_storage()._cdata != first.untyped_storage()._cdata  # fresh storage
+
+
+def test_the_key_tells_apart_dtypes_scalars_and_layouts() -> None:
+    env = ShapeEnv()
+    x = _meta(env, (4, 6, 8), "x")
+    h = _meta(env, (4, 6, 8), "h", dtype=torch.float16)
+    t = x.transpose(1, 2)
+    assert run_symbolic(aten.add.Tensor, (x, h), {}).dtype == torch.float32
+    assert run_symbolic(aten.add.Tensor, (h, h), {}).dtype == torch.float16
+    assert run_symbolic(aten.mul.Tensor, (h, 2), {}).dtype == torch.float16
+    assert run_symbolic(aten.mul.Tensor, (h, True), {}).dtype == torch.float16
+    # the same op on a transposed layout keeps that layout, as eager does
+    assert [str(expr_of(s)) for s in run_symbolic(aten.neg.default, (x,), {}).stride()] == [
+        str(expr_of(s)) for s in x.stride()
+    ]
+    assert [str(expr_of(s)) for s in run_symbolic(aten.neg.default, (t,), {}).stride()] == [
+        str(expr_of(s)) for s in t.stride()
+    ]
+    # a view on another argument is a view of that argument
+    y = _meta(env, (4, 6, 8), "y")
+    n = x.shape[0] * x.shape[1]
+    vx = run_symbolic(aten.view.default, (x, [n, 8]), {})
+    vy = run_symbolic(aten.view.default, (y, [n, 8]), {})
+    assert vy.untyped_storage()._cdata == y.untyped_storage()._cdata
+    assert vx.untyped_storage()._cdata == x.untyped_storage()._cdata
+
+
+def test_ops_that_mutate_or_make_data_dependent_sizes_are_not_memoized() -> None:
+    assert not memo._memoizable(aten.add_.Tensor)
+    assert not memo._memoizable(aten.transpose_.default)
+    assert not memo._memoizable(aten.nonzero.default)
+    assert not memo._memoizable(aten.bernoulli.default)
+    assert not memo._memoizable(aten.sym_size.int)
+    assert memo._memoizable(aten.view.default)
+    assert memo._memoizable(aten.add.Tensor)
+    env = ShapeEnv()
+    x = _meta(env, (4, 6, 8), "x")
+    run_symbolic(aten.add_.Tensor, (x, x), {})
+    assert not env.op_results
+
+
+def test_envs_keep_their_own_memos() -> None:
+    a, b = ShapeEnv(), ShapeEnv()
+    xa, xb = _meta(a, (4, 6, 8), "x"), _meta(b, (4, 6, 8), "x")
+    ra = run_symbolic(aten.add.Tensor, (xa, xa), {})
+    rb = run_symbolic(aten.add.Tensor, (xb, xb), {})
+    assert a.op_results and b.op_results
+    assert ra.shape[0].node.env is a and rb.shape[0].node.env is b
+
+
+def test_arithmetic_results_are_kept_by_operand_types() -> None:
+    env = ShapeEnv()
+    x = _meta(env, (4, 6), "x")
+    s = x.shape[0]
+    assert expr_of(s + 2) is expr_of(s + 2)  # built once
+    assert expr_of(s * 2.0).has(sympy.Float) and not expr_of(s * 2).has(sympy.Float)
+    assert isinstance(s * 2.0, torch.SymFloat) and isinstance(s * 2, torch.SymInt)
+    assert (s * 2).node.hint == 8 and (s * 2.0).node.hint == 8.0
