@@ -156,3 +156,19 @@ def test_arithmetic_results_are_kept_by_operand_types() -> None:
     assert expr_of(s * 2.0).has(sympy.Float) and not expr_of(s * 2).has(sympy.Float)
     assert isinstance(s * 2.0, torch.SymFloat) and isinstance(s * 2, torch.SymInt)
     assert (s * 2).node.hint == 8 and (s * 2.0).node.hint == 8.0
+
+
+def test_a_view_of_one_of_two_arguments_on_one_storage_is_not_memoized() -> None:
+    env = ShapeEnv()
+    x = _meta(env, (4, 6, 8), "x")
+    alias = x.view(x.shape)
+    run_symbolic(aten.view.default, (x, [x.shape[0] * x.shape[1], 8]), {})
+    assert env.op_results
+    env.op_results.clear()
+    memo.remember(
+        memo._lookup_key(aten.add.Tensor, (x, alias), {}),
+        (x, alias),
+        {},
+        x.view(x.shape[0] * x.shape[1], 8),
+    )
+    assert not env.op_results

@@ -193,8 +193,15 @@ def remember(token: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
     else:
         return
     leaves = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
-    taken = {_storage(a) for a in leaves}
-    positional = {_storage(a): i for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
+    storages = [_storage(a) for a in leaves]
+    taken = set(storages)
+    # a view is remade from the one argument on its storage: where arguments share a
+    # storage, which one it views is not the key's to say
+    positional = {
+        _storage(a): i
+        for i, a in enumerate(args)
+        if isinstance(a, torch.Tensor) and storages.count(_storage(a)) == 1
+    }
     seen: set[int] = set()
     results: list[_Result] = []
     for r in outs:
