@@ -508,3 +508,30 @@ def test_without_inputs_requiring_grad_the_grad_mode_shares_one_program():
         compiled(torch.randn(3))
     out = compiled(torch.randn(3))
     assert not out.requires_grad and len(compiled.variants()) == 1
+
+
+@pytest.mark.parametrize("retain", [False, True])
+def test_a_node_knows_its_saved_tensors_were_freed_as_reading_them_would_tell(retain):
+    from kiln.autograd_aot import runtime
+
+    seen = []
+
+    class Node(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            ctx.maybe_clear_saved_tensors()
+            try:
+                ctx._raw_saved_tensors
+                freed = False
+            except RuntimeError:
+                freed = True
+            seen.append((runtime._saved_freed(ctx), freed))
+            return g * 2
+
+    Node.apply(torch.randn(3, requires_grad=True)).sum().backward(retain_graph=retain)
+    assert seen == [(not retain, not retain)]

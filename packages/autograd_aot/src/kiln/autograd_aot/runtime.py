@@ -204,8 +204,18 @@ def _versions(primals: Sequence[Any]) -> list[int]:
     return [getattr(p, "_version", 0) for p in primals]
 
 
+_keeps_graph: Callable[[], bool] | None = getattr(
+    torch._C._autograd, "_get_current_graph_task_keep_graph", None
+)
+
+
 def _saved_freed(ctx: Any) -> bool:
-    """Whether autograd freed the node's saved tensors (no ``retain_graph``)."""
+    """Whether autograd freed the node's saved tensors (no ``retain_graph``), called in its
+    backward after ``maybe_clear_saved_tensors``: the running backward's own flag, where torch
+    has it; else by reading them, which raises once they are freed (a C++ exception, tens of
+    microseconds: every compiled node pays it on every backward)."""
+    if _keeps_graph is not None:
+        return not _keeps_graph()
     try:
         ctx._raw_saved_tensors  # noqa: B018  (raises once they are freed)
     except RuntimeError:
