@@ -263,3 +263,35 @@ def test_a_tree_is_walked_as_modules_walks_it():
     root.register_module("empty", None)
     assert {id(m) for m in stamps._tree(root)} == {id(m) for m in root.modules()}
     assert len(stamps._tree(root)) == len(list(root.modules()))
+
+
+class _Wrapper(torch.Tensor):
+    """A wrapper subclass without storage of its own, as DTensor is."""
+
+    @staticmethod
+    def __new__(cls, elem):
+        return torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype)
+
+    def __init__(self, elem):
+        self.elem = elem
+
+    def __tensor_flatten__(self):
+        return ["elem"], None
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise NotImplementedError(func)
+
+
+def test_a_wrapper_subclass_buffer_is_unchanged_until_its_inner_tensor_changes():
+    m = torch.nn.Module()
+    m.register_buffer("w", _Wrapper(torch.randn(4)))
+    record = stamps.Untracked()
+    stamps.watch(m, record)
+    assert record.entries and record.unchanged() and record.unchanged()
+    m.w.elem = torch.randn(4)  # another inner storage
+    assert not record.unchanged()
+    stamps.watch(m, record)
+    assert record.unchanged()
+    m.w.elem = torch.randn(8)[::2]  # other inner strides
+    assert not record.unchanged()

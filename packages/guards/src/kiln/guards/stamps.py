@@ -314,19 +314,31 @@ def _tree(root: torch.nn.Module) -> list[torch.nn.Module]:
 
 def _metadata(t: torch.Tensor) -> object:
     try:
-        return (
-            t.shape,
-            t.stride(),
-            t.storage_offset(),
-            t.dtype,
-            t.device,
-            t.requires_grad,
-            t.data_ptr(),  # another storage (``.data = u`` with the same sizes)
-            t.is_conj(),
-            t.is_neg(),
-        )
+        shape = (t.shape, t.stride(), t.storage_offset(), t.dtype, t.device, t.requires_grad)
+        bits = (t.is_conj(), t.is_neg())
     except (RuntimeError, NotImplementedError, TypeError, AttributeError):
         return object()  # nothing to compare: counts as changed on every call
+    if hasattr(t, "__tensor_flatten__"):
+        # a wrapper subclass (a DTensor parameter) has no storage of its own (its data_ptr is
+        # 0, or raises): its inner tensors' metadata stand for it
+        return (*shape, *bits, _inner_metadata(t))
+    try:
+        storage = t.data_ptr()  # another storage (``.data = u`` with the same sizes)
+    except (RuntimeError, NotImplementedError, TypeError, AttributeError):
+        return object()
+    return (*shape, *bits, storage)
+
+
+def _inner_metadata(t: torch.Tensor) -> object:
+    """A traceable wrapper subclass's class, flatten context and inner tensors' metadata;
+    an object equal to nothing where it has none to give."""
+    try:
+        names, context = t.__tensor_flatten__()  # type: ignore[attr-defined]
+        hash(context)  # compared by ==: a context that cannot be is never the same
+        inner = tuple(_metadata(getattr(t, name)) for name in names)
+    except Exception:  # a subclass's own code: unknown, so changed
+        return object()
+    return (type(t), context, inner)
 
 
 class Untracked:
