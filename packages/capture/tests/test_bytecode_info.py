@@ -34,3 +34,15 @@ def test_body_is_shared_clone_before_editing():
     copy = info.body.clone()
     copy.instrs.clear()
     assert info.body.instrs
+
+
+def test_equal_code_objects_of_two_files_are_analysed_apart():
+    src = "def f(x):\n    return x + 1\n"
+    a: dict[str, object] = {}
+    b: dict[str, object] = {}
+    exec(compile(src, "first.py", "exec"), a)
+    exec(compile(src, "second.py", "exec"), b)
+    ca, cb = a["f"].__code__, b["f"].__code__  # type: ignore[attr-defined]
+    assert ca == cb  # == ignores the file
+    assert code_info(ca).code.co_filename == "first.py"
+    assert code_info(cb).code.co_filename == "second.py"

@@ -52,9 +52,15 @@ class CodeInfo:
         return self.live[self.index(offset)]
 
 
-@functools.lru_cache(maxsize=512)
 def code_info(code: CodeType) -> CodeInfo:
     """Decode and analyse ``code`` (cached per code object)."""
+    # code objects compare equal across files (== ignores co_filename): the file is part of
+    # the key, so a resume function never takes another file's name and lines
+    return _code_info(code, code.co_filename)
+
+
+@functools.lru_cache(maxsize=512)
+def _code_info(code: CodeType, filename: str) -> CodeInfo:
     body = decode(code)
     instrs, table = body.instrs, body.exception_table
     targets = {ins.arg.offset for ins in instrs if ins.is_jump}
