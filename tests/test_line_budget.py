@@ -58,7 +58,8 @@ LINE_BUDGET = {
     # + about 290 for compiling symbolic graphs at a static one's cost: the env's memo of
     # symbolic op runs by argument metadata and of built size expressions (shapes/memo.py)
     # + about 45 for the tracer's per-code-object facts, disassembled once (tracer.py)
-    "capture": 22161,
+    # + 6: code facts keyed by file as well as code (bytecode/info.py), storage_fits' fast path
+    "capture": 22167,
     # + about 200 for dynamic shapes: symbolic sizes and dense layouts in TENSOR_MATCH and
     # the SHAPE kind (kinds/shape.py)
     "guards": 2900,
