@@ -14,7 +14,16 @@ one model, ``--device cuda`` the GPU (Triton kernels). ``first_s`` is each colum
 at each length: for ``kiln_dyn`` the first length's compiles the symbolic graph and later ones
 should cost a steady call; for ``kiln_static`` every length compiles a graph of its own, so
 ``kiln_dyn``'s first ``first_s`` against the median of ``kiln_static``'s is the compile-time
-ratio of a dynamic graph to a static one. Columns: ``eager``, ``kiln_dyn`` (``dynamic=True``, symbolic kernels:
+ratio of a dynamic graph to a static one.
+
+Both sides of that ratio compile, from the same start: the run points ``KILN_CACHE_DIR``,
+``KILN_GRAPH_CACHE_DIR``, ``TORCHINDUCTOR_CACHE_DIR`` and ``TRITON_CACHE_DIR`` at fresh temporary
+folders (unless ``--keep-caches``), so no column loads a program or a library an earlier run
+left on disk; and before any model a small unrelated graph goes through each compiler once,
+statically and with symbolic sizes alike, so the process's one-time costs (imports, the C++
+compiler's probe, torch's decomposition tables, sympy's first expressions) fall on neither
+column's first compile. What stays in the ratio is per-graph work. Columns: ``eager``,
+``kiln_dyn`` (``dynamic=True``, symbolic kernels:
 ``options={"dynamic_kernels": True}``), ``kiln_static`` (``dynamic=False``, one graph per
 length), ``torch_compile`` (``dynamic=True``).
 """
@@ -22,8 +31,11 @@ length), ``torch_compile`` (``dynamic=True``).
 from __future__ import annotations
 
 import argparse
+import functools
+import os
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -105,7 +117,9 @@ def run_model(name: str, preset: str, iters: int, device: str = "cpu") -> list[d
             totals[col] = time.perf_counter() - start
             print(f"# {name} {col}: sweep {totals[col]:.1f} s", file=sys.stderr, flush=True)
         for n in LENGTHS:
-            steps = {col: (lambda fn=fn, x=inputs[n]: fn(x)) for col, fn in cols.items()}
+            steps: dict[str, Callable[[], Any]] = {
+                col: functools.partial(fn, inputs[n]) for col, fn in cols.items()
+            }
             medians = interleaved_medians(steps, device, iters, budget_s=2.0)
             for col, seconds in medians.items():
                 rows.append(
@@ -152,16 +166,35 @@ def _table(rows: list[dict[str, Any]]) -> str:
 
 
 def _warm_up(device: str) -> None:
-    """One small graph through each compiler first, so neither column's first compile pays
-    for the process's one-time start (imports, compile workers, CUDA libraries)."""
+    """One small graph through each compiler first, static and symbolic, so no column's first
+    compile pays for the process's one-time start (imports, compile workers, the C++
+    compiler's probe, CUDA libraries, the symbolic path's decomposition tables and sympy)."""
     import kiln
 
     mlp = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU()).to(device)
-    x = torch.randn(4, 16, device=device)
+    x = torch.randn(4, 5, 16, device=device)
     with torch.no_grad():
         kiln.compile(mlp)(x)
+        kiln.compile(mlp, dynamic=True, options={"dynamic_kernels": True})(x)
         torch.compile(mlp)(x)
+        torch.compile(mlp, dynamic=True)(x)
+    kiln.reset()
+    torch._dynamo.reset()
     _sync(device)
+
+
+_CACHE_VARS = (
+    "KILN_CACHE_DIR",
+    "KILN_GRAPH_CACHE_DIR",
+    "TORCHINDUCTOR_CACHE_DIR",
+    "TRITON_CACHE_DIR",
+)
+
+
+def _fresh_caches(root: str) -> None:
+    """Every compiler's on-disk cache in a new folder under ``root`` (set before any compile)."""
+    for var in _CACHE_VARS:
+        os.environ[var] = os.path.join(root, var.lower())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -170,8 +203,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", nargs="*", default=["bert", "gpt2"], choices=["bert", "gpt2"])
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument(
+        "--keep-caches",
+        action="store_true",
+        help="use the compilers' usual cache folders (a repeated run then loads what it compiled)",
+    )
     args = p.parse_args(argv)
-    _warm_up(args.device)
-    for m in args.models:  # each model's table as soon as it is measured
-        print(_table(run_model(m, args.preset, args.iters, args.device)), flush=True)
+    with tempfile.TemporaryDirectory(prefix="kiln-dynamic-seq-") as root:
+        if not args.keep_caches:
+            _fresh_caches(root)
+        _warm_up(args.device)
+        for m in args.models:  # each model's table as soon as it is measured
+            print(_table(run_model(m, args.preset, args.iters, args.device)), flush=True)
     return 0
