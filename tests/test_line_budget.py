@@ -62,7 +62,8 @@ LINE_BUDGET = {
     "capture": 22167,
     # + about 200 for dynamic shapes: symbolic sizes and dense layouts in TENSOR_MATCH and
     # the SHAPE kind (kinds/shape.py)
-    "guards": 2900,
+    # + about 45 for checks' compiled code read from a store the frontend sets (check.py)
+    "guards": 2910,
     # + about 300 for backwards compiled per set of outputs that got a gradient (prune.py)
     # and version checks of saved values only where eager's backward makes them
     # + about 60 for torch.func's ATen: in-place restrides of computed tensors, numbers handed
@@ -86,7 +87,8 @@ LINE_BUDGET = {
     # + about 450 for values computed from data (unbacked symbols): bound by the wrapper after
     # the extern call that makes them, scheduling edges on symbols, runtime asserts, the
     # reference backend taking size arguments (unbacked.py, wrapper.py, reference.py)
-    "loopir": 11250,
+    # + about 35 for size quotients without sympy.simplify where it cannot change them (sizes.py)
+    "loopir": 11275,
     # + about 250 for symbolic sizes: size arguments, per-call grids and sizes, autotuning
     # per size bucket (symbolic_sizes.py, symbolic_launch.py), CUDA graphs per size set
     "codegen_triton": 3150,
@@ -107,7 +109,8 @@ LINE_BUDGET = {
     # + about 125 for the graph cache on by default: the process state, input aliasing and the
     # C++ toolchain (not run) in its key, never failing a compile, watched compiles not loaded
     # + about 175 for graphs under DDP split at its gradient buckets (ddp_split.py)
-    "frontend": 4080,
+    # + about 35 for guard checks' compiled code kept on disk for warm starts (graph_cache.py)
+    "frontend": 4115,
 }
 
 # Modules allowed over MAX_MODULE_LINES for now, each with a comment saying why and what will

@@ -191,3 +191,22 @@ def test_strided_digits_stay():
 def test_low_part_below_the_divisor_drops():
     expr = sizes.FloorDiv(40 * rindex + xindex, 960)
     assert sizes.simplify_with_ranges(expr, {xindex: 40, rindex: 72}) == sizes.FloorDiv(rindex, 24)
+
+
+def test_quotient_is_what_sympy_simplify_gives() -> None:
+    import sympy
+
+    from kiln.loopir import sizes
+
+    s0, s1 = sympy.symbols("s0 s1", integer=True, positive=True)
+    cases = [
+        (2 * s0 * 768, 768),
+        (s0 * s1 * 64, s1),
+        (s0**2 * 12, 4 * s0),
+        (3072, 4),
+        (s0 * s1 + s1, s0 + 1),
+        (6 * s0, 4),
+    ]
+    for numerator, denominator in cases:
+        expected = sympy.simplify(numerator / sympy.sympify(denominator))
+        assert sympy.srepr(sizes.quotient(numerator, denominator)) == sympy.srepr(expected)

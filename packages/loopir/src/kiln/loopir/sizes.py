@@ -309,6 +309,41 @@ def bounds(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> tuple[int, int]
     return None
 
 
+def quotient(numerator: sympy.Expr, denominator: object) -> sympy.Expr:
+    """``sympy.simplify(numerator / denominator)``: a size divided by a factor of it.
+
+    The division cancels a monomial by itself (``2*s0*768 / 768`` is ``2*s0``), which
+    ``simplify`` returns unchanged, so it is not asked: its first symbolic call imports
+    ``sympy.physics`` (a second and more, once per process) and each call costs milliseconds.
+    Other quotients are simplified once per expression."""
+    q = numerator / sympify(denominator)
+    if _is_monomial(q):
+        return q  # type: ignore[no-any-return]
+    return _simplified(q)
+
+
+def _is_monomial(q: sympy.Expr) -> bool:
+    """An integer times symbols to positive integer powers."""
+    return bool(
+        q.is_Integer
+        or q.is_Symbol
+        or (
+            q.is_Mul
+            and all(
+                a.is_Integer
+                or a.is_Symbol
+                or (a.is_Pow and a.base.is_Symbol and a.exp.is_Integer and a.exp > 0)
+                for a in q.args
+            )
+        )
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _simplified(expr: sympy.Expr) -> sympy.Expr:
+    return sympy.simplify(expr)  # type: ignore[no-any-return]
+
+
 def simplify_with_ranges(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sympy.Expr:
     """Drop ``FloorDiv``/``ModularIndexing`` the symbols' ranges make trivial (cached)."""
     if not expr.args or expr.is_Atom:

@@ -119,5 +119,5 @@ def _collapse_view(x: TensorBox, start: int, end: int) -> TensorBox:
 @register_lowering(prims.split_dim.default)
 def _split_dim(x: TensorBox, dim: int, outer_length: int) -> TensorBox:
     size = list(x.get_size())
-    inner = sympy.simplify(size[dim] / outer_length)
+    inner = sizes.quotient(size[dim], outer_length)
     return views.view(x, [*size[:dim], sizes.sympify(outer_length), inner, *size[dim + 1 :]])

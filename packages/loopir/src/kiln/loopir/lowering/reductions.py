@@ -181,7 +181,7 @@ def _split(x: TensorBox, rdims: list[int], pieces: int) -> TensorBox:
     size = x.get_size()
     n = len(kept)
     rnumel = sizes.product(size[n:])
-    x = view(x, [*size[:n], pieces, sympy.simplify(rnumel / pieces)])
+    x = view(x, [*size[:n], pieces, sizes.quotient(rnumel, pieces)])
     return permute(x, [n, *range(n), n + 1])
 
 

@@ -32,7 +32,7 @@ def _resolve_size(x: TensorBox, size: Sequence[Any]) -> list[sympy.Expr]:
     out = [sizes.sympify(s) for s in size]
     if any(s == -1 for s in out):
         known = sizes.product([s for s in out if s != -1])
-        out = [sympy.simplify(x.numel() / known) if s == -1 else s for s in out]
+        out = [sizes.quotient(x.numel(), known) if s == -1 else s for s in out]
     return out
 
 
