@@ -54,3 +54,42 @@ def test_command_line(tmp_path, monkeypatch):
     assert "cpp" in out and "1 entries" in out and str(tmp_path / "c" / "cpp") in out
     assert "removed 1 entries" in run("clear")
     assert not list((tmp_path / "c" / "cpp").iterdir())
+
+
+def _wide_check() -> kiln.guards.GuardCheck:
+    from kiln.capture.guard_data import GuardKind, GuardSpec, TensorMeta
+    from kiln.capture.source import LocalSource
+
+    def wide(a, b, c, d, e, f):
+        return a + b + c + d + e + f
+
+    meta = TensorMeta.of(torch.randn(4, 3))
+    specs = [GuardSpec(LocalSource(n), GuardKind.TENSOR_MATCH, meta) for n in "abcdef"]
+    return kiln.guards.build_check(specs, wide)
+
+
+def test_guard_checks_are_kept_compiled(tmp_path, monkeypatch):
+    from kiln.guards import check as check_module
+
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "c"))
+    first = _wide_check()
+    folder = kiln.cache.folders()["guards"]
+    assert folder == tmp_path / "c" / "guards"
+    (entry,) = folder.glob("*.code")
+    compiled: list[str] = []
+
+    def counted(*args, **kwargs):
+        compiled.append(args[1])
+        return compile(*args, **kwargs)
+
+    monkeypatch.setattr(check_module, "compile", counted, raising=False)
+    args = [torch.randn(4, 3) for _ in range(6)]
+    second = _wide_check()
+    assert not compiled and second.source == first.source
+    assert second(*args) and first(*args)
+    assert not second(*args[:5], args[5].double()) and not first(*args[:5], args[5].double())
+    data = entry.read_bytes()
+    entry.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))  # fails its sidecar: compiled again
+    third = _wide_check()
+    assert len(compiled) == 1 and third(*args) and not third(*args[:5], 1)
+    assert {c.name: c for c in kiln.cache.info()}["guards"].entries == 1

@@ -3,7 +3,7 @@
 Folders persist across runs: built C++ libraries (``KILN_CACHE_DIR``,
 default ``~/.cache/kiln``, subfolder ``cpp``), what the C++ compiler says of itself
 (``probes``), compiled graphs (subfolder ``graphs``,
-:mod:`kiln.graph_cache`) and generated Triton kernels
+:mod:`kiln.graph_cache`), compiled guard checks (``guards``) and generated Triton kernels
 (``KILN_TRITON_CACHE``, default ``~/.cache/kiln/triton``; listed only where
 ``kiln.codegen_triton`` and Triton can be imported). Each is bounded by
 ``KILN_CACHE_SIZE_MB`` with least-recently-used eviction. ``python -m kiln cache
@@ -43,7 +43,12 @@ class CacheInfo:
 
 def folders() -> dict[str, Path]:
     """Each cache's folder, after the same privacy checks (and fallback) a build makes."""
-    found = {"cpp": cpp_cache_dir(), "probes": probe_dir(), "graphs": graph_cache.folder()}
+    found = {
+        "cpp": cpp_cache_dir(),
+        "probes": probe_dir(),
+        "graphs": graph_cache.folder(),
+        "guards": graph_cache.checks_folder(),
+    }
     if triton_options is not None:
         triton_root = triton_options.cache_dir
         found["triton kernels"] = disk_cache.private_dir(triton_root, "kernels")

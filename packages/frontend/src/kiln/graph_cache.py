@@ -24,6 +24,10 @@ sizes' symbols in every node's metadata) and the concrete inputs of the call tha
 it, so an entry serves a later process whose first call has the same sizes; the program it
 holds (compiled once with the sizes as arguments under ``dynamic_kernels``, or per size)
 serves every size the capture's guards admit, as it did where it was compiled.
+
+The guard checks' compiled code (:class:`kiln.guards.check.CodeStore`) is kept beside, in
+``<cache root>/guards`` with the same rules, whatever the switch says: an entry is the code of
+one exact check text, so it only spares a later process the ``compile()``.
 """
 
 from __future__ import annotations
@@ -52,10 +56,19 @@ from kiln.codegen_cpp.build import toolchain_stamp
 from kiln.codegen_cpp.cache import cache_dir as cpp_cache_dir
 from kiln.codegen_cpp.cache import cache_root, probe_dir
 from kiln.codegen_cpp.loader import opened_libraries
+from kiln.guards import check
 from kiln.logs import PACKAGES
 from kiln.loopir import disk_cache
 
-__all__ = ["compile_cached", "enabled", "folder", "graph_key", "load_cache", "save_cache"]
+__all__ = [
+    "checks_folder",
+    "compile_cached",
+    "enabled",
+    "folder",
+    "graph_key",
+    "load_cache",
+    "save_cache",
+]
 
 log = logging.getLogger("kiln.frontend.cache")
 ENV = "KILN_GRAPH_CACHE"
@@ -400,6 +413,30 @@ def _store(path: Path, key: str, parts: Mapping[str, str], compiled: Callable[..
     disk_cache.atomic_write(path.with_suffix(".json"), json.dumps(dict(parts)))
     _used[key] = None
     disk_cache.evict(path.parent, keep={key})
+
+
+def checks_folder() -> Path:
+    """``<cache root>/guards``, where compiled guard checks are kept (private, like the rest)."""
+    return disk_cache.private_dir(cache_root(), "guards")
+
+
+class _CheckStore:
+    """kiln.guards' compiled checks as ``<key>.code`` entries of :func:`checks_folder`."""
+
+    def load(self, key: str) -> bytes | None:
+        path = checks_folder() / f"{key}.code"
+        data = disk_cache.read_verified(path)
+        if data is not None:
+            disk_cache.touch(path)
+        return data
+
+    def store(self, key: str, data: bytes) -> None:
+        path = checks_folder() / f"{key}.code"
+        _write(path, data)
+        disk_cache.evict(path.parent, keep={key})
+
+
+check.code_store = _CheckStore()
 
 
 def _write(path: Path, data: bytes) -> None:

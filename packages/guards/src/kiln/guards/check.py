@@ -3,18 +3,30 @@
 :class:`GuardCheck` holds the generated function (``fn``, what caches call), its
 printable source, and the ordered guards it was made from, which
 :meth:`GuardCheck.failure_reason` walks one at a time to say what failed.
+
+Compiling a large model's check text is a visible part of a warm start (a process whose
+graphs load from the whole-graph cache), and the text is the same in every process. So the
+compiled code can be kept in a :class:`CodeStore` under a digest of the text, the name it is
+compiled under and the interpreter: guards may not reach Kiln's disk caches (they live in
+later layers), so the frontend sets :data:`code_store` to one backed by them. Stored bytes that
+do not unmarshal to a code object compiled under that name are compiled again.
 """
 
 from __future__ import annotations
+import __future__
 
 import dataclasses
 import functools
+import hashlib
+import importlib.util
 import inspect
 import logging
+import marshal
+import sys
 import types
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -27,10 +39,56 @@ from kiln.guards import codegen, explain, frame, plan
 from kiln.guards.errors import UnsupportedGuard
 from kiln.guards.kinds import kind_of
 
-__all__ = ["GuardCheck", "build_check"]
+__all__ = ["CodeStore", "GuardCheck", "build_check", "code_store"]
 
 log = logging.getLogger(__name__)
 guards_log = logging.getLogger("kiln.guards.guards")
+
+
+class CodeStore(Protocol):
+    """Compiled checks kept across processes: the bytes last stored under a key, or None."""
+
+    def load(self, key: str) -> bytes | None: ...
+
+    def store(self, key: str, data: bytes) -> None: ...
+
+
+#: where compiled checks are kept (set by the frontend); None compiles every check
+code_store: CodeStore | None = None
+# what else decides compile()'s code object besides the text and the name: the future
+# features a check is compiled with (given explicitly, not inherited from this module),
+# the interpreter and its bytecode format, and -O
+_FLAGS = __future__.annotations.compiler_flag
+_COMPILER = repr(
+    (sys.version, sys.implementation.cache_tag, importlib.util.MAGIC_NUMBER, marshal.version)
+)
+# a shorter text compiles faster than a disk store answers (0.3 us a character against
+# about 0.15 ms a lookup, measured here)
+_STORED_FROM = 1024
+
+
+def _compile(text: str, filename: str) -> types.CodeType:
+    """``text`` compiled under ``filename``: from :data:`code_store` when it holds it, else
+    compiled (and stored). A store that fails or holds something else costs the compile."""
+    store = code_store
+    if store is None or len(text) < _STORED_FROM:
+        return compile(text, filename, "exec", _FLAGS, dont_inherit=True)
+    stamp = f"{_COMPILER}\0{sys.flags.optimize}\0{filename}\0{text}"
+    key = hashlib.sha256(stamp.encode()).hexdigest()[:40]
+    try:
+        data = store.load(key)
+        if data is not None:
+            code = marshal.loads(data)
+            if isinstance(code, types.CodeType) and code.co_filename == filename:
+                return code
+    except Exception as e:  # unreadable or not marshal data: compile it
+        log.debug("stored check %s not used: %s: %s", key, type(e).__name__, e)
+    code = compile(text, filename, "exec", _FLAGS, dont_inherit=True)
+    try:
+        store.store(key, marshal.dumps(code))
+    except Exception as e:  # a full disk or a folder gone: the check still runs
+        log.debug("check %s not stored: %s: %s", key, type(e).__name__, e)
+    return code
 
 
 def _target(fn: Callable[..., Any]) -> types.FunctionType:
@@ -197,7 +255,7 @@ def build_check(guards: Sequence[GuardSpec], fn: Callable[..., Any]) -> GuardChe
     ordered = the_plan.flat()
     name, text, namespace = codegen.generate(target, the_plan)
     filename = f"<kiln guards for {target.__qualname__}>"
-    exec(compile(text, filename, "exec"), namespace)
+    exec(_compile(text, filename), namespace)
     check_fn = namespace[name]
     check_fn.__defaults__ = target.__defaults__
     check_fn.__kwdefaults__ = target.__kwdefaults__
