@@ -42,7 +42,7 @@ for mode in (None, "reduce-overhead"):
     stats = kiln.stats()
     assert set(stats.kernels) == {"cpp"} and stats.eager_fallbacks == 0, stats
 
-assert [c.name for c in kiln.cache.info() if c.name not in ("graphs", "probes")] == ["cpp"]
+assert [c.name for c in kiln.cache.info() if c.name not in ("graphs", "guards", "probes")] == ["cpp"]
 # a CUDA graph's kernels: loopir's reference backend, with a warning naming the missing module
 assert isinstance(loopir.get_backend("cuda"), loopir.ReferenceBackend)
 messages = [r.getMessage() for r in records if r.levelno >= logging.WARNING]
