@@ -318,15 +318,15 @@ def _metadata(t: torch.Tensor) -> object:
         bits = (t.is_conj(), t.is_neg())
     except (RuntimeError, NotImplementedError, TypeError, AttributeError):
         return object()  # nothing to compare: counts as changed on every call
+    try:
+        storage: object = t.data_ptr()  # another storage (``.data = u`` with the same sizes)
+    except (RuntimeError, NotImplementedError, TypeError, AttributeError):
+        storage = None
     if hasattr(t, "__tensor_flatten__"):
         # a wrapper subclass (a DTensor parameter) has no storage of its own (its data_ptr is
         # 0, or raises): its inner tensors' metadata stand for it
-        return (*shape, *bits, _inner_metadata(t))
-    try:
-        storage = t.data_ptr()  # another storage (``.data = u`` with the same sizes)
-    except (RuntimeError, NotImplementedError, TypeError, AttributeError):
-        return object()
-    return (*shape, *bits, storage)
+        return (*shape, *bits, storage, _inner_metadata(t))
+    return (*shape, *bits, storage) if storage is not None else object()
 
 
 def _inner_metadata(t: torch.Tensor) -> object:
