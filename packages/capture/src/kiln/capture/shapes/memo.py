@@ -21,6 +21,7 @@ is ever reused for a new value; and every argument one of the kinds the key name
 
 from __future__ import annotations
 
+import collections
 import functools
 from typing import Any
 
@@ -193,15 +194,12 @@ def remember(token: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
     else:
         return
     leaves = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
-    storages = [_storage(a) for a in leaves]
-    taken = set(storages)
+    sharing = collections.Counter(_storage(a) for a in leaves)
+    taken = set(sharing)
     # a view is remade from the one argument on its storage: where arguments share a
     # storage, which one it views is not the key's to say
-    positional = {
-        _storage(a): i
-        for i, a in enumerate(args)
-        if isinstance(a, torch.Tensor) and storages.count(_storage(a)) == 1
-    }
+    on_storage = {_storage(a): i for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
+    positional = {s: i for s, i in on_storage.items() if sharing[s] == 1}
     seen: set[int] = set()
     results: list[_Result] = []
     for r in outs:
