@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -134,6 +136,26 @@ def test_stats_and_reset():
     assert kiln.stats().frames_captured == 0
     f(torch.randn(2), torch.randn(2))  # the function remembered its cache: reset dropped it
     assert kiln.stats().frames_captured == 1
+
+
+def test_compile_seconds_split_a_compile_by_step(monkeypatch):
+    monkeypatch.setenv("KILN_GRAPH_CACHE", "0")  # every step runs, none is loaded
+    kiln.reset()
+    start = time.perf_counter()
+    f = kiln.compile(lambda x: (x.sin() * 2).sum(0))
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(f(x), (x.sin() * 2).sum(0))
+    took = time.perf_counter() - start
+    steps = kiln.stats().compile_seconds
+    for step in ("capture", "guards", "autograd_aot", "loopir.lower", "loopir.schedule"):
+        assert steps[step] > 0, step
+    assert "cpp.build" in steps  # a build, or a load from the kernel cache
+    # each step's time leaves out the steps inside it: together they are the compile's time
+    assert sum(steps.values()) <= took
+    f(torch.randn(4, 8))
+    assert kiln.stats().compile_seconds == steps  # a cache hit compiles nothing
+    kiln.reset()
+    assert kiln.stats().compile_seconds == {}
 
 
 def test_closures_of_one_def_never_share_entries():

@@ -343,6 +343,7 @@ def _compile_watched() -> str | None:
     return None
 
 
+@counters.phase("graph_cache")
 def compile_cached(
     gm: fx.GraphModule,
     example_inputs: Sequence[Any],

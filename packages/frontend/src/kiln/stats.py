@@ -17,7 +17,9 @@ class Stats:
     memory; ``graph_cache_hits``/``graph_cache_misses`` count graphs loaded from (or not found
     in) the on-disk whole-graph cache. ``ddp_graph_pieces`` counts the pieces the graphs
     compiled under a DDP module's forward were split into at its gradient buckets (one for a
-    graph of one bucket; ``ddp_split``).
+    graph of one bucket; ``ddp_split``). ``compile_seconds`` splits the time spent compiling
+    by step (``capture``, ``guards``, ``graph_cache``, ``autograd_aot``, ``loopir.<pass>``,
+    ``cpp.build``, ``triton.compile``, ``triton.autotune``), each without the steps inside it.
     """
 
     frames_captured: int
@@ -33,6 +35,7 @@ class Stats:
     fallback_ops: dict[str, int]
     graph_break_kinds: dict[str, int]
     ddp_graph_pieces: int = 0
+    compile_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def stats() -> Stats:
@@ -54,4 +57,5 @@ def stats() -> Stats:
         fallback_ops=dict(snap.get("fallback_ops", {})),
         graph_break_kinds=dict(breaks),
         ddp_graph_pieces=s.get("ddp_graph_pieces", 0),
+        compile_seconds=counters.phase_seconds(),
     )

@@ -150,6 +150,7 @@ def _trace(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> TracedFram
     return TracedFrame(out, result, func)
 
 
+@counters.phase("capture")
 def capture(
     fn: Callable[..., Any],
     args: tuple[Any, ...] | list[Any],

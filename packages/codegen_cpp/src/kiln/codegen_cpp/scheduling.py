@@ -298,7 +298,8 @@ class CppBackend:
                 library_source(list(dict.fromkeys(k.source for k in part))) for part in batches
             ]
             try:
-                libraries = build_libraries(sources)
+                with counters.phase("cpp.build"):
+                    libraries = build_libraries(sources)
             except BaseException:
                 batch[:0] = pending
                 raise

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import triton
 
+from kiln.capture import counters
 from kiln.codegen_triton.kernel import KernelSource
 from kiln.codegen_triton.tiling import MAX_GRID_Y
 from kiln.codegen_triton.timing import bench_ms
@@ -184,7 +185,8 @@ class Autotuner:
         elif cached is not None:
             self.best = cached
         else:
-            self.best = self._benchmark(run, args)
+            with counters.phase("triton.autotune"):  # less the compiles it waits for
+                self.best = self._benchmark(run, args)
             self._save(self.best)
         return self.best
 

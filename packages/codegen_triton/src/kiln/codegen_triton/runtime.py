@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from triton import knobs
 
+from kiln.capture import counters
 from kiln.codegen_triton.autotune import Autotuner, Config
 from kiln.codegen_triton.compile_pool import compile_pool
 from kiln.codegen_triton.kernel import KernelSource
@@ -73,16 +74,19 @@ class TritonLauncher:
 
     def _kernel(self) -> Any:
         if self.fn is None:
-            for future in self.warming:
-                try:
-                    future.result()
-                except Exception as exc:  # compile again here; errors surface from here
-                    log.info(
-                        "parallel compile of %s failed (%s); compiling inline", self.ks.name, exc
-                    )
-            self.warming = []
-            self.fn = getattr(load_module(self.path), self.ks.name)
+            with counters.phase("triton.compile"):
+                self.fn = self._load()
         return self.fn
+
+    def _load(self) -> Any:
+        """The kernel function, once the compile workers are done with it."""
+        for future in self.warming:
+            try:
+                future.result()
+            except Exception as exc:  # compile again here; errors surface from here
+                log.info("parallel compile of %s failed (%s); compiling inline", self.ks.name, exc)
+        self.warming = []
+        return getattr(load_module(self.path), self.ks.name)
 
     def run(self, cfg: Config, tensors: Sequence[Any]) -> None:
         """Launch with ``cfg``: the binary directly once the JIT has compiled it.
@@ -99,9 +103,11 @@ class TritonLauncher:
             found(*tensors)
             return
         grid = cfg.grid(self.ks)
-        compiled = self._kernel()[grid](
-            *tensors, *self.scalars, num_warps=cfg.num_warps, **cfg.constexprs(self.ks.kind)
-        )
+        kernel = self._kernel()
+        with counters.phase("triton.compile"):  # the JIT builds it, or loads what workers built
+            compiled = kernel[grid](
+                *tensors, *self.scalars, num_warps=cfg.num_warps, **cfg.constexprs(self.ks.kind)
+            )
         if not INTERPRET and compiled is not None:  # the interpreter compiles nothing
             trailing = (*self.scalars, *cfg.constexprs(self.ks.kind).values())
             self._binaries[key] = _binary_launch(compiled, grid, tensors[0].device, trailing)

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from triton import knobs
 
+from kiln.capture import counters
 from kiln.codegen_triton.autotune import Autotuner, Config, candidate_configs
 from kiln.codegen_triton.compile_pool import compile_pool
 from kiln.codegen_triton.errors import TritonLaunchError
@@ -179,19 +180,21 @@ class SymbolicLauncher(TritonLauncher):
         spec = (cfg, *[t.data_ptr() % 16 == 0 for t in tensors], "generic")
         found = self._compiled.get(spec)
         if found is None:
-            job = self._generic_ok.get(cfg)
-            if job is not None:
-                try:
-                    job.result()  # built there: the warmup below loads it from disk
-                except Exception as exc:
-                    log.info("generic compile of %s failed there (%s)", self.ks.name, exc)
-            generic = [_GENERIC_SIZE] * count
-            constexprs = cfg.constexprs(self.ks.kind)
-            found = self._kernel().warmup(
-                *tensors, *generic, grid=(1,), num_warps=cfg.num_warps, **constexprs
-            )
-            self._compiled[spec] = found
+            kernel = self._kernel()
+            with counters.phase("triton.compile"):
+                found = self._compiled[spec] = self._build_generic(kernel, cfg, tensors, count)
         return found
+
+    def _build_generic(self, kernel: Any, cfg: Config, tensors: Sequence[Any], count: int) -> Any:
+        job = self._generic_ok.get(cfg)
+        if job is not None:
+            try:
+                job.result()  # built there: the warmup below loads it from disk
+            except Exception as exc:
+                log.info("generic compile of %s failed there (%s)", self.ks.name, exc)
+        generic = [_GENERIC_SIZE] * count
+        constexprs = cfg.constexprs(self.ks.kind)
+        return kernel.warmup(*tensors, *generic, grid=(1,), num_warps=cfg.num_warps, **constexprs)
 
     def launch_with(self, cfg: Config, tensors: Sequence[Any], scalars: Sequence[int]) -> _Launch:
         """The launch of ``cfg`` at these sizes: the compiled binary once the JIT built it."""
@@ -211,7 +214,8 @@ class SymbolicLauncher(TritonLauncher):
         kernel = self._kernel()
 
         def first(ts: Sequence[Any]) -> None:
-            done = kernel[grid](*ts, *scalars, num_warps=cfg.num_warps, **constexprs)
+            with counters.phase("triton.compile"):  # built by the JIT, or by the workers
+                done = kernel[grid](*ts, *scalars, num_warps=cfg.num_warps, **constexprs)
             if not INTERPRET and done is not None:  # the interpreter compiles nothing
                 self._compiled[spec] = done
 

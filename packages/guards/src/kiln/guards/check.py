@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 import torch
 
-from kiln.capture import artifacts
+from kiln.capture import artifacts, counters
 from kiln.capture.binding import code_signature
 from kiln.capture.guard_data import GuardKind, GuardSpec
 from kiln.capture.source import LocalSource
@@ -241,6 +241,7 @@ def _module_roots(guards: Sequence[GuardSpec], fn: types.FunctionType) -> list[G
     return out
 
 
+@counters.phase("guards")
 def build_check(guards: Sequence[GuardSpec], fn: Callable[..., Any]) -> GuardCheck:
     """Compile ``guards`` into one check with ``fn``'s own signature.
 

@@ -38,6 +38,7 @@ from torch import fx
 from torch.utils import _pytree as pytree
 
 from kiln import autograd_aot
+from kiln.capture import counters
 from kiln.capture.shapes.specialize import has_symbolic_inputs
 from kiln.loopir import serialize
 from kiln.loopir.attention import fuse_attention
@@ -135,7 +136,8 @@ def compile_fx(
     """
     if _has_lazy_bits(example_inputs) or _on_meta_device(gm, example_inputs):
         return gm.forward
-    return _aot_compile(gm, example_inputs, backend, options)
+    with counters.phase("autograd_aot"):  # less loopir's passes, timed inside it
+        return _aot_compile(gm, example_inputs, backend, options)
 
 
 def save_fx(compiled: Callable[..., Any]) -> bytes:
@@ -241,10 +243,11 @@ def _prepare(
         return compiled
 
     try:
-        fuse_attention(gm)
-        simplify_attention_masks(gm)
-        contiguous_attention_masks(gm)
-        pad_matmuls(gm, backend)
+        with counters.phase("loopir.rewrites"):
+            fuse_attention(gm)
+            simplify_attention_masks(gm)
+            contiguous_attention_masks(gm)
+            pad_matmuls(gm, backend)
     except Exception as exc:
         if not has_symbolic_inputs(gm):
             raise

@@ -45,7 +45,8 @@ ir_log = logging.getLogger("kiln.loopir.ir")
 def _pass(name: str) -> Iterator[None]:
     start = time.perf_counter()
     log.debug("pass %s: start", name)
-    yield
+    with counters.phase(f"loopir.{name}"):
+        yield
     elapsed = (time.perf_counter() - start) * 1e3
     log.debug("pass %s: %.1f ms", name, elapsed)
     artifacts.note("loopir passes", f"{name}: {elapsed:.1f} ms")
