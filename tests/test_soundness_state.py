@@ -324,6 +324,49 @@ def test_unchanged_module_state_does_not_recompile():
     assert kiln.stats().frames_captured == 1
 
 
+def test_parameters_swapped_for_equal_metadata_keep_their_entry():
+    """FSDP2's cycle on every call: the full parameters swapped into the module (storage
+    allocated again), the call, their storage freed, the shards swapped back. Each swap moves
+    the module stamp, and the group re-checks the same metadata: one entry serves every call.
+    A swap to another layout or ``requires_grad``, or a freed storage left in place, does not
+    pass: eager's values (or eager's error)."""
+    m = Net()
+    c = kiln.compile(m, backend="kiln")
+    full = dict(m.lin._parameters)
+    shards = {n: torch.nn.Parameter(p.detach().flatten()[:2].clone()) for n, p in full.items()}
+
+    def swap(to):
+        for n, p in to.items():
+            m.lin._parameters[n] = p
+
+    for _ in range(4):
+        swap(full)
+        with torch.no_grad():
+            for p in full.values():
+                p.untyped_storage().resize_(p.numel() * p.element_size())
+                p.copy_(torch.randn_like(p))
+        agree(c, m, make=lambda: (torch.randn(3, 4),), calls=1)
+        for p in full.values():
+            p.untyped_storage().resize_(0)
+        swap(shards)
+    assert kiln.stats().frames_captured == 1
+    swap(full)  # freed storages: eager's views of them raise, and so must the compiled call
+    x = torch.randn(3, 4)
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        m(x)
+    with pytest.raises(RuntimeError, match="out of bounds"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        c(x)
+    other = {
+        "weight": torch.nn.Parameter(torch.randn(4, 4).t()),  # transposed strides
+        "bias": torch.nn.Parameter(torch.randn(4), requires_grad=False),
+    }
+    swap(other)
+    agree(c, m, make=lambda: (torch.randn(3, 4),), calls=2)
+    assert c(x).requires_grad  # the weight's gradient still flows
+    assert kiln.stats().graphs_compiled == 2  # the freed storage's call compiled no graph
+
+
 class Scaled(torch.nn.Module):
     def __init__(self):
         super().__init__()

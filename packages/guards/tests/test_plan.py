@@ -71,10 +71,13 @@ def test_tree_groups_what_its_stamp_protects():
     model.cfg = Cfg()
     s = LocalSource("self")
     first = s.item(0)
-    protected = [
+    # the trees' own identity tests check these
+    implied = [
         GuardSpec(s, GuardKind.MODULE_MATCH, id(model)),
-        GuardSpec(s.attr("training"), GuardKind.BOOL, True),
         GuardSpec(first, GuardKind.MODULE_MATCH, id(model[0])),
+    ]
+    protected = [
+        GuardSpec(s.attr("training"), GuardKind.BOOL, True),
         GuardSpec(first, GuardKind.HOOKS_EMPTY),
         GuardSpec(first.attr("weight"), GuardKind.TENSOR_MATCH, TensorMeta.of(model[0].weight)),
         GuardSpec(first.attr("in_features"), GuardKind.EQUALS, 2),
@@ -89,10 +92,25 @@ def test_tree_groups_what_its_stamp_protects():
         GuardSpec(LocalSource("x"), GuardKind.EQUALS, 1),  # outside the tree
     ]
     tree = GuardSpec(s, GuardKind.MODULE_TREE, model)
-    p = order([*protected, tree, *unprotected])
+    p = order([*implied, *protected, tree, *unprotected])
     assert {str(g) for g in p.group(tree)} == {str(g) for g in protected}
     assert {str(g) for g in p.top} == {str(g) for g in [tree, *unprotected]}
     assert p.flat() == [*p.top, *p.group(tree)]  # groups run after the top level
+
+
+def test_a_tree_with_nothing_under_its_stamp_has_no_group():
+    """A frame that only calls its module (a compiled wrapper module's trampoline) matches the
+    module by identity and reads nothing of its state: the tree's own identity test is the
+    whole check on it, so there is no group to run again (nor a tree to watch) whenever the
+    stamp moves."""
+    model = torch.nn.Linear(2, 2)
+    s = LocalSource("self")
+    tree = GuardSpec(s, GuardKind.MODULE_TREE, model)
+    p = order([GuardSpec(s, GuardKind.MODULE_MATCH, id(model)), tree])
+    assert p.top == [tree]
+    assert p.group(tree) == []
+    other = GuardSpec(s, GuardKind.MODULE_MATCH, id(model) + 1)  # another object: kept
+    assert other in order([other, tree]).flat()
 
 
 def _steps_below_reference(source, root):

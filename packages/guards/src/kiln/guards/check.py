@@ -117,7 +117,13 @@ class GuardCheck:
         self.guards = guards  # in evaluation order, after dedup
         self.target = target
         self.signature = code_signature(target)
-        self.module_guards = [g for g in guards if g.kind is GuardKind.MODULE_MATCH and g.source]
+        # (source, id) of the modules matched by identity: MODULE_MATCH guards and the roots
+        # of MODULE_TREE ones (which imply a MODULE_MATCH on their source)
+        self.module_guards = [
+            (g.source, _module_id(g))
+            for g in guards
+            if g.kind in (GuardKind.MODULE_MATCH, GuardKind.MODULE_TREE) and g.source
+        ]
         # run when an object the check holds weakly dies: it can never pass again
         self.on_death: list[Callable[[], None]] = []
 
@@ -147,9 +153,8 @@ class GuardCheck:
             return False
         try:
             return all(
-                id(frame.resolve(g.source, f_locals, self.target)) == g.expected
-                for g in self.module_guards
-                if g.source is not None
+                id(frame.resolve(source, f_locals, self.target)) == expected
+                for source, expected in self.module_guards
             )
         except Exception:
             return False  # the path to a module is not there: another structure's entry
@@ -186,6 +191,15 @@ class GuardCheck:
             if reason is not None:
                 return _in_users_words(g, reason, code) if users_words else reason
         return None
+
+
+def _module_id(g: GuardSpec) -> int:
+    """The id a MODULE_MATCH guard, or the module a MODULE_TREE guard (held weakly or not),
+    expects; a dead module's is -1, which no object's id is."""
+    if g.kind is GuardKind.MODULE_MATCH:
+        return int(g.expected)
+    module = g.expected() if isinstance(g.expected, weakref.ref) else g.expected
+    return -1 if module is None else id(module)
 
 
 def _in_users_words(g: GuardSpec, reason: str, code: Any) -> str:

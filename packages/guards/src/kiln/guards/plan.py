@@ -185,6 +185,10 @@ def _deepest_module_prefix(g: GuardSpec, trees: _Trees) -> tuple[GuardSpec, Sour
     return None
 
 
+# the guards that test a module's identity (a tree's root is its module)
+_IDENTITIES = (GuardKind.MODULE_MATCH, GuardKind.MODULE_TREE)
+
+
 def _bind_module_prefixes(
     top: list[GuardSpec], trees: _Trees, groups: dict[int, list[GuardSpec]]
 ) -> dict[str, Any]:
@@ -202,6 +206,6 @@ def _bind_module_prefixes(
             continue
         bound[key] = module
         group = groups.setdefault(id(tree), [])
-        if not any(str(m.source) == key and m.kind is GuardKind.MODULE_MATCH for m in group):
+        if not any(str(m.source) == key and m.kind in _IDENTITIES for m in group):
             group.append(GuardSpec(prefix, GuardKind.MODULE_MATCH, id(module)))
     return bound

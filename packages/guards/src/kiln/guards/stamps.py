@@ -268,10 +268,18 @@ def watch(root: torch.nn.Module, untracked: Untracked | None = None) -> bool:
     every module's dicts become :class:`WatchedDict`, its hook dicts :class:`WatchedHooks`,
     and every parameter and buffer a watched tensor; then record the metadata of the tensors
     the stamp cannot follow in ``untracked``. Installs the patches on first use. Returns True
-    (generated checks call it inside a condition)."""
+    (generated checks call it inside a condition).
+
+    One walk does it all: a group runs it each time it passes after the stamp moved (every
+    call of a module whose parameters FSDP swaps), so the walk is written for a tree that is
+    watched already: a dict read and a type test per store, a table read per tensor."""
     install()
-    modules = _tree(root)
-    for m in modules:
+    found: dict[int, torch.Tensor] = {}  # the tensors the stamp cannot follow
+    tensors = _watched_tensors
+    tracked = _tracked_types
+    modules = [root]
+    seen = {id(root)}
+    for m in modules:  # grows while it is walked: breadth first
         table = object.__getattribute__(m, "__dict__")
         if type(table) is dict:
             try:
@@ -279,28 +287,41 @@ def watch(root: torch.nn.Module, untracked: Untracked | None = None) -> bool:
                 table = object.__getattribute__(m, "__dict__")
             except (TypeError, AttributeError):
                 pass  # a class that manages its own __dict__: its attributes stay unwatched
-        for store in MODULE_STORES:
-            found = table.get(store)
-            if type(found) is dict:
-                dict.__setitem__(table, store, WatchedDict(found))
-        for name in hooks.module_hook_names:
-            found = table.get(name)
-            if type(found) is collections.OrderedDict:
-                dict.__setitem__(table, name, WatchedHooks(found))
-        for tensors in (table.get("_parameters"), table.get("_buffers")):
-            for t in (tensors or {}).values():
-                if isinstance(t, torch.Tensor):
+        for store, plain, watched_type in _STORES:
+            held = table.get(store)
+            if type(held) is plain:
+                dict.__setitem__(table, store, watched_type(held))
+        for store, follows in (("_parameters", True), ("_buffers", False)):
+            held = table.get(store)
+            for t in (held or _EMPTY).values():
+                if not isinstance(t, torch.Tensor):
+                    continue
+                entry = tensors.get(id(t))
+                if entry is None or entry[0]() is not t or entry[1] != _storage_key(t):
                     _watch_tensor(t)
+                if not (follows and (tracked.get(type(t)) or tracks_metadata(t))):
+                    found[id(t)] = t
+        below = table.get("_modules")
+        for sub in (below or _EMPTY).values():
+            if sub is not None and id(sub) not in seen:
+                seen.add(id(sub))
+                modules.append(sub)
     if untracked is not None:
-        untracked.take_from(modules)
+        untracked.entries = tuple((weakref.ref(t), _metadata(t)) for t in found.values())
     return True
+
+
+_EMPTY: dict[Any, Any] = {}
+# each dict a watched module holds, its plain type and the watched type that replaces it
+_STORES: tuple[tuple[str, type, type], ...] = (
+    *((name, dict, WatchedDict) for name in MODULE_STORES),
+    *((name, collections.OrderedDict, WatchedHooks) for name in hooks.module_hook_names),
+)
 
 
 def _tree(root: torch.nn.Module) -> list[torch.nn.Module]:
     """``root`` and every module below it, each once: ``root.modules()`` without its
-    generators and names, which cost more than the rest of a tree's re-watch (a tree is
-    watched again each time its group passes after the stamp moved: every call of a module
-    whose parameters FSDP swaps)."""
+    generators and names."""
     found = [root]
     seen = {id(root)}
     for m in found:  # grows while it is walked: breadth first

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import types
 import weakref
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -39,6 +40,15 @@ class _Identity(Kind):
         if id(value) == guard.expected:
             return None
         return f"{where} is a different {self.what} (id changed)"
+
+    def implied(self, guard: GuardSpec, others: Sequence[GuardSpec]) -> bool:
+        # a MODULE_TREE on the same source tests the same identity; kept, this guard would
+        # join the tree's group, and a group holding nothing else (a frame that only calls the
+        # module, as a compiled wrapper module's is) would watch the tree and run again each
+        # time the stamp moved for nothing
+        return any(
+            o.kind is GuardKind.MODULE_TREE and id(o.expected) == guard.expected for o in others
+        )
 
 
 @register(GuardKind.ID_MATCH)
