@@ -322,6 +322,49 @@ def test_fsdp2_hooks_run_around_compiled_forwards(per_block: bool) -> None:
     assert s.graphs_compiled == (4 if per_block else 1)
 
 
+def test_fsdp2_compiled_blocks_hand_over_and_keep_their_entries() -> None:
+    """``kiln.compile`` of a ``fully_shard``-ed block calls the block's own Python with its
+    forward compiled, without a frame (and a lookup) of its own in between: one lookup per
+    block call. FSDP2 swaps the block's parameters on every call; the swapped-in tensors have
+    the metadata the entry was built for, so every later call is a hit on the same entry."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model, ref = Stack(), Stack()
+    ref.load_state_dict(model.state_dict())
+    for m in (model, ref):
+        for block in m.blocks:
+            fully_shard(block)
+        fully_shard(m)
+    for i, block in enumerate(model.blocks):
+        model.blocks[i] = kiln.compile(block, backend="aot_eager")
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, ref)]
+
+    def steps(n: int) -> None:
+        for _ in range(n):
+            x = torch.randn(5, 8)
+            losses = [f(x).pow(2).mean() for f in (model, ref)]
+            for loss in losses:
+                loss.backward()
+            torch.testing.assert_close(losses[0], losses[1])
+            for opt in opts:
+                opt.step()
+                opt.zero_grad()
+
+    steps(2)
+    before = _stats()
+    assert (before.frames_captured, before.graphs_compiled) == (3, 3)  # Block.forward, per block
+    steps(3)
+    after = _stats()
+    assert after.cache_misses == before.cache_misses
+    assert after.cache_hits - before.cache_hits == 3 * 3  # one lookup per block call
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.full_tensor(), q.full_tensor())  # type: ignore[attr-defined]
+    with kiln.disable():  # runs the block uncompiled: no lookup
+        model(torch.randn(5, 8))
+    assert _stats().cache_hits == after.cache_hits
+
+
 def test_fsdp1_runs_its_own_python_around_the_compiled_module() -> None:
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 

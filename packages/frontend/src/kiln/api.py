@@ -29,7 +29,7 @@ from torch import fx
 from kiln import capture, ddp_split, dynamic, graph_cache, guards, loopir
 from kiln.backends import Backend, list_backends, lookup_backend, takes_options
 from kiln.backends import kiln as kiln_backend
-from kiln.capture import artifacts, counters, user_words
+from kiln.capture import artifacts, counters, parallel_modules, user_words
 from kiln.capture.dynamic_dims import dynamic_dims
 from kiln.config import CompileConfig, make_config
 from kiln.debug_index import writing as writing_index
@@ -464,13 +464,27 @@ class OptimizedModule(torch.nn.Module):
 
     _orig_mod: torch.nn.Module
     _kiln_call: CompiledFunction
+    _handover: parallel_modules.CompiledForward | None
 
     def __init__(self, mod: torch.nn.Module, compiled_call: CompiledFunction) -> None:
         super().__init__()
         self._orig_mod = mod
         object.__setattr__(self, "_kiln_call", compiled_call)
+        # A DDP or FSDP module (FSDP2's ``fully_shard``) runs its own Python around its
+        # wrapped forward, and capture hands a call of it over to that forward, compiled on
+        # its own (``parallel_modules.CompiledForward``): the trampoline's frame would hold
+        # nothing but the handover, and a lookup of its cache on every call. The handover is
+        # made here instead, with the trampoline's own callback, so the wrapped forward is the
+        # one the trampoline's frame would compile and share its cache.
+        handover = None
+        if parallel_modules.wrapped_module(mod) is not None:
+            handover = parallel_modules.native_call(mod, compiled_call._wrap_callable)
+        object.__setattr__(self, "_handover", handover)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        handover = self._handover
+        if handover is not None and not _disabled.get():
+            return handover(self._orig_mod, *args, **kwargs)
         return self._kiln_call(*args, **kwargs)
 
     @property  # type: ignore[override]
