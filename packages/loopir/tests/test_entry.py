@@ -1,13 +1,22 @@
 """compile_fx, loopir's entry point: options routed, graph wrappers applied, training graphs."""
 
 import logging
+import operator
 
 import pytest
 import torch
 from loopir_testing import aten_graph
 from torch import fx
 
-from kiln.loopir import CompiledGraph, ReferenceBackend, compile_fx, entry, register_graph_wrapper
+from kiln.loopir import (
+    CompiledGraph,
+    ReferenceBackend,
+    compile_fx,
+    entry,
+    load_fx,
+    register_graph_wrapper,
+    save_fx,
+)
 
 
 class OptionsSeen(ReferenceBackend):
@@ -108,3 +117,44 @@ def test_lazy_conjugate_inputs_run_the_captured_graph():
     compiled = compile_fx(gm, [z], backend=ReferenceBackend())
     assert compiled == gm.forward
     torch.testing.assert_close(compiled(z), f(z))
+
+
+def _causal_attention() -> fx.GraphModule:
+    """``sdpa(q, k, v, attn_mask=arange(16)[cols] <= arange(16)[rows])``, built by hand: tracing
+    would fold the mask of constants into a tensor constant."""
+    g = fx.Graph()
+    q, k, v = (g.placeholder(name) for name in "qkv")
+    i = g.call_function(torch.arange, (16,))
+    rows = g.call_function(operator.getitem, (i, (None, None, slice(None), None)))
+    cols = g.call_function(operator.getitem, (i, (None, None, None, slice(None))))
+    mask = g.call_function(operator.le, (cols, rows))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    g.output(g.call_function(sdpa, (q, k, v), {"attn_mask": mask}))
+    return fx.GraphModule(torch.nn.Module(), g)
+
+
+def _masked(gm: fx.GraphModule) -> bool:
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    return any(n.kwargs.get("attn_mask") is not None for n in gm.graph.nodes if n.target is sdpa)
+
+
+def test_a_loaded_program_rewrites_its_graph_only_when_it_traces_it_again():
+    # the constant causal mask is evaluated by a rewrite, which a load defers
+    eager = _causal_attention()
+    q, k, v = (torch.randn(2, 4, 16, 8) for _ in range(3))
+    with torch.no_grad():
+        expected = eager(q, k, v)
+        data = save_fx(compile_fx(_causal_attention(), [q, k, v]))
+        assert b"reduce_graph_module" not in data  # no graph stored as code, rebuilt on load
+        gm = _causal_attention()
+        loaded = load_fx(data, gm, [q, k, v])
+        torch.testing.assert_close(loaded(q, k, v), expected)
+    assert _masked(gm)  # the stored program ran: the graph was never rewritten
+    # another grad mode traces the graph: rewritten first, as a compile would have it
+    q.requires_grad_()
+    out = loaded(q, k, v)
+    assert not _masked(gm)
+    torch.testing.assert_close(out, eager(q, k, v))
+    (grad,) = torch.autograd.grad(out.sum(), q)
+    (expected_grad,) = torch.autograd.grad(eager(q, k, v).sum(), q)
+    torch.testing.assert_close(grad, expected_grad)

@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import logging
 import math
+import threading
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
@@ -98,7 +99,19 @@ def _has_random_op(gm: fx.GraphModule) -> bool:
     )
 
 
-_EMPTY_GRAPH = fx.GraphModule(torch.nn.Module(), fx.Graph())
+class _EmptyGraph(fx.GraphModule):
+    """A snapshot's stand-in for its traced graphs, pickled as a reference to the one instance
+    (a GraphModule pickles as its code, rebuilt by tracing it again when loaded)."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _empty_graph, ()
+
+
+def _empty_graph() -> fx.GraphModule:
+    return _EMPTY_GRAPH
+
+
+_EMPTY_GRAPH = _EmptyGraph(torch.nn.Module(), fx.Graph())
 
 
 def _rerun_eagerly(*args: Any) -> Any:
@@ -156,8 +169,12 @@ class AotCompiled:
         decompositions: Mapping[Any, Callable[..., Any]],
         partitioner: str,
         restored: Mapping[Mode, _ModePrograms] | None = None,
+        prepare: Callable[[], None] | None = None,
     ) -> None:
         self.gm = gm
+        # the caller's rewrites of gm, deferred until gm first runs or is traced
+        self._pending = prepare
+        self._pending_lock = threading.Lock()
         self.fw_compiler = fw_compiler
         self.bw_compiler = bw_compiler
         self.decompositions = decompositions
@@ -228,8 +245,18 @@ class AotCompiled:
         for mode, known in saved.items():
             for compiled in known.programs.values():
                 if compiled is not None and compiled.eager is _rerun_eagerly:
-                    compiled.eager = self._program_fn(compiled.layout)
+                    compiled.eager = self._rerun(compiled.layout)
             self._modes[mode] = known
+
+    def _rerun(self, layout: InputLayout) -> Callable[..., Any]:
+        """A restored program's eager re-run: the program over ``gm``, prepared first."""
+        program = self._program_fn(layout)
+
+        def rerun(*inputs: Any) -> Any:
+            self._prepared()
+            return program(*inputs)
+
+        return rerun
 
     def _symbolic_templates(self, gm: torch.nn.Module, num_state: int) -> list[torch.Tensor | None]:
         """Per primal, the placeholder's fake when it has symbolic sizes; empty when none has
@@ -270,6 +297,7 @@ class AotCompiled:
         primals = self._primals(args)
         compiled = self._get(self._mode(primals), primals)
         if compiled is None:
+            self._prepared()
             return self.gm(*args)
         primals = compiled.layout.prepare(primals)
         if self.number_positions:
@@ -302,6 +330,7 @@ class AotCompiled:
             if found is not _MISSING:
                 return found
         try:
+            self._prepared()
             # compiled where first called: maybe under the user's saved-tensor hooks
             with no_user_hooks():
                 return self._compile_variant(mode, primals)
@@ -336,6 +365,16 @@ class AotCompiled:
             return layout.wrap(with_numbers)(*inputs[: len(inputs) - count])
 
         return call
+
+    def _prepared(self) -> None:
+        """Run the deferred ``prepare`` once, before gm first runs or is traced (a restored
+        program's, which most processes never need), and outside any trace: a rewrite may
+        compute with real tensors."""
+        if self._pending is not None:
+            with self._pending_lock:
+                if self._pending is not None:
+                    self._pending()
+                    self._pending = None
 
     def _call_module(self, *fakes: torch.Tensor, numbers: Sequence[Any] = ()) -> Any:
         n = len(self.state_names)
@@ -482,6 +521,7 @@ def aot_compile(
     decompositions: Mapping[Any, Callable[..., Any]] | None = None,
     partitioner: str = "mincut",
     restored: Mapping[Mode, _ModePrograms] | None = None,
+    prepare: Callable[[], None] | None = None,
 ) -> AotCompiled:
     """Compile ``gm`` through ATen graphs; call the result like ``gm``.
 
@@ -489,7 +529,9 @@ def aot_compile(
     ``decompositions=None`` uses :func:`default_decompositions`. ``partitioner``
     is ``"mincut"`` or ``"save_all"``. ``restored``: the :meth:`AotCompiled.snapshot` of an
     earlier compile of the same graph for the same inputs, used instead of compiling now
-    (other grad modes and aliasings still compile on first use).
+    (other grad modes and aliasings still compile on first use). ``prepare``: rewrites of
+    ``gm`` that keep its inputs, parameters and buffers, run once before ``gm`` is first run or
+    traced, so a restored program that never needs ``gm`` never pays for them.
     """
     if restored is None and has_wrapper_inputs(example_inputs):
 
@@ -514,5 +556,12 @@ def aot_compile(
         log.info("decomposition table: %d entries", len(table))
         log.debug("%s", describe_table(table))
     return AotCompiled(
-        gm, example_inputs, fw_compiler, bw_compiler or fw_compiler, table, partitioner, restored
+        gm,
+        example_inputs,
+        fw_compiler,
+        bw_compiler or fw_compiler,
+        table,
+        partitioner,
+        restored,
+        prepare,
     )

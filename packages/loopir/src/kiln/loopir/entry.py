@@ -173,7 +173,12 @@ def _aot_compile(
     options: Mapping[str, Any] | None,
     restored: Any = None,
 ) -> autograd_aot.AotCompiled:
-    compile_one = _prepare(gm, backend, options)
+    compile_one = _prepare(backend, options)
+    # a loaded program needs the rewritten gm only to trace another variant or run gm again
+    # (rare): its rewrites (evaluating attention masks, ...) wait until then
+    prepare = functools.partial(_rewrite, gm, backend)
+    if restored is None:
+        prepare()
     # a backward (or another grad mode's program) compiles on first use, outside the
     # frontend's naming: its profiler range is named now
     region = current_region()
@@ -184,6 +189,7 @@ def _aot_compile(
         bw_compiler=functools.partial(_named, compile_one, f"{region} backward"),
         decompositions=decompositions() if restored is None else _LazyTable(),
         restored=restored,
+        prepare=None if restored is None else prepare,
     )
 
 
@@ -216,13 +222,10 @@ class _LazyTable(Mapping[Any, Callable[..., Any]]):
 
 
 def _prepare(
-    gm: fx.GraphModule,
     backend: Backend | None,
     options: Mapping[str, Any] | None,
 ) -> Callable[[fx.GraphModule, Sequence[Any]], Callable[..., Any]]:
-    """The compiler of each ATen graph under ``options``, after loopir's torch-level rewrites
-    of ``gm``, which run before autograd_aot so the backward is derived from the rewritten
-    program (and, for a loaded one, so later compiles and eager re-runs agree with it)."""
+    """The compiler of each ATen graph under ``options``."""
     codegen = dict(options or {})
     fusion = bool(codegen.pop("fusion", True))
     wrappers = [
@@ -242,6 +245,14 @@ def _prepare(
             compiled = wrap(compiled)
         return compiled
 
+    return compile_one
+
+
+def _rewrite(gm: fx.GraphModule, backend: Backend | None) -> None:
+    """loopir's torch-level rewrites of ``gm``, which run before autograd_aot traces it so the
+    backward is derived from the rewritten program (and, for a loaded one, so later compiles
+    and eager re-runs agree with it). They change call nodes only, never the graph's inputs,
+    parameters or buffers."""
     try:
         with counters.phase("loopir.rewrites"):
             fuse_attention(gm)
@@ -253,7 +264,6 @@ def _prepare(
             raise
         msg = f"a torch-level rewrite failed on symbolic sizes ({type(exc).__name__}: {exc})"
         raise StaticShapesOnly(msg) from exc
-    return compile_one
 
 
 def _on_meta_device(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
