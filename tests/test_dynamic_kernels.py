@@ -78,6 +78,14 @@ def _embedding(x: torch.Tensor) -> torch.Tensor:
     return _EMBED((x.abs() * 10).long() % 50).sum(1) + x.new_zeros(x.shape[0], 3).sum()
 
 
+def _pads(x: torch.Tensor) -> torch.Tensor:
+    n = x.shape[0]
+    # padded to a multiple of 8 and cut back (as attention pads its mask), then a pad whose
+    # sign changes with the size: it grows some sizes and crops others
+    aligned = F.pad(x.t(), (0, 8 - n % 8), value=2.0)[..., :n].t()
+    return aligned * 2 + F.pad(x, (1, 0, 1, 40 - n), value=-1.0).sum(0)[1:]
+
+
 PROGRAMS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "mlp": _mlp,
     "reductions": _reductions,
@@ -87,6 +95,7 @@ PROGRAMS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "attention": _attention,
     "written_attention": _written_attention,
     "embedding": _embedding,
+    "pads": _pads,
 }
 
 

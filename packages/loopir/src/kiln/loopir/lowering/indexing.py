@@ -146,20 +146,21 @@ def _cat_into_slices(
 
 
 @register_lowering(*overloads("constant_pad_nd", "default"))
-def _constant_pad_nd(x: TensorBox, pad: Sequence[int], value: float = 0) -> TensorBox:
+def _constant_pad_nd(x: TensorBox, pad: Sequence[int | sympy.Expr], value: float = 0) -> TensorBox:
     ndim = x.dim()
     size = list(x.get_size())
-    lows: dict[int, int] = {}
-    grown: list[int] = []  # dims that gain positions outside the input: those need a mask
+    lows: dict[int, int | sympy.Expr] = {}
+    grown: list[int] = []  # dims that may gain positions outside the input: those need a mask
     for k in range(len(pad) // 2):
         d = ndim - 1 - k
         lo, hi = pad[2 * k], pad[2 * k + 1]
         lows[d] = lo
         size[d] = size[d] + lo + hi
-        if lo > 0 or hi > 0:
+        # a pad of unknown sign is masked: where it crops, the mask is always true
+        if not (_never_positive(lo) and _never_positive(hi)):
             grown.append(d)
     load = x.make_loader()
-    old = [sizes.evaluate_int(s) for s in x.get_size()]
+    old = [sizes.static_int(s) if sizes.static_int(s) is not None else s for s in x.get_size()]
     dtype = x.get_dtype()
 
     def inner(index: Index) -> Any:
@@ -173,6 +174,13 @@ def _constant_pad_nd(x: TensorBox, pad: Sequence[int], value: float = 0) -> Tens
         return ops.masked(mask, lambda: load(src), value)
 
     return TensorBox.from_loops(Pointwise(x.get_device(), dtype, tuple(size), origin(), inner))
+
+
+def _never_positive(amount: int | sympy.Expr) -> bool:
+    """Whether a pad amount is at most 0 in every call the guards admit."""
+    if isinstance(amount, int):
+        return amount <= 0
+    return symbolic.provably(sympy.Ge(0, amount))
 
 
 def _indirect(index_load: Any, idx: Index, dim_size: sympy.Expr) -> sympy.Expr:
