@@ -407,3 +407,18 @@ def test_group_rechecks_that_storages_still_hold_their_tensors():
     assert check(model, None) is False
     model.offset.untyped_storage().resize_(16)
     assert check(model, None)
+
+
+def test_group_rechecks_parameter_storages_inline():
+    """A parameter's storage test is an expression over literals (a buffer's calls
+    ``storage_fits``): a group re-checks every parameter each time the stamp moved."""
+    model = Net()
+    check = tree_check(model)
+    passes(check, model)
+    weight = model.blocks[0].fc.weight
+    assert "storage_fits" in check.source  # the buffer's
+    assert "nbytes() >= (" in check.source and f"+ {weight.numel()}) * 4" in check.source
+    full = weight.untyped_storage().nbytes()
+    for size, fits in ((0, False), (full - 4, False), (full, True), (full + 8, True)):
+        weight.untyped_storage().resize_(size)
+        assert check(model, None) is fits, size

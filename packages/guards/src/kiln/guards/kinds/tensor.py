@@ -172,6 +172,28 @@ def _symbolic_condition(out: Emitter, meta: TensorMeta, v: str) -> list[str]:
     return [*parts, *(t.replace(_STRIDES, strides) for t in tests)]
 
 
+_PLAIN_STORAGE = frozenset({"cpu", "cuda"})
+
+
+def _storage_fits_inline(meta: TensorMeta, v: str) -> str | None:
+    """:func:`storage_fits` as an expression over literals, for an ``nn.Parameter`` of static
+    sizes and strides on a CPU or CUDA device (a group re-checks every parameter of its tree
+    each time the stamp moved: every call of a module whose parameters FSDP swaps); ``""``
+    when it holds without a look (no elements), None to call it (other tensors, whose storage
+    may not be readable: ``storage_fits`` counts those as fitting)."""
+    if meta.type is not torch.nn.Parameter or meta.device.type not in _PLAIN_STORAGE:
+        return None
+    if not _is_static(meta):
+        return None
+    sizes: tuple[int, ...] = tuple(n for n in meta.sizes if n is not None)
+    strides: tuple[int, ...] = tuple(s for s in meta.strides if s is not None)
+    if 0 in sizes:
+        return ""
+    extent = 1 + sum((n - 1) * s for n, s in zip(sizes, strides, strict=True))
+    item = meta.dtype.itemsize
+    return f"{v}.untyped_storage().nbytes() >= ({v}.storage_offset() + {extent}) * {item}"
+
+
 @register(GuardKind.TENSOR_MATCH)
 class TensorMatch(Kind):
     """``expected`` is a :class:`TensorMeta`: type, sizes, strides, dtype, device,
@@ -215,7 +237,11 @@ class TensorMatch(Kind):
         if meta.dtype.is_complex:
             parts.append(f"{v}.is_conj() is {meta.conj!r}")
         if out.in_group:  # module state: its storage may have been resized under it
-            parts.append(f"{out.bind(storage_fits, 'storage_fits')}({v})")
+            fits = _storage_fits_inline(meta, v)
+            if fits is None:
+                fits = f"{out.bind(storage_fits, 'storage_fits')}({v})"
+            if fits:
+                parts.append(fits)
         return " and ".join(parts)
 
     def explain(self, guard: GuardSpec, where: str, value: Any) -> str | None:
