@@ -14,7 +14,8 @@ one model, ``--device cuda`` the GPU (Triton kernels). ``first_s`` is each colum
 at each length: for ``kiln_dyn`` the first length's compiles the symbolic graph and later ones
 should cost a steady call; for ``kiln_static`` every length compiles a graph of its own, so
 ``kiln_dyn``'s first ``first_s`` against the median of ``kiln_static``'s is the compile-time
-ratio of a dynamic graph to a static one.
+ratio of a dynamic graph to a static one. The table also counts the graphs ``kiln_dyn``
+compiled per size because the backend declined their symbolic sizes (0 when it compiled once).
 
 Both sides of that ratio compile, from the same start: the run points ``KILN_CACHE_DIR``,
 ``KILN_GRAPH_CACHE_DIR``, ``TORCHINDUCTOR_CACHE_DIR`` and ``TRITON_CACHE_DIR`` at fresh temporary
@@ -94,6 +95,7 @@ def _sync(device: str) -> None:
 def run_model(name: str, preset: str, iters: int, device: str = "cpu") -> list[dict[str, Any]]:
     """One row per (column, length): steady-state and first-call seconds, each column's sweep."""
     import kiln
+    from kiln.capture import counters as kiln_stats
 
     torch.manual_seed(0)
     model = _model(name, preset).to(device)
@@ -106,6 +108,7 @@ def run_model(name: str, preset: str, iters: int, device: str = "cpu") -> list[d
     with torch.no_grad():
         totals: dict[str, float] = {}
         firsts: dict[tuple[str, int], float] = {}
+        per_size = 0
         for col, fn in cols.items():
             _sync(device)
             start = time.perf_counter()
@@ -116,6 +119,8 @@ def run_model(name: str, preset: str, iters: int, device: str = "cpu") -> list[d
                 firsts[col, n] = time.perf_counter() - began
             totals[col] = time.perf_counter() - start
             print(f"# {name} {col}: sweep {totals[col]:.1f} s", file=sys.stderr, flush=True)
+            if col == "kiln_dyn":  # graphs the backend could not compile symbolically
+                per_size = kiln_stats.snapshot().get("stats", {}).get("size_specializations", 0)
         for n in LENGTHS:
             steps: dict[str, Callable[[], Any]] = {
                 col: functools.partial(fn, inputs[n]) for col, fn in cols.items()
@@ -130,6 +135,7 @@ def run_model(name: str, preset: str, iters: int, device: str = "cpu") -> list[d
                         "call_s": seconds,
                         "first_s": firsts[col, n],
                         "total_s": totals[col],
+                        "kiln_dyn_per_size": per_size,
                     }
                 )
     return rows
@@ -151,7 +157,8 @@ def _table(rows: list[dict[str, Any]]) -> str:
         out.append(
             f"compile (first call): kiln_dyn {dyn:.2f} s, kiln_static median {static:.2f} s "
             f"per length, ratio {dyn / static:.2f}; kiln_dyn's slowest later first call "
-            f"{later * 1e3:.1f} ms"
+            f"{later * 1e3:.1f} ms; kiln_dyn graphs compiled per size instead "
+            f"{mine[0]['kiln_dyn_per_size']}"
         )
         out.append("")
         out.append("| length | " + " | ".join(f"{c} ms" for c in cols) + " | dyn/static |")
