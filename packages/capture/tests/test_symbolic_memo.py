@@ -172,3 +172,44 @@ def test_a_view_of_one_of_two_arguments_on_one_storage_is_not_memoized() -> None
         x.view(x.shape[0] * x.shape[1], 8),
     )
     assert not env.op_results
+
+
+def _run_static(repeats: int) -> list[Any]:
+    x = torch.empty(4, 6, 8, device="meta")
+    w = torch.empty(8, 8, device="meta")
+    z = torch.empty(2, 3, 4, 5, device="meta")
+    seen = []
+    for _ in range(repeats):
+        for func, args, kwargs in _ops(x, w, z):
+            out = run_symbolic(func, args, kwargs)
+            for r in list(out) if isinstance(out, (tuple, list)) else [out]:
+                layout = (r.shape, r.stride(), r.storage_offset(), r.dtype, r._is_view())
+                storage = r.untyped_storage()
+                shares = [
+                    i
+                    for i, a in enumerate(args)
+                    if isinstance(a, torch.Tensor) and a.untyped_storage()._cdata == storage._cdata
+                ]
+                seen.append((str(func), type(out).__name__, layout, storage.nbytes(), shares))
+    return seen
+
+
+def test_static_runs_are_kept_process_wide(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Most meta kernels are Python for static sizes too: a repeat on the same metadata is
+    made from the memo, as the op would make it."""
+    memo._STATIC.clear()
+    memo.enabled[0] = False
+    try:
+        expected = _run_static(2)
+    finally:
+        memo.enabled[0] = True
+    assert not memo._STATIC
+    assert _run_static(2) == expected
+    assert memo._STATIC, "the repeats were not served from the memo"
+    op, args = aten.native_layer_norm.default, (torch.empty(4, 6, 8, device="meta"), [8])
+    first = run_symbolic(op, (*args, None, None, 1e-5), {})
+    again, token = memo.recall(op, (*args, None, None, 1e-5), {})  # made, not run
+    assert token is None and [t.stride() for t in again] == [t.stride() for t in first]
+    monkeypatch.setattr(memo, "_STATIC_LIMIT", len(memo._STATIC))
+    run_symbolic(aten.neg.default, (torch.empty(3, 5, device="meta"),), {})
+    assert len(memo._STATIC) == 1  # a full table starts again

@@ -113,9 +113,17 @@ def composites_in_python(args: Any, kwargs: dict[str, Any]) -> Any:
 
 
 def run_symbolic(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """``func(*args, **kwargs)`` without letting a C++ kernel specialize symbolic sizes."""
-    if func in _SYMBOLIC_KERNELS or not _symbolic(args, kwargs):
+    """``func(*args, **kwargs)`` without letting a C++ kernel specialize symbolic sizes; a
+    repeat of an earlier run on the same metadata is answered by the memo (most meta kernels
+    are Python, even for static sizes: a layer norm's costs milliseconds)."""
+    if func in _SYMBOLIC_KERNELS:
         return func(*args, **kwargs)
+    if not _symbolic(args, kwargs):
+        out, token = memo.recall(func, args, kwargs)
+        if out is None:
+            out = func(*args, **kwargs)
+            memo.remember(token, args, kwargs, out)
+        return out
     query = _METADATA_QUERIES.get(func)
     if query is not None:
         return query(*args, **kwargs)

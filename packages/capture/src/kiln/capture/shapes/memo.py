@@ -1,4 +1,4 @@
-"""Reusing the result of a symbolic op run for a repeated op on the same metadata.
+"""Reusing the result of an op run on meta tensors for a repeated op on the same metadata.
 
 With symbolic sizes an op runs as Python (a meta kernel, a decomposition, torch's Python
 dispatcher), which costs a thousand times its C++ kernel: a transformer's layers repeat the
@@ -17,6 +17,10 @@ not random and whose results do not depend on data, returning tensors only; each
 the meta device, a fresh strided tensor (not a view, offset 0, its storage no argument's nor
 another result's) with every size known at the hint, so no data-dependent (unbacked) symbol
 is ever reused for a new value; and every argument one of the kinds the key names exactly.
+
+Static sizes get the same treatment: torch's meta kernels are mostly Python for them too (an
+elementwise op's ref costs a quarter millisecond, a layer norm's a few), and a key of plain
+numbers means the same in every capture, so those runs share one table for the process.
 """
 
 from __future__ import annotations
@@ -124,8 +128,15 @@ def _key(a: Any, envs: list[Any]) -> Any:
     raise _Unkeyable
 
 
+#: runs whose arguments hold no symbol: their key names every size as a number, so one table
+#: serves every capture and trace in the process (bounded: emptied when full)
+_STATIC: dict[Any, Any] = {}
+_STATIC_LIMIT = 1 << 15
+
+
 def _lookup_key(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """``(env, key)`` for this call, or None where the memo does not apply."""
+    """``(table, key)`` for this call, or None where the memo does not apply: the env's table
+    where an argument has symbolic sizes, else the process's static one."""
     if not enabled[0] or not _memoizable(func):
         return None
     envs: list[Any] = []
@@ -138,9 +149,7 @@ def _lookup_key(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
         )
     except _Unkeyable:
         return None
-    if not envs:
-        return None
-    return envs[0], key
+    return (envs[0].op_results if envs else _STATIC), key
 
 
 # one result: where it comes from (None: fresh; an argument's position: a view of it, or
@@ -159,8 +168,8 @@ def recall(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[An
     found = _lookup_key(func, args, kwargs)
     if found is None:
         return None, None
-    env, key = found
-    entry = env.op_results.get(key)
+    table, key = found
+    entry = table.get(key)
     if entry is None:
         return None, found
     rebuild, results = entry
@@ -207,8 +216,10 @@ def remember(token: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
         if result is None:
             return
         results.append(result)
-    env, key = token
-    env.op_results[key] = (rebuild, tuple(results))
+    table, key = token
+    if table is _STATIC and len(table) >= _STATIC_LIMIT:
+        table.clear()
+    table[key] = (rebuild, tuple(results))
 
 
 def _storage(t: torch.Tensor) -> int:
