@@ -51,6 +51,9 @@ class Backward:
     grads: list[int]
     # it takes the call's size symbols after the tangents (``CompiledProgram.symbol_reads``)
     symbols: bool = False
+    # the held values (positions in the node's ``held``) whose versions a run of this backward
+    # checks, per mask of present gradients (``_checked``): the same on every step
+    checks: dict[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -115,7 +118,7 @@ class _AotFunction(torch.autograd.Function):
         held += [primals[i] for i, _ in program.watched_inputs]
         ctx.held = held
         ctx.versions = [t._version for t in held]
-        for k, t in enumerate(held):
+        for k, t in enumerate(held if rebased else ()):
             # a saved view of an input rewritten after this call holds its old value: its
             # version was bumped before the call (``_rebase_hidden_writes``), not after
             if any(storage_key(t) == storage_key(primals[i]) for i in rebased):
@@ -159,10 +162,14 @@ class _AotFunction(torch.autograd.Function):
         # raises if a backward without retain_graph freed them)
         saved = list(ctx.saved_tensors)
         if torch.is_grad_enabled():  # create_graph=True: the result must be differentiable
-            _check_versions(ctx, (), mask)  # it reads no saved value: it runs the program again
+            # it reads no saved value: it runs the program again
+            _check_versions(ctx, _checked(compiled, (), mask))
             return (None, None, *_differentiable_backward(ctx, grads))
         bw = compiled.backward_for(present)
-        _check_versions(ctx, bw.saved, mask)
+        checks = bw.checks.get(mask)
+        if checks is None:
+            checks = bw.checks[mask] = _checked(compiled, bw.saved, mask)
+        _check_versions(ctx, checks)
         # the inputs are kept for a differentiable backward only until a plain one ran
         # (with retain_graph a later create_graph=True backward then raises)
         ctx.primals = None
@@ -223,21 +230,29 @@ def _saved_freed(ctx: Any) -> bool:
     return False
 
 
-def _check_versions(ctx: Any, reads: Sequence[int], present: int) -> None:
-    """Raise as eager's backward would where a value it needs was changed in place: one
-    eager's autograd saved for a node the present gradients reach, or a saved value at
-    ``reads`` (what the backward run reads) that the user can reach."""
-    compiled: CompiledProgram = ctx.compiled
+def _checked(compiled: CompiledProgram, reads: Sequence[int], present: int) -> tuple[int, ...]:
+    """The positions in a node's ``held`` whose versions a backward checks, as eager's would:
+    the values eager's autograd saved for a node the ``present`` gradients reach, and the
+    saved values at ``reads`` (what the backward run reads) that the user can reach."""
     program = compiled.program
-    held: list[torch.Tensor] | None = ctx.held
-    if held is None:
-        return  # freed: autograd's own unpacking raises the backward-twice error
     read = set(reads)
     wanted = [i in read for i in compiled.exposed]
     wanted += [bool(m & present) for _, m in program.watched_outputs]
     wanted += [bool(m & present) for _, m in program.watched_inputs]
-    for t, version, want in zip(held, ctx.versions, wanted, strict=True):
-        if want and t._version != version:
+    return tuple(k for k, want in enumerate(wanted) if want)
+
+
+def _check_versions(ctx: Any, checks: tuple[int, ...]) -> None:
+    """Raise as eager's backward would where a value it needs (``checks``, from
+    :func:`_checked`) was changed in place."""
+    held: list[torch.Tensor] | None = ctx.held
+    if held is None:
+        return  # freed: autograd's own unpacking raises the backward-twice error
+    versions = ctx.versions
+    for k in checks:
+        t = held[k]
+        version = versions[k]
+        if t._version != version:
             msg = (
                 "one of the variables needed for gradient computation has been modified by an "
                 f"inplace operation: [{t.type()} {list(t.shape)}], which a compiled graph "

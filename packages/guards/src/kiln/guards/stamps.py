@@ -152,6 +152,12 @@ class WatchedDict(_Bumping, dict[Any, Any]):
 
     __kiln_plain_dict__ = True
 
+    def __setitem__(self, key: Any, value: Any) -> None:
+        # _Bumping's, without its super() and bump() calls: FSDP writes each parameter into
+        # its module's ``_parameters`` twice per forward and twice per backward
+        dict.__setitem__(self, key, value)
+        state[0] = next(_counter)
+
     def __reduce__(self) -> tuple[Any, ...]:
         return dict, (dict(self),)
 
