@@ -62,7 +62,8 @@ LINE_BUDGET = {
     # + about 35 for compile time by step, kept beside the counters every package bumps
     # (counters.py)
     # + 20 for the op memo's static table (shapes/memo.py, shapes/dispatch.py)
-    "capture": 22225,
+    # + 36 for capture run with older objects frozen out of the collector (isolation.py)
+    "capture": 22261,
     # + about 200 for dynamic shapes: symbolic sizes and dense layouts in TENSOR_MATCH and
     # the SHAPE kind (kinds/shape.py)
     # + about 45 for checks' compiled code read from a store the frontend sets (check.py)

@@ -34,7 +34,7 @@ from kiln.capture.emit import emit_code, graph_outputs
 from kiln.capture.errors import EagerRaises, Unsupported
 from kiln.capture.graph import DATA_ARGUMENTS, EAGER_RANDOM, OutputGraph
 from kiln.capture.guard_data import user_function_modes
-from kiln.capture.isolation import no_user_hooks
+from kiln.capture.isolation import no_user_hooks, older_objects_spared
 from kiln.capture.result import (
     CaptureResult,
     CompileGraph,
@@ -161,7 +161,7 @@ def capture(
     fullgraph: bool = False,
 ) -> CaptureResult:
     """Capture one call of ``fn`` (a function or bound method); see the package README."""
-    with no_user_hooks():
+    with no_user_hooks(), older_objects_spared():
         return _capture(fn, args, kwargs, compile_graph, wrap_callable, fullgraph)
 
 

@@ -1,4 +1,4 @@
-"""Keeping the user's autograd hooks out of compilation.
+"""Keeping the user's autograd hooks, and the rest of the process, out of compilation.
 
 Capture evaluates ops on fake tensors and autograd_aot traces forward and backward
 graphs with them. Both run wherever the compiled function is first called, which may
@@ -6,17 +6,26 @@ be inside the user's ``torch.autograd.graph.saved_tensors_hooks`` (non-reentrant
 ``torch.utils.checkpoint`` is one): the hooks would be handed fake tensors and count
 the tracer's saves as the program's. :func:`no_user_hooks` hides the hooks while
 compiling; the compiled code then runs under them like eager code.
+
+A compile makes many objects that live on (fake tensors, graphs, traced values), so CPython
+runs full collections during it, and each one traverses every object of the process: the
+model, torch's modules, the user's data (0.4 s of a ResNet-18 warm start, a quarter of it).
+:func:`older_objects_spared` moves the objects that existed before into the collector's
+permanent generation (``gc.freeze``) while compiling, so collections traverse only what the
+compile made (its own garbage is still collected), and back into the oldest one after.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-__all__ = ["no_user_hooks"]
+__all__ = ["no_user_hooks", "older_objects_spared"]
 
 _autograd: Any = torch._C._autograd
 
@@ -42,3 +51,30 @@ def no_user_hooks() -> Iterator[None]:
     finally:
         for pack, unpack in reversed(stack):
             _autograd._push_saved_tensors_default_hooks(pack, unpack)
+
+
+_spared = [0]  # compiles inside older_objects_spared now, in every thread (and whether it froze)
+_spared_lock = threading.Lock()
+_froze = [False]
+
+
+@contextlib.contextmanager
+def older_objects_spared() -> Iterator[None]:
+    """Inside the block the garbage collector leaves alone the objects made before it (see the
+    module docstring); a process that froze objects itself (``gc.freeze``) or turned the
+    collector off is left as it is. Nested and concurrent blocks share one freeze, undone when
+    the last ends."""
+    with _spared_lock:
+        if _spared[0] == 0:
+            _froze[0] = gc.isenabled() and gc.get_freeze_count() == 0
+            if _froze[0]:
+                gc.freeze()
+        _spared[0] += 1
+    try:
+        yield
+    finally:
+        with _spared_lock:
+            _spared[0] -= 1
+            if _spared[0] == 0 and _froze[0]:
+                _froze[0] = False
+                gc.unfreeze()

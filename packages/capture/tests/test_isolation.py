@@ -1,0 +1,85 @@
+"""Compiling apart from the process: the collector spares the objects made before a capture."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import torch
+
+from kiln.capture import capture
+from kiln.capture.isolation import older_objects_spared
+
+
+class _Made:
+    """An instance the collector tracks (a dict of strings alone it does not)."""
+
+
+def _tracked(obj: object) -> bool:
+    """Whether a collection traverses ``obj`` (``gc.get_objects`` lists the generations only,
+    not the permanent one)."""
+    return any(o is obj for o in gc.get_objects())
+
+
+def test_older_objects_are_frozen_while_compiling_and_thawed_after() -> None:
+    before = _Made()
+    assert gc.get_freeze_count() == 0
+    with older_objects_spared():
+        assert gc.get_freeze_count() > 0 and not _tracked(before)
+        assert gc.is_tracked(before)
+        during = _Made()
+        assert _tracked(during)
+        with older_objects_spared():  # nested: one freeze
+            pass
+        assert not _tracked(before)
+    assert gc.get_freeze_count() == 0 and _tracked(before) and _tracked(during)
+
+
+def test_a_capture_runs_with_older_objects_spared() -> None:
+    seen = []
+
+    def compile_graph(gm, example_inputs):
+        seen.append(gc.get_freeze_count())
+        return gm.forward
+
+    def fn(x):
+        return torch.sin(x) + 1
+
+    capture(fn, (torch.randn(3),), {}, compile_graph=compile_graph, wrap_callable=lambda f: f)
+    assert seen and seen[0] > 0
+    assert gc.get_freeze_count() == 0
+
+
+def test_a_process_that_froze_objects_or_disabled_the_collector_is_left_alone() -> None:
+    gc.freeze()
+    try:
+        count = gc.get_freeze_count()
+        with older_objects_spared():
+            assert gc.get_freeze_count() == count
+        assert gc.get_freeze_count() == count
+    finally:
+        gc.unfreeze()
+    gc.disable()
+    try:
+        with older_objects_spared():
+            assert gc.get_freeze_count() == 0
+    finally:
+        gc.enable()
+
+
+def test_concurrent_compiles_share_the_freeze_until_the_last_ends() -> None:
+    inside, leave = threading.Event(), threading.Event()
+
+    def other() -> None:
+        with older_objects_spared():
+            inside.set()
+            leave.wait(10)
+
+    thread = threading.Thread(target=other)
+    with older_objects_spared():
+        thread.start()
+        assert inside.wait(10)
+    assert gc.get_freeze_count() > 0  # the other thread still compiles
+    leave.set()
+    thread.join(10)
+    assert gc.get_freeze_count() == 0
