@@ -314,6 +314,34 @@ def test_nodes_carry_fake_values_and_stack_traces():
             assert "return torch.relu(x) + 1" in node.meta["stack_trace"]
 
 
+def _sin_cos(x):
+    y = x.sin()
+    return y.cos()
+
+
+def test_an_inlined_call_records_its_callers_lines_as_they_are_then():
+    from kiln.capture import capture
+
+    def fn(x):
+        a = _sin_cos(x)
+        b = _sin_cos(a)
+        return a + b
+
+    res = capture(fn, (r(3),), {}, compile_graph=lambda g, e: g.forward, wrap_callable=lambda f: f)
+    traces = [
+        [line.strip() for line in n.meta["stack_trace"].splitlines()[1::2]]
+        for n in res.graphs[0].graph.nodes
+        if n.op in ("call_function", "call_method")
+    ]
+    assert traces == [
+        ["a = _sin_cos(x)", "y = x.sin()"],
+        ["a = _sin_cos(x)", "return y.cos()"],
+        ["b = _sin_cos(a)", "y = x.sin()"],
+        ["b = _sin_cos(a)", "return y.cos()"],
+        ["return a + b"],
+    ]
+
+
 def _inplace_on_input(x, y):
     x += y
     x.mul_(2)

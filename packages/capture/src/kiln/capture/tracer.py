@@ -148,6 +148,7 @@ class Tracer:
         self.return_value: Value | None = None
         self.current: dis.Instruction | None = None
         self.lineno = code.co_firstlineno
+        self._trace: tuple[int, str] | None = None  # (lineno, stack_trace()) while called
         self.exc_stack: list[Value] = []  # exceptions being handled (PUSH_EXC_INFO)
         self.yielded: list[Value] | None = None  # items of a generator run eagerly
         # grad mode and open autocast blocks when a generator run eagerly started: its consumer
@@ -259,13 +260,16 @@ class Tracer:
         return UserFrame(self.code.co_filename, self.lineno, name, text.strip())
 
     def stack_trace(self) -> str:
-        frames = []
-        t: Tracer | None = self
-        while t is not None:
-            f = t.user_frame()
-            frames.append(f'  File "{f.filename}", line {f.lineno}, in {f.name}\n    {f.source}')
-            t = t.parent
-        return "\n".join(reversed(frames))
+        f = self.user_frame()
+        line = f'  File "{f.filename}", line {f.lineno}, in {f.name}\n    {f.source}'
+        return line if self.parent is None else f"{self.parent._held_trace()}\n{line}"
+
+    def _held_trace(self) -> str:
+        """:meth:`stack_trace` of a tracer suspended in a call, kept while its line stays (its
+        callers are suspended too): each node records its trace without walking every frame."""
+        if self._trace is None or self._trace[0] != self.lineno:
+            self._trace = (self.lineno, self.stack_trace())
+        return self._trace[1]
 
     def code_const(self, index: int) -> Any:
         return self.code.co_consts[index]
