@@ -484,7 +484,7 @@ class OptimizedModule(torch.nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         handover = self._handover
         if handover is not None and not _disabled.get():
-            return handover(self._orig_mod, *args, **kwargs)
+            return handover(self.__dict__["_modules"]["_orig_mod"], *args, **kwargs)
         return self._kiln_call(*args, **kwargs)
 
     @property  # type: ignore[override]
