@@ -67,6 +67,25 @@ def test_compile_worker_reports_errors_as_replies(tmp_path):
     assert reply["ok"] is False and "missing" in reply["error"]
 
 
+def test_compile_worker_loads_a_built_kernel_and_leaves_its_errors_to_the_parent():
+    from kiln.codegen_triton.compile_worker import _load
+
+    class Built:
+        loads = 0
+
+        def _init_handles(self):  # Triton's load: builds the launcher on Triton up to 3.6
+            Built.loads += 1
+
+    class TooLarge:
+        def _init_handles(self):
+            raise RuntimeError("out of resource: shared memory")
+
+    _load(Built())
+    assert Built.loads == 1
+    _load(TooLarge())  # the parent meets the error again where it loads, and handles it there
+    _load(object())  # a Triton without the method: nothing to do
+
+
 def test_damaged_module_file_is_rewritten(tmp_path):
     text = "import triton\nVALUE = 11\n"
     path = write_module(tmp_path, text, "kernel8")

@@ -65,9 +65,11 @@ class TritonLauncher:
         base["scalars"] = self.scalars
         try:
             pool = compile_pool(workers)
-            self.warming = [
-                pool.submit(base | {"configs": [(c.constexprs(self.ks.kind), c.num_warps)]})
-                for c in self.tuner.configs
+            self.warming = [  # the configs share a launcher: one job loads its kernel
+                pool.submit(
+                    base | {"configs": [(c.constexprs(self.ks.kind), c.num_warps)], "load": i == 0}
+                )
+                for i, c in enumerate(self.tuner.configs)
             ]
         except RuntimeError as exc:  # a broken pool: compile inline on first launch
             log.info("parallel compile unavailable (%s); compiling %s inline", exc, self.ks.name)
