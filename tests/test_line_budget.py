@@ -74,7 +74,10 @@ LINE_BUDGET = {
     # whose parameters FSDP swaps) and trees with nothing under their stamp (plan, check)
     # + 26 for a parameter's storage test written inline in its group (kinds/tensor.py)
     # + 6 for a watched dict's write without super() (stamps.py: FSDP's parameter swaps)
-    "guards": 2992,
+    # + about 140 for the stamp moved for tensors only (a parameter swapped for a tensor, a
+    # storage resized: FSDP2's swaps around every call), after which a group re-checks just
+    # its tensors (stamps.py, plan.py, codegen.py)
+    "guards": 3130,
     # + about 300 for backwards compiled per set of outputs that got a gradient (prune.py)
     # and version checks of saved values only where eager's backward makes them
     # + about 60 for torch.func's ATen: in-place restrides of computed tensors, numbers handed
@@ -128,7 +131,8 @@ LINE_BUDGET = {
     # + about 175 for graphs under DDP split at its gradient buckets (ddp_split.py)
     # + about 35 for guard checks' compiled code kept on disk for warm starts (graph_cache.py)
     # + 14 for a compiled DDP/FSDP module handing its calls straight to its compiled forward
-    "frontend": 4134,
+    # + 11 for kiln.disable in a module of its own (disabling.py: api.py back under 600 lines)
+    "frontend": 4145,
 }
 
 # Modules allowed over MAX_MODULE_LINES for now, each with a comment saying why and what will

@@ -41,7 +41,7 @@ class Net(torch.nn.Module):
         return x + self.offset
 
 
-def capture_like_guards(source, module, plain_contents=True, dicts=False):
+def capture_like_guards(source, module, plain_contents=True, dicts=False, ids=True):
     """What capture records while inlining ``module``'s forward (modules, tensors, constants).
 
     ``dicts``: module state read the way capture's sources read it, through the module's own
@@ -57,7 +57,8 @@ def capture_like_guards(source, module, plain_contents=True, dicts=False):
         for name, t in getattr(module, store).items():
             at = source.attr(store).item(name) if dicts else source.attr(name)
             out.append(GuardSpec(at, GuardKind.TENSOR_MATCH, TensorMeta.of(t)))
-            out.append(GuardSpec(at, GuardKind.ID_MATCH, id(t)))
+            if ids:  # (capture's own guards on module state do not pin tensors' identity)
+                out.append(GuardSpec(at, GuardKind.ID_MATCH, id(t)))
     for name, value in vars(module).items():
         if isinstance(value, float):
             out.append(GuardSpec(source.attr(name), GuardKind.EQUALS, value))
@@ -68,15 +69,15 @@ def capture_like_guards(source, module, plain_contents=True, dicts=False):
             child_source = source.attr("_modules").item(name)
         else:
             child_source = source.item(int(name)) if name.isdigit() else source.attr(name)
-        out += capture_like_guards(child_source, child, plain_contents, dicts)
+        out += capture_like_guards(child_source, child, plain_contents, dicts, ids)
     return out
 
 
 SELF = LocalSource("self")
 
 
-def tree_check(model, with_tree=True, plain_contents=True, dicts=False):
-    specs = capture_like_guards(SELF, model, plain_contents, dicts)
+def tree_check(model, with_tree=True, plain_contents=True, dicts=False, ids=True):
+    specs = capture_like_guards(SELF, model, plain_contents, dicts, ids)
     if with_tree:
         specs.append(GuardSpec(SELF, GuardKind.MODULE_TREE, model))
     specs.append(GuardSpec(LocalSource("x"), GuardKind.IS_NONE))
@@ -422,3 +423,66 @@ def test_group_rechecks_parameter_storages_inline():
     for size, fits in ((0, False), (full - 4, False), (full, True), (full + 8, True)):
         weight.untyped_storage().resize_(size)
         assert check(model, None) is fits, size
+
+
+def _counting(check, stem):
+    """Wrap the check's functions named ``<prefix><stem>N``; returns the list of calls."""
+    calls = []
+    ns = check.fn.__globals__
+    for name in [n for n in ns if n.lstrip("_").startswith(stem) and callable(ns[n])]:
+
+        def counted(root, _fn=ns[name], _name=name):
+            calls.append(_name)
+            return _fn(root)
+
+        ns[name] = counted
+    return calls
+
+
+def test_a_parameter_swapped_for_a_tensor_reruns_only_the_tensor_guards():
+    """FSDP2 swaps each parameter of a block for its shard and back around every call: such
+    a swap moves the stamp for tensors only, and the group re-checks just its tensors (their
+    metadata and storages), watching the ones it finds; any other change runs it whole."""
+    model = Net()
+    check = tree_check(model, dicts=True, ids=False)
+    passes(check, model)
+    whole, tensors = _counting(check, "group"), _counting(check, "tensors")
+    fc = model.blocks[0].fc
+    weight = fc.weight
+    twin = torch.nn.Parameter(torch.randn_like(weight))
+    fc._parameters["weight"] = twin
+    passes(check, model)
+    assert (len(whole), len(tensors)) == (0, 1)
+    twin.requires_grad_(False)  # the twin is watched now: a change of its metadata is seen
+    changed(check, model, "requires_grad")
+    assert len(whole) >= 1
+    twin.requires_grad_(True)
+    passes(check, model)
+    fc._parameters["weight"] = torch.nn.Parameter(torch.randn(4, 4).t())  # other strides
+    changed(check, model, "stride")
+    fc._parameters["weight"] = weight
+    passes(check, model)
+    del whole[:], tensors[:]
+    weight.untyped_storage().resize_(0)  # FSDP frees the full parameter between calls
+    assert check(model, None) is False
+    weight.untyped_storage().resize_(weight.numel() * 4)
+    assert check(model, None)
+    model.blocks[0].eps = 0.5  # anything else: the whole group
+    changed(check, model, "eps")
+    assert whole
+
+
+def test_a_tree_with_an_untracked_parameter_has_no_tensor_part():
+    """A tensor in ``_parameters`` whose metadata changes the stamp cannot see (a plain
+    tensor, a wrapper subclass) could be swapped in unrecorded: that tree's group runs whole
+    after any move."""
+    model = Net()
+    model.blocks[0].fc._parameters["bias"] = torch.zeros(4)  # a plain tensor
+    check = tree_check(model, dicts=True, ids=False)
+    passes(check, model)
+    assert "tensors" not in check.source
+    fc = model.blocks[0].fc
+    fc._parameters["weight"] = torch.nn.Parameter(torch.randn(4, 4))
+    whole = _counting(check, "group")
+    passes(check, model)
+    assert whole

@@ -295,3 +295,32 @@ def test_a_wrapper_subclass_buffer_is_unchanged_until_its_inner_tensor_changes()
     assert record.unchanged()
     m.w.elem = torch.randn(8)[::2]  # other inner strides
     assert not record.unchanged()
+
+
+def moves_structure(action) -> bool:
+    """Whether ``action`` moves the stamp for more than tensors (``stamps.structure``)."""
+    stamps.install()
+    before = stamps.structure[0]
+    action()
+    return stamps.structure[0] != before
+
+
+def test_a_parameter_swapped_for_a_tensor_moves_the_stamp_for_tensors_only():
+    m = torch.nn.Linear(2, 2)
+    stamps.watch(m)
+    assert type(m._parameters) is stamps.WatchedParameters
+    other = torch.nn.Parameter(torch.randn(2, 2))
+    swap = lambda: m._parameters.__setitem__("weight", other)  # noqa: E731  (FSDP's swap)
+    assert moves(swap) and not moves_structure(swap)
+    resize = lambda: m.bias.untyped_storage().resize_(64)  # noqa: E731
+    assert moves(resize) and not moves_structure(resize)
+    # everything else moves it whole: a new name, None, a deletion, setattr, metadata
+    assert moves_structure(lambda: m._parameters.__setitem__("extra", other))
+    assert moves_structure(lambda: m._parameters.__setitem__("extra", None))
+    assert moves_structure(lambda: m._parameters.__setitem__("extra", other))
+    assert moves_structure(lambda: m._parameters.pop("extra"))
+    assert moves_structure(lambda: setattr(m, "weight", torch.nn.Parameter(torch.randn(2, 2))))
+    stamps.watch(m)  # the new weight too
+    assert moves_structure(lambda: m.weight.requires_grad_(False))
+    assert moves_structure(lambda: m._buffers.__setitem__("b", torch.ones(1)))
+    assert moves_structure(lambda: m._buffers.__setitem__("b", torch.ones(2)))

@@ -296,39 +296,79 @@ class CheckSource:
         self.line(f"if not ({condition}):")
         self.line("    return False")
 
-    def tree_group(self, tree: GuardSpec, emit_members: Callable[[], None]) -> None:
+    def tree_group(
+        self,
+        tree: GuardSpec,
+        emit_members: Callable[[], None],
+        tensor_part: Callable[[], list[str]] | None = None,
+    ) -> None:
         """A tree's group as a function of its own, called only when the stamp moved since
         the group last passed (its own function: a call of the check then sets up only the
-        few locals of the common path, not the group's hundreds)."""
+        few locals of the common path, not the group's hundreds). With ``tensor_part`` (which
+        emits the group's guards on tensors and returns the locals holding the tensors), a
+        move for tensors only (``stamps.bump_tensors``) runs that part alone."""
         assert tree.source is not None
         stamps.watch(tree.expected)
         stamp = self.bind(stamps.state, "stamp")
+        structure = self.bind(stamps.structure, "structure")
         seen = self.bind([-1], "seen")  # the stamp the group last passed at; -1: never
+        seen_structure = self.bind([-1], "seen_structure")
+        trust = self.bind(config, "config")
+        root = f"{self.prefix}root"
+        now = f"{self.prefix}now"
+        moved = f"{stamp}[0] == {seen}[0]"
+        if tensor_part is not None:
+            tensors = f"{self.prefix}tensors{len(self.functions)}"
+            rewatch = self.bind(stamps.rewatch, "rewatch")
+
+            def tail(held: list[str]) -> None:
+                # the tensors now in the slots stay watched: their own changes move the stamp
+                self.line(f"{rewatch}(({''.join(f'{h}, ' for h in held)}))")
+                self.line(f"if {trust}.trust_module_stamps:")
+                self.line(f"    {seen}[0] = {now}")
+
+            self._function(tensors, root, tree, lambda: tail(tensor_part()))
+            within = f"{self.expr(tree.source)}"
+            moved = f"({moved} or {structure}[0] == {seen_structure}[0] and {tensors}({within}))"
         # what the stamp cannot follow, compared on every call: global hooks, buffers' metadata
-        quiet = [f"{stamp}[0] == {seen}[0]"]
+        quiet = [moved]
         if hooks.global_hook_dicts:
             dicts = " or ".join(self.bind(d, "global_hooks") for d in hooks.global_hook_dicts)
             quiet.append(f"not ({dicts})")
         untracked = self.bind(stamps.Untracked(), "untracked")
         quiet.append(f"(not {untracked}.entries or {untracked}.unchanged())")
         name = f"{self.prefix}group{len(self.functions)}"
-        root = f"{self.prefix}root"
+
+        def whole() -> None:
+            self.line(f"{self.prefix}now_structure = {structure}[0]")
+            emit_members()
+            # modules and tensors that joined the tree since it was last watched
+            self.line(f"{self.bind(stamps.watch, 'watch')}({root}, {untracked})")
+            self.line(f"if {trust}.trust_module_stamps:")
+            self.line(f"    {seen}[0] = {now}")
+            self.line(f"    {seen_structure}[0] = {self.prefix}now_structure")
+
+        self._function(name, root, tree, whole)
+        self.require(f"{' and '.join(quiet)} or {name}({self.expr(tree.source)})")
+
+    def _function(self, name: str, root: str, tree: GuardSpec, emit: Callable[[], None]) -> None:
+        """One function of a tree's group, ``name(root)``, with what ``emit`` writes between
+        reading the stamp and returning True; read from the tree's real paths."""
         outer = (self.lines, self._locals, self._kept, self.indent, self.in_group)
         outer_bound, self.bound = self.bound, {}  # the group reads the real paths
         self.in_group = True
         self.lines, self._locals, self._kept, self.indent = [], {str(tree.source): root}, {}, 0
-        self.line(f"{self.prefix}now = {stamp}[0]")
-        emit_members()
-        # modules and tensors that joined the tree since it was last watched
-        self.line(f"{self.bind(stamps.watch, 'watch')}({root}, {untracked})")
-        self.line(f"if {self.bind(config, 'config')}.trust_module_stamps:")
-        self.line(f"    {seen}[0] = {self.prefix}now")
+        self.line(f"{self.prefix}now = {self.bind(stamps.state, 'stamp')}[0]")
+        emit()
         self.line("return True")
         body = "\n".join(f"    {line}" for line in self.lines)
         self.functions.append(f"def {name}({root}):\n{body}\n")
         self.lines, self._locals, self._kept, self.indent, self.in_group = outer
         self.bound = outer_bound
-        self.require(f"{' and '.join(quiet)} or {name}({self.expr(tree.source)})")
+
+    def held_tensors(self, guards: list[GuardSpec]) -> list[str]:
+        """The locals ``guards`` (tensor guards, just emitted) read their tensors into."""
+        return [self._locals[str(g.source)] for g in guards if str(g.source) in self._locals]
 
 
 def _emit(cs: CheckSource, guards: list[GuardSpec], plan: Plan) -> None:
@@ -352,7 +392,15 @@ def _emit(cs: CheckSource, guards: list[GuardSpec], plan: Plan) -> None:
         cs.require(cs.condition(g))
     for g in guards:
         if plan.group(g):  # a MODULE_TREE guard with guards under its stamp
-            cs.tree_group(g, functools.partial(_emit, cs, plan.group(g), plan))
+            part = plan.tensor_part(g)
+            emit_part = None
+            if part is not None:
+
+                def emit_part(part: list[GuardSpec] = part) -> list[str]:
+                    _emit(cs, part, plan)  # a tensor guard reads its tensor into a local
+                    return cs.held_tensors(part)
+
+            cs.tree_group(g, functools.partial(_emit, cs, plan.group(g), plan), emit_part)
 
 
 def generate(fn: types.FunctionType, plan: Plan) -> tuple[str, str, dict[str, Any]]:

@@ -17,7 +17,7 @@ from typing import Any
 
 from kiln.capture.guard_data import GuardKind, GuardSpec, dedupe
 from kiln.capture.source import AttrSource, ItemSource, Source
-from kiln.guards import explain, module_tree
+from kiln.guards import explain, module_tree, stamps
 from kiln.guards.kinds import KINDS, Kind, kind_of
 
 __all__ = ["Plan", "order", "rank", "source_depth"]
@@ -104,19 +104,43 @@ class _Trees:
         return found
 
 
-def _tree_for(g: GuardSpec, trees: _Trees) -> GuardSpec | None:
+def _tree_for(g: GuardSpec, trees: _Trees) -> tuple[GuardSpec, str] | None:
     """The shallowest tree whose stamp protects ``g`` (g holds now and can only change
-    through module operations), if any."""
+    through module operations), if any, and how ``g``'s value hangs off it (``reach``)."""
     for tree, steps in trees.above(g):
         found = trees.reach(tree, steps)
         if found is None or found[0] not in kind_of(g.kind).stamp_protects:
             continue
         try:
             if explain.explain(g, found[1]) is None:
-                return trees.trees[tree]
+                return trees.trees[tree], found[0]
         except Exception:
             continue
     return None
+
+
+def _buffer(source: Source | None) -> bool:
+    """Whether ``source`` reads an item of a module's ``_buffers``."""
+    return (
+        isinstance(source, ItemSource)
+        and isinstance(source.base, AttrSource)
+        and source.base.name == "_buffers"
+    )
+
+
+def _tensor_part(tensors: list[GuardSpec]) -> list[GuardSpec] | None:
+    """The guards of a group that a move of the stamp for tensors only
+    (``stamps.bump_tensors``: a parameter's tensor swapped for another, a storage resized) can
+    make fail: its guards on tensors, when each is a ``TENSOR_MATCH`` (whose storage test sees
+    a resize) on a buffer (whose slot writes move the whole stamp, and whose metadata the
+    group's record compares on every call) or on a tracked parameter (whose metadata changes
+    move the whole stamp). None when one is not: the group then runs whole."""
+    for g in tensors:
+        if g.kind is not GuardKind.TENSOR_MATCH:
+            return None
+        if not (_buffer(g.source) or stamps.tracks_class(g.expected.type)):
+            return None
+    return tensors
 
 
 @dataclasses.dataclass
@@ -127,9 +151,15 @@ class Plan:
     groups: dict[int, list[GuardSpec]]  # id(tree guard) -> its group, in order
     # str(source) -> the submodule top-level guards read it as (see _bind_module_prefixes)
     bound: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # id(tree guard) -> the part of its group to run after a move for tensors only, in order
+    # (``_tensor_part``); a tree without one runs its whole group after any move
+    tensor_parts: dict[int, list[GuardSpec]] = dataclasses.field(default_factory=dict)
 
     def group(self, tree: GuardSpec) -> list[GuardSpec]:
         return self.groups.get(id(tree), [])
+
+    def tensor_part(self, tree: GuardSpec) -> list[GuardSpec] | None:
+        return self.tensor_parts.get(id(tree))
 
     def flat(self) -> list[GuardSpec]:
         """Every guard in the order the check runs them: the top level, then the groups."""
@@ -154,14 +184,24 @@ def order(guards: list[GuardSpec], unsupported: Callable[[GuardSpec], Any]) -> P
     trees = _Trees(kept)
     top: list[GuardSpec] = []
     groups: dict[int, list[GuardSpec]] = {}
+    tensors: dict[int, list[GuardSpec]] = {}  # id(tree) -> its group's guards on tensors
     for g in kept:
-        tree = _tree_for(g, trees)
-        if tree is None:
+        found = _tree_for(g, trees)
+        if found is None:
             top.append(g)
-        else:
-            groups.setdefault(id(tree), []).append(g)
+            continue
+        tree, how = found
+        groups.setdefault(id(tree), []).append(g)
+        if how == "tensor":
+            tensors.setdefault(id(tree), []).append(g)
     bound = _bind_module_prefixes(top, trees, groups)
-    return Plan(_sort(top), {k: _sort(v) for k, v in groups.items()}, bound)
+    parts = {k: _tensor_part(tensors.get(k, [])) for k in groups}
+    return Plan(
+        _sort(top),
+        {k: _sort(v) for k, v in groups.items()},
+        bound,
+        {k: _sort(v) for k, v in parts.items() if v is not None},
+    )
 
 
 def _deepest_module_prefix(g: GuardSpec, trees: _Trees) -> tuple[GuardSpec, Source, Any] | None:

@@ -66,12 +66,17 @@ __all__ = [
     "SAME_TYPES",
     "Untracked",
     "WatchedDict",
+    "WatchedParameters",
     "WatchedHooks",
     "bump",
+    "bump_tensors",
     "current",
     "install",
     "installed",
+    "rewatch",
     "state",
+    "structure",
+    "tracks_class",
     "tracks_metadata",
     "watch",
     "watched",
@@ -79,6 +84,10 @@ __all__ = [
 
 _counter = itertools.count(1)
 state: list[int] = [0]  # generated checks read ``state[0]``; a list keeps one shared cell
+# moves with ``state`` on every change but one: a parameter slot's tensor replaced by another
+# tensor, or a watched storage resized (FSDP's swaps around every call), after which a group
+# re-checks only its tensors (see :class:`WatchedParameters`)
+structure: list[int] = [0]
 _installed = False
 _install_lock = threading.Lock()
 # guards the watched-tensor tables, written by groups passing in several threads and by weakref
@@ -88,7 +97,13 @@ _tables_lock = threading.RLock()
 
 def bump(*_: Any, **__: Any) -> None:
     """Move the stamp: some module may have changed (accepts and ignores any arguments)."""
-    state[0] = next(_counter)  # itertools.count is atomic under the GIL
+    structure[0] = state[0] = next(_counter)  # itertools.count is atomic under the GIL
+
+
+def bump_tensors() -> None:
+    """Move the stamp for a change that only tensors' guards can see: a parameter's tensor
+    swapped for another tensor, a watched storage resized."""
+    state[0] = next(_counter)
 
 
 def current() -> int:
@@ -156,10 +171,25 @@ class WatchedDict(_Bumping, dict[Any, Any]):
         # _Bumping's, without its super() and bump() calls: FSDP writes each parameter into
         # its module's ``_parameters`` twice per forward and twice per backward
         dict.__setitem__(self, key, value)
-        state[0] = next(_counter)
+        structure[0] = state[0] = next(_counter)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return dict, (dict(self),)
+
+
+class WatchedParameters(WatchedDict):
+    """A watched module's ``_parameters``: replacing a tensor by another tensor under a name
+    it holds moves the stamp for tensors only (:func:`bump_tensors`), which a group whose
+    tensors are all tracked parameters or buffers answers by re-checking just them; every
+    other write (a new name, None, a deletion) moves it as any write does."""
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        old = dict.get(self, key)
+        dict.__setitem__(self, key, value)
+        n = next(_counter)
+        if not (isinstance(old, torch.Tensor) and isinstance(value, torch.Tensor)):
+            structure[0] = n
+        state[0] = n
 
 
 class WatchedHooks(_Bumping, collections.OrderedDict[Any, Any]):
@@ -175,9 +205,11 @@ class WatchedHooks(_Bumping, collections.OrderedDict[Any, Any]):
 #: each watched form and the plain type it stands for: the same type to a guard (watching must
 #: not fail a TYPE_MATCH recorded before a module's dicts were swapped, nor one recorded after
 #: a plain copy)
+_DICTS = (dict, WatchedDict, WatchedParameters)
 SAME_TYPES: dict[type, tuple[type, ...]] = {
-    dict: (dict, WatchedDict),
-    WatchedDict: (dict, WatchedDict),
+    dict: _DICTS,
+    WatchedDict: _DICTS,
+    WatchedParameters: _DICTS,
     collections.OrderedDict: (collections.OrderedDict, WatchedHooks),
     WatchedHooks: (collections.OrderedDict, WatchedHooks),
 }
@@ -257,7 +289,11 @@ def tracks_metadata(t: Any) -> bool:
     """Whether every metadata change of ``t`` through torch's Python API would move the stamp
     once ``t`` is watched: ``t`` is an ``nn.Parameter`` whose class overrides none of the
     patched attributes. Other tensors' metadata must be checked on every call."""
-    cls = type(t)
+    return tracks_class(type(t))
+
+
+def tracks_class(cls: type) -> bool:
+    """:func:`tracks_metadata` of a tensor of class ``cls``."""
     known = _tracked_types.get(cls)
     if known is None:
         parameter = torch.nn.Parameter
@@ -320,7 +356,10 @@ def watch(root: torch.nn.Module, untracked: Untracked | None = None) -> bool:
 _EMPTY: dict[Any, Any] = {}
 # each dict a watched module holds, its plain type and the watched type that replaces it
 _STORES: tuple[tuple[str, type, type], ...] = (
-    *((name, dict, WatchedDict) for name in MODULE_STORES),
+    *(
+        (name, dict, WatchedParameters if name == "_parameters" else WatchedDict)
+        for name in MODULE_STORES
+    ),
     *((name, collections.OrderedDict, WatchedHooks) for name in hooks.module_hook_names),
 )
 
@@ -437,7 +476,18 @@ def _resize_watching(self: torch.UntypedStorage, size: int) -> Any:
         return _storage_resize(self, size)
     finally:
         if _watched_storages and self._cdata in _watched_storages:
-            bump()
+            bump_tensors()  # a tensor guard's storage test sees it; buffers' records too
+
+
+def rewatch(tensors: tuple[torch.Tensor, ...]) -> bool:
+    """Watch each of ``tensors`` (on its storage now) that is not: a group that re-checked only
+    its tensors after :func:`bump_tensors` calls it on them. Returns True."""
+    found = _watched_tensors
+    for t in tensors:
+        entry = found.get(id(t))
+        if entry is None or entry[1] != _storage_key(t) or entry[0]() is not t:
+            _watch_tensor(t)
+    return True
 
 
 def _bumping_if_watched(method: Callable[..., Any]) -> Callable[..., Any]:
