@@ -8,8 +8,6 @@ wrapper is the only way in: nested compiled functions and resume functions get w
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
 import inspect
 import itertools
@@ -33,6 +31,7 @@ from kiln.capture import artifacts, counters, parallel_modules, user_words
 from kiln.capture.dynamic_dims import dynamic_dims
 from kiln.config import CompileConfig, make_config
 from kiln.debug_index import writing as writing_index
+from kiln.disabling import _disabled, disable
 from kiln.fallback import CompileError, run_eagerly_after_failure
 from kiln.minifier import settings as repro_settings
 from kiln.minifier import watch_backend
@@ -43,7 +42,6 @@ __all__ = ["compile", "CompiledFunction", "OptimizedModule", "disable"]
 log = logging.getLogger(__name__)
 graph_break_log = logging.getLogger("kiln.frontend.graph_breaks")
 
-_disabled: contextvars.ContextVar[bool] = contextvars.ContextVar("kiln_disabled", default=False)
 # One cache per code object, closure and compile settings (see CompiledFunction._key), and the
 # keys of frames that run eagerly because capturing them failed. The function objects own their
 # caches (``_OWNED`` in their ``__dict__``) and each cache holds the objects whose ids its key
@@ -569,38 +567,6 @@ def _rebuild_module(
     mod: torch.nn.Module, backend: str | Backend, config: CompileConfig
 ) -> OptimizedModule:
     return OptimizedModule(mod, CompiledFunction(_trampoline(mod), lookup_backend(backend), config))
-
-
-class _DisableContext(contextlib.ContextDecorator):
-    """``with kiln.disable():`` and ``@kiln.disable()``: run compiled code uncompiled."""
-
-    _kiln_disabled = True
-
-    def __enter__(self) -> None:
-        self._token = _disabled.set(True)
-
-    def __exit__(self, *exc: object) -> None:
-        _disabled.reset(self._token)
-
-
-def disable(fn: Callable[..., Any] | None = None) -> Any:
-    """Run ``fn`` (or the ``with`` block) without Kiln; capture calls such functions as is."""
-    if fn is None:
-        return _DisableContext()
-    if not callable(fn):
-        msg = f"kiln.disable needs a callable, got {type(fn).__name__}"
-        raise TypeError(msg)
-
-    @functools.wraps(fn)
-    def uncompiled(*args: Any, **kwargs: Any) -> Any:
-        token = _disabled.set(True)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            _disabled.reset(token)
-
-    uncompiled._kiln_disabled = True  # type: ignore[attr-defined]
-    return uncompiled
 
 
 def reset_frontend() -> None:
