@@ -24,6 +24,8 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
+from kiln.capture import op_args
+
 __all__ = ["check_as_eager", "is_dense"]
 
 aten = torch.ops.aten
@@ -71,7 +73,7 @@ def check_as_eager(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     kernels raise before computing anything. Overlapping writes are checked here.
     """
     _check_overlap(func, args, kwargs)
-    tensors = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+    tensors = [a for a in op_args.leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
     mixed = func.overloadpacket in _SAME_DTYPE and len({t.dtype for t in tensors}) >= 2
     empty = (
         func.overloadpacket in _REFUSE_EMPTY
@@ -80,7 +82,7 @@ def check_as_eager(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     )
     booleans = func.overloadpacket in _REFUSE_BOOL and any(
         isinstance(a, bool) or (isinstance(a, torch.Tensor) and a.dtype == torch.bool)
-        for a in pytree.tree_leaves((args, kwargs))
+        for a in op_args.leaves((args, kwargs))
     )
     if not (mixed or empty or booleans):
         return
@@ -119,7 +121,7 @@ def _check_overlap(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     outs: list[torch.Tensor] = [o for o in found if isinstance(o, torch.Tensor)]
     others = [
         a
-        for a in pytree.tree_leaves((args, kwargs))
+        for a in op_args.leaves((args, kwargs))
         if isinstance(a, torch.Tensor) and not any(a is o for o in outs)
     ]
     for out in outs:

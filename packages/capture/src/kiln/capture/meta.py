@@ -64,10 +64,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils.weak import WeakIdKeyDictionary
 
+from kiln.capture import op_args
 from kiln.capture.dynamo_free import spare_dynamo_import
 from kiln.capture.eager_refusals import check_as_eager
 from kiln.capture.errors import Unsupported
@@ -400,7 +400,7 @@ def _result_device(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     if device is not None:
         return _normalize(torch.device(device))
     cpu_scalar = meta = None
-    for a in pytree.tree_leaves((args, kwargs)):
+    for a in op_args.leaves((args, kwargs)):
         if not isinstance(a, torch.Tensor):
             continue
         dev = a.fake_device if isinstance(a, FakeTensor) else a.device
@@ -486,7 +486,7 @@ def run_fake(
             return a if a.device.type == "meta" else convert_real(a)
         return a
 
-    meta_args, meta_kwargs = pytree.tree_map(unwrap, (args, kwargs))
+    meta_args, meta_kwargs = op_args.map_leaves(unwrap, (args, kwargs))
     if _is_factory(func) or meta_kwargs.get("device") is not None:
         meta_kwargs["device"] = torch.device("meta")
     at = _device_position(func)
@@ -520,7 +520,7 @@ def run_fake(
             return same if same is not None else FakeTensor(r, device)
         return r
 
-    return pytree.tree_map(wrap, out)
+    return op_args.map_leaves(wrap, out)
 
 
 def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:

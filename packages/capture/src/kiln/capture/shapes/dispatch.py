@@ -25,11 +25,11 @@ from types import TracebackType
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
 from torch._decomp import decomposition_table, meta_table
 from torch._dispatch.python import enable_python_dispatcher
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from kiln.capture import op_args
 from kiln.capture.shapes import memo
 
 __all__ = [
@@ -85,7 +85,7 @@ UNBACKED_KERNELS: dict[Any, Any] = {}
 def _has_unbacked(args: tuple[Any, ...]) -> bool:
     return any(
         isinstance(a, torch.SymInt) and getattr(a.node, "hint", 0) is None
-        for a in pytree.tree_leaves(args)
+        for a in op_args.leaves(args)
     )
 
 
@@ -98,7 +98,7 @@ def _symbolic(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     return any(
         isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool))
         or (isinstance(a, torch.Tensor) and has_symbolic_sizes(a))
-        for a in pytree.tree_leaves((args, kwargs))
+        for a in op_args.leaves((args, kwargs))
     )
 
 

@@ -1,0 +1,72 @@
+"""An op's arguments and results walked as pytree walks them, faster for what ops take.
+
+Every op capture evaluates on fakes walks its arguments a few times (to unwrap fakes, find the
+result's device, check eager's refusals, look for symbolic sizes) and its results once (to
+wrap them). What the dispatcher hands a mode is plain tuples, lists and dicts of tensors and
+numbers, where pytree's registry lookups and namedtuple checks cost more than the walk: those
+are walked here directly, anything else is left to pytree, so the answers are pytree's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+__all__ = ["leaves", "map_leaves"]
+
+# leaf types pytree never descends into
+_LEAVES = frozenset(
+    {
+        int,
+        float,
+        bool,
+        complex,
+        str,
+        type(None),
+        torch.dtype,
+        torch.device,
+        torch.layout,
+        torch.memory_format,
+        torch.SymInt,
+        torch.SymFloat,
+        torch.SymBool,
+    }
+)
+
+
+def leaves(tree: Any) -> list[Any]:
+    """``pytree.tree_leaves(tree)``."""
+    found: list[Any] = []
+    _collect(tree, found)
+    return found
+
+
+def _collect(tree: Any, found: list[Any]) -> None:
+    kind = type(tree)
+    if kind is tuple or kind is list:
+        for item in tree:
+            _collect(item, found)
+    elif kind is dict:
+        for item in tree.values():
+            _collect(item, found)
+    elif kind in _LEAVES or isinstance(tree, torch.Tensor):
+        found.append(tree)
+    else:
+        found.extend(pytree.tree_leaves(tree))
+
+
+def map_leaves(fn: Callable[[Any], Any], tree: Any) -> Any:
+    """``pytree.tree_map(fn, tree)``."""
+    kind = type(tree)
+    if kind is tuple:
+        return tuple([map_leaves(fn, item) for item in tree])
+    if kind is list:
+        return [map_leaves(fn, item) for item in tree]
+    if kind is dict:
+        return {key: map_leaves(fn, item) for key, item in tree.items()}
+    if kind in _LEAVES or isinstance(tree, torch.Tensor):
+        return fn(tree)
+    return pytree.tree_map(fn, tree)
