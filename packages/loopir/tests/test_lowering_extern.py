@@ -41,6 +41,40 @@ def test_matmuls_and_convolutions():
     assert aten.convolution_backward.default in called
 
 
+def test_products_of_one_shape_run_their_meta_kernel_once(monkeypatch):
+    """The planned layout of an extern's result comes from its meta kernel, which for ``addmm``
+    is a Python decomposition; layers of one shape share one run."""
+    from kiln.loopir.lowering import fallback
+
+    monkeypatch.setattr(fallback, "_META_RESULTS", {})
+    runs = []
+    addmm = aten.addmm.default
+
+    class Counted:
+        def __getattr__(self, name):
+            return getattr(addmm, name)
+
+        def __call__(self, *args, **kwargs):
+            runs.append([a.device.type for a in args if isinstance(a, torch.Tensor)])
+            return addmm(*args, **kwargs)
+
+    x, w, b = torch.randn(6, 8), torch.randn(8, 8), torch.randn(8)
+
+    def fn(x, w, b):
+        h = x
+        for _ in range(3):
+            h = aten.relu.default(aten.addmm.default(b, h, w))
+        return (h, aten.addmm.default(b, x, aten.t.default(w)))
+
+    counted = Counted()
+    for _ in range(2):
+        found = fallback._meta_result(counted, (to_meta(b), to_meta(x), to_meta(w)), {})
+    assert runs == [["meta"] * 3] and found.shape == (6, 8)
+    check(fn, x, w, b, atol=1e-4, rtol=1e-4)
+    # one run per layout of the arguments: h @ w three times, x @ w.t() once more
+    assert len(fallback._META_RESULTS) == 3
+
+
 def test_extern_bindings_only_where_no_other_overload_fits():
     assert _binding(aten.convolution.default, []) is torch.convolution
     assert _binding(aten.addmm.default, ["beta", "alpha"]) is torch.addmm

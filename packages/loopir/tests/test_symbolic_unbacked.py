@@ -131,13 +131,27 @@ def test_dynamic_sizes_of_multi_output_extern_parts() -> None:
 
 
 def _padded(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return F.pad(x[mask], (1, 1)) * 2  # constant_pad_nd lowers static sizes only
+    return (F.pad(x[mask], (1, 1)) * 2,)
+
+
+def test_pad_of_an_unbacked_size() -> None:
+    x = torch.randn(8)
+    masks = [torch.tensor([True] * 6 + [False] * 2), torch.tensor([False, True] * 4)]
+    program = _compiled(_padded, (x, masks[0]))
+    for mask in masks:
+        _same(program(x, mask), _padded(x, mask))
+
+
+def _every_other_zeroed(x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor]:
+    y = x[mask] * 2
+    y[::2] = 0  # slice_scatter with a step lowers static sizes only
+    return (y,)
 
 
 def test_static_shapes_only_construct_over_an_unbacked_size_raises_before_running() -> None:
     x, mask = torch.randn(8), torch.tensor([True] * 6 + [False] * 2)
     with pytest.raises(StaticShapesOnly):
-        _compiled(_padded, (x, mask))
+        _compiled(_every_other_zeroed, (x, mask))
 
 
 def _scaled(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:

@@ -115,8 +115,7 @@ def _planned_outputs(op: Any, args: Any, kwargs: Any, traced: Any) -> Any:
         return _planned_meta(x) if isinstance(x, (Buffer, ReinterpretView)) else x
 
     try:
-        margs, mkwargs = pytree.tree_map(to_meta, (args, kwargs))
-        found = _nhwc_if_conv_would_be(op, margs, op(*margs, **mkwargs))
+        found = _meta_result(op, *pytree.tree_map(to_meta, (args, kwargs)))
     except StaticShapesOnly:  # symbolic sizes: the stride order the kernel gives at the hints
         return _ordered_at_hints(op, args, kwargs, traced)
     except Exception as exc:  # no meta kernel, or one stricter than ATen's
@@ -128,6 +127,35 @@ def _planned_outputs(op: Any, args: Any, kwargs: Any, traced: Any) -> Any:
         for f, t in zip(pytree.tree_leaves(found), pytree.tree_leaves(traced), strict=True)
     )
     return found if same else traced
+
+
+_META_RESULTS: dict[Any, Any] = {}
+_META_RESULTS_KEPT = 4096
+
+
+def _meta_result(op: Any, margs: Any, mkwargs: Any) -> Any:
+    """``op``'s result on these meta tensors (NHWC where a convolution would pick it), kept by
+    the op and its arguments' sizes, strides, offsets and dtypes: torch runs many meta kernels
+    through Python decompositions (an ``addmm`` takes about 1.5 ms), and a model calls the same
+    products at the same shapes in every layer. Only the layouts of the result are read."""
+    leaves, spec = pytree.tree_flatten((margs, mkwargs))
+    key: Any = (op, spec, *[_meta_key(leaf) for leaf in leaves])
+    try:
+        found = _META_RESULTS.get(key)
+    except TypeError:  # an argument that cannot key it
+        return _nhwc_if_conv_would_be(op, margs, op(*margs, **mkwargs))
+    if found is None:
+        found = _nhwc_if_conv_would_be(op, margs, op(*margs, **mkwargs))
+        if len(_META_RESULTS) >= _META_RESULTS_KEPT:
+            _META_RESULTS.clear()
+        _META_RESULTS[key] = found
+    return found
+
+
+def _meta_key(leaf: Any) -> Any:
+    if isinstance(leaf, torch.Tensor):
+        return (leaf.dtype, leaf.device, leaf.shape, leaf.stride(), leaf.storage_offset())
+    return (type(leaf), leaf)
 
 
 def _ordered_at_hints(op: Any, args: Any, kwargs: Any, traced: Any) -> Any:
@@ -142,8 +170,7 @@ def _ordered_at_hints(op: Any, args: Any, kwargs: Any, traced: Any) -> Any:
         return _planned_meta(x, symbolic.hint) if isinstance(x, (Buffer, ReinterpretView)) else x
 
     try:
-        margs, mkwargs = pytree.tree_map(to_meta, (args, kwargs))
-        found = _nhwc_if_conv_would_be(op, margs, op(*margs, **mkwargs))
+        found = _meta_result(op, *pytree.tree_map(to_meta, (args, kwargs)))
     except Exception as exc:
         log.debug("no meta result for %s at the hints (%s): traced strides", op, exc)
         return traced
