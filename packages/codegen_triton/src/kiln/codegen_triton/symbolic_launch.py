@@ -186,6 +186,7 @@ class SymbolicLauncher(TritonLauncher):
         return found
 
     def _build_generic(self, kernel: Any, cfg: Config, tensors: Sequence[Any], count: int) -> Any:
+        """The generic binary: loaded from what a compile worker built, else compiled here."""
         job = self._generic_ok.get(cfg)
         if job is not None:
             try:
