@@ -134,7 +134,8 @@ LINE_BUDGET = {
     # + about 35 for guard checks' compiled code kept on disk for warm starts (graph_cache.py)
     # + 14 for a compiled DDP/FSDP module handing its calls straight to its compiled forward
     # + 11 for kiln.disable in a module of its own (disabling.py: api.py back under 600 lines)
-    "frontend": 4145,
+    # + 2 for the collector sparing older objects over the guard check's build too (api.py)
+    "frontend": 4147,
 }
 
 # Modules allowed over MAX_MODULE_LINES for now, each with a comment saying why and what will

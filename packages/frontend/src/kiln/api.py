@@ -29,6 +29,7 @@ from kiln.backends import Backend, list_backends, lookup_backend, takes_options
 from kiln.backends import kiln as kiln_backend
 from kiln.capture import artifacts, counters, parallel_modules, user_words
 from kiln.capture.dynamic_dims import dynamic_dims
+from kiln.capture.isolation import older_objects_spared
 from kiln.config import CompileConfig, make_config
 from kiln.debug_index import writing as writing_index
 from kiln.disabling import _disabled, disable
@@ -335,6 +336,7 @@ class CompiledFunction:
             artifacts.frame(name, Path(root) if root else None) as folder,
             dynamic_dims(sizes),
             writing_index(folder, name, cache, args, kwargs) as index,
+            older_objects_spared(),  # capture's, extended over the guard check's build
         ):
             try:
                 result = dynamic.capture_data_dependent(
