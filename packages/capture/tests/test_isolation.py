@@ -5,10 +5,22 @@ from __future__ import annotations
 import gc
 import threading
 
+import pytest
 import torch
 
 from kiln.capture import capture
 from kiln.capture.isolation import older_objects_spared
+
+
+@pytest.fixture(autouse=True)
+def _thawed():
+    """Each test starts with no object frozen: some interpreters start with a few hundred
+    frozen (3.12 here), where compiles leave the collector alone."""
+    frozen = gc.get_freeze_count()
+    gc.unfreeze()
+    yield
+    if frozen:
+        gc.freeze()
 
 
 class _Made:

@@ -80,3 +80,14 @@ def test_max_of_sizes_picks_the_side_the_ranges_prove() -> None:
     mixed = torch.sym_max(out, 5)  # 5 is the larger below a = 33: both sides stay
     assert isinstance(mixed.node.expr, sympy.Max) and mixed.node.hint == 5
     assert not env.recorded  # ranges decided, no guard
+
+
+def test_mod_of_a_value_that_may_be_negative_spans_the_divisor() -> None:
+    # Python's -1 % 8 is 7: the bound a % b <= a holds for a >= 0 only (an attention mask
+    # padded by (8 - n % 8) % 8 was taken as never padded)
+    for value in (-s0, -Mod(s0, 8), s1 - 10):
+        assert bounds(Mod(value, 8), _RANGES) == Range(0, 7)
+        assert decide_range(sympy.Ge(0, Mod(value, 8)), bounds(-Mod(value, 8), _RANGES)) is None
+    assert bounds(Mod(s1, 8), _RANGES) == Range(0, 7)
+    assert bounds(Mod(s1 - 2, 100), _RANGES) == Range(0, 62)
+    assert _slow(sympy.Ge(Mod(-s0, 8), 1)) is None  # 0 for s0 = 8, 7 for s0 = 9

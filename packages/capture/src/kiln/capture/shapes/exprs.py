@@ -151,7 +151,9 @@ def bounds(expr: sympy.Basic, ranges: Mapping[sympy.Symbol, Range]) -> Range:
         return _floordiv(args[0], args[1])
     if isinstance(expr, Mod):
         if args[1].lower > 0:
-            return Range(0, args[1].upper - 1) & Range(0, max(args[0].upper, 0))
+            below = Range(0, args[1].upper - 1)
+            # a % b is at most a only for a >= 0: -1 % 8 is 7
+            return below & Range(0, args[0].upper) if args[0].lower >= 0 else below
         return _UNKNOWN
     if isinstance(expr, sympy.Max):
         return Range(max(r.lower for r in args), max(r.upper for r in args))
