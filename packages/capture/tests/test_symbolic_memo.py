@@ -209,3 +209,22 @@ def test_static_runs_are_kept_process_wide(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(memo, "_STATIC_LIMIT", len(memo._STATIC))
     run_symbolic(aten.neg.default, (torch.empty(3, 5, device="meta"),), {})
     assert len(memo._STATIC) == 1  # a full table starts again
+
+
+def test_arguments_that_require_grad_are_keyed_only_without_grad_mode() -> None:
+    """Under ``no_grad`` an op's result is the same whether its arguments require grad or not
+    (a model's parameters do; inference runs them without grad mode), so the memo serves it.
+    With grad mode on the result would carry autograd history, which a remade tensor lacks."""
+    env = ShapeEnv()
+    x = _meta(env, (4, 6, 8), "x")
+    w = torch.empty(8, 8, device="meta", requires_grad=True)
+    b = torch.empty(8, device="meta", requires_grad=True)
+    op, args = aten.addmm.default, (b, x.view(-1, 8), w)
+    with torch.no_grad():
+        first = run_symbolic(op, args, {})
+        again, token = memo.recall(op, args, {})
+    assert token is None and again is not None and _layout(again) == _layout(first)
+    assert not again.requires_grad
+    with torch.enable_grad():
+        assert memo.recall(op, args, {}) == (None, None)
+        assert run_symbolic(op, args, {}).requires_grad

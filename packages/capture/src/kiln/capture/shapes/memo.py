@@ -17,6 +17,9 @@ not random and whose results do not depend on data, returning tensors only; each
 the meta device, a fresh strided tensor (not a view, offset 0, its storage no argument's nor
 another result's) with every size known at the hint, so no data-dependent (unbacked) symbol
 is ever reused for a new value; and every argument one of the kinds the key names exactly.
+An argument that requires grad (a parameter) is keyed only while grad mode is off, where the
+op's result is the same as for one that does not: with grad mode on it would carry autograd
+history, which a remade tensor lacks.
 
 Static sizes get the same treatment: torch's meta kernels are mostly Python for them too (an
 elementwise op's ref costs a quarter millisecond, a layer norm's a few), and a key of plain
@@ -96,7 +99,7 @@ def _key(a: Any, envs: list[Any]) -> Any:
         if (
             a.device.type != "meta"
             or a.layout != torch.strided
-            or a.requires_grad
+            or (a.requires_grad and torch.is_grad_enabled())
             or a.is_conj()
             or a.is_neg()
             or type(a) is not torch.Tensor
