@@ -99,7 +99,9 @@ LINE_BUDGET = {
     # + 30 for restored programs: the caller's rewrites of the graph deferred until it is traced
     # or run again, and the snapshot's stand-in graph pickled by reference (aot.py)
     # + 15 for a backward's version checks computed once per set of present gradients
-    "autograd_aot": 4275,
+    # + 42 for the call path's per-program constants (all gradients present, rebase candidates,
+    # a full backward taking the saved list as is) and a fast lookup of an unmutating program
+    "autograd_aot": 4317,
     # + about 550 for symbolic sizes: the wrapper binding each size once per call, size
     # arguments of kernels, provable facts over the shape environment's ranges (symbolic.py,
     # wrapper.py, sizes.py), and outputs laid out with eager's strides where they leave gaps

@@ -74,6 +74,33 @@ def test_backward_makes_no_zeros_for_tangents_the_loss_does_not_reach():
     torch.testing.assert_close(got, x.grad)
 
 
+def test_calls_alternating_modes_and_missing_gradients_match_eager():
+    """The call path's per-program shortcuts (the program of an unmutating mode looked up
+    directly, every gradient present, the saved list handed to the full backward) give
+    eager's values, and the other cases still take their own program or backward."""
+    model, ref = _TwoOutputs(), _TwoOutputs()
+    ref.load_state_dict(model.state_dict())
+    compiled = aot_eager_decomp_partition(fx.symbolic_trace(model), [torch.randn(5, 4)])
+    for step in range(6):
+        x = torch.randn(5, 4)
+        if step % 3 == 2:
+            with torch.no_grad():
+                torch.testing.assert_close(compiled(x), ref(x))
+            continue
+        got, want = compiled(x), ref(x)
+        torch.testing.assert_close(got, want)
+        loss = (
+            (lambda outs: outs[0].sum()) if step % 3 else (lambda outs: sum(o.sum() for o in outs))
+        )
+        loss(got).backward()
+        loss(want).backward()
+        for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad)
+        torch.testing.assert_close(dict(model.named_buffers()), dict(ref.named_buffers()))
+    assert {p.program.is_joint for p in compiled.variants()} == {True, False}
+    assert len(compiled.variants()) == 2
+
+
 def test_switching_grad_mode_compiles_both_variants():
     gm = fx.symbolic_trace(nn.Linear(3, 2))
     x = torch.randn(4, 3)

@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import logging
 import math
+import operator
 import threading
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -122,6 +123,7 @@ def _rerun_eagerly(*args: Any) -> Any:
 # (grad mode of the call, whether any input requires grad)
 Mode = tuple[bool, bool]
 _MISSING: Any = object()
+_requires_grad = operator.attrgetter("requires_grad")
 
 
 # One input's exact view: sizes, strides, storage offset.
@@ -272,6 +274,8 @@ class AotCompiled:
         ]
 
     def _primals(self, args: Sequence[Any]) -> list[torch.Tensor]:
+        if not self._state_slots:  # the frontend's graphs take their parameters as inputs
+            return [args[i] for i in self.tensor_positions]
         state = [getattr(module, attr) for module, attr in self._state_slots]
         return state + [args[i] for i in self.tensor_positions]
 
@@ -280,7 +284,7 @@ class AotCompiled:
         # Under no_grad the program may still enable grad itself, so whether inputs require
         # grad matters in both modes (params come first: usually one look); with none that
         # does, the grad mode does not matter (both trace the same forward-only program).
-        wants_grad = any(p.requires_grad for p in primals)
+        wants_grad = any(map(_requires_grad, primals))
         return wants_grad and torch.is_grad_enabled(), wants_grad
 
     def variants(self) -> list[CompiledProgram]:
@@ -295,11 +299,20 @@ class AotCompiled:
         if self.constant_positions or len(args) != len(self.constants):
             self._check_constants(args)
         primals = self._primals(args)
-        compiled = self._get(self._mode(primals), primals)
+        mode = self._mode(primals)
+        # a program that mutates no input is the one for its mode whatever shares memory
+        known = self._modes.get(mode)
+        if known is not None and not known.mutated:
+            compiled = known.programs.get(_UNALIASED, _MISSING)
+        else:
+            compiled = _MISSING
+        if compiled is _MISSING:
+            compiled = self._get(mode, primals)
         if compiled is None:
             self._prepared()
             return self.gm(*args)
-        primals = compiled.layout.prepare(primals)
+        if compiled.layout.groups:  # else the graph inputs are the primals (a fresh list)
+            primals = compiled.layout.prepare(primals)
         if self.number_positions:
             primals += [args[i] for i in self.number_positions]
         if compiled.program.is_joint:

@@ -21,6 +21,7 @@ numbers cannot be run again to the same values, and raises there instead.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -54,6 +55,12 @@ class Backward:
     # the held values (positions in the node's ``held``) whose versions a run of this backward
     # checks, per mask of present gradients (``_checked``): the same on every step
     checks: dict[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+
+    @functools.cached_property
+    def takes_all_saved(self) -> bool:
+        """Whether it takes every saved value in order (the full backward): the node's list
+        of saved values is then its argument list as it is."""
+        return self.saved == list(range(len(self.saved)))
 
 
 @dataclasses.dataclass
@@ -95,6 +102,19 @@ class CompiledProgram:
             self._backwards[present] = found
         return found
 
+    @functools.cached_property
+    def all_present(self) -> tuple[tuple[int, ...], int]:
+        """``present`` and its bit mask when every differentiable output got a gradient."""
+        n = len(self.program.diff_outputs)
+        return tuple(range(n)), (1 << n) - 1
+
+    @functools.cached_property
+    def rebase_candidates(self) -> tuple[int, ...]:
+        """The mutated inputs whose new value is no differentiable output (none for most
+        programs): those ``_rebase_hidden_writes`` may have to rebase."""
+        n, diff = self.program.num_user_outputs, self.program.diff_outputs
+        return tuple(i for k, i in enumerate(self.program.mutated_inputs) if n + k not in diff)
+
 
 class _AotFunction(torch.autograd.Function):
     """The compiled forward and backward as one autograd node."""
@@ -134,9 +154,10 @@ class _AotFunction(torch.autograd.Function):
             for i in compiled.saved_sizes:
                 saved[i] = None
         ctx.save_for_backward(*saved)
-        ctx.mark_non_differentiable(
-            *(o for o in map(outputs.__getitem__, program.non_differentiable) if _is_tensor(o))
-        )
+        if program.non_differentiable:
+            ctx.mark_non_differentiable(
+                *[o for o in map(outputs.__getitem__, program.non_differentiable) if _is_tensor(o)]
+            )
         # Autograd would hand backward a zero tensor for every output the loss does not
         # reach, non-differentiable ones included (BatchNorm's new running statistics: three
         # allocations and fills per layer and step); the backward run depends on which got one.
@@ -154,10 +175,15 @@ class _AotFunction(torch.autograd.Function):
     def backward(ctx: Any, *grads: torch.Tensor) -> Any:  # type: ignore[override]
         compiled: CompiledProgram = ctx.compiled
         program = compiled.program
-        present = tuple(k for k, i in enumerate(program.diff_outputs) if grads[i] is not None)
+        diff = program.diff_outputs
+        present, mask = compiled.all_present
+        for i in diff:
+            if grads[i] is None:  # some output got no gradient: which did
+                present = tuple(k for k, i in enumerate(diff) if grads[i] is not None)
+                mask = sum(1 << k for k in present)
+                break
         if not present:
             return (None,) * (2 + program.num_primals)
-        mask = sum(1 << k for k in present)
         # unpacking checks the versions of the saved values the user cannot reach (and
         # raises if a backward without retain_graph freed them)
         saved = list(ctx.saved_tensors)
@@ -175,17 +201,22 @@ class _AotFunction(torch.autograd.Function):
         ctx.primals = None
         for i, t in zip(compiled.exposed, ctx.held, strict=False):
             saved[i] = t
-        for i, size in zip(compiled.saved_sizes, getattr(ctx, "saved_sizes", ()), strict=True):
-            saved[i] = size
-        tangents = []
+        if compiled.saved_sizes:
+            for i, size in zip(compiled.saved_sizes, ctx.saved_sizes, strict=True):
+                saved[i] = size
+        # the full backward takes the saved list as it is, then the tangents
+        args = saved if bw.takes_all_saved and len(bw.saved) == len(saved) else None
+        if args is None:
+            args = [saved[i] for i in bw.saved]
         for k in bw.tangents:
-            g = grads[program.diff_outputs[k]]
-            shape, dtype, device = ctx.tangent_specs[k]
-            tangents.append(torch.zeros(shape, dtype=dtype, device=device) if g is None else g)
-        args = [*(saved[i] for i in bw.saved), *(t.contiguous() for t in tangents)]
+            g = grads[diff[k]]
+            if g is None:
+                shape, dtype, device = ctx.tangent_specs[k]
+                g = torch.zeros(shape, dtype=dtype, device=device)
+            args.append(g.contiguous())
         if bw.symbols:
             args.extend(ctx.symbol_values)
-        del saved, tangents
+        del saved
         # autograd's references go now, not when backward returns (unless the graph is
         # retained); a compiled backward that takes its arguments as a list (``call_boxed``)
         # then frees each activation after its last use, as eager's backward does
@@ -324,7 +355,7 @@ def run_training(compiled: CompiledProgram, primals: Sequence[torch.Tensor]) -> 
         args = list(primals)
         for i in compiled.program.cut_inputs:
             args[i] = args[i].detach()
-    rebased = _rebase_hidden_writes(compiled.program, args)
+    rebased = _rebase_hidden_writes(compiled.rebase_candidates, args)
     if torch.is_grad_enabled():
         outputs = _AotFunction.apply(compiled, rebased, *args)
     else:
@@ -333,7 +364,9 @@ def run_training(compiled: CompiledProgram, primals: Sequence[torch.Tensor]) -> 
     return _finish(compiled.program, primals, list(outputs), rebased)
 
 
-def _rebase_hidden_writes(program: TracedProgram, args: Sequence[torch.Tensor]) -> tuple[int, ...]:
+def _rebase_hidden_writes(
+    candidates: tuple[int, ...], args: Sequence[torch.Tensor]
+) -> tuple[int, ...]:
     """The mutated inputs that are views requiring grad, written where autograd does not
     see it (under ``no_grad``), made ready for the node to take them.
 
@@ -344,14 +377,10 @@ def _rebase_hidden_writes(program: TracedProgram, args: Sequence[torch.Tensor]) 
     and leave the node's edge on a node no gradient asks for (``grad(out, view)`` is None).
     So the version is bumped, and the node regenerated, before the call, and the new value
     is written back without a bump (``_write_back``): the same one bump eager makes, seen
-    by every tensor saved before the call."""
-    n = program.num_user_outputs
-    diff = set(program.diff_outputs)
-    rebased = tuple(
-        i
-        for k, i in enumerate(program.mutated_inputs)
-        if n + k not in diff and args[i].requires_grad and args[i]._is_view()
-    )
+    by every tensor saved before the call (``candidates``: ``CompiledProgram``'s)."""
+    if not candidates:
+        return ()
+    rebased = tuple(i for i in candidates if args[i].requires_grad and args[i]._is_view())
     for i in rebased:
         torch.autograd.graph.increment_version(args[i])
         args[i].grad_fn  # noqa: B018  (reading it regenerates it for the new version)
