@@ -40,6 +40,7 @@ def _ops(
     x: torch.Tensor, w: torch.Tensor, z: torch.Tensor
 ) -> list[tuple[Any, tuple[Any, ...], dict[str, Any]]]:
     n = x.shape[0] * x.shape[1]
+    q = x.view(x.shape[0], x.shape[1], 2, 4).transpose(1, 2)
     return [
         (aten.add.Tensor, (x, x), {}),
         (aten.mul.Scalar, (x, 2.5), {}),
@@ -52,6 +53,8 @@ def _ops(
         (aten.split.Tensor, (x, 3, 1), {}),
         (aten.clone.default, (z,), {"memory_format": torch.channels_last}),
         (aten.clone.default, (x.transpose(0, 2),), {}),
+        # a permuted fresh output and a view of a fresh tensor (the transposed logsumexp)
+        (aten._scaled_dot_product_flash_attention_for_cpu.default, (q, q, q), {}),
     ]
 
 
@@ -129,10 +132,11 @@ def test_ops_that_mutate_or_make_data_dependent_sizes_are_not_memoized() -> None
     assert not memo._memoizable(aten.add_.Tensor)
     assert not memo._memoizable(aten.transpose_.default)
     assert not memo._memoizable(aten.nonzero.default)
-    assert not memo._memoizable(aten.bernoulli.default)
+    assert memo._memoizable(aten.bernoulli.default)  # meta tensors draw nothing
     assert not memo._memoizable(aten.sym_size.int)
     assert memo._memoizable(aten.view.default)
     assert memo._memoizable(aten.add.Tensor)
+    assert memo._memoizable(aten.split.Tensor)  # a list of views
     env = ShapeEnv()
     x = _meta(env, (4, 6, 8), "x")
     run_symbolic(aten.add_.Tensor, (x, x), {})

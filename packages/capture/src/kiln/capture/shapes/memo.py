@@ -12,8 +12,9 @@ The guards a run records are in the env already when it repeats (the same questi
 same expressions get the same answers from the same hints), and expressions in a key are the
 env's simplified ones, so a key made before a guard established ``s1 == s0`` and one made after
 name the same sizes alike. Only what a repeat would surely give alike is kept: ops of the aten
-and prims namespaces whose schema says they neither alias nor mutate an argument, which are
-not random and whose results do not depend on data, returning tensors only; each result on
+and prims namespaces whose schema says they neither alias nor mutate an argument and whose
+results do not depend on data, returning tensors only (a random op qualifies: on meta tensors
+it draws nothing, and attention's layouts do not depend on its dropout); each result on
 the meta device, a fresh strided tensor (not a view, offset 0, its storage no argument's nor
 another result's) with every size known at the hint, so no data-dependent (unbacked) symbol
 is ever reused for a new value; and every argument one of the kinds the key names exactly.
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import collections
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -45,7 +47,6 @@ enabled = [True]
 _NAMESPACES = frozenset({"aten", "prims"})
 _SKIP_TAGS = frozenset(
     {
-        torch.Tag.nondeterministic_seeded,
         torch.Tag.dynamic_output_shape,
         torch.Tag.data_dependent_output,
         torch.Tag.inplace_view,
@@ -73,7 +74,13 @@ def _memoizable(func: Any) -> bool:
     returns = schema.returns
     return bool(returns) and all(
         (r.alias_info is None or not r.alias_info.is_write)
-        and (isinstance(r.type, torch.TensorType) or str(r.type) == "Tensor[]")
+        and (
+            isinstance(r.type, torch.TensorType)
+            or (
+                isinstance(r.type, torch.ListType)
+                and isinstance(r.type.getElementType(), torch.TensorType)
+            )
+        )
         for r in returns
     )
 
@@ -157,10 +164,11 @@ def _lookup_key(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
 
 # one result: where it comes from (None: fresh; an argument's position: a view of it, or
 # that argument itself where sizes and strides are None), sizes, strides, offset, dtype, and
-# how it is made: for a fresh one whether by ``empty_strided`` (else contiguous ``empty``, whose
-# storage size reads as another expression), for a view whether autograd knows it as one (a
-# Python meta kernel's view is not)
-_Result = tuple[int | None, Any, Any, Any, torch.dtype, bool]
+# how it is made: for a fresh one by ``empty_strided`` (True), contiguous ``empty`` (False) or
+# ``empty_permuted`` in a dimension order (a tuple of ints), whose storage sizes read as
+# different expressions, or as a view of a fresh base (the base's own record); for a view of an
+# argument whether autograd knows it as one (a Python meta kernel's view is not)
+_Result = tuple[int | None, Any, Any, Any, torch.dtype, Any]
 
 
 def recall(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
@@ -183,9 +191,15 @@ def recall(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[An
 def _make(result: _Result, args: tuple[Any, ...]) -> torch.Tensor:
     source, size, stride, offset, dtype, how = result
     if source is None:  # fresh: made as the op made it, so its storage's size reads alike
-        if how:
+        if how is True:
             return _aten.empty_strided.default(size, stride, dtype=dtype, device="meta")
-        return _aten.empty.memory_format(size, dtype=dtype, device="meta")
+        if how is False:
+            return _aten.empty.memory_format(size, dtype=dtype, device="meta")
+        if isinstance(how[0], int):  # as ``empty_permuted``'s kernel: dense, not a view
+            dense = _aten.empty.memory_format([size[d] for d in how], dtype=dtype, device="meta")
+            with torch._C._AutoDispatchBelowADInplaceOrView():
+                return _aten.as_strided.default(dense, size, stride, 0)
+        return _aten.as_strided.default(_make(how, args), size, stride, offset)
     if size is None:
         return args[source]  # type: ignore[no-any-return]
     if how:
@@ -199,10 +213,14 @@ def remember(token: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
     hints, each fresh or a view of (or the very) tensor argument given positionally."""
     if token is None:
         return
+    rebuild: Callable[[list[torch.Tensor]], Any] | None
     if isinstance(out, torch.Tensor):
         outs, rebuild = [out], None
     elif type(out) in (tuple, list) and out:
         outs, rebuild = list(out), type(out)
+    elif isinstance(out, tuple) and hasattr(type(out), "_fields") and out:
+        # a named tuple (a Python decomposition's ``return_types_native_layer_norm``)
+        outs, rebuild = list(out), functools.partial(_named, type(out))
     else:
         return
     leaves = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
@@ -225,6 +243,10 @@ def remember(token: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
     table[key] = (rebuild, tuple(results))
 
 
+def _named(cls: Any, made: list[torch.Tensor]) -> Any:
+    return cls(*made)
+
+
 def _storage(t: torch.Tensor) -> int:
     return int(t.untyped_storage()._cdata)
 
@@ -240,15 +262,22 @@ def _how_made(
     if not all(_backed(s) for s in (*r.shape, *r.stride(), offset)):
         return None
     storage = _storage(r)
-    if storage not in taken:  # fresh: alone on its own storage, from its start
-        if r._is_view() or storage in seen or not (isinstance(offset, int) and offset == 0):
+    if storage not in taken:  # fresh: alone on its own storage
+        if storage in seen:
             return None
         seen.add(storage)
-        for strided in (True, False):
-            result = (None, tuple(r.shape), tuple(r.stride()), 0, r.dtype, strided)
-            if _same_storage_size(_make(result, args), r):
-                return result
-        return None
+        if r._is_view():  # a view of a fresh tensor (attention's transposed logsumexp)
+            base = r._base
+            if base is None or _storage(base) != storage or r.dtype != base.dtype:
+                return None
+            made_base = _fresh(base, args)
+            if made_base is None:
+                return None
+            result = (None, tuple(r.shape), tuple(r.stride()), offset, r.dtype, made_base)
+            made = _make(result, args)
+            same = _same_storage_size(made, r) and _expr(made.storage_offset()) == _expr(offset)
+            return result if same and made._is_view() else None
+        return _fresh(r, args)
     source = positional.get(storage)
     if source is None:
         return None
@@ -258,6 +287,25 @@ def _how_made(
     if r.dtype != base.dtype:  # a dtype view: as_strided keeps the argument's dtype
         return None
     return (source, tuple(r.shape), tuple(r.stride()), offset, r.dtype, r._is_view())
+
+
+def _fresh(r: torch.Tensor, args: tuple[Any, ...]) -> _Result | None:
+    """How to make ``r``, a tensor that is not a view, from nothing, or None."""
+    if r._is_view() or not (isinstance(r.storage_offset(), int) and r.storage_offset() == 0):
+        return None
+    for how in (True, False, _dense_order(r)):
+        result = (None, tuple(r.shape), tuple(r.stride()), 0, r.dtype, how)
+        made = _make(result, args)
+        if _same_storage_size(made, r) and not made._is_view():
+            return result
+    return None
+
+
+def _dense_order(r: torch.Tensor) -> tuple[int, ...]:
+    """The dimension order, outermost first, that ``empty_permuted`` would lay ``r`` out in
+    if ``r`` is dense (by the strides' hints; the caller checks the layout it makes)."""
+    hints = [s.node.hint if isinstance(s, torch.SymInt) else s for s in r.stride()]
+    return tuple(sorted(range(r.dim()), key=lambda d: -hints[d]))
 
 
 def _same_storage_size(made: torch.Tensor, r: torch.Tensor) -> bool:
