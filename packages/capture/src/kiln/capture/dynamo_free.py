@@ -60,22 +60,23 @@ class _DisabledOnceImported:
 def _spare(start: Any, code: Any, seen: set[int]) -> int:
     """Prepare every ``_disable_dynamo`` wrapper ``start`` reaches through ``__wrapped__``
     and the functions its closure holds (torch's decorators do not all keep ``__wrapped__``)."""
-    prepared = 0
-    todo = [start]
+    prepared, todo = 0, [start]
     while todo:
         fn = todo.pop()
-        if not isinstance(fn, types.FunctionType) or id(fn) in seen:
+        if type(fn) is not types.FunctionType or id(fn) in seen:  # it has no subclasses
             continue
         seen.add(id(fn))
-        cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True))
-        if fn.__code__ is code and getattr(cells["fn"].cell_contents, _ATTRIBUTE, None) is None:
-            inner = cells["fn"].cell_contents
-            setattr(inner, _ATTRIBUTE, _DisabledOnceImported(inner, fn))
-            prepared += 1
-        todo.append(getattr(fn, "__wrapped__", None))
-        for cell in cells.values():
-            with contextlib.suppress(ValueError):  # an empty cell
+        if (closure := fn.__closure__ or ()) and fn.__code__ is code:
+            inner = closure[code.co_freevars.index("fn")].cell_contents
+            if getattr(inner, _ATTRIBUTE, None) is None:
+                setattr(inner, _ATTRIBUTE, _DisabledOnceImported(inner, fn))
+                prepared += 1
+        todo.append(fn.__dict__.get("__wrapped__"))  # where a function's attributes live
+        for cell in closure:  # try, not contextlib.suppress: that was most of the walk's time
+            try:
                 todo.append(cell.cell_contents)
+            except ValueError:  # an empty cell
+                continue
     return prepared
 
 
@@ -113,8 +114,7 @@ def spare_dynamo_import() -> None:
     (milliseconds), the modes on every call."""
     if "torch._dynamo" in sys.modules:
         return
-    code = _wrapper_code()
+    code, seen = _wrapper_code(), set[int]()
     _tables(code)
-    seen: set[int] = set()
     for mode in _modes(TorchDispatchMode):
         _spare(mode, code, seen)
