@@ -472,6 +472,75 @@ def test_a_parameter_swapped_for_a_tensor_reruns_only_the_tensor_guards():
     assert whole
 
 
+def _under_no_grad(fn, *args):
+    with torch.no_grad():
+        return fn(*args)
+
+
+def test_the_same_parameters_put_back_take_only_their_storage_test():
+    """FSDP2 puts the very same unsharded parameters back before every call: a parameter
+    that is the tensor that last passed the tensor part is re-checked by its storage alone,
+    and not re-watched; a new tensor, a freed storage, and any change of its metadata (which
+    moves the whole stamp) are still caught; without trusting the stamps every test runs."""
+    model = Net()
+    del model._buffers["offset"]  # (a buffer, untracked, is re-watched on every pass)
+    check = tree_check(model, dicts=True, ids=False)
+    passes(check, model)
+    fc = model.blocks[0].fc
+    params = [(m._parameters, n) for m in model.modules() for n in m._parameters]
+
+    def put_back():
+        for store, name in params:
+            store[name] = store[name]
+
+    put_back()
+    passes(check, model)  # the first tensor-part pass: every tensor checked whole, watched
+    ns = check.fn.__globals__
+    rewatch = next(n for n in ns if n.endswith("rewatch"))
+    watched = []
+    ns[rewatch] = lambda tensors, _rewatch=ns[rewatch]: watched.append(tensors) or _rewatch(tensors)
+    tensors = _counting(check, "tensors")
+    for _ in range(3):
+        put_back()
+        passes(check, model)
+    assert len(tensors) == 3 and watched == []  # one tensor-part run per put-back
+    fc.weight.untyped_storage().resize_(0)
+    put_back()
+    assert check(model, None) is False
+    fc.weight.untyped_storage().resize_(fc.weight.numel() * 4)
+    put_back()
+    assert check(model, None)
+    for change, part in [
+        (lambda w: w.requires_grad_(False), "requires_grad"),
+        (lambda w: setattr(w, "data", torch.randn(4, 2)), "size"),
+        (lambda w: _under_no_grad(w.set_, torch.randn(4, 4).t().contiguous().t()), "stride"),
+    ]:
+        weight = fc.weight
+        keep = weight.detach().clone()
+        change(weight)
+        put_back()
+        changed(check, model, part)
+        fc._parameters["weight"] = torch.nn.Parameter(keep)
+        passes(check, model)
+    twin = torch.nn.Parameter(torch.randn(4, 4).t())  # a new tensor, other strides
+    fc._parameters["weight"] = twin
+    changed(check, model, "stride")
+    fc._parameters["weight"] = torch.nn.Parameter(torch.randn(4, 4))
+    passes(check, model)
+    assert watched  # a new tensor is watched
+    guards.config.trust_module_stamps = False
+    try:
+        put_back()
+        passes(check, model)
+        torch._C.TensorBase.requires_grad.__set__(fc.weight, False)  # unseen by the stamp
+        put_back()
+        assert check(model, None) is False
+    finally:
+        fc.weight.requires_grad_(True)
+        guards.config.trust_module_stamps = True
+    passes(check, model)
+
+
 def test_a_tree_with_an_untracked_parameter_has_no_tensor_part():
     """A tensor in ``_parameters`` whose metadata changes the stamp cannot see (a plain
     tensor, a wrapper subclass) could be swapped in unrecorded: that tree's group runs whole

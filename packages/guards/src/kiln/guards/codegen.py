@@ -41,6 +41,7 @@ from kiln.guards import frame, hooks, stamps
 from kiln.guards.config import config
 from kiln.guards.errors import UnsupportedGuard
 from kiln.guards.kinds import kind_of
+from kiln.guards.kinds.tensor import same_tensor_test
 from kiln.guards.plan import Plan
 
 __all__ = ["ON_DEATH", "CheckSource", "generate"]
@@ -300,13 +301,13 @@ class CheckSource:
         self,
         tree: GuardSpec,
         emit_members: Callable[[], None],
-        tensor_part: Callable[[], list[str]] | None = None,
+        tensor_part: Callable[[], tuple[list[str], list[str], str]] | None = None,
     ) -> None:
         """A tree's group as a function of its own, called only when the stamp moved since
         the group last passed (its own function: a call of the check then sets up only the
         few locals of the common path, not the group's hundreds). With ``tensor_part`` (which
-        emits the group's guards on tensors and returns the locals holding the tensors), a
-        move for tensors only (``stamps.bump_tensors``) runs that part alone."""
+        emits the group's guards on tensors: :meth:`tensor_checks`), a move for tensors only
+        (``stamps.bump_tensors``) runs that part alone."""
         assert tree.source is not None
         stamps.watch(tree.expected)
         stamp = self.bind(stamps.state, "stamp")
@@ -321,13 +322,24 @@ class CheckSource:
             tensors = f"{self.prefix}tensors{len(self.functions)}"
             rewatch = self.bind(stamps.rewatch, "rewatch")
 
-            def tail(held: list[str]) -> None:
+            def tail(held: list[str], tracked: list[str], last: str) -> None:
                 # the tensors now in the slots stay watched: their own changes move the stamp
-                self.line(f"{rewatch}(({''.join(f'{h}, ' for h in held)}))")
+                # (the very tracked parameters that last passed are: only new ones need it)
+                watch = f"{rewatch}(({''.join(f'{h}, ' for h in held)}))"
+                if tracked:
+                    same = " and ".join(f"{h} is {last}[{k}]()" for k, h in enumerate(tracked))
+                    refs = "".join(f"{self.bind(weakref.ref, 'ref')}({h}), " for h in tracked)
+                    self.line(f"if not ({same}):")
+                    self.line(f"    if {trust}.trust_module_stamps:")
+                    self.line(f"        {last}[:] = ({refs})")
+                    if len(tracked) == len(held):
+                        self.line(f"    {watch}")
+                if len(tracked) < len(held):
+                    self.line(watch)
                 self.line(f"if {trust}.trust_module_stamps:")
                 self.line(f"    {seen}[0] = {now}")
 
-            self._function(tensors, root, tree, lambda: tail(tensor_part()))
+            self._function(tensors, root, tree, lambda: tail(*tensor_part()))
             within = f"{self.expr(tree.source)}"
             moved = f"({moved} or {structure}[0] == {seen_structure}[0] and {tensors}({within}))"
         # what the stamp cannot follow, compared on every call: global hooks, buffers' metadata
@@ -370,6 +382,39 @@ class CheckSource:
         """The locals ``guards`` (tensor guards, just emitted) read their tensors into."""
         return [self._locals[str(g.source)] for g in guards if str(g.source) in self._locals]
 
+    def tensor_checks(self, guards: list[GuardSpec]) -> tuple[list[str], list[str], str]:
+        """A tree group's guards on tensors (``TENSOR_MATCH``es: ``Plan.tensor_part``) in one
+        test, for a move of the stamp for tensors only: a parameter swapped for another in
+        its slot, a storage resized. A tracked parameter that is the very tensor that last
+        passed here needs its storage test alone (FSDP2 puts the same unsharded parameters
+        back, their storage refilled, before every call): its other metadata cannot change
+        without moving the whole stamp, which runs the whole group instead. Returns the
+        locals holding the tensors, those of them that may take that way, and the name of
+        the list of weak references to the tensors that last passed (filled by the tail)."""
+        for g in guards:
+            self.hoist(g.source, itself=kind_of(g.kind).reads_twice)
+        last: list[Callable[[], Any]] = []
+        name = self.bind(last, "last")
+        tests: list[str] = []
+        tracked: list[str] = []
+        for g in guards:
+            assert g.source is not None  # a tensor guard reads a tensor
+            v, full = self.expr(g.source), self.condition(g)
+            same = same_tensor_test(self, g.expected, v)
+            if same is not None and g.kind is GuardKind.TENSOR_MATCH and v in self._locals.values():
+                test = f"{v} is {name}[{len(tracked)}]()" + (f" and {same}" if same else "")
+                full = f"{test} or {full}"
+                tracked.append(v)
+                last.append(_no_tensor)
+            tests.append(f"({full})")
+        if tests:
+            self.require(" and ".join(tests))
+        return self.held_tensors(guards), tracked, name
+
+
+def _no_tensor() -> None:
+    """What no tensor ``is``: a tensor-part slot before its first pass."""
+
 
 def _emit(cs: CheckSource, guards: list[GuardSpec], plan: Plan) -> None:
     """Emit ``guards`` in order, each batched kind's guards in one test where the first of
@@ -396,9 +441,10 @@ def _emit(cs: CheckSource, guards: list[GuardSpec], plan: Plan) -> None:
             emit_part = None
             if part is not None:
 
-                def emit_part(part: list[GuardSpec] = part) -> list[str]:
-                    _emit(cs, part, plan)  # a tensor guard reads its tensor into a local
-                    return cs.held_tensors(part)
+                def emit_part(
+                    part: list[GuardSpec] = part,
+                ) -> tuple[list[str], list[str], str]:
+                    return cs.tensor_checks(part)  # each tensor read into a local
 
             cs.tree_group(g, functools.partial(_emit, cs, plan.group(g), plan), emit_part)
 

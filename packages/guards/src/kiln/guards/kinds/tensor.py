@@ -20,10 +20,17 @@ from kiln.capture.guard_data import (
     dense_in_order,
     storage_fits,
 )
+from kiln.guards import stamps
 from kiln.guards.kinds.base import Emitter, Kind, Rank, register
 from kiln.guards.kinds.values import type_name
 
-__all__ = ["TensorMatch", "dispatch_key_names", "explain_tensor"]
+__all__ = [
+    "TensorMatch",
+    "dispatch_key_names",
+    "explain_tensor",
+    "same_tensor_test",
+    "storage_test",
+]
 
 
 def dispatch_key_names(t: torch.Tensor) -> frozenset[str]:
@@ -194,6 +201,24 @@ def _storage_fits_inline(meta: TensorMeta, v: str) -> str | None:
     return f"{v}.untyped_storage().nbytes() >= ({v}.storage_offset() + {extent}) * {item}"
 
 
+def storage_test(out: Emitter, meta: TensorMeta, v: str) -> str:
+    """The test that module state ``v``'s storage still holds its elements (a storage may be
+    resized under a tensor: FSDP frees and refills its parameters'); ``""`` when none is
+    needed."""
+    fits = _storage_fits_inline(meta, v)
+    return f"{out.bind(storage_fits, 'storage_fits')}({v})" if fits is None else fits
+
+
+def same_tensor_test(out: Emitter, meta: TensorMeta, v: str) -> str | None:
+    """What a re-check after a move of the stamp for tensors only must still test of module
+    state ``v`` when it is the very tensor that last passed: its storage test (``""``: none),
+    for a tracked parameter of static layout, whose other metadata changes all move the whole
+    stamp (that runs the whole group instead); None for any other tensor (the whole test)."""
+    if not _is_static(meta) or not stamps.tracks_class(meta.type):
+        return None
+    return storage_test(out, meta, v)
+
+
 @register(GuardKind.TENSOR_MATCH)
 class TensorMatch(Kind):
     """``expected`` is a :class:`TensorMeta`: type, sizes, strides, dtype, device,
@@ -237,9 +262,7 @@ class TensorMatch(Kind):
         if meta.dtype.is_complex:
             parts.append(f"{v}.is_conj() is {meta.conj!r}")
         if out.in_group:  # module state: its storage may have been resized under it
-            fits = _storage_fits_inline(meta, v)
-            if fits is None:
-                fits = f"{out.bind(storage_fits, 'storage_fits')}({v})"
+            fits = storage_test(out, meta, v)
             if fits:
                 parts.append(fits)
         return " and ".join(parts)
