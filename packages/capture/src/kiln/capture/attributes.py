@@ -26,6 +26,7 @@ from kiln.capture.descriptors import (
     INLINED,
     MISSING,
     class_lookup,
+    class_static,
     descriptor_get,
     guard_not_shadowed,
     is_data_descriptor,
@@ -201,7 +202,7 @@ def _function_attr(tr: Tracer, v: UserFunctionValue, name: str) -> Value:
 
 @dispatch.GET_ATTR.register(ObjectValue)
 def _object_attr(tr: Tracer, v: ObjectValue, name: str) -> Value:
-    custom = inspect.getattr_static(type(v.obj), "__getattribute__", None)
+    custom = class_static(type(v.obj), "__getattribute__", None)
     if isinstance(custom, types.FunctionType):
         return dispatch.call(tr, function_value(custom, None), [v, ConstantValue(name)], {})
     return plain_object_attr(tr, v, name)
@@ -243,7 +244,7 @@ def plain_object_attr(tr: Tracer, v: ObjectValue, name: str) -> Value:
         guard_not_shadowed(tr, v, name, MISSING)
         return _missing_attr(tr, v, name)
     in_dict = name in getattr(obj, "__dict__", {})
-    descriptor = inspect.getattr_static(type(obj), name, None)
+    descriptor = class_static(type(obj), name, None)
     if in_dict and not is_data_descriptor(descriptor):
         return wrap(tr.out, obj.__dict__[name], src)
     guard_not_shadowed(tr, v, name, descriptor)
@@ -279,10 +280,10 @@ def class_attr(
     """An attribute found on the class of an instance ``v``: methods bind, properties run."""
     if static is None:
         try:
-            static = inspect.getattr_static(cls, name)
+            static = class_static(cls, name)
         except AttributeError:
             if isinstance(v, NewObjectValue):
-                getattr_fn = inspect.getattr_static(cls, "__getattr__", None)
+                getattr_fn = class_static(cls, "__getattr__", None)
                 if isinstance(getattr_fn, types.FunctionType):
                     return dispatch.call(
                         tr, function_value(getattr_fn, None), [v, ConstantValue(name)], {}
@@ -477,7 +478,7 @@ def _delete_object_attr(tr: Tracer, v: ObjectValue, name: str) -> None:
 
 
 def _has_python_getattr(obj: Any) -> bool:
-    hook = inspect.getattr_static(type(obj), "__getattr__", None)
+    hook = class_static(type(obj), "__getattr__", None)
     return isinstance(hook, types.FunctionType) and not isinstance(obj, torch.nn.Module)
 
 
@@ -549,7 +550,7 @@ def _set_container_attr(
 @dispatch.SET_ATTR.register(ObjectValue)
 def _set_object_attr(tr: Tracer, v: ObjectValue, name: str, value: Value, plain: bool) -> None:
     if not plain and not isinstance(v.obj, torch.nn.Module):
-        custom = inspect.getattr_static(type(v.obj), "__setattr__", None)
+        custom = class_static(type(v.obj), "__setattr__", None)
         if isinstance(custom, types.FunctionType):
             dispatch.call(tr, function_value(custom, None), [v, ConstantValue(name), value], {})
             return
@@ -588,7 +589,7 @@ def _plain_attribute(obj: Any, name: str, plain: bool) -> bool:
     """Whether ``obj.name = value`` only writes the instance dict (no descriptor, no module slot)."""
     if isinstance(obj, (type, types.ModuleType)) or not hasattr(obj, "__dict__"):
         return False
-    if is_data_descriptor(inspect.getattr_static(type(obj), name, None)):
+    if is_data_descriptor(class_static(type(obj), name, None)):
         return False
     if isinstance(obj, torch.nn.Module):
         if any(name in obj.__dict__.get(store, {}) for store in MODULE_STORES):

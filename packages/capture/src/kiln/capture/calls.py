@@ -37,6 +37,7 @@ from kiln.capture import (
     torch_functions,
 )
 from kiln.capture.breaks.reasons import raised, unsupported
+from kiln.capture.descriptors import class_static
 from kiln.capture.guard_data import CachedCall, GuardKind
 from kiln.capture.model_output import is_model_output
 from kiln.capture.values.base import ConstantValue, Value, is_constant
@@ -113,7 +114,7 @@ def _call_new_object(tr: Tracer, fn: NewObjectValue, args: Args, kwargs: Kwargs)
 
 
 def _find_python_method(cls: type, name: str) -> types.FunctionType | None:
-    found = inspect.getattr_static(cls, name, None)
+    found = class_static(cls, name, None)
     return found if isinstance(found, types.FunctionType) else None
 
 
@@ -418,7 +419,7 @@ def call_module(tr: Tracer, mv: ObjectValue, args: list[Value], kwargs: dict[str
     mod = mv.obj
     if parallel_modules.wrapped_module(mod) is not None:  # its own Python runs; forward compiled
         raise unsupported("distributed_module", type(mod).__name__)
-    custom_call = inspect.getattr_static(type(mod), "__call__")
+    custom_call = class_static(type(mod), "__call__")
     tr.out.guard_class_attr(type(mod), "__call__")
     if custom_call is not torch.nn.Module.__call__ and isinstance(custom_call, types.FunctionType):
         return dispatch.call(tr, function_value(custom_call, None), [mv, *args], kwargs)
@@ -444,7 +445,7 @@ def call_module(tr: Tracer, mv: ObjectValue, args: list[Value], kwargs: dict[str
                 args = list(result.items) if isinstance(result, TupleValue) else [result]
     forward = mod.__dict__.get("forward")
     if forward is None:
-        fwd = inspect.getattr_static(type(mod), "forward")
+        fwd = class_static(type(mod), "forward")
         tr.out.guard_class_attr(type(mod), "forward")
         if mv.source is not None:  # ``m.forward = other`` after the call would win over it
             tr.out.guard(mv.source, GuardKind.NOT_IN_INSTANCE_DICT, "forward")

@@ -10,6 +10,7 @@ objects from the frame.
 from __future__ import annotations
 
 import functools
+import inspect
 import types
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,7 @@ __all__ = [
     "INLINED",
     "MISSING",
     "class_lookup",
+    "class_static",
     "descriptor_get",
     "guard_not_shadowed",
     "is_data_descriptor",
@@ -47,6 +49,37 @@ def class_lookup(cls: type, name: str) -> Any:
         if name in vars(klass):
             return vars(klass)[name]
     return MISSING
+
+
+_MRO = type.__dict__["__mro__"]  # what getattr_static reads: no metaclass's __mro__
+_TYPE_DICT = type.__dict__
+
+
+def class_static(cls: type, name: str, default: Any = MISSING) -> Any:
+    """``inspect.getattr_static(cls, name, default)`` for a class (``default`` omitted: raise).
+
+    Along the MRO's classes that are instances of ``type`` itself (no metaclass to shadow
+    ``__dict__``), getattr_static's answer is the first of their dicts to hold ``name``, else,
+    where all are, ``type``'s (the metaclass's MRO; ``object`` ends every MRO): read here
+    directly, and by getattr_static from the first other class on. Capture asks this for most
+    attribute reads and calls, and getattr_static walks every metaclass's MRO each time."""
+    if type(cls) is type:
+        for klass in _MRO.__get__(cls):
+            if type(klass) is not type:
+                break
+            held = klass.__dict__
+            if name in held:
+                return held[name]
+        else:
+            if name in _TYPE_DICT:
+                return _TYPE_DICT[name]
+            if default is MISSING:
+                raise AttributeError(name)
+            return default
+    found = inspect.getattr_static(cls, name, default)
+    if found is MISSING:
+        raise AttributeError(name)
+    return found
 
 
 def is_data_descriptor(d: Any) -> bool:
