@@ -315,6 +315,31 @@ def test_symbolic_sizes_fuse_as_static_ones() -> None:
     assert counts[0] == counts[1] == 1
 
 
+def _flat_linear(x: torch.Tensor) -> torch.Tensor:
+    # GPT-2's Conv1D: the (batch, rows, 24) activation flattened to (batch * rows, 24)
+    out = torch.addmm(_LINEAR.bias, F.gelu(x).view(-1, x.size(-1)), _LINEAR.weight)
+    return out.view(x.shape) * 2
+
+
+def test_a_flattened_symbolic_dim_reaches_an_extern_call_without_a_copy(tmp_path: Path) -> None:
+    """A contiguous (batch, rows, 24) value viewed as (batch * rows, 24) is passed to a
+    library matmul as a strided window on its buffer, with symbolic sizes as with static ones:
+    the view's flat index splits by the symbolic ``rows`` and rejoins to the plain index."""
+    allocations = []
+    for dynamic in (False, True):
+        kiln.reset()
+        folder = tmp_path / str(dynamic)
+        compiled = kiln.compile(_flat_linear, dynamic=dynamic, options={"debug_dir": str(folder)})
+        with torch.no_grad():
+            for rows in (37, 53) if dynamic else (37,):
+                x = torch.randn(2, rows, 24)
+                torch.testing.assert_close(compiled(x), _flat_linear(x))
+        code = _sources(folder)
+        assert "as_strided(buf0" in code  # the product reads gelu's buffer, not a copy
+        allocations.append(code.count("empty_strided("))
+    assert allocations[0] == allocations[1]
+
+
 _CNN = torch.nn.Sequential(
     torch.nn.Conv2d(3, 8, 3, 2, 1),
     torch.nn.BatchNorm2d(8),

@@ -68,11 +68,11 @@ def as_strided_view(x: TensorBox) -> Buffer | ReinterpretView | None:
     if found is None:
         return None
     buf, expr = found
+    # reshapes of strided windows index through FloorDiv/ModularIndexing digits that the
+    # ranges make affine again (a view of a transposed tensor); the static ranges alone do
+    # for a flattened symbolic dim, ``(s0, s1, 16)`` viewed as ``(s0*s1, 16)``
     ranges = {sym: sizes.static_int(n) for sym, n in zip(symbols, size, strict=True)}
-    if all(n is not None for n in ranges.values()):
-        # reshapes of strided windows index through FloorDiv/ModularIndexing digits
-        # that the ranges make affine again (a view of a transposed tensor)
-        expr = sizes.simplify_with_ranges(expr, {k: v for k, v in ranges.items() if v is not None})
+    expr = sizes.simplify_with_ranges(expr, {k: v for k, v in ranges.items() if v is not None})
     layout = affine_layout(expr, symbols, buf.layout, size)
     return ReinterpretView(buf, layout) if layout is not None else None
 
