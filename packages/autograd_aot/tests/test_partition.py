@@ -66,6 +66,28 @@ def test_an_activation_a_backward_matmul_reads_is_saved_not_recomputed(check):
     assert compiled.partition_stats.saved_bytes == 2 * 4 * 16 * 4
 
 
+def test_a_saved_view_of_an_input_is_saved_as_the_input(check):
+    """A linear layer's backward reads its weight through ``t(t(w))``: the forward saves the
+    weight itself and the backward makes the views again (returned as an output of its own, a
+    view of an input was stored into a buffer of its own by loopir, a copy per layer per step);
+    a mutated input's views are left to the cut."""
+
+    def fn(x, w, b):
+        return torch.nn.functional.linear(x, w, b).relu()
+
+    x = torch.randn(4, 8, requires_grad=True)
+    w, b = torch.randn(16, 8, requires_grad=True), torch.randn(16, requires_grad=True)
+    compiled = check(fn, [x, w, b], backend=aot_eager_decomp_partition)
+    saved = _saved_inputs(compiled)
+    assert not any(
+        n.op == "call_function"
+        and n.all_input_nodes[0].op == "placeholder"
+        and n.target in (aten.t.default, aten.permute.default)
+        for n in saved
+    )
+    assert {n.name for n in saved if n.op == "placeholder"} >= {"primals_2"}  # w itself
+
+
 def test_random_ops_are_not_recomputed():
     g = fx.Graph()
     x = g.placeholder("x")

@@ -95,6 +95,24 @@ def _is_input_view(node: fx.Node) -> bool:
     return node.op == "placeholder"
 
 
+def _inputs_for_their_views(
+    saved: set[fx.Node], primals: list[fx.Node], mutated: set[fx.Node]
+) -> set[fx.Node]:
+    """``saved`` with each view of a graph input (a chain of view ops over it alone) replaced
+    by the input: the backward makes the view again, for nothing, where the forward would
+    return it as an output of its own, which a compiler may store (loopir copied the weight
+    of every linear layer, seen through ``t(t(w))``, into a buffer on every step). The
+    same memory is kept and the same version counter is checked."""
+    inputs = set(primals) - mutated
+    out: set[fx.Node] = set()
+    for n in saved:
+        root = n
+        while _is_view_node(root) and len(root.all_input_nodes) == 1:
+            root = root.all_input_nodes[0]
+        out.add(root if root is not n and root in inputs else n)
+    return out
+
+
 def _activation_bytes(nodes: Iterable[fx.Node]) -> int:
     return int(sum(saved_bytes(n) for n in nodes if not _is_input_view(n)))
 
@@ -337,8 +355,10 @@ def partition_joint(
     saved = save_all
     regions = any(REGION in n.meta for n in joint.relevant)
     if mincut or regions:
+        overwritten = {joint.primals[i] for i in mutated_inputs}
         try:
-            saved = joint.min_cut({joint.primals[i] for i in mutated_inputs}, policy=mincut)
+            saved = joint.min_cut(overwritten, policy=mincut)
+            saved = _inputs_for_their_views(saved, joint.primals, overwritten)
         except nx.NetworkXUnbounded:
             log.warning("no finite min cut (a needed value cannot be saved); saving all")
     saved_list = [n for n in gm.graph.nodes if n in saved]
