@@ -313,3 +313,98 @@ def test_masks_on_the_cpu_or_already_contiguous_are_left_alone():
     assert contiguous_attention_masks(_traced_on("cpu")) == 0
     gm = fx.symbolic_trace(_expanded_padding_mask)
     assert contiguous_attention_masks(gm) == 0  # no traced values: nothing known
+
+
+def _hf_bidirectional(q):  # HuggingFace's mask with no padding, over a symbolic length
+    n = q.shape[2]
+    rows = (torch.arange(n) + 0)[None, None, :, None]
+    return (rows >= 0).expand(q.shape[0], -1, n, n)
+
+
+def _hf_causal(q):
+    n = q.shape[2]
+    cols = (torch.arange(n) + 0)[None, None, None, :]
+    rows = (torch.arange(n) + 0)[None, None, :, None]
+    return (cols <= rows).expand(q.shape[0], -1, n, n)
+
+
+def _causal_strict_and(q):  # kv < q + 1, and a check that always holds
+    n = q.shape[2]
+    cols, rows = torch.arange(n).unsqueeze(0), torch.arange(n).unsqueeze(1)
+    return (cols < rows + 1) & (cols >= -1)
+
+
+def _float_zeros(q):
+    return torch.zeros(1, 1, q.shape[2], q.shape[2])
+
+
+def _shifted_causal(q):  # one diagonal more: masks less than is_causal
+    n = q.shape[2]
+    return torch.arange(n)[None, :] <= torch.arange(n)[:, None] + 1
+
+
+def _first_rows(q):  # true for the first 40 positions only: true at some sizes, not all
+    n = q.shape[2]
+    return (torch.arange(n) < 40)[None, None, :, None].expand(-1, -1, n, n)
+
+
+def _from_values(q):
+    return q[..., :1] > 0
+
+
+def _reversed(q):  # q_idx <= kv_idx: the transposed triangle
+    n = q.shape[2]
+    return torch.arange(n)[:, None] <= torch.arange(n)[None, :]
+
+
+def _captured_symbolic(make_mask):
+    """The torch-level graph of attention with ``make_mask(q)``, captured with every size
+    symbolic; the graph as it reaches loopir."""
+    from kiln.capture import capture, dynamic_dims
+    from kiln.capture.dynamic_dims import DynamicDims
+
+    def fn(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=make_mask(q))
+
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm)
+        return gm
+
+    q, k, v = _qkv(t=24, s=24)
+    with dynamic_dims.dynamic_dims(DynamicDims(every_size=True)):
+        capture(fn, (q, k, v), {}, compile_graph=keep, wrap_callable=lambda f: f, fullgraph=True)
+    (gm,) = graphs
+    return fn, gm
+
+
+@pytest.mark.parametrize(
+    ("make_mask", "kwargs"),
+    [(_hf_bidirectional, {"attn_mask": None}),
+     (_hf_causal, {"attn_mask": None, "is_causal": True}),
+     (_causal_strict_and, {"attn_mask": None, "is_causal": True}),
+     (_float_zeros, {"attn_mask": None})],
+    ids=["bidirectional", "causal", "causal-strict-and", "float-zeros"],
+)  # fmt: skip
+def test_masks_over_symbolic_sizes_are_dropped_or_made_causal_by_rule(make_mask, kwargs):
+    """A mask built from positions alone is judged by its rule for every size, not at one."""
+    fn, gm = _captured_symbolic(make_mask)
+    assert simplify_attention_masks(gm) == 1
+    call = next(n for n in gm.graph.nodes if n.target is F.scaled_dot_product_attention)
+    assert {k: call.kwargs.get(k) for k in kwargs} == kwargs
+    assert not any(n.target is torch.arange for n in gm.graph.nodes)  # gone with its use
+    for n in (5, 24, 33):
+        q, k, v = _qkv(t=n, s=n)
+        torch.testing.assert_close(gm(q, k, v)[0], fn(q, k, v))
+
+
+@pytest.mark.parametrize(
+    "make_mask", [_shifted_causal, _first_rows, _from_values, _reversed],
+    ids=["shifted", "first-rows", "from-values", "reversed"],
+)  # fmt: skip
+def test_masks_over_symbolic_sizes_that_mask_are_kept(make_mask):
+    _, gm = _captured_symbolic(make_mask)
+    assert simplify_attention_masks(gm) == 0
+    call = next(n for n in gm.graph.nodes if n.target is F.scaled_dot_product_attention)
+    assert call.kwargs["attn_mask"] is not None

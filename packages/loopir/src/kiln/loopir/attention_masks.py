@@ -31,6 +31,7 @@ from torch.utils import _pytree as pytree
 
 from kiln.capture.meta import fake_like
 from kiln.capture.shapes import has_symbolic_sizes
+from kiln.loopir.symbolic_masks import symbolic_mask_verdict
 
 __all__ = ["contiguous_attention_masks", "simplify_attention_masks"]
 
@@ -138,6 +139,21 @@ def _causal(mask: torch.Tensor) -> bool:
     return bool(torch.equal(mask, tril.expand_as(mask)))
 
 
+def _verdict(mask: Any) -> tuple[str, list[fx.Node]] | None:
+    """``("pass" or "causal", the nodes computing it)`` for a mask that is a constant of the
+    graph, evaluated here or, over symbolic sizes, as a rule of positions; else None."""
+    found = _constant(mask)
+    if found is None:
+        return symbolic_mask_verdict(mask)
+    value, computed = found
+    passes_all = bool(value.all()) if value.dtype == torch.bool else not bool(value.any())
+    if passes_all and (value.dtype == torch.bool or value.is_floating_point()):
+        return "pass", computed
+    if value.dtype == torch.bool and _causal(value):
+        return "causal", computed
+    return None
+
+
 def simplify_attention_masks(gm: fx.GraphModule) -> int:
     """Drop constant all-pass masks of ``scaled_dot_product_attention`` calls in ``gm`` and
     make constant causal ones ``is_causal``; return how many calls changed."""
@@ -145,18 +161,16 @@ def simplify_attention_masks(gm: fx.GraphModule) -> int:
     for node in list(gm.graph.nodes):
         if node.target is not F.scaled_dot_product_attention or len(node.args) > 3:
             continue
-        found = None if node.kwargs.get("is_causal") else _constant(node.kwargs.get("attn_mask"))
-        if found is None:
+        if node.kwargs.get("is_causal"):
             continue
-        mask, computed = found
+        verdict = _verdict(node.kwargs.get("attn_mask"))
+        if verdict is None:
+            continue
+        kind, computed = verdict
         kwargs = dict(node.kwargs)
-        passes_all = bool(mask.all()) if mask.dtype == torch.bool else not bool(mask.any())
-        if passes_all and (mask.dtype == torch.bool or mask.is_floating_point()):
-            kwargs["attn_mask"] = None
-        elif mask.dtype == torch.bool and _causal(mask):
-            kwargs["attn_mask"], kwargs["is_causal"] = None, True
-        else:
-            continue
+        kwargs["attn_mask"] = None
+        if kind == "causal":
+            kwargs["is_causal"] = True
         node.kwargs = kwargs
         for dead in reversed(computed):  # memo order: every node after its inputs
             if not dead.users:
