@@ -101,6 +101,31 @@ def test_calls_alternating_modes_and_missing_gradients_match_eager():
     assert len(compiled.variants()) == 2
 
 
+def test_a_saved_input_is_held_as_itself_and_still_version_checked():
+    """A linear layer's forward saves its weight (an input): the node holds the weight
+    itself (no detached alias per call) and a change of it in place before the backward
+    raises, as eager's does; the gradients match eager's otherwise."""
+    lin, ref = nn.Linear(3, 2), nn.Linear(3, 2)
+    ref.load_state_dict(lin.state_dict())
+    x = torch.randn(4, 3, requires_grad=True)
+    compiled = aot_eager_decomp_partition(fx.symbolic_trace(lin), [x])
+    compiled(x).sum().backward()
+    grads = (x.grad, lin.weight.grad)
+    x.grad = None
+    ref(x).sum().backward()
+    torch.testing.assert_close(grads, (x.grad, ref.weight.grad))
+    program = compiled.variant(joint=True)
+    assert any(j >= 0 for j in program.exposed_inputs)
+    out, expect = compiled(x), ref(x)
+    with torch.no_grad():
+        lin.weight.add_(1)
+        ref.weight.add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        expect.sum().backward()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+
+
 def test_switching_grad_mode_compiles_both_variants():
     gm = fx.symbolic_trace(nn.Linear(3, 2))
     x = torch.randn(4, 3)

@@ -482,6 +482,9 @@ class AotCompiled:
         reads = symbol_reads(_fake_inputs(fw))
         fw_outputs = _output_nodes(fw)
         saved_vals = [n.meta.get("val") for n in fw_outputs[len(fw_outputs) - num_saved :]]
+        exposed = exposed_saved(fw, program.num_user_outputs, num_saved)
+        inputs = {n: i for i, n in enumerate(fw.graph.find_nodes(op="placeholder"))}
+        saved_nodes = fw_outputs[len(fw_outputs) - num_saved :]
         return CompiledProgram(
             program,
             forward,
@@ -492,7 +495,8 @@ class AotCompiled:
             saved_sizes=tuple(
                 i for i, v in enumerate(saved_vals) if not isinstance(v, torch.Tensor)
             ),
-            exposed=exposed_saved(fw, program.num_user_outputs, num_saved),
+            exposed=exposed,
+            exposed_inputs=tuple(inputs.get(saved_nodes[i], -1) for i in exposed),
             symbol_reads=tuple((i, d) for i, d, _ in reads),
             prune=functools.partial(self._compile_pruned, bw, num_saved, [v for _, _, v in reads]),
         )

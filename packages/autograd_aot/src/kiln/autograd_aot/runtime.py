@@ -83,6 +83,8 @@ class CompiledProgram:
     symbol_reads: tuple[tuple[int, int | None], ...] = ()
     # the saved values (positions) that are, or view, an input or a returned output
     exposed: list[int] = dataclasses.field(default_factory=list)
+    # per exposed saved value, the forward's input it is (position), or -1 (a view, an output)
+    exposed_inputs: tuple[int, ...] = ()
     # the backward for the differentiable outputs (positions in ``diff_outputs``) that got a
     # gradient; None: the full backward, with zeros for the others
     prune: Callable[[tuple[int, ...]], Backward | None] | None = None
@@ -133,7 +135,12 @@ class _AotFunction(torch.autograd.Function):
         # tensors would fire whatever the backward reads, where eager's fires only for the
         # nodes a gradient reaches. Outputs are held detached (same memory and version
         # counter), as the outputs themselves would reference this node: a cycle.
-        held = [saved[i].detach() for i in compiled.exposed]
+        # (a saved input is held as itself: it cannot reference this node)
+        inputs = compiled.exposed_inputs or (-1,) * len(compiled.exposed)
+        held = [
+            saved[i].detach() if j < 0 else primals[j]
+            for i, j in zip(compiled.exposed, inputs, strict=True)
+        ]
         held += [outputs[i].detach() for i, _ in program.watched_outputs]
         held += [primals[i] for i, _ in program.watched_inputs]
         ctx.held = held
