@@ -17,6 +17,7 @@ leaves the mask alone too: the verdict is a proof for every size, never a sample
 
 from __future__ import annotations
 
+import logging
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -30,6 +31,8 @@ from torch import fx
 from kiln.capture.shapes import expr_of
 
 __all__ = ["symbolic_mask_verdict"]
+
+log = logging.getLogger("kiln.loopir")
 
 _MAX_NODES = 64
 _POSITIONS = tuple(sympy.Symbol(f"p{r}", integer=True, nonnegative=True) for r in range(8))
@@ -131,8 +134,6 @@ class _Evaluator:
         if node.op not in ("call_function", "call_method"):
             raise _Refused
         target = node.target
-        if target in (torch.ops.aten.sym_size.int,):
-            return _Size()
         if target is torch.arange:
             return self._arange(node)
         args = [self(a) for a in node.args]
@@ -245,6 +246,9 @@ def symbolic_mask_verdict(mask: Any) -> tuple[str, list[fx.Node]] | None:
     try:
         value = evaluate(mask)
     except _Refused:
+        return None
+    except Exception as exc:  # an expression sympy cannot build: leave the mask as it is
+        log.debug("attention mask %s not judged by rule: %s", mask.name, exc)
         return None
     if not isinstance(value, _Value):
         return None

@@ -195,7 +195,7 @@ def _make(result: _Result, args: tuple[Any, ...]) -> torch.Tensor:
             return _aten.empty_strided.default(size, stride, dtype=dtype, device="meta")
         if how is False:
             return _aten.empty.memory_format(size, dtype=dtype, device="meta")
-        if isinstance(how[0], int):  # as ``empty_permuted``'s kernel: dense, not a view
+        if all(isinstance(d, int) for d in how):  # as ``empty_permuted``'s: dense, not a view
             dense = _aten.empty.memory_format([size[d] for d in how], dtype=dtype, device="meta")
             with torch._C._AutoDispatchBelowADInplaceOrView():
                 return _aten.as_strided.default(dense, size, stride, 0)
