@@ -40,7 +40,8 @@ def _ops(
     x: torch.Tensor, w: torch.Tensor, z: torch.Tensor
 ) -> list[tuple[Any, tuple[Any, ...], dict[str, Any]]]:
     n = x.shape[0] * x.shape[1]
-    q = x.view(x.shape[0], x.shape[1], 2, 4).transpose(1, 2)
+    heads = run_symbolic(aten.view.default, (x, [x.shape[0], x.shape[1], 2, 4]), {})
+    q = run_symbolic(aten.transpose.int, (heads, 1, 2), {})
     return [
         (aten.add.Tensor, (x, x), {}),
         (aten.mul.Scalar, (x, 2.5), {}),
@@ -223,7 +224,8 @@ def test_arguments_that_require_grad_are_keyed_only_without_grad_mode() -> None:
     x = _meta(env, (4, 6, 8), "x")
     w = torch.empty(8, 8, device="meta", requires_grad=True)
     b = torch.empty(8, device="meta", requires_grad=True)
-    op, args = aten.addmm.default, (b, x.view(-1, 8), w)
+    flat = run_symbolic(aten.view.default, (x, [-1, 8]), {})
+    op, args = aten.addmm.default, (b, flat, w)
     with torch.no_grad():
         first = run_symbolic(op, args, {})
         again, token = memo.recall(op, args, {})
