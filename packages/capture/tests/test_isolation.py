@@ -66,9 +66,11 @@ def test_a_process_that_froze_objects_or_disabled_the_collector_is_left_alone() 
     gc.freeze()
     try:
         count = gc.get_freeze_count()
+        # neither frozen more nor thawed (a frozen object that dies leaves the count, so the
+        # count may only fall)
         with older_objects_spared():
-            assert gc.get_freeze_count() == count
-        assert gc.get_freeze_count() == count
+            assert 0 < gc.get_freeze_count() <= count
+        assert 0 < gc.get_freeze_count() <= count
     finally:
         gc.unfreeze()
     gc.disable()
