@@ -290,8 +290,11 @@ def _how_made(
 
 
 def _fresh(r: torch.Tensor, args: tuple[Any, ...]) -> _Result | None:
-    """How to make ``r``, a tensor that is not a view, from nothing, or None."""
+    """How to make ``r``, a tensor that is not a view, from nothing, or None (a view's base
+    may have sizes the view does not, data-dependent ones included: those are never remade)."""
     if r._is_view() or not (isinstance(r.storage_offset(), int) and r.storage_offset() == 0):
+        return None
+    if not all(_backed(s) for s in (*r.shape, *r.stride())):
         return None
     for how in (True, False, _dense_order(r)):
         result = (None, tuple(r.shape), tuple(r.stride()), 0, r.dtype, how)
