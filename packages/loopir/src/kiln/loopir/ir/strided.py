@@ -71,8 +71,8 @@ def as_strided_view(x: TensorBox) -> Buffer | ReinterpretView | None:
     # reshapes of strided windows index through FloorDiv/ModularIndexing digits that the
     # ranges make affine again (a view of a transposed tensor); the static ranges alone do
     # for a flattened symbolic dim, ``(s0, s1, 16)`` viewed as ``(s0*s1, 16)``
-    ranges = {sym: sizes.static_int(n) for sym, n in zip(symbols, size, strict=True)}
-    expr = sizes.simplify_with_ranges(expr, {k: v for k, v in ranges.items() if v is not None})
+    static = ((sym, sizes.static_int(n)) for sym, n in zip(symbols, size, strict=True))
+    expr = sizes.simplify_with_ranges(expr, {sym: n for sym, n in static if n is not None})
     layout = affine_layout(expr, symbols, buf.layout, size)
     return ReinterpretView(buf, layout) if layout is not None else None
 
