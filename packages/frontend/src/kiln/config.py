@@ -51,6 +51,11 @@ OPTIONS: dict[str, tuple[type, str]] = {
     "max_autotune": (bool, "benchmark more kernel configurations and matmul templates"),
     "cudagraphs": (bool, "capture compiled graphs into CUDA graphs when safe"),
     "fusion": (bool, "let the scheduler fuse kernels"),
+    "freezing": (
+        bool,
+        "CPU inference: compute what depends on parameters and buffers alone once, batch norm "
+        "folded into convolutions (default: on unless KILN_FREEZING=0)",
+    ),
     "cpp.threads": (int, "OpenMP threads for C++ kernels (default: torch.get_num_threads())"),
     "cpp.simd": (bool, "emit vectorized inner loops in C++ kernels"),
 }
@@ -59,6 +64,7 @@ BACKEND_OPTIONS: tuple[str, ...] = (
     "max_autotune",
     "cudagraphs",
     "fusion",
+    "freezing",
     "cpp.threads",
     "cpp.simd",
 )

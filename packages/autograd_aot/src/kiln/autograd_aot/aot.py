@@ -36,6 +36,7 @@ from kiln.autograd_aot.control_flow import (
 )
 from kiln.autograd_aot.decomp import default_decompositions, describe_table, for_training
 from kiln.autograd_aot.errors import AotError
+from kiln.autograd_aot.freezing import compile_frozen, state_positions
 from kiln.autograd_aot.inputs import Aliasing, InputLayout, fakes_of, shared_memory
 from kiln.autograd_aot.joint import TracedProgram, trace_program
 from kiln.autograd_aot.partition import PartitionStats, partition_joint
@@ -172,6 +173,7 @@ class AotCompiled:
         partitioner: str,
         restored: Mapping[Mode, _ModePrograms] | None = None,
         prepare: Callable[[], None] | None = None,
+        freezing: bool = False,
     ) -> None:
         self.gm = gm
         # the caller's rewrites of gm, deferred until gm first runs or is traced
@@ -211,6 +213,10 @@ class AotCompiled:
         self._templates = self._symbolic_templates(gm, len(self.state_names))
         self._number_fakes = _placeholder_values(gm, self.number_positions)
         self._symbolic_primals = [i for i, t in enumerate(self._templates) if t is not None]
+        # module state, taken as constants by forward-only programs (freezing.py)
+        self._state_primals = (
+            state_positions(gm, example_inputs, len(self.state_names)) if freezing else []
+        )
         self._warned = False
         if restored is not None:
             self._restore(restored)
@@ -458,7 +464,11 @@ class AotCompiled:
             log.debug("forward-only graph:\n%s", program.gm.code)
             artifacts.dump("aot_inference.py", program.gm.code)
             compile_branches(program.gm, self.fw_compiler)
-            forward = self.fw_compiler(program.gm, _fake_inputs(program.gm))
+            forward: Callable[..., Any] | None = None
+            if self._state_primals and not program.mutated_inputs and not layout.groups:
+                forward = compile_frozen(program.gm, self._state_primals, self.fw_compiler)
+            if forward is None:
+                forward = self.fw_compiler(program.gm, _fake_inputs(program.gm))
             return CompiledProgram(program, forward, layout=layout)
         log.debug("joint graph:\n%s", program.gm.code)
         artifacts.dump("aot_joint.py", program.gm.code)
@@ -539,6 +549,7 @@ def aot_compile(
     partitioner: str = "mincut",
     restored: Mapping[Mode, _ModePrograms] | None = None,
     prepare: Callable[[], None] | None = None,
+    freezing: bool = False,
 ) -> AotCompiled:
     """Compile ``gm`` through ATen graphs; call the result like ``gm``.
 
@@ -548,7 +559,8 @@ def aot_compile(
     earlier compile of the same graph for the same inputs, used instead of compiling now
     (other grad modes and aliasings still compile on first use). ``prepare``: rewrites of
     ``gm`` that keep its inputs, parameters and buffers, run once before ``gm`` is first run or
-    traced, so a restored program that never needs ``gm`` never pays for them.
+    traced, so a restored program that never needs ``gm`` never pays for them. ``freezing``:
+    forward-only CPU programs take module state as constants (``freezing.py``).
     """
     if restored is None and has_wrapper_inputs(example_inputs):
 
@@ -581,4 +593,5 @@ def aot_compile(
         partitioner,
         restored,
         prepare,
+        freezing,
     )

@@ -12,8 +12,10 @@ step from there:
    given for every device);
 3. graph wrappers: an option that names one (``cudagraphs``) wraps each compiled graph.
 
-Options: ``fusion`` goes to the scheduler, each graph wrapper's option to that wrapper, and the
-rest to every backend's ``with_options`` (``max_autotune``, ``cpp.threads``, ...).
+Options: ``freezing`` goes to autograd_aot (forward-only CPU programs take module state as
+constants; on unless ``KILN_FREEZING=0``), ``fusion`` to the scheduler, each graph wrapper's
+option to that wrapper, and the rest to every backend's ``with_options`` (``max_autotune``,
+``cpp.threads``, ...).
 
 A graph wrapper is a code generator's hook for running a whole compiled graph some other way:
 ``wrapper(compiled) -> callable``, which reads the :class:`~kiln.loopir.CompiledGraph`'s
@@ -30,6 +32,7 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeAlias
 
@@ -190,6 +193,7 @@ def _aot_compile(
         decompositions=decompositions() if restored is None else _LazyTable(),
         restored=restored,
         prepare=None if restored is None else prepare,
+        freezing=_freezing(options),
     )
 
 
@@ -227,6 +231,7 @@ def _prepare(
 ) -> Callable[[fx.GraphModule, Sequence[Any]], Callable[..., Any]]:
     """The compiler of each ATen graph under ``options``."""
     codegen = dict(options or {})
+    codegen.pop("freezing", None)  # autograd_aot's (see _freezing)
     fusion = bool(codegen.pop("fusion", True))
     wrappers = [
         found
@@ -246,6 +251,15 @@ def _prepare(
         return compiled
 
     return compile_one
+
+
+def _freezing(options: Mapping[str, Any] | None) -> bool:
+    """Whether forward-only CPU programs take module state as constants (autograd_aot's
+    ``freezing``): the ``freezing`` option, else on unless ``KILN_FREEZING=0``."""
+    value = (options or {}).get("freezing")
+    if value is None:
+        return os.environ.get("KILN_FREEZING", "1") != "0"
+    return bool(value)
 
 
 def _rewrite(gm: fx.GraphModule, backend: Backend | None) -> None:

@@ -1,0 +1,130 @@
+"""CPU inference freezing through kiln.compile: batch norm folded into convolutions, module
+state computed with once, and every change of a weight seen (option ``freezing``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import kiln
+from kiln.capture import counters
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    kiln.reset()
+    yield
+    kiln.reset()
+
+
+def _bn(c):
+    bn = nn.BatchNorm2d(c)
+    with torch.no_grad():
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(0.5, 2)
+        bn.weight.uniform_(0.5, 1.5)
+        bn.bias.uniform_(-1, 1)
+    return bn
+
+
+class Net(nn.Module):
+    """Conv-BN-ReLU stem, a residual block and a linear head."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1, bias=False), _bn(8))
+        self.c1 = nn.Conv2d(8, 8, 3, padding=1, bias=False)
+        self.b1 = _bn(8)
+        self.c2 = nn.Conv2d(8, 8, 3, padding=1, groups=4)
+        self.b2 = _bn(8)
+        self.head = nn.Linear(8, 5)
+
+    def forward(self, x):
+        x = torch.relu(self.stem(x))
+        y = torch.relu(self.b1(self.c1(x)))
+        x = torch.relu(x + self.b2(self.c2(y)))
+        return self.head(x.mean((2, 3)))
+
+
+def _frozen_programs():
+    return counters.snapshot().get("autograd_aot", {}).get("frozen_programs", 0)
+
+
+def _close(a, b):
+    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_inference_is_frozen_and_matches_eager():
+    m = Net().eval()
+    compiled = kiln.compile(m)
+    with torch.no_grad():
+        for batch in (2, 2, 2):
+            x = torch.randn(batch, 3, 16, 16)
+            _close(compiled(x), m(x))
+    assert _frozen_programs() == 1
+
+
+def test_changed_weights_give_the_new_answer():
+    m, other = Net().eval(), Net().eval()
+    compiled = kiln.compile(m)
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        _close(compiled(x), m(x))
+        m.c1.weight.mul_(-1)
+        m.b2.running_mean.add_(3)
+        _close(compiled(x), m(x))
+        m.load_state_dict(other.state_dict())
+        _close(compiled(x), other(x))
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    m(x).sum().backward()
+    opt.step()
+    with torch.no_grad():
+        _close(compiled(x), m(x))
+
+
+def test_training_and_grad_mode_are_not_frozen():
+    m = Net()
+    compiled = kiln.compile(m)
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():  # train-mode batch norm writes its statistics
+        _close(compiled(x), m(x))
+    m.eval()
+    out = compiled(x)  # grad mode, parameters requiring grad: a joint program
+    _close(out, m(x))
+    out.sum().backward()
+    assert m.c1.weight.grad is not None
+    assert _frozen_programs() == 0
+
+
+def test_the_option_and_environment_turn_it_off(monkeypatch):
+    m = Net().eval()
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        _close(kiln.compile(m, options={"freezing": False})(x), m(x))
+        assert _frozen_programs() == 0
+        monkeypatch.setenv("KILN_FREEZING", "0")
+        kiln.reset()
+        _close(kiln.compile(m)(x), m(x))
+        assert _frozen_programs() == 0
+        _close(kiln.compile(m, options={"freezing": True})(x), m(x))
+        assert _frozen_programs() == 1
+
+
+def test_stored_programs_hold_no_weights_and_see_changes():
+    from torch import fx
+
+    from kiln import loopir
+    from kiln.autograd_aot.freezing import FrozenForward
+
+    m = Net().eval()
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        data = loopir.save_fx(loopir.compile_fx(fx.symbolic_trace(m), [x]))
+        loaded = loopir.load_fx(data, fx.symbolic_trace(m), [x])
+        forward = loaded.variant(False).forward
+        assert isinstance(forward, FrozenForward)
+        assert forward._state is None  # constants computed on the first call, not stored
+        _close(loaded(x), m(x))
+        m.c1.weight.mul_(2)
+        _close(loaded(x), m(x))
