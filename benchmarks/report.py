@@ -1,5 +1,6 @@
-"""Reports of a run: results.csv, summary.md (geomeans, the paper's Table 1 statistics,
-per-model tables, correctness failures apart from crashes) and speedups.png.
+"""Reports of a run: results.csv, summary.md (geomeans, the distribution over models with the
+worst model, the paper's Table 1 statistics, per-model tables, correctness failures apart
+from crashes), speedups.png (per model) and distribution.png (models sorted by speedup).
 
 ``python -m benchmarks.report DIR [DIR ...] --out DIR`` merges shards of a run (each with its
 results.csv and meta.json) into one set of reports; a later folder's row for the same model and
@@ -20,7 +21,20 @@ from benchmarks.results import Result, read_csv, write_csv
 
 log = logging.getLogger(__name__)
 
-__all__ = ["geomean", "main", "summary_markdown", "write_chart", "write_reports"]
+__all__ = [
+    "geomean",
+    "main",
+    "summary_markdown",
+    "write_chart",
+    "write_distribution_chart",
+    "write_reports",
+]
+
+# What the distribution tables count: a compiled model below this speedup over eager, or
+# below this fraction of the reference backend's speedup (torch.compile), is a regression.
+SLOW_VS_EAGER = 0.95
+BEHIND_REFERENCE = 0.9
+REFERENCE = "torch_compile"
 
 
 def geomean(values: Sequence[float]) -> float | None:
@@ -61,6 +75,67 @@ def _speed_table(rows: list[Result], backends: list[str]) -> list[str]:
             f"{_fmt(_mean([r.warm_compile_s for r in ok]))} | "
             f"{_fmt(_mean([r.peak_mem_mb for r in ok]), '.0f')} |"
         )
+    return out
+
+
+def _quantile(ordered: list[float], q: float) -> float:
+    """The ``q`` quantile of sorted values, interpolated between neighbours."""
+    pos = q * (len(ordered) - 1)
+    low = math.floor(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def speedups(rows: list[Result], backend: str) -> dict[str, float]:
+    """Per model, ``backend``'s speedup over eager where it works and was timed."""
+    return {r.model: r.speedup for r in rows if r.backend == backend and r.works and r.speedup}
+
+
+def versus(rows: list[Result], backend: str, reference: str = REFERENCE) -> dict[str, float]:
+    """Per model where both work, ``backend``'s speedup over ``reference``'s (above 1: ahead)."""
+    mine, theirs = speedups(rows, backend), speedups(rows, reference)
+    return {m: s / theirs[m] for m, s in mine.items() if m in theirs}
+
+
+def _spread(values: dict[str, float], below: float) -> str:
+    """Cells: models, geomean, worst model, p10, median, p90, best, and how many are below."""
+    if not values:
+        return "0 | - | - | - | - | - | - | -"
+    ordered = sorted(values.values())
+    worst = min(values, key=lambda m: values[m])
+    best = max(values, key=lambda m: values[m])
+    cells = [
+        str(len(values)),
+        _fmt(geomean(ordered), ".2f", "x"),
+        f"{worst} {values[worst]:.2f}x",
+        *(f"{_quantile(ordered, q):.2f}x" for q in (0.1, 0.5, 0.9)),
+        f"{best} {values[best]:.2f}x",
+        _pct(sum(v < below for v in ordered), len(ordered)),
+    ]
+    return " | ".join(cells)
+
+
+def _distribution_tables(rows: list[Result], backends: list[str]) -> list[str]:
+    """Speedup over eager per compiled backend, and against the reference where it ran."""
+    compiled = [b for b in backends if b != "eager"]
+    out = [
+        "| backend | models timed | geomean | worst model | p10 | median | p90 | best model | "
+        f"below {SLOW_VS_EAGER:g}x eager |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *(f"| {b} | {_spread(speedups(rows, b), SLOW_VS_EAGER)} |" for b in compiled),
+    ]
+    others = [b for b in compiled if b != REFERENCE]
+    if REFERENCE in backends and others:
+        out += [
+            "",
+            f"Against {REFERENCE} (speedup over eager divided by {REFERENCE}'s, per model where"
+            " both work; above 1.00x is ahead):",
+            "",
+            "| backend | models | geomean | worst model | p10 | median | p90 | best model | "
+            f"more than {100 * (1 - BEHIND_REFERENCE):.0f}% behind |",
+            "|---|---|---|---|---|---|---|---|---|",
+            *(f"| {b} | {_spread(versus(rows, b), BEHIND_REFERENCE)} |" for b in others),
+        ]
     return out
 
 
@@ -161,6 +236,13 @@ def summary_markdown(rows: list[Result], meta: dict[str, Any]) -> str:
         "",
         *_speed_table(rows, backends),
         "",
+        "## Distribution over models",
+        "",
+        "Speedup over eager of each compiled backend over the models where it works, its"
+        " worst model and quantiles (chart: distribution.png; per model: speedups.png).",
+        "",
+        *_distribution_tables(rows, backends),
+        "",
         "## Capture statistics (the paper's Table 1)",
         "",
         "Operators captured: FX operator nodes handed to the backend, summed over working models."
@@ -230,13 +312,57 @@ def write_chart(path: Path, rows: list[Result]) -> None:
     plt.close(fig)
 
 
+def write_distribution_chart(path: Path, rows: list[Result]) -> None:
+    """Each compiled backend's speedups over eager, models sorted from worst to best (one line
+    per backend, log scale); beside it, where torch.compile ran, each other backend's speedup
+    over torch.compile's, sorted the same way. The dashed lines are the regression thresholds."""
+    try:
+        import matplotlib
+    except ImportError:
+        log.warning("matplotlib is not installed: no chart written")
+        return
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+    from matplotlib import ticker
+
+    compiled = [b for b in _backends(rows) if b != "eager"]
+    others = [b for b in compiled if b != REFERENCE] if REFERENCE in compiled else []
+    panels = [("speedup over eager", {b: speedups(rows, b) for b in compiled}, SLOW_VS_EAGER)]
+    if others:
+        title = f"speedup over {REFERENCE}"
+        panels.append((title, {b: versus(rows, b) for b in others}, BEHIND_REFERENCE))
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
+    for ax, (label, series, threshold) in zip(axes[0], panels, strict=True):
+        for b, values in series.items():
+            if not values:
+                continue
+            ordered = sorted(values.values())
+            xs = [100 * (i + 0.5) / len(ordered) for i in range(len(ordered))]
+            mean = geomean(ordered) or 0.0
+            ax.plot(xs, ordered, marker=".", label=f"{b} (geomean {mean:.2f}x, n={len(ordered)})")
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.axhline(threshold, color="gray", linewidth=0.8, linestyle="--")
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:.2g}x"))
+        ax.yaxis.set_minor_formatter(ticker.FuncFormatter(lambda v, _: f"{v:.2g}x"))
+        ax.tick_params(axis="y", which="minor", labelsize=7)
+        ax.set_xlabel("models, sorted by speedup (percent of models)")
+        ax.set_ylabel(f"{label} (higher is better)")
+        ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def write_reports(out: Path, rows: list[Result], meta: dict[str, Any]) -> None:
-    """results.csv, summary.md, speedups.png and meta.json under ``out``."""
+    """results.csv, summary.md, speedups.png, distribution.png and meta.json under ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     write_csv(out / "results.csv", rows)
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
     (out / "summary.md").write_text(summary_markdown(rows, meta))
     write_chart(out / "speedups.png", rows)
+    write_distribution_chart(out / "distribution.png", rows)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import models, runner  # noqa: E402
 from benchmarks.measure import interleaved_medians, relative_error  # noqa: E402
 from benchmarks.report import geomean, write_reports  # noqa: E402
-from benchmarks.results import read_csv  # noqa: E402
+from benchmarks.results import Result, read_csv  # noqa: E402
 from benchmarks.runner import RunConfig, run_suite  # noqa: E402
 from benchmarks.worker import TIMING  # noqa: E402
 
@@ -225,6 +225,24 @@ def test_merge_prefers_rows_that_ran(tmp_path):
     merge([str(first), str(second), "--out", str(tmp_path / "merged")])
     (row,) = read_csv(tmp_path / "merged" / "results.csv")
     assert row.status == "ok" and row.ms == 2.0
+
+
+def test_the_summary_shows_the_distribution_and_the_worst_model(tmp_path):
+    rows = []
+    for model, kiln, compiled in (("a", 1.0, 2.0), ("b", 4.0, 2.0), ("c", 0.5, 1.0)):
+        base = {"model": model, "suite": "breadth", "device": "cpu"}
+        base |= {"dtype": "float32", "mode": "inference", "status": "ok", "eager_ms": 1.0}
+        rows.append(Result.from_dict({**base, "backend": "eager", "ms": 1.0}))
+        rows.append(Result.from_dict({**base, "backend": "kiln", "speedup": kiln}))
+        rows.append(Result.from_dict({**base, "backend": "torch_compile", "speedup": compiled}))
+    write_reports(tmp_path, rows, {"device": "cpu"})
+    summary = (tmp_path / "summary.md").read_text()
+    table = summary.split("## Distribution over models")[1].split("## Capture")[0]
+    assert "| kiln | 3 | 1.26x | c 0.50x |" in table
+    assert "| torch_compile | 3 | 1.59x | c 1.00x |" in table
+    assert "| kiln | 3 | 0.79x | a 0.50x |" in table  # against torch.compile; 2 of 3 behind
+    assert "2 (67%)" in table
+    assert (tmp_path / "distribution.png").stat().st_size > 0
 
 
 def test_relative_error_floors_tiny_tensors():
