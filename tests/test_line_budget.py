@@ -127,7 +127,8 @@ LINE_BUDGET = {
     # + 278 for attention masks over symbolic sizes, dropped or made causal by the rule their
     # positions follow (symbolic_masks.py, attention_masks.py)
     # + 13 for the freezing option, read here and handed to autograd_aot (entry.py)
-    "loopir": 11611,
+    # + 51 for views that are their whole buffer written as the buffer (wrapper.py)
+    "loopir": 11662,
     # + about 250 for symbolic sizes: size arguments, per-call grids and sizes, autotuning
     # per size bucket (symbolic_sizes.py, symbolic_launch.py), CUDA graphs per size set
     "codegen_triton": 3150,

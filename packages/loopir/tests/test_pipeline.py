@@ -234,3 +234,25 @@ def test_a_sum_of_many_buffers_read_twice_is_stored_once():
     kernels = [s for s in c.steps if isinstance(s, KernelStep)]
     reads_of_inputs = [len(s.reads & set("abcde")) for s in kernels]
     assert sorted(reads_of_inputs) == [0] * (len(kernels) - 1) + [5], reads_of_inputs
+
+
+def test_a_view_that_is_its_whole_buffer_is_the_buffer():
+    # t(t(.)) lowers to a view with the buffer's own sizes and strides: as an extern argument or
+    # an output it is the buffer itself (no as_strided per call), unless it is an input
+    # returned, or a dimension of size 1 (whose stride an extern result need not match)
+    g, x, w, x1 = torch.randn(4, 5), torch.randn(4, 6), torch.randn(5, 6), torch.randn(1, 5)
+
+    def tt(t):
+        return aten.t.default(aten.t.default(t))
+
+    def fn(g, x, w, x1):
+        dx = aten.mm.default(g, tt(w))
+        dw = aten.mm.default(aten.t.default(g), x)
+        return (dx, tt(dw), tt(w), tt(aten.mm.default(x1, w)))
+
+    c = check(fn, g, x, w, x1, atol=1e-5, rtol=1e-5)
+    returned = c.source.strip().splitlines()[-1]
+    assert "as_strided(w, (5, 6), (6, 1))" not in c.source.replace(returned, "")
+    assert returned.count("as_strided(") == 2, returned  # the input, and the (1, 6) result
+    dx, dw, w_view, row = c(g, x, w, x1)
+    assert not dw._is_view() and w_view._is_view() and row._is_view()

@@ -14,6 +14,7 @@ per-kernel profiling work; with it on, a copy of the body whose launches sit in
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import contextvars
 import dataclasses
@@ -32,7 +33,7 @@ from kiln.capture import counters
 from kiln.loopir import random_bits, sizes, symbolic, unbacked
 from kiln.loopir.errors import StaticShapesOnly
 from kiln.loopir.index_printer import IndexPrinter
-from kiln.loopir.ir.buffers import Buffer, ExternBuffer
+from kiln.loopir.ir.buffers import Buffer, ComputedBuffer, ExternBuffer, InputBuffer, MultiOutput
 from kiln.loopir.ir.layout import Layout
 from kiln.loopir.ir.views import ReinterpretView
 from kiln.loopir.memory import MemoryPlan
@@ -225,9 +226,12 @@ class _Writer:
         self.globals[name] = value
         return name
 
-    def expr(self, value: Any) -> str:
-        """Python source for an argument of an extern call or an output."""
+    def expr(self, value: Any, whole: bool = True) -> str:
+        """Python source for an argument of an extern call or an output; a view that is its
+        whole buffer (:func:`_is_whole`) is the buffer itself unless ``whole`` is False."""
         if isinstance(value, ReinterpretView):
+            if whole and _is_whole(value):
+                return value.get_name()
             lay = value.layout
             size, stride = _ints(lay.size), _ints(lay.stride)
             off = _int(lay.offset)
@@ -279,6 +283,51 @@ def _ints(values: Sequence[sympy.Expr]) -> tuple[int, ...] | _Sizes:
     if any(symbolic.is_symbolic(v) for v in values):
         return _Sizes(values)
     return tuple(sizes.evaluate_int(s) for s in values)
+
+
+def _is_whole(view: ReinterpretView) -> bool:
+    """Whether ``view`` is the very tensor the wrapper holds under its buffer's name, so no view
+    need be made per call (``as_strided`` costs a microsecond or two of host time: a linear
+    layer's backward passed its weight through one, and every gradient came back in one).
+
+    Its offset must be 0 (``as_strided`` keeps the base's own), its sizes and strides the
+    buffer's, static, and every size above 1: the wrapper's own allocations have their planned
+    strides exactly, but an extern result is only checked (``_as_layout``) and an input only
+    guarded on the strides of dimensions longer than 1, which is all that addressing memory
+    reads. Mutations and slices write into another buffer's storage, and a multi-output call's
+    name holds its tuple: those keep their view.
+    """
+    buffer = view.buffer
+    if isinstance(buffer, ExternBuffer):  # (no subclasses)
+        if buffer.multi_output:
+            return False
+    elif type(buffer) not in (InputBuffer, ComputedBuffer, MultiOutput):
+        return False
+    size, stride = _ints(view.layout.size), _ints(view.layout.stride)
+    return (
+        view.layout.offset == 0
+        and isinstance(size, tuple)
+        and all(n > 1 for n in size)
+        and view.layout.dtype == buffer.layout.dtype
+        and size == _ints(buffer.layout.size)
+        and stride == _ints(buffer.layout.stride)
+    )
+
+
+def _output_exprs(w: _Writer, outputs: Sequence[Any], inputs: Sequence[str | None]) -> list[str]:
+    """The returned values. An output view that is its whole buffer is returned as the buffer
+    unless the buffer is a graph input (the caller would get its input back, not a tensor of its
+    own) or another output names it too (each output stays an object of its own)."""
+    named = collections.Counter(
+        o.get_name() for o in outputs if isinstance(o, (Buffer, ReinterpretView))
+    )
+    taken = set(inputs)
+    return [
+        w.expr(o, whole=named[o.get_name()] == 1 and o.get_name() not in taken)
+        if isinstance(o, ReinterpretView)
+        else w.expr(o)
+        for o in outputs
+    ]
 
 
 def _strides(layout: Layout) -> tuple[int, ...] | _Sizes:
@@ -335,7 +384,8 @@ def generate_wrapper(
         if plan.free.get(i):
             w.line(f"del {', '.join(plan.free[i])}")
     later.finish()
-    w.line(f"return {_output_tree(w, [w.expr(o) for o in outputs], output_spec)}")
+    returned = _output_exprs(w, outputs, graph_inputs)
+    w.line(f"return {_output_tree(w, returned, output_spec)}")
     source = "\n".join([header, *w.lines]) + "\n"
     output_log.info("wrapper code (peak %d bytes):\n%s", plan.peak_bytes, source)
     return load_wrapper(source, w.globals)
