@@ -203,7 +203,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
         first_static = first["kiln_static", LENGTHS[0]]
         out.append(
             f"compile (first call): kiln_dyn {dyn:.2f} s; kiln_static {first_static:.2f} s at "
-            f"the first length (its Triton kernels built from nothing), ratio "
+            f"the first length (its kernels built from nothing), ratio "
             f"{dyn / first_static:.2f}; kiln_static median {static:.2f} s per length (later "
             f"lengths reuse kernels built for earlier ones), ratio {dyn / static:.2f}; "
             f"kiln_dyn's slowest later first call "
