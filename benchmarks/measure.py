@@ -89,10 +89,14 @@ def timed_call(fn: Callable[[], Any], device: str) -> tuple[Any, float]:
     return out, time.perf_counter() - start
 
 
-def _step_s(fn: Callable[[], Any], device: str) -> float:
-    """One call's time in seconds: CUDA events on GPU, wall time on CPU."""
+def _step_s(
+    fn: Callable[[], Any], device: str, clock: Callable[[], float] = time.perf_counter
+) -> float:
+    """One call's time in seconds: CUDA events on GPU, ``clock`` (wall time) on CPU."""
     if device != "cuda":
-        return timed_call(fn, device)[1]
+        start = clock()
+        fn()
+        return clock() - start
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     fn()
@@ -118,6 +122,7 @@ def interleaved_medians(
     iters: int,
     budget_s: float,
     min_call_s: float = MIN_CALL_S,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> dict[str, float]:
     """Median seconds per step, timed in rounds that call every step once (see above).
 
@@ -125,19 +130,22 @@ def interleaved_medians(
     inherits its caches). Stops after ``iters`` rounds, or after 3 once ``budget_s`` per step is
     spent. A step shorter than ``min_call_s`` is timed as the mean of back-to-back calls, the
     same number for every step (as a model runs in a loop): single calls of a sub-millisecond
-    step, each after another backend's, mostly measured cold caches and timer noise.
+    step, each after another backend's, mostly measured cold caches and timer noise. On the
+    CPU, ``clock`` may be ``time.process_time``: the process's CPU time, which other
+    processes' load on a shared machine inflates far less than wall time (host-bound steps).
     """
     names = list(steps)
     if not names:
         return {}
-    fastest = min(_step_s(steps[name], device) for name in names)
+    fastest = min(_step_s(steps[name], device, clock) for name in names)
     repeat = max(1, min(_MAX_REPEAT, math.ceil(min_call_s / max(fastest, 1e-9))))
     times: dict[str, list[float]] = {name: [] for name in names}
     began = time.perf_counter()
     for r in range(iters):
         first = r % len(names)
         for name in names[first:] + names[:first]:
-            times[name].append(_step_s(_repeated(steps[name], repeat), device) / repeat)
+            step_s = _step_s(_repeated(steps[name], repeat), device, clock)
+            times[name].append(step_s / repeat)
         if r >= 2 and time.perf_counter() - began > budget_s * len(names):
             break
     return {name: statistics.median(t) for name, t in times.items()}
