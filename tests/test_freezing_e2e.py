@@ -128,3 +128,25 @@ def test_stored_programs_hold_no_weights_and_see_changes():
         _close(loaded(x), m(x))
         m.c1.weight.mul_(2)
         _close(loaded(x), m(x))
+
+
+def test_a_graph_with_tensor_constants_is_frozen():
+    """A tensor made in ``forward`` is an attribute of the traced graph; the frozen graphs keep
+    it (GPT-2 builds such constants)."""
+
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return x @ (self.lin.weight * 2).t() * torch.tensor([2.0, 3.0, 4.0, 5.0])
+
+    m = Scaled().eval()
+    compiled = kiln.compile(m, fullgraph=True)
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(3, 4)
+            _close(compiled(x), m(x))
+    assert _frozen_programs() == 1
+    assert kiln.stats().eager_fallbacks == 0

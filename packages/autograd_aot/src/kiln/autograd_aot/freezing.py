@@ -218,8 +218,8 @@ def plan_freezing(gm: fx.GraphModule, frozen: Sequence[int]) -> FreezePlan | Non
         return None
     kept = tuple(i for i, p in enumerate(placeholders) if p not in frozen_nodes)
     return FreezePlan(
-        runtime=_runtime_graph(graph, [placeholders[i] for i in kept], constants, fold),
-        constants=_constants_graph(graph, [placeholders[i] for i in frozen], constants, fold),
+        runtime=_runtime_graph(gm, graph, [placeholders[i] for i in kept], constants, fold),
+        constants=_constants_graph(gm, graph, [placeholders[i] for i in frozen], constants, fold),
         frozen=tuple(frozen),
         kept=kept,
         folded_ops=ops,
@@ -228,11 +228,15 @@ def plan_freezing(gm: fx.GraphModule, frozen: Sequence[int]) -> FreezePlan | Non
 
 
 def _runtime_graph(
+    root: fx.GraphModule,
     graph: fx.Graph,
     kept: list[fx.Node],
     constants: list[fx.Node],
     fold: dict[fx.Node, bool],
 ) -> fx.GraphModule:
+    """The per-call graph, on the traced module as root: its ``get_attr`` nodes name tensors
+    an op made while tracing (``torch.tensor([...])`` in ``forward``), which are that
+    module's attributes."""
     new = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     for node in kept:
@@ -245,10 +249,11 @@ def _runtime_graph(
             continue
         env[node] = new.node_copy(node, env.__getitem__)
     prune_dead(new)
-    return fx.GraphModule(torch.nn.Module(), new)
+    return fx.GraphModule(root, new)
 
 
 def _constants_graph(
+    root: fx.GraphModule,
     graph: fx.Graph,
     frozen: list[fx.Node],
     constants: list[fx.Node],
@@ -263,7 +268,7 @@ def _constants_graph(
             env[node] = new.node_copy(node, env.__getitem__)
     new.output(tuple(env[n] for n in constants))
     prune_dead(new)
-    return fx.GraphModule(torch.nn.Module(), new)
+    return fx.GraphModule(root, new)
 
 
 @dataclasses.dataclass(frozen=True)
