@@ -150,3 +150,16 @@ def test_a_graph_with_tensor_constants_is_frozen():
             _close(compiled(x), m(x))
     assert _frozen_programs() == 1
     assert kiln.stats().eager_fallbacks == 0
+
+
+def test_inference_tensors_are_not_frozen():
+    """Tensors made under ``inference_mode`` track no version, so a write to them could not be
+    seen: a model built there is compiled without freezing, and writes are seen."""
+    with torch.inference_mode():
+        m = Net().eval()
+        compiled = kiln.compile(m)
+        x = torch.randn(2, 3, 16, 16)
+        _close(compiled(x), m(x))
+        m.c1.weight.mul_(2)
+        _close(compiled(x), m(x))
+    assert kiln.stats().eager_fallbacks == 0

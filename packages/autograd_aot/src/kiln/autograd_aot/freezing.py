@@ -91,7 +91,9 @@ def state_positions(
     for source, value in zip(sources, example_inputs, strict=True):
         if not isinstance(value, torch.Tensor):
             continue
-        if isinstance(value, torch.nn.Parameter) or _is_state_source(source):
+        # an inference tensor tracks no version, so a write to it could not be seen
+        state = isinstance(value, torch.nn.Parameter) or _is_state_source(source)
+        if state and not value.is_inference():
             found.append(primal)
         primal += 1
     return found
@@ -276,7 +278,7 @@ class _State:
     """The constants, and the state tensors (with their versions and data) they came from."""
 
     tensors: tuple[torch.Tensor, ...]
-    versions: tuple[int, ...]
+    versions: tuple[int, ...] | None
     pointers: tuple[int, ...]
     constants: tuple[torch.Tensor, ...]
 
@@ -325,9 +327,13 @@ class FrozenForward:
                 values[i] = torch.empty_strided(
                     size, stride, dtype=value.dtype, device=value.device
                 ).copy_(value)
+        try:
+            versions: tuple[int, ...] | None = tuple(t._version for t in frozen)
+        except RuntimeError:  # an inference tensor tracks no version: computed every call
+            versions = None
         state = _State(
             tuple(frozen),
-            tuple(t._version for t in frozen),
+            versions,
             tuple(t.data_ptr() for t in frozen),
             tuple(values),
         )
@@ -336,6 +342,8 @@ class FrozenForward:
 
 
 def _unchanged(state: _State, frozen: list[torch.Tensor]) -> bool:
+    if state.versions is None:
+        return False
     for t, was, version, pointer in zip(
         frozen, state.tensors, state.versions, state.pointers, strict=True
     ):
