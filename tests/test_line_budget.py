@@ -71,7 +71,8 @@ LINE_BUDGET = {
     # of fresh tensors (layer norm, split, attention), parameters under no_grad (shapes/memo.py)
     # + 35 for getattr_static's answer on a class read from the MRO's dicts where no metaclass
     # can shadow __dict__ (descriptors.class_static; ten times cheaper per attribute read)
-    "capture": 22437,
+    # + 17 for the op memo's static table read and added to by a store (shapes/memo.py)
+    "capture": 22454,
     # + about 200 for dynamic shapes: symbolic sizes and dense layouts in TENSOR_MATCH and
     # the SHAPE kind (kinds/shape.py)
     # + about 45 for checks' compiled code read from a store the frontend sets (check.py)
@@ -157,7 +158,9 @@ LINE_BUDGET = {
     # + 11 for kiln.disable in a module of its own (disabling.py: api.py back under 600 lines)
     # + 2 for the collector sparing older objects over the guard check's build too (api.py)
     # + 6 for the freezing option (config.py)
-    "frontend": 4153,
+    # + 112 for capture's static op memo kept beside the graph cache, so a warm process runs
+    # no meta kernel an earlier one ran (op_memo_store.py, api.py)
+    "frontend": 4265,
 }
 
 # Modules allowed over MAX_MODULE_LINES for now, each with a comment saying why and what will

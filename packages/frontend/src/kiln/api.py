@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from kiln import capture, ddp_split, dynamic, graph_cache, guards, loopir
+from kiln import capture, ddp_split, dynamic, graph_cache, guards, loopir, op_memo_store
 from kiln.backends import Backend, list_backends, lookup_backend, takes_options
 from kiln.backends import kiln as kiln_backend
 from kiln.capture import artifacts, counters, parallel_modules, user_words
@@ -332,6 +332,12 @@ class CompiledFunction:
             self._config.dynamic, cache, self._config.option("automatic_dynamic_shapes", True)
         )
         sizes = dynamic.with_data_dependent(sizes, self._config.option)
+        # capture's op memo, kept where the whole-graph cache is (op_memo_store)
+        persist = self._backend is kiln_backend and graph_cache.enabled(
+            self._config.option("graph_cache")
+        )
+        if persist:
+            op_memo_store.load_once()
         with (
             artifacts.frame(name, Path(root) if root else None) as folder,
             dynamic_dims(sizes),
@@ -373,6 +379,8 @@ class CompiledFunction:
             index.result = result
             counters.bump("stats", "frames_captured")
             cache.insert(check, result.function, passes_through=result.passes_through)
+        if persist:
+            op_memo_store.store_if_grown()
         return result.function
 
     def _eager_after(

@@ -24,7 +24,10 @@ history, which a remade tensor lacks.
 
 Static sizes get the same treatment: torch's meta kernels are mostly Python for them too (an
 elementwise op's ref costs a quarter millisecond, a layer norm's a few), and a key of plain
-numbers means the same in every capture, so those runs share one table for the process.
+numbers means the same in every capture, so those runs share one table for the process, and
+a later process with the same torch and Kiln may start from it (:func:`static_entries`,
+:func:`add_static`: the frontend keeps it beside its whole-graph cache), running no meta
+kernel for an op an earlier process ran.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-__all__ = ["enabled", "recall", "remember"]
+__all__ = ["add_static", "enabled", "recall", "remember", "static_entries"]
 
 _aten = torch.ops.aten
 
@@ -142,6 +145,20 @@ def _key(a: Any, envs: list[Any]) -> Any:
 #: serves every capture and trace in the process (bounded: emptied when full)
 _STATIC: dict[Any, Any] = {}
 _STATIC_LIMIT = 1 << 15
+
+
+def static_entries() -> dict[Any, Any]:
+    """The static table's entries (a copy): what a store keeps for later processes."""
+    return dict(_STATIC)
+
+
+def add_static(entries: dict[Any, Any]) -> None:
+    """Entries of :func:`static_entries` from an earlier process of the same torch and Kiln
+    (the caller's to ensure), where this process has none for their keys."""
+    if len(_STATIC) + len(entries) >= _STATIC_LIMIT:
+        return
+    for key, entry in entries.items():
+        _STATIC.setdefault(key, entry)
 
 
 def _lookup_key(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
