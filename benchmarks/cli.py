@@ -1,7 +1,7 @@
 """``python -m benchmarks``: the suite under each backend, side by side, with reports.
 
 Example: ``python -m benchmarks --models resnet18 hf_bert --backends eager,kiln,torch_compile``.
-Writes results.csv, summary.md, speedups.png and meta.json under ``--out``.
+Writes results.csv, summary.md, speedups.png, distribution.png and meta.json under ``--out``.
 ``python -m benchmarks --dynamic-seq`` runs :mod:`benchmarks.dynamic_seq` instead.
 """
 
@@ -38,7 +38,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--preset", choices=models.PRESETS, help="model sizes (default: by device)")
-    p.add_argument("--models", nargs="*", help="names or suites (timm, huggingface, handwritten)")
+    p.add_argument(
+        "--models",
+        nargs="*",
+        help="names or suites (timm, huggingface, handwritten; breadth, breadth-cpu)",
+    )
     p.add_argument("--mode", choices=["inference", "training"], default="inference")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "amp"], default="float32")
     p.add_argument("--backends", default=DEFAULT_BACKENDS, help="comma-separated columns")
@@ -143,5 +147,5 @@ def main(argv: list[str] | None = None) -> int:
         rows = run_suite(specs, cfg, advance)
         bar.close()
     write_reports(args.out, rows, machine_meta(args))
-    print(f"wrote {args.out}/summary.md, results.csv and speedups.png")
+    print(f"wrote {args.out}/summary.md, results.csv, speedups.png and distribution.png")
     return 0

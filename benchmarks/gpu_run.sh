@@ -3,6 +3,7 @@
 #
 #   bash benchmarks/gpu_run.sh quick [ARGS...]   # 6 representative models, 3 columns, one call
 #   bash benchmarks/gpu_run.sh 3/10 [ARGS...]    # shard 3 of 10 of the whole suite
+#   bash benchmarks/gpu_run.sh 3/22 --models breadth --no-warm   # shard 3 of 22 of the breadth suite
 #   bash benchmarks/gpu_run.sh tests             # the GPU tests (pytest -m gpu)
 #   bash benchmarks/gpu_run.sh micro             # bandwidth and reduce-overhead microbenchmarks
 #   bash benchmarks/gpu_run.sh warm [ARGS...]    # warm start: benchmarks/warm_start.py
