@@ -149,9 +149,14 @@ class CompiledForward:
     ) -> None:
         self.forward = forward
         self.compiled = compiled
+        # the class of the FSDP2 module last called: such a module is its own wrapped module,
+        # by its class alone, so its calls skip ``wrapped_module``'s class lookups (~2-3 us)
+        self._own: type | None = None
 
     def __call__(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-        inner = wrapped_module(module)
+        inner = module if type(module) is self._own else wrapped_module(module)
+        if inner is module:
+            self._own = type(module)
         if (
             inner is None
             or self.forward is None
