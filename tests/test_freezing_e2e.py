@@ -56,7 +56,7 @@ def _close(a, b):
 
 
 def test_inference_is_frozen_and_matches_eager():
-    m = Net().eval()
+    m = Net().eval().requires_grad_(False)
     compiled = kiln.compile(m)
     with torch.no_grad():
         for batch in (2, 2, 2):
@@ -65,12 +65,23 @@ def test_inference_is_frozen_and_matches_eager():
     assert _frozen_programs() == 1
 
 
+def test_by_default_parameters_requiring_grad_are_not_frozen():
+    """A model whose parameters require grad may be in training between calls: the default
+    freezes only models set up for inference alone."""
+    m = Net().eval()
+    with torch.no_grad():
+        x = torch.randn(2, 3, 16, 16)
+        _close(kiln.compile(m)(x), m(x))
+    assert _frozen_programs() == 0
+
+
 def test_changed_weights_give_the_new_answer():
     m, other = Net().eval(), Net().eval()
-    compiled = kiln.compile(m)
+    compiled = kiln.compile(m, options={"freezing": True})
     x = torch.randn(2, 3, 16, 16)
     with torch.no_grad():
         _close(compiled(x), m(x))
+        assert _frozen_programs() == 1
         m.c1.weight.mul_(-1)
         m.b2.running_mean.add_(3)
         _close(compiled(x), m(x))
@@ -98,7 +109,7 @@ def test_training_and_grad_mode_are_not_frozen():
 
 
 def test_the_option_and_environment_turn_it_off(monkeypatch):
-    m = Net().eval()
+    m = Net().eval().requires_grad_(False)
     x = torch.randn(2, 3, 16, 16)
     with torch.no_grad():
         _close(kiln.compile(m, options={"freezing": False})(x), m(x))
@@ -109,6 +120,11 @@ def test_the_option_and_environment_turn_it_off(monkeypatch):
         assert _frozen_programs() == 0
         _close(kiln.compile(m, options={"freezing": True})(x), m(x))
         assert _frozen_programs() == 1
+        monkeypatch.setenv("KILN_FREEZING", "1")  # also where parameters require grad
+        kiln.reset()
+        grad_model = Net().eval()
+        _close(kiln.compile(grad_model)(x), grad_model(x))
+        assert _frozen_programs() == 1
 
 
 def test_stored_programs_hold_no_weights_and_see_changes():
@@ -117,7 +133,7 @@ def test_stored_programs_hold_no_weights_and_see_changes():
     from kiln import loopir
     from kiln.autograd_aot.freezing import FrozenForward
 
-    m = Net().eval()
+    m = Net().eval().requires_grad_(False)
     x = torch.randn(2, 3, 16, 16)
     with torch.no_grad():
         data = loopir.save_fx(loopir.compile_fx(fx.symbolic_trace(m), [x]))
@@ -142,7 +158,7 @@ def test_a_graph_with_tensor_constants_is_frozen():
         def forward(self, x):
             return x @ (self.lin.weight * 2).t() * torch.tensor([2.0, 3.0, 4.0, 5.0])
 
-    m = Scaled().eval()
+    m = Scaled().eval().requires_grad_(False)
     compiled = kiln.compile(m, fullgraph=True)
     with torch.no_grad():
         for _ in range(3):

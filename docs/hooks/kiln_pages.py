@@ -58,9 +58,10 @@ ENV_HELP: dict[str, str] = {
     "and its parent must be private to the user)",
     "CXX": "the C++ compiler for CPU kernels (default `g++`, else `c++`)",
     "KILN_CPP_MARCH": "the `-march=` target of CPU kernels (default `native`)",
-    "KILN_FREEZING": "`0`: CPU inference graphs read parameters and buffers on every call "
-    "instead of computing what depends on them alone once (on by default; the `freezing` "
-    "option sets it per compiled function); see [Configuration](configuration.md#cpu-inference-freezing)",
+    "KILN_FREEZING": "`1`: CPU inference graphs compute what depends on parameters and buffers "
+    "alone once, also where parameters require grad; `0`: never (by default, only where none "
+    "requires grad; the `freezing` option sets it per compiled function); see "
+    "[Configuration](configuration.md#cpu-inference-freezing)",
     "KILN_MAX_AUTOTUNE": "`1`: the Triton backend tries more kernel configurations and matmul "
     "templates by default",
     "KILN_TRITON_CACHE": "folder of the Triton kernel cache (default `~/.cache/kiln/triton`)",

@@ -54,7 +54,7 @@ OPTIONS: dict[str, tuple[type, str]] = {
     "freezing": (
         bool,
         "CPU inference: compute what depends on parameters and buffers alone once, batch norm "
-        "folded into convolutions (default: on unless KILN_FREEZING=0)",
+        "folded into convolutions (default: where no parameter or buffer requires grad)",
     ),
     "cpp.threads": (int, "OpenMP threads for C++ kernels (default: torch.get_num_threads())"),
     "cpp.simd": (bool, "emit vectorized inner loops in C++ kernels"),

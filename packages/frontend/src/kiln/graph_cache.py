@@ -273,7 +273,8 @@ def _inputs(example_inputs: Sequence[Any]) -> list[Any]:
 def _settings() -> tuple[Any, ...]:
     """The process state that tracing and code generation read: grad and inference mode,
     autocast, default dtype and device, function modes (``GlobalState``, what capture guards
-    on), and the numerics switches (matmul precision, TF32, determinism)."""
+    on), the numerics switches (matmul precision, TF32, determinism), and the environment's
+    default for freezing."""
     cuda = torch.backends.cuda.matmul
     cudnn = torch.backends.cudnn
     return (
@@ -287,6 +288,7 @@ def _settings() -> tuple[Any, ...]:
         cudnn.allow_tf32,
         cudnn.deterministic,
         cudnn.benchmark,
+        os.environ.get("KILN_FREEZING"),  # the freezing option's default (loopir's entry)
     )
 
 

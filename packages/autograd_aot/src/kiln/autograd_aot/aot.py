@@ -173,7 +173,7 @@ class AotCompiled:
         partitioner: str,
         restored: Mapping[Mode, _ModePrograms] | None = None,
         prepare: Callable[[], None] | None = None,
-        freezing: bool = False,
+        freezing: bool | None = False,
     ) -> None:
         self.gm = gm
         # the caller's rewrites of gm, deferred until gm first runs or is traced
@@ -215,7 +215,9 @@ class AotCompiled:
         self._symbolic_primals = [i for i, t in enumerate(self._templates) if t is not None]
         # module state, taken as constants by forward-only programs (freezing.py)
         self._state_primals = (
-            state_positions(gm, example_inputs, len(self.state_names)) if freezing else []
+            []
+            if freezing is False
+            else state_positions(gm, example_inputs, len(self.state_names), freezing is None)
         )
         self._warned = False
         if restored is not None:
@@ -549,7 +551,7 @@ def aot_compile(
     partitioner: str = "mincut",
     restored: Mapping[Mode, _ModePrograms] | None = None,
     prepare: Callable[[], None] | None = None,
-    freezing: bool = False,
+    freezing: bool | None = False,
 ) -> AotCompiled:
     """Compile ``gm`` through ATen graphs; call the result like ``gm``.
 
@@ -560,7 +562,8 @@ def aot_compile(
     (other grad modes and aliasings still compile on first use). ``prepare``: rewrites of
     ``gm`` that keep its inputs, parameters and buffers, run once before ``gm`` is first run or
     traced, so a restored program that never needs ``gm`` never pays for them. ``freezing``:
-    forward-only CPU programs take module state as constants (``freezing.py``).
+    forward-only CPU programs take module state as constants (``freezing.py``); None: only
+    where no parameter or buffer requires grad.
     """
     if restored is None and has_wrapper_inputs(example_inputs):
 

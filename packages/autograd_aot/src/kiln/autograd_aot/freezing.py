@@ -74,12 +74,16 @@ def compile_frozen(
 
 
 def state_positions(
-    gm: torch.nn.Module, example_inputs: Sequence[Any], num_state: int
+    gm: torch.nn.Module, example_inputs: Sequence[Any], num_state: int, unless_grad: bool = False
 ) -> list[int]:
     """The primals that are module state: the ``num_state`` lifted ones, or, for a captured
     graph taking its state as inputs, the tensor inputs read from a module's ``_parameters``
-    or ``_buffers`` (their placeholder's source) or holding an ``nn.Parameter``."""
+    or ``_buffers`` (their placeholder's source) or holding an ``nn.Parameter``. With
+    ``unless_grad``, none where any of them requires grad: the default freezes only a model
+    set up for inference alone, whose weights a training loop is not writing between calls."""
     if num_state:
+        if unless_grad and any(p.requires_grad for p in gm.parameters()):
+            return []
         return list(range(num_state))
     if not isinstance(gm, fx.GraphModule):
         return []
@@ -94,6 +98,8 @@ def state_positions(
         # an inference tensor tracks no version, so a write to it could not be seen
         state = isinstance(value, torch.nn.Parameter) or _is_state_source(source)
         if state and not value.is_inference():
+            if unless_grad and value.requires_grad:
+                return []
             found.append(primal)
         primal += 1
     return found

@@ -13,7 +13,7 @@ step from there:
 3. graph wrappers: an option that names one (``cudagraphs``) wraps each compiled graph.
 
 Options: ``freezing`` goes to autograd_aot (forward-only CPU programs take module state as
-constants; on unless ``KILN_FREEZING=0``), ``fusion`` to the scheduler, each graph wrapper's
+constants; by default where no parameter or buffer requires grad), ``fusion`` to the scheduler, each graph wrapper's
 option to that wrapper, and the rest to every backend's ``with_options`` (``max_autotune``,
 ``cpp.threads``, ...).
 
@@ -253,12 +253,14 @@ def _prepare(
     return compile_one
 
 
-def _freezing(options: Mapping[str, Any] | None) -> bool:
+def _freezing(options: Mapping[str, Any] | None) -> bool | None:
     """Whether forward-only CPU programs take module state as constants (autograd_aot's
-    ``freezing``): the ``freezing`` option, else on unless ``KILN_FREEZING=0``."""
+    ``freezing``): the ``freezing`` option, else ``KILN_FREEZING`` (``1`` on, ``0`` off), else
+    None: on where no parameter or buffer requires grad."""
     value = (options or {}).get("freezing")
     if value is None:
-        return os.environ.get("KILN_FREEZING", "1") != "0"
+        env = os.environ.get("KILN_FREEZING")
+        return None if env is None else env != "0"
     return bool(value)
 
 
