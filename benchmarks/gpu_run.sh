@@ -4,6 +4,7 @@
 #   bash benchmarks/gpu_run.sh quick [ARGS...]   # 6 representative models, 3 columns, one call
 #   bash benchmarks/gpu_run.sh 3/10 [ARGS...]    # shard 3 of 10 of the whole suite
 #   bash benchmarks/gpu_run.sh 3/22 --models breadth --no-warm   # shard 3 of 22 of the breadth suite
+#   bash benchmarks/gpu_run.sh gpus 1/22 --models breadth --no-warm  # shards from 1 of 22, one per GPU at a time
 #   bash benchmarks/gpu_run.sh tests             # the GPU tests (pytest -m gpu)
 #   bash benchmarks/gpu_run.sh micro             # bandwidth and reduce-overhead microbenchmarks
 #   bash benchmarks/gpu_run.sh warm [ARGS...]    # warm start: benchmarks/warm_start.py
@@ -27,6 +28,11 @@
 # 530) and records what it could not finish, so the call returns within its limit. ARGS go to
 # `python -m benchmarks` (e.g. --mode training, --dtype amp, --backends eager,torch_compile).
 # Merge shards afterwards with: python -m benchmarks.report DIR1 DIR2 ... --out DIR
+#
+# `gpus FIRST/N` runs shards on every GPU of the machine at once, each GPU alone in its process
+# (CUDA_VISIBLE_DEVICES) with its own compile caches: GPU g takes shards FIRST+g, FIRST+g+G, ...
+# (G GPUs) of N, one after another while $BUDGET seconds last, each into $OUT/shard-S-of-N/.
+# GPUs' timings are then of different cards: compare columns within a shard, as always.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -111,6 +117,26 @@ elif [[ "$WHAT" == micro ]]; then
 elif [[ "$WHAT" == warm ]]; then  # cold and warm first calls, Kiln beside torch.compile
     exec "$PY" -m benchmarks.warm_start --device cuda --jobs "${JOBS:-4}" \
         --budget "${BUDGET:-420}" --out "$OUT/warm-start" "$@"
+elif [[ "$WHAT" == gpus ]]; then
+    first="${1%/*}" total="${1#*/}"
+    shift
+    gpus=$(nvidia-smi -L | wc -l)
+    start=$SECONDS
+    mkdir -p "$OUT"
+    for ((g = 0; g < gpus; g++)); do
+        (
+            for ((s = first + g; s <= total; s += gpus)); do
+                left=$(( ${BUDGET:-530} - (SECONDS - start) ))
+                (( left > 120 )) || break
+                mkdir -p "${TMPDIR:-/tmp}/gpu$g"
+                CUDA_VISIBLE_DEVICES=$g TMPDIR="${TMPDIR:-/tmp}/gpu$g" BUDGET=$left \
+                    bash "$ROOT/benchmarks/gpu_run.sh" "$s/$total" "$@" >"$OUT/gpu$g-shard$s.log" 2>&1 \
+                    || echo "shard $s/$total failed (log: $OUT/gpu$g-shard$s.log)"
+            done
+        ) &
+    done
+    wait
+    exit 0
 elif [[ "$WHAT" == quick ]]; then
     select=(--models $QUICK --no-warm)
     name=quick
