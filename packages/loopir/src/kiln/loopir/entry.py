@@ -13,9 +13,9 @@ step from there:
 3. graph wrappers: an option that names one (``cudagraphs``) wraps each compiled graph.
 
 Options: ``freezing`` goes to autograd_aot (forward-only CPU programs take module state as
-constants; by default where no parameter or buffer requires grad), ``fusion`` to the scheduler, each graph wrapper's
-option to that wrapper, and the rest to every backend's ``with_options`` (``max_autotune``,
-``cpp.threads``, ...).
+constants; by default where no parameter or buffer requires grad), ``fusion`` to the
+scheduler, each graph wrapper's option to that wrapper, and the rest to every backend's
+``with_options`` (``max_autotune``, ``cpp.threads``, ...).
 
 A graph wrapper is a code generator's hook for running a whole compiled graph some other way:
 ``wrapper(compiled) -> callable``, which reads the :class:`~kiln.loopir.CompiledGraph`'s
