@@ -2,9 +2,9 @@
 
 Capture runs every op of a frame on meta tensors to learn its result's layout, and on a warm
 start it still does (capture yields the graph cache's key). Those runs are mostly Python
-(torch's meta kernels and references), and the first one of a process imports
-``torch.fx.experimental.symbolic_shapes`` (``torch._check`` does): together a good part of a
-small model's warm first call. :mod:`kiln.capture.shapes.memo` remembers, for the process, the
+(torch's meta kernels and references), and the first one of a process makes torch import its
+own symbolic-shapes module (its shape checks do): together a good part of a small model's
+warm first call. :mod:`kiln.capture.shapes.memo` remembers, for the process, the
 layout each op gave on static metadata; this module keeps that table in
 ``<graph cache folder>/ops/memo-<stamp>.pkl`` for later processes, the stamp naming what could
 change an answer (Kiln's sources, torch's and Python's versions: the graph key's ``versions``).
