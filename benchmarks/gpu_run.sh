@@ -32,6 +32,7 @@
 # `gpus FIRST/N` runs shards on every GPU of the machine at once, each GPU alone in its process
 # (CUDA_VISIBLE_DEVICES) with its own compile caches: GPU g takes shards FIRST+g, FIRST+g+G, ...
 # (G GPUs) of N, one after another while $BUDGET seconds last, each into $OUT/shard-S-of-N/.
+# GPU_LIST="2 3" gives it those GPUs only (others stay free for another run at the same time).
 # GPUs' timings are then of different cards: compare columns within a shard, as always.
 set -euo pipefail
 
@@ -120,12 +121,14 @@ elif [[ "$WHAT" == warm ]]; then  # cold and warm first calls, Kiln beside torch
 elif [[ "$WHAT" == gpus ]]; then
     first="${1%/*}" total="${1#*/}"
     shift
-    gpus=$(nvidia-smi -L | wc -l)
+    read -ra list <<<"${GPU_LIST:-$(seq -s ' ' 0 $(($(nvidia-smi -L | wc -l) - 1)))}"
+    gpus=${#list[@]}
     start=$SECONDS
     mkdir -p "$OUT"
-    for ((g = 0; g < gpus; g++)); do
+    for ((i = 0; i < gpus; i++)); do
+        g=${list[i]}
         (
-            for ((s = first + g; s <= total; s += gpus)); do
+            for ((s = first + i; s <= total; s += gpus)); do
                 left=$(( ${BUDGET:-530} - (SECONDS - start) ))
                 (( left > 120 )) || break
                 mkdir -p "${TMPDIR:-/tmp}/gpu$g"
