@@ -134,7 +134,8 @@ LINE_BUDGET = {
     # + 13 for the freezing option, read here and handed to autograd_aot (entry.py)
     # + 51 for views that are their whole buffer written as the buffer (wrapper.py)
     # + 2 for the freezing option's default read from KILN_FREEZING as on, off or unset
-    "loopir": 11664,
+    # + 14 for convolution results planned by the rule ATen lays them out by (lowering/fallback.py)
+    "loopir": 11678,
     # + about 250 for symbolic sizes: size arguments, per-call grids and sizes, autotuning
     # per size bucket (symbolic_sizes.py, symbolic_launch.py), CUDA graphs per size set
     "codegen_triton": 3150,

@@ -322,3 +322,30 @@ def test_an_extern_result_of_another_dtype_than_its_meta_says_is_converted():
     assert out.dtype == torch.float32
     torch.testing.assert_close(out, (x * 2).to(torch.bfloat16).float() + 1)
     assert counters.snapshot()["extern_copies"] == {"kiln_test.half_then_float.default": 1}
+
+
+def test_convolution_result_planned_as_aten_lays_it_out():
+    """A batch of one permuted from NHWC reaches the convolution as a view with stride 0
+    on N, which ATen's ``suggest_memory_format`` calls NCHW (it answers NCHW): planned
+    so, the result needs no copy. A 1x1 weight stored channels-last makes it NHWC."""
+    x = torch.randn(1, 8, 8, 4)
+    w = torch.randn(6, 4, 3, 3)
+
+    def fn(x, w):
+        y = aten.permute.default(aten.add.Tensor(aten.mul.Tensor(x, x), 1.0), [0, 3, 1, 2])
+        conv = aten.convolution.default(y, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+        return (aten.relu.default(conv),)
+
+    counters.clear()
+    check(fn, x, w, atol=1e-5, rtol=1e-5)
+    assert "extern_copies" not in counters.snapshot()
+
+    w1 = torch.randn(6, 4, 1, 1).contiguous(memory_format=torch.channels_last)
+
+    def fn1(x, w):
+        conv = aten.convolution.default(x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1)
+        return (aten.relu.default(conv),)
+
+    counters.clear()
+    check(fn1, torch.randn(2, 4, 8, 8), w1, atol=1e-5, rtol=1e-5)
+    assert "extern_copies" not in counters.snapshot()
