@@ -12,6 +12,13 @@ from kiln.capture import counters
 aten = torch.ops.aten
 
 
+@pytest.fixture(autouse=True)
+def _plain_convolutions(monkeypatch):
+    """The folds as ATen convolutions: oneDNN prepacking has its own tests
+    (test_onednn_packing.py)."""
+    monkeypatch.setenv("KILN_FREEZING_PREPACK", "0")
+
+
 class _Recorder:
     """A forward compiler that runs the ATen graph as is and keeps it."""
 

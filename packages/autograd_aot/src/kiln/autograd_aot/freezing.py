@@ -40,6 +40,7 @@ import torch
 from torch import fx
 
 from kiln.autograd_aot.conv_folding import fold_conv_affine
+from kiln.autograd_aot.onednn_packing import PACKING_OPS, prepack_convolutions
 from kiln.autograd_aot.symbolic import is_symbolic
 from kiln.capture import artifacts, counters
 from kiln.capture.source import AttrSource, ItemSource
@@ -66,7 +67,12 @@ def compile_frozen(
     if plan is None:
         return None
     counters.bump("autograd_aot", "frozen_programs")
-    log.info("frozen: %d ops folded, %d convolutions", plan.folded_ops, plan.folded_convolutions)
+    log.info(
+        "frozen: %d ops folded, %d convolutions, %d prepacked",
+        plan.folded_ops,
+        plan.folded_convolutions,
+        plan.packed_convolutions,
+    )
     artifacts.dump("aot_frozen.py", plan.runtime.code)
     fakes = [n.meta["val"] for n in plan.runtime.graph.find_nodes(op="placeholder")]
     compiled = fw_compiler(plan.runtime, fakes)
@@ -124,6 +130,7 @@ class FreezePlan:
     kept: tuple[int, ...]
     folded_ops: int  # ATen ops computed ahead of the calls (views not counted)
     folded_convolutions: int  # convolutions whose following affine arithmetic was folded
+    packed_convolutions: int = 0  # convolutions calling oneDNN on a prepacked weight
 
 
 def _is_view(node: fx.Node) -> bool:
@@ -133,7 +140,7 @@ def _is_view(node: fx.Node) -> bool:
 
 def _foldable_op(node: fx.Node) -> bool:
     target = node.target
-    if target is operator.getitem:
+    if target is operator.getitem or target in PACKING_OPS:
         return True
     if not isinstance(target, torch._ops.OpOverload) or target.namespace not in ("aten", "prims"):
         return False
@@ -211,6 +218,10 @@ def plan_freezing(gm: fx.GraphModule, frozen: Sequence[int]) -> FreezePlan | Non
     if convolutions:
         prune_dead(graph)
         fold = _folded(graph, frozen_nodes)
+    packed = prepack_convolutions(graph, lambda n: fold.get(n) is True, _pinned(graph))
+    if packed:
+        prune_dead(graph)
+        fold = _folded(graph, frozen_nodes)
     constants = [n for n, state in fold.items() if state and any(u not in fold for u in n.users)]
     if any(not isinstance(n.meta.get("val"), torch.Tensor) for n in constants):
         return None
@@ -232,6 +243,7 @@ def plan_freezing(gm: fx.GraphModule, frozen: Sequence[int]) -> FreezePlan | Non
         kept=kept,
         folded_ops=ops,
         folded_convolutions=convolutions,
+        packed_convolutions=packed,
     )
 
 
@@ -329,7 +341,8 @@ class FrozenForward:
         with torch.no_grad():
             values = list(self.constants(*frozen))
         for i, (value, (size, stride)) in enumerate(zip(values, self._layouts, strict=True)):
-            if value.stride() != stride:  # the compiled graph assumes the traced layout
+            # the compiled graph assumes the traced layout (a packed weight has none: opaque)
+            if not value.is_mkldnn and value.stride() != stride:
                 values[i] = torch.empty_strided(
                     size, stride, dtype=value.dtype, device=value.device
                 ).copy_(value)

@@ -42,7 +42,13 @@ from kiln.loopir.ir.loops import Pointwise
 from kiln.loopir.ir.strided import as_strided_view, copy_like, realize_as_tensor, realize_like
 from kiln.loopir.ir.views import ReinterpretView, StorageBox, TensorBox
 from kiln.loopir.kernel import SEEDS
-from kiln.loopir.lowering.fallback import chosen_extern, fallback, is_convolution, packet_name
+from kiln.loopir.lowering.fallback import (
+    chosen_extern,
+    fallback,
+    is_convolution,
+    is_packed_convolution,
+    packet_name,
+)
 from kiln.loopir.lowering.registry import LOWERINGS
 from kiln.loopir.traits import BackendTraits
 from kiln.loopir.virtualized import V
@@ -535,12 +541,18 @@ def prefers_channels_last(gm: torch.fx.GraphModule, device: torch.device) -> boo
     NCHW ones, but its dense ones are not, and NHWC slows the permutes around matrix
     products: a CPU graph goes channels-last only if it has a grouped convolution and
     at least as many convolutions as matrix products (depthwise nets gain from NHWC; nets
-    of dense convolutions, or of linear layers between convolutions, lose).
+    of dense convolutions, or of linear layers between convolutions, lose). A convolution
+    freezing runs on a prepacked oneDNN weight counts as grouped: it answers NHWC and copies
+    an NCHW input to NHWC itself.
     """
     if device.type not in ("cuda", "cpu"):
         return False
     nodes = list(gm.graph.nodes)
-    convs = [n for n in nodes if is_convolution(n.target) and _dim(n) == 4]
+    convs = [
+        n
+        for n in nodes
+        if (is_convolution(n.target) or is_packed_convolution(n.target)) and _dim(n) == 4
+    ]
     if not convs:
         return False
     if device.type == "cpu" and not _cpu_prefers_nhwc(nodes, convs):
@@ -563,7 +575,9 @@ _MATRIX_PRODUCTS = frozenset({"mm", "addmm", "bmm", "baddbmm", "matmul", "linear
 def _cpu_prefers_nhwc(nodes: list[torch.fx.Node], convs: list[torch.fx.Node]) -> bool:
     if not torch.backends.mkldnn.is_available():
         return False
-    grouped = any(len(n.args) > 8 and n.args[8] != 1 for n in convs)
+    grouped = any(
+        is_packed_convolution(n.target) or (len(n.args) > 8 and n.args[8] != 1) for n in convs
+    )
     products = [n for n in nodes if packet_name(n.target) in _MATRIX_PRODUCTS]
     return grouped and len(convs) >= len(products)
 

@@ -44,6 +44,7 @@ __all__ = [
     "VENDOR_KERNELS",
     "is_vendor_kernel",
     "is_convolution",
+    "is_packed_convolution",
     "packet_name",
 ]
 
@@ -211,26 +212,18 @@ def is_convolution(op: Any) -> bool:
     return packet_name(op) in ("convolution", "_convolution")
 
 
-def _nhwc(t: torch.Tensor) -> bool:
-    """Whether ATen's convolutions take ``t`` as channels-last: ``suggest_memory_format``,
-    which asks ``is_channels_last_strides_2d``, not ``is_contiguous(channels_last)``.
+def is_packed_convolution(op: Any) -> bool:
+    """Whether ``op`` is oneDNN's convolution with a fused post-op, which freezing calls on a
+    prepacked weight (``kiln.autograd_aot.onednn_packing``); it answers channels-last."""
+    return packet_name(op) == "_convolution_pointwise" and getattr(op, "namespace", "") == "mkldnn"
 
-    The two differ where a size-1 dim's stride is 0 or out of order (a batch of one
-    permuted NHWC, passed as a view with stride 0 on N: ATen answers NCHW) and for a
-    1x1 weight stored channels-last (ATen answers NHWC): a plan from the other test
-    cost a copy of the result on every call.
-    """
-    if t.dim() != 4 or t.layout != torch.strided:
-        return False
-    size, stride = t.shape, t.stride()
-    if stride[1] == 0:
-        return False
-    lowest = 0
-    for d in (1, 3, 2, 0):
-        if size[d] == 0 or stride[d] < lowest or (d == 0 and lowest == stride[1]):
-            return False
-        lowest = stride[d] * size[d] if size[d] > 1 else stride[d]
-    return True
+
+def _nhwc(t: torch.Tensor) -> bool:
+    return (
+        t.dim() == 4
+        and t.is_contiguous(memory_format=torch.channels_last)
+        and not (t.is_contiguous())
+    )
 
 
 def _nhwc_activations(op: Any, args: Sequence[Any]) -> tuple[int, ...]:
@@ -409,6 +402,8 @@ def _vendor_kernel(*args: Any, **kwargs: Any) -> Any:
 register_lowering(*[op for n, ovls in VENDOR_KERNELS.items() for op in overloads(n, *ovls)])(
     _vendor_kernel
 )
+if hasattr(torch.ops.mkldnn, "_convolution_pointwise"):  # frozen programs' (is_packed_convolution)
+    register_lowering(torch.ops.mkldnn._convolution_pointwise)(_vendor_kernel)
 
 
 @register_lowering(*overloads("convolution", "default"))

@@ -1,0 +1,254 @@
+"""Frozen convolutions as oneDNN calls on a prepacked weight, with the op after them fused.
+
+Why: ATen's CPU convolution hands oneDNN a plain weight, which oneDNN reorders into its
+blocked layout on every call, and the activation after it is a pass over the output of its
+own. In a frozen program the weight is a constant, so the reorder can run once, with the
+constants (``mkldnn._reorder_convolution_weight``), and the convolution becomes
+``mkldnn._convolution_pointwise``, which applies the activation (or the residual add, then
+ReLU: ``_convolution_pointwise.binary``) as a oneDNN post-op while the output is in cache.
+
+What is rewritten (:func:`prepack_convolutions`): a 2-D float32 convolution on the CPU, not
+transposed, of one group (oneDNN's prepacked depthwise and grouped convolutions are slower
+than ATen's channels-last ones here, and its binary post-ops run only for one group), with
+static sizes, whose weight and bias are state and whose result (or its only reader) is not
+returned (the fused op answers channels-last, where eager may answer NCHW; a backend that
+compiles the graph lays further outputs out as traced). The op after it is fused where it is
+the convolution's only reader and oneDNN has it as a post-op (``_UNARY``); an ``add`` of a
+tensor of the output's own shape is fused as the binary post-op, and a ReLU after that too.
+
+The packed weight is an opaque oneDNN tensor (no strides, no storage pointer): it is only
+ever a constant, produced by the constants graph and passed to the fused op. Its node's
+value in the graphs is a stand-in with the plain weight's sizes, which no kernel reads; the
+fused op's value is channels-last, as oneDNN returns it for any input layout.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import fx
+
+from kiln.autograd_aot.symbolic import is_symbolic
+
+__all__ = ["PACKING_OPS", "enabled", "prepack_convolutions"]
+
+aten = torch.ops.aten
+
+# aten unary op -> (oneDNN post-op name, its scalars from the op's arguments, its algorithm)
+_UNARY: dict[Any, tuple[str, Callable[[fx.Node], list[Any]], Callable[[fx.Node], str]]] = {}
+
+
+def _arg(node: fx.Node, index: int, name: str, default: Any) -> Any:
+    if len(node.args) > index:
+        return node.args[index]
+    return node.kwargs.get(name, default)
+
+
+def _no_scalars(node: fx.Node) -> list[Any]:
+    return []
+
+
+def _no_algorithm(node: fx.Node) -> str:
+    return ""
+
+
+def _register_unary() -> None:
+    for op, name in (
+        (aten.relu.default, "relu"),
+        (aten.sigmoid.default, "sigmoid"),
+        (aten.tanh.default, "tanh"),
+        (aten.hardswish.default, "hardswish"),
+        (aten.hardsigmoid.default, "hardsigmoid"),
+        (aten.silu.default, "swish"),
+    ):
+        _UNARY[op] = (name, _no_scalars, _no_algorithm)
+    _UNARY[aten.leaky_relu.default] = (
+        "leaky_relu",
+        lambda n: [_arg(n, 1, "negative_slope", 0.01)],
+        _no_algorithm,
+    )
+    _UNARY[aten.hardtanh.default] = (
+        "hardtanh",
+        lambda n: [_arg(n, 1, "min_val", -1.0), _arg(n, 2, "max_val", 1.0)],
+        _no_algorithm,
+    )
+    _UNARY[aten.clamp.default] = (  # relu6 in tables that decompose hardtanh
+        "hardtanh",
+        lambda n: [_arg(n, 1, "min", None), _arg(n, 2, "max", None)],
+        _no_algorithm,
+    )
+    _UNARY[aten.gelu.default] = ("gelu", _no_scalars, lambda n: _arg(n, 1, "approximate", "none"))
+
+
+_register_unary()
+
+
+def enabled() -> bool:
+    """Whether frozen convolutions are prepacked: oneDNN is in this torch build and
+    ``KILN_FREEZING_PREPACK`` is not ``0``."""
+    if os.environ.get("KILN_FREEZING_PREPACK", "1") == "0":
+        return False
+    return bool(torch.backends.mkldnn.is_available()) and hasattr(
+        torch.ops.mkldnn, "_convolution_pointwise"
+    )
+
+
+def _packing_ops() -> frozenset[Any]:
+    if not hasattr(torch.ops.mkldnn, "_reorder_convolution_weight"):
+        return frozenset()
+    return frozenset({torch.ops.mkldnn._reorder_convolution_weight.default})
+
+
+PACKING_OPS = _packing_ops()
+"""The ops that pack a weight: computed ahead of the calls, with the other constants."""
+
+
+def _static_ints(values: Any) -> list[int] | None:
+    if not isinstance(values, (list, tuple)) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in values
+    ):
+        return None
+    return list(values)
+
+
+def _packable(conv: fx.Node, is_state: Callable[[fx.Node], bool]) -> bool:
+    if len(conv.args) != 9 or conv.kwargs:
+        return False
+    x, weight, bias, stride, padding, dilation, transposed, _, groups = conv.args
+    out = conv.meta.get("val")
+    xval = x.meta.get("val") if isinstance(x, fx.Node) else None
+    if not isinstance(out, torch.Tensor) or not isinstance(xval, torch.Tensor):
+        return False
+    if out.dim() != 4 or out.dtype != torch.float32 or out.device.type != "cpu":
+        return False
+    if is_symbolic(out) or is_symbolic(xval) or xval.dtype != torch.float32:
+        return False
+    if transposed or groups != 1 or not isinstance(weight, fx.Node) or not is_state(weight):
+        return False
+    if bias is not None and (not isinstance(bias, fx.Node) or not is_state(bias)):
+        return False
+    return all(len(_static_ints(v) or ()) == 2 for v in (stride, padding, dilation))
+
+
+def _only_user(node: fx.Node) -> fx.Node | None:
+    if len(node.users) != 1:
+        return None
+    user = next(iter(node.users))
+    return user if user.op == "call_function" else None
+
+
+def _same_value(a: fx.Node, b: fx.Node) -> bool:
+    va, vb = a.meta.get("val"), b.meta.get("val")
+    return (
+        isinstance(va, torch.Tensor)
+        and isinstance(vb, torch.Tensor)
+        and va.shape == vb.shape
+        and va.dtype == vb.dtype
+    )
+
+
+def _residual(conv: fx.Node, add: fx.Node) -> fx.Node | None:
+    """The other operand of ``add`` (``conv + other`` or ``other + conv``, alpha 1) where it is
+    a tensor of the convolution's own shape and dtype; None otherwise."""
+    if add.target is not aten.add.Tensor or len(add.args) != 2:
+        return None
+    if any(k != "alpha" or v != 1 for k, v in add.kwargs.items()):
+        return None
+    first, second = add.args
+    other = second if first is conv else first
+    if not isinstance(other, fx.Node) or other is conv or conv not in (first, second):
+        return None
+    return other if _same_value(other, conv) and _same_value(add, conv) else None
+
+
+def _unary(node: fx.Node) -> tuple[str, list[Any], str] | None:
+    found = _UNARY.get(node.target)
+    source = node.args[0] if node.args else None
+    if found is None or len(node.all_input_nodes) != 1 or not isinstance(source, fx.Node):
+        return None
+    if not _same_value(node, source):
+        return None
+    name, scalars, algorithm = found
+    values = scalars(node)
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return None
+    return name, values, algorithm(node)
+
+
+def prepack_convolutions(
+    graph: fx.Graph, is_state: Callable[[fx.Node], bool], pinned: set[fx.Node]
+) -> int:
+    """Rewrite, in place, ``graph``'s packable convolutions into oneDNN calls on a packed
+    weight, each with the op after it fused where oneDNN has it; returns how many. Nodes that
+    ``pinned`` holds (returned, or viewed by what is) are never replaced. The nodes left dead
+    are the caller's to remove."""
+    if not enabled():
+        return 0
+    count = 0
+    for conv in list(graph.find_nodes(op="call_function", target=aten.convolution.default)):
+        if conv in pinned or not _packable(conv, is_state):
+            continue
+        if _rewrite(graph, conv, pinned):
+            count += 1
+    return count
+
+
+def _rewrite(graph: fx.Graph, conv: fx.Node, pinned: set[fx.Node]) -> bool:
+    x, weight, bias, stride, padding, dilation, _, _, groups = conv.args
+    assert isinstance(x, fx.Node) and isinstance(weight, fx.Node)
+    stride, padding, dilation = (_static_ints(v) or [] for v in (stride, padding, dilation))
+    last, other = conv, None
+    unary: tuple[str, list[Any], str] | None = None
+    user = _only_user(conv)
+    if user in pinned:  # a returned activation of it would come back channels-last
+        return False
+    if user is not None:
+        other = _residual(conv, user)
+        if other is not None:
+            last = user
+            after = _only_user(user)
+            if after is not None and after not in pinned and after.target is aten.relu.default:
+                last, unary = after, ("relu", [], "")
+        else:
+            unary = _unary(user)
+            if unary is not None:
+                last = user
+    sizes = list(x.meta["val"].shape)
+    mkldnn = torch.ops.mkldnn
+    with graph.inserting_before(last):
+        packed = graph.call_function(
+            mkldnn._reorder_convolution_weight.default,
+            (weight, list(padding), list(stride), list(dilation), groups, sizes),
+        )
+        # a stand-in with the plain weight's sizes: the packed tensor is opaque
+        packed.meta["val"] = weight.meta["val"].clone()
+        common = (list(padding), list(stride), list(dilation), groups)
+        if other is not None:
+            fused = graph.call_function(
+                mkldnn._convolution_pointwise.binary,
+                (
+                    x,
+                    other,
+                    packed,
+                    bias,
+                    *common,
+                    "add",
+                    None,
+                    unary[0] if unary else None,
+                    [],
+                    None,
+                ),
+            )
+        else:
+            attr, scalars, algorithm = unary if unary is not None else ("none", [], "")
+            fused = graph.call_function(
+                mkldnn._convolution_pointwise.default,
+                (x, packed, bias, *common, attr, scalars, algorithm),
+            )
+    # oneDNN answers channels-last for every input layout
+    fused.meta["val"] = last.meta["val"].clone(memory_format=torch.channels_last)
+    last.replace_all_uses_with(fused)
+    return True

@@ -1,0 +1,203 @@
+"""Frozen convolutions on a prepacked oneDNN weight, with the op after them fused: which
+convolutions are rewritten, results equal to eager's over several calls, and every change of
+a weight seen (the packed weight is one of the constants)."""
+
+import pytest
+import torch
+from torch import fx, nn
+
+from kiln.autograd_aot import aot_compile, default_decompositions
+from kiln.autograd_aot.freezing import FrozenForward
+
+aten = torch.ops.aten
+
+pytestmark = pytest.mark.skipif(
+    not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN"
+)
+
+
+def _mkldnn():
+    return torch.ops.mkldnn
+
+
+class _Recorder:
+    def __init__(self):
+        self.graphs = []
+
+    def __call__(self, gm, example_inputs):
+        self.graphs.append(gm)
+        return gm
+
+
+def _bn(c):
+    bn = nn.BatchNorm2d(c)
+    with torch.no_grad():
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(0.5, 2)
+        bn.weight.uniform_(0.5, 1.5)
+        bn.bias.uniform_(-1, 1)
+    return bn
+
+
+class ConvAct(nn.Module):
+    def __init__(self, act, groups=1, cin=8, cout=8):
+        super().__init__()
+        self.conv = nn.Conv2d(cin, cout, 3, padding=1, groups=groups)
+        self.bn = _bn(cout)
+        self.act = act
+
+    def forward(self, x):
+        return self.act(self.bn(self.conv(x))).sum(dim=1)  # the convolution is not returned
+
+
+class Residual(nn.Module):
+    def __init__(self, relu=True):
+        super().__init__()
+        self.c1 = nn.Conv2d(8, 8, 3, padding=1, bias=False)
+        self.b1 = _bn(8)
+        self.c2 = nn.Conv2d(8, 8, 3, padding=1, bias=False)
+        self.b2 = _bn(8)
+        self.relu = relu
+
+    def forward(self, x):
+        y = torch.relu(self.b1(self.c1(x)))
+        y = x + self.b2(self.c2(y))
+        return (torch.relu(y) if self.relu else y).mean((2, 3))
+
+
+def _table():
+    """The default table with batch norm decomposed and the activations kept, as loopir's."""
+    table = default_decompositions()
+    table.update(torch._decomp.get_decompositions([aten.native_batch_norm]))
+    for op in (aten.hardswish, aten.hardsigmoid, aten.silu, aten.gelu, aten.hardtanh):
+        for name in op.overloads():
+            table.pop(getattr(op, name), None)
+    return table
+
+
+def _compile(module, shape):
+    rec = _Recorder()
+    with torch.no_grad():
+        compiled = aot_compile(
+            fx.symbolic_trace(module),
+            [torch.randn(shape)],
+            fw_compiler=rec,
+            decompositions=_table(),
+            freezing=True,
+        )
+    return compiled, rec.graphs[0]
+
+
+def _check(module, compiled, shape, calls=3):
+    with torch.no_grad():
+        for _ in range(calls):
+            x = torch.randn(shape)
+            torch.testing.assert_close(compiled(x), module(x), rtol=1e-4, atol=1e-4)
+
+
+def _calls(gm):
+    return [
+        (n.target, [a for a in n.args if not isinstance(a, fx.Node)])
+        for n in gm.graph.nodes
+        if n.op == "call_function"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("act", "attr", "scalars", "algorithm"),
+    [
+        (nn.ReLU(), "relu", [], ""),
+        (nn.ReLU6(), "hardtanh", [0.0, 6.0], ""),
+        (nn.Hardtanh(-0.5, 2.0), "hardtanh", [-0.5, 2.0], ""),
+        (nn.Hardswish(), "hardswish", [], ""),
+        (nn.Hardsigmoid(), "hardsigmoid", [], ""),
+        (nn.SiLU(), "swish", [], ""),
+        (nn.GELU(), "gelu", [], "none"),
+        (nn.GELU("tanh"), "gelu", [], "tanh"),
+        (nn.Sigmoid(), "sigmoid", [], ""),
+        (nn.LeakyReLU(0.2), "leaky_relu", [0.2], ""),
+    ],
+)
+def test_activation_is_fused_as_a_post_op(act, attr, scalars, algorithm):
+    m = ConvAct(act).eval()
+    compiled, gm = _compile(m, (2, 8, 9, 9))
+    _check(m, compiled, (2, 8, 9, 9))
+    (conv, rest) = _calls(gm)
+    assert conv[0] is _mkldnn()._convolution_pointwise.default
+    assert conv[1][-3:] == [attr, scalars, algorithm]
+    assert rest[0] is aten.sum.dim_IntList  # the activation ran inside the convolution
+    forward = compiled.variant(False).forward
+    assert isinstance(forward, FrozenForward)
+    packed = forward.constants(*[p for p in m.parameters()] + [b for b in m.buffers()])
+    assert any(t.is_mkldnn for t in packed)  # the packed weight is a constant
+
+
+def test_residual_add_and_relu_are_the_binary_post_op():
+    m = Residual().eval()
+    compiled, gm = _compile(m, (2, 8, 9, 9))
+    _check(m, compiled, (2, 8, 9, 9))
+    calls = _calls(gm)
+    assert [c[0] for c in calls[:2]] == [
+        _mkldnn()._convolution_pointwise.default,
+        _mkldnn()._convolution_pointwise.binary,
+    ]
+    assert calls[1][1][4:7] == ["add", None, "relu"]
+    assert aten.add.Tensor not in [c[0] for c in calls]
+
+
+def test_residual_add_without_relu():
+    m = Residual(relu=False).eval()
+    compiled, gm = _compile(m, (1, 8, 9, 9))
+    _check(m, compiled, (1, 8, 9, 9))
+    binary = [c for c in _calls(gm) if c[0] is _mkldnn()._convolution_pointwise.binary]
+    assert binary[0][1][4:7] == ["add", None, None]
+
+
+@pytest.mark.parametrize("act", [nn.Mish(), nn.ELU()])
+def test_other_ops_stay_after_the_packed_convolution(act):
+    m = ConvAct(act).eval()
+    compiled, gm = _compile(m, (2, 8, 9, 9))
+    _check(m, compiled, (2, 8, 9, 9))
+    calls = _calls(gm)
+    assert calls[0][0] is _mkldnn()._convolution_pointwise.default
+    assert calls[0][1][-3:] == ["none", [], ""]
+
+
+def test_grouped_returned_and_switched_off_convolutions_stay_aten(monkeypatch):
+    for module in (ConvAct(nn.ReLU(), groups=8), ConvAct(nn.ReLU(), groups=2)):
+        compiled, gm = _compile(module.eval(), (1, 8, 9, 9))
+        _check(module, compiled, (1, 8, 9, 9))
+        assert _calls(gm)[0][0] is aten.convolution.default
+    returned = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), _bn(8), nn.ReLU()).eval()
+    compiled, gm = _compile(returned, (1, 8, 9, 9))
+    _check(returned, compiled, (1, 8, 9, 9))
+    assert _calls(gm)[0][0] is aten.convolution.default  # eager's NCHW result kept
+    monkeypatch.setenv("KILN_FREEZING_PREPACK", "0")
+    m = ConvAct(nn.ReLU()).eval()
+    compiled, gm = _compile(m, (1, 8, 9, 9))
+    assert _calls(gm)[0][0] is aten.convolution.default
+
+
+def test_weight_changes_are_seen_through_the_packed_weight():
+    m = Residual().eval()
+    compiled, _ = _compile(m, (2, 8, 9, 9))
+    _check(m, compiled, (2, 8, 9, 9), calls=2)
+    with torch.no_grad():
+        m.c1.weight.mul_(2)
+    _check(m, compiled, (2, 8, 9, 9), calls=2)
+    state = {k: v * 0.5 if v.is_floating_point() else v for k, v in m.state_dict().items()}
+    m.load_state_dict(state)
+    _check(m, compiled, (2, 8, 9, 9), calls=2)
+    m.c2.weight.data = torch.randn_like(m.c2.weight)
+    _check(m, compiled, (2, 8, 9, 9), calls=2)
+    with torch.no_grad():
+        m.b2.running_var.mul_(3)  # folded into the packed weight first
+    _check(m, compiled, (2, 8, 9, 9), calls=2)
+
+
+def test_channels_last_input():
+    m = Residual().eval()
+    x = torch.randn(2, 8, 9, 9).contiguous(memory_format=torch.channels_last)
+    compiled, _ = _compile(m, (2, 8, 9, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), m(x), rtol=1e-4, atol=1e-4)
