@@ -219,11 +219,25 @@ def is_packed_convolution(op: Any) -> bool:
 
 
 def _nhwc(t: torch.Tensor) -> bool:
-    return (
-        t.dim() == 4
-        and t.is_contiguous(memory_format=torch.channels_last)
-        and not (t.is_contiguous())
-    )
+    """Whether ATen's convolutions take ``t`` as channels-last: ``suggest_memory_format``,
+    which asks ``is_channels_last_strides_2d``, not ``is_contiguous(channels_last)``.
+
+    The two differ where a size-1 dim's stride is 0 or out of order (a batch of one
+    permuted NHWC, passed as a view with stride 0 on N: ATen answers NCHW) and for a
+    1x1 weight stored channels-last (ATen answers NHWC): a plan from the other test
+    cost a copy of the result on every call.
+    """
+    if t.dim() != 4 or t.layout != torch.strided:
+        return False
+    size, stride = t.shape, t.stride()
+    if stride[1] == 0:
+        return False
+    lowest = 0
+    for d in (1, 3, 2, 0):
+        if size[d] == 0 or stride[d] < lowest or (d == 0 and lowest == stride[1]):
+            return False
+        lowest = stride[d] * size[d] if size[d] > 1 else stride[d]
+    return True
 
 
 def _nhwc_activations(op: Any, args: Sequence[Any]) -> tuple[int, ...]:
