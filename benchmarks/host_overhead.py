@@ -21,7 +21,10 @@ initial weights.
 
 Run: ``python -m benchmarks.host_overhead [--fsdp] [--profile kiln/train]`` from the repository
 root (every kiln package importable). ``--profile COLUMN/MODE`` prints a cProfile of that
-column's calls instead.
+column's calls instead. ``--device cuda`` runs the block on the GPU (FSDP2 on a 1-rank NCCL
+group) and times wall time per call with the GPU synchronized after each round of calls: the
+kernels are as small, so the time is still the host's, now with CUDA's launches and
+allocator in it.
 """
 
 from __future__ import annotations
@@ -56,12 +59,13 @@ def _compile(column: str, block: torch.nn.Module) -> Callable[..., Any]:
 
 
 @contextlib.contextmanager
-def _one_rank_group() -> Iterator[None]:
-    """A gloo process group of this process alone (FSDP2 needs one)."""
+def _one_rank_group(device: str) -> Iterator[None]:
+    """A process group of this process alone (FSDP2 needs one): gloo, NCCL on the GPU."""
     import torch.distributed as dist
 
+    backend = "nccl" if device == "cuda" else "gloo"
     with tempfile.NamedTemporaryFile() as f:
-        dist.init_process_group("gloo", init_method=f"file://{f.name}", rank=0, world_size=1)
+        dist.init_process_group(backend, init_method=f"file://{f.name}", rank=0, world_size=1)
         try:
             yield
         finally:
@@ -81,7 +85,7 @@ def _steps(
 ) -> dict[str, dict[str, Callable[[], Any]]]:
     """Per mode, one step per column, each on its own copy of one block (checked to agree)."""
     torch.manual_seed(0)
-    template = Block(DIM, HEADS)
+    template = Block(DIM, HEADS).to(x.device)
     calls, blocks = {}, {}
     for column in ["eager", *columns]:
         block = blocks[column] = copy.deepcopy(template)
@@ -132,7 +136,7 @@ def _profile(step: Callable[[], Any], calls: int) -> None:
 
 
 def measure(fsdp: bool, args: argparse.Namespace) -> None:
-    x = torch.randn(BATCH, SEQ, DIM)
+    x = torch.randn(BATCH, SEQ, DIM, device=args.device)
     compiled = [c for c in COLUMNS[1:] if c in args.columns.split(",")]
     steps = _steps(fsdp, x, compiled, fsdp and args.bf16)
     if args.profile:
@@ -141,8 +145,9 @@ def measure(fsdp: bool, args: argparse.Namespace) -> None:
         return
     setup = ("FSDP2 bf16 (1 rank)" if args.bf16 else "FSDP2 (1 rank, gloo)") if fsdp else "plain"
     for mode in MODES:
+        clock = time.process_time if args.device == "cpu" else time.perf_counter
         medians = interleaved_medians(
-            steps[mode], "cpu", args.rounds, args.budget, clock=time.process_time
+            steps[mode], args.device, args.rounds, args.budget, clock=clock
         )
         us = {c: s * 1e6 for c, s in medians.items()}
         cells = "".join(f"{us[c]:>15.1f}" if c in us else f"{'':>15}" for c in COLUMNS)
@@ -163,11 +168,12 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=4.0, help="seconds per column at most")
     parser.add_argument("--profile", default=None, help="COLUMN/MODE: cProfile its calls")
     parser.add_argument("--profile-calls", type=int, default=2000)
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     args = parser.parse_args()
     torch.set_num_threads(1)
+    what = "process CPU time" if args.device == "cpu" else "wall time (GPU synchronized)"
     print(
-        f"torch {torch.__version__}; microseconds of process CPU time per call, medians of "
-        "interleaved rounds"
+        f"torch {torch.__version__}; microseconds of {what} per call, medians of interleaved rounds"
     )
     header = "".join(f"{c:>15}" for c in COLUMNS)
     print(f"{'setup':<22}{'mode':<7}{header}{'kiln/torch.compile':>20}")
@@ -175,7 +181,7 @@ def main() -> None:
         measure(False, args)
     if args.fsdp or args.fsdp_only:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        with _one_rank_group():
+        with _one_rank_group(args.device):
             measure(True, args)
 
 
