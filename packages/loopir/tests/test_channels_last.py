@@ -257,3 +257,41 @@ def test_an_attention_mask_is_stored_with_rows_innermost():
     )
     assert [int(v) for v in padded.size] == [1, 2, 9, 16]
     assert [int(v) for v in padded.stride] == [2 * 9 * 16, 9 * 16, 16, 1]
+
+
+def layernorm2d_then_conv(x, lnw, lnb, w):
+    """poolformerv2's downsampling: LayerNorm over C of ``x.permute(0, 2, 3, 1)``, permuted
+    back (eager's strides NHWC from here on), an affine step read twice, a convolution."""
+    c = x.shape[1]
+    y = aten.native_layer_norm.default(aten.permute.default(x, [0, 2, 3, 1]), [c], lnw, lnb, 1e-6)
+    y = aten.add.Tensor(aten.mul.Tensor(aten.permute.default(y[0], [0, 3, 1, 2]), 2.0), 1.0)
+    pooled = aten.avg_pool2d.default(y, [3, 3], [1, 1], [1, 1], False, False)
+    z = aten.add.Tensor(aten.sub.Tensor(pooled, y), y)
+    conv = aten.convolution.default(z, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1)
+    return (aten.relu.default(conv), aten.sum.default(z))
+
+
+@pytest.mark.parametrize("nhwc_input", [False, True])
+def test_values_eager_lays_out_nhwc_are_stored_nchw_in_an_nchw_graph(nhwc_input):
+    """Without a channels-last input or output, the values after a permuted LayerNorm that
+    eager keeps NHWC are stored NCHW: the pooling, the reduction and the convolution (which
+    answers NCHW) walk one layout. A channels-last input keeps eager's strides."""
+    c = 8
+    x = torch.randn(2, c, 6, 5)
+    if nhwc_input:
+        x = x.contiguous(memory_format=torch.channels_last)
+    inputs = (x, torch.randn(c), torch.randn(c), torch.randn(16, c, 1, 1))
+    counters.clear()
+    compiled = compile_graph(
+        aten_graph(layernorm2d_then_conv, *inputs), [to_meta(t) for t in inputs]
+    )
+    for got, want in zip(compiled(*inputs), layernorm2d_then_conv(*inputs), strict=True):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    written = [
+        s.group.buffers[n] for s in compiled.steps if hasattr(s, "group") for n in s.group.outputs
+    ]
+    nchw = [b for b in written if [int(v) for v in b.size] == [2, c, 6, 5]]
+    assert nchw
+    contiguous = [tuple(int(v) for v in b.stride) == (c * 30, 30, 5, 1) for b in nchw]
+    assert all(contiguous) if not nhwc_input else not any(contiguous)
+    assert "extern_copies" not in counters.snapshot()

@@ -39,7 +39,14 @@ from kiln.loopir.ir.layout import (
     ordered_layout,
 )
 from kiln.loopir.ir.loops import Pointwise
-from kiln.loopir.ir.strided import as_strided_view, copy_like, realize_as_tensor, realize_like
+from kiln.loopir.ir.strided import (
+    as_strided_view,
+    channels_last_io,
+    copy_like,
+    realize_as_tensor,
+    realize_like,
+    stored_hint,
+)
 from kiln.loopir.ir.views import ReinterpretView, StorageBox, TensorBox
 from kiln.loopir.kernel import SEEDS
 from kiln.loopir.lowering.fallback import (
@@ -143,6 +150,12 @@ class GraphLowering:
             prefers_channels_last(gm, default_device) if channels_last is None else channels_last
         )
         """New 4-D buffers are laid out NHWC (see :func:`prefers_channels_last`)."""
+        self.stores_nchw = not self.channels_last and not channels_last_io(gm)
+        """A 4-D value eager laid out NHWC is stored NCHW where eager's strides would be
+        kept (extern inputs, values read often): here NHWC comes from a permute inside the
+        graph (poolformerv2's LayerNorm2d), not from the inputs or what is returned, and
+        kept it makes the kernels after it (GroupNorm's reductions over C, H, W, pooling)
+        gather and scatter across NCHW rows, and NCHW convolution results mix with it."""
 
     def backend_traits(self, device: torch.device) -> BackendTraits:
         """The traits of the backend that generates ``device``'s kernels."""
@@ -247,7 +260,7 @@ class GraphLowering:
                 elif node.op == "call_function":
                     args, kwargs = torch.fx.map_arg((node.args, node.kwargs), env.__getitem__)
                     self.layout_hints = {
-                        id(env[n]): n.meta.get("val") for n in node.all_input_nodes
+                        id(env[n]): stored_hint(n.meta.get("val")) for n in node.all_input_nodes
                     }
                     before = len(self.buffers)
                     env[node] = self._call(node, args, kwargs)
@@ -424,7 +437,7 @@ class GraphLowering:
                 continue
             box = value.storage()
             if box is not None and box.repeats_too_much(users):
-                realize_like(value, traced)
+                realize_like(value, stored_hint(traced))
                 box.realize()
 
     def _output(self, value: Any, node: torch.fx.Node) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import sympy
 import torch
+import torch.utils._pytree as pytree
 
 from kiln.loopir import sizes
 from kiln.loopir.ir.buffers import Buffer
@@ -20,7 +21,15 @@ from kiln.loopir.ir.loops import Pointwise
 from kiln.loopir.ir.views import ReinterpretView, StorageBox, TensorBox, View, pointwise_copy
 from kiln.loopir.virtualized import V
 
-__all__ = ["as_strided_view", "copy_like", "realize_as_tensor", "realize_like", "affine_layout"]
+__all__ = [
+    "affine_layout",
+    "as_strided_view",
+    "channels_last_io",
+    "copy_like",
+    "realize_as_tensor",
+    "realize_like",
+    "stored_hint",
+]
 
 
 def _base_and_index(node: Any, index: list[sympy.Expr]) -> tuple[Buffer, sympy.Expr] | None:
@@ -111,8 +120,37 @@ def realize_like(x: TensorBox, traced: Any) -> None:
     box.realize(traced.stride())
 
 
+def stored_hint(traced: Any) -> Any:
+    """``traced`` (eager's value of a node), or an NCHW meta like it where the graph stores
+    eager's NHWC values NCHW (``GraphLowering.stores_nchw``): what ``realize_like`` gets."""
+    if not (V.graph.stores_nchw and isinstance(traced, torch.Tensor) and traced.dim() == 4):
+        return traced
+    if traced.is_contiguous() or not traced.is_contiguous(memory_format=torch.channels_last):
+        return traced
+    if not all(isinstance(n, int) for n in traced.shape):
+        return traced
+    return torch.empty(traced.shape, dtype=traced.dtype, device="meta")
+
+
 def copy_like(x: TensorBox, traced: torch.Tensor, origin: str) -> Buffer:
     """A new buffer holding ``x``'s values with ``traced``'s (eager's) strides."""
     copy = pointwise_copy(x, origin).storage()
     assert copy is not None
     return copy.realize(traced.stride())
+
+
+def channels_last_io(gm: torch.fx.GraphModule) -> bool:
+    """Whether a 4-D input or returned value of ``gm`` is traced channels-last."""
+    metas: list[Any] = []
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            metas.append(n.meta.get("val"))
+        elif n.op == "output":
+            metas.append(torch.fx.map_arg(n.args[0], lambda a: a.meta.get("val")))
+    return any(
+        isinstance(t, torch.Tensor)
+        and t.dim() == 4
+        and t.is_contiguous(memory_format=torch.channels_last)
+        and not t.is_contiguous()
+        for t in pytree.tree_leaves(metas)
+    )
