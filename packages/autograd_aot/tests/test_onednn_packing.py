@@ -172,8 +172,15 @@ def test_grouped_returned_and_switched_off_convolutions_stay_aten(monkeypatch):
     compiled, gm = _compile(returned, (1, 8, 9, 9))
     _check(returned, compiled, (1, 8, 9, 9))
     assert _calls(gm)[0][0] is aten.convolution.default  # eager's NCHW result kept
-    monkeypatch.setenv("KILN_FREEZING_PREPACK", "0")
     m = ConvAct(nn.ReLU()).eval()
+    was = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = False  # (flags() would also set TF32, with a warning)
+    try:
+        compiled, gm = _compile(m, (1, 8, 9, 9))
+    finally:
+        torch.backends.mkldnn.enabled = was
+    assert _calls(gm)[0][0] is aten.convolution.default
+    monkeypatch.setenv("KILN_FREEZING_PREPACK", "0")
     compiled, gm = _compile(m, (1, 8, 9, 9))
     assert _calls(gm)[0][0] is aten.convolution.default
 

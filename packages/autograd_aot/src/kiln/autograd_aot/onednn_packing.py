@@ -87,9 +87,10 @@ _register_unary()
 
 
 def enabled() -> bool:
-    """Whether frozen convolutions are prepacked: oneDNN is in this torch build and
-    ``KILN_FREEZING_PREPACK`` is not ``0``."""
-    if os.environ.get("KILN_FREEZING_PREPACK", "1") == "0":
+    """Whether frozen convolutions are prepacked: oneDNN is in this torch build, not turned
+    off (``torch.backends.mkldnn.flags(enabled=False)``), and ``KILN_FREEZING_PREPACK`` is not
+    ``0``."""
+    if os.environ.get("KILN_FREEZING_PREPACK", "1") == "0" or not torch.backends.mkldnn.enabled:
         return False
     return bool(torch.backends.mkldnn.is_available()) and hasattr(
         torch.ops.mkldnn, "_convolution_pointwise"
