@@ -128,6 +128,12 @@ import json, sys, torch, kiln
 from kiln import graph_cache
 from kiln.capture import counters
 from kiln.loopir.decompositions import _table
+codegen = [0]  # fx's Python code written for a graph (a GraphModule's recompile)
+_python_code = torch.fx.Graph.python_code
+def _counted(self, *args, **kwargs):
+    codegen[0] += 1
+    return _python_code(self, *args, **kwargs)
+torch.fx.Graph.python_code = _counted
 # Kiln's sources change while this checkout is edited; the key's other parts are under test
 graph_cache._kiln_sources = lambda: "pinned"
 torch.manual_seed(0)
@@ -165,7 +171,7 @@ print(json.dumps({
     "hits": s.graph_cache_hits, "misses": s.graph_cache_misses,
     "fallbacks": s.eager_fallbacks, "kernels": s.kernels,
     "cpp": counters.snapshot().get("codegen_cpp", {}),
-    "decompositions": _table.cache_info().currsize,
+    "decompositions": _table.cache_info().currsize, "fx_codegen": codegen[0],
 }))
 """
 
@@ -195,6 +201,8 @@ def test_a_fresh_process_loads_every_graph_and_compiles_nothing(tmp_path: Path):
     assert (warm["hits"], warm["misses"]) == (3, 0), warm["log"]
     assert warm["kernels"] == {}  # no graph lowered, no kernel generated
     assert warm["decompositions"] == 0  # nothing traced: the table is never built
+    # nor the captured graphs' Python code written: a loaded program never runs them
+    assert cold["fx_codegen"] and warm["fx_codegen"] == 0
     assert "libraries_built" not in warm["cpp"]
     assert warm["cpp"]["libraries_cached"] >= 1
     off = _child(tmp_path, tmp_path / "cache", KILN_GRAPH_CACHE="0")

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 from torch import fx
+from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from kiln.capture import dynamic_dims
 from kiln.capture.breaks.reasons import unsupported
@@ -454,10 +455,12 @@ class OutputGraph:
     def finish(self, outputs: list[TensorValue | NumberOutput]) -> fx.GraphModule:
         """Close the graph with a tuple output of ``outputs``.
 
-        Unused ops stay: random ops among them advance the generator as in eager.
+        Unused ops stay: random ops among them advance the generator as in eager. Its Python
+        code (fx's codegen and ``exec``, costly for large graphs) is written on first use of
+        ``forward`` or ``code``: a program the whole-graph cache loads never needs it.
         """
         self.graph.output(tuple(v.node for v in outputs))
-        gm = fx.GraphModule(torch.nn.Module(), self.graph)
+        gm = _LazyGraphModule(torch.nn.Module(), self.graph)
         gm.graph.lint()
         if self.unbacked_count():  # a backend retracing the graph runs its ops the same way
             gm.meta[DATA_DEPENDENT_OPS] = self.data_dependent_ops()

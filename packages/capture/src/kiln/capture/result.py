@@ -96,7 +96,8 @@ def compile_partial(
     if not (out.has_ops() or outputs):
         return CompiledGraph([])
     gm = out.finish(outputs)
-    graph_log.debug("captured graph of %s%s:\n%s", func.__qualname__, what, gm.code)
+    if graph_log.isEnabledFor(logging.DEBUG):  # the code is written on first use: only then
+        graph_log.debug("captured graph of %s%s:\n%s", func.__qualname__, what, gm.code)
     compiled = compile_graph(gm, [i.real for i in out.inputs])  # subclasses: see add_input
     return CompiledGraph([gm], compiled, grad_mode_after(gm))
 
