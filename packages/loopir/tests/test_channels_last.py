@@ -7,7 +7,7 @@ from loopir_testing import aten_graph, suite_backend, to_meta
 
 from kiln.capture import counters
 from kiln.loopir import BackendTraits, ReferenceBackend
-from kiln.loopir.graph import prefers_channels_last
+from kiln.loopir.layout_choice import prefers_channels_last
 from kiln.loopir.lowering.fallback import _nhwc_if_conv_would_be
 from kiln.loopir.pipeline import compile_graph
 

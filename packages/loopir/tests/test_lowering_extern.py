@@ -6,7 +6,7 @@ from loopir_testing import aten_graph, check, to_meta
 from kiln.capture import counters
 from kiln.loopir import BackendTraits, ReferenceBackend, compile_graph
 from kiln.loopir.lowering.fallback import is_vendor_kernel
-from kiln.loopir.pipeline import KernelStep
+from kiln.loopir.pipeline import CompiledGraph, KernelStep
 from kiln.loopir.scheduler.order import ExternStep
 from kiln.loopir.wrapper import _binding
 
@@ -295,6 +295,52 @@ def test_convolution_bias_joins_the_kernel_after_it_where_the_backend_asks():
     (extern,) = [s.buffer for s in compiled.steps if isinstance(s, ExternStep)]
     assert extern.args[2] is None  # the library convolves without the bias
     assert sum(isinstance(s, KernelStep) for s in compiled.steps) == 1  # bias add and relu
+
+
+class _MatmulBiasAfter(ReferenceBackend):
+    """The reference backend asking for an addmm's bias as a pointwise add, as Triton's does."""
+
+    traits = BackendTraits(matmul_bias_pointwise=True)
+
+
+def _extern_ops(compiled: CompiledGraph) -> list[str]:
+    return [str(s.buffer.op) for s in compiled.steps if isinstance(s, ExternStep)]
+
+
+def test_addmm_read_by_pointwise_ops_leaves_its_bias_to_their_kernel():
+    x, w, bias = torch.randn(6, 8), torch.randn(5, 8), torch.randn(5)
+
+    def fn(x, w, bias):
+        out = aten.addmm.default(bias, x, aten.t.default(w))
+        return (aten.gelu.default(aten.view.default(out, [2, 3, 5])),)
+
+    gm = aten_graph(fn, x, w, bias)
+    metas = [to_meta(t) for t in (x, w, bias)]
+    compiled = compile_graph(gm, metas, backend=_MatmulBiasAfter())
+    torch.testing.assert_close(compiled(x, w, bias), fn(x, w, bias), atol=1e-5, rtol=1e-5)
+    assert _extern_ops(compiled) == ["aten.mm.default"]
+    assert sum(isinstance(s, KernelStep) for s in compiled.steps) == 1  # bias add and gelu
+    # without the trait the library adds the bias
+    plain = compile_graph(aten_graph(fn, x, w, bias), metas, backend=ReferenceBackend())
+    assert _extern_ops(plain) == ["aten.addmm.default"]
+
+
+def test_addmm_returned_or_scaled_keeps_its_bias_in_the_library():
+    x, w, bias = torch.randn(6, 8), torch.randn(5, 8), torch.randn(5)
+
+    def returned(x, w, bias):
+        out = aten.addmm.default(bias, x, aten.t.default(w))
+        return (out, aten.relu.default(out))
+
+    def scaled(x, w, bias):
+        out = aten.addmm.default(bias, x, aten.t.default(w), beta=0.5)
+        return (aten.relu.default(out),)
+
+    for fn in (returned, scaled):
+        gm = aten_graph(fn, x, w, bias)
+        compiled = compile_graph(gm, [to_meta(t) for t in (x, w, bias)], backend=_MatmulBiasAfter())
+        torch.testing.assert_close(compiled(x, w, bias), fn(x, w, bias), atol=1e-5, rtol=1e-5)
+        assert _extern_ops(compiled) == ["aten.addmm.default"]
 
 
 @torch.library.custom_op("kiln_test::half_then_float", mutates_args=())

@@ -57,6 +57,8 @@ class TritonBackend:
             matmul_align_bytes=16,
             # ATen adds a cuDNN convolution's bias with a kernel launch of its own
             convolution_bias_pointwise=True,
+            # cuBLASLt's product with a bias epilogue picks slower kernels than cuBLAS's
+            matmul_bias_pointwise=True,
             # ATen copies an NCHW weight channels-last for cuDNN on every call, at several
             # times the host time of a launch of ours
             convolution_weight_nhwc=True,

@@ -49,18 +49,13 @@ from kiln.loopir.ir.strided import (
 )
 from kiln.loopir.ir.views import ReinterpretView, StorageBox, TensorBox
 from kiln.loopir.kernel import SEEDS
-from kiln.loopir.lowering.fallback import (
-    chosen_extern,
-    fallback,
-    is_convolution,
-    is_packed_convolution,
-    packet_name,
-)
+from kiln.loopir.layout_choice import prefers_channels_last
+from kiln.loopir.lowering.fallback import chosen_extern, fallback, packet_name
 from kiln.loopir.lowering.registry import LOWERINGS
 from kiln.loopir.traits import BackendTraits
 from kiln.loopir.virtualized import V
 
-__all__ = ["GraphLowering", "prefers_channels_last"]
+__all__ = ["GraphLowering"]
 
 log = logging.getLogger(__name__)
 aten = torch.ops.aten
@@ -132,6 +127,7 @@ class GraphLowering:
         self.seed_devices: dict[str, torch.device] = {}
         self.current_meta: Any = None
         self.current_op: Any = None
+        self.current_node: torch.fx.Node | None = None  # being lowered: who reads its result
         self.layout_hints: dict[int, Any] = {}
         self.size_bindings: dict[sympy.Symbol, symbolic.SizeBinding] = {}
         """Where the wrapper reads each size symbol of a graph with symbolic sizes."""
@@ -369,6 +365,7 @@ class GraphLowering:
         else:
             if meta is None:
                 meta = self.meta_of(node.target, args, kwargs)
+            self.current_node = node
             result = self.lower(node.target, args, kwargs, meta)
         self._maybe_realize(result, len(node.users), meta)
         return result
@@ -541,60 +538,3 @@ def _strides_match(layout: Layout, meta: Any) -> bool:
     if not isinstance(meta, torch.Tensor) or meta.dim() != len(layout.size):
         return True
     return layout.strides_match(meta)
-
-
-def prefers_channels_last(gm: torch.fx.GraphModule, device: torch.device) -> bool:
-    """Whether the graph's 4-D buffers should be NHWC (Inductor's layout optimisation).
-
-    cuDNN runs convolutions in NHWC: fed NCHW it transposes every input and output,
-    a sizeable part of a convolution net's step. So on CUDA a graph with 2-D convolutions
-    lays its new 4-D buffers out channels-last, unless a 4-D graph output must come
-    back NCHW (a training forward's saved activations), which would cost a copy each.
-    On CPU, oneDNN's NHWC grouped (depthwise) convolutions are much faster than its
-    NCHW ones, but its dense ones are not, and NHWC slows the permutes around matrix
-    products: a CPU graph goes channels-last only if it has a grouped convolution and
-    at least as many convolutions as matrix products (depthwise nets gain from NHWC; nets
-    of dense convolutions, or of linear layers between convolutions, lose). A convolution
-    freezing runs on a prepacked oneDNN weight counts as grouped: it answers NHWC and copies
-    an NCHW input to NHWC itself.
-    """
-    if device.type not in ("cuda", "cpu"):
-        return False
-    nodes = list(gm.graph.nodes)
-    convs = [
-        n
-        for n in nodes
-        if (is_convolution(n.target) or is_packed_convolution(n.target)) and _dim(n) == 4
-    ]
-    if not convs:
-        return False
-    if device.type == "cpu" and not _cpu_prefers_nhwc(nodes, convs):
-        return False
-    outputs = [n for n in nodes if n.op == "output"]
-    returned = pytree.tree_leaves(
-        torch.fx.map_arg(outputs[0].args[0], lambda n: n.meta.get("val")) if outputs else []
-    )
-    return not any(
-        isinstance(t, torch.Tensor)
-        and t.dim() == 4
-        and not t.is_contiguous(memory_format=torch.channels_last)
-        for t in returned
-    )
-
-
-_MATRIX_PRODUCTS = frozenset({"mm", "addmm", "bmm", "baddbmm", "matmul", "linear"})
-
-
-def _cpu_prefers_nhwc(nodes: list[torch.fx.Node], convs: list[torch.fx.Node]) -> bool:
-    if not torch.backends.mkldnn.is_available():
-        return False
-    grouped = any(
-        is_packed_convolution(n.target) or (len(n.args) > 8 and n.args[8] != 1) for n in convs
-    )
-    products = [n for n in nodes if packet_name(n.target) in _MATRIX_PRODUCTS]
-    return grouped and len(convs) >= len(products)
-
-
-def _dim(node: torch.fx.Node) -> int:
-    val = node.meta.get("val")
-    return val.dim() if isinstance(val, torch.Tensor) else -1

@@ -124,7 +124,7 @@ def compile_graph(
     every buffer its own kernel (to tell a fusion bug from a lowering bug).
     ``options`` go to each backend's ``with_options`` (see
     :mod:`kiln.loopir.backend`). ``channels_last`` forces (True) or forbids (False) NHWC
-    4-D buffers; None decides by :func:`~kiln.loopir.graph.prefers_channels_last`.
+    4-D buffers; None decides by :func:`~kiln.loopir.layout_choice.prefers_channels_last`.
     """
     graph = GraphLowering(
         aten_gm,

@@ -46,6 +46,12 @@ class BackendTraits:
     """Leave a convolution's bias to the kernel after it (a pointwise add that fuses with what
     follows) rather than to the library, which would add it with a launch of its own."""
 
+    matmul_bias_pointwise: bool = False
+    """Compute an ``addmm`` whose result only pointwise ops read (through views) as a matrix
+    product and leave its bias to the kernel after it, where the add fuses, rather than to
+    the library's product with a bias epilogue (cuBLASLt's, which picks slower kernels than
+    cuBLAS's plain product for several shapes: long reductions, few rows, bfloat16)."""
+
     matmul_align_bytes: int = 0
     """Large matrix products whose output rows are not whole units of this many bytes are
     computed on a zero-padded width (:func:`~kiln.loopir.pad_matmuls`), for a library whose

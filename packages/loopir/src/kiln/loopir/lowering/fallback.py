@@ -301,7 +301,7 @@ def _nhwc_if_conv_would_be(op: Any, margs: Sequence[Any], found: Any) -> Any:
 
     ATen's meta convolution always answers NCHW, but the real kernels return NHWC
     when the input or the weight is NHWC (``suggest_memory_format``), as inputs are
-    in graphs that prefer channels-last (``graph.prefers_channels_last``).
+    in graphs that prefer channels-last (``layout_choice.prefers_channels_last``).
     """
     if packet_name(op) == "convolution_backward" and isinstance(found, (tuple, list)):
         # grad_input and grad_weight take the format of input and weight alone, whatever
@@ -436,3 +436,38 @@ def _convolution(x: Any, weight: Any, bias: Any, *rest: Any) -> Any:
     out = chosen_extern(op, (x, weight, None, *rest), {})
     shape = [-1] + [1] * (len(out.get_size()) - 2)  # bias over dim 1, the channels
     return LOWERINGS[aten.add.Tensor](out, LOWERINGS[aten.view.default](bias, shape))
+
+
+@register_lowering(*overloads("addmm", "default"))
+def _addmm(bias: Any, mat1: Any, mat2: Any, *, beta: Any = 1, alpha: Any = 1) -> Any:
+    """A matrix product plus a bias; as ``mm`` and a pointwise add that joins the kernel
+    reading the result, where the backend asks (``matmul_bias_pointwise``) and only pointwise
+    ops read it, as Inductor does on GPUs. Otherwise the library adds the bias itself."""
+    op = V.graph.current_op
+    node = V.graph.current_node
+    device = V.graph.device_of(V.graph.current_meta)
+    if (
+        beta != 1
+        or alpha != 1
+        or node is None
+        or node.target is not op
+        or not V.graph.backend_traits(device).matmul_bias_pointwise
+        or not _read_pointwise(node)
+    ):
+        return chosen_extern(op, (bias, mat1, mat2), {"beta": beta, "alpha": alpha})
+    out = chosen_extern(aten.mm.default, (mat1, mat2), {})
+    return LOWERINGS[aten.add.Tensor](out, bias)
+
+
+def _read_pointwise(node: torch.fx.Node) -> bool:
+    """Whether every op reading ``node``'s value, through views of it, is pointwise."""
+    for user in node.users:
+        target = user.target
+        if not isinstance(target, torch._ops.OpOverload):
+            return False
+        if target.is_view or target is aten._unsafe_view.default:
+            if not _read_pointwise(user):
+                return False
+        elif torch.Tag.pointwise not in target.tags:
+            return False
+    return True
