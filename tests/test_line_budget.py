@@ -144,7 +144,9 @@ LINE_BUDGET = {
     # + 41 for an addmm read only by pointwise ops computed as mm with its bias in the kernel
     # after it, where the backend asks (lowering/fallback.py, traits.py)
     # + 12 for the graph's layout choice in a module of its own (layout_choice.py)
-    "loopir": 11805,
+    # + 14 for pooling's positions and divisors in 32-bit lanes where sizes are static
+    # (lowering/pooling.py)
+    "loopir": 11819,
     # + about 250 for symbolic sizes: size arguments, per-call grids and sizes, autotuning
     # per size bucket (symbolic_sizes.py, symbolic_launch.py), CUDA graphs per size set
     "codegen_triton": 3150,

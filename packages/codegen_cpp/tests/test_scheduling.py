@@ -297,3 +297,23 @@ def test_the_backend_is_the_whole_protocol_with_its_traits():
         pointwise_cat=False, extern_ops=frozenset({"max_pool2d_with_indices_backward"})
     )
     assert backend.with_options({}) is backend
+
+
+def test_a_padded_pooling_mixer_is_one_kernel_of_masked_vector_loads():
+    """poolformer's token mixer ``avg_pool(x, 3, 1, 1, count_include_pad=False) - x``: one
+    vectorized kernel whose taps at a row's edge are masked vector loads (no lane-by-lane
+    reads) and whose positions and divisors are 32-bit lanes (int64 lanes convert to float
+    lane by lane without AVX-512)."""
+
+    def mixer(x):
+        pooled = aten.avg_pool2d.default(x, [3, 3], [1, 1], [1, 1], False, False)
+        return (aten.sub.Tensor(pooled, x),)
+
+    for _ in range(2):
+        x = torch.randn(2, 16, 12, 12)
+        graph = compile_graph(_aten_graph(mixer, [x]), [_meta(x)], backend=CppBackend())
+        torch.testing.assert_close(graph(x)[0], mixer(x)[0])
+    (kernel,) = [s for s in graph.steps if isinstance(s, KernelStep)]
+    source = kernel.code.source
+    assert source.count("kiln::masked_loadu<float>") == 8
+    assert "lane]" not in source and "Vec<int64_t>" not in source

@@ -10,7 +10,7 @@ extern "C" void pad(const float* __restrict__ in_ptr0, float* out_ptr0, int64_t 
       auto tmp2 = tmp0 >= tmp1;
       auto tmp4 = tmp0 < tmp3;
       auto tmp5 = tmp2 & tmp4;
-      auto tmp6 = kiln::masked_load<float>(tmp5, [&] { return kiln::Vec<float>::loadu(in_ptr0 + xcol + 30 * xrow - 2); }, [&](int64_t lane) { return in_ptr0[lane + xcol + 30 * xrow - 2]; });
+      auto tmp6 = kiln::masked_loadu<float>(tmp5, in_ptr0 + xcol + 30 * xrow - 2);
       auto tmp7 = kiln::exp(tmp6);
       auto tmp9 = kiln::where(tmp5, tmp7, tmp8);
       tmp9.store(out_ptr0 + xcol + 35 * xrow);

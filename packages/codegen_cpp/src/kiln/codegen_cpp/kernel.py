@@ -344,6 +344,10 @@ class KernelWriter:
             if dtype == torch.bool:
                 return f"kiln::mask_from_lanes([&](int64_t lane) {{ return {self._mask}.m[lane] && {lane_read}; }})"
             return f"kiln::masked_lanes<{compute_ctype(dtype)}>({self._mask}, [&](int64_t lane) {{ return {lane_read}; }})"
+        contiguous = f"{vector_ctype(dtype)}::loadu("
+        if plain.startswith(contiguous) and dtype in (torch.float32, torch.int32):
+            ctype = compute_ctype(dtype)
+            return f"kiln::masked_loadu<{ctype}>({self._mask}, {plain[len(contiguous) : -1]})"
         helper = (
             "kiln::masked_load_mask"
             if dtype == torch.bool

@@ -60,18 +60,31 @@ class _Dim:
         lo_j, hi_j = (int(j), int(j)) if j is not None and j.is_Integer else (0, self.k - 1)
         return lo_j * self.d - self.p, (self.out - 1) * self.s - self.p + hi_j * self.d
 
+    @property
+    def index_dtype(self) -> torch.dtype:
+        """int32 for positions of static sizes (as eager's, they fit): vector code computes
+        the masks and divisors of every window in it, where int64 lanes halve the width and
+        convert to float lane by lane without AVX-512; int64 for symbolic sizes."""
+        if _is_symbolic(self.n) or _is_symbolic(self.out):
+            return torch.int64
+        low, high = self.extent()
+        return (
+            torch.int32 if max(abs(low), abs(high), int(self.n)) + self.k < 2**30 else torch.int64
+        )
+
     def inside(self, o: sympy.Expr, j: sympy.Expr, lo: int, hi: Any) -> Any:
         """``lo <= position < hi`` as an ops value; None when always true."""
         low, high = self.extent(j)
         below = _below(high, hi)
         if low >= lo and below:
             return None
-        pos = ops.index_expr(self.at(o, j), torch.int64)
+        dtype = self.index_dtype
+        pos = ops.index_expr(self.at(o, j), dtype)
         conds = []
         if low < lo:
-            conds.append(ops.ge(pos, ops.constant(lo, torch.int64)))
+            conds.append(ops.ge(pos, ops.constant(lo, dtype)))
         if not below:
-            conds.append(ops.lt(pos, _int64(hi)))
+            conds.append(ops.lt(pos, _int64(hi) if _is_symbolic(hi) else ops.constant(hi, dtype)))
         return _all(conds)
 
 
@@ -290,24 +303,25 @@ def _max_pool2d_backward(
 
 # -- average pooling ------------------------------------------------------------------
 def _count(dim: _Dim, o: sympy.Expr, include_pad: bool) -> Any:
-    """How many positions of window ``o`` the divisor counts: an int, or an int64 value."""
+    """How many positions of window ``o`` the divisor counts: an int, or (dtype, value)."""
     lo, hi = (-dim.p, dim.n + dim.p) if include_pad else (0, dim.n)
     low, high = dim.extent()
     if low >= lo and high < hi:
         return dim.k
-    start = ops.index_expr(o * dim.s - dim.p, torch.int64)
-    end = ops.add(start, ops.constant(dim.k, torch.int64))
-    end = ops.minimum(end, ops.constant(hi, torch.int64))
-    return ops.sub(end, ops.maximum(start, ops.constant(lo, torch.int64)))
+    dtype = dim.index_dtype
+    start = ops.index_expr(o * dim.s - dim.p, dtype)
+    end = ops.add(start, ops.constant(dim.k, dtype))
+    end = ops.minimum(end, ops.constant(hi, dtype))
+    return dtype, ops.sub(end, ops.maximum(start, ops.constant(lo, dtype)))
 
 
 def _divide(value: Any, counts: Sequence[Any], math_dtype: torch.dtype) -> Any:
-    """``value`` over the product of ``counts`` (ints or int64 values)."""
+    """``value`` over the product of ``counts`` (ints, or (dtype, integer value) pairs)."""
     static = math.prod(c for c in counts if isinstance(c, int))
     dynamic = [c for c in counts if not isinstance(c, int)]
     divisor = ops.constant(float(static), math_dtype)
-    for c in dynamic:
-        divisor = ops.mul(divisor, ops.to_dtype(c, math_dtype, torch.int64))
+    for dtype, c in dynamic:
+        divisor = ops.mul(divisor, ops.to_dtype(c, math_dtype, dtype))
     return ops.truediv(value, divisor)
 
 
@@ -425,7 +439,7 @@ def _adaptive_counts(index: Index, n: Sequence[int], out: Sequence[int]) -> list
     counts: list[Any] = []
     for o, size, count in zip(index, n, out, strict=True):
         start, end = _bounds(o, size, count)
-        counts.append(ops.index_expr(end - start, torch.int64))
+        counts.append((torch.int64, ops.index_expr(end - start, torch.int64)))
     return counts
 
 
