@@ -9,6 +9,7 @@ against eager and that the count does not grow after the first call.
 
 from __future__ import annotations
 
+import gc
 import threading
 import warnings
 from collections.abc import Callable
@@ -18,7 +19,7 @@ import pytest
 import torch
 
 import kiln
-from kiln import capture, guards
+from kiln import api, capture, guards
 
 
 @pytest.fixture(autouse=True)
@@ -174,6 +175,24 @@ def test_a_callee_in_a_resume_function_rejected_whole_counts_once():
     s = kiln.stats()
     assert s.frames_captured >= 1  # the frame compiled up to its break
     assert counts == [1, 1, 1, 1]
+
+
+def test_a_rejected_frame_stays_skipped_when_a_cache_from_before_a_reset_dies():
+    # the old cache, held in a reference cycle, dies at a collector pass after the new skip
+    f = kiln.compile(_break_in_handler, backend="eager")
+    f(torch.rand(5))
+    cycle: list[Any] = [*_break_in_handler.__dict__[api._OWNED].values()]
+    cycle.append(cycle)
+    kiln.reset()
+    counts = []
+    for i in range(3):
+        x = torch.rand(5)
+        torch.testing.assert_close(f(x), _break_in_handler(x))
+        if i == 0:
+            del cycle
+            gc.collect()
+        counts.append(kiln.stats().eager_fallbacks)
+    assert counts == [1, 1, 1]
 
 
 def test_a_resume_function_capture_failure_counts_once(monkeypatch):

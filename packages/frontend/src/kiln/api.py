@@ -274,8 +274,7 @@ class CompiledFunction:
                 cache = _caches.get(key)
                 if cache is None:
                     cache = _caches[key] = guards.CodeCache(self._code, keep=self._key_held)
-                    # a skipped key's ids may be reused once its objects are gone
-                    weakref.finalize(cache, _skipped.discard, key)
+                    weakref.finalize(cache, _forget_skip, key)
         self._target.__dict__.setdefault(_OWNED, {})[self._code, self._settings] = cache
         return cache
 
@@ -577,6 +576,14 @@ def _rebuild_module(
     mod: torch.nn.Module, backend: str | Backend, config: CompileConfig
 ) -> OptimizedModule:
     return OptimizedModule(mod, CompiledFunction(_trampoline(mod), lookup_backend(backend), config))
+
+
+def _forget_skip(key: tuple[Any, ...]) -> None:
+    """A dead cache's key is no longer skipped (its ids may be reused once its objects are
+    gone), unless a live cache took the key meanwhile: after ``kiln.reset()`` an old cache
+    held in a reference cycle dies at the collector's next pass, after the new one's skip."""
+    if _caches.get(key) is None:
+        _skipped.discard(key)
 
 
 def reset_frontend() -> None:
