@@ -10,12 +10,20 @@ from torch import fx, nn
 
 import kiln
 from kiln import loopir
+from kiln.autograd_aot import onednn_packing
 from kiln.autograd_aot.freezing import FrozenForward
 from kiln.capture import counters
 
 pytestmark = pytest.mark.skipif(
     not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN"
 )
+
+
+@pytest.fixture(autouse=True)
+def _small_convolutions_too(monkeypatch):
+    """The tests' convolutions are small: packed whatever their size, except where a test
+    restores the threshold."""
+    monkeypatch.setattr(onednn_packing, "MIN_MACS", 0)
 
 
 @pytest.fixture(autouse=True)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import fx, nn
 
-from kiln.autograd_aot import aot_compile, default_decompositions
+from kiln.autograd_aot import aot_compile, default_decompositions, onednn_packing
 from kiln.autograd_aot.freezing import FrozenForward
 
 aten = torch.ops.aten
@@ -14,6 +14,13 @@ aten = torch.ops.aten
 pytestmark = pytest.mark.skipif(
     not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN"
 )
+
+
+@pytest.fixture(autouse=True)
+def _small_convolutions_too(monkeypatch):
+    """The tests' convolutions are small: packed whatever their size, except where a test
+    restores the threshold."""
+    monkeypatch.setattr(onednn_packing, "MIN_MACS", 0)
 
 
 def _mkldnn():
@@ -208,3 +215,15 @@ def test_channels_last_input():
     compiled, _ = _compile(m, (2, 8, 9, 9))
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), m(x), rtol=1e-4, atol=1e-4)
+
+
+def test_small_convolutions_stay_aten(monkeypatch):
+    """Below MIN_MACS oneDNN's fixed cost per call outweighs the packing (a squeeze-excitation
+    convolution on 1x1 positions); a 3x3 convolution of 64 channels on 32x32 packs."""
+    monkeypatch.setattr(onednn_packing, "MIN_MACS", 1 << 22)
+    se = ConvAct(nn.ReLU(), cin=64, cout=64)
+    compiled, gm = _compile(se.eval(), (1, 64, 1, 1))
+    _check(se, compiled, (1, 64, 1, 1))
+    assert _calls(gm)[0][0] is aten.convolution.default
+    compiled, gm = _compile(se, (1, 64, 32, 32))
+    assert _calls(gm)[0][0] is _mkldnn()._convolution_pointwise.default

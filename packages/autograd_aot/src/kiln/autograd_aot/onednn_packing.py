@@ -8,7 +8,8 @@ constants (``mkldnn._reorder_convolution_weight``), and the convolution becomes
 ReLU: ``_convolution_pointwise.binary``) as a oneDNN post-op while the output is in cache.
 
 What is rewritten (:func:`prepack_convolutions`): a 2-D float32 convolution on the CPU, not
-transposed, of one group (oneDNN's prepacked depthwise and grouped convolutions are slower
+transposed, large enough (:data:`MIN_MACS`), of one group (oneDNN's prepacked depthwise and
+grouped convolutions are slower
 than ATen's channels-last ones here, and its binary post-ops run only for one group), with
 static sizes, whose weight and bias are state and whose result (or its only reader) is not
 returned (the fused op answers channels-last, where eager may answer NCHW; a backend that
@@ -24,6 +25,7 @@ fused op's value is channels-last, as oneDNN returns it for any input layout.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from typing import Any
@@ -33,7 +35,7 @@ from torch import fx
 
 from kiln.autograd_aot.symbolic import is_symbolic
 
-__all__ = ["PACKING_OPS", "enabled", "prepack_convolutions"]
+__all__ = ["MIN_MACS", "PACKING_OPS", "enabled", "prepack_convolutions"]
 
 aten = torch.ops.aten
 
@@ -107,6 +109,14 @@ PACKING_OPS = _packing_ops()
 """The ops that pack a weight: computed ahead of the calls, with the other constants."""
 
 
+MIN_MACS = 1 << 22
+"""The fewest multiply-adds per call (output elements times inputs per output) a convolution
+must do to be prepacked. oneDNN's call costs a fixed price (its threads woken, its primitive
+looked up) that ATen's direct path for small products does not pay: a squeeze-excitation
+block's convolutions on 1x1 positions ran ten times slower or worse packed, and 1x1
+convolutions of a few million multiply-adds lost too, while larger ones won 1.3-3x here."""
+
+
 def _static_ints(values: Any) -> list[int] | None:
     if not isinstance(values, (list, tuple)) or not all(
         isinstance(v, int) and not isinstance(v, bool) for v in values
@@ -131,7 +141,10 @@ def _packable(conv: fx.Node, is_state: Callable[[fx.Node], bool]) -> bool:
         return False
     if bias is not None and (not isinstance(bias, fx.Node) or not is_state(bias)):
         return False
-    return all(len(_static_ints(v) or ()) == 2 for v in (stride, padding, dilation))
+    if not all(len(_static_ints(v) or ()) == 2 for v in (stride, padding, dilation)):
+        return False
+    wval = weight.meta.get("val")
+    return isinstance(wval, torch.Tensor) and out.numel() * math.prod(wval.shape[1:]) >= MIN_MACS
 
 
 def _only_user(node: fx.Node) -> fx.Node | None:
