@@ -1,7 +1,9 @@
 """Differential checks against eager PyTorch, shared by the test modules."""
 
 import copy
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,6 +11,8 @@ from torch import fx
 from torch.utils import _pytree as pytree
 
 from kiln.autograd_aot import aot_eager, verify_aten_graph
+
+sys.path.insert(0, str(Path(__file__).parent))  # the helper modules (freezing_testing)
 
 
 def _clone(x):

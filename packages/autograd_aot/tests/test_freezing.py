@@ -3,6 +3,7 @@ convolution before it, and a changed weight is always seen."""
 
 import pytest
 import torch
+from freezing_testing import Recorder
 from torch import fx, nn
 
 from kiln.autograd_aot import aot_compile, default_decompositions
@@ -17,17 +18,6 @@ def _plain_convolutions(monkeypatch):
     """The folds as ATen convolutions: oneDNN prepacking has its own tests
     (test_onednn_packing.py)."""
     monkeypatch.setenv("KILN_FREEZING_PREPACK", "0")
-
-
-class _Recorder:
-    """A forward compiler that runs the ATen graph as is and keeps it."""
-
-    def __init__(self):
-        self.graphs = []
-
-    def __call__(self, gm, example_inputs):
-        self.graphs.append(gm)
-        return gm
 
 
 class ConvBN(nn.Module):
@@ -59,7 +49,7 @@ def _table():
 
 
 def _compile(module, x, freezing=True):
-    rec = _Recorder()
+    rec = Recorder()
     gm = fx.symbolic_trace(module)
     compiled = aot_compile(gm, [x], fw_compiler=rec, decompositions=_table(), freezing=freezing)
     return compiled, rec
@@ -157,7 +147,7 @@ def test_off_without_the_flag_and_without_state():
         assert not isinstance(compiled.variant(False).forward, FrozenForward)
         gm = fx.symbolic_trace(lambda x, w: torch.relu(x * w.exp()))
         plain = aot_compile(
-            gm, [torch.randn(3), torch.randn(3)], fw_compiler=_Recorder(), freezing=True
+            gm, [torch.randn(3), torch.randn(3)], fw_compiler=Recorder(), freezing=True
         )
         assert not isinstance(plain.variant(False).forward, FrozenForward)
 

@@ -4,6 +4,7 @@ a weight seen (the packed weight is one of the constants)."""
 
 import pytest
 import torch
+from freezing_testing import Recorder, batch_norm
 from torch import fx, nn
 
 from kiln.autograd_aot import aot_compile, default_decompositions, onednn_packing
@@ -27,30 +28,11 @@ def _mkldnn():
     return torch.ops.mkldnn
 
 
-class _Recorder:
-    def __init__(self):
-        self.graphs = []
-
-    def __call__(self, gm, example_inputs):
-        self.graphs.append(gm)
-        return gm
-
-
-def _bn(c):
-    bn = nn.BatchNorm2d(c)
-    with torch.no_grad():
-        bn.running_mean.uniform_(-1, 1)
-        bn.running_var.uniform_(0.5, 2)
-        bn.weight.uniform_(0.5, 1.5)
-        bn.bias.uniform_(-1, 1)
-    return bn
-
-
 class ConvAct(nn.Module):
     def __init__(self, act, groups=1, cin=8, cout=8):
         super().__init__()
         self.conv = nn.Conv2d(cin, cout, 3, padding=1, groups=groups)
-        self.bn = _bn(cout)
+        self.bn = batch_norm(cout)
         self.act = act
 
     def forward(self, x):
@@ -61,9 +43,9 @@ class Residual(nn.Module):
     def __init__(self, relu=True):
         super().__init__()
         self.c1 = nn.Conv2d(8, 8, 3, padding=1, bias=False)
-        self.b1 = _bn(8)
+        self.b1 = batch_norm(8)
         self.c2 = nn.Conv2d(8, 8, 3, padding=1, bias=False)
-        self.b2 = _bn(8)
+        self.b2 = batch_norm(8)
         self.relu = relu
 
     def forward(self, x):
@@ -83,7 +65,7 @@ def _table():
 
 
 def _compile(module, shape):
-    rec = _Recorder()
+    rec = Recorder()
     with torch.no_grad():
         compiled = aot_compile(
             fx.symbolic_trace(module),
@@ -175,7 +157,7 @@ def test_grouped_returned_and_switched_off_convolutions_stay_aten(monkeypatch):
         compiled, gm = _compile(module.eval(), (1, 8, 9, 9))
         _check(module, compiled, (1, 8, 9, 9))
         assert _calls(gm)[0][0] is aten.convolution.default
-    returned = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), _bn(8), nn.ReLU()).eval()
+    returned = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), batch_norm(8), nn.ReLU()).eval()
     compiled, gm = _compile(returned, (1, 8, 9, 9))
     _check(returned, compiled, (1, 8, 9, 9))
     assert _calls(gm)[0][0] is aten.convolution.default  # eager's NCHW result kept
