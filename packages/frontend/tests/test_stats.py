@@ -195,6 +195,23 @@ def test_a_rejected_frame_stays_skipped_when_a_cache_from_before_a_reset_dies():
     assert counts == [1, 1, 1]
 
 
+def test_a_cache_dying_while_the_caches_are_iterated_is_no_error():
+    # its finalizer then runs inside the iteration (kiln.reset's), which must go on
+    kiln.compile(_one_graph, backend="eager")(torch.rand(3))
+    dying = [kiln.compile(lambda x, k=k: x.cos() + k, backend="eager") for k in range(3)]
+    for f in dying:
+        f(torch.rand(3))
+    del f
+    seen = 0
+    for _ in api._caches.values():
+        seen += 1
+        if dying:
+            dying.clear()
+            gc.collect()
+    assert seen >= 1
+    kiln.reset()
+
+
 def test_a_resume_function_capture_failure_counts_once(monkeypatch):
     real = capture.capture
 

@@ -581,8 +581,11 @@ def _rebuild_module(
 def _forget_skip(key: tuple[Any, ...]) -> None:
     """A dead cache's key is no longer skipped (its ids may be reused once its objects are
     gone), unless a live cache took the key meanwhile: after ``kiln.reset()`` an old cache
-    held in a reference cycle dies at the collector's next pass, after the new one's skip."""
-    if _caches.get(key) is None:
+    held in a reference cycle dies at the collector's next pass, after the new one's skip.
+    The collector may call it while ``_caches`` is iterated: it only reads the dict under it
+    (``get`` would commit the removals the iteration deferred)."""
+    ref = _caches.data.get(key)  # type: ignore[attr-defined]  # (typeshed omits it)
+    if ref is None or ref() is None:
         _skipped.discard(key)
 
 
