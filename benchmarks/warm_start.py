@@ -198,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         names = names[int(i) - 1 :: int(n)]
     columns = [c.strip() for c in args.columns.split(",") if c.strip()]
     threads = max(1, len(os.sched_getaffinity(0)) // max(1, args.jobs))
+    if args.cache_root:
+        args.cache_root.mkdir(parents=True, exist_ok=True)
     stop_at = args.stop_at = time.monotonic() + args.budget if args.budget else None
     rows: list[dict[str, Any]] = []
     lock = threading.Lock()
