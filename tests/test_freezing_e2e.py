@@ -1,7 +1,7 @@
 """CPU inference freezing through kiln.compile: batch norm folded into convolutions, module
 state computed with once, and every change of a weight seen (option ``freezing``); frozen
 convolutions on prepacked oneDNN weights, called from the wrapper with their activation or
-residual add fused, laid out channels-last."""
+residual add fused, laid out channels-last; frozen linears of enough rows on prepacked weights."""
 
 from __future__ import annotations
 
@@ -272,4 +272,58 @@ def test_prepacking_switched_off_by_the_environment(monkeypatch):
     with torch.no_grad():
         compiled = loopir.compile_fx(fx.symbolic_trace(m), [x])
         _close(compiled(x), m(x))
-    assert "mkldnn" not in compiled.variant(False).forward.compiled.source
+    forward = compiled.variant(False).forward  # not frozen: only transposes to fold
+    assert "mkldnn" not in getattr(forward, "compiled", forward).source
+
+
+class Mlp(nn.Module):
+    """A transformer's MLP block with a classifier head: linears on 3-D and 2-D inputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(16, 64)
+        self.down = nn.Linear(64, 16)
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = x + self.down(torch.relu(self.up(x)))
+        return self.head(nn.functional.gelu(x.mean(1)))
+
+
+@_onednn
+def test_wrapper_calls_the_packed_linears_with_enough_rows():
+    """The two linears over batch x sequence rows are packed, ReLU fused; the head's 4 rows
+    stay ATen's."""
+    m = Mlp().eval().requires_grad_(False)
+    with torch.no_grad():
+        compiled = loopir.compile_fx(fx.symbolic_trace(m), [torch.randn(4, 8, 16)])
+        for _ in range(3):
+            x = torch.randn(4, 8, 16)
+            _close(compiled(x), m(x))
+    source = compiled.variant(False).forward.compiled.source
+    assert sum("mkldnn._linear_pointwise.default" in line for line in source.splitlines()) == 2
+    assert "'relu', _c" in source and "aten.addmm" in source
+
+
+@_onednn
+def test_changed_weights_are_seen_by_packed_linears(monkeypatch):
+    m = Mlp().eval().requires_grad_(False)
+    compiled = kiln.compile(m)
+    with torch.no_grad():
+        for change in (
+            lambda: m.up.weight.mul_(2),
+            lambda: m.load_state_dict({k: v * 0.5 for k, v in m.state_dict().items()}),
+            lambda: setattr(m.down.weight, "data", torch.randn_like(m.down.weight)),
+            lambda: m.up.bias.add_(1),
+        ):
+            x = torch.randn(4, 8, 16)
+            _close(compiled(x), m(x))
+            change()
+            x = torch.randn(4, 8, 16)
+            _close(compiled(x), m(x))
+        assert _frozen_programs() == 1
+        monkeypatch.setenv("KILN_FREEZING_PREPACK", "0")
+        compiled = loopir.compile_fx(fx.symbolic_trace(m), [x])
+        _close(compiled(x), m(x))
+    forward = compiled.variant(False).forward  # not frozen: only transposes to fold
+    assert "mkldnn" not in getattr(forward, "compiled", forward).source

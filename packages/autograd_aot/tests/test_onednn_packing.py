@@ -1,5 +1,5 @@
-"""Frozen convolutions on a prepacked oneDNN weight, with the op after them fused: which
-convolutions are rewritten, results equal to eager's over several calls, and every change of
+"""Frozen convolutions and linears on a prepacked oneDNN weight, with the op after them
+fused: which ones are rewritten, results equal to eager's over several calls, and every change of
 a weight seen (the packed weight is one of the constants)."""
 
 import pytest
@@ -209,3 +209,117 @@ def test_small_convolutions_stay_aten(monkeypatch):
     assert _calls(gm)[0][0] is aten.convolution.default
     compiled, gm = _compile(se, (1, 64, 32, 32))
     assert _calls(gm)[0][0] is _mkldnn()._convolution_pointwise.default
+
+
+class Mlp(nn.Module):
+    """Linear, activation, linear without bias: a transformer's MLP block."""
+
+    def __init__(self, act, width=16, hidden=32):
+        super().__init__()
+        self.up = nn.Linear(width, hidden)
+        self.act = act
+        self.down = nn.Linear(hidden, width, bias=False)
+
+    def forward(self, x):
+        return self.down(self.act(self.up(x)))
+
+
+def _linear_calls(gm):
+    return [c for c in _calls(gm) if c[0] is _mkldnn()._linear_pointwise.default]
+
+
+@pytest.mark.parametrize("table", [_table, default_decompositions])
+@pytest.mark.parametrize("shape", [(12, 16), (2, 6, 16)])
+def test_linears_with_enough_rows_are_packed(table, shape):
+    """``addmm`` (kept) or ``mm``, ``* 1``, ``+ bias`` (the core table's), on 2-D or 3-D
+    input (a ``view`` between the product and the activation)."""
+    m = Mlp(nn.ReLU()).eval()
+    rec = Recorder()
+    with torch.no_grad():
+        compiled = aot_compile(
+            fx.symbolic_trace(m),
+            [torch.randn(shape)],
+            fw_compiler=rec,
+            decompositions=table(),
+            freezing=True,
+        )
+    _check(m, compiled, shape)
+    up, down = _linear_calls(rec.graphs[0])
+    assert up[1] == ["relu", [], ""] and down[1] == [None, "none", [], ""]
+    targets = [c[0] for c in _calls(rec.graphs[0])]
+    assert aten.relu.default not in targets and aten.mm.default not in targets
+    assert aten.addmm.default not in targets
+
+
+@pytest.mark.parametrize(
+    ("act", "attr", "scalars", "algorithm"),
+    [
+        (nn.ReLU(), "relu", [], ""),
+        (nn.ReLU6(), "hardtanh", [0.0, 6.0], ""),
+        (nn.LeakyReLU(0.2), "leaky_relu", [0.2], ""),
+        (nn.GELU(), "none", [], ""),  # oneDNN's post-op is slower than the op after it
+        (nn.SiLU(), "none", [], ""),
+        (nn.Tanh(), "none", [], ""),
+    ],
+)
+def test_linear_activation_is_fused_as_a_post_op(act, attr, scalars, algorithm):
+    m = Mlp(act).eval()
+    compiled, gm = _compile(m, (2, 6, 16))
+    _check(m, compiled, (2, 6, 16))
+    assert _linear_calls(gm)[0][1][-3:] == [attr, scalars, algorithm]
+
+
+def test_one_row_and_switched_off_linears_stay_aten(monkeypatch):
+    m = Mlp(nn.ReLU()).eval()
+    compiled, gm = _compile(m, (1, 16))
+    _check(m, compiled, (1, 16))
+    assert not _linear_calls(gm)
+    assert aten.mm.default in [c[0] for c in _calls(gm)]
+    monkeypatch.setattr(onednn_packing, "MIN_LINEAR_ROWS", 1)
+    compiled, gm = _compile(m, (1, 16))
+    _check(m, compiled, (1, 16))
+    assert len(_linear_calls(gm)) == 2
+    monkeypatch.setenv("KILN_FREEZING_PREPACK", "0")
+    _, gm = _compile(m, (12, 16))
+    assert not _linear_calls(gm)
+
+
+def test_products_by_a_weight_not_transposed_and_returned_linears():
+    """``x @ w`` with ``w`` stored (in, out), a weight computed from state, and a linear
+    whose result the graph returns as well as reads."""
+
+    class Products(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(16, 24))
+            self.lin = nn.Linear(16, 16)
+
+        def forward(self, x):
+            y = self.lin(x)
+            z = torch.relu(x @ (self.w * 2)) + (y @ self.w).sum()
+            return y, z
+
+    m = Products().eval()
+    compiled, gm = _compile(m, (12, 16))
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(12, 16)
+            for a, b in zip(compiled(x), m(x), strict=True):
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    assert len(_linear_calls(gm)) == 3
+
+
+def test_weight_changes_are_seen_through_the_packed_linear_weight():
+    m = Mlp(nn.GELU()).eval()
+    compiled, _ = _compile(m, (2, 6, 16))
+    _check(m, compiled, (2, 6, 16), calls=2)
+    with torch.no_grad():
+        m.up.weight.mul_(2)
+    _check(m, compiled, (2, 6, 16), calls=2)
+    m.load_state_dict({k: v * 0.5 for k, v in m.state_dict().items()})
+    _check(m, compiled, (2, 6, 16), calls=2)
+    m.down.weight.data = torch.randn_like(m.down.weight)
+    _check(m, compiled, (2, 6, 16), calls=2)
+    with torch.no_grad():
+        m.up.bias.add_(1)
+    _check(m, compiled, (2, 6, 16), calls=2)

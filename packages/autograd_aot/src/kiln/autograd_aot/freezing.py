@@ -40,7 +40,7 @@ import torch
 from torch import fx
 
 from kiln.autograd_aot.conv_folding import fold_conv_affine
-from kiln.autograd_aot.onednn_packing import PACKING_OPS, prepack_convolutions
+from kiln.autograd_aot.onednn_packing import PACKING_OPS, prepack_convolutions, prepack_linears
 from kiln.autograd_aot.symbolic import is_symbolic
 from kiln.capture import artifacts, counters
 from kiln.capture.source import AttrSource, ItemSource
@@ -68,10 +68,11 @@ def compile_frozen(
         return None
     counters.bump("autograd_aot", "frozen_programs")
     log.info(
-        "frozen: %d ops folded, %d convolutions, %d prepacked",
+        "frozen: %d ops folded, %d convolutions, %d prepacked, %d linears prepacked",
         plan.folded_ops,
         plan.folded_convolutions,
         plan.packed_convolutions,
+        plan.packed_linears,
     )
     artifacts.dump("aot_frozen.py", plan.runtime.code)
     fakes = [n.meta["val"] for n in plan.runtime.graph.find_nodes(op="placeholder")]
@@ -131,6 +132,7 @@ class FreezePlan:
     folded_ops: int  # ATen ops computed ahead of the calls (views not counted)
     folded_convolutions: int  # convolutions whose following affine arithmetic was folded
     packed_convolutions: int = 0  # convolutions calling oneDNN on a prepacked weight
+    packed_linears: int = 0  # matrix products by a weight calling oneDNN on a prepacked one
 
 
 def _is_view(node: fx.Node) -> bool:
@@ -219,7 +221,8 @@ def plan_freezing(gm: fx.GraphModule, frozen: Sequence[int]) -> FreezePlan | Non
         prune_dead(graph)
         fold = _folded(graph, frozen_nodes)
     packed = prepack_convolutions(graph, lambda n: fold.get(n) is True, _pinned(graph))
-    if packed:
+    linears = prepack_linears(graph, lambda n: fold.get(n) is True)
+    if packed or linears:
         prune_dead(graph)
         fold = _folded(graph, frozen_nodes)
     constants = [n for n, state in fold.items() if state and any(u not in fold for u in n.users)]
@@ -244,6 +247,7 @@ def plan_freezing(gm: fx.GraphModule, frozen: Sequence[int]) -> FreezePlan | Non
         folded_ops=ops,
         folded_convolutions=convolutions,
         packed_convolutions=packed,
+        packed_linears=linears,
     )
 
 
