@@ -62,9 +62,9 @@ ENV_HELP: dict[str, str] = {
     "alone once, also where parameters require grad; `0`: never (by default, only where none "
     "requires grad; the `freezing` option sets it per compiled function); see "
     "[Configuration](configuration.md#cpu-inference-freezing)",
-    "KILN_FREEZING_PREPACK": "`0`: frozen CPU graphs call ATen's convolutions rather than "
-    "oneDNN's on weights reordered once, with the activation or residual add after them fused "
-    "(on by default where torch has oneDNN); see "
+    "KILN_FREEZING_PREPACK": "`0`: frozen CPU graphs call ATen's convolutions and linears "
+    "rather than oneDNN's on weights reordered once, with the activation or residual add after "
+    "them fused (on by default where torch has oneDNN); see "
     "[Configuration](configuration.md#cpu-inference-freezing)",
     "KILN_MAX_AUTOTUNE": "`1`: the Triton backend tries more kernel configurations and matmul "
     "templates by default",
