@@ -22,6 +22,7 @@ import torch
 from kiln.capture.binding import bind_arguments
 from kiln.capture.breaks.reasons import UserException, unsupported
 from kiln.capture.bytecode.decode import decode
+from kiln.capture.bytecode.disassemble import instructions
 from kiln.capture.errors import Unsupported, UserFrame
 from kiln.capture.graph import OutputGraph
 from kiln.capture.source import GlobalSource, Source
@@ -65,7 +66,7 @@ class CodeFacts:
     __slots__ = ("_exception_table", "index_of", "instructions")
 
     def __init__(self, code: types.CodeType) -> None:
-        self.instructions: tuple[dis.Instruction, ...] = tuple(dis.get_instructions(code))
+        self.instructions: tuple[dis.Instruction, ...] = instructions(code)
         self.index_of: dict[int, int] = {ins.offset: i for i, ins in enumerate(self.instructions)}
         self._exception_table: tuple[ExceptionRow, ...] | None = None
 

@@ -1,6 +1,6 @@
 """Code object → :class:`Bytecode`: instructions with Python-level arguments.
 
-``dis`` does the byte walking (EXTENDED_ARG folding, CACHE skipping, jump
+``dis`` (``disassemble.instructions``) does the byte walking (EXTENDED_ARG folding, CACHE skipping, jump
 offsets, positions); this module turns its output into editable data: jump
 targets become instruction references, flag bits of LOAD_GLOBAL and friends
 are split from their names, and the exception table is re-expressed over
@@ -15,6 +15,7 @@ from types import CodeType
 from typing import Any
 
 from kiln.capture.bytecode import optable
+from kiln.capture.bytecode.disassemble import instructions
 from kiln.capture.bytecode.instructions import Bytecode, ExceptionEntry, Instr
 from kiln.capture.bytecode.optable import ArgKind
 from kiln.capture.bytecode.tables import parse_exception_table
@@ -48,7 +49,7 @@ def _arg_value(ins: dis.Instruction, code: CodeType) -> Any:
 
 def decode(code: CodeType) -> Bytecode:
     """Decode ``code`` into a :class:`Bytecode` that assembles back to an equal function."""
-    raw = [ins for ins in dis.get_instructions(code) if ins.opname != "EXTENDED_ARG"]
+    raw = [ins for ins in instructions(code) if ins.opname != "EXTENDED_ARG"]
     instrs = [Instr(ins.opname, _arg_value(ins, code), _positions(ins), ins.offset) for ins in raw]
     starts = [ins.offset for ins in raw]
 
