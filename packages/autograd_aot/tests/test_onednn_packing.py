@@ -284,6 +284,14 @@ def test_one_row_and_switched_off_linears_stay_aten(monkeypatch):
     assert not _linear_calls(gm)
 
 
+def test_an_empty_weight_stays_aten():
+    """oneDNN has no primitive for a product over 0 inputs (ATen answers the bias)."""
+    m = nn.Sequential(nn.Linear(0, 8), nn.ReLU()).eval()
+    compiled, gm = _compile(m, (12, 0))
+    _check(m, compiled, (12, 0))
+    assert not _linear_calls(gm)
+
+
 def test_products_by_a_weight_not_transposed_and_returned_linears():
     """``x @ w`` with ``w`` stored (in, out), a weight computed from state, and a linear
     whose result the graph returns as well as reads."""

@@ -358,10 +358,10 @@ def _linear_parts(
         found = (_bias_of(mm, is_state) if _float_matrix(mm) is not None else None) or (None, mm)
     if not isinstance(x, fx.Node) or not isinstance(mat2, fx.Node) or is_state(x):
         return None
-    xval = _float_matrix(x)
-    if xval is None or _float_matrix(mat2) is None or not is_state(mat2):
+    xval, wval = _float_matrix(x), _float_matrix(mat2)
+    if xval is None or wval is None or not is_state(mat2):
         return None
-    if xval.shape[0] < MIN_LINEAR_ROWS:
+    if xval.shape[0] < MIN_LINEAR_ROWS or not wval.numel():  # oneDNN refuses an empty weight
         return None
     return x, mat2, found[0], found[1]
 
