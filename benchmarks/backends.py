@@ -89,6 +89,7 @@ def _kiln(name: str, backend: str, count_ops: bool) -> Column:
             "break_kinds": dict(get("graph_break_kinds") or {}),
             "graph_cache_hits": get("graph_cache_hits"),
             "graph_cache_misses": get("graph_cache_misses"),
+            "compile_seconds": {k: round(v, 3) for k, v in (get("compile_seconds") or {}).items()},
         }
 
     return Column(

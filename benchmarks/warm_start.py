@@ -100,9 +100,17 @@ def measure_pair(model: str, column: str, args: argparse.Namespace, threads: int
                 if row.get("graph_cache_hits") is not None:  # Kiln's: all hits when warm
                     out[f"{phase}_hits"] = row["graph_cache_hits"]
                     out[f"{phase}_misses"] = row["graph_cache_misses"]
+                if row.get("compile_seconds"):  # Kiln's: where the first call's time went
+                    out[f"{phase}_phases"] = _largest(row["compile_seconds"])
         finally:
             shutil.rmtree(cache, ignore_errors=True)
     return out
+
+
+def _largest(seconds: dict[str, float], n: int = 6) -> str:
+    """The ``n`` longest compile phases, as ``name=seconds`` (for the CSV)."""
+    top = sorted(seconds.items(), key=lambda kv: -kv[1])[:n]
+    return " ".join(f"{name}={value:.2f}" for name, value in top)
 
 
 def _fmt(value: Any) -> str:
@@ -142,7 +150,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 def _write(out: Path, rows: list[dict[str, Any]]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     fields = ["model", "column", "cold_s", "warm_s", "rel_error", "warm_hits", "warm_misses"]
-    fields.append("reason")
+    fields += ["reason", "cold_phases", "warm_phases"]
     with (out / "warm_start.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()

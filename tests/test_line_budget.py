@@ -150,13 +150,15 @@ LINE_BUDGET = {
     # + 12 for the graph's layout choice in a module of its own (layout_choice.py)
     # + 14 for pooling's positions and divisors in 32-bit lanes where sizes are static
     # (lowering/pooling.py)
-    "loopir": 11819,
+    # + 19 for the cache root every code generator's folder sits under (disk_cache.py, moved
+    # from codegen_cpp) and the field-by-field stored form of dataclasses (serialize.py)
+    "loopir": 11838,
     # + about 250 for symbolic sizes: size arguments, per-call grids and sizes, autotuning
     # per size bucket (symbolic_sizes.py, symbolic_launch.py), CUDA graphs per size set
     "codegen_triton": 3150,
     # + about 80 for the compiler's answers to its probes kept on disk under a stamp of the
     # compiler file, the target and the CPU, which the whole-graph cache keys on too (build.py)
-    "codegen_cpp": 3140,
+    "codegen_cpp": 3242,
     # + about 380 for the whole-graph cache (graph_cache.py: its key, lookup policy, miss
     # reasons and cache files) and pickling compiled modules and functions
     # + about 80 for dynamic shapes: the capture policy of dynamic=, and static backends

@@ -68,7 +68,7 @@ ENV_HELP: dict[str, str] = {
     "[Configuration](configuration.md#cpu-inference-freezing)",
     "KILN_MAX_AUTOTUNE": "`1`: the Triton backend tries more kernel configurations and matmul "
     "templates by default",
-    "KILN_TRITON_CACHE": "folder of the Triton kernel cache (default `~/.cache/kiln/triton`)",
+    "KILN_TRITON_CACHE": "folder of the Triton kernel cache (default `triton` under `KILN_CACHE_DIR`'s root)",
     "KILN_TRITON_PARALLEL_COMPILE": "`0`: compile Triton kernels in the calling process rather "
     "than in worker processes",
     "TRITON_INTERPRET": "Triton's own switch for its interpreter; Kiln's Triton kernels follow "

@@ -11,12 +11,12 @@ a size-and-hash sidecar that is checked before the library is loaded.
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Iterable
 from pathlib import Path
 
 from kiln.loopir.disk_cache import (
     atomic_write,
+    cache_root,
     evict,
     private_dir,
     seal,
@@ -37,17 +37,6 @@ __all__ = [
     "touch",
     "verified",
 ]
-
-_ENV = "KILN_CACHE_DIR"
-
-
-def cache_root() -> Path:
-    """``KILN_CACHE_DIR``, else ``$XDG_CACHE_HOME/kiln`` (``~/.cache/kiln`` without it)."""
-    override = os.environ.get(_ENV)
-    if override:
-        return Path(override)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "kiln"
 
 
 def cache_dir() -> Path:

@@ -26,6 +26,7 @@ from kiln.capture import counters
 from kiln.codegen_triton.kernel import KernelSource
 from kiln.codegen_triton.tiling import MAX_GRID_Y
 from kiln.codegen_triton.timing import bench_ms
+from kiln.loopir import serialize
 from kiln.loopir.disk_cache import atomic_write, private_dir
 
 __all__ = ["Config", "candidate_configs", "Autotuner", "next_power_of_2"]
@@ -43,6 +44,8 @@ class Config:
     RBLOCK: int = 1
     num_warps: int = 4
     YBLOCK: int = 1
+
+    __reduce__ = serialize.by_fields
 
     def constexprs(self, kind: str) -> dict[str, int]:
         """Block sizes a kernel of ``kind`` (``KernelSource.kind``) takes."""

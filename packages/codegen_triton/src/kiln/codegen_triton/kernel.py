@@ -27,12 +27,13 @@ from typing import Any
 import sympy
 import torch
 
+from kiln.codegen_triton.module_cache import MODULE_HEADER
 from kiln.codegen_triton.ops import CSEVar, TritonOps, triton_type
 from kiln.codegen_triton.printer import print_index
 from kiln.codegen_triton.reductions import Reductions
 from kiln.codegen_triton.symbolic_sizes import SymbolicSizes, group_symbols, make_sizes, upper_bound
 from kiln.codegen_triton.tiling import YINDEX, choose_tile, split_index
-from kiln.loopir import sizes, symbolic
+from kiln.loopir import serialize, sizes, symbolic
 from kiln.loopir.analysis import ReadWriteHandler
 from kiln.loopir.errors import StaticShapesOnly
 from kiln.loopir.kernel import RINDEX, XINDEX, KernelGroup, KernelNode
@@ -80,6 +81,13 @@ class KernelSource:
     symbolic: SymbolicSizes | None = None
     """A kernel over symbolic sizes (``numel``/``rnumel`` are then the hints): its size
     arguments and how the launcher computes them per call."""
+
+    __reduce__ = serialize.by_fields
+
+    @property
+    def module_text(self) -> str:
+        """The file the kernel is imported from: the common imports, then the kernel."""
+        return MODULE_HEADER + "\n" + self.source
 
     @property
     def kind(self) -> str:

@@ -20,11 +20,12 @@ import torch
 from triton import knobs
 
 from kiln.capture import counters
-from kiln.codegen_triton.autotune import Autotuner, Config
+from kiln.codegen_triton import config
+from kiln.codegen_triton.autotune import Autotuner, Config, device_name
 from kiln.codegen_triton.compile_pool import compile_pool
 from kiln.codegen_triton.kernel import KernelSource
 from kiln.codegen_triton.mathlib import INTERPRET
-from kiln.codegen_triton.module_cache import load_module
+from kiln.codegen_triton.module_cache import load_module, write_module
 
 __all__ = ["TritonLauncher"]
 
@@ -45,6 +46,7 @@ class TritonLauncher:
     ) -> None:
         self.ks = ks
         self.path = path
+        self._made_of = (ks, tuple(arg_names), tuple(written), tuple(configs))
         unique = list(dict.fromkeys(arg_names))
         positions = [list(arg_names).index(n) for n in unique]
         self.positions = None if positions == list(range(len(arg_names))) else positions
@@ -57,6 +59,17 @@ class TritonLauncher:
         self._binaries: dict[tuple[Any, ...], Any] = {}
         self._tuned: dict[tuple[bool, ...], Any] = {}
         """The tuned config's binaries by alignment of the pointers: the launch path."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Stored for a whole-graph cache as what it was made of, and the config it tuned
+        (with the GPU it was tuned on): a loaded launcher writes its module again under this
+        process's cache folder if missing, and its first launch loads the binary from Triton's
+        cache (compiling it there, in this process, where that cache lacks it)."""
+        return (_restored, (type(self), *self._made_of, self._options(), _tuned(self.tuner)))
+
+    def _options(self) -> dict[str, Any]:
+        """Keyword arguments of a subclass's constructor, for :meth:`__reduce__`."""
+        return {}
 
     def start_parallel_compile(self, dtypes: Sequence[torch.dtype], workers: int) -> None:
         """Begin compiling every candidate config, one worker job each (GPU only)."""
@@ -128,6 +141,29 @@ class TritonLauncher:
         found = self._binaries.get((cfg, *aligned))
         if found is not None:
             self._tuned[aligned] = found
+
+
+def _tuned(tuner: Autotuner) -> tuple[str, Config] | None:
+    """The tuned config with the device it was tuned on (None: not tuned yet)."""
+    return None if tuner.best is None else (device_name(), tuner.best)
+
+
+def _restored(
+    kind: type[TritonLauncher],
+    ks: KernelSource,
+    arg_names: Sequence[str],
+    written: Sequence[str],
+    configs: Sequence[Config],
+    options: dict[str, Any],
+    tuned: tuple[str, Config] | None,
+) -> TritonLauncher:
+    """:meth:`TritonLauncher.__reduce__`'s launcher, in this process."""
+    cache_dir = config.options.cache_dir
+    path = write_module(cache_dir, ks.module_text, ks.name)
+    launcher = kind(ks, path, arg_names, written, configs, cache_dir, **options)
+    if tuned is not None and tuned[0] == device_name() and tuned[1] in launcher.tuner.configs:
+        launcher.tuner.best = tuned[1]
+    return launcher
 
 
 def _binary_launch(

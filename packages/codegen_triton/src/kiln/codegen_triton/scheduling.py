@@ -23,7 +23,7 @@ from kiln.codegen_triton.config import TritonOptions, options
 from kiln.codegen_triton.errors import TritonUnavailable
 from kiln.codegen_triton.kernel import KernelSource, TritonKernel
 from kiln.codegen_triton.mathlib import INTERPRET
-from kiln.codegen_triton.module_cache import MODULE_HEADER, write_module
+from kiln.codegen_triton.module_cache import write_module
 from kiln.codegen_triton.ops import _TL_TYPES
 from kiln.codegen_triton.runtime import TritonLauncher
 from kiln.codegen_triton.symbolic_launch import SymbolicLauncher
@@ -63,8 +63,6 @@ class TritonBackend:
             # times the host time of a launch of ours
             convolution_weight_nhwc=True,
         )
-        if self._compile_ahead():
-            compile_pool(self.options.compile_workers).start()
 
     def with_options(self, opts: Mapping[str, Any]) -> TritonBackend:
         """This backend for one graph compiled with ``kiln.compile(options=...)``."""
@@ -90,7 +88,7 @@ class TritonBackend:
             # a whole row per block leaves room for a few columns only: loop instead
             writer = TritonKernel(group, persistent_limit=_OUTER_PERSISTENT_LIMIT)
             ks = writer.generate()
-        return writer, ks, MODULE_HEADER + "\n" + ks.source
+        return writer, ks, ks.module_text
 
     def codegen_kernel(self, group: KernelGroup) -> KernelCode:
         writer, ks, text = self.generate(group)
@@ -111,6 +109,9 @@ class TritonBackend:
             )
         )  # fmt: skip
         if self._compile_ahead():
+            # started by the first kernel, not the backend: a process whose programs all come
+            # from the whole-graph cache starts no workers
+            compile_pool(self.options.compile_workers).start()
             dtypes = [group.buffers[n].dtype for n in dict.fromkeys(group.args)]
             launcher.start_parallel_compile(dtypes, self.options.compile_workers)
         counters.bump("codegen_triton", "kernels")

@@ -97,6 +97,13 @@ class SymbolicLauncher(TritonLauncher):
         """The configs that launch other sizes' patterns with their generic binary, and the
         compile workers' job building it (None: none, it compiles here)."""
 
+    # stored as the base class stores it: the constructor rebuilds the rest (the tuners per
+    # bucket are found again in the autotuning cache)
+    __reduce__ = TritonLauncher.__reduce__
+
+    def _options(self) -> dict[str, Any]:
+        return {"max_autotune": self.max_autotune}
+
     def start_parallel_compile(self, dtypes: Sequence[torch.dtype], workers: int) -> None:
         super().start_parallel_compile(dtypes, workers)
         names = [str(d).removeprefix("torch.") for d in dtypes]

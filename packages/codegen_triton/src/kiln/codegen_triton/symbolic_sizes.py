@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 import sympy
 
 from kiln.codegen_triton.errors import TritonCodegenError
-from kiln.loopir import symbolic
+from kiln.loopir import serialize, symbolic
 from kiln.loopir.index_printer import IndexPrinter
 from kiln.loopir.kernel import KernelGroup
 
@@ -72,6 +72,8 @@ class SymbolicSizes:
     """Element counts a 32-bit kernel must keep below 2**31 (empty for a 64-bit kernel)."""
     hints: tuple[int, ...]
     """The values of ``args`` in the call being compiled (compile workers warm with them)."""
+
+    __reduce__ = serialize.by_fields
 
     def evaluator(self) -> Callable[..., tuple[int, ...]]:
         """``f(*args) -> (xnumel, rnumel, largest extent, *params)``, generated Python."""

@@ -50,6 +50,7 @@ __all__ = [
     "CacheDirWarning",
     "Entry",
     "atomic_write",
+    "cache_root",
     "clean_stale",
     "clear",
     "entries",
@@ -77,6 +78,16 @@ _cleaned: set[Path] = set()
 
 class CacheDirWarning(RuntimeWarning):
     """A cache folder was unsafe or unusable, and a private one is used instead."""
+
+
+def cache_root() -> Path:
+    """The root of Kiln's on-disk caches, each code generator's in its own folder below:
+    ``KILN_CACHE_DIR``, else ``$XDG_CACHE_HOME/kiln`` (``~/.cache/kiln`` without it)."""
+    override = os.environ.get("KILN_CACHE_DIR")
+    if override:
+        return Path(override)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "kiln"
 
 
 def _warn_once(path: Path, why: str, replacement: Path) -> None:

@@ -13,13 +13,14 @@ as the library cache's (:mod:`kiln.loopir.disk_cache`) or from a file the user c
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import pickle
 from typing import Any
 
 import torch
 
-__all__ = ["dumps", "loads"]
+__all__ = ["by_fields", "dumps", "loads"]
 
 
 def _op(namespace: str, name: str, overload: str) -> Any:
@@ -32,6 +33,13 @@ _PLAIN_DATA = ("kiln.autograd_aot.",)
 stored field by field. Any other Kiln or Triton object must say how it is stored
 (``__reduce__``): pickled field by field, a launcher's device handles and a loaded library's
 addresses would load as numbers that mean nothing in another process."""
+
+
+def by_fields(obj: Any) -> tuple[Any, ...]:
+    """``__reduce__`` for a dataclass whose fields are all its constructor's arguments, stored
+    field by field: assign it in the class body (``__reduce__ = serialize.by_fields``), where
+    :func:`dumps` looks for a stored form."""
+    return (type(obj), tuple(getattr(obj, f.name) for f in dataclasses.fields(obj)))
 
 
 class _Pickler(pickle.Pickler):
