@@ -252,6 +252,30 @@ def channel_rows_case(hw: int) -> Case:
     )
 
 
+def channels_last_case(c: int) -> Case:
+    """Batch norm of (2, 37, c) inputs, channels innermost (NHWC): per-channel loads at
+    ``xindex % c``, read from a table of one channel row where ``c`` is no whole vectors."""
+    shape = [2, 37, c]
+    x, mean, var = inp("x", F32, shape), inp("mean", F32, [c]), inp("var", F32, [c])
+    lx, lm, lv = x.make_loader(), mean.make_loader(), var.make_loader()
+
+    def fn(i):
+        scale = ops.rsqrt(ops.add(lv([i[2]]), ops.constant(1e-5, F32)))
+        return ops.mul(ops.sub(lx(i), lm([i[2]])), scale)
+
+    out = pointwise("buf0", F32, shape, fn, origin="batch_norm")
+    g = group(f"channels_last_{c}", [x, mean, var], [(out, "x")], 74 * c)
+    return Case(
+        f"channels_last_{c}",
+        g,
+        lambda: [
+            random_tensor(F32, shape),
+            random_tensor(F32, [c]),
+            random_tensor(F32, [c]).abs(),
+        ],
+    )
+
+
 def random_case() -> Case:
     """rand/randn from a seeds buffer, offsets from the flat index."""
     seeds = inp(SEEDS, torch.int64, [2])
@@ -344,6 +368,8 @@ def fusion_cases() -> list[Case]:
         bias_rows_case(),
         channel_rows_case(49),  # rows of 49: per-channel loads are contiguous in rows only
         channel_rows_case(64),  # every load is, but rsqrt is per channel
+        channels_last_case(12),  # per-channel loads from a table of one row (periodic.py)
+        channels_last_case(3),  # a row shorter than a vector
     ]
     for rtype in ("sum", "prod", "max", "min", "argmax", "argmin", "welford_reduce"):
         for dtype in (torch.float32, torch.float64):

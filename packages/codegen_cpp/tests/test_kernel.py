@@ -76,6 +76,21 @@ def test_per_channel_values_are_computed_once_per_row(hw: int) -> None:
     assert ("for (int64_t xcol = 48; xcol < 49; ++xcol)" in text) == (hw == 49)
 
 
+@pytest.mark.parametrize("c", [3, 12, 16])
+def test_channels_last_per_channel_loads_read_a_table(c: int) -> None:
+    from fusion_programs import channels_last_case
+
+    text = KernelWriter(channels_last_case(c).group, "k", 8).generate()
+    if c % 8 == 0:  # whole vectors: the load is contiguous already
+        assert "table" not in text and "kiln::from_lanes" not in text
+        return
+    assert text.count("alignas(64) float table") == 2 and f"[{c + 8}];" in text
+    assert text.count("kiln::Vec<float>::loadu(table") == 2
+    assert f" + xindex % {c});" in text
+    assert "kiln::from_lanes" not in text
+    assert text.index("alignas(64) float table") < text.index("for (int64_t xindex")
+
+
 def test_softmax_loops_share_exp_through_a_row_array() -> None:
     text = KernelWriter(softmax_case(d=64).group, "k", 16).generate()
     assert text.count("kiln::exp(") == 1

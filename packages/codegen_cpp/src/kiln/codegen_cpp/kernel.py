@@ -26,6 +26,7 @@ from kiln.codegen_cpp.dtypes import VECTOR_DTYPES, compute_ctype, storage_ctype,
 from kiln.codegen_cpp.errors import CodegenCppError
 from kiln.codegen_cpp.loops import Extent, LoopNests
 from kiln.codegen_cpp.ops import CannotVectorize, CppOps, CppVar
+from kiln.codegen_cpp.periodic import TABLE_DTYPES, table_load
 from kiln.codegen_cpp.printer import cpp_index
 from kiln.codegen_cpp.reductions import Accumulator
 from kiln.codegen_cpp.row_cache import ROW_CACHE_BYTES, RowCache
@@ -136,6 +137,7 @@ class KernelWriter:
         self.index_split: tuple[sympy.Expr, sympy.Symbol, sympy.Symbol, sympy.Expr] | None = None
         self.vectorized = False
         self.vec_var: sympy.Symbol = XINDEX
+        self.periodic_tables = False  # per-channel loads may read tables (periodic.py)
         self.used_vector = False
         self.checks_indices = False  # some indirect index is bounds-checked at run time
         self._next_name = 0
@@ -339,7 +341,8 @@ class KernelWriter:
         lane_read = self._read(name, self._lane_index(index))
         plain = None if per_lane else self._plain_vector_load(name, index, dtype)
         if self._mask is None:
-            return plain or self._lanewise_load(lane_read, dtype)
+            table = None if plain else self._table_load(name, index, dtype)
+            return plain or table or self._lanewise_load(lane_read, dtype)
         if plain is None:
             if dtype == torch.bool:
                 return f"kiln::mask_from_lanes([&](int64_t lane) {{ return {self._mask}.m[lane] && {lane_read}; }})"
@@ -377,6 +380,14 @@ class KernelWriter:
         if dtype in (torch.bool, torch.bfloat16, torch.float16):
             return None
         return f"{vector_ctype(dtype)}::gather({address}, {cpp_index(access.stride)})"
+
+    def _table_load(self, name: str, index: sympy.Expr, dtype: torch.dtype) -> str | None:
+        """A per-channel load from a table filled before the loop (``periodic.py``)."""
+        hoisted, read = self._body.hoisted, functools.partial(self._read, name)
+        if not self.periodic_tables or hoisted is None or dtype not in TABLE_DTYPES:
+            return None
+        cache = self._body.cache
+        return table_load(cache, hoisted, name, index, self.vec_var, self.lanes, dtype, read)
 
     def _lanewise_load(self, lane_read: str, dtype: torch.dtype) -> str:
         if dtype == torch.bool:

@@ -139,7 +139,11 @@ class LoopNests:
             if rows is not None:
                 return rows
         run = functools.partial(w.run_nodes, w.group.nodes, XINDEX)
-        vec = w.vector_pass(run, w.numel, XINDEX)
+        w.periodic_tables = True  # its hoisted lines precede the parallel loop
+        try:
+            vec = w.vector_pass(run, w.numel, XINDEX)
+        finally:
+            w.periodic_tables = False
         scalar = w.scalar_pass(run, "xindex")
         parallel = self._parallel(w.numel.times(w.rnumel))
         if vec is None:
