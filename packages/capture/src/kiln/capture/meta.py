@@ -429,6 +429,7 @@ def _normalize(device: torch.device) -> torch.device:
     return torch.device(device.type, index)
 
 
+@functools.cache  # per op: reading its schema's arguments builds them anew each time
 def _is_factory(func: Any) -> bool:
     return any(a.name == "device" and a.kwarg_only for a in func._schema.arguments)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dis
 import sys
 import types
-from typing import Any
+from typing import Any, cast
 
 __all__ = ["instructions"]
 
@@ -23,10 +23,6 @@ _dis: Any = dis
 _Instr = dis.Instruction
 _Pos = dis.Positions
 _LOAD_CONST = dis.opmap["LOAD_CONST"]
-
-
-def _code(code: types.CodeType) -> Any:
-    return code
 
 
 def _dis_instructions(code: types.CodeType) -> tuple[dis.Instruction, ...]:
@@ -89,7 +85,7 @@ def _arg_info(kind: int, op: int, arg: int, offset: int, code: types.CodeType) -
         target = offset + 2 + (-arg if backward else arg) * 2
         return target, "to " + repr(target)
     if kind == 5:
-        name = _code(code)._varname_from_oparg(arg)
+        name = cast(Any, code)._varname_from_oparg(arg)
         return name, name
     if kind == 6:
         return dis.cmp_op[arg], dis.cmp_op[arg]
@@ -139,7 +135,7 @@ def _instructions_311(code: types.CodeType) -> tuple[dis.Instruction, ...]:
     linestarts = dict(dis.findlinestarts(code))
     positions = list(code.co_positions())
     consts, co_names = code.co_consts, code.co_names
-    varname = _code(code)._varname_from_oparg
+    varname = cast(Any, code)._varname_from_oparg
     new = tuple.__new__
     out: list[dis.Instruction] = []
     append = out.append
