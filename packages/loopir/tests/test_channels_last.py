@@ -129,6 +129,36 @@ def test_a_buffer_read_in_another_dim_order_is_laid_out_in_that_order():
     assert not any([int(v) for v in b.size] == [2 * 6 * 5, c] for b in written)
 
 
+def linear_attention_heads(x, w, w2):
+    """EfficientViT's linear attention reads the ``cat`` of two convolutions' (B, C, H, W)
+    outputs as (B, heads, H*W, d): a view that splits H*W back apart in the read's index."""
+    a = aten.convolution.default(x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1)
+    b = aten.convolution.default(a, w2, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 48)
+    n, c, h, wd = a.shape
+    qkv = aten.view.default(aten.cat.default([a, b], 1), [n, 2 * c // 24, 24, h * wd])
+    q, k, v = aten.split.Tensor(aten.transpose.int(qkv, -1, -2), 8, -1)
+    kv = aten.add.Tensor(aten.relu.default(k), v)
+    return aten.sort.default(aten.relu.default(q), 3)[0], aten.sort.default(kv, 3)[0]
+
+
+def test_a_read_through_a_split_view_is_laid_out_in_its_order():
+    """The queries read steps (2C*H*W, 24, 2C, 1) along (B, heads, H*W, d) once H*W's
+    split digits are rejoined: stored in that order (B, H*W, heads, d), not NHWC (heads
+    innermost, d strided)."""
+    inputs = (torch.randn(2, 8, 7, 7), torch.randn(48, 8, 1, 1), torch.randn(48, 1, 3, 3))
+    compiled = _forced(linear_attention_heads, inputs)
+    written = [
+        s.group.buffers[n]
+        for s in compiled.steps
+        if hasattr(s, "group") and "output relayout" not in s.group.origins()
+        for n in s.group.outputs
+        if [int(v) for v in s.group.buffers[n].size] == [2, 4, 49, 8]
+    ]
+    assert len(written) == 2  # relu(q), relu(k) + v
+    for b in written:
+        assert [int(v) for v in b.stride] == [4 * 49 * 8, 8, 4 * 8, 1]
+
+
 def test_an_nchw_image_is_copied_channels_last_before_the_stem():
     compiled = _forced(conv_net, _inputs())
     first = next(s for s in compiled.steps if hasattr(s, "group"))

@@ -127,15 +127,15 @@ class StorageBox:
         return count * (reads - 1) > REALIZE_DUPLICATED_OPS or count > REALIZE_MAX_OPS
 
     def read_order(self) -> list[int] | None:
-        """The dim order (outermost first) in which this unrealized 4-D pointwise body
-        reads a source it walks along every dim (steps of one fixed size per dim, all
-        different), or None: the order that makes that read walk memory in order."""
+        """The dim order (outermost first) in which this unrealized 4-D pointwise body reads
+        a source it walks along every dim (steps of one fixed size per dim, all different,
+        split digits rejoined), or None: the order that makes that read walk memory in order."""
         if not isinstance(self.data, Pointwise) or len(self.data.ranges) != 4:
             return None
         index, handler = _traced(self.data)
         long = [d for d, n in enumerate(self.data.ranges) if sizes.static_int(n) != 1]
         for dep in handler.reads:
-            found = sizes.affine_strides(dep.index, index)
+            found = sizes.affine_strides(sizes.merge_digits(dep.index), index)
             if found is None or not all(s.is_Integer for s in found[1]):
                 continue
             steps = [int(s) for s in found[1]]
