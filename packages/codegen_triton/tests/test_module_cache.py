@@ -2,13 +2,12 @@
 
 import json
 import subprocess
-import sys
 
 import torch
 from triton_corpus import group, inp, pointwise
 
 from kiln.codegen_triton import TritonBackend, TritonOptions
-from kiln.codegen_triton.compile_pool import REPLY_PREFIX
+from kiln.codegen_triton.compile_pool import REPLY_PREFIX, worker_command
 from kiln.codegen_triton.module_cache import load_module, module_path, write_module
 from kiln.loopir.virtualized import ops
 
@@ -56,8 +55,8 @@ def test_compile_worker_reports_errors_as_replies(tmp_path):
         }
     )
     out = subprocess.run(
-        [sys.executable, "-m", "kiln.codegen_triton.compile_worker"],
-        input=job + "\n", capture_output=True, text=True, timeout=120, check=True,
+        worker_command(), input=job + "\n", capture_output=True, text=True, timeout=120,
+        check=True,
     )  # fmt: skip
     reply = json.loads(
         next(line for line in out.stdout.splitlines() if line.startswith(REPLY_PREFIX))[
@@ -65,6 +64,26 @@ def test_compile_worker_reports_errors_as_replies(tmp_path):
         ]
     )
     assert reply["ok"] is False and "missing" in reply["error"]
+
+
+def test_a_compile_worker_imports_neither_the_frontend_nor_the_packages_it_does_not_use(tmp_path):
+    """A kernel module that reports which Kiln modules its worker had loaded."""
+    seen = tmp_path / "seen.json"
+    module = tmp_path / "probe.py"
+    module.write_text(
+        "import json, sys\n"
+        f"json.dump(sorted(m for m in sys.modules if m.startswith('kiln')), open({str(seen)!r}, 'w'))\n"
+    )
+    job = {"path": str(module), "name": "k", "dtypes": [], "scalars": [], "configs": []}
+    out = subprocess.run(
+        worker_command(), input=json.dumps(job) + "\n", capture_output=True, text=True,
+        timeout=120, check=True,
+    )  # fmt: skip
+    assert REPLY_PREFIX in out.stdout  # answered (no kernel named k: not ok)
+    loaded = set(json.loads(seen.read_text()))
+    assert "kiln.codegen_triton.module_cache" in loaded
+    assert not loaded & {"kiln.graph_cache", "kiln.api", "kiln.autograd_aot", "kiln.guards"}
+    assert "kiln.codegen_triton.scheduling" not in loaded and "kiln.capture.tracer" not in loaded
 
 
 def test_compile_worker_loads_a_built_kernel_and_leaves_its_errors_to_the_parent():

@@ -1,7 +1,7 @@
 """Parallel kernel compilation in worker interpreters.
 
-Each worker is ``python -m kiln.codegen_triton.compile_worker`` started with
-``subprocess`` (not multiprocessing: a spawned child re-imports the user's
+Each worker runs ``kiln.codegen_triton.compile_worker`` in an interpreter started with
+``subprocess`` (:func:`worker_command`; not multiprocessing: a spawned child re-imports the user's
 ``__main__``, which breaks scripts without a main guard, and CUDA does not
 survive fork). Jobs go out as JSON lines; a thread per job waits for a free
 worker and its answer, so ``submit`` returns a future at once.
@@ -21,10 +21,34 @@ from typing import Any
 
 from kiln.codegen_triton.errors import TritonLaunchError
 
-__all__ = ["REPLY_PREFIX", "CompilePool", "compile_pool"]
+__all__ = ["REPLY_PREFIX", "CompilePool", "compile_pool", "worker_command"]
 
 REPLY_PREFIX = "KILN-DONE "
 """How a worker's answer line starts (anything else on its stdout is ignored)."""
+
+
+_BARE_PACKAGES = ("kiln", "kiln.capture", "kiln.loopir", "kiln.codegen_triton")
+"""Packages a worker holds without running their ``__init__``: importing ``kiln`` runs the
+frontend's, which imports every package (seconds of imports per worker, all started at once
+when a graph's first kernel is written); a worker needs only a few modules of these."""
+
+_BOOTSTRAP = """\
+import json, runpy, sys, types
+for name, path in json.loads(sys.argv[1]).items():
+    sys.modules[name] = module = types.ModuleType(name)
+    module.__path__ = path
+    parent, _, child = name.rpartition(".")
+    if parent:
+        setattr(sys.modules[parent], child, module)
+runpy.run_module("kiln.codegen_triton.compile_worker", run_name="__main__")
+"""
+
+
+def worker_command() -> list[str]:
+    """How a worker is started: its module run with :data:`_BARE_PACKAGES` as bare packages
+    (their folders, as this process found them, and none of their ``__init__`` code)."""
+    paths = {name: list(sys.modules[name].__path__) for name in _BARE_PACKAGES}
+    return [sys.executable, "-c", _BOOTSTRAP, json.dumps(paths)]
 
 
 class CompilePool:
@@ -40,9 +64,8 @@ class CompilePool:
     def _spawn(self) -> subprocess.Popen[str]:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         proc = subprocess.Popen(
-            [sys.executable, "-m", "kiln.codegen_triton.compile_worker"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
-        )  # fmt: skip
+            worker_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+        )
         self._started.append(proc)
         return proc
 

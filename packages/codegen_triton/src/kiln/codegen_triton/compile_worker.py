@@ -1,4 +1,4 @@
-"""A compile worker: ``python -m kiln.codegen_triton.compile_worker``.
+"""A compile worker: this module run by ``compile_pool.worker_command()`` (or ``python -m``).
 
 Runs in its own interpreter (never a fork or a multiprocessing child, which
 would re-run the user's unguarded ``__main__``). Reads one JSON job per line on
