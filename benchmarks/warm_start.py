@@ -177,6 +177,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+_TEXT_FIELDS = ("model", "column", "reason", "cold_phases", "warm_phases")
+
+
 def _merge(paths: list[Path], out: Path) -> int:
     """One table from the ``warm_start.csv`` of several shards (a later row wins)."""
     rows: dict[tuple[str, str], dict[str, Any]] = {}
@@ -184,8 +187,7 @@ def _merge(paths: list[Path], out: Path) -> int:
         with path.open() as f:
             for row in csv.DictReader(f):
                 parsed = {
-                    k: v if k in ("model", "column", "reason") else float(v) if v else None
-                    for k, v in row.items()
+                    k: v if k in _TEXT_FIELDS else float(v) if v else None for k, v in row.items()
                 }
                 rows[(row["model"], row["column"])] = {
                     k: v for k, v in parsed.items() if v is not None and v != ""
