@@ -303,6 +303,9 @@ def test_wrapper_calls_the_packed_linears_with_enough_rows():
     source = compiled.variant(False).forward.compiled.source
     assert sum("mkldnn._linear_pointwise.default" in line for line in source.splitlines()) == 2
     assert "'relu', _c" in source and "aten.addmm" in source
+    found = counters.snapshot()  # a vendor kernel called on purpose, not a missing lowering
+    assert found["extern_kernels"]["mkldnn._linear_pointwise.default"] == 2
+    assert "mkldnn._linear_pointwise.default" not in found.get("fallback_ops", {})
 
 
 @_onednn

@@ -152,7 +152,8 @@ LINE_BUDGET = {
     # (lowering/pooling.py)
     # + 19 for the cache root every code generator's folder sits under (disk_cache.py, moved
     # from codegen_cpp) and the field-by-field stored form of dataclasses (serialize.py)
-    "loopir": 11838,
+    # + 1 for frozen programs' packed linears, called as vendor kernels (lowering/fallback.py)
+    "loopir": 11839,
     # + about 250 for symbolic sizes: size arguments, per-call grids and sizes, autotuning
     # per size bucket (symbolic_sizes.py, symbolic_launch.py), CUDA graphs per size set
     "codegen_triton": 3150,

@@ -289,7 +289,7 @@ def _settings() -> tuple[Any, ...]:
         cudnn.deterministic,
         cudnn.benchmark,
         os.environ.get("KILN_FREEZING"),  # the freezing option's default (loopir's entry)
-        os.environ.get("KILN_FREEZING_PREPACK"),  # oneDNN-packed frozen convolutions
+        os.environ.get("KILN_FREEZING_PREPACK"),  # oneDNN-packed frozen convolutions and linears
     )
 
 

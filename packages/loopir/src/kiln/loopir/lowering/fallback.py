@@ -416,8 +416,9 @@ def _vendor_kernel(*args: Any, **kwargs: Any) -> Any:
 register_lowering(*[op for n, ovls in VENDOR_KERNELS.items() for op in overloads(n, *ovls)])(
     _vendor_kernel
 )
-if hasattr(torch.ops.mkldnn, "_convolution_pointwise"):  # frozen programs' (is_packed_convolution)
-    register_lowering(torch.ops.mkldnn._convolution_pointwise)(_vendor_kernel)
+for _packed in ("_convolution_pointwise", "_linear_pointwise"):  # frozen programs' packed ops
+    if hasattr(torch.ops.mkldnn, _packed):
+        register_lowering(getattr(torch.ops.mkldnn, _packed))(_vendor_kernel)
 
 
 @register_lowering(*overloads("convolution", "default"))
