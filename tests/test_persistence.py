@@ -466,3 +466,46 @@ def test_the_sources_digest_is_kept_until_a_source_changes(tmp_path, monkeypatch
         assert new_process() == changed
     finally:
         graph_cache._kiln_sources.cache_clear()  # later tests hash the real sources
+
+
+GPU_CHILD = """
+import json, sys, torch, kiln
+from kiln.codegen_triton import compile_pool
+torch.manual_seed(0)
+model = torch.nn.Sequential(
+    torch.nn.Linear(64, 128), torch.nn.LayerNorm(128), torch.nn.GELU(), torch.nn.Linear(128, 32)
+).cuda()
+compiled = kiln.compile(model)
+with torch.no_grad():
+    for n in (16, 16, 16):
+        x = torch.randn(n, 64, device="cuda")
+        torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)
+s = kiln.stats()
+print(json.dumps({"hits": s.graph_cache_hits, "misses": s.graph_cache_misses,
+                  "fallbacks": s.eager_fallbacks, "kernels": s.kernels,
+                  "workers_started": compile_pool._pool is not None}))
+"""
+
+
+@pytest.mark.gpu
+def test_a_fresh_process_loads_a_gpu_program_and_compiles_no_kernel(tmp_path: Path):
+    """Triton programs are stored too: the next process generates no kernel and starts no
+    compile worker, and its outputs equal eager."""
+    script = tmp_path / "gpu_child.py"
+    script.write_text(GPU_CHILD)
+    env = {**os.environ, "KILN_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("KILN_TRITON_CACHE", None)  # the Triton cache under the root, as by default
+    for name in ("KILN_GRAPH_CACHE", "KILN_GRAPH_CACHE_DIR"):
+        env.pop(name, None)
+    runs = []
+    for _ in range(2):
+        done = subprocess.run(
+            [sys.executable, str(script)], env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs.append(__import__("json").loads(done.stdout.strip().splitlines()[-1]))
+    cold, warm = runs
+    assert (cold["hits"], cold["misses"], cold["fallbacks"]) == (0, 1, 0)
+    assert cold["kernels"].get("triton")
+    assert (warm["hits"], warm["misses"], warm["fallbacks"]) == (1, 0, 0)
+    assert not warm["kernels"] and not warm["workers_started"]
