@@ -64,14 +64,14 @@ def _table():
     return table
 
 
-def _compile(module, shape):
+def _compile(module, shape, table=_table):
     rec = Recorder()
     with torch.no_grad():
         compiled = aot_compile(
             fx.symbolic_trace(module),
             [torch.randn(shape)],
             fw_compiler=rec,
-            decompositions=_table(),
+            decompositions=table(),
             freezing=True,
         )
     return compiled, rec.graphs[0]
@@ -234,19 +234,11 @@ def test_linears_with_enough_rows_are_packed(table, shape):
     """``addmm`` (kept) or ``mm``, ``* 1``, ``+ bias`` (the core table's), on 2-D or 3-D
     input (a ``view`` between the product and the activation)."""
     m = Mlp(nn.ReLU()).eval()
-    rec = Recorder()
-    with torch.no_grad():
-        compiled = aot_compile(
-            fx.symbolic_trace(m),
-            [torch.randn(shape)],
-            fw_compiler=rec,
-            decompositions=table(),
-            freezing=True,
-        )
+    compiled, graph = _compile(m, shape, table)
     _check(m, compiled, shape)
-    up, down = _linear_calls(rec.graphs[0])
+    up, down = _linear_calls(graph)
     assert up[1] == ["relu", [], ""] and down[1] == [None, "none", [], ""]
-    targets = [c[0] for c in _calls(rec.graphs[0])]
+    targets = [c[0] for c in _calls(graph)]
     assert aten.relu.default not in targets and aten.mm.default not in targets
     assert aten.addmm.default not in targets
 
