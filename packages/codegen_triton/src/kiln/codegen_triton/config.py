@@ -2,8 +2,8 @@
 
 ``KILN_MAX_AUTOTUNE=1`` widens the autotuning candidate sets and enables the
 matmul templates; ``KILN_TRITON_CACHE`` moves the on-disk cache (default ``triton`` under
-the root of Kiln's caches, ``KILN_CACHE_DIR``, else ``~/.cache/kiln``); ``KILN_TRITON_PARALLEL_COMPILE=0`` compiles kernels in
-the calling process.
+the root of Kiln's caches, ``KILN_CACHE_DIR``, else ``~/.cache/kiln``);
+``KILN_TRITON_PARALLEL_COMPILE=0`` compiles kernels in the calling process.
 """
 
 from __future__ import annotations
