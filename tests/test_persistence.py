@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import copy
 import io
+import json
 import os
 import pickle
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -187,7 +189,7 @@ def _child(tmp_path: Path, cache: Path, *args: str, **env: str) -> dict[str, obj
         [sys.executable, str(script), *args], env=environ, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    result: dict[str, object] = __import__("json").loads(done.stdout.strip().splitlines()[-1])
+    result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
     result["log"] = done.stderr
     assert result["fallbacks"] == 0
     return result
@@ -216,6 +218,22 @@ def test_a_saved_cache_file_warms_an_empty_cache(tmp_path: Path):
     assert (loaded["hits"], loaded["misses"]) == (3, 0), loaded["log"]
     assert loaded["kernels"] == {}
     assert "libraries_built" not in loaded["cpp"]
+
+
+@pytest.mark.parametrize(
+    "member", ["graphs/../x.graph", "cpp/a/b.so", "triton/.x/y", "triton/a/b/c", "triton/a", "x/y"]
+)
+def test_a_cache_file_member_outside_its_folder_is_refused(tmp_path: Path, member: str):
+    import hashlib
+    import zipfile
+
+    path = tmp_path / "bad.kc"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr(member, b"data")
+        entry = {"name": member, "sha256": hashlib.sha256(b"data").hexdigest()}
+        archive.writestr("manifest.json", json.dumps({"format": 1, "files": [entry]}))
+    with pytest.raises(ValueError, match="unexpected member"):
+        kiln.load_cache(path)
 
 
 @pytest.fixture
@@ -480,11 +498,33 @@ with torch.no_grad():
     for n in (16, 16, 16):
         x = torch.randn(n, 64, device="cuda")
         torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)
+if sys.argv[1:] == ["save"]:
+    kiln.save_cache(sys.argv[0] + ".kc")
 s = kiln.stats()
 print(json.dumps({"hits": s.graph_cache_hits, "misses": s.graph_cache_misses,
                   "fallbacks": s.eager_fallbacks, "kernels": s.kernels,
                   "workers_started": compile_pool._pool is not None}))
 """
+
+
+def _gpu_env(folder: Path) -> dict[str, str]:
+    """An environment with Kiln's and Triton's caches under ``folder``, placed as by default."""
+    env = {**os.environ, "KILN_CACHE_DIR": str(folder / "kiln")}
+    env["TRITON_CACHE_DIR"] = str(folder / "triton")
+    for name in ("KILN_TRITON_CACHE", "KILN_GRAPH_CACHE", "KILN_GRAPH_CACHE_DIR"):
+        env.pop(name, None)
+    return env
+
+
+def _gpu_child(script: Path, folder: Path, *args: str) -> dict[str, Any]:
+    """GPU_CHILD in a new process with its caches under ``folder``."""
+    done = subprocess.run(
+        [sys.executable, str(script), *args], env=_gpu_env(folder), capture_output=True,
+        text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
 
 
 @pytest.mark.gpu
@@ -493,19 +533,31 @@ def test_a_fresh_process_loads_a_gpu_program_and_compiles_no_kernel(tmp_path: Pa
     compile worker, and its outputs equal eager."""
     script = tmp_path / "gpu_child.py"
     script.write_text(GPU_CHILD)
-    env = {**os.environ, "KILN_CACHE_DIR": str(tmp_path / "cache")}
-    env.pop("KILN_TRITON_CACHE", None)  # the Triton cache under the root, as by default
-    for name in ("KILN_GRAPH_CACHE", "KILN_GRAPH_CACHE_DIR"):
-        env.pop(name, None)
-    runs = []
-    for _ in range(2):
-        done = subprocess.run(
-            [sys.executable, str(script)], env=env, capture_output=True, text=True
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-        runs.append(__import__("json").loads(done.stdout.strip().splitlines()[-1]))
-    cold, warm = runs
+    cold, warm = (_gpu_child(script, tmp_path / "cache") for _ in range(2))
     assert (cold["hits"], cold["misses"], cold["fallbacks"]) == (0, 1, 0)
     assert cold["kernels"].get("triton")
     assert (warm["hits"], warm["misses"], warm["fallbacks"]) == (1, 0, 0)
     assert not warm["kernels"] and not warm["workers_started"]
+
+
+def _files(folder: Path) -> set[Path]:
+    return {p for p in folder.rglob("*") if p.is_file() and "lock" not in p.name}
+
+
+@pytest.mark.gpu
+def test_a_saved_gpu_cache_file_leaves_triton_nothing_to_compile(tmp_path: Path):
+    """A cache file saved after a GPU run carries Triton's binaries, their launchers and the
+    autotuning records: a process with empty caches that loads it compiles nothing, tunes
+    nothing, and Triton's cache gains no file beyond what the load wrote."""
+    script = tmp_path / "gpu_child.py"
+    script.write_text(GPU_CHILD)
+    _gpu_child(script, tmp_path / "first", "save")
+    empty = tmp_path / "empty"
+    loader = "import kiln, sys; kiln.load_cache(sys.argv[1])"
+    subprocess.run([sys.executable, "-c", loader, f"{script}.kc"], env=_gpu_env(empty), check=True)
+    restored = _files(empty / "triton")
+    assert restored and any(p.suffix == ".cubin" for p in restored)
+    loaded = _gpu_child(script, empty)
+    assert (loaded["hits"], loaded["misses"], loaded["fallbacks"]) == (1, 0, 0)
+    assert not loaded["kernels"] and not loaded["workers_started"]
+    assert _files(empty / "triton") == restored

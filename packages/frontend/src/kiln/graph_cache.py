@@ -13,7 +13,8 @@ Loading an entry unpickles it, so the folder gets the library cache's rules
 by a size-and-hash sidecar and read once against it, bounded by ``KILN_CACHE_SIZE_MB``. Beside
 each entry, ``<key>.json`` records its key's parts, so ``KILN_LOGS=cache`` can say which part
 differs when a lookup misses. ``save_cache``/``load_cache`` move every graph this process
-compiled or loaded, with its C++ libraries, as one file.
+compiled or loaded, with its C++ libraries or, on a GPU, Triton's binaries and the autotuning
+records (:mod:`kiln.codegen_triton.bundle`), as one file.
 
 On by default; off with ``KILN_GRAPH_CACHE=0`` or ``options={"graph_cache": False}`` (the
 option wins). ``KILN_GRAPH_CACHE_DIR`` moves the folder (the test suite gives each test its
@@ -453,32 +454,45 @@ def _write(path: Path, data: bytes) -> None:
         raise
 
 
-def _bundle() -> Iterator[tuple[str, Path]]:
-    """The files ``save_cache`` writes, as (folder name, path)."""
+def _triton_bundle() -> types.ModuleType | None:
+    """``kiln.codegen_triton.bundle`` where Triton is installed (imported only when asked)."""
+    try:
+        return importlib.import_module("kiln.codegen_triton.bundle")
+    except ImportError:
+        return None
+
+
+def _bundle() -> Iterator[tuple[str, str, Path]]:
+    """The files ``save_cache`` writes, as (kind, name, path)."""
     graphs = folder()
     for key in _used:
         for path in (graphs / f"{key}{_SUFFIX}", graphs / f"{key}.json"):
             if path.exists():
-                yield "graphs", path
+                yield "graphs", path.name, path
     for library in dict.fromkeys(opened_libraries()):
         for path in (library, library.with_suffix(".cpp")):
             if path.exists():
-                yield "cpp", path
+                yield "cpp", path.name, path
+    triton_bundle = _triton_bundle()
+    if triton_bundle is not None:
+        yield from triton_bundle.members()
 
 
 def save_cache(path: str | os.PathLike[str]) -> int:
-    """Write every graph this process compiled or loaded through the cache, and the C++
-    libraries its kernels loaded, into one file; the number of files it holds."""
+    """Write every graph this process compiled or loaded through the cache, and what its
+    kernels need to run without compiling (the C++ libraries it loaded; on a GPU, Triton's
+    binaries and launchers of its kernels and the autotuning records it used) into one file;
+    the number of files it holds."""
     manifest = []
     target = Path(path)
     staged = disk_cache.temporary_sibling(target)
     try:
         with zipfile.ZipFile(staged, "w", zipfile.ZIP_DEFLATED) as archive:
-            for kind, file in _bundle():
+            for kind, name, file in _bundle():
                 data = file.read_bytes()
-                name = f"{kind}/{file.name}"
-                manifest.append({"name": name, "sha256": hashlib.sha256(data).hexdigest()})
-                archive.writestr(name, data)
+                member = f"{kind}/{name}"
+                manifest.append({"name": member, "sha256": hashlib.sha256(data).hexdigest()})
+                archive.writestr(member, data)
             archive.writestr("manifest.json", json.dumps({"format": 1, "files": manifest}))
         os.replace(staged, target)
     except BaseException:
@@ -487,11 +501,20 @@ def save_cache(path: str | os.PathLike[str]) -> int:
     return len(manifest)
 
 
+def _member_ok(kind: str, name: str) -> bool:
+    """Whether a member's name stays inside its folder: one file (a ``triton`` member: one
+    folder of Triton's cache and a file in it)."""
+    parts = name.split("/")
+    depth = 2 if kind == "triton" else 1
+    return len(parts) == depth and all(p and not p.startswith(".") for p in parts)
+
+
 def load_cache(path: str | os.PathLike[str]) -> int:
     """Add what :func:`save_cache` wrote to this machine's caches (the file is trusted as a
     pickle is: only load one you made); the number of entries added. Each file must match
     the hash the file's manifest records, else nothing is added (``ValueError``)."""
     folders = {"graphs": folder(), "cpp": cpp_cache_dir()}
+    kinds = {*folders, "triton", "autotune"}
     with zipfile.ZipFile(path) as archive:
         manifest = json.loads(archive.read("manifest.json"))
         if manifest.get("format") != 1:
@@ -500,16 +523,23 @@ def load_cache(path: str | os.PathLike[str]) -> int:
         files = []
         for item in manifest["files"]:
             kind, _, name = item["name"].partition("/")
-            if kind not in folders or not name or "/" in name or name.startswith("."):
+            if kind not in kinds or not _member_ok(kind, name):
                 msg = f"{path}: unexpected member {item['name']!r}"
                 raise ValueError(msg)
             data = archive.read(item["name"])
             if hashlib.sha256(data).hexdigest() != item["sha256"]:
                 msg = f"{path}: {item['name']} does not match its recorded hash"
                 raise ValueError(msg)
-            files.append((folders[kind] / name, data))
+            files.append((kind, name, data))
     added = 0
-    for target, data in files:
+    triton_bundle = _triton_bundle()
+    for kind, name, data in files:
+        if kind not in folders:  # a GPU's: of no use to a machine without Triton
+            if triton_bundle is not None:
+                triton_bundle.restore(kind, name, data)
+                added += 1
+            continue
+        target = folders[kind] / name
         if target.suffix in (_SUFFIX, ".so"):
             if disk_cache.read_verified(target) == data:
                 continue

@@ -29,11 +29,19 @@ from kiln.codegen_triton.timing import bench_ms
 from kiln.loopir import serialize
 from kiln.loopir.disk_cache import atomic_write, private_dir
 
-__all__ = ["Config", "candidate_configs", "Autotuner", "next_power_of_2"]
+__all__ = ["Config", "candidate_configs", "Autotuner", "next_power_of_2", "used_records"]
 
 log = logging.getLogger("kiln.codegen_triton.autotune")
 
 _ELEMENTS_PER_PROGRAM = 4096  # a [XBLOCK, RBLOCK] tile larger than this spills registers
+
+_used: dict[Path, None] = {}
+"""The records this process read or wrote, in order (what a saved cache file carries)."""
+
+
+def used_records() -> list[Path]:
+    """The autotuning records this process read or wrote."""
+    return list(_used)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,10 +180,14 @@ class Autotuner:
             cfg = Config(**json.loads(self._cache_file().read_text()))
         except (OSError, ValueError, TypeError):  # missing, damaged, or another shape of record
             return None
-        return cfg if cfg in self.configs else None
+        if cfg not in self.configs:
+            return None
+        _used[self._cache_file()] = None
+        return cfg
 
     def _save(self, cfg: Config) -> None:
         atomic_write(self._cache_file(), json.dumps(dataclasses.asdict(cfg)))
+        _used[self._cache_file()] = None
 
     def choose(self, run: Callable[[Config, Sequence[Any]], None], args: Sequence[Any]) -> Config:
         """The config to launch with; ``run(config, args)`` launches one candidate."""

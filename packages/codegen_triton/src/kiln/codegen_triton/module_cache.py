@@ -23,7 +23,14 @@ import triton
 from kiln.codegen_triton.errors import TritonLaunchError
 from kiln.loopir.disk_cache import atomic_write, evict, private_dir, touch
 
-__all__ = ["MODULE_HEADER", "source_hash", "module_path", "write_module", "load_module"]
+__all__ = [
+    "MODULE_HEADER",
+    "loaded_modules",
+    "load_module",
+    "module_path",
+    "source_hash",
+    "write_module",
+]
 
 MODULE_HEADER = """\
 import triton
@@ -93,3 +100,9 @@ def load_module(path: Path) -> ModuleType:
         spec.loader.exec_module(module)
         _modules[key] = module
         return module
+
+
+def loaded_modules() -> list[ModuleType]:
+    """The kernel modules this process imported."""
+    with _lock:
+        return list(_modules.values())
