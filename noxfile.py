@@ -4,13 +4,16 @@ bench, models-latest, docs, no-triton, lowering-corpus.
 torch with its CUDA libraries is ~5.7 GB, so no session gets its own copy: one dependency
 environment per Python version (`.nox/_deps-<version>`) holds every third-party package, and each
 session's venv sees it through a `.pth` file. Kiln's own packages are installed editable into the
-session's venv alone, so a session proves exactly which kiln packages it can import.
+session's venv alone, so a session proves exactly which kiln packages it can import. pip keeps
+no cache of the wheels, and a new environment on a nearly full disk first removes the other
+Python versions' (not 3.11's), which their sessions rebuild when run again.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -82,16 +85,19 @@ def _deps_env(session: nox.Session) -> Path:
     ).hexdigest()
     stamp = env / "kiln-deps.sha256"
     if not stamp.exists() or stamp.read_text() != wanted:
+        _make_room(session, env)
         session.log(f"building the shared dependency environment {env}")
         session.run("python", "-m", "venv", str(env))
         py = str(env / "bin" / "python")
         # pip reinstalls nothing already there, so a changed pin costs only the changed packages.
+        # No pip cache: it would keep a second copy of every wheel installed (gigabytes).
         session.run(
             py,
             "-m",
             "pip",
             "install",
             "-q",
+            "--no-cache-dir",
             "-r",
             str(ROOT / "requirements-dev.txt"),
             "-c",
@@ -101,6 +107,26 @@ def _deps_env(session: nox.Session) -> Path:
         )
         stamp.write_text(wanted)
     return env
+
+
+ENV_ROOM_GB = 10.0
+"""Free disk a new shared environment needs (torch with its CUDA libraries, and pip's
+unpacking of them)."""
+
+
+def _make_room(session: nox.Session, env: Path) -> None:
+    """Where the disk has less than ``ENV_ROOM_GB`` free, remove the other Python versions'
+    shared environments, newest version first, but never 3.11's (the default sessions' and
+    the later CI sessions'): a session rebuilds one it finds missing. CI builds all three on
+    one disk; tests-3.12's is unused once that session is done."""
+    others = sorted(env.parent.glob("_deps-3.*"), key=lambda p: -int(p.name.split(".")[-1]))
+    for other in others:
+        if shutil.disk_usage(env.parent).free >= ENV_ROOM_GB * 2**30:
+            return
+        if other == env or other.name == "_deps-3.11":
+            continue
+        session.log(f"too little free disk for {env.name}: removing {other}")
+        shutil.rmtree(other, ignore_errors=True)
 
 
 def _use_deps(session: nox.Session) -> None:
