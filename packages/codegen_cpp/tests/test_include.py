@@ -29,6 +29,20 @@ extern "C" void vec_unary(const float* in, float* out, int64_t n, int64_t which)
     r.store(out + i);
   }
 }
+extern "C" void vec_exact(const float* in, float* out, int64_t n, int64_t which) {
+  using V = kiln::Vec<float>;
+  for (int64_t i = 0; i < n; i += kiln::kLanes) {
+    V a = V::loadu(in + i), r;
+    switch (which) {
+      case 0: r = kiln::sqrt(a); break;
+      case 1: r = kiln::floor(a); break;
+      case 2: r = kiln::ceil(a); break;
+      case 3: r = kiln::trunc(a); break;
+      default: r = kiln::nearbyint(a); break;
+    }
+    r.store(out + i);
+  }
+}
 extern "C" void int_div(const int64_t* a, const int64_t* b, int64_t* q, int64_t* r, int64_t n) {
   for (int64_t i = 0; i < n; ++i) { q[i] = kiln::floordiv(a[i], b[i]); r[i] = kiln::pymod(a[i], b[i]); }
 }
@@ -57,6 +71,28 @@ def _hard_inputs() -> torch.Tensor:
                -104.0, -150.0, 1e6, 3e4, -3e4, 1e-8, 0.2, 0.9, 4.0, 1e38, 88.72, 88.75, -103.5]  # fmt: skip
     x = torch.cat([torch.tensor(special), torch.randn(4000) * 10, torch.rand(1000) * 1e-3])
     return x[: x.numel() // 64 * 64].contiguous()
+
+
+EXACT = ["sqrt", "floor", "ceil", "trunc", "round"]
+
+
+@pytest.mark.parametrize("which", range(len(EXACT)), ids=EXACT)
+def test_vector_square_root_and_rounding_equal_torch_bit_for_bit(lib, which):
+    halves = [0.5, -0.5, 1.5, -1.5, 2.5, -2.5, 8388607.5, -8388607.5, 16777217.0, 0.49999997]
+    x = torch.cat([_hard_inputs(), torch.tensor(halves * 4 + [0.0] * 24), torch.randn(64) * 4])
+    x = x[: x.numel() // 64 * 64].contiguous()
+    out = torch.empty_like(x)
+    lib.vec_exact(
+        ctypes.c_void_p(x.data_ptr()),
+        ctypes.c_void_p(out.data_ptr()),
+        ctypes.c_int64(x.numel()),
+        ctypes.c_int64(which),
+    )
+    # the square root correctly rounded, as the C library's (torch's own is within an ulp)
+    want = x.double().sqrt().float() if which == 0 else getattr(torch, EXACT[which])(x)
+    assert torch.equal(out.isnan(), want.isnan())
+    same = out.view(torch.int32) == want.view(torch.int32)  # the sign of zeros too
+    assert bool((same | want.isnan()).all()), x[~(same | want.isnan())][:8]
 
 
 @pytest.mark.parametrize("which", range(len(FUNCS)), ids=FUNCS)

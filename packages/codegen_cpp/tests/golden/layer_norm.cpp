@@ -27,7 +27,7 @@ extern "C" void layer_norm(const float* __restrict__ in_ptr0, const float* __res
       auto tmp5 = tmp3 / tmp4;
       auto tmp6 = kiln::Vec<float>(1e-05f);
       auto tmp7 = tmp5 + tmp6;
-      auto tmp8 = kiln::map(tmp7, [](float t) { return static_cast<float>(std::sqrt(t)); });
+      auto tmp8 = kiln::sqrt(tmp7);
       auto tmp9 = kiln::Vec<float>(1) / tmp8;
       auto tmp11 = kiln::Vec<float>(out_ptr0[xindex]);
       for (int64_t rindex = 0; rindex < 96; rindex += 16) {

@@ -105,8 +105,13 @@ _BINARY_CALLS: dict[str, str] = {
     "logical_or": "{a} || {b}",
     "logical_xor": "static_cast<bool>({a}) != static_cast<bool>({b})",
 }
-# Vector forms that kiln_vec.h implements for float (everything else maps lanes).
-_VEC_FLOAT_FNS = frozenset({"exp", "log", "tanh", "sigmoid", "erf", "sin", "cos"})
+# Vector forms that kiln_vec.h implements for float (everything else maps lanes): op name ->
+# kiln_vec.h function.
+_VEC_FLOAT_FNS: dict[str, str] = {
+    **{name: name for name in ("exp", "log", "tanh", "sigmoid", "erf", "sin", "cos", "sqrt")},
+    **{name: name for name in ("floor", "ceil", "trunc")},
+    "round": "nearbyint",
+}
 
 
 _LITERAL = re.compile(r"[0-9.]+(e[-+]?[0-9]+)?f?")
@@ -221,7 +226,9 @@ class CppOps(OpsHandlerBase[CppVar]):
             raise CannotVectorize(name)
         ctype = compute_ctype(dtype)
         if name in _VEC_FLOAT_FNS and ctype == "float":
-            return f"kiln::{name}({x})"
+            return f"kiln::{_VEC_FLOAT_FNS[name]}({x})"
+        if name == "rsqrt" and ctype == "float":  # as the scalar form: 1 / sqrt, both exact
+            return f"{vector_ctype(dtype)}(1) / kiln::sqrt({x})"
         if name == "neg":
             return f"-{x}"
         if name == "abs":

@@ -217,8 +217,40 @@ inline Vec<double> round_nearest(Vec<double> a) {
   Vec<double> magic(6755399441055744.0);
   return (a + magic) - magic;
 }
-inline Vec<float> floor(Vec<float> a) { return map(a, [](float x) { return std::floor(x); }); }
+// Square root and the rounding functions: one instruction where the instruction set has
+// them (IEEE square root is correctly rounded and rounding is exact, so every lane equals the
+// C library's answer), else per lane. Applied per lane, the C library's calls cost several
+// times a memory-bound kernel's loads: batch norm's sqrt(var + eps) runs at every element.
+#if defined(__AVX512F__)
+#define KILN_SQRT_PS(v) _mm512_sqrt_ps(v)
+#define KILN_ROUND_PS(v, mode) _mm512_roundscale_ps(v, (mode) | _MM_FROUND_NO_EXC)
+#define KILN_PS __m512
+#elif defined(__AVX__)
+#define KILN_SQRT_PS(v) _mm256_sqrt_ps(v)
+#define KILN_ROUND_PS(v, mode) _mm256_round_ps(v, (mode) | _MM_FROUND_NO_EXC)
+#define KILN_PS __m256
+#endif
+#ifdef KILN_PS
+inline Vec<float> sqrt(Vec<float> a) {
+  return Vec<float>((Raw<float>::type)KILN_SQRT_PS((KILN_PS)a.v));
+}
+template <int Mode>
+inline Vec<float> rounded(Vec<float> a) {
+  return Vec<float>((Raw<float>::type)KILN_ROUND_PS((KILN_PS)a.v, Mode));
+}
+inline Vec<float> floor(Vec<float> a) { return rounded<_MM_FROUND_TO_NEG_INF>(a); }
+inline Vec<float> ceil(Vec<float> a) { return rounded<_MM_FROUND_TO_POS_INF>(a); }
+inline Vec<float> trunc(Vec<float> a) { return rounded<_MM_FROUND_TO_ZERO>(a); }
+inline Vec<float> nearbyint(Vec<float> a) { return rounded<_MM_FROUND_TO_NEAREST_INT>(a); }
+#else
 inline Vec<float> sqrt(Vec<float> a) { return map(a, [](float x) { return std::sqrt(x); }); }
+inline Vec<float> floor(Vec<float> a) { return map(a, [](float x) { return std::floor(x); }); }
+inline Vec<float> ceil(Vec<float> a) { return map(a, [](float x) { return std::ceil(x); }); }
+inline Vec<float> trunc(Vec<float> a) { return map(a, [](float x) { return std::trunc(x); }); }
+inline Vec<float> nearbyint(Vec<float> a) {
+  return map(a, [](float x) { return std::nearbyint(x); });
+}
+#endif
 
 // exp: x = n*ln2 + r with |r| <= ln2/2, e^r by Cephes' minimax polynomial (relative error
 // below 1e-7 overall), 2^n by building the exponent bits.
