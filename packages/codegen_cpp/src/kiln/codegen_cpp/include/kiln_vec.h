@@ -252,6 +252,19 @@ inline Vec<float> nearbyint(Vec<float> a) {
 }
 #endif
 
+// a * b + c rounded once where the instruction set fuses them (FMA): the polynomials of the
+// math functions below evaluate in half the instructions and no less accurately. The kernels'
+// own arithmetic stays unfused (-ffp-contract=off), as eager's is.
+inline Vec<float> fmadd(Vec<float> a, Vec<float> b, Vec<float> c) {
+#if defined(__AVX512F__)
+  return Vec<float>((Raw<float>::type)_mm512_fmadd_ps((__m512)a.v, (__m512)b.v, (__m512)c.v));
+#elif defined(__FMA__) && defined(__AVX__)
+  return Vec<float>((Raw<float>::type)_mm256_fmadd_ps((__m256)a.v, (__m256)b.v, (__m256)c.v));
+#else
+  return a * b + c;
+#endif
+}
+
 // exp: x = n*ln2 + r with |r| <= ln2/2, e^r by Cephes' minimax polynomial (relative error
 // below 1e-7 overall), 2^n by building the exponent bits.
 inline Vec<float> exp(Vec<float> x) {
@@ -264,12 +277,12 @@ inline Vec<float> exp(Vec<float> x) {
   // r = x - n*ln2 in two steps keeps r exact for |n| < 2^8 (ln2 split hi+lo).
   VF r = c - n * VF(0.693145751953125f) - n * VF(1.428606765330187e-06f);
   VF p(1.9875691500e-4f);
-  p = p * r + VF(1.3981999507e-3f);
-  p = p * r + VF(8.3334519073e-3f);
-  p = p * r + VF(4.1665795894e-2f);
-  p = p * r + VF(1.6666665459e-1f);
-  p = p * r + VF(5.0000001201e-1f);
-  p = p * (r * r) + r + VF(1.0f);
+  p = fmadd(p, r, VF(1.3981999507e-3f));
+  p = fmadd(p, r, VF(8.3334519073e-3f));
+  p = fmadd(p, r, VF(4.1665795894e-2f));
+  p = fmadd(p, r, VF(1.6666665459e-1f));
+  p = fmadd(p, r, VF(5.0000001201e-1f));
+  p = fmadd(p, r * r, r) + VF(1.0f);
   // Scale by 2^n in two halves so subnormal results (n < -126) and n = 128 stay right.
   VI ni = cast<int32_t>(n);
   VI half = ni >> 1;
@@ -302,11 +315,11 @@ inline Vec<float> log(Vec<float> x) {
   VF s = (m - VF(1.0f)) / (m + VF(1.0f));
   VF s2 = s * s;
   VF p(2.0f / 11.0f);
-  p = p * s2 + VF(2.0f / 9.0f);
-  p = p * s2 + VF(2.0f / 7.0f);
-  p = p * s2 + VF(2.0f / 5.0f);
-  p = p * s2 + VF(2.0f / 3.0f);
-  p = p * s2 + VF(2.0f);
+  p = fmadd(p, s2, VF(2.0f / 9.0f));
+  p = fmadd(p, s2, VF(2.0f / 7.0f));
+  p = fmadd(p, s2, VF(2.0f / 5.0f));
+  p = fmadd(p, s2, VF(2.0f / 3.0f));
+  p = fmadd(p, s2, VF(2.0f));
   VF result = p * s + ef * VF(0.693147180559945309f);
   const float inf = std::numeric_limits<float>::infinity();
   const float nan = std::numeric_limits<float>::quiet_NaN();
@@ -349,11 +362,11 @@ inline Vec<float> erf(Vec<float> x) {
   VF ax = abs(x);
   VF x2 = x * x;
   VF p(taylor[0]);
-  for (int i = 1; i < 11; ++i) p = p * x2 + VF(taylor[i]);
+  for (int i = 1; i < 11; ++i) p = fmadd(p, x2, VF(taylor[i]));
   VF near = x * p;
   VF u = VF(1.0f) / (VF(1.0f) + VF(0.5f) * ax);
   VF q(tail[0]);
-  for (int i = 1; i < 8; ++i) q = q * u + VF(tail[i]);
+  for (int i = 1; i < 8; ++i) q = fmadd(q, u, VF(tail[i]));
   VF far = VF(1.0f) - exp(-x2) * q;
   far = where(ax > VF(4.0f), VF(1.0f), far);
   far = where(x < VF(0.0f), -far, far);
