@@ -40,11 +40,17 @@ def _triton_root() -> Path | None:
 
 
 def _compiled_kernels() -> Iterator[Any]:
-    """Every binary Triton's JIT holds for a function of a module Kiln imported."""
+    """Every binary Triton's JIT holds for a function of a module Kiln imported (none where
+    this Triton keeps them in another shape: the file then holds no binary, and the loading
+    process compiles them)."""
     for module in loaded_modules():
         for value in vars(module).values():
-            for caches in getattr(value, "device_caches", {}).values():
-                yield from caches[0].values()  # (kernels by key, key cache, target, ...)
+            caches: Any = getattr(value, "device_caches", None)
+            try:  # per device: (kernels by key, key cache, target, backend, binder)
+                found = [k for per_device in caches.values() for k in per_device[0].values()]
+            except (AttributeError, TypeError, LookupError):
+                continue
+            yield from found
 
 
 def _library_file(function: Any) -> Path | None:
@@ -62,7 +68,8 @@ def _folders() -> dict[Path, None]:
         for path in getattr(kernel, "metadata_group", {}).values():
             folders[Path(path).parent] = None
         # a launcher built for this kernel's signature (Triton up to 3.6), once it was loaded
-        launcher = vars(kernel).get("_run") or vars(kernel).get("run")
+        state = getattr(kernel, "__dict__", {})
+        launcher = state.get("_run") or state.get("run")
         if launcher is None:
             continue
         loaded = True
