@@ -252,20 +252,18 @@ class CheckSource:
     def hoist(self, source: Source | None, *, itself: bool = False) -> None:
         """Compute into locals every prefix of ``source`` that several guards read
         (and ``source`` itself when ``itself``: its guard reads it more than once)."""
-        chain: list[Source] = []
+        # the source and its prefixes, innermost first, up to the nearest one already held
+        # (a held submodule or a local, such as a tree group's root): nothing above it is read
+        chain: list[tuple[Source, str]] = []
         while source is not None:
-            chain.append(source)
+            key = str(source)
+            if key in self.bound or key in self._locals:
+                break
+            chain.append((source, key))
             source = source.base if isinstance(source, (AttrSource, ItemSource)) else None
-        chain.reverse()
-        # nothing above a held submodule or a local (a tree group's root) is read
-        held = [i for i, s in enumerate(chain) if str(s) in self.bound or str(s) in self._locals]
-        start = held[-1] + 1 if held else 0
-        for i, s in enumerate(chain):
-            key = str(s)
-            if i < start:
-                continue
+        for i, (s, key) in enumerate(reversed(chain)):
             shared = self._uses[key] > 1 or (itself and i == len(chain) - 1)
-            if shared and key not in self._locals and not isinstance(s, LocalSource):
+            if shared and not isinstance(s, LocalSource):
                 name = f"{self.prefix}v{self._n_locals}"
                 self._n_locals += 1
                 self.line(f"{name} = {self.expr(s)}")
