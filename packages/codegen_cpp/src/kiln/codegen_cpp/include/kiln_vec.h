@@ -4,8 +4,9 @@
 // SSE: the widest instruction set the build's -march enables picks the lane
 // count (every vector of a kernel has kLanes lanes, whatever its element type;
 // doubles and int64 span two registers). Cheap math (exp, log, tanh, sigmoid)
-// has vector implementations accurate to a few ulp; the rest runs per lane with
-// the C library's scalar function, which is exact but slower.
+// has vector implementations accurate to a few ulp, and square root and rounding
+// exact ones on AVX; the rest runs per lane with the C library's scalar
+// function, which is exact but slower.
 #pragma once
 
 #include <cmath>
