@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from triton import knobs
 
-from kiln.codegen_triton import bundle, config, module_cache
+from kiln.codegen_triton import autotune, bundle, config, module_cache
 from kiln.codegen_triton.autotune import Autotuner, Config
 
 
@@ -67,6 +67,7 @@ def test_members_are_the_binaries_of_kiln_kernels_and_restore_relocates_them(
 def test_autotuning_records_read_or_written_are_members(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(autotune, "_used", {})  # the records of this test alone
     configs = [Config(64, 1, 4, 1024), Config(128, 1, 4, 1024)]
     source = "def k(): pass  # bundle test"
     Autotuner(source, configs, tmp_path / "first", [])._save(configs[1])
