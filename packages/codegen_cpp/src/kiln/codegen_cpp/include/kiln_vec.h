@@ -222,14 +222,19 @@ inline Vec<double> round_nearest(Vec<double> a) {
 // them (IEEE square root is correctly rounded and rounding is exact, so every lane equals the
 // C library's answer), else per lane. Applied per lane, the C library's calls cost several
 // times a memory-bound kernel's loads: batch norm's sqrt(var + eps) runs at every element.
+// KILN_PS: the register type of a Vec<float>, where these instructions take it.
 #if defined(__AVX512F__)
+#define KILN_PS __m512
 #define KILN_SQRT_PS(v) _mm512_sqrt_ps(v)
 #define KILN_ROUND_PS(v, mode) _mm512_roundscale_ps(v, (mode) | _MM_FROUND_NO_EXC)
-#define KILN_PS __m512
+#define KILN_FMADD_PS(a, b, c) _mm512_fmadd_ps(a, b, c)
 #elif defined(__AVX__)
+#define KILN_PS __m256
 #define KILN_SQRT_PS(v) _mm256_sqrt_ps(v)
 #define KILN_ROUND_PS(v, mode) _mm256_round_ps(v, (mode) | _MM_FROUND_NO_EXC)
-#define KILN_PS __m256
+#if defined(__FMA__)
+#define KILN_FMADD_PS(a, b, c) _mm256_fmadd_ps(a, b, c)
+#endif
 #endif
 #ifdef KILN_PS
 inline Vec<float> sqrt(Vec<float> a) {
@@ -257,10 +262,8 @@ inline Vec<float> nearbyint(Vec<float> a) {
 // math functions below evaluate in half the instructions and no less accurately. The kernels'
 // own arithmetic stays unfused (-ffp-contract=off), as eager's is.
 inline Vec<float> fmadd(Vec<float> a, Vec<float> b, Vec<float> c) {
-#if defined(__AVX512F__)
-  return Vec<float>((Raw<float>::type)_mm512_fmadd_ps((__m512)a.v, (__m512)b.v, (__m512)c.v));
-#elif defined(__FMA__) && defined(__AVX__)
-  return Vec<float>((Raw<float>::type)_mm256_fmadd_ps((__m256)a.v, (__m256)b.v, (__m256)c.v));
+#ifdef KILN_FMADD_PS
+  return Vec<float>((Raw<float>::type)KILN_FMADD_PS((KILN_PS)a.v, (KILN_PS)b.v, (KILN_PS)c.v));
 #else
   return a * b + c;
 #endif
