@@ -108,10 +108,9 @@ _BINARY_CALLS: dict[str, str] = {
 # Vector forms that kiln_vec.h implements for float (everything else maps lanes): op name ->
 # kiln_vec.h function.
 _VEC_FLOAT_FNS: dict[str, str] = {
-    **{name: name for name in ("exp", "log", "tanh", "sigmoid", "erf", "sin", "cos", "sqrt")},
-    **{name: name for name in ("floor", "ceil", "trunc")},
-    "round": "nearbyint",
-}
+    name: name
+    for name in ("exp", "log", "tanh", "sigmoid", "erf", "sin", "cos", "sqrt", "floor", "ceil", "trunc")
+} | {"round": "nearbyint"}  # fmt: skip
 
 
 _LITERAL = re.compile(r"[0-9.]+(e[-+]?[0-9]+)?f?")
