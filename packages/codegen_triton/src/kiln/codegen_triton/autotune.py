@@ -176,18 +176,20 @@ class Autotuner:
 
     def load_cached(self) -> Config | None:
         """The recorded winner, if the record is readable and names one of ``configs``."""
+        record = self._cache_file()
         try:
-            cfg = Config(**json.loads(self._cache_file().read_text()))
+            cfg = Config(**json.loads(record.read_text()))
         except (OSError, ValueError, TypeError):  # missing, damaged, or another shape of record
             return None
         if cfg not in self.configs:
             return None
-        _used[self._cache_file()] = None
+        _used[record] = None
         return cfg
 
     def _save(self, cfg: Config) -> None:
-        atomic_write(self._cache_file(), json.dumps(dataclasses.asdict(cfg)))
-        _used[self._cache_file()] = None
+        record = self._cache_file()
+        atomic_write(record, json.dumps(dataclasses.asdict(cfg)))
+        _used[record] = None
 
     def choose(self, run: Callable[[Config, Sequence[Any]], None], args: Sequence[Any]) -> Config:
         """The config to launch with; ``run(config, args)`` launches one candidate."""
