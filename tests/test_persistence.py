@@ -185,13 +185,17 @@ def _child(tmp_path: Path, cache: Path, *args: str, **env: str) -> dict[str, obj
     for name in ("KILN_GRAPH_CACHE", "KILN_GRAPH_CACHE_DIR"):  # the default: on, in the root
         environ.pop(name, None)
     environ.update({"KILN_LOGS": "cache", **env})
-    done = subprocess.run(
-        [sys.executable, str(script), *args], env=environ, capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
-    result["log"] = done.stderr
+    result = _last_json_line([sys.executable, str(script), *args], environ)
     assert result["fallbacks"] == 0
+    return result
+
+
+def _last_json_line(argv: list[str], env: dict[str, str]) -> dict[str, Any]:
+    """What a child process printed as JSON on its last line, and its stderr as ``log``."""
+    done = subprocess.run(argv, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    result["log"] = done.stderr
     return result
 
 
@@ -518,13 +522,7 @@ def _gpu_env(folder: Path) -> dict[str, str]:
 
 def _gpu_child(script: Path, folder: Path, *args: str) -> dict[str, Any]:
     """GPU_CHILD in a new process with its caches under ``folder``."""
-    done = subprocess.run(
-        [sys.executable, str(script), *args], env=_gpu_env(folder), capture_output=True,
-        text=True,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+    return _last_json_line([sys.executable, str(script), *args], _gpu_env(folder))
 
 
 @pytest.mark.gpu
