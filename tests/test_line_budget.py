@@ -153,7 +153,9 @@ LINE_BUDGET = {
     # + 19 for the cache root every code generator's folder sits under (disk_cache.py, moved
     # from codegen_cpp) and the field-by-field stored form of dataclasses (serialize.py)
     # + 1 for frozen programs' packed linears, called as vendor kernels (lowering/fallback.py)
-    "loopir": 11839,
+    # + 58 for depthwise convolutions lowered like a pooling where the backend asks
+    # (lowering/pooling.py, lowering/fallback.py, traits.py)
+    "loopir": 11897,
     # + about 250 for symbolic sizes: size arguments, per-call grids and sizes, autotuning
     # per size bucket (symbolic_sizes.py, symbolic_launch.py), CUDA graphs per size set
     # + about 150 for what a saved cache file carries of a GPU run: Triton's binaries and

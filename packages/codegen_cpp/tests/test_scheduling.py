@@ -289,12 +289,15 @@ def test_each_thread_builds_only_the_kernels_it_queued():
 
 
 def test_the_backend_is_the_whole_protocol_with_its_traits():
-    """Vector lanes compute masked loads too, and ATen's max-pool backward scatter beats a
-    gather: both choices reach lowering through the traits, the rest stay at their defaults."""
+    """Vector lanes compute masked loads too, ATen's max-pool backward scatter beats a
+    gather, and oneDNN's depthwise convolutions beat a window loop: these choices reach
+    lowering through the traits, the rest stay at their defaults."""
     backend = CppBackend()
     assert isinstance(backend, Backend)
     assert backend.traits == BackendTraits(
-        pointwise_cat=False, extern_ops=frozenset({"max_pool2d_with_indices_backward"})
+        pointwise_cat=False,
+        extern_ops=frozenset({"max_pool2d_with_indices_backward"}),
+        lowered_depthwise=False,
     )
     assert backend.with_options({}) is backend
 

@@ -181,6 +181,23 @@ def test_pool_window_across_channels():
     check(fn, x, scale, backend=TritonBackend())
 
 
+def test_depthwise_convolution_batch_norm_and_silu_are_one_kernel():
+    """EfficientNet's depthwise block: cuDNN compiles NHWC depthwise kernels at run time on
+    a process's first call; here the window sum, the normalisation and the activation are
+    one kernel of the graph."""
+    x = _r(2, 8, 7, 9).contiguous(memory_format=torch.channels_last)
+    w, mean, scale, shift = _r(8, 1, 5, 5), _r(8), _r(8), _r(8)
+
+    def fn(x, w, mean, scale, shift):
+        y = aten.convolution.default(x, w, None, [2, 2], [2, 2], [1, 1], False, [0, 0], 8)
+        col = lambda t: aten.view.default(t, [-1, 1, 1])  # noqa: E731
+        y = aten.add.Tensor(aten.mul.Tensor(aten.sub.Tensor(y, col(mean)), col(scale)), col(shift))
+        return (aten.silu.default(y),)
+
+    compiled = check(fn, x, w, mean, scale, shift, atol=1e-5, rtol=1e-5)
+    assert len(kernel_sources(compiled)) == len(compiled.steps) == 1
+
+
 def _channel_statistics(x):
     """BatchNorm's per-channel statistics and its backward's sums, and whole-tensor ones."""
     var, mean = aten.var_mean.correction(x, [0, 2, 3], correction=0, keepdim=True)

@@ -188,10 +188,17 @@ def test_weights_are_copied_channels_last_where_the_backend_asks():
     assert sorted(copied) == sorted([frozenset({"x"}), frozenset({"w1"}), frozenset({"w2"})])
 
 
-class _DepthwiseNHWCBackend(ReferenceBackend):
-    """The reference backend asking for NHWC depthwise convolutions, as Triton's does."""
+class _LibraryDepthwiseBackend(ReferenceBackend):
+    """The reference backend leaving depthwise convolutions to the library, as every backend
+    leaves their backward."""
 
-    traits = BackendTraits(depthwise_nhwc=True)
+    traits = BackendTraits(lowered_depthwise=False)
+
+
+class _DepthwiseNHWCBackend(ReferenceBackend):
+    """The same, asking for NHWC depthwise convolutions, as Triton's does for their backward."""
+
+    traits = BackendTraits(depthwise_nhwc=True, lowered_depthwise=False)
 
 
 def depthwise_step(x, w, scale, grad):
@@ -213,7 +220,7 @@ def test_depthwise_backward_activations_are_nhwc_where_the_backend_asks(wanted):
     inputs = (torch.randn(2, 8, 6, 5), torch.randn(8, 1, 3, 3), torch.randn(1, 8, 1, 1))
     inputs += (torch.randn(2, 8, 6, 5),)
     counters.clear()
-    backend = _DepthwiseNHWCBackend() if wanted else ReferenceBackend()
+    backend = _DepthwiseNHWCBackend() if wanted else _LibraryDepthwiseBackend()
     gm = aten_graph(depthwise_step, *inputs)
     compiled = compile_graph(gm, [to_meta(t) for t in inputs], backend=backend)
     for got, want in zip(compiled(*inputs), depthwise_step(*inputs), strict=True):

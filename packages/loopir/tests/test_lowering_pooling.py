@@ -223,3 +223,74 @@ def test_a_costly_gradient_read_at_each_window_tap_is_stored_once():
             compiled = check(fn, x, g, idx, **_tol(torch.float32))
         nodes = [n for s in compiled.steps for n in getattr(s, "group", None).nodes]
         assert len(nodes) == kernels, [n.buffer.data.origin for n in nodes]
+
+
+# (channels, multiplier, kernel, stride, padding, dilation, bias)
+DEPTHWISE_CASES = [
+    (8, 1, [3, 3], [1, 1], [1, 1], [1, 1], True),  # MobileNet's blocks
+    (8, 1, [3, 3], [2, 2], [1, 1], [1, 1], False),
+    (6, 1, [5, 5], [2, 2], [2, 2], [1, 1], True),  # EfficientNet's 5x5, strided
+    (4, 2, [3, 3], [1, 1], [2, 2], [2, 2], True),  # two output channels per input, dilated
+    (5, 1, [3, 1], [1, 2], [0, 1], [1, 1], False),  # a ragged window, no padding in h
+]
+
+
+@pytest.mark.parametrize("case", range(len(DEPTHWISE_CASES)))
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_depthwise_convolution_is_one_fused_kernel(case, layout):
+    """A depthwise convolution is a loop of the graph, not a library call: the window's
+    taps times the channel's weights, fused with the batch norm and activation after it."""
+    c, mult, kernel, stride, padding, dilation, bias = DEPTHWISE_CASES[case]
+    x = _image((2, c, 9, 11), layout)
+    w, b, scale = torch.randn(c * mult, 1, *kernel), torch.randn(c * mult), torch.randn(c * mult)
+
+    def fn(x, w, b, scale):
+        y = aten.convolution.default(
+            x, w, b if bias else None, stride, padding, dilation, False, [0, 0], c
+        )
+        y = aten.mul.Tensor(y, aten.view.default(scale, [-1, 1, 1]))
+        return (aten.silu.default(y),)
+
+    counters.clear()
+    with no_fallbacks():
+        compiled = check(fn, x, w, b, scale, **_tol(torch.float32))
+    assert "extern_kernels" not in counters.snapshot(), counters.snapshot()
+    assert len(compiled.steps) == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_depthwise_convolution_half_sums_in_float32(dtype):
+    x = _image((2, 4, 8, 8), "channels_last", dtype)
+    w = torch.randn(4, 1, 3, 3).to(dtype)
+
+    def fn(x, w):
+        return (aten.convolution.default(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 4),)
+
+    with no_fallbacks():
+        check(fn, x, w, **_tol(dtype))
+    assert "extern_kernels" not in counters.snapshot()
+
+
+@pytest.mark.parametrize(
+    "shape, weight, groups, transposed",
+    [
+        ((2, 4, 9, 9), (4, 2, 3, 3), 2, False),  # grouped: two input channels an output
+        ((2, 4, 9, 9), (4, 1, 7, 7), 4, False),  # ConvNeXt's 7x7: too big to unroll
+        ((2, 4, 9, 9), (4, 1, 3, 3), 4, True),  # transposed
+        ((2, 4, 9, 9), (8, 4, 1, 1), 1, False),  # dense
+    ],
+)
+def test_other_convolutions_stay_library_calls(shape, weight, groups, transposed):
+    x, w = torch.randn(shape), torch.randn(weight)
+    if transposed:
+        w = torch.randn(weight[1] * groups, weight[0] // groups, *weight[2:])
+
+    def fn(x, w):
+        out = aten.convolution.default(
+            x, w, None, [1, 1], [1, 1], [1, 1], transposed, [0, 0], groups
+        )
+        return (out,)
+
+    counters.clear()
+    check(fn, x, w, **_tol(torch.float32))
+    assert counters.snapshot().get("extern_kernels") == {"aten.convolution.default": 1}

@@ -201,6 +201,8 @@ class CppBackend:
         # ATen's scatter beats, by an order of magnitude, a gather whose window taps index
         # lane by lane: loopir's lowerings of these ops are not used on CPUs
         extern_ops=frozenset({"max_pool2d_with_indices_backward"}),
+        # oneDNN's depthwise convolutions, with the pointwise ops after them as post-ops
+        lowered_depthwise=False,
     )
 
     def __init__(self, threads: int | None = None, simd: bool = True) -> None:

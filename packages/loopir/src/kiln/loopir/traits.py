@@ -38,6 +38,13 @@ class BackendTraits:
     """Give a depthwise convolution's backward its activations in NHWC in every graph (copied
     where they are not), for a library that runs depthwise convolutions fast only in NHWC."""
 
+    lowered_depthwise: bool = True
+    """Compute a depthwise convolution whose window unrolls as a loop of the graph, fused with
+    the ops around it like a pooling, rather than as a library call. False for a library
+    that beats that loop (oneDNN on a CPU). cuDNN compiles its NHWC depthwise kernels at run
+    time, 0.1 to 0.25 s per shape in each process, and the fused loop saves a pass over the
+    convolution's result."""
+
     convolution_weight_nhwc: bool = False
     """Give the convolutions of a channels-last graph their weights channels-last too, copied
     by a kernel of the graph, for a library that would copy them itself on every call."""

@@ -21,6 +21,7 @@ wrapper's ``as_layout`` safety net never has to copy.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -30,11 +31,12 @@ from torch.utils import _pytree as pytree
 
 from kiln.capture import counters
 from kiln.loopir import sizes, symbolic
-from kiln.loopir.errors import StaticShapesOnly
+from kiln.loopir.errors import StaticShapesOnly, Unlowerable
 from kiln.loopir.ir.buffers import Buffer, ExternBuffer, MultiOutput
 from kiln.loopir.ir.layout import Layout
 from kiln.loopir.ir.strided import copy_like, realize_as_tensor, realize_like
 from kiln.loopir.ir.views import ReinterpretView, StorageBox, TensorBox
+from kiln.loopir.lowering.pooling import depthwise_convolution
 from kiln.loopir.lowering.registry import LOWERINGS, overloads, register_lowering
 from kiln.loopir.virtualized import V
 
@@ -423,8 +425,9 @@ for _packed in ("_convolution_pointwise", "_linear_pointwise"):  # frozen progra
 
 @register_lowering(*overloads("convolution", "default"))
 def _convolution(x: Any, weight: Any, bias: Any, *rest: Any) -> Any:
-    """A convolution; its bias added by the kernel after it where the backend asks
-    (``convolution_bias_pointwise``).
+    """A convolution: a depthwise one as a loop of the graph where the backend asks
+    (``lowered_depthwise``); else the library's, its bias added by the kernel after it
+    where the backend asks (``convolution_bias_pointwise``).
 
     cuDNN's convolutions through ATen add a bias with a kernel of its own, one launch per
     convolution more (dozens a step in nets with squeeze-excitation blocks); as a pointwise
@@ -432,7 +435,14 @@ def _convolution(x: Any, weight: Any, bias: Any, *rest: Any) -> Any:
     """
     op = V.graph.current_op
     device = V.graph.device_of(V.graph.current_meta)
-    if bias is None or not V.graph.backend_traits(device).convolution_bias_pointwise:
+    traits = V.graph.backend_traits(device)
+    if traits.lowered_depthwise and op is aten.convolution.default:
+        stride, padding, dilation, transposed, _, groups = rest
+        with contextlib.suppress(Unlowerable):
+            return depthwise_convolution(
+                x, weight, bias, stride, padding, dilation, transposed, groups
+            )
+    if bias is None or not traits.convolution_bias_pointwise:
         return chosen_extern(op, (x, weight, bias, *rest), {})
     out = chosen_extern(op, (x, weight, None, *rest), {})
     shape = [-1] + [1] * (len(out.get_size()) - 2)  # bias over dim 1, the channels

@@ -1,4 +1,5 @@
-"""Pooling lowerings: max/avg/adaptive-avg pooling over the last two dims, and their gradients.
+"""Window lowerings: max/avg/adaptive-avg pooling over the last two dims, their gradients, and
+depthwise convolutions (a window sum weighted per channel, :func:`depthwise_convolution`).
 
 Each output element folds a small window of input elements (or, for a gradient, of
 the output elements whose windows cover it). As in Inductor, windows of up to
@@ -29,7 +30,7 @@ from kiln.loopir.lowering.common import compute_dtype, origin, out_meta
 from kiln.loopir.lowering.registry import LOWERINGS, overloads, register_lowering
 from kiln.loopir.virtualized import ops
 
-__all__ = ["UNROLL"]
+__all__ = ["UNROLL", "depthwise_convolution"]
 
 S = sympy.Integer
 Index = Sequence[sympy.Expr]
@@ -182,11 +183,12 @@ def _loader(x: TensorBox) -> Callable[[Index], Any]:
 
 
 def _gathered(grad: TensorBox, fanout: int) -> Callable[[Index], Any]:
-    """``_loader(grad)`` for a gradient whose every element ``fanout`` input positions read.
+    """``_loader(grad)`` for a value (a gradient, a depthwise convolution's input) whose every
+    element ``fanout`` output positions read.
 
-    Each read inlines the gradient's producer again (the sum of a dense block's
+    Each read inlines the value's producer again (the sum of a dense block's
     concatenated gradients and its batch-norm backward, in DenseNet's stem and
-    transitions); when that would repeat too many ops, the gradient is stored once.
+    transitions); when that would repeat too many ops, the value is stored once.
     A 2x2 average pool's backward reads each element at 4 positions, one per position.
     """
     box = grad.storage()
@@ -505,3 +507,42 @@ def _adaptive_avg_pool2d_backward(grad: TensorBox, x: TensorBox) -> TensorBox:
     total = _fold(grad, x.get_size(), window, "sum", term)
     dtype = x.get_dtype()
     return _pointwise(x, dtype, x.get_size(), lambda i: _store(total(i), dtype))
+
+
+# -- depthwise convolution ------------------------------------------------------------
+def depthwise_convolution(
+    x: TensorBox, weight: TensorBox, bias: TensorBox | None, stride: Any, padding: Any,
+    dilation: Any, transposed: bool, groups: int,
+) -> TensorBox:  # fmt: skip
+    """A 2-D convolution whose every output channel reads one input channel (``groups`` is
+    the input's channel count), over a window small enough to unroll: one pointwise sum of
+    the window's taps times the channel's weights, fused with the ops around it like a
+    pooling. Raises :class:`Unlowerable` for any other convolution (the library's call)."""
+    if transposed or len(x.get_size()) != 4 or not x.get_dtype().is_floating_point:
+        raise Unlowerable("not a 2-D floating-point forward convolution")
+    channels, (out_channels, per_group, kh, kw) = x.get_size()[1], weight.get_size()
+    if groups == 1 or per_group != 1 or sizes.evaluate_int(channels) != groups:
+        raise Unlowerable("not depthwise: an output channel reads several input channels")
+    if sizes.evaluate_int(kh) * sizes.evaluate_int(kw) > UNROLL:
+        raise Unlowerable("window too big to unroll")
+    out_size = out_meta().shape
+    window = (sizes.evaluate_int(kh), sizes.evaluate_int(kw))
+    h, w = _dims(x.get_size(), out_size, window, stride, padding, dilation)
+    multiplier = sizes.evaluate_int(out_channels) // groups
+    load = _gathered(x, h.k * w.k)
+    load_weight, load_bias = _loader(weight), None if bias is None else _loader(bias)
+    dtype = x.get_dtype()
+
+    def fn(index: Index) -> Any:
+        n, c, oh, ow = index
+        source = c if multiplier == 1 else sizes.FloorDiv(c, multiplier)
+        acc = None if load_bias is None else load_bias([c])
+        for jh, jw in itertools.product(range(h.k), range(w.k)):
+            at = [n, source, h.at(oh, S(jh)), w.at(ow, S(jw))]
+            mask = _all([h.inside(oh, S(jh), 0, h.n), w.inside(ow, S(jw), 0, w.n)])
+            value = _masked(mask, lambda at=at: load(at), 0.0)  # type: ignore[misc]
+            tap = ops.mul(value, load_weight([c, S(0), S(jh), S(jw)]))
+            acc = tap if acc is None else ops.add(acc, tap)
+        return _store(acc, dtype)
+
+    return _pointwise(x, dtype, out_size, fn)
