@@ -350,12 +350,15 @@ def _depthwise_block():
 @pytest.mark.parametrize("device", ["cpu", *CUDA])
 @pytest.mark.parametrize("mode", ["inference", "training"])
 def test_depthwise_separable_block(device, mode):
-    """MobileNet's block. On CUDA the depthwise convolution's backward runs NHWC (cuDNN)
-    in a training graph that is otherwise NCHW: its results' planned strides must be
-    cuDNN's (no extern copies)."""
+    """MobileNet's block. On CUDA the depthwise convolution is a kernel of the graph, fused
+    with its batch norm and SiLU, and its backward runs NHWC (cuDNN) in a training graph
+    that is otherwise NCHW: its results' planned strides must be cuDNN's (no extern copies)."""
     torch.backends.cudnn.allow_tf32 = False
     snap = _check(_depthwise_block(), (torch.randn(4, 3, 12, 10),), mode, "kiln", device=device)
     assert "fallback_ops" not in snap
+    if mode == "inference":
+        library = 2 if device == "cuda" else 3  # oneDNN runs the depthwise one on CPUs
+        assert snap["extern_kernels"]["aten.convolution.default"] == library
 
 
 def _numpy_statistic(x: torch.Tensor) -> torch.Tensor:
