@@ -341,6 +341,22 @@ def test_cnn_variable_image_size() -> None:
     assert _captures() == 2
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_strided_convolution_compiles_once_for_every_size(backend: str) -> None:
+    """A 5x5 convolution with stride 2: bounding its output size divided a value without a
+    lower bound, which once failed on fake tensors and broke the graph."""
+    w = torch.randn(6, 6, 5, 5)
+
+    def conv(x: torch.Tensor) -> torch.Tensor:
+        return F.conv2d(x, w, None, stride=2, padding=2)
+
+    compiled = kiln.compile(conv, backend=backend, dynamic=True, fullgraph=True)
+    for h, width in ((13, 17), (9, 8), (20, 11)):
+        x = torch.randn(3, 6, h, width)
+        torch.testing.assert_close(compiled(x), conv(x), rtol=1e-4, atol=1e-4)
+    assert _captures() == 1
+
+
 class _Block(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()

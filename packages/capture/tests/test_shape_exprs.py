@@ -91,3 +91,14 @@ def test_mod_of_a_value_that_may_be_negative_spans_the_divisor() -> None:
     assert bounds(Mod(s1, 8), _RANGES) == Range(0, 7)
     assert bounds(Mod(s1 - 2, 100), _RANGES) == Range(0, 62)
     assert _slow(sympy.Ge(Mod(-s0, 8), 1)) is None  # 0 for s0 = 8, 7 for s0 = 9
+
+
+def test_floor_division_of_a_value_without_a_bound() -> None:
+    """A strided convolution's size ``(t - 5) // 2`` where ``t`` has no bound on a side: the
+    quotient's bound on that side is infinite, not an error."""
+    t = sympy.Symbol("t", integer=True)
+    assert bounds(FloorDiv(t - 5, 2), {t: Range(-INF, INF)}) == Range(-INF, INF)
+    assert bounds(FloorDiv(t - 5, 2), {t: Range(2, INF)}) == Range(-2, INF)
+    assert bounds(FloorDiv(-t, 2), {t: Range(3, INF)}) == Range(-INF, -2)
+    assert bounds(FloorDiv(t, s1), {t: Range(0, INF), s1: Range(2, INF)}) == Range(0, INF)
+    assert bounds(FloorDiv(t, s1), {t: Range(-9, -3), s1: Range(2, 3)}) == Range(-5, -1)

@@ -122,12 +122,22 @@ def _mul(a: float, b: float) -> float:
 
 
 def _floordiv(a: Range, b: Range) -> Range:
+    """``a // b`` for a positive ``b``. The quotient grows with ``a``: it is least at ``a``'s
+    lower end over the largest ``b`` (the smallest, where that end is negative), and most at
+    the upper end over the smallest ``b`` (the largest, where that end is negative). Either
+    end may be infinite (a size ``(s - 5) // 2 + 1`` of a symbol with no lower bound)."""
     if b.lower <= 0:
         return _UNKNOWN
-    quotients = [x / y for x in (a.lower, a.upper) for y in (b.lower, b.upper)]
-    return Range(
-        math.floor(min(quotients)), math.floor(max(quotients)) if max(quotients) < INF else INF
-    )
+    low = a.lower / (b.upper if a.lower >= 0 else b.lower)
+    high = a.upper / (b.lower if a.upper >= 0 else b.upper)
+    return Range(_floor(low, -INF), _floor(high, INF))
+
+
+def _floor(value: float, unknown: float) -> float:
+    """``floor(value)``, infinities kept; ``unknown`` for an undefined ``inf / inf``."""
+    if math.isnan(value):
+        return unknown
+    return value if math.isinf(value) else math.floor(value)
 
 
 def bounds(expr: sympy.Basic, ranges: Mapping[sympy.Symbol, Range]) -> Range:
