@@ -3,6 +3,7 @@ over window shapes (padding, ceil mode, dilation, ragged and big windows), layou
 dtypes; none of them may fall back to ATen."""
 
 import contextlib
+import random
 
 import pytest
 import torch
@@ -256,6 +257,35 @@ def test_depthwise_convolution_is_one_fused_kernel(case, layout):
         compiled = check(fn, x, w, b, scale, **_tol(torch.float32))
     assert "extern_kernels" not in counters.snapshot(), counters.snapshot()
     assert len(compiled.steps) == 1
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_depthwise_convolution_random_shapes(seed):
+    """Random windows, strides, paddings, dilations, multipliers and image sizes (down to
+    outputs of one position, and an empty batch), against ATen's convolution."""
+    rng = random.Random(seed)
+    c, mult = rng.randint(2, 6), rng.choice([1, 1, 2, 3])
+    kernel = [rng.randint(1, 5), rng.randint(1, 5)]
+    while kernel[0] * kernel[1] > 25:
+        kernel[rng.randrange(2)] -= 1
+    stride, dilation = [rng.randint(1, 3) for _ in range(2)], [rng.randint(1, 2) for _ in range(2)]
+    padding = [rng.randint(0, k // 2 + 1) for k in kernel]
+    size = [
+        max(d * (k - 1) + 1 - 2 * p, 1) + rng.randint(0, 6)
+        for k, p, d in zip(kernel, padding, dilation)
+    ]
+    batch = 0 if seed == 7 else rng.randint(1, 3)
+    x = _image((batch, c, *size), rng.choice(["contiguous", "channels_last", "transposed"]))
+    w, b = torch.randn(c * mult, 1, *kernel), torch.randn(c * mult)
+
+    def fn(x, w, b):
+        args = (stride, padding, dilation, False, [0, 0], c)
+        return (aten.convolution.default(x, w, b, *args),)
+
+    counters.clear()
+    with no_fallbacks():
+        check(fn, x, w, b, **_tol(torch.float32))
+    assert "extern_kernels" not in counters.snapshot(), counters.snapshot()
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
