@@ -156,7 +156,9 @@ LINE_BUDGET = {
     # + 1 for frozen programs' packed linears, called as vendor kernels (lowering/fallback.py)
     # + 58 for depthwise convolutions lowered like a pooling where the backend asks
     # (lowering/pooling.py, lowering/fallback.py, traits.py)
-    "loopir": 11897,
+    # + 42 for costly broadcast values stored before the loop that reads them where the
+    # backend asks (lowering/common.py, ir/views.py, traits.py)
+    "loopir": 11939,
     # + about 250 for symbolic sizes: size arguments, per-call grids and sizes, autotuning
     # per size bucket (symbolic_sizes.py, symbolic_launch.py), CUDA graphs per size set
     # + about 150 for what a saved cache file carries of a GPU run: Triton's binaries and

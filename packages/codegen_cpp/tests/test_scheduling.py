@@ -290,14 +290,16 @@ def test_each_thread_builds_only_the_kernels_it_queued():
 
 def test_the_backend_is_the_whole_protocol_with_its_traits():
     """Vector lanes compute masked loads too, ATen's max-pool backward scatter beats a
-    gather, and oneDNN's depthwise convolutions beat a window loop: these choices reach
-    lowering through the traits, the rest stay at their defaults."""
+    gather, oneDNN's depthwise convolutions beat a window loop, and a square root at every
+    pixel costs more than a pass over the channels: these choices reach lowering through the
+    traits, the rest stay at their defaults."""
     backend = CppBackend()
     assert isinstance(backend, Backend)
     assert backend.traits == BackendTraits(
         pointwise_cat=False,
         extern_ops=frozenset({"max_pool2d_with_indices_backward"}),
         lowered_depthwise=False,
+        broadcast_store_ops=2,
     )
     assert backend.with_options({}) is backend
 

@@ -4,6 +4,8 @@ import pytest
 import torch
 from loopir_testing import check
 
+from kiln.loopir import BackendTraits, ReferenceBackend, testing
+
 aten = torch.ops.aten
 
 FLOATS = [torch.float32, torch.float16, torch.bfloat16]
@@ -289,3 +291,31 @@ def test_remaining_overloads():
         )
 
     check(fn, a, f, m)
+
+
+class _StoresBroadcasts(ReferenceBackend):
+    """The reference backend storing costly broadcast values first, as the C++ backend does."""
+
+    traits = BackendTraits(broadcast_store_ops=2)
+
+
+def _eval_batch_norm(x, mean, var, weight):
+    col = lambda t: torch.ops.aten.view.default(t, [-1, 1, 1])  # noqa: E731
+    invstd = torch.ops.aten.rsqrt.default(torch.ops.aten.add.Tensor(var, 1e-5))
+    y = torch.ops.aten.mul.Tensor(torch.ops.aten.sub.Tensor(x, col(mean)), col(invstd))
+    return (torch.ops.aten.mul.Tensor(y, col(torch.ops.aten.add.Tensor(weight, 1.0))),)
+
+
+@pytest.mark.parametrize("size, stored", [((2, 8, 16, 16), True), ((1, 8, 4, 4), False)])
+def test_a_costly_value_broadcast_over_many_elements_is_stored_first(size, stored):
+    """Eval batch norm's ``1 / sqrt(var + eps)`` is computed once per channel, not at every
+    pixel, where the backend asks and the image has at least 64 pixels a channel; the
+    weight's ``+ 1`` (two ops) stays inlined."""
+    x, mean, var, weight = torch.randn(size), torch.randn(8), torch.rand(8) + 0.5, torch.randn(8)
+    for backend, expected in [(_StoresBroadcasts(), 2 if stored else 1), (ReferenceBackend(), 1)]:
+        compiled = testing.check(
+            _eval_batch_norm, x, mean, var, weight, backend=backend, atol=1e-5, rtol=1e-5
+        )
+        numels = sorted(int(s.group.numel) for s in compiled.steps)
+        assert len(numels) == expected
+        assert numels[0] == (8 if expected == 2 else x.numel())

@@ -203,6 +203,8 @@ class CppBackend:
         extern_ops=frozenset({"max_pool2d_with_indices_backward"}),
         # oneDNN's depthwise convolutions, with the pointwise ops after them as post-ops
         lowered_depthwise=False,
+        # a square root and a division at every element cost more than a channel's pass
+        broadcast_store_ops=2,
     )
 
     def __init__(self, threads: int | None = None, simd: bool = True) -> None:

@@ -38,6 +38,14 @@ class BackendTraits:
     """Give a depthwise convolution's backward its activations in NHWC in every graph (copied
     where they are not), for a library that runs depthwise convolutions fast only in NHWC."""
 
+    broadcast_store_ops: int = 0
+    """Store a small computed value before a loop broadcasts it over at least
+    ``BROADCAST_STORE_FACTOR`` times as many elements, when one element of it costs more than
+    this many ops (loads and math): batch norm's ``1 / sqrt(var + eps)`` over an image is then
+    computed once per channel, not at every pixel. 0: never, every broadcast value is inlined
+    (a GPU has arithmetic to spare in memory-bound loops, and each stored value is one launch
+    more)."""
+
     lowered_depthwise: bool = True
     """Compute a depthwise convolution whose window unrolls as a loop of the graph, fused with
     the ops around it like a pooling, rather than as a library call. False for a library

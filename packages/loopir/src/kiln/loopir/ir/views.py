@@ -126,6 +126,11 @@ class StorageBox:
             return True  # each copy would load them all again (a residual stream's sum)
         return count * (reads - 1) > REALIZE_DUPLICATED_OPS or count > REALIZE_MAX_OPS
 
+    def body_ops(self) -> int:
+        """The ops (loads and math) one element of this unrealized pointwise body costs; 0
+        for anything else."""
+        return _traced(self.data)[1].compute_ops() if isinstance(self.data, Pointwise) else 0
+
     def read_order(self) -> list[int] | None:
         """The dim order (outermost first) in which this unrealized 4-D pointwise body reads
         a source it walks along every dim (steps of one fixed size per dim, all different,

@@ -8,6 +8,7 @@ from typing import Any
 import sympy
 import torch
 
+from kiln.loopir import symbolic
 from kiln.loopir.errors import StaticShapesOnly
 from kiln.loopir.ir.loops import Pointwise
 from kiln.loopir.ir.views import TensorBox, View
@@ -134,11 +135,17 @@ def broadcast_sizes(*shapes: Sequence[sympy.Expr]) -> tuple[sympy.Expr, ...]:
     return tuple(out)
 
 
+BROADCAST_STORE_FACTOR = 64
+"""How many times more elements a broadcast must reach before its value may be stored first
+(``BackendTraits.broadcast_store_ops``)."""
+
+
 def expand_to(x: TensorBox, size: Sequence[sympy.Expr]) -> TensorBox:
     """``x`` broadcast to ``size`` as a view (no copy)."""
     size = tuple(size)
     if x.get_size() == size:
         return x
+    _store_before_broadcast(x, size)
     xs = x.get_size()
     lead = len(size) - len(xs)
 
@@ -147,6 +154,28 @@ def expand_to(x: TensorBox, size: Sequence[sympy.Expr]) -> TensorBox:
         return [sympy.S.Zero if s == 1 else i for i, s in zip(inner, xs, strict=True)]
 
     return TensorBox(View(x.data, size, reindex, "expand"))
+
+
+def _store_before_broadcast(x: TensorBox, size: Sequence[sympy.Expr]) -> None:
+    """Store ``x`` first where the backend asks (``broadcast_store_ops``): it costs more than
+    that many ops an element, and ``size`` has many times its elements."""
+    box = x.storage()
+    if box is None or box.is_realized():
+        return
+    limit = V.graph.backend_traits(x.get_device()).broadcast_store_ops
+    small, big = _numel_hint(x.get_size()), _numel_hint(size)
+    if not limit or small is None or big is None or big < BROADCAST_STORE_FACTOR * small:
+        return
+    if box.body_ops() > limit:
+        box.realize()
+
+
+def _numel_hint(size: Sequence[sympy.Expr]) -> int | None:
+    """The element count at this call's sizes (a heuristic's input), None where unknown."""
+    try:
+        return symbolic.hint(sympy.Mul(*size))
+    except StaticShapesOnly:
+        return None
 
 
 def loader_for(x: Value, size: Sequence[sympy.Expr], dtype: torch.dtype) -> Callable[..., Any]:
