@@ -157,13 +157,13 @@ def expand_to(x: TensorBox, size: Sequence[sympy.Expr]) -> TensorBox:
 
 
 def _store_before_broadcast(x: TensorBox, size: Sequence[sympy.Expr]) -> None:
-    """Store ``x`` first where the backend asks (``broadcast_store_ops``): it costs more than
-    that many ops an element, and ``size`` has many times its elements."""
+    """Store the value under ``x``'s views first where the backend asks: it costs more than
+    ``broadcast_store_ops`` ops an element, and ``size`` has many times its elements."""
     box = x.storage()
     if box is None or box.is_realized():
         return
     limit = V.graph.backend_traits(x.get_device()).broadcast_store_ops
-    small, big = _numel_hint(x.get_size()), _numel_hint(size)
+    small, big = _numel_hint(box.get_size()), _numel_hint(size)
     if not limit or small is None or big is None or big < BROADCAST_STORE_FACTOR * small:
         return
     if box.body_ops() > limit:
