@@ -138,7 +138,9 @@ def test_memory_is_freed_and_reused():
         c = aten.sum.dim_IntList(aten.mul.Tensor(x, b), [1], True)
         return (aten.add.Tensor(c, 1.0),)
 
-    c = check(fn, torch.randn(64, 32), rtol=1e-4, atol=1e-3)  # sums of exps: order matters
+    # c sums 32 products with b (about 1e3), so c reaches 1e4, where an ulp is 1e-3: summed in
+    # another order (a code generator's vector lanes), c moves by up to about 2e-2
+    c = check(fn, torch.randn(64, 32), rtol=1e-4, atol=5e-2)
     assert "del " in c.source
     assert c.peak_bytes > 0
 
