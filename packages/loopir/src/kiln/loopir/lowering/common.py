@@ -159,12 +159,12 @@ def expand_to(x: TensorBox, size: Sequence[sympy.Expr]) -> TensorBox:
 def _store_before_broadcast(x: TensorBox, size: Sequence[sympy.Expr]) -> None:
     """Store the value under ``x``'s views first where the backend asks: it costs more than
     ``broadcast_store_ops`` ops an element, and ``size`` has many times its elements."""
-    box = x.storage()
-    if box is None or box.is_realized():
-        return
     limit = V.graph.backend_traits(x.get_device()).broadcast_store_ops
+    box = x.storage()
+    if not limit or box is None or box.is_realized():
+        return
     small, big = _numel_hint(box.get_size()), _numel_hint(size)
-    if not limit or small is None or big is None or big < BROADCAST_STORE_FACTOR * small:
+    if small is None or big is None or big < BROADCAST_STORE_FACTOR * small:
         return
     if box.body_ops() > limit:
         box.realize()
