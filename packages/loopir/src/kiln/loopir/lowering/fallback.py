@@ -436,7 +436,7 @@ def _convolution(x: Any, weight: Any, bias: Any, *rest: Any) -> Any:
     op = V.graph.current_op
     device = V.graph.device_of(V.graph.current_meta)
     traits = V.graph.backend_traits(device)
-    if traits.lowered_depthwise and op is aten.convolution.default:
+    if traits.lowered_depthwise:
         stride, padding, dilation, transposed, _, groups = rest
         with contextlib.suppress(Unlowerable):
             return depthwise_convolution(

@@ -170,6 +170,13 @@ def _fold(
     return box.make_loader()
 
 
+def _tap(load: Callable[[Index], Any], h: _Dim, w: _Dim, index: Index, offsets: Index) -> Any:
+    """The input at ``offsets`` of the window at ``index`` (its last two dims), 0 in padding."""
+    (*lead, oh, ow), (jh, jw) = index, offsets
+    mask = _all([h.inside(oh, jh, 0, h.n), w.inside(ow, jw, 0, w.n)])
+    return _masked(mask, lambda: load([*lead, h.at(oh, jh), w.at(ow, jw)]), 0.0)
+
+
 def _pointwise(x: TensorBox, dtype: torch.dtype, size: Sequence[Any], fn: Any) -> TensorBox:
     ranges = tuple(sizes.sympify(n) for n in size)
     return TensorBox.from_loops(Pointwise(x.get_device(), dtype, ranges, origin(), fn))
@@ -340,14 +347,7 @@ def _avg_pool(
     math_dtype = compute_dtype(dtype)
     size = [*x.get_size()[:-2], S(h.out), S(w.out)]
 
-    def term(index: Index, offsets: Index) -> Any:
-        *lead, oh, ow = index
-        jh, jw = offsets
-        at = [*lead, h.at(oh, jh), w.at(ow, jw)]
-        mask = _all([h.inside(oh, jh, 0, h.n), w.inside(ow, jw, 0, w.n)])
-        return _masked(mask, lambda: load(at), 0.0)
-
-    total = _fold(x, size, (h.k, w.k), "sum", term)
+    total = _fold(x, size, (h.k, w.k), "sum", lambda i, j: _tap(load, h, w, i, j))
 
     def fn(index: Index) -> Any:
         counts = _divisors(h, w, index[-2], index[-1], include_pad, override)
@@ -520,29 +520,29 @@ def depthwise_convolution(
     pooling. Raises :class:`Unlowerable` for any other convolution (the library's call)."""
     if transposed or len(x.get_size()) != 4 or not x.get_dtype().is_floating_point:
         raise Unlowerable("not a 2-D floating-point forward convolution")
-    channels, (out_channels, per_group, kh, kw) = x.get_size()[1], weight.get_size()
+    channels, (out_channels, per_group, *window) = x.get_size()[1], weight.get_size()
     if groups == 1 or per_group != 1 or sizes.evaluate_int(channels) != groups:
         raise Unlowerable("not depthwise: an output channel reads several input channels")
-    if sizes.evaluate_int(kh) * sizes.evaluate_int(kw) > UNROLL:
+    window = [sizes.evaluate_int(k) for k in window]
+    if math.prod(window) > UNROLL:
         raise Unlowerable("window too big to unroll")
     out_size = out_meta().shape
-    window = (sizes.evaluate_int(kh), sizes.evaluate_int(kw))
     h, w = _dims(x.get_size(), out_size, window, stride, padding, dilation)
     multiplier = sizes.evaluate_int(out_channels) // groups
     load = _gathered(x, h.k * w.k)
     load_weight, load_bias = _loader(weight), None if bias is None else _loader(bias)
     dtype = x.get_dtype()
 
-    def fn(index: Index) -> Any:
+    def term(index: Index, offsets: Index) -> Any:
         n, c, oh, ow = index
         source = c if multiplier == 1 else sizes.FloorDiv(c, multiplier)
-        acc = None if load_bias is None else load_bias([c])
-        for jh, jw in itertools.product(range(h.k), range(w.k)):
-            at = [n, source, h.at(oh, S(jh)), w.at(ow, S(jw))]
-            mask = _all([h.inside(oh, S(jh), 0, h.n), w.inside(ow, S(jw), 0, w.n)])
-            value = _masked(mask, lambda at=at: load(at), 0.0)  # type: ignore[misc]
-            tap = ops.mul(value, load_weight([c, S(0), S(jh), S(jw)]))
-            acc = tap if acc is None else ops.add(acc, tap)
-        return _store(acc, dtype)
+        value = _tap(load, h, w, [n, source, oh, ow], offsets)
+        return ops.mul(value, load_weight([c, S(0), *offsets]))
+
+    total = _fold(x, out_size, window, "sum", term)
+
+    def fn(index: Index) -> Any:
+        acc = total(index)
+        return _store(acc if load_bias is None else ops.add(acc, load_bias([index[1]])), dtype)
 
     return _pointwise(x, dtype, out_size, fn)
