@@ -124,7 +124,7 @@ def _steps_below_reference(source, root):
         else:
             return None
         source = source.base
-    return steps[::-1] if source is not None else None
+    return tuple(steps[::-1]) if source is not None else None
 
 
 def _assert_trees_match_the_walk(guards):
@@ -195,6 +195,25 @@ def test_tree_lookup_equals_the_walk_over_a_captured_model():
     guards = [*res.guards, *extra]
     assert sum(g.kind is GuardKind.MODULE_TREE for g in guards) >= 3
     _assert_trees_match_the_walk(guards)
+    _assert_uses_match_the_walk(guards, model.forward)
+
+
+def _assert_uses_match_the_walk(guards, fn):
+    """Codegen's count of the guards reading each source (itself or below it), passed up
+    once per distinct source, equals walking every guard's chain to its root."""
+    from collections import Counter
+
+    from kiln.guards.codegen import CheckSource
+
+    walked = Counter()
+    for g in guards:
+        source = g.source
+        while source is not None:
+            walked[str(source)] += 1
+            source = source.base if isinstance(source, (AttrSource, ItemSource)) else None
+    cs = CheckSource(fn.__func__)
+    cs.count_uses(guards)
+    assert +cs._uses == +walked and any(n > 1 for n in walked.values())
 
 
 def test_tree_lookup_equals_the_walk_on_other_roots():
@@ -219,5 +238,5 @@ def test_tree_lookup_equals_the_walk_on_other_roots():
     ]
     _assert_trees_match_the_walk(guards)
     trees = plan._Trees(guards)
-    assert trees.above(guards[3]) == [(trees.trees.index(tree_raw), [("attr", "weight")])]
+    assert trees.above(guards[3]) == [(trees.trees.index(tree_raw), (("attr", "weight"),))]
     assert trees.above(tree_raw) == []  # not d's: the raw item ends the path

@@ -76,6 +76,10 @@ class GuardKind(enum.Enum):
     # returns; ``guard_code``/``failing_guards``/``describe_failure`` read it). Source None.
     SHAPE = "shape"
 
+    # members are singletons compared by identity: hash them like any object, in C, not by
+    # Enum's Python-level ``hash(self._name_)`` (plans and dedupes hash kinds thousands of times)
+    __hash__ = object.__hash__
+
 
 @dataclasses.dataclass(frozen=True)
 class TensorMeta:

@@ -113,6 +113,11 @@ class AttrSource(Source):
     def _text(self) -> str:  # guards print a chain's prefixes many times: once each
         return f"{self.base}.{self.name}"
 
+    @functools.cached_property
+    def depth(self) -> int:
+        """How many attributes and items this chain reads below its first other source."""
+        return self.base.depth + 1 if isinstance(self.base, (AttrSource, ItemSource)) else 1
+
     def resolve(
         self, f_locals: dict[str, Any], f_globals: dict[str, Any], cells: dict[str, Any]
     ) -> Any:
@@ -132,6 +137,11 @@ class ItemSource(Source):
     @functools.cached_property
     def _text(self) -> str:  # guards print a chain's prefixes many times: once each
         return f"{self.base}[{self.index!r}]"
+
+    @functools.cached_property
+    def depth(self) -> int:
+        """How many attributes and items this chain reads below its first other source."""
+        return self.base.depth + 1 if isinstance(self.base, (AttrSource, ItemSource)) else 1
 
     def resolve(
         self, f_locals: dict[str, Any], f_globals: dict[str, Any], cells: dict[str, Any]

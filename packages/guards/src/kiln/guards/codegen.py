@@ -42,7 +42,7 @@ from kiln.guards.config import config
 from kiln.guards.errors import UnsupportedGuard
 from kiln.guards.kinds import kind_of
 from kiln.guards.kinds.tensor import same_tensor_test
-from kiln.guards.plan import Plan
+from kiln.guards.plan import Plan, source_depth
 
 __all__ = ["ON_DEATH", "CheckSource", "generate"]
 
@@ -102,6 +102,7 @@ class CheckSource:
         self.prefix = prefix
         self.namespace: dict[str, Any] = {f"{prefix}default": None}
         self._bound: dict[int, str] = {}
+        self._next_suffix: dict[str, int] = {}  # a bound name's stem -> the next number to try
         self._locals: dict[str, str] = {}
         self._kept: dict[str, str] = {}  # text -> the local a condition keeps its value in
         self._uses: collections.Counter[str] = collections.Counter()
@@ -127,9 +128,12 @@ class CheckSource:
             if isinstance(obj, torch.dtype):
                 readable = str(obj).rpartition(".")[2]
             base = f"{self.prefix}{readable if isinstance(readable, str) and readable.isidentifier() else stem}"
-            name, n = base, 1
+            n = self._next_suffix.get(base, 0)
+            name = f"{base}{n}" if n else base
             while name in self.namespace:
-                name, n = f"{base}{n}", n + 1
+                n += 1
+                name = f"{base}{n}"
+            self._next_suffix[base] = n + 1  # probing from 1 each time was quadratic
             self._bound[id(obj)] = name
             self.namespace[name] = obj
         return name
@@ -175,11 +179,24 @@ class CheckSource:
         return f"{kept}[{source.dim}]" if kept else f"{base}.stride({source.dim})"
 
     def count_uses(self, guards: list[GuardSpec]) -> None:
+        """How many guards read each source, as theirs or as a prefix of theirs. Each distinct
+        source passes its count to its base once, deepest first: walking every guard's
+        chain to its root repeated the shared prefixes of thousands of parameters."""
+        by_depth: dict[int, dict[str, AttrSource | ItemSource]] = {}
         for g in guards:
-            source = g.source
-            while source is not None:
-                self._uses[str(source)] += 1
-                source = source.base if isinstance(source, (AttrSource, ItemSource)) else None
+            if g.source is None:
+                continue
+            key = str(g.source)
+            self._uses[key] += 1
+            if isinstance(g.source, (AttrSource, ItemSource)):
+                by_depth.setdefault(source_depth(g.source), {})[key] = g.source
+        for depth in range(max(by_depth, default=0), 0, -1):
+            for key, source in by_depth.get(depth, {}).items():
+                base = source.base
+                base_key = str(base)
+                self._uses[base_key] += self._uses[key]
+                if isinstance(base, (AttrSource, ItemSource)):
+                    by_depth.setdefault(depth - 1, {})[base_key] = base
 
     def _global(self, name: str) -> str:
         globs = self.fn.__globals__

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import operator
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -72,7 +73,7 @@ def _reach_stored(m: torch.nn.Module, store: str, key: Any) -> tuple[str, Any] |
     return ("module" if store == "_modules" else "tensor"), value
 
 
-def reach(root: torch.nn.Module, steps: list[tuple[str, Any]]) -> tuple[str, Any] | None:
+def reach(root: torch.nn.Module, steps: Sequence[tuple[str, Any]]) -> tuple[str, Any] | None:
     """How the value at ``root.<steps>`` hangs off module state, and its value now.
 
     ``steps`` are ("attr", name) or ("item", key); an attribute naming one of the module's

@@ -29,11 +29,8 @@ def rank(kind: GuardKind) -> int:
 
 
 def source_depth(source: Source | None) -> int:
-    depth = 0
-    while isinstance(source, (AttrSource, ItemSource)):
-        depth += 1
-        source = source.base
-    return depth
+    """How many attributes and items ``source`` reads below its first other source."""
+    return source.depth if isinstance(source, (AttrSource, ItemSource)) else 0
 
 
 def _well_formed(kind: Kind, g: GuardSpec) -> bool:
@@ -46,13 +43,14 @@ def _implied(g: GuardSpec, by_source: dict[str, list[GuardSpec]]) -> bool:
     return kind_of(g.kind).implied(g, others)
 
 
-Steps = list[tuple[str, Any]]  # ("attr", name) or ("item", key), from a root downwards
+Steps = tuple[tuple[str, Any], ...]  # ("attr", name) or ("item", key), from a root downwards
 
 
 class _Trees:
     """The MODULE_TREE guards, shallowest first, found from a guard's source by the printed
     sources on its path: walking each guard's source up to each tree's root made the plan
-    quadratic (guards times trees); this walks each guard's path once."""
+    quadratic (guards times trees); this answers each distinct source once, from its base's
+    answer, so guards sharing a path share the walk."""
 
     def __init__(self, kept: list[GuardSpec]) -> None:
         self.trees = sorted(
@@ -62,40 +60,38 @@ class _Trees:
         self._by_root: dict[str, list[int]] = {}
         for i, t in enumerate(self.trees):
             self._by_root.setdefault(str(t.source), []).append(i)
-        # id(guard) -> above(guard), and (tree index, steps) -> reach(): the guards and
-        # modules outlive the plan, and module state does not change while it is made
-        self._above: dict[int, list[tuple[int, Steps]]] = {}
-        self._reached: dict[tuple[int, tuple[tuple[str, Any], ...]], tuple[str, Any] | None] = {}
+        # str(source) -> _above_source(source), and (tree index, steps) -> reach(): the
+        # guards and modules outlive the plan, and module state does not change while it is made
+        self._above: dict[str, list[tuple[int, Steps]]] = {}
+        self._reached: dict[tuple[int, Steps], tuple[str, Any] | None] = {}
 
     def above(self, g: GuardSpec) -> list[tuple[int, Steps]]:
         """(tree index, steps from that tree's root down to ``g``'s source) for every tree
         but ``g`` whose root ``g``'s source is, or is below through attributes and items,
         in tree order."""
-        found = self._above.get(id(g))
+        if g.source is None:
+            return []
+        return [(i, steps) for i, steps in self._above_source(g.source) if self.trees[i] is not g]
+
+    def _above_source(self, source: Source) -> list[tuple[int, Steps]]:
+        key = str(source)
+        found = self._above.get(key)
         if found is not None:
             return found
-        hits: list[tuple[int, int]] = []  # (tree index, links below its root)
-        links: Steps = []  # links[i]: the step into the source i links above g's
-        source = g.source
-        while source is not None:
-            for i in self._by_root.get(str(source), ()):
-                hits.append((i, len(links)))
-            if isinstance(source, AttrSource):
-                links.append(("attr", source.name))
-            elif isinstance(source, ItemSource):
-                links.append(("item", source.index))
-            else:
-                break
-            source = source.base
-        hits.sort()
-        found = [(i, links[n - 1 :: -1] if n else []) for i, n in hits if self.trees[i] is not g]
-        self._above[id(g)] = found
+        found = [(i, ()) for i in self._by_root.get(key, ())]
+        if isinstance(source, (AttrSource, ItemSource)):
+            link = (
+                ("attr", source.name) if isinstance(source, AttrSource) else ("item", source.index)
+            )
+            found += [(i, (*steps, link)) for i, steps in self._above_source(source.base)]
+            found.sort(key=lambda hit: hit[0])  # a tree's root is on the path at most once
+        self._above[key] = found
         return found
 
     def reach(self, i: int, steps: Steps) -> tuple[str, Any] | None:
         """:func:`module_tree.reach` from tree ``i``'s module, once per distinct path."""
         try:
-            key = (i, tuple(steps))
+            key = (i, steps)
             if key in self._reached:
                 return self._reached[key]
         except TypeError:  # an unhashable item key: no memo
@@ -112,7 +108,7 @@ def _tree_for(g: GuardSpec, trees: _Trees) -> tuple[GuardSpec, str] | None:
         if found is None or found[0] not in kind_of(g.kind).stamp_protects:
             continue
         try:
-            if explain.explain(g, found[1]) is None:
+            if explain.explain(g, found[1], where="") is None:  # only whether it holds
                 return trees.trees[tree], found[0]
         except Exception:
             continue
@@ -236,6 +232,11 @@ def _bind_module_prefixes(
     on every call. Sound because the tree's group then checks each such submodule's identity
     whenever the module stamp moved, and the check's answer is the AND of everything."""
     bound: dict[str, Any] = {}
+    identities: set[tuple[int, str]] = set()  # (id(tree), a source its group tests the identity of)
+    for tree in trees.trees:
+        for m in groups.get(id(tree), ()):
+            if m.kind in _IDENTITIES:
+                identities.add((id(tree), str(m.source)))
     for g in top:
         found = _deepest_module_prefix(g, trees)
         if found is None:
@@ -245,7 +246,9 @@ def _bind_module_prefixes(
         if key in bound:
             continue
         bound[key] = module
-        group = groups.setdefault(id(tree), [])
-        if not any(str(m.source) == key and m.kind in _IDENTITIES for m in group):
-            group.append(GuardSpec(prefix, GuardKind.MODULE_MATCH, id(module)))
+        if (id(tree), key) not in identities:
+            identities.add((id(tree), key))
+            groups.setdefault(id(tree), []).append(
+                GuardSpec(prefix, GuardKind.MODULE_MATCH, id(module))
+            )
     return bound
