@@ -93,6 +93,76 @@ def test_global_state_guard_and_dedupe():
     assert state.source is None and state.expected.grad_enabled == torch.is_grad_enabled()
 
 
+def test_dedupe_keys_constants_and_metadata_by_value_classes_and_modules_by_identity():
+    from kiln.capture.guard_data import GuardSpec, dedupe
+
+    x = LocalSource("x")
+
+    def named_a():
+        class A:
+            pass
+
+        return A
+
+    a1, a2 = named_a(), named_a()  # print alike, are different classes
+    m1, m2 = nn.Linear(2, 2), nn.Linear(2, 2)
+    guards = [
+        GuardSpec(x, GuardKind.TENSOR_MATCH, TensorMeta.of(torch.randn(2, 3))),
+        GuardSpec(x, GuardKind.TENSOR_MATCH, TensorMeta.of(torch.randn(2, 3))),
+        GuardSpec(x, GuardKind.TENSOR_MATCH, TensorMeta.of(torch.randn(3, 2))),
+        GuardSpec(x, GuardKind.EQUALS, 1),
+        GuardSpec(x, GuardKind.EQUALS, True),  # equal to 1, not the same guard
+        GuardSpec(x, GuardKind.EQUALS, 1.0),
+        GuardSpec(x, GuardKind.EQUALS, 1),
+        GuardSpec(x, GuardKind.EQUALS, float("nan")),
+        GuardSpec(x, GuardKind.EQUALS, float("nan")),  # prints alike: one guard
+        GuardSpec(x, GuardKind.TYPE_MATCH, a1),
+        GuardSpec(x, GuardKind.TYPE_MATCH, a2),
+        GuardSpec(x, GuardKind.TYPE_MATCH, a1),
+        GuardSpec(x, GuardKind.MODULE_TREE, m1),
+        GuardSpec(x, GuardKind.MODULE_TREE, m2),
+        GuardSpec(x, GuardKind.MODULE_TREE, m1),
+    ]
+    kept = dedupe(guards)
+    assert [next(i for i, h in enumerate(guards) if h is g) for g in kept] == [
+        0,
+        2,
+        3,
+        4,
+        5,
+        7,
+        9,
+        10,
+        12,
+        13,
+    ]
+
+
+def test_placeholders_stay_first_in_input_order():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.c = (nn.Linear(2, 2) for _ in range(3))
+
+        def forward(self, x):
+            return self.c(self.b(self.a(x).relu()).relu())
+
+    r = capture(
+        M().forward,
+        (torch.randn(1, 2),),
+        {},
+        compile_graph=lambda gm, ex: gm.forward,
+        wrap_callable=lambda f: f,
+    )
+    ops = [n.op for n in r.graphs[0].graph.nodes]
+    first_op = ops.index("call_function")
+    assert ops.count("placeholder") == 7 and "placeholder" not in ops[first_op:]
+    names = [n.name for n in r.graphs[0].graph.nodes if n.op == "placeholder"]
+    assert names[0] == "l_x" or "x" in names[0]
+    assert [n for n in names if "weight" in n or "bias" in n] == names[1:]
+    assert [n.split("_modules_")[1][0] for n in names[1:]] == ["a", "a", "b", "b", "c", "c"]
+
+
 def test_sources_resolve_against_the_frame():
     src = ItemSource(AttrSource(LocalSource("self"), "layers"), 0)
     assert str(src) == "L['self'].layers[0]"

@@ -238,15 +238,17 @@ def plain_object_attr(tr: Tracer, v: ObjectValue, name: str) -> Value:
                 return wrap(tr.out, table[name], module_state_source(v.source, store, name))
     if isinstance(obj, (types.ModuleType, type)):
         return _class_or_module_attr(tr, v, name, src)
+    in_dict = name in getattr(obj, "__dict__", {})
+    descriptor = class_static(type(obj), name, None)
+    if in_dict and not is_data_descriptor(descriptor):
+        # an instance attribute (``self.stride``, ``self.training``): found without
+        # ``inspect.getattr_static``'s walk of the class's bases
+        return wrap(tr.out, obj.__dict__[name], src)
     try:
         static = inspect.getattr_static(obj, name)
     except AttributeError:
         guard_not_shadowed(tr, v, name, MISSING)
         return _missing_attr(tr, v, name)
-    in_dict = name in getattr(obj, "__dict__", {})
-    descriptor = class_static(type(obj), name, None)
-    if in_dict and not is_data_descriptor(descriptor):
-        return wrap(tr.out, obj.__dict__[name], src)
     guard_not_shadowed(tr, v, name, descriptor)
     return class_attr(tr, v, type(obj), name, src, static)
 

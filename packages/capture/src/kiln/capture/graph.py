@@ -57,7 +57,7 @@ _IMMUTABLE_TYPE = 1 << 8
 def _tensor_meta(real: torch.Tensor, fake: torch.Tensor, real_type: type) -> TensorMeta:
     """What the graph assumes of ``real`` (an input of type ``real_type``): its metadata, less
     the sizes and strides that are symbols in ``fake`` (the SHAPE guard states those)."""
-    meta = dataclasses.replace(TensorMeta.of(real), type=real_type)
+    meta = TensorMeta.of(real, real_type)
     sizes = tuple(None if is_symbolic(n) else n for n in fake.shape)
     strides = tuple(None if is_symbolic(n) else n for n in fake.stride())
     if sizes == meta.sizes and strides == meta.strides:
@@ -160,6 +160,7 @@ class OutputGraph:
         self.eager_random = False
         self.steps = 0  # instructions run, for the capture-wide budget
         self._names: set[str] = set()
+        self._last_placeholder: fx.Node | None = None  # see _move_placeholders_first
         # which input sizes are symbols (kiln.capture.dynamic_dims), and their environment
         self.dynamic = dynamic_dims.current()
         self.shape_env: ShapeEnv | None = None
@@ -418,10 +419,18 @@ class OutputGraph:
 
     def _move_placeholders_first(self, node: fx.Node) -> None:
         """Keep placeholders ahead of ops, in input order (inputs appear mid-trace)."""
-        last_placeholder = None
-        for n in self.graph.nodes:
-            if n.op == "placeholder" and n is not node:
-                last_placeholder = n
+        last_placeholder = self._last_placeholder
+        if (  # the one this moved last, while it still is the last: no walk over the graph
+            last_placeholder is None
+            or last_placeholder._erased
+            or last_placeholder.graph is not self.graph
+            or (last_placeholder.next.op == "placeholder" and last_placeholder.next is not node)
+        ):
+            last_placeholder = None
+            for n in self.graph.nodes:
+                if n.op == "placeholder" and n is not node:
+                    last_placeholder = n
+        self._last_placeholder = node
         first = next(iter(self.graph.nodes))
         if last_placeholder is not None:
             last_placeholder.append(node)

@@ -7,6 +7,7 @@ list into a single check function. Keeping guards as plain data lets tests,
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import enum
 import types
@@ -106,9 +107,10 @@ class TensorMeta:
     dense_order: tuple[int, ...] | None = None
 
     @classmethod
-    def of(cls, t: torch.Tensor) -> TensorMeta:
+    def of(cls, t: torch.Tensor, as_type: builtins.type | None = None) -> TensorMeta:
+        """``t``'s metadata; ``as_type``: the type to record instead of ``type(t)``."""
         return cls(
-            type(t),
+            type(t) if as_type is None else as_type,
             t.dtype,
             t.device,
             t.requires_grad,
@@ -265,18 +267,33 @@ class GuardSpec:
         return f"{self.kind.value}({where}, {self.expected!r})"
 
 
+# types whose values compare equal exactly when they print alike: their guards' expected
+# values key the dedupe as they are, not through a repr (a TensorMeta's is long)
+_KEYED_BY_VALUE = frozenset({type(None), bool, int, str, bytes, TensorMeta})
+
+
+def _expected_key(expected: Any) -> Any:
+    kind = type(expected)
+    if kind in _KEYED_BY_VALUE:
+        return kind, expected
+    if kind is type:  # a class without a metaclass: by identity
+        return "class", expected
+    if isinstance(expected, torch.nn.Module):
+        return "module", id(expected)
+    return "repr", repr(expected)
+
+
 def dedupe(guards: list[GuardSpec]) -> list[GuardSpec]:
     """Drop repeated guards, keeping first-seen order.
 
-    ``expected`` values compare by their repr, except modules, by identity: a module prints
-    its whole tree (slow, and two modules may print alike).
+    ``expected`` values compare by value where equal values print alike (constants,
+    TensorMetas), by identity for classes and modules (a module prints its whole tree, slowly,
+    and two modules may print alike), and by their repr otherwise.
     """
-    seen: set[tuple[str, GuardKind, str]] = set()
+    seen: set[tuple[str, GuardKind, Any]] = set()
     out: list[GuardSpec] = []
     for g in guards:
-        module = isinstance(g.expected, torch.nn.Module)
-        expected = str(id(g.expected)) if module else repr(g.expected)
-        key = (str(g.source), g.kind, expected)
+        key = (str(g.source), g.kind, _expected_key(g.expected))
         if key not in seen:
             seen.add(key)
             out.append(g)
