@@ -186,6 +186,31 @@ def test_module_called_directly():
     torch.testing.assert_close(r.function(x), m(x))
 
 
+def test_a_module_subclass_call_override_is_traced():
+    """A submodule whose class (or a base between it and Module) overrides ``__call__`` runs
+    that override, not forward alone."""
+
+    class Doubled(nn.Linear):
+        def __call__(self, x):
+            return super().__call__(x) * 2
+
+    class Inherits(Doubled):
+        pass
+
+    class Outer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = Doubled(2, 2), Inherits(2, 2)
+
+        def forward(self, x):
+            return self.b(self.a(x))
+
+    m = Outer()
+    x = torch.randn(3, 2)
+    r = check(m, x)
+    torch.testing.assert_close(r.function(x), m.b.forward(m.a.forward(x) * 2) * 2)
+
+
 def test_attribute_store_is_replayed():
     class Recorder(nn.Module):
         def __init__(self):

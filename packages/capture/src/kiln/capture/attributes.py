@@ -200,9 +200,16 @@ def _function_attr(tr: Tracer, v: UserFunctionValue, name: str) -> Value:
     raise unsupported("unsupported_attribute", f"function.{name}")
 
 
+_OBJECT_GETATTRIBUTE: Any = object.__getattribute__
+
+
 @dispatch.GET_ATTR.register(ObjectValue)
 def _object_attr(tr: Tracer, v: ObjectValue, name: str) -> Value:
-    custom = class_static(type(v.obj), "__getattribute__", None)
+    cls = type(v.obj)
+    # object's own lookup (C's cached MRO lookup finds no override): no walk of the bases
+    if cls.__getattribute__ is _OBJECT_GETATTRIBUTE:
+        return plain_object_attr(tr, v, name)
+    custom = class_static(cls, "__getattribute__", None)
     if isinstance(custom, types.FunctionType):
         return dispatch.call(tr, function_value(custom, None), [v, ConstantValue(name)], {})
     return plain_object_attr(tr, v, name)

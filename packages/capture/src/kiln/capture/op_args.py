@@ -44,15 +44,20 @@ def leaves(tree: Any) -> list[Any]:
     return found
 
 
+def _is_leaf(x: Any) -> bool:
+    return type(x) in _LEAVES or isinstance(x, torch.Tensor)
+
+
 def _collect(tree: Any, found: list[Any]) -> None:
+    # leaves inside a container are taken where they stand, not through a call each
     kind = type(tree)
-    if kind is tuple or kind is list:
-        for item in tree:
-            _collect(item, found)
-    elif kind is dict:
-        for item in tree.values():
-            _collect(item, found)
-    elif kind in _LEAVES or isinstance(tree, torch.Tensor):
+    if kind is tuple or kind is list or kind is dict:
+        for item in tree.values() if kind is dict else tree:
+            if type(item) in _LEAVES or isinstance(item, torch.Tensor):
+                found.append(item)
+            else:
+                _collect(item, found)
+    elif _is_leaf(tree):
         found.append(tree)
     else:
         found.extend(pytree.tree_leaves(tree))
@@ -62,11 +67,11 @@ def map_leaves(fn: Callable[[Any], Any], tree: Any) -> Any:
     """``pytree.tree_map(fn, tree)``."""
     kind = type(tree)
     if kind is tuple:
-        return tuple([map_leaves(fn, item) for item in tree])
+        return tuple([fn(x) if _is_leaf(x) else map_leaves(fn, x) for x in tree])
     if kind is list:
-        return [map_leaves(fn, item) for item in tree]
+        return [fn(x) if _is_leaf(x) else map_leaves(fn, x) for x in tree]
     if kind is dict:
-        return {key: map_leaves(fn, item) for key, item in tree.items()}
-    if kind in _LEAVES or isinstance(tree, torch.Tensor):
+        return {k: fn(x) if _is_leaf(x) else map_leaves(fn, x) for k, x in tree.items()}
+    if _is_leaf(tree):
         return fn(tree)
     return pytree.tree_map(fn, tree)

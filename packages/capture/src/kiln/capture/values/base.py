@@ -46,8 +46,14 @@ CONSTANT_TYPES: tuple[type, ...] = (
 )
 
 
+# the constant types whose every instance is constant, by exact type: most answers, no walk
+_PLAIN_CONSTANTS = frozenset(CONSTANT_TYPES) - {torch.Size, slice}
+
+
 def is_constant(obj: Any) -> bool:
     """Whether ``obj`` is an immutable value capture may fold and bake into graphs."""
+    if type(obj) in _PLAIN_CONSTANTS:
+        return True
     if isinstance(obj, (tuple, frozenset)) and type(obj) in (tuple, frozenset):
         return all(is_constant(x) for x in obj)
     if isinstance(obj, slice):
