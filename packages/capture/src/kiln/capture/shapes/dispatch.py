@@ -91,6 +91,8 @@ def _has_unbacked(args: tuple[Any, ...]) -> bool:
 
 def has_symbolic_sizes(t: torch.Tensor) -> bool:
     """Whether any size or stride of ``t`` is a symbol."""
+    if not t._has_symbolic_sizes_strides:  # the tensor's own flag: every size a plain int
+        return False
     return any(isinstance(s, torch.SymInt) for s in (*t.shape, *t.stride()))
 
 

@@ -115,6 +115,8 @@ def _key(a: Any, envs: list[Any]) -> Any:
             or type(a) is not torch.Tensor
         ):
             raise _Unkeyable
+        if not a._has_symbolic_sizes_strides:  # every size, stride and offset a plain int
+            return (torch.Tensor, a.dtype, tuple(a.shape), a.stride(), a.storage_offset())
         return (
             torch.Tensor,
             a.dtype,
