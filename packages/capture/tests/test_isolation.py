@@ -62,21 +62,49 @@ def test_a_capture_runs_with_older_objects_spared() -> None:
     assert gc.get_freeze_count() == 0
 
 
-def test_a_process_that_froze_objects_or_disabled_the_collector_is_left_alone() -> None:
+def test_where_objects_were_frozen_full_collections_wait_until_the_compile_ends() -> None:
+    """Thawing after would thaw the process's own frozen objects: the compile defers full
+    collections instead (young ones still run), and puts the thresholds back after."""
     gc.freeze()
+    thresholds = gc.get_threshold()
     try:
         count = gc.get_freeze_count()
         # neither frozen more nor thawed (a frozen object that dies leaves the count, so the
         # count may only fall)
         with older_objects_spared():
             assert 0 < gc.get_freeze_count() <= count
+            raised = gc.get_threshold()
+            assert raised[:2] == thresholds[:2] and raised[2] > 1_000_000
+            with older_objects_spared():  # nested: one raise
+                assert gc.get_threshold() == raised
+            assert gc.get_threshold() == raised
+            collected = []
+            gc.callbacks.append(lambda phase, info: collected.append(info["generation"]))
+            try:
+                kept = []
+                for _ in range(200_000):  # enough for many young collections
+                    a: list[object] = []
+                    a.append(a)  # a cycle: only the collector frees it
+                    kept.append(_Made())
+            finally:
+                gc.callbacks.pop()
+            assert collected and 2 not in collected
+        assert gc.get_threshold() == thresholds
         assert 0 < gc.get_freeze_count() <= count
+        with older_objects_spared():  # the program sets its own thresholds meanwhile: kept
+            gc.set_threshold(500, 5, 5)
+        assert gc.get_threshold() == (500, 5, 5)
     finally:
+        gc.set_threshold(*thresholds)
         gc.unfreeze()
+
+
+def test_a_process_that_disabled_the_collector_is_left_alone() -> None:
+    thresholds = gc.get_threshold()
     gc.disable()
     try:
         with older_objects_spared():
-            assert gc.get_freeze_count() == 0
+            assert gc.get_freeze_count() == 0 and gc.get_threshold() == thresholds
     finally:
         gc.enable()
 

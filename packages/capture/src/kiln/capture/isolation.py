@@ -12,7 +12,11 @@ runs full collections during it, and each one traverses every object of the proc
 model, torch's modules, the user's data (0.4 s of a ResNet-18 warm start, a quarter of it).
 :func:`older_objects_spared` moves the objects that existed before into the collector's
 permanent generation (``gc.freeze``) while compiling, so collections traverse only what the
-compile made (its own garbage is still collected), and back into the oldest one after.
+compile made (its own garbage is still collected), and back into the oldest one after. Where
+objects were frozen already (CPython 3.12 starts with a few hundred frozen; a forking server
+freezes its heap), thawing after would thaw those too: there the compile raises the threshold
+of full collections instead, so the youngest generations are still collected and the full
+collections the process owes run after the compile, not over and over during it.
 """
 
 from __future__ import annotations
@@ -56,19 +60,27 @@ def no_user_hooks() -> Iterator[None]:
 _spared = [0]  # compiles inside older_objects_spared now, in every thread (and whether it froze)
 _spared_lock = threading.Lock()
 _froze = [False]
+# (the thresholds to put back, the ones set) where the compiles deferred full collections
+_deferred: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+# full collections wait for this many collections of the middle generation: none during a compile
+_FULL_DEFERRED = 1 << 30
 
 
 @contextlib.contextmanager
 def older_objects_spared() -> Iterator[None]:
     """Inside the block the garbage collector leaves alone the objects made before it (see the
-    module docstring); a process that froze objects itself (``gc.freeze``) or turned the
-    collector off is left as it is. Nested and concurrent blocks share one freeze, undone when
-    the last ends."""
+    module docstring); where objects were frozen already it runs no full collection instead,
+    and a process that turned the collector off is left as it is. Nested and concurrent
+    blocks share one freeze (or one raised threshold), undone when the last ends."""
     with _spared_lock:
         if _spared[0] == 0:
             _froze[0] = gc.isenabled() and gc.get_freeze_count() == 0
             if _froze[0]:
                 gc.freeze()
+            elif gc.isenabled():
+                before = gc.get_threshold()
+                gc.set_threshold(*before[:2], _FULL_DEFERRED, *before[3:])
+                _deferred.append((before, gc.get_threshold()))
         _spared[0] += 1
     try:
         yield
@@ -78,3 +90,7 @@ def older_objects_spared() -> Iterator[None]:
             if _spared[0] == 0 and _froze[0]:
                 _froze[0] = False
                 gc.unfreeze()
+            if _spared[0] == 0 and _deferred:
+                put_back, raised = _deferred.pop()
+                if gc.get_threshold() == raised:  # else the program set its own meanwhile
+                    gc.set_threshold(*put_back)
