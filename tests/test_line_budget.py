@@ -77,7 +77,13 @@ LINE_BUDGET = {
     # + 176 for 3.11's instructions decoded without dis's generators and quadratic jump-target
     # search, equal to dis.get_instructions (bytecode/disassemble.py; about half the cost)
     # + 7 for floor division's bounds where a side is unbounded (shapes/exprs.py)
-    "capture": 22646,
+    # + 20 for compiles deferring full collections where objects were frozen before, as
+    # CPython 3.12 starts (isolation.py)
+    # + about 65 for a warm capture's speed: instance attributes and unchanged __getattribute__
+    # and __call__ found without walking the bases, the last placeholder kept, dedupe keyed
+    # by value or identity, tensors without symbolic sizes told by their flag, source depths
+    # (attributes.py, descriptors.py, calls.py, graph.py, guard_data.py, shapes/, source.py)
+    "capture": 22732,
     # + about 200 for dynamic shapes: symbolic sizes and dense layouts in TENSOR_MATCH and
     # the SHAPE kind (kinds/shape.py)
     # + about 45 for checks' compiled code read from a store the frontend sets (check.py)
@@ -91,7 +97,9 @@ LINE_BUDGET = {
     # its tensors (stamps.py, plan.py, codegen.py)
     # + 69 for a tensor part's shortcut: the very tracked parameters that last passed take
     # their storage test alone and are not watched again (codegen.py, kinds/tensor.py)
-    "guards": 3199,
+    # + 19 for a plan and codegen linear in distinct sources: each source's trees found from
+    # its base's, readers counted once per source, bound names numbered on (plan.py, codegen.py)
+    "guards": 3218,
     # + about 300 for backwards compiled per set of outputs that got a gradient (prune.py)
     # and version checks of saved values only where eager's backward makes them
     # + about 60 for torch.func's ATen: in-place restrides of computed tensors, numbers handed

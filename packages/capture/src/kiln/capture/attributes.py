@@ -30,6 +30,7 @@ from kiln.capture.descriptors import (
     descriptor_get,
     guard_not_shadowed,
     is_data_descriptor,
+    own_getattribute,
     python_setter,
 )
 from kiln.capture.guard_data import GuardKind
@@ -200,16 +201,9 @@ def _function_attr(tr: Tracer, v: UserFunctionValue, name: str) -> Value:
     raise unsupported("unsupported_attribute", f"function.{name}")
 
 
-_OBJECT_GETATTRIBUTE: Any = object.__getattribute__
-
-
 @dispatch.GET_ATTR.register(ObjectValue)
 def _object_attr(tr: Tracer, v: ObjectValue, name: str) -> Value:
-    cls = type(v.obj)
-    # object's own lookup (C's cached MRO lookup finds no override): no walk of the bases
-    if cls.__getattribute__ is _OBJECT_GETATTRIBUTE:
-        return plain_object_attr(tr, v, name)
-    custom = class_static(cls, "__getattribute__", None)
+    custom = own_getattribute(type(v.obj))
     if isinstance(custom, types.FunctionType):
         return dispatch.call(tr, function_value(custom, None), [v, ConstantValue(name)], {})
     return plain_object_attr(tr, v, name)
@@ -247,9 +241,7 @@ def plain_object_attr(tr: Tracer, v: ObjectValue, name: str) -> Value:
         return _class_or_module_attr(tr, v, name, src)
     in_dict = name in getattr(obj, "__dict__", {})
     descriptor = class_static(type(obj), name, None)
-    if in_dict and not is_data_descriptor(descriptor):
-        # an instance attribute (``self.stride``, ``self.training``): found without
-        # ``inspect.getattr_static``'s walk of the class's bases
+    if in_dict and not is_data_descriptor(descriptor):  # before getattr_static's slower walk
         return wrap(tr.out, obj.__dict__[name], src)
     try:
         static = inspect.getattr_static(obj, name)

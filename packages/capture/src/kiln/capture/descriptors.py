@@ -32,6 +32,7 @@ __all__ = [
     "descriptor_get",
     "guard_not_shadowed",
     "is_data_descriptor",
+    "own_getattribute",
     "python_setter",
 ]
 
@@ -53,6 +54,17 @@ def class_lookup(cls: type, name: str) -> Any:
 
 _MRO = type.__dict__["__mro__"]  # what getattr_static reads: no metaclass's __mro__
 _TYPE_DICT = type.__dict__
+
+
+_OBJECT_GETATTRIBUTE: Any = object.__getattribute__
+
+
+def own_getattribute(cls: type) -> Any:
+    """``class_static(cls, "__getattribute__", None)``, or None at once where C's cached
+    lookup finds object's own (most classes: no walk of the bases)."""
+    if cls.__getattribute__ is _OBJECT_GETATTRIBUTE:
+        return None
+    return class_static(cls, "__getattribute__", None)
 
 
 def class_static(cls: type, name: str, default: Any = MISSING) -> Any:
