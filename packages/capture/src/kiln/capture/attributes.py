@@ -27,10 +27,10 @@ from kiln.capture.descriptors import (
     MISSING,
     class_lookup,
     class_static,
+    class_static_unless,
     descriptor_get,
     guard_not_shadowed,
     is_data_descriptor,
-    own_getattribute,
     python_setter,
 )
 from kiln.capture.guard_data import GuardKind
@@ -203,7 +203,7 @@ def _function_attr(tr: Tracer, v: UserFunctionValue, name: str) -> Value:
 
 @dispatch.GET_ATTR.register(ObjectValue)
 def _object_attr(tr: Tracer, v: ObjectValue, name: str) -> Value:
-    custom = own_getattribute(type(v.obj))
+    custom = class_static_unless(type(v.obj), "__getattribute__", object.__getattribute__, None)
     if isinstance(custom, types.FunctionType):
         return dispatch.call(tr, function_value(custom, None), [v, ConstantValue(name)], {})
     return plain_object_attr(tr, v, name)

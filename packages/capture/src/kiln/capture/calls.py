@@ -37,7 +37,7 @@ from kiln.capture import (
     torch_functions,
 )
 from kiln.capture.breaks.reasons import raised, unsupported
-from kiln.capture.descriptors import class_static
+from kiln.capture.descriptors import class_static, class_static_unless
 from kiln.capture.guard_data import CachedCall, GuardKind
 from kiln.capture.model_output import is_model_output
 from kiln.capture.values.base import ConstantValue, Value, is_constant
@@ -419,9 +419,7 @@ def call_module(tr: Tracer, mv: ObjectValue, args: list[Value], kwargs: dict[str
     mod = mv.obj
     if parallel_modules.wrapped_module(mod) is not None:  # its own Python runs; forward compiled
         raise unsupported("distributed_module", type(mod).__name__)
-    # Module's own ``__call__`` (C's cached MRO lookup finds no override): no walk of the bases
-    module_call = type(mod).__call__ is torch.nn.Module.__call__
-    custom_call = torch.nn.Module.__call__ if module_call else class_static(type(mod), "__call__")
+    custom_call = class_static_unless(type(mod), "__call__", torch.nn.Module.__call__)
     tr.out.guard_class_attr(type(mod), "__call__")
     if custom_call is not torch.nn.Module.__call__ and isinstance(custom_call, types.FunctionType):
         return dispatch.call(tr, function_value(custom_call, None), [mv, *args], kwargs)

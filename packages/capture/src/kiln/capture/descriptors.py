@@ -29,10 +29,10 @@ __all__ = [
     "MISSING",
     "class_lookup",
     "class_static",
+    "class_static_unless",
     "descriptor_get",
     "guard_not_shadowed",
     "is_data_descriptor",
-    "own_getattribute",
     "python_setter",
 ]
 
@@ -56,15 +56,14 @@ _MRO = type.__dict__["__mro__"]  # what getattr_static reads: no metaclass's __m
 _TYPE_DICT = type.__dict__
 
 
-_OBJECT_GETATTRIBUTE: Any = object.__getattribute__
-
-
-def own_getattribute(cls: type) -> Any:
-    """``class_static(cls, "__getattribute__", None)``, or None at once where C's cached
-    lookup finds object's own (most classes: no walk of the bases)."""
-    if cls.__getattribute__ is _OBJECT_GETATTRIBUTE:
-        return None
-    return class_static(cls, "__getattribute__", None)
+def class_static_unless(cls: type, name: str, inherited: Any, default: Any = MISSING) -> Any:
+    """``class_static(cls, name, default)``, answered at once where C's cached lookup of
+    ``cls.name`` finds ``inherited`` (a function or slot wrapper, which a class lookup gives as
+    itself): most classes keep object's ``__getattribute__`` and Module's ``__call__``, and
+    then no walk of the bases is needed."""
+    if getattr(cls, name, MISSING) is inherited:
+        return inherited
+    return class_static(cls, name, default)
 
 
 def class_static(cls: type, name: str, default: Any = MISSING) -> Any:

@@ -99,8 +99,19 @@ class ClosureSource(Source):
         return cells[self.name].cell_contents
 
 
+class _Link:
+    """What ``AttrSource`` and ``ItemSource`` share: one step below their ``base``."""
+
+    base: Source
+
+    @functools.cached_property
+    def depth(self) -> int:
+        """How many attributes and items this chain reads below its first other source."""
+        return self.base.depth + 1 if isinstance(self.base, _Link) else 1
+
+
 @dataclasses.dataclass(frozen=True)
-class AttrSource(Source):
+class AttrSource(_Link, Source):
     """``base.name``."""
 
     base: Source
@@ -113,11 +124,6 @@ class AttrSource(Source):
     def _text(self) -> str:  # guards print a chain's prefixes many times: once each
         return f"{self.base}.{self.name}"
 
-    @functools.cached_property
-    def depth(self) -> int:
-        """How many attributes and items this chain reads below its first other source."""
-        return self.base.depth + 1 if isinstance(self.base, (AttrSource, ItemSource)) else 1
-
     def resolve(
         self, f_locals: dict[str, Any], f_globals: dict[str, Any], cells: dict[str, Any]
     ) -> Any:
@@ -125,7 +131,7 @@ class AttrSource(Source):
 
 
 @dataclasses.dataclass(frozen=True)
-class ItemSource(Source):
+class ItemSource(_Link, Source):
     """``base[index]`` for a constant index (int, str, or other hashable)."""
 
     base: Source
@@ -137,11 +143,6 @@ class ItemSource(Source):
     @functools.cached_property
     def _text(self) -> str:  # guards print a chain's prefixes many times: once each
         return f"{self.base}[{self.index!r}]"
-
-    @functools.cached_property
-    def depth(self) -> int:
-        """How many attributes and items this chain reads below its first other source."""
-        return self.base.depth + 1 if isinstance(self.base, (AttrSource, ItemSource)) else 1
 
     def resolve(
         self, f_locals: dict[str, Any], f_globals: dict[str, Any], cells: dict[str, Any]
