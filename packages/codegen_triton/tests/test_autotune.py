@@ -2,6 +2,8 @@
 
 import dataclasses
 
+import torch
+
 from kiln.codegen_triton.autotune import Autotuner, Config, candidate_configs, next_power_of_2
 from kiln.codegen_triton.kernel import KernelSource
 
@@ -69,3 +71,21 @@ def test_damaged_or_foreign_autotune_record_is_ignored(tmp_path):
     for text in ('{"block": 12', '{"unknown_field": 1}', "[1, 2]", ""):
         record.write_text(text)
         assert Autotuner("source", cfgs, tmp_path, []).load_cached() is None
+
+
+def test_benchmark_scratch_outputs_keep_their_layout(tmp_path, monkeypatch):
+    """A written tensor with gaps (a graph output ``h[:, 0]``) is benchmarked through a scratch
+    copy laid out as it is: a contiguous clone would be smaller than the kernel's indexing."""
+    from kiln.codegen_triton import autotune
+
+    monkeypatch.setattr(autotune, "bench_ms", lambda fn: fn() or 1.0)
+    out = torch.full((4, 16, 8), 3.0)[:, 0]
+    inp = torch.ones(4, 8)
+    seen = []
+    tuner = Autotuner("source", [Config(64), Config(128)], tmp_path, [0])
+    tuner._benchmark(lambda cfg, args: seen.append(args), [out, inp])
+    scratch, read = seen[0]
+    assert read is inp and scratch.data_ptr() != out.data_ptr()
+    assert scratch.stride() == out.stride() == (128, 1)
+    assert scratch.untyped_storage().nbytes() >= (3 * 128 + 8) * 4
+    assert torch.equal(scratch, out)

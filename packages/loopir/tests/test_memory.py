@@ -2,10 +2,13 @@
 
 import re
 
+import pytest
+
 import torch
 from loopir_testing import check
 
 from kiln.loopir.memory import plan_memory
+from kiln.loopir.wrapper import clone_strided
 
 aten = torch.ops.aten
 
@@ -66,3 +69,24 @@ def test_inputs_are_let_go_after_their_last_use_unless_returned():
     assert "y" in dropped
     assert not {"x", "z"} & dropped
     assert compiled.call_boxed([torch.eye(8), torch.eye(8), torch.ones(8)])[1].sum() == 8
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.randn(4, 16, 8)[:, 0],  # gaps
+        lambda: torch.randn(8, 1).expand(8, 5),  # overlap
+        lambda: torch.randn(30)[7:19].view(3, 4).t(),  # offset, transposed
+        lambda: torch.randn(4, 0, 3),  # empty
+        lambda: torch.randn(3, 5),  # dense
+    ],
+    ids=["gaps", "overlap", "offset", "empty", "dense"],
+)
+def test_clone_strided_copies_the_layout(make):
+    t = make()
+    c = clone_strided(t)
+    assert c.shape == t.shape and c.stride() == t.stride() and torch.equal(c, t)
+    assert t.numel() == 0 or c.untyped_storage().data_ptr() != t.untyped_storage().data_ptr()
+    if t.numel():  # a kernel indexing c with t's strides stays inside c's storage
+        span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
+        assert c.storage_offset() + span <= c.untyped_storage().nbytes() // c.element_size()

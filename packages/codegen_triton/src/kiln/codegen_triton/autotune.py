@@ -28,6 +28,7 @@ from kiln.codegen_triton.tiling import MAX_GRID_Y
 from kiln.codegen_triton.timing import bench_ms
 from kiln.loopir import serialize
 from kiln.loopir.disk_cache import atomic_write, private_dir
+from kiln.loopir.wrapper import clone_strided
 
 __all__ = ["Config", "candidate_configs", "Autotuner", "next_power_of_2", "used_records"]
 
@@ -212,7 +213,7 @@ class Autotuner:
     ) -> Config:
         scratch = list(args)
         for i in self.written:
-            scratch[i] = args[i].clone()
+            scratch[i] = clone_strided(args[i])
         timings = {}
         for cfg in self.configs:
             try:

@@ -29,7 +29,7 @@ from kiln.capture import counters
 from kiln.loopir import symbolic
 from kiln.loopir.kernel import SEEDS
 from kiln.loopir.scheduler.order import ExternStep, KernelStep
-from kiln.loopir.wrapper import current_region
+from kiln.loopir.wrapper import clone_strided, current_region
 
 __all__ = ["GRAPHS_KEPT", "SYNCING_OPS", "unsafe_reason", "CudaGraphRunner", "cudagraphify"]
 
@@ -109,7 +109,9 @@ class CudaGraphRunner:
 
     def _record(self, inputs: Sequence[torch.Tensor]) -> None:
         kept = [_in_place(t) for t in inputs]
-        self.static_inputs = [t if k else t.clone() for t, k in zip(inputs, kept, strict=True)]
+        self.static_inputs = [
+            t if k else clone_strided(t) for t, k in zip(inputs, kept, strict=True)
+        ]
         self._copied = [i for i, k in enumerate(kept) if not k]
         self._kept = [i for i, k in enumerate(kept) if k]
         stream = torch.cuda.Stream()

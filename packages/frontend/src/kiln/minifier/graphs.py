@@ -16,7 +16,9 @@ from typing import Any
 import torch
 from torch import fx
 
-__all__ = ["compute_nodes", "minify", "node_values", "normalize", "rebuild"]
+from kiln.loopir.wrapper import clone_strided
+
+__all__ = ["clone_inputs", "compute_nodes", "minify", "node_values", "normalize", "rebuild"]
 
 log = logging.getLogger("kiln.frontend.minifier")
 
@@ -61,12 +63,14 @@ def node_values(gm: fx.GraphModule, inputs: Sequence[Any]) -> dict[str, Any]:
             return result
 
     with torch.no_grad():
-        Recorder(gm).run(*_cloned(inputs))
+        Recorder(gm).run(*clone_inputs(inputs))
     return values
 
 
-def _cloned(inputs: Sequence[Any]) -> list[Any]:
-    return [t.clone() if isinstance(t, torch.Tensor) else t for t in inputs]
+def clone_inputs(inputs: Sequence[Any]) -> list[Any]:
+    """Copies of the tensor inputs, each laid out as its original (a compiled graph's kernels
+    index them with the original's strides)."""
+    return [clone_strided(t) if isinstance(t, torch.Tensor) else t for t in inputs]
 
 
 def rebuild(

@@ -24,6 +24,7 @@ from torch.utils import _pytree as pytree
 
 from kiln import autograd_aot, loopir
 from kiln.backends import lookup_backend
+from kiln.minifier.graphs import clone_inputs
 
 __all__ = ["LEVELS", "STAGES", "Target", "TensorSpec", "fails", "graph_module", "main", "resolve"]
 
@@ -88,10 +89,6 @@ def _backend(ref: str) -> Callable[..., Any]:
     return lookup_backend(ref)
 
 
-def _cloned(inputs: Sequence[Any]) -> list[Any]:
-    return [t.clone() if isinstance(t, torch.Tensor) else t for t in inputs]
-
-
 def _run(target: Target, gm: fx.GraphModule, inputs: Sequence[Any]) -> tuple[Any, Any]:
     """The stage's output on ``inputs`` and the graph's eager output (None unless accuracy)."""
     with torch.no_grad():
@@ -99,12 +96,12 @@ def _run(target: Target, gm: fx.GraphModule, inputs: Sequence[Any]) -> tuple[Any
             aten = autograd_aot.trace_aten(gm, list(inputs), {})
             fakes = [n.meta["val"] for n in aten.graph.nodes if n.op == "placeholder"]
             reference = loopir.ReferenceBackend() if target.backend == "reference" else None
-            expected = aten(*_cloned(inputs)) if target.level == "accuracy" else None
+            expected = aten(*clone_inputs(inputs)) if target.level == "accuracy" else None
             compiled = loopir.compile_graph(aten, fakes, backend=reference)
-            return compiled(*_cloned(inputs)), expected
-        expected = copy.deepcopy(gm)(*_cloned(inputs)) if target.level == "accuracy" else None
-        compiled = _backend(target.backend)(copy.deepcopy(gm), _cloned(inputs))
-        return compiled(*_cloned(inputs)), expected
+            return compiled(*clone_inputs(inputs)), expected
+        expected = copy.deepcopy(gm)(*clone_inputs(inputs)) if target.level == "accuracy" else None
+        compiled = _backend(target.backend)(copy.deepcopy(gm), clone_inputs(inputs))
+        return compiled(*clone_inputs(inputs)), expected
 
 
 def mismatch(actual: Any, expected: Any) -> str | None:

@@ -29,6 +29,7 @@ from kiln.loopir.ir.loops import Pointwise, Reduction, Scatter
 from kiln.loopir.kernel import KernelGroup, KernelNode
 from kiln.loopir.pipeline import CompiledGraph, compile_graph
 from kiln.loopir.reference import ReferenceBackend
+from kiln.loopir.wrapper import clone_strided
 
 __all__ = [
     "CPU",
@@ -101,7 +102,7 @@ def compile_fn(
 
 
 def _clones(inputs: Sequence[Any]) -> list[Any]:
-    return [t.clone() if isinstance(t, torch.Tensor) else t for t in inputs]
+    return [clone_strided(t) if isinstance(t, torch.Tensor) else t for t in inputs]
 
 
 def check(
@@ -277,7 +278,7 @@ def outputs_for(
 ) -> list[torch.Tensor]:
     """Fresh output tensors in the group's layouts, filled with ``fill`` (booleans with
     False), so a kernel that skips an element shows; mutated ones cloned from ``initial``."""
-    outs = [t.clone() for t in initial]
+    outs = [clone_strided(t) for t in initial]
     for name in g.outputs[len(initial) :]:
         lay = g.buffers[name]
         size = [sizes.evaluate_int(s) for s in lay.size]

@@ -43,6 +43,7 @@ from kiln.loopir.symbolic import SizeBinding
 __all__ = [
     "WrapperCode",
     "base_globals",
+    "clone_strided",
     "current_region",
     "generate_wrapper",
     "load_wrapper",
@@ -151,6 +152,22 @@ def _binding(op: Any, kwargs: Iterable[str]) -> Any:
         if required <= names:
             return op
     return fn
+
+
+def clone_strided(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` laid out exactly as ``t`` is: same sizes, strides and overlaps.
+
+    A compiled kernel indexes its tensors with the strides it was generated for. ``clone``
+    keeps strides only for dense tensors: a view with gaps (``x[:, 0]`` of a 3-d tensor)
+    comes back contiguous and smaller, so a kernel given the clone in the original's place
+    (an autotuning scratch output, a CUDA graph's static input) would read and write past
+    its end. This copies the whole span of storage ``t`` reaches instead.
+    """
+    if t.numel() == 0:
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+    span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
+    flat = t.as_strided((span,), (1,), t.storage_offset()).clone()
+    return flat.as_strided(t.shape, t.stride())
 
 
 _copies_warned: set[tuple[str, tuple[int, ...], tuple[int, ...]]] = set()
