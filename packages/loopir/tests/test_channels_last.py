@@ -32,6 +32,27 @@ def conv_net_features(x, w1, w2, scale, lin):
     return (aten.relu.default(y),)
 
 
+def deep_features(x, w1, w2, scale, lin):
+    """Three convolutions returning the last feature map only (an encoder's last hidden
+    state): one copy of it to NCHW moves less than cuDNN's transposes around each one."""
+    y = aten.relu.default(
+        aten.convolution.default(x, w1, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    )
+    for _ in range(2):
+        y = aten.relu.default(
+            aten.convolution.default(y, w2, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+        )
+    return (y,)
+
+
+def saved_activations(x, w1, w2, scale, lin):
+    """A training forward's shape: every convolution's input and output returned NCHW."""
+    y = aten.convolution.default(x, w1, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    r = aten.relu.default(y)
+    z = aten.convolution.default(r, w2, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    return (y, r, z, aten.relu.default(z))
+
+
 def grouped_conv_net(x, w1, w2, scale, lin):
     """A depthwise-separable block (MobileNet's): a grouped convolution, then a dense 1x1."""
     y = aten.convolution.default(x, w1, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
@@ -57,8 +78,18 @@ def _inputs():
         (grouped_conv_net, CPU, torch.backends.mkldnn.is_available()),
         (conv_net_features, CUDA, False),
         (conv_net_features, CPU, False),
+        (deep_features, CUDA, True),
+        (saved_activations, CUDA, False),
     ],
-    ids=["cuda", "cpu", "cpu-grouped", "nchw-output", "nchw-output-cpu"],
+    ids=[
+        "cuda",
+        "cpu",
+        "cpu-grouped",
+        "nchw-output",
+        "nchw-output-cpu",
+        "deep-nchw-output",
+        "saved-activations",
+    ],  # fmt: skip
 )
 def test_which_graphs_prefer_channels_last(fn, device, want):
     assert prefers_channels_last(aten_graph(fn, *_inputs()), device) is want
@@ -332,3 +363,12 @@ def test_values_eager_lays_out_nhwc_are_stored_nchw_in_an_nchw_graph(nhwc_input)
     contiguous = [tuple(int(v) for v in b.stride) == (c * 30, 30, 5, 1) for b in nchw]
     assert all(contiguous) if not nhwc_input else not any(contiguous)
     assert "extern_copies" not in counters.snapshot()
+
+
+def test_an_nchw_output_of_an_nhwc_graph_comes_back_nchw():
+    """The returned feature map has eager's NCHW strides: its last pointwise kernel writes
+    it so, reading the NHWC convolution output, with no copy."""
+    compiled = _forced(deep_features, _inputs())
+    (out,) = compiled(*_inputs())
+    assert out.is_contiguous()
+    assert "output_copies" not in counters.snapshot()

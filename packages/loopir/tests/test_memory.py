@@ -3,7 +3,6 @@
 import re
 
 import pytest
-
 import torch
 from loopir_testing import check
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch.utils import _pytree as pytree
 
+from kiln.loopir import sizes, symbolic
+from kiln.loopir.errors import StaticShapesOnly
 from kiln.loopir.lowering.fallback import is_convolution, is_packed_convolution, packet_name
 
 __all__ = ["prefers_channels_last"]
@@ -20,8 +22,11 @@ def prefers_channels_last(gm: torch.fx.GraphModule, device: torch.device) -> boo
 
     cuDNN runs convolutions in NHWC: fed NCHW it transposes every input and output,
     a sizeable part of a convolution net's step. So on CUDA a graph with 2-D convolutions
-    lays its new 4-D buffers out channels-last, unless a 4-D graph output must come
-    back NCHW (a training forward's saved activations), which would cost a copy each.
+    lays its new 4-D buffers out channels-last, unless the 4-D graph outputs that must come
+    back NCHW, copied once each, hold at least as many bytes as those transposes would move:
+    a network returning its last feature map (an encoder's ``last_hidden_state``) copies that
+    one map, where a training forward, whose saved activations are most of its buffers, would
+    copy more than NHWC saves. A graph input a convolution reads is transposed either way.
     On CPU, oneDNN's NHWC grouped (depthwise) convolutions are much faster than its
     NCHW ones, but its dense ones are not, and NHWC slows the permutes around matrix
     products: a CPU graph goes channels-last only if it has a grouped convolution and
@@ -46,12 +51,23 @@ def prefers_channels_last(gm: torch.fx.GraphModule, device: torch.device) -> boo
     returned = pytree.tree_leaves(
         torch.fx.map_arg(outputs[0].args[0], lambda n: n.meta.get("val")) if outputs else []
     )
-    return not any(
-        isinstance(t, torch.Tensor)
+    copied = [
+        t
+        for t in returned
+        if isinstance(t, torch.Tensor)
         and t.dim() == 4
         and not t.is_contiguous(memory_format=torch.channels_last)
-        for t in returned
-    )
+    ]
+    if not copied:
+        return True
+    transposed = [n.meta.get("val") for n in convs]
+    transposed += [
+        n.args[0].meta.get("val")
+        for n in convs
+        if isinstance(n.args[0], torch.fx.Node) and n.args[0].op != "placeholder"
+    ]
+    cost, saved = _bytes(copied), _bytes(transposed)
+    return cost is not None and saved is not None and cost < saved
 
 
 _MATRIX_PRODUCTS = frozenset({"mm", "addmm", "bmm", "baddbmm", "matmul", "linear"})
@@ -65,6 +81,19 @@ def _cpu_prefers_nhwc(nodes: list[torch.fx.Node], convs: list[torch.fx.Node]) ->
     )
     products = [n for n in nodes if packet_name(n.target) in _MATRIX_PRODUCTS]
     return grouped and len(convs) >= len(products)
+
+
+def _bytes(values: list[object]) -> int | None:
+    """Bytes the tensors among ``values`` hold (sizes at their hints); None where unknown."""
+    total = 0
+    for t in values:
+        if not isinstance(t, torch.Tensor):
+            continue
+        try:
+            total += symbolic.hint(sizes.sympify(t.numel())) * t.element_size()
+        except StaticShapesOnly:
+            return None
+    return total
 
 
 def _dim(node: torch.fx.Node) -> int:
