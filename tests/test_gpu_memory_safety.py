@@ -23,7 +23,6 @@ import torch
 
 import kiln
 
-
 CUDA = pytest.param(
     "cuda",
     "kiln",
