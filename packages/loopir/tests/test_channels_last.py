@@ -372,3 +372,33 @@ def test_an_nchw_output_of_an_nhwc_graph_comes_back_nchw():
     (out,) = compiled(*_inputs())
     assert out.is_contiguous()
     assert "output_copies" not in counters.snapshot()
+
+
+def nhwc_chain(x, w1, w2):
+    """A convolution of an NHWC input (it answers NHWC), GELU, then another convolution: an
+    MBConv block after a LayerNorm over a permutation, in a graph kept NCHW."""
+    y = aten.convolution.default(x, w1, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    z = aten.convolution.default(
+        aten.gelu.default(y), w2, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1
+    )
+    return (aten.mean.dim(z, [2, 3]),)
+
+
+def test_a_convolution_input_is_stored_in_the_order_it_reads_its_source():
+    """The GELU between the two convolutions is stored NHWC, as its source is, not NCHW by a
+    transposing gather."""
+    x = torch.randn(2, 4, 6, 5).contiguous(memory_format=torch.channels_last)
+    inputs = (x, torch.randn(8, 4, 3, 3), torch.randn(8, 8, 3, 3))
+    gm = aten_graph(nhwc_chain, *inputs)
+    compiled = compile_graph(
+        gm, [to_meta(t) for t in inputs], backend=suite_backend(), channels_last=False
+    )
+    torch.testing.assert_close(compiled(*inputs), nhwc_chain(*inputs), atol=1e-4, rtol=1e-4)
+    (gelu,) = [
+        s.group.buffers[n]
+        for s in compiled.steps
+        if hasattr(s, "group")
+        for n in s.group.outputs
+        if len(s.group.buffers[n].size) == 4
+    ]
+    assert tuple(int(v) for v in gelu.stride) == (6 * 5 * 8, 1, 5 * 8, 8)

@@ -129,6 +129,8 @@ class GraphLowering:
         self.current_op: Any = None
         self.current_node: torch.fx.Node | None = None  # being lowered: who reads its result
         self.layout_hints: dict[int, Any] = {}
+        self.returned_args: set[int] = set()
+        """``id`` of each argument of the node being lowered that the graph also returns."""
         self.size_bindings: dict[sympy.Symbol, symbolic.SizeBinding] = {}
         """Where the wrapper reads each size symbol of a graph with symbolic sizes."""
         self.size_hints: dict[sympy.Symbol, int | float] = {}
@@ -257,6 +259,11 @@ class GraphLowering:
                     args, kwargs = torch.fx.map_arg((node.args, node.kwargs), env.__getitem__)
                     self.layout_hints = {
                         id(env[n]): stored_hint(n.meta.get("val")) for n in node.all_input_nodes
+                    }
+                    self.returned_args = {
+                        id(env[n])
+                        for n in node.all_input_nodes
+                        if any(user.op == "output" for user in n.users)
                     }
                     before = len(self.buffers)
                     env[node] = self._call(node, args, kwargs)

@@ -33,7 +33,8 @@ from kiln.capture import counters
 from kiln.loopir import sizes, symbolic
 from kiln.loopir.errors import StaticShapesOnly, Unlowerable
 from kiln.loopir.ir.buffers import Buffer, ExternBuffer, MultiOutput
-from kiln.loopir.ir.layout import Layout
+from kiln.loopir.ir.layout import Layout, ordered_layout
+from kiln.loopir.ir.loops import Pointwise
 from kiln.loopir.ir.strided import copy_like, realize_as_tensor, realize_like
 from kiln.loopir.ir.views import ReinterpretView, StorageBox, TensorBox
 from kiln.loopir.lowering.pooling import depthwise_convolution
@@ -275,6 +276,30 @@ def _nhwc_activations(op: Any, args: Sequence[Any]) -> tuple[int, ...]:
     return (0, 1) if V.graph.backend_traits(weight.get_device()).depthwise_nhwc else ()
 
 
+def _realize_in_read_order(x: Any) -> None:
+    """Store ``x``, a convolution's input not stored yet, in the dim order it reads its
+    source (NHWC after a convolution that answered NHWC), where that is not NCHW.
+
+    In an NCHW graph a convolution still answers NHWC when its input is NHWC (a LayerNorm
+    over a permutation, as in vitamin's and MBConv's blocks). The activation computed from
+    that result and read by the next convolution was stored NCHW, a transposing gather over
+    the whole tensor, and sent the next (often depthwise) convolution down its slower NCHW
+    path. Stored in its source's order, it is a plain walk and the next convolution answers
+    NHWC too. A value the graph returns keeps eager's strides instead.
+    """
+    if not isinstance(x, TensorBox) or id(x) in V.graph.returned_args:
+        return
+    box = x.data
+    if not (isinstance(box, StorageBox) and isinstance(box.data, Pointwise)):
+        return
+    order = box.read_order()
+    if order is None or order == sorted(order):
+        return
+    loops = box.data
+    layout = ordered_layout(loops.get_device(), loops.get_dtype(), loops.get_size(), order)
+    box.realize(layout.stride)
+
+
 def _nhwc_meta(x: Any) -> torch.Tensor | None:
     """A channels-last meta tensor shaped like ``x``, a 4-D IR value (else None)."""
     if not isinstance(x, TensorBox) or len(x.get_size()) != 4:
@@ -342,6 +367,8 @@ def extern_call(op: Any, args: Any, kwargs: Any, *, is_fallback: bool) -> Any:
     nhwc = _nhwc_activations(op, args)
     for i in nhwc:  # a value not stored yet is stored NHWC right away
         realize_like(args[i], _nhwc_meta(args[i]))
+    if is_convolution(op) and not V.graph.channels_last:
+        _realize_in_read_order(args[0])
     rargs, rkwargs = pytree.tree_map(realize, (tuple(args), dict(kwargs)))
     rargs = tuple(_copied_nhwc(a) if i in nhwc else a for i, a in enumerate(rargs))
     meta = _planned_outputs(op, rargs, rkwargs, traced)
