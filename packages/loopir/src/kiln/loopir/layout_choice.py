@@ -7,6 +7,8 @@ lays its new 4-D buffers out by it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch.utils import _pytree as pytree
 
@@ -83,7 +85,7 @@ def _cpu_prefers_nhwc(nodes: list[torch.fx.Node], convs: list[torch.fx.Node]) ->
     return grouped and len(convs) >= len(products)
 
 
-def _bytes(values: list[object]) -> int | None:
+def _bytes(values: Sequence[object]) -> int | None:
     """Bytes the tensors among ``values`` hold (sizes at their hints); None where unknown."""
     total = 0
     for t in values:
