@@ -166,13 +166,20 @@ LINE_BUDGET = {
     # (lowering/pooling.py, lowering/fallback.py, traits.py)
     # + 42 for costly broadcast values stored before the loop that reads them where the
     # backend asks (lowering/common.py, ir/views.py, traits.py)
-    "loopir": 11939,
+    # + 16 for copies of strided tensors laid out as the original, for autotuning scratch,
+    # CUDA graphs' static inputs and the minifier (wrapper.py clone_strided, testing.py)
+    # + 35 for the layout choice weighing the bytes of NCHW outputs against the transposes
+    # around convolutions (layout_choice.py)
+    # + 34 for a convolution's input stored in the order it reads its source in NCHW graphs
+    # (lowering/fallback.py, graph.py)
+    "loopir": 12024,
     # + about 250 for symbolic sizes: size arguments, per-call grids and sizes, autotuning
     # per size bucket (symbolic_sizes.py, symbolic_launch.py), CUDA graphs per size set
     # + about 150 for what a saved cache file carries of a GPU run: Triton's binaries and
     # launchers of Kiln's kernels and the autotuning records used (bundle.py, autotune.py,
     # module_cache.py)
-    "codegen_triton": 3300,
+    # + 2 for CUDA graphs' static inputs copied with their strides (cudagraphs.py)
+    "codegen_triton": 3302,
     # + about 80 for the compiler's answers to its probes kept on disk under a stamp of the
     # compiler file, the target and the CPU, which the whole-graph cache keys on too (build.py)
     "codegen_cpp": 3242,
@@ -204,7 +211,8 @@ LINE_BUDGET = {
     # the collector runs (api.py)
     # + 30 for cache files' Triton members: named one folder deep, written through
     # kiln.codegen_triton.bundle, skipped where Triton is absent (graph_cache.py)
-    "frontend": 4308,
+    # + 1 for the minifier's input copies laid out as the originals (minifier/graphs.py)
+    "frontend": 4309,
 }
 
 # Modules allowed over MAX_MODULE_LINES for now, each with a comment saying why and what will
