@@ -242,6 +242,7 @@ class GraphLowering:
     def run(self) -> None:
         env: dict[torch.fx.Node, Any] = {}
         placeholders = iter(self.example_inputs)
+        returned = {n for out in self.gm.graph.find_nodes(op="output") for n in out.all_input_nodes}
         with V.set_graph(self):
             for node in self.gm.graph.nodes:
                 if node.op == "placeholder":
@@ -260,11 +261,7 @@ class GraphLowering:
                     self.layout_hints = {
                         id(env[n]): stored_hint(n.meta.get("val")) for n in node.all_input_nodes
                     }
-                    self.returned_args = {
-                        id(env[n])
-                        for n in node.all_input_nodes
-                        if any(user.op == "output" for user in n.users)
-                    }
+                    self.returned_args = {id(env[n]) for n in node.all_input_nodes if n in returned}
                     before = len(self.buffers)
                     env[node] = self._call(node, args, kwargs)
                     if symbolic.unbacked_in(node.meta.get("val")):
