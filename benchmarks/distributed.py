@@ -37,6 +37,7 @@ import gc
 import json
 import os
 import re
+import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -236,6 +237,26 @@ def _profile(
     return {"comm_ms_per_step": total / 1e3 / steps, "comm_hidden": hidden}
 
 
+@contextlib.contextmanager
+def _collections_timed() -> Iterator[list[float]]:
+    """Seconds the garbage collector ran inside the block (``[total]``, filled in as it runs):
+    a compiler whose objects make the collector slower pays for it in every step."""
+    total = [0.0]
+    began = [0.0]
+
+    def note(phase: str, _info: dict[str, int]) -> None:
+        if phase == "start":
+            began[0] = time.perf_counter()
+        else:
+            total[0] += time.perf_counter() - began[0]
+
+    gc.callbacks.append(note)
+    try:
+        yield total
+    finally:
+        gc.callbacks.remove(note)
+
+
 def _measure(setup: str, compiler: str, args: argparse.Namespace, device: torch.device) -> Any:
     _reset(compiler)
     gc.collect()
@@ -250,19 +271,30 @@ def _measure(setup: str, compiler: str, args: argparse.Namespace, device: torch.
     warm_s = time.perf_counter() - start
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    start = time.perf_counter()
-    for _ in range(args.steps):
-        loss = step()
-    _sync(device)
-    seconds = time.perf_counter() - start
+    rounds = []  # the median round's time: one slow round (a collection, a neighbour) is left out
+    per_round = max(1, args.steps // args.rounds)
+    cpu_start = time.process_time()
+    with _collections_timed() as collecting:
+        for _ in range(args.rounds):
+            start = time.perf_counter()
+            for _ in range(per_round):
+                loss = step()
+            _sync(device)
+            rounds.append(time.perf_counter() - start)
+    timed_steps = per_round * args.rounds
+    host_ms = (time.process_time() - cpu_start) / timed_steps * 1e3
+    seconds = statistics.median(rounds)
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-    tokens = dist.get_world_size() * args.batch * _config(args)["seq"] * args.steps
+    tokens = dist.get_world_size() * args.batch * _config(args)["seq"] * per_round
     row = {
         "setup": setup,
         "compiler": compiler,
         "tokens_per_s": tokens / seconds,
-        "step_ms": seconds / args.steps * 1e3,
+        "step_ms": seconds / per_round * 1e3,
+        "rounds_tokens_per_s": [tokens / r for r in rounds],
         "peak_gib": peak,
+        "host_cpu_ms_per_step": host_ms,
+        "gc_ms_per_step": collecting[0] / timed_steps * 1e3,
         "warmup_s": warm_s,
         "loss": loss,
     }
@@ -284,7 +316,16 @@ def _measure(setup: str, compiler: str, args: argparse.Namespace, device: torch.
 
 def _table(rows: list[dict[str, Any]]) -> str:
     cols = ["setup", "compiler", "tokens_per_s", "step_ms", "peak_gib", "comm_hidden"]
-    cols += ["comm_ms_per_step", "warmup_s", "graphs", "ddp_pieces", "breaks", "fallbacks"]
+    cols += [
+        "comm_ms_per_step",
+        "host_cpu_ms_per_step",
+        "gc_ms_per_step",
+        "warmup_s",
+        "graphs",
+        "ddp_pieces",
+        "breaks",
+        "fallbacks",
+    ]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for row in rows:
         cells = []
@@ -302,7 +343,8 @@ def _write(rows: list[dict[str, Any]], meta: dict[str, Any], out: Path) -> None:
 
 
 def merge(folders: list[str], out: str) -> None:
-    """One table of the rows of several runs' ``results.json`` (in the order given)."""
+    """One table of the rows of several runs' ``results.json`` (in the order given), and one of
+    each setup and compiler's median over the runs, with its ratios to eager and torch.compile."""
     rows: list[dict[str, Any]] = []
     metas: list[dict[str, Any]] = []
     for folder in folders:
@@ -316,6 +358,34 @@ def merge(folders: list[str], out: str) -> None:
     meta = {"runs": metas, "separate_processes": True}
     _write(rows, meta, Path(out))
     print(_table(rows), flush=True)
+    medians = median_table(rows)
+    print(medians, flush=True)
+    with (Path(out) / "summary.md").open("a") as f:
+        f.write("\n" + medians + "\n")
+
+
+def median_table(rows: list[dict[str, Any]]) -> str:
+    """Per setup and compiler: the median tokens/s over repeated runs, its range, and the
+    median's ratio to eager's and torch.compile's medians in the same setup."""
+    runs: dict[tuple[str, str], list[float]] = {}
+    for row in rows:
+        runs.setdefault((row["setup"], row["compiler"]), []).append(row["tokens_per_s"])
+    median = {key: statistics.median(v) for key, v in runs.items()}
+    lines = ["| setup | compiler | runs | median tokens/s | range | vs eager | vs torch.compile |"]
+    lines.append("|---|---|---|---|---|---|---|")
+    for (setup, compiler), values in runs.items():
+        m = median[(setup, compiler)]
+        ratios = [
+            f"{m / median[(setup, base)]:.2f}" if (setup, base) in median else ""
+            for base in ("eager", "torch_compile")
+        ]
+        spread = f"{min(values):,.0f}-{max(values):,.0f}"
+        lines.append(
+            f"| {setup} | {compiler} | {len(values)} | {m:,.0f} | {spread} | "
+            + " | ".join(ratios)
+            + " |"
+        )
+    return "\n".join(lines)
 
 
 def run(rank: int, world: int, args: argparse.Namespace) -> None:
@@ -368,6 +438,12 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--warmup", type=int, default=3, help="steps before timing (compiles)")
     p.add_argument("--steps", type=int, default=10, help="timed steps")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="the timed steps split into rounds, each ended by a sync; the median round counts",
+    )
     p.add_argument("--profile-steps", type=int, default=3, help="profiled steps (0: none)")
     p.add_argument("--out", default=None, help="folder for results.json and summary.md")
     p.add_argument("--merge", nargs="+", metavar="DIR", help="merge these runs' rows into --out")

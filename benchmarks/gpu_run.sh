@@ -10,7 +10,8 @@
 #   bash benchmarks/gpu_run.sh warm [ARGS...]    # warm start: benchmarks/warm_start.py
 #   bash benchmarks/gpu_run.sh memcheck [tests|models] [MODEL...]  # compute-sanitizer memcheck
 #   bash benchmarks/gpu_run.sh distributed [ARGS...]  # DDP/FSDP2 on 2 GPUs: benchmarks/distributed.py
-#                                     # (SETUPS="ddp", COMPILERS="kiln eager": rows; fresh ranks each)
+#                                     # (SETUPS="ddp", COMPILERS="kiln eager": rows; fresh ranks each;
+#                                     # REPEAT=3: each row three times, the median reported)
 #
 # memcheck runs the GPU tests of codegen_triton, tests/test_models_e2e.py and
 # tests/test_gpu_memory_safety.py, then each MODEL (default: $MEMCHECK_MODELS below; `phi` is
@@ -101,16 +102,28 @@ swin_tiny_patch4_window7_224 resnet18 attention_block mlp_layernorm_gelu"
     fi
     exit $status
 elif [[ "$WHAT" == distributed ]]; then  # eager, torch.compile, Kiln under DDP and FSDP2 (NCCL)
-    # fresh ranks per row (SETUPS x COMPILERS): a compiler's process-wide state stays out of
-    # the rows after it; the rows are merged into $OUT/distributed
+    # fresh ranks per row (SETUPS x COMPILERS, REPEAT times, the compilers' order reversed on
+    # every other repetition): a compiler's process-wide state stays out of the rows after it.
+    # Each rank is bound to the CPUs of its GPU's NUMA node when torchrun can (the step is
+    # bound by host time, which moves with where the scheduler puts the ranks). The rows are
+    # merged into $OUT/distributed, with the median over repetitions.
     runs=()
-    for setup in ${SETUPS:-ddp fsdp2}; do
-        for compiler in ${COMPILERS:-eager torch_compile kiln}; do
-            dir="$OUT/distributed/$setup-$compiler"
-            "$PY" -m torch.distributed.run --standalone --nproc_per_node "${NPROC:-2}" \
-                benchmarks/distributed.py --device cuda --setups "$setup" --compilers "$compiler" \
-                --out "$dir" "$@" || echo "$setup/$compiler failed"
-            runs+=("$dir")
+    numa=()
+    "$PY" -m torch.distributed.run --help 2>/dev/null | grep -q -- --numa-binding &&
+        numa=(--numa-binding node)
+    read -ra order <<<"${COMPILERS:-eager torch_compile kiln}"
+    for ((rep = 1; rep <= ${REPEAT:-1}; rep++)); do
+        for setup in ${SETUPS:-ddp fsdp2}; do
+            for compiler in "${order[@]}"; do
+                dir="$OUT/distributed/$setup-$compiler-$rep"
+                "$PY" -m torch.distributed.run --standalone --nproc_per_node "${NPROC:-2}" \
+                    "${numa[@]}" benchmarks/distributed.py --device cuda --setups "$setup" \
+                    --compilers "$compiler" --out "$dir" "$@" || echo "$setup/$compiler failed"
+                runs+=("$dir")
+            done
+        done
+        for ((i = 0, j = ${#order[@]} - 1; i < j; i++, j--)); do
+            t=${order[i]} order[i]=${order[j]} order[j]=$t
         done
     done
     exec "$PY" benchmarks/distributed.py --merge "${runs[@]}" --out "$OUT/distributed"
