@@ -271,31 +271,42 @@ inline Vec<float> fmadd(Vec<float> a, Vec<float> b, Vec<float> c) {
 
 // exp: x = n*ln2 + r with |r| <= ln2/2, e^r by Cephes' minimax polynomial (relative error
 // below 1e-7 overall), 2^n by building the exponent bits.
-inline Vec<float> exp(Vec<float> x) {
+namespace detail {
+// n = round(x / ln2) and e^r for r = x - n*ln2, for |x| < 2^8 ln2.
+inline Vec<float> exp_reduced(Vec<float> x, Vec<float>& n) {
   using VF = Vec<float>;
-  using VI = Vec<int32_t>;
-  // Past these bounds the scaling below overflows to inf or underflows to 0 by itself;
-  // NaN fails both comparisons and propagates through the arithmetic.
-  VF c = where(x > VF(88.8f), VF(88.8f), where(x < VF(-104.0f), VF(-104.0f), x));
-  VF n = round_nearest(c * VF(1.44269504088896341f));
+  n = round_nearest(x * VF(1.44269504088896341f));
   // r = x - n*ln2 in two steps keeps r exact for |n| < 2^8 (ln2 split hi+lo).
-  VF r = c - n * VF(0.693145751953125f) - n * VF(1.428606765330187e-06f);
+  VF r = x - n * VF(0.693145751953125f) - n * VF(1.428606765330187e-06f);
   VF p(1.9875691500e-4f);
   p = fmadd(p, r, VF(1.3981999507e-3f));
   p = fmadd(p, r, VF(8.3334519073e-3f));
   p = fmadd(p, r, VF(4.1665795894e-2f));
   p = fmadd(p, r, VF(1.6666665459e-1f));
   p = fmadd(p, r, VF(5.0000001201e-1f));
-  p = fmadd(p, r * r, r) + VF(1.0f);
+  return fmadd(p, r * r, r) + VF(1.0f);
+}
+// 2^e for integral e in [-126, 127]: the exponent bits alone.
+inline Vec<float> pow2(Vec<int32_t> e) {
+  Vec<int32_t> bits = (e + Vec<int32_t>(127)) << 23;
+  Vec<float> s;
+  std::memcpy(&s.v, &bits.v, sizeof(s.v));
+  return s;
+}
+}  // namespace detail
+
+inline Vec<float> exp(Vec<float> x) {
+  using VF = Vec<float>;
+  using VI = Vec<int32_t>;
+  // Past these bounds the scaling below overflows to inf or underflows to 0 by itself;
+  // NaN fails both comparisons and propagates through the arithmetic.
+  VF c = where(x > VF(88.8f), VF(88.8f), where(x < VF(-104.0f), VF(-104.0f), x));
+  VF n;
+  VF p = detail::exp_reduced(c, n);
   // Scale by 2^n in two halves so subnormal results (n < -126) and n = 128 stay right.
   VI ni = cast<int32_t>(n);
   VI half = ni >> 1;
-  VF s1, s2;
-  VI e1 = (half + VI(127)) << 23;
-  VI e2 = (ni - half + VI(127)) << 23;
-  std::memcpy(&s1.v, &e1.v, sizeof(s1.v));
-  std::memcpy(&s2.v, &e2.v, sizeof(s2.v));
-  return p * s1 * s2;
+  return p * detail::pow2(half) * detail::pow2(ni - half);
 }
 
 // log: x = m * 2^e with m in [sqrt(1/2), sqrt(2)); log(m) = 2*atanh(s), s = (m-1)/(m+1),
@@ -351,30 +362,29 @@ inline Vec<float> tanh(Vec<float> x) {
   return where(ax < VF(0.2f), near, far);
 }
 
-// erf: x * P(x^2) from erf's Taylor series for |x| < 0.9 (11 terms, error < 1e-9);
-// 1 - e^{-x^2} * Q(1/(1 + x/2)) beyond, Q a degree-7 least-squares fit of
-// erfc(x) e^{x^2} on [0.9, 4] (relative error 2e-9); 1 past 4.
+// erf: x * P(x^2) for |x| < 0.921875; 1 - e^{t H(t)} beyond, t = |x| clamped to 4 (past which
+// erf rounds to 1 in float). P and H are degree-5 least-squares fits, reweighted toward minimax,
+// of erf(x)/x and of log(erfc(t))/t weighted by erfc(t) t (relative error of erf below 2e-8
+// before rounding). Neither range divides, and the exponent stays within [-18, -1.5].
 inline Vec<float> erf(Vec<float> x) {
   using VF = Vec<float>;
-  static constexpr float taylor[] = {1.480719282e-08f,  -1.636584469e-07f, 1.646211437e-06f,
-                                     -1.492565036e-05f, 1.205533298e-04f,  -8.548327023e-04f,
-                                     5.223977625e-03f,  -2.686617065e-02f, 1.128379167e-01f,
-                                     -3.761263890e-01f, 1.128379167e+00f};
-  static constexpr float tail[] = {1.204830981e-01f, -4.752549510e-01f, 5.694141739e-01f,
-                                   -1.087278180e-01f, 3.503286541e-01f, 2.589483485e-01f,
-                                   2.850313016e-01f, -1.622633184e-04f};
+  static constexpr float near_coeffs[] = {-5.990992067e-04f, 4.993212875e-03f, -2.676664479e-02f,
+                                          1.128181741e-01f,  -3.761249483e-01f, 1.128379107e+00f};
+  static constexpr float far_coeffs[] = {2.134701353e-04f,  -3.210796975e-03f, 2.287692949e-02f,
+                                         -1.052420214e-01f, -6.357329488e-01f, -1.128510118e+00f};
   VF ax = abs(x);
   VF x2 = x * x;
-  VF p(taylor[0]);
-  for (int i = 1; i < 11; ++i) p = fmadd(p, x2, VF(taylor[i]));
+  VF p(near_coeffs[0]);
+  for (int i = 1; i < 6; ++i) p = fmadd(p, x2, VF(near_coeffs[i]));
   VF near = x * p;
-  VF u = VF(1.0f) / (VF(1.0f) + VF(0.5f) * ax);
-  VF q(tail[0]);
-  for (int i = 1; i < 8; ++i) q = fmadd(q, u, VF(tail[i]));
-  VF far = VF(1.0f) - exp(-x2) * q;
-  far = where(ax > VF(4.0f), VF(1.0f), far);
+  VF t = where(ax > VF(4.0f), VF(4.0f), ax);
+  VF h(far_coeffs[0]);
+  for (int i = 1; i < 6; ++i) h = fmadd(h, t, VF(far_coeffs[i]));
+  VF n;  // e^{t H(t)}: the exponent lies in [-18, -1.5], where one scale by 2^n is exact
+  VF e = detail::exp_reduced(h * t, n);
+  VF far = VF(1.0f) - e * detail::pow2(cast<int32_t>(n));
   far = where(x < VF(0.0f), -far, far);
-  return where(ax < VF(0.9f), near, where(x != x, x, far));
+  return where(ax < VF(0.921875f), near, where(x != x, x, far));
 }
 
 // sin/cos: reduce by multiples of pi/2 in double precision (exact enough for
