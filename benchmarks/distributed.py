@@ -271,27 +271,27 @@ def _measure(setup: str, compiler: str, args: argparse.Namespace, device: torch.
     warm_s = time.perf_counter() - start
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    rounds = []  # the median round's time: one slow round (a collection, a neighbour) is left out
-    per_round = max(1, args.steps // args.rounds)
+    segments = []  # the median segment's time: one slow one (a collection, a neighbour) is left out
+    per_segment = max(1, args.steps // args.segments)
     cpu_start = time.process_time()
     with _collections_timed() as collecting:
-        for _ in range(args.rounds):
+        for _ in range(args.segments):
             start = time.perf_counter()
-            for _ in range(per_round):
+            for _ in range(per_segment):
                 loss = step()
             _sync(device)
-            rounds.append(time.perf_counter() - start)
-    timed_steps = per_round * args.rounds
+            segments.append(time.perf_counter() - start)
+    timed_steps = per_segment * args.segments
     host_ms = (time.process_time() - cpu_start) / timed_steps * 1e3
-    seconds = statistics.median(rounds)
+    seconds = statistics.median(segments)
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-    tokens = dist.get_world_size() * args.batch * _config(args)["seq"] * per_round
+    tokens = dist.get_world_size() * args.batch * _config(args)["seq"] * per_segment
     row = {
         "setup": setup,
         "compiler": compiler,
         "tokens_per_s": tokens / seconds,
-        "step_ms": seconds / per_round * 1e3,
-        "rounds_tokens_per_s": [tokens / r for r in rounds],
+        "step_ms": seconds / per_segment * 1e3,
+        "segments_tokens_per_s": [tokens / r for r in segments],
         "peak_gib": peak,
         "host_cpu_ms_per_step": host_ms,
         "gc_ms_per_step": collecting[0] / timed_steps * 1e3,
@@ -439,10 +439,10 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=3, help="steps before timing (compiles)")
     p.add_argument("--steps", type=int, default=10, help="timed steps")
     p.add_argument(
-        "--rounds",
+        "--segments",
         type=int,
         default=1,
-        help="the timed steps split into rounds, each ended by a sync; the median round counts",
+        help="the timed steps split into segments, each ended by a sync; the median one counts",
     )
     p.add_argument("--profile-steps", type=int, default=3, help="profiled steps (0: none)")
     p.add_argument("--out", default=None, help="folder for results.json and summary.md")
