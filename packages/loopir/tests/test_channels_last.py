@@ -95,6 +95,25 @@ def test_which_graphs_prefer_channels_last(fn, device, want):
     assert prefers_channels_last(aten_graph(fn, *_inputs()), device) is want
 
 
+def packed_conv_then_products(x, w1, w2, scale, lin):
+    """A convolution freezing prepacked (oneDNN answers NHWC), then more matrix products than
+    convolutions: a stem before a transformer."""
+    y = torch.ops.mkldnn._convolution_pointwise.default(
+        x, w1, None, [1, 1], [1, 1], [1, 1], 1, "relu", [], ""
+    )
+    t = aten.view.default(aten.permute.default(y, [0, 2, 3, 1]), [512, 8])
+    for _ in range(3):
+        t = aten.mm.default(t, lin[:, :5].new_ones(8, 8))
+    return (t,)
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="oneDNN missing")
+def test_a_cpu_graph_with_a_prepacked_convolution_goes_channels_last():
+    gm = aten_graph(packed_conv_then_products, *_inputs())
+    assert sum(n.target == aten.mm.default for n in gm.graph.nodes) == 3
+    assert prefers_channels_last(gm, CPU) is True
+
+
 def test_no_convolution_no_channels_last():
     gm = aten_graph(lambda x: (aten.relu.default(x),), torch.randn(2, 3, 4, 4))
     assert prefers_channels_last(gm, CUDA) is False

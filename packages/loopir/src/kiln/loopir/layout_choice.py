@@ -31,11 +31,12 @@ def prefers_channels_last(gm: torch.fx.GraphModule, device: torch.device) -> boo
     copy more than NHWC saves. A graph input a convolution reads is transposed either way.
     On CPU, oneDNN's NHWC grouped (depthwise) convolutions are much faster than its
     NCHW ones, but its dense ones are not, and NHWC slows the permutes around matrix
-    products: a CPU graph goes channels-last only if it has a grouped convolution and
-    at least as many convolutions as matrix products (depthwise nets gain from NHWC; nets
-    of dense convolutions, or of linear layers between convolutions, lose). A convolution
-    freezing runs on a prepacked oneDNN weight counts as grouped: it answers NHWC and copies
-    an NCHW input to NHWC itself.
+    products: a graph of plain ATen convolutions goes channels-last only if it has a grouped
+    convolution and at least as many convolutions as matrix products. A convolution freezing
+    runs on a prepacked oneDNN weight answers NHWC whatever its input's layout, and copies an
+    NCHW input to NHWC itself: an NCHW graph pays two copies around each, more than NHWC
+    costs the matrix products of convolution and attention hybrids, ConvNeXt or MetaFormers,
+    so a graph with one goes channels-last.
     """
     if device.type not in ("cuda", "cpu"):
         return False
@@ -78,9 +79,9 @@ _MATRIX_PRODUCTS = frozenset({"mm", "addmm", "bmm", "baddbmm", "matmul", "linear
 def _cpu_prefers_nhwc(nodes: list[torch.fx.Node], convs: list[torch.fx.Node]) -> bool:
     if not torch.backends.mkldnn.is_available():
         return False
-    grouped = any(
-        is_packed_convolution(n.target) or (len(n.args) > 8 and n.args[8] != 1) for n in convs
-    )
+    if any(is_packed_convolution(n.target) for n in convs):
+        return True
+    grouped = any(len(n.args) > 8 and n.args[8] != 1 for n in convs)
     products = [n for n in nodes if packet_name(n.target) in _MATRIX_PRODUCTS]
     return grouped and len(convs) >= len(products)
 
