@@ -109,8 +109,8 @@ elif [[ "$WHAT" == distributed ]]; then  # eager, torch.compile, Kiln under DDP 
     # merged into $OUT/distributed, with the median over repetitions.
     runs=()
     numa=()
-    "$PY" -m torch.distributed.run --help 2>/dev/null | grep -q -- --numa-binding &&
-        numa=(--numa-binding node)
+    usage=$("$PY" -m torch.distributed.run --help 2>/dev/null || true)
+    [[ "$usage" == *--numa-binding* ]] && numa=(--numa-binding node)
     read -ra order <<<"${COMPILERS:-eager torch_compile kiln}"
     for ((rep = 1; rep <= ${REPEAT:-1}; rep++)); do
         for setup in ${SETUPS:-ddp fsdp2}; do
