@@ -7,6 +7,7 @@ from loopir_testing import aten_graph, suite_backend, to_meta
 
 from kiln.capture import counters
 from kiln.loopir import BackendTraits, ReferenceBackend
+from kiln.loopir.ir.buffers import ExternBuffer
 from kiln.loopir.layout_choice import prefers_channels_last
 from kiln.loopir.lowering.fallback import _nhwc_if_conv_would_be
 from kiln.loopir.pipeline import compile_graph
@@ -344,6 +345,39 @@ def test_an_attention_mask_is_stored_with_rows_innermost():
     )
     assert [int(v) for v in padded.size] == [1, 2, 9, 16]
     assert [int(v) for v in padded.stride] == [2 * 9 * 16, 9 * 16, 16, 1]
+
+
+def shared_bias_attention(q, k, v, table, index):
+    """A relative-position bias shared by twelve attention blocks (timm's ``vit_srelpos``):
+    gathered keys-first with heads last, permuted, then made contiguous. Read that often,
+    the clone is stored where it is computed, in the order it reads its source: heads
+    innermost."""
+    heads = table.shape[1]
+    bias = aten.index.Tensor(table, [index])  # (L * L, heads)
+    bias = aten.view.default(bias, [q.shape[2], q.shape[2], heads])
+    bias = aten.unsqueeze.default(aten.permute.default(bias, [2, 0, 1]), 0)
+    mask = aten.clone.default(bias, memory_format=torch.contiguous_format)
+    attend = aten._scaled_dot_product_flash_attention_for_cpu.default
+    for _ in range(12):
+        q = attend(q, k, v, attn_mask=mask)[0]
+    return (q,)
+
+
+def test_an_attention_mask_stored_heads_innermost_reaches_attention_row_major():
+    """A mask already stored when attention reads it (a clone's result, laid out NHWC in a
+    channels-last graph) reaches every attention call row-major, copied once: cuDNN's
+    attention faults on a mask whose last dim is not contiguous rather than refusing it."""
+    q, k, v = (torch.randn(2, 3, 9, 4) for _ in range(3))
+    inputs = (q, k, v, torch.randn(20, 3), torch.randint(0, 20, (81,)))
+    compiled = _forced(shared_bias_attention, inputs)
+    externs = [
+        s.buffer for s in compiled.steps if isinstance(getattr(s, "buffer", None), ExternBuffer)
+    ]
+    masks = [b.kwargs["attn_mask"] for b in externs if "attn_mask" in b.kwargs]
+    assert len(masks) == 12
+    assert len({m.get_name() for m in masks}) == 1
+    assert [int(n) for n in masks[0].layout.stride] == [3 * 81, 81, 9, 1]
+    assert "extern_copies" not in counters.snapshot()
 
 
 def layernorm2d_then_conv(x, lnw, lnb, w):

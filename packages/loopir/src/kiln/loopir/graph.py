@@ -121,6 +121,8 @@ class GraphLowering:
         self.input_buffers: dict[str, InputBuffer] = {}
         self.input_metas: dict[str, torch.Tensor] = {}
         """Each tensor placeholder's traced value, by name: which outputs may alias it."""
+        self.row_major_copies: dict[tuple[str, ...], Buffer] = {}
+        """Row-major copies of stored values that attention reads, by value and layout."""
         self.outputs: list[Any] = []
         self.output_spec: pytree.TreeSpec | None = None
         self.seed_count = 0

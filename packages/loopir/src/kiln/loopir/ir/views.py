@@ -148,7 +148,7 @@ class StorageBox:
                 return sorted(range(4), key=lambda d: (-steps[d], d))
         return None
 
-    def realize(self, strides: Sequence[int] | None = None) -> Buffer:
+    def realize(self, strides: Sequence[int | sympy.Expr] | None = None) -> Buffer:
         """Store the computation in a buffer (registered with ``V.graph``), with ``strides``
         if given (eager's, for an output); idempotent."""
         if isinstance(self.data, Buffer):

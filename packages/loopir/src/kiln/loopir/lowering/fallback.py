@@ -36,7 +36,7 @@ from kiln.loopir.ir.buffers import Buffer, ExternBuffer, MultiOutput
 from kiln.loopir.ir.layout import Layout, ordered_layout
 from kiln.loopir.ir.loops import Pointwise
 from kiln.loopir.ir.strided import copy_like, realize_as_tensor, realize_like
-from kiln.loopir.ir.views import ReinterpretView, StorageBox, TensorBox
+from kiln.loopir.ir.views import ReinterpretView, StorageBox, TensorBox, pointwise_copy
 from kiln.loopir.lowering.pooling import depthwise_convolution
 from kiln.loopir.lowering.registry import LOWERINGS, overloads, register_lowering
 from kiln.loopir.virtualized import V
@@ -361,6 +361,7 @@ def extern_call(op: Any, args: Any, kwargs: Any, *, is_fallback: bool) -> Any:
             realize_like(x, V.graph.layout_hint(x))
             if rows:
                 _store_rows_innermost(x)
+                return _rows_contiguous(realize_as_tensor(x, f"input of {op}"))
             return realize_as_tensor(x, f"input of {op}")
         return x
 
@@ -421,6 +422,28 @@ def _store_rows_innermost(x: TensorBox) -> None:
     strides = [sizes.static_int(s) for s in sizes.contiguous_strides(box.data.get_size())]
     if len(strides) == 4 and all(s is not None for s in strides):
         box.realize(strides)  # type: ignore[arg-type]
+
+
+def _rows_contiguous(x: Buffer | ReinterpretView) -> Buffer | ReinterpretView:
+    """``x``, or a row-major copy of it where its last dim is not contiguous.
+
+    A value stored before attention reads it may have been laid out otherwise: a mask read by
+    every block (timm's shared relative-position bias) is stored once, where it is computed,
+    and a channels-last graph stores it in the order it reads its source, heads innermost.
+    cuDNN's attention faults on such a mask (a misaligned address) instead of refusing it.
+    The copy is made once per graph, for all the calls that read ``x``.
+    """
+    size, stride = x.layout.size, x.layout.stride
+    if not size or sizes.static_int(size[-1]) == 1 or sizes.static_int(stride[-1]) == 1:
+        return x
+    key = (x.get_name(), *map(str, (*size, *stride, x.layout.offset)))
+    copies = V.graph.row_major_copies
+    if key not in copies:
+        box = TensorBox(StorageBox(x) if isinstance(x, Buffer) else x)
+        copy = pointwise_copy(box, "row-major attention operand").storage()
+        assert copy is not None
+        copies[key] = copy.realize(sizes.contiguous_strides(size))
+    return copies[key]
 
 
 def fallback(op: Any, args: Any, kwargs: Any) -> Any:
