@@ -17,6 +17,7 @@ import inspect
 import random
 import types
 import warnings
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -40,6 +41,7 @@ from kiln.capture.breaks.reasons import raised, unsupported
 from kiln.capture.descriptors import class_static, class_static_unless
 from kiln.capture.guard_data import CachedCall, GuardKind
 from kiln.capture.model_output import is_model_output
+from kiln.capture.source import WeakRefCallSource
 from kiln.capture.values.base import ConstantValue, Value, is_constant
 from kiln.capture.values.containers import DictValue, ListValue, TupleValue
 from kiln.capture.values.functions import (
@@ -124,6 +126,8 @@ def _call_object(tr: Tracer, fv: ObjectValue, args: list[Value], kwargs: dict[st
     handler = builtin_calls.handler_for(obj)
     if handler is not None:
         return handler(tr, args, kwargs)
+    if isinstance(obj, weakref.ref) and type(obj).__call__ is weakref.ref.__call__:
+        return _call_weak_reference(tr, fv, args, kwargs)
     if autograd_function.is_apply(obj):
         return autograd_function.call_apply(tr, fv, args, kwargs)
     if torch_functions.made_by_transform(obj) is not None:
@@ -190,6 +194,22 @@ def _call_object(tr: Tracer, fv: ObjectValue, args: list[Value], kwargs: dict[st
     if method is not None:
         return dispatch.call(tr, function_value(method, None), [fv, *args], kwargs)
     raise unsupported("unsupported_call", getattr(obj, "__qualname__", repr(obj)))
+
+
+def _call_weak_reference(tr: Tracer, fv: ObjectValue, args: Args, kwargs: Kwargs) -> Value:
+    """``ref()`` of a weak reference from the frame: its referent, read again through the call.
+
+    The reference is pinned by identity. That pins the referent too: a weak reference's
+    target never changes, it only dies, and the referent (``None`` once dead) is guarded like
+    any value read from the frame. ``nn.RNNBase`` keeps one per weight, to see whether a
+    weight was swapped since its last call.
+    """
+    if args or kwargs:
+        raise raised(TypeError("weakref.ReferenceType() takes no arguments"))
+    if fv.source is None:
+        return wrap(tr.out, fv.obj(), None)
+    tr.out.guard(fv.source, GuardKind.ID_MATCH, id(fv.obj))
+    return wrap(tr.out, fv.obj(), WeakRefCallSource(fv.source))
 
 
 def _call_cached(tr: Tracer, fv: ObjectValue, args: Args, kwargs: Kwargs) -> Value:

@@ -39,6 +39,7 @@ from kiln.capture.source import (
     SizeSource,
     Source,
     StrideSource,
+    WeakRefCallSource,
 )
 from kiln.capture.tensor_subclasses import as_plain, is_function_subclass
 from kiln.capture.values.base import ConstantValue, Value
@@ -343,6 +344,8 @@ class _Writer:
             return f"{self.source(src.base)}.size()[{src.dim}]"
         if isinstance(src, StrideSource):
             return f"{self.source(src.base)}.stride()[{src.dim}]"
+        if isinstance(src, WeakRefCallSource):
+            return f"{self.source(src.base)}()"
         raise unsupported("unsupported_value", f"reloading {src}")
 
     def value(self, v: Value) -> str:

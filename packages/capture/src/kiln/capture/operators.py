@@ -400,6 +400,9 @@ def _real_function(v: Value) -> types.FunctionType | None:
 
 def is_op(tr: Tracer, a: Value, b: Value) -> bool:
     """``a is b``; identities of real objects are guarded (ID_MATCH), as the answer depends on them."""
+    parameters = _parameter_identity(tr, a, b)
+    if parameters is not None:
+        return parameters
     same = _identity(a, b)
     if same is None:
         raise unsupported("unsupported_operator", f"{a} is {b}")
@@ -407,6 +410,25 @@ def is_op(tr: Tracer, a: Value, b: Value) -> bool:
         # an object from the frame has its type guarded, which settles ``obj is None``
         _guard_identity(tr, a, b)
     return same
+
+
+def _parameter_identity(tr: Tracer, a: Value, b: Value) -> bool | None:
+    """Whether two input tensors that are both parameters are one object, or None for other
+    values. Each is pinned by identity (ID_MATCH): a parameter stays the same object from call
+    to call, and code compares parameters to see whether one was swapped (``nn.RNNBase``
+    checks its weights against weak references to them). Other inputs are new objects on
+    most calls, so pinning them would recompile every call."""
+    if not (isinstance(a, TensorValue) and isinstance(b, TensorValue)) or a.node is b.node:
+        return None
+    given = {id(g.node): g for g in tr.out.inputs}
+    found = given.get(id(a.node)), given.get(id(b.node))
+    reals = [g.real if g is not None else None for g in found]
+    if not all(isinstance(r, nn.Parameter) for r in reals):
+        return None
+    for g in found:
+        assert g is not None
+        tr.out.guard(g.source, GuardKind.ID_MATCH, id(g.real))
+    return reals[0] is reals[1]
 
 
 def _guard_identity(tr: Tracer, *values: Value) -> None:

@@ -24,6 +24,7 @@ __all__ = [
     "DefaultSource",
     "SizeSource",
     "StrideSource",
+    "WeakRefCallSource",
     "MODULE_STORES",
     "root_of",
 ]
@@ -220,8 +221,24 @@ class StrideSource(Source):
         return self.base.resolve(f_locals, f_globals, cells).stride()[self.dim]
 
 
+@dataclasses.dataclass(frozen=True)
+class WeakRefCallSource(Source):
+    """``base()``: the referent of the weak reference at ``base`` (None once it died)."""
+
+    base: Source
+
+    def __str__(self) -> str:
+        return f"{self.base}()"
+
+    def resolve(
+        self, f_locals: dict[str, Any], f_globals: dict[str, Any], cells: dict[str, Any]
+    ) -> Any:
+        return self.base.resolve(f_locals, f_globals, cells)()
+
+
 def root_of(source: Source) -> Source:
     """The local, global or closure source a chain of attributes and items starts from."""
-    while isinstance(source, (AttrSource, ItemSource, RawItemSource, SizeSource, StrideSource)):
+    chained = (AttrSource, ItemSource, RawItemSource, SizeSource, StrideSource, WeakRefCallSource)
+    while isinstance(source, chained):
         source = source.base
     return source

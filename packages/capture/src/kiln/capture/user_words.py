@@ -26,6 +26,7 @@ from kiln.capture.source import (
     SizeSource,
     Source,
     StrideSource,
+    WeakRefCallSource,
 )
 
 __all__ = ["FrameWords", "frame_label", "function_name", "name_frame", "place", "user_expr"]
@@ -103,4 +104,6 @@ def _expr(source: Source, names: Mapping[str, str]) -> str:
         return f"{_expr(source.base, names)}.size({source.dim})"
     if isinstance(source, StrideSource):
         return f"{_expr(source.base, names)}.stride({source.dim})"
+    if isinstance(source, WeakRefCallSource):
+        return f"{_expr(source.base, names)}()"
     return printed

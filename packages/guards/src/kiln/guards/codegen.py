@@ -36,6 +36,7 @@ from kiln.capture.source import (
     SizeSource,
     Source,
     StrideSource,
+    WeakRefCallSource,
 )
 from kiln.guards import frame, hooks, stamps
 from kiln.guards.config import config
@@ -252,6 +253,8 @@ class CheckSource:
             return self._default(source)
         if isinstance(source, (SizeSource, StrideSource)):
             return self._size(source)
+        if isinstance(source, WeakRefCallSource):
+            return f"{self.expr(source.base)}()"
         return self._resolved(source)
 
     def _resolved(self, source: Source) -> str:
