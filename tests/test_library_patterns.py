@@ -107,3 +107,41 @@ def test_module_call_through_super_reads_watched_hook_dicts():
     assert stats.graph_breaks == 0, stats
     assert stats.recompiles == 2, stats  # one per new size: watching the dicts changed no type
     _one_graph(model, torch.randn(5, 4))
+
+
+class Recurrent(torch.nn.Module):
+    """An LSTM and a GRU (timm's Sequencer runs bidirectional LSTMs over rows and columns).
+    ``nn.RNNBase.forward`` checks its weights against weak references to them, to see
+    whether one was swapped since its last call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = torch.nn.LSTM(6, 8, num_layers=2, batch_first=True, bidirectional=True)
+        self.gru = torch.nn.GRU(16, 4, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.gru(self.lstm(x)[0].relu())[0]
+
+
+def test_recurrent_modules_in_one_graph_follow_a_swapped_weight():
+    torch.manual_seed(0)
+    m = Recurrent()
+    _one_graph(m, torch.randn(2, 5, 6))
+    compiled = kiln.compile(m)
+    for step in range(4):
+        if step == 2:  # a new weight object: the weak reference no longer points at it
+            with torch.no_grad():
+                m.lstm.weight_hh_l1 = torch.nn.Parameter(torch.randn_like(m.lstm.weight_hh_l1))
+        x = torch.randn(2, 5, 6)
+        expected = m(x)
+        expected.sum().backward()
+        grads = [p.grad.clone() for p in m.parameters()]
+        m.zero_grad()
+        got = compiled(x)
+        torch.testing.assert_close(got, expected)
+        got.sum().backward()
+        for p, want in zip(m.parameters(), grads, strict=True):
+            torch.testing.assert_close(p.grad, want)
+        m.zero_grad()
+    stats = kiln.stats()
+    assert stats.recompiles >= 1, stats  # the swapped weight's identity is guarded

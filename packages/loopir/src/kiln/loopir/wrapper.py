@@ -218,6 +218,29 @@ class WrapperCode:
     fn: Callable[[list[Any]], Any]
 
 
+_GRAD_MODE_OPS = frozenset({"mkldnn_rnn_layer"})
+"""ATen ops whose kernels read grad mode: oneDNN's RNN layer keeps the workspace its backward
+reads only while grad mode is on, whatever its ``train`` flag says. A compiled forward runs
+with grad mode off (inside an ``autograd.Function``), where it would hand back no workspace."""
+
+
+def _with_grad_mode(op: Any, *args: Any, **kwargs: Any) -> Any:
+    """``op(*args, **kwargs)`` with grad mode on, below autograd (nothing is recorded)."""
+    with torch.enable_grad(), torch._C._AutoDispatchBelowAutograd():
+        return op(*args, **kwargs)
+
+
+def _reads_grad_mode(buf: ExternBuffer) -> bool:
+    """Whether ``buf``'s op is one of ``_GRAD_MODE_OPS`` called with ``train=True``."""
+    packet = getattr(buf.op, "_overloadpacket", None)
+    if getattr(packet, "__name__", None) not in _GRAD_MODE_OPS:
+        return False
+    for i, arg in enumerate(buf.op._schema.arguments):
+        if arg.name == "train":
+            return bool(buf.args[i] if i < len(buf.args) else buf.kwargs.get("train", False))
+    return False
+
+
 class _Writer:
     def __init__(self) -> None:
         self.lines: list[str] = []
@@ -229,6 +252,7 @@ class _Writer:
             "draw_seeds": random_bits.draw_seeds,
             "device": torch.device,
             "as_layout": _as_layout,
+            "with_grad_mode": _with_grad_mode,
             "_profiler": torch.autograd.profiler,
         }
         self._consts = itertools.count()
@@ -537,6 +561,8 @@ def _emit_step(w: _Writer, step: Step, later: _Later) -> None:
         ]
         later.need([s.name for s in symbolic.size_symbols(leaves)])
         call = f"{op}({', '.join(args)})"
+        if _reads_grad_mode(buf):
+            call = f"with_grad_mode({', '.join([op, *args])})"
         if buf.multi_output:
             w.line(f"{buf.name} = {call}  # {note} {buf.op}")
         else:
