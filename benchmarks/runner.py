@@ -1,7 +1,9 @@
 """Runs the suite: one child process per model and phase, with a timeout per backend.
 
 A crash or hang is recorded as that backend's failure with its reason, and a fresh child runs
-the backends still to go, so one broken model never stops the run. A child times its backends
+the backends still to go, so one broken model never stops the run. A backend that raises a
+CUDA error, which poisons its child's context, ends that child after its row; the backends
+after it run in a fresh child as they would have. A child times its backends
 together, interleaved, after compiling them all (see ``worker``): the runner writes those times
 into the rows, a crash or hang while timing leaves the rows without times (the reason says so),
 and one before it has the next child time again the backends it had finished.
@@ -28,7 +30,7 @@ from typing import Any
 
 from benchmarks.models import ModelSpec
 from benchmarks.results import Result, write_csv
-from benchmarks.worker import Job, run_job
+from benchmarks.worker import DEVICE_FAULT, Job, run_job
 
 __all__ = ["RunConfig", "finish_row", "run_suite"]
 
@@ -106,6 +108,11 @@ def _child(cfg: RunConfig, job: Job, workdir: Path, env: dict[str, str]) -> list
         todo = [b for b in todo if b not in rows]
         if not todo:
             break
+        fault = next((e["backend"] for e in evs if e["event"] == DEVICE_FAULT), None)
+        if fault is not None:  # its row is in: the others go on in a fresh child
+            if fault in again:
+                spent.add(fault)
+            continue
         if in_flight in again:
             spent.add(in_flight)
             continue

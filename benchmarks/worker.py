@@ -254,6 +254,17 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}{where}"
 
 
+DEVICE_FAULT = "device_fault"
+"""The event a child ends on when a backend's fault poisoned its CUDA context: the runner
+goes on with the other backends in a fresh child, where they run as if the fault had not been."""
+
+
+def poisons_device(exc: BaseException) -> bool:
+    """Whether ``exc`` is a CUDA error, after which every call in the process raises again
+    (a misaligned or illegal address in one backend's kernel would fail every later column)."""
+    return type(exc).__name__ == "AcceleratorError" or "CUDA error" in str(exc)
+
+
 def strict_float32(device: str, dtype: str, mode: str) -> bool:
     """Whether cuDNN runs float32 convolutions in full float32 (not TF32) for this setting.
 
@@ -291,6 +302,10 @@ def run_job(job: Job, emit: Emit) -> None:
             row, step = _run_column(spec, built, column, reference, job)
         except Exception as e:
             row, step = {"status": "failed", "reason": _reason(e)}, None
+            if job.device == "cuda" and poisons_device(e):
+                emit({"event": "result", **base, "backend": name, "phase": job.phase, **row})
+                emit({"event": DEVICE_FAULT, "backend": name})
+                return
         if step is not None:
             steps[name] = step
         emit({"event": "result", **base, "backend": name, "phase": job.phase, **row})

@@ -19,7 +19,7 @@ from benchmarks.measure import interleaved_medians, relative_error  # noqa: E402
 from benchmarks.report import geomean, write_reports  # noqa: E402
 from benchmarks.results import Result, read_csv  # noqa: E402
 from benchmarks.runner import RunConfig, run_suite  # noqa: E402
-from benchmarks.worker import TIMING  # noqa: E402
+from benchmarks.worker import DEVICE_FAULT, TIMING, poisons_device  # noqa: E402
 
 
 def test_suite_has_the_promised_models():
@@ -145,6 +145,49 @@ def test_a_child_dying_while_timing_keeps_its_rows_untimed(tmp_path, monkeypatch
         assert row.reason == "timing did not finish: no result in 5 s"
     assert rows[1].speedup is None and rows[1].compile_s is None
     write_reports(tmp_path, rows, {"device": "cpu"})
+
+
+def test_a_device_fault_ends_the_child_and_the_others_go_on_in_a_fresh_one(tmp_path, monkeypatch):
+    """A CUDA error poisons the child's context: the column after a faulting one would fail
+    too, so the child stops there and a fresh one runs (and times) the others."""
+    ok = {"status": "ok", "rel_error": 0.0}
+    fault = "AcceleratorError: CUDA error: misaligned address"
+    script = [
+        (
+            [
+                {"backend": "eager", **ok, "first_call_s": 0.1},
+                {"event": "start", "backend": "kiln"},
+                {"backend": "kiln", "status": "failed", "reason": fault},
+                {"event": DEVICE_FAULT, "backend": "kiln"},
+            ],
+            ("crashed", "child exited with code 0"),
+        ),
+        (
+            [
+                {"backend": "eager", **ok, "first_call_s": 0.2},
+                {"backend": "torch_compile", **ok, "first_call_s": 3.0},
+                {"event": "start", "backend": TIMING},
+                {"event": "timing", "ms": {"eager": 2.0, "torch_compile": 1.0}},
+            ],
+            ("crashed", "child exited with code 0"),
+        ),
+    ]
+    asked = _fake_children(monkeypatch, script)
+    cfg = RunConfig(["eager", "kiln", "torch_compile"], tmp_path, warm=False)
+    eager, kiln, compiled = run_suite([models.get("debug_tiny")], cfg)
+    assert asked == [["eager", "kiln", "torch_compile"], ["eager", "torch_compile"]]
+    assert (eager.ms, eager.reason) == (2.0, "")
+    assert (kiln.status, kiln.reason) == ("failed", fault)
+    assert compiled.status == "ok" and compiled.speedup == 2.0
+
+
+def test_cuda_errors_are_told_from_other_failures():
+    class AcceleratorError(RuntimeError):
+        pass
+
+    assert poisons_device(AcceleratorError("CUDA error: an illegal memory access"))
+    assert poisons_device(RuntimeError("CUDA error: misaligned address"))
+    assert not poisons_device(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
 
 
 def test_runner_records_failures_and_goes_on(tmp_path):
