@@ -86,7 +86,9 @@ LINE_BUDGET = {
     # + 63 for weak references read from the frame, called (their referent read through the
     # call, pinned), and the identity of two parameter inputs, pinned (calls.py, source.py,
     # operators.py, emit.py, user_words.py)
-    "capture": 22795,
+    # + 26 for associative_scan's stand-in in logarithmic rounds, as torch's generic scan
+    # (library_functions.py)
+    "capture": 22821,
     # + about 200 for dynamic shapes: symbolic sizes and dense layouts in TENSOR_MATCH and
     # the SHAPE kind (kinds/shape.py)
     # + about 45 for checks' compiled code read from a store the frontend sets (check.py)

@@ -160,3 +160,23 @@ def test_associative_scan_on_the_compiled_path(reverse):
     for _ in range(3):
         a, b = torch.rand(2, 3, 5, 4), torch.randn(2, 3, 5, 4)
         torch.testing.assert_close(run(a, b, reverse), _selective_scan(a, b, reverse))
+
+
+def test_associative_scan_takes_rounds_logarithmic_in_its_length():
+    """The scan combines every other element at once, so doubling the sequence adds a round
+    of a few ops, where a step-by-step scan would add hundreds (and kernels inlining that
+    chain would recompute it for every element)."""
+
+    def ops(length: int) -> int:
+        a, b = torch.rand(1, 2, length, 3), torch.randn(1, 2, length, 3)
+        result = capture(
+            _selective_scan,
+            (a, b, False),
+            {},
+            compile_graph=lambda gm, ex: gm.forward,
+            wrap_callable=lambda f: f,
+        )
+        (graph,) = result.graphs
+        return sum(1 for n in graph.graph.nodes if n.op == "call_function")
+
+    assert ops(128) - ops(64) < 60
